@@ -1,0 +1,9 @@
+"""Sub-commands of the CLI, one module each; ``COMMANDS`` lists what ``cli.main`` registers."""
+
+from __future__ import annotations
+
+import click
+
+from slurm_elastic.commands.devcluster import devcluster
+
+COMMANDS: list[click.Command] = [devcluster]

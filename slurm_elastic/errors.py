@@ -1,0 +1,66 @@
+"""The error tree of slurm-elastic.
+
+Foreign errors (subprocess, httpx, NVML, sqlite) are converted into these at the adapter
+boundary, so callers catch one small documented family.
+"""
+
+from __future__ import annotations
+
+
+class SlurmElasticError(Exception):
+    """Base of every error slurm-elastic raises on purpose."""
+
+
+class ConfigError(SlurmElasticError):
+    """A configuration file or value is invalid; the message names the key."""
+
+
+class StateFileError(SlurmElasticError):
+    """A state file is corrupt, foreign or unreadable; the message names the file."""
+
+
+class TransitionError(SlurmElasticError):
+    """A worker state change that the lifecycle table does not allow."""
+
+
+class SlurmError(SlurmElasticError):
+    """Slurm is missing, unreachable, or refused a request."""
+
+
+class SlurmCommandError(SlurmError):
+    """A Slurm command exited non-zero (or could not be run)."""
+
+    def __init__(
+        self, argv: list[str], returncode: int | None, stdout: str, stderr: str, reason: str = ""
+    ) -> None:
+        self.argv = list(argv)
+        self.returncode = returncode
+        self.stdout = stdout
+        self.stderr = stderr
+        detail = reason or (stderr.strip().splitlines()[-1] if stderr.strip() else "no stderr")
+        super().__init__(f"{' '.join(self.argv[:3])}... failed (rc={returncode}): {detail}")
+
+
+class SlurmTimeoutError(SlurmCommandError):
+    """A Slurm command ran past its timeout and was killed."""
+
+
+class SlurmNotInstalledError(SlurmError):
+    """A Slurm binary is not on PATH."""
+
+
+class DevClusterError(SlurmElasticError):
+    """The local dev cluster could not be brought up, inspected or taken down."""
+
+
+class ControllerUnreachableError(SlurmElasticError):
+    """The controller's HTTP API did not answer."""
+
+
+class ApiError(SlurmElasticError):
+    """The controller's HTTP API answered with an error status."""
+
+    def __init__(self, status_code: int, detail: str) -> None:
+        self.status_code = status_code
+        self.detail = detail
+        super().__init__(f"HTTP {status_code}: {detail}")
