@@ -1,10 +1,82 @@
-"""``slurm-elastic devcluster``: a local multi-node Slurm cluster with fake GPUs."""
+"""``slurm-elastic devcluster up|down|status|env``: a local multi-node Slurm cluster with fake GPUs."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import click
+
+from slurm_elastic.devcluster.cluster import DevCluster, DevClusterSpec, default_dir
+
+_dir_option = click.option(
+    "--dir", "directory", type=click.Path(path_type=Path), default=None,
+    help="Where the cluster's files live [default: ~/.cache/slurm-elastic/devcluster].",
+)
+
+
+def _progress(message: str) -> None:
+    click.echo(f"  {message}", err=True)
 
 
 @click.group()
 def devcluster() -> None:
     """A local Slurm cluster on this host (several slurmd nodes, fake GPUs as GRES)."""
+
+
+@devcluster.command()
+@_dir_option
+@click.option("--nodes", default=2, show_default=True, type=click.IntRange(1, 64))
+@click.option("--gpus-per-node", default=4, show_default=True, type=click.IntRange(0, 16))
+@click.option("--cpus-per-node", default=16, show_default=True, type=click.IntRange(1, 1024))
+@click.option("--memory-per-node-mb", default=16000, show_default=True, type=click.IntRange(100))
+@click.option("--ctld-port", default=16817, show_default=True, type=click.IntRange(1024, 65535))
+@click.option("--node-base-port", default=16901, show_default=True, type=click.IntRange(1024, 65535),
+              help="node1 listens here, node2 on the next port, ...")
+@click.option("--prolog", default="", help="Prolog= script for slurm.conf (admin hooks).")
+@click.option("--epilog", default="", help="Epilog= script for slurm.conf (admin hooks).")
+@click.option("--wait-s", default=60.0, show_default=True, help="How long to wait for nodes to be idle.")
+def up(directory: Path | None, nodes: int, gpus_per_node: int, cpus_per_node: int,
+       memory_per_node_mb: int, ctld_port: int, node_base_port: int, prolog: str, epilog: str,
+       wait_s: float) -> None:
+    """Start the cluster (idempotent) and wait until every node is idle."""
+    spec = DevClusterSpec(
+        dir=directory or default_dir(), nodes=nodes, gpus_per_node=gpus_per_node,
+        cpus_per_node=cpus_per_node, memory_per_node_mb=memory_per_node_mb, ctld_port=ctld_port,
+        node_base_port=node_base_port, prolog=prolog, epilog=epilog,
+    )
+    cluster = DevCluster(spec)
+    cluster.up(wait_s=wait_s, progress=_progress)
+    click.echo(cluster.env_lines(), nl=False)
+
+
+@devcluster.command()
+@_dir_option
+def down(directory: Path | None) -> None:
+    """Cancel the cluster's jobs and stop the daemons it started."""
+    cluster = DevCluster.at(directory or default_dir())
+    cluster.down(progress=_progress)
+
+
+@devcluster.command()
+@_dir_option
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def status(directory: Path | None, as_json: bool) -> None:
+    """Show the daemons (pids) and node states."""
+    info = DevCluster.at(directory or default_dir()).status()
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+        return
+    click.echo(f"dir:        {info['dir']}")
+    click.echo(f"SLURM_CONF: {info['slurm_conf']}")
+    for daemon, pid in dict(info["daemons"]).items():  # type: ignore[call-overload]
+        click.echo(f"  {daemon:<16} {'pid ' + str(pid) if pid else 'not running'}")
+    for node, state in dict(info["nodes"]).items():  # type: ignore[call-overload]
+        click.echo(f"  {node:<16} {state}")
+
+
+@devcluster.command()
+@_dir_option
+def env(directory: Path | None) -> None:
+    """Print `export SLURM_CONF=...` for the shell: eval "$(slurm-elastic devcluster env)"."""
+    click.echo(DevCluster.at(directory or default_dir()).env_lines(), nl=False)

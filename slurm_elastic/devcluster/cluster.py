@@ -1,0 +1,360 @@
+"""Bring a local Slurm cluster up and down: one slurmctld and N ``slurmd -N nodeN`` on this host.
+
+Everything (rendered configs, spool, state, logs, pid files, fake GPU device files) lives under
+one directory. ``up`` is idempotent and waits until every node answers; ``down`` cancels the
+cluster's jobs and stops exactly the daemons it started (by pid), with their children.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+import psutil
+
+from slurm_elastic.devcluster.devices import live_char_devices, make_fake_gpus
+from slurm_elastic.errors import DevClusterError, SlurmError
+from slurm_elastic.resources import templates_dir
+from slurm_elastic.slurm.runner import require_binary, run_command
+
+SPEC_FILE = "devcluster.json"
+READY_NODE_STATES = {"idle", "mix", "mixed", "alloc", "allocated", "comp", "completing"}
+Progress = Callable[[str], None]
+
+
+def default_dir() -> Path:
+    """``$XDG_CACHE_HOME/slurm-elastic/devcluster`` (``~/.cache/...`` by default)."""
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "slurm-elastic" / "devcluster"
+
+
+@dataclass(frozen=True)
+class DevClusterSpec:
+    """The shape of a dev cluster."""
+
+    dir: Path = dataclasses.field(default_factory=default_dir)
+    nodes: int = 2
+    gpus_per_node: int = 4
+    cpus_per_node: int = 16
+    memory_per_node_mb: int = 16000
+    def_mem_per_cpu_mb: int = 100
+    ctld_port: int = 16817
+    node_base_port: int = 16901
+    partition: str = "debug"
+    cluster_name: str = "dev"
+    node_prefix: str = "node"  # distinct prefixes keep two clusters' cgroups apart on one host
+    prolog: str = ""
+    epilog: str = ""
+
+    def node_names(self) -> list[str]:
+        return [f"{self.node_prefix}{i + 1}" for i in range(self.nodes)]
+
+    def node_port(self, index: int) -> int:
+        return self.node_base_port + index
+
+    def to_json(self) -> dict[str, object]:
+        data = dataclasses.asdict(self)
+        data["dir"] = str(self.dir)
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, object]) -> DevClusterSpec:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {k: v for k, v in data.items() if k in fields}
+        kwargs["dir"] = Path(str(kwargs.get("dir", default_dir())))
+        return cls(**kwargs)  # type: ignore[arg-type]
+
+
+class DevCluster:
+    """A dev cluster rooted at ``spec.dir``."""
+
+    def __init__(self, spec: DevClusterSpec) -> None:
+        self.spec = spec
+        self.dir = spec.dir.resolve()
+
+    @classmethod
+    def at(cls, directory: Path) -> DevCluster:
+        """The cluster whose files are in ``directory`` (as recorded by its last ``up``)."""
+        spec_path = directory / SPEC_FILE
+        if not spec_path.exists():
+            raise DevClusterError(f"no dev cluster in {directory} (run `slurm-elastic devcluster up`)")
+        try:
+            spec = DevClusterSpec.from_json(json.loads(spec_path.read_text()))
+        except (ValueError, TypeError) as exc:
+            raise DevClusterError(f"{spec_path} is corrupt: {exc}") from None
+        return cls(dataclasses.replace(spec, dir=directory))
+
+    # ---- paths -------------------------------------------------------------------------------
+    @property
+    def conf_path(self) -> Path:
+        return self.dir / "etc" / "slurm.conf"
+
+    def env(self) -> dict[str, str]:
+        """Environment for Slurm clients talking to this cluster."""
+        return {**os.environ, "SLURM_CONF": str(self.conf_path)}
+
+    def env_lines(self) -> str:
+        return f"export SLURM_CONF={self.conf_path}\n"
+
+    def _pid_file(self, daemon: str) -> Path:
+        return self.dir / "run" / f"{daemon}.pid"
+
+    def _log_file(self, daemon: str) -> Path:
+        return self.dir / "log" / f"{daemon}.log"
+
+    def _daemons(self) -> list[str]:
+        return ["slurmctld"] + [f"slurmd-{n}" for n in self.spec.node_names()]
+
+    # ---- state -------------------------------------------------------------------------------
+    def daemon_pid(self, daemon: str) -> int | None:
+        """The pid of ``daemon`` if its pid file names a live process of that program."""
+        try:
+            pid = int(self._pid_file(daemon).read_text().strip())
+            proc = psutil.Process(pid)
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                return None
+            program = daemon.split("-", 1)[0]
+            cmdline = proc.cmdline()
+            if not cmdline or Path(cmdline[0]).name != program:
+                return None
+            if program == "slurmd" and daemon.split("-", 1)[1] not in cmdline:
+                return None
+            return pid
+        except (FileNotFoundError, ValueError, psutil.Error):
+            return None
+
+    def node_states(self) -> dict[str, str]:
+        """Node name -> Slurm state as sinfo reports it (``idle``, ``down*``, ...)."""
+        result = run_command(["sinfo", "-h", "-N", "-o", "%N %t"], env=self.env(), timeout_s=10)
+        states: dict[str, str] = {}
+        for line in result.stdout.splitlines():
+            name, _, state = line.strip().partition(" ")
+            if name:
+                states[name] = state.strip()
+        return states
+
+    def status(self) -> dict[str, object]:
+        """Daemons with their pids and node states, for ``devcluster status``."""
+        daemons = {d: self.daemon_pid(d) for d in self._daemons()}
+        nodes: dict[str, str] = {}
+        if daemons["slurmctld"]:
+            try:
+                nodes = self.node_states()
+            except SlurmError as exc:
+                nodes = {"error": str(exc)}
+        return {"dir": str(self.dir), "slurm_conf": str(self.conf_path), "daemons": daemons, "nodes": nodes}
+
+    def is_up(self) -> bool:
+        if any(self.daemon_pid(d) is None for d in self._daemons()):
+            return False
+        try:
+            states = self.node_states()
+        except SlurmError:
+            return False
+        return all(states.get(n, "").rstrip("*") in READY_NODE_STATES and not states[n].endswith("*")
+                   for n in self.spec.node_names())
+
+    # ---- up ----------------------------------------------------------------------------------
+    def up(self, *, wait_s: float = 60.0, progress: Progress = lambda _msg: None) -> None:
+        """Start the cluster (or find it running) and wait until every node answers."""
+        if os.geteuid() != 0:
+            raise DevClusterError(
+                "the dev cluster needs root (it runs slurmd, creates device files and cgroups): "
+                "run it with sudo, or point slurm-elastic at an existing cluster instead"
+            )
+        for binary in ("slurmctld", "slurmd", "sinfo", "srun", "squeue", "scancel", "sbatch"):
+            require_binary(binary)
+        running = self._recorded_spec()
+        if (running is not None and DevClusterSpec.from_json(running).to_json() != self.spec.to_json()
+                and self.daemon_pid("slurmctld")):
+            raise DevClusterError(
+                f"a dev cluster with another shape is running in {self.dir}: "
+                "run `slurm-elastic devcluster down` first"
+            )
+        if self.is_up():
+            progress(f"dev cluster already up ({len(self.spec.node_names())} nodes)")
+            return
+        self._prepare_files(progress)
+        self._check_ports_free()
+        if self.daemon_pid("slurmctld") is None:
+            progress("starting slurmctld")
+            self._start(["slurmctld", "-i"], "slurmctld")
+        for node in self.spec.node_names():
+            if self.daemon_pid(f"slurmd-{node}") is None:
+                progress(f"starting slurmd -N {node}")
+                self._start(["slurmd", "-N", node], f"slurmd-{node}")
+        self._wait_ready(wait_s, progress)
+
+    def _recorded_spec(self) -> dict[str, object] | None:
+        try:
+            data = json.loads((self.dir / SPEC_FILE).read_text())
+            return data if isinstance(data, dict) else None
+        except (OSError, ValueError):
+            return None
+
+    def _prepare_files(self, progress: Progress) -> None:
+        for sub in ("etc", "state", "spool", "log", "run", "dev"):
+            (self.dir / sub).mkdir(parents=True, exist_ok=True)
+        pool = live_char_devices()
+        nodes = []
+        for index, name in enumerate(self.spec.node_names()):
+            (self.dir / "spool" / name).mkdir(exist_ok=True)
+            gpus = make_fake_gpus(self.dir / "dev", name, self.spec.gpus_per_node, pool)
+            nodes.append({"name": name, "port": self.spec.node_port(index), "gpus": [str(g) for g in gpus]})
+        progress(f"fake GPUs: {self.spec.gpus_per_node} per node from "
+                 f"{', '.join(d.source for d in pool[: self.spec.gpus_per_node])}")
+        context = {
+            **self.spec.to_json(),
+            "dir": str(self.dir),
+            "nodes": nodes,
+            "cgroup_plugin": detect_cgroup_plugin(),
+        }
+        env = jinja2.Environment(
+            loader=jinja2.FileSystemLoader(str(templates_dir() / "devcluster")),
+            undefined=jinja2.StrictUndefined,
+            keep_trailing_newline=True,
+        )
+        for name in ("slurm.conf", "gres.conf", "cgroup.conf"):
+            text = env.get_template(f"{name}.j2").render(**context)
+            _write_atomic(self.dir / "etc" / name, text)
+        _write_atomic(self.dir / SPEC_FILE, json.dumps(self.spec.to_json(), indent=2) + "\n")
+
+    def _check_ports_free(self) -> None:
+        wanted = {"slurmctld": self.spec.ctld_port}
+        for index, node in enumerate(self.spec.node_names()):
+            wanted[f"slurmd-{node}"] = self.spec.node_port(index)
+        for daemon, port in wanted.items():
+            if self.daemon_pid(daemon) is None and not port_is_free(port):
+                raise DevClusterError(
+                    f"port {port} (for {daemon}) is in use by another program: "
+                    "choose other ports with --ctld-port / --node-base-port"
+                )
+
+    def _start(self, argv: list[str], daemon: str) -> None:
+        try:
+            run_command(argv, env=self.env(), timeout_s=30)
+        except SlurmError as exc:
+            raise DevClusterError(f"{daemon} did not start: {exc}\n{self._log_tail(daemon)}") from None
+        deadline = time.monotonic() + 15.0
+        while self.daemon_pid(daemon) is None:  # the pid file appears once it has daemonized
+            if time.monotonic() > deadline:
+                raise DevClusterError(f"{daemon} did not start\n{self._log_tail(daemon)}")
+            time.sleep(0.1)
+
+    def _wait_ready(self, wait_s: float, progress: Progress) -> None:
+        deadline = time.monotonic() + wait_s
+        states: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            dead = [d for d in self._daemons() if self.daemon_pid(d) is None]
+            if dead:
+                raise DevClusterError(f"{dead[0]} exited during start-up\n{self._log_tail(dead[0])}")
+            try:
+                states = self.node_states()
+            except SlurmError:
+                states = {}
+            waiting = [n for n in self.spec.node_names()
+                       if states.get(n, "?").endswith("*") or states.get(n, "?") not in READY_NODE_STATES]
+            if not waiting:
+                progress(f"dev cluster up: {', '.join(f'{n}={states[n]}' for n in sorted(states))}")
+                return
+            for node in waiting:
+                if states.get(node, "").startswith(("down", "drain")):
+                    run_command(["scontrol", "update", f"NodeName={node}", "State=RESUME"],
+                                env=self.env(), check=False)
+            pending = ", ".join(f"{n}={states.get(n, '?')}" for n in waiting)
+            progress(f"waiting for nodes: {pending}")
+            time.sleep(0.5)
+        node = next((n for n in self.spec.node_names() if states.get(n) not in READY_NODE_STATES),
+                    self.spec.node_names()[0])
+        raise DevClusterError(
+            f"node {node} did not become idle within {wait_s:g} s (state {states.get(node, 'unknown')})\n"
+            + self._log_tail(f"slurmd-{node}")
+        )
+
+    def _log_tail(self, daemon: str, lines: int = 15) -> str:
+        path = self._log_file(daemon)
+        try:
+            tail = path.read_text(errors="replace").splitlines()[-lines:]
+        except OSError:
+            return f"(no log at {path})"
+        return f"last lines of {path}:\n" + "\n".join("  " + line for line in tail)
+
+    # ---- down --------------------------------------------------------------------------------
+    def down(self, *, wait_s: float = 30.0, progress: Progress = lambda _msg: None) -> list[int]:
+        """Cancel the cluster's jobs and stop its daemons and their children. Returns the pids stopped."""
+        pids = {d: self.daemon_pid(d) for d in self._daemons()}
+        if pids["slurmctld"]:
+            progress("cancelling jobs")
+            run_command(["scancel", "--quiet", "--full", "--partition", self.spec.partition],
+                        env=self.env(), check=False, timeout_s=10)
+            self._wait_no_jobs(min(wait_s, 15.0))
+        procs: list[psutil.Process] = []
+        for pid in pids.values():
+            if pid is None:
+                continue
+            try:
+                parent = psutil.Process(pid)
+                procs.extend(parent.children(recursive=True))
+                procs.append(parent)
+            except psutil.NoSuchProcess:
+                continue
+        for proc in procs:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.send_signal(signal.SIGTERM)
+        _gone, alive = psutil.wait_procs(procs, timeout=wait_s / 3)
+        for proc in alive:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.kill()
+        psutil.wait_procs(alive, timeout=5)
+        for daemon in self._daemons():
+            self._pid_file(daemon).unlink(missing_ok=True)
+        stopped = [p.pid for p in procs]
+        progress(f"stopped {len(stopped)} processes")
+        return stopped
+
+    def _wait_no_jobs(self, wait_s: float) -> None:
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            result = run_command(["squeue", "-h", "-o", "%i"], env=self.env(), check=False, timeout_s=10)
+            if result.returncode != 0 or not result.stdout.strip():
+                return
+            time.sleep(0.5)
+
+
+def detect_cgroup_plugin() -> str:
+    """``cgroup/v1`` where the v1 devices controller is mounted, else ``cgroup/v2``."""
+    try:
+        with open("/proc/mounts") as mounts:
+            for line in mounts:
+                fields = line.split()
+                if len(fields) > 3 and fields[2] == "cgroup" and "devices" in fields[3].split(","):
+                    return "cgroup/v1"
+    except OSError:
+        pass
+    return "cgroup/v2"
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    """True if nothing listens on ``host:port`` (we can bind it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

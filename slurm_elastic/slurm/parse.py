@@ -1,0 +1,205 @@
+"""Pure parsers of Slurm output: hostlists, step listings, job JSON, sdiag.
+
+Tested on recorded output (tests/unit/data/) and on live output from the dev cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from slurm_elastic.errors import SlurmError
+
+# squeue --steps --format: fields joined by the ASCII unit separator, the free-text name last.
+FIELD_SEP = "\x1f"
+STEP_FORMAT = FIELD_SEP.join(["%i", "%N", "%M", "%S", "%b", "%A", "%j"])
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """One running job step as Slurm reports it."""
+
+    job_id: int
+    step_id: str  # "0", "1", ... or "batch", "extern", "interactive"
+    name: str
+    nodes: tuple[str, ...]
+    time_used: str
+    start_time: str
+    tres_per_node: str
+    num_tasks: int
+
+    @property
+    def step_ref(self) -> str:
+        """``JOBID.STEPID`` as scancel takes it."""
+        return f"{self.job_id}.{self.step_id}"
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """The fields of a job that slurm-elastic uses."""
+
+    job_id: int
+    name: str
+    state: str
+    nodes: tuple[str, ...]
+    batch_host: str
+    comment: str
+    user_name: str
+    partition: str
+    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def is_running(self) -> bool:
+        return self.state == "RUNNING"
+
+
+_BRACKET = re.compile(r"\[([^\]]*)\]")
+
+
+def expand_hostlist(expr: str) -> list[str]:
+    """Expand a Slurm hostlist (``node[1-3,5]``, ``gpu[01-02]-ib``, ``a,b[1-2]``) into names, in order.
+
+    Zero padding is kept (``n[08-10]`` gives n08, n09, n10). Several bracket groups in one name
+    expand as a product, as Slurm does. Raises SlurmError on malformed input.
+    """
+    expr = expr.strip()
+    if not expr or expr == "(null)":
+        return []
+    names: list[str] = []
+    for part in _split_top_level(expr):
+        names.extend(_expand_one(part))
+    return names
+
+
+def _split_top_level(expr: str) -> list[str]:
+    parts: list[str] = []
+    current: list[str] = []
+    depth = 0
+    for char in expr:
+        if char == "[":
+            depth += 1
+        elif char == "]":
+            depth -= 1
+            if depth < 0:
+                raise SlurmError(f"malformed hostlist {expr!r}: unbalanced ']'")
+        if char == "," and depth == 0:
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(char)
+    if depth != 0:
+        raise SlurmError(f"malformed hostlist {expr!r}: unbalanced '['")
+    parts.append("".join(current))
+    return [p for p in (p.strip() for p in parts) if p]
+
+
+def _expand_one(name: str) -> list[str]:
+    match = _BRACKET.search(name)
+    if match is None:
+        if "[" in name or "]" in name:
+            raise SlurmError(f"malformed hostlist entry {name!r}")
+        return [name]
+    head, tail = name[: match.start()], name[match.end() :]
+    out: list[str] = []
+    for token in match.group(1).split(","):
+        token = token.strip()
+        if not token:
+            raise SlurmError(f"malformed hostlist entry {name!r}: empty range")
+        lo, sep, hi = token.partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()):
+            raise SlurmError(f"malformed hostlist entry {name!r}: bad range {token!r}")
+        width = len(lo) if lo.startswith("0") or (sep and len(lo) == len(hi)) else 0
+        start, stop = int(lo), int(hi) if sep else int(lo)
+        if stop < start:
+            raise SlurmError(f"malformed hostlist entry {name!r}: range {token!r} runs backwards")
+        for number in range(start, stop + 1):
+            for rest in _expand_one(tail):
+                out.append(f"{head}{number:0{width}d}{rest}")
+    return out
+
+
+def parse_step_lines(text: str) -> list[StepInfo]:
+    """Parse ``squeue --steps --noheader --format=STEP_FORMAT`` output."""
+    steps: list[StepInfo] = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        fields = line.split(FIELD_SEP, 6)
+        if len(fields) != 7:
+            raise SlurmError(f"unexpected squeue step line: {line!r}")
+        step_ref, nodes, time_used, start, tres, tasks, name = fields
+        job_part, _, step_id = step_ref.strip().partition(".")
+        if not job_part.isdigit() or not step_id:
+            raise SlurmError(f"unexpected step id {step_ref!r} in squeue output")
+        steps.append(
+            StepInfo(
+                job_id=int(job_part),
+                step_id=step_id,
+                name=name.rstrip("\n"),
+                nodes=tuple(expand_hostlist(nodes)),
+                time_used=time_used.strip(),
+                start_time=start.strip(),
+                tres_per_node="" if tres.strip() == "(null)" else tres.strip(),
+                num_tasks=int(tasks) if tasks.strip().isdigit() else 0,
+            )
+        )
+    return steps
+
+
+def parse_jobs_json(text: str) -> list[JobInfo]:
+    """Parse ``squeue --json`` output (the ``jobs`` array; Slurm 22.05 and later)."""
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SlurmError(f"squeue --json printed invalid JSON: {exc}") from None
+    if not isinstance(document, dict) or not isinstance(document.get("jobs"), list):
+        raise SlurmError("squeue --json output has no 'jobs' list")
+    jobs = []
+    for raw in document["jobs"]:
+        state = raw.get("job_state", "")
+        if isinstance(state, list):  # Slurm >= 23.02 reports a list of flags
+            state = state[0] if state else ""
+        jobs.append(
+            JobInfo(
+                job_id=int(raw["job_id"]),
+                name=str(raw.get("name", "")),
+                state=str(state),
+                nodes=tuple(expand_hostlist(str(raw.get("nodes", "")))),
+                batch_host=str(raw.get("batch_host", "")),
+                comment=str(raw.get("comment", "")),
+                user_name=str(raw.get("user_name", "")),
+                partition=str(raw.get("partition", "")),
+                raw=raw,
+            )
+        )
+    return jobs
+
+
+def slurm_version_of_json(text: str) -> tuple[int, int] | None:
+    """(major, minor) from the ``meta`` block of any Slurm ``--json`` output, if present."""
+    try:
+        version = json.loads(text)["meta"]["Slurm"]["version"]
+        return int(version["major"]), int(version["minor"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def parse_sdiag_rpc_counts(text: str) -> dict[str, int]:
+    """RPC counts by message type from ``sdiag`` ("Remote Procedure Call statistics by message type")."""
+    counts: dict[str, int] = {}
+    in_section = False
+    for line in text.splitlines():
+        if line.startswith("Remote Procedure Call statistics by message type"):
+            in_section = True
+            continue
+        if in_section:
+            if not line.strip() or line.startswith("Remote Procedure Call statistics by user"):
+                if counts:
+                    break
+                continue
+            match = re.match(r"\s*(\S+)\s+\(\s*\d+\)\s+count:(\d+)", line)
+            if match:
+                counts[match.group(1)] = int(match.group(2))
+    return counts

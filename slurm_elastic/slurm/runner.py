@@ -1,0 +1,159 @@
+"""The one place that runs external commands.
+
+Every Slurm command goes through :func:`run_command` (blocking, with a timeout) or
+:func:`spawn_detached` (a long-lived ``srun`` in its own session). Both log argv and convert
+failures into :class:`~slurm_elastic.errors.SlurmCommandError`. Calls are counted per program,
+so tests and benchmarks can check that a tick makes one batched ``squeue`` call.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import shutil
+import subprocess
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from slurm_elastic.errors import SlurmCommandError, SlurmNotInstalledError, SlurmTimeoutError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT_S = 30.0
+
+_APT_PACKAGE_OF = {
+    "slurmctld": "slurmctld",
+    "slurmd": "slurmd",
+    "srun": "slurm-client",
+    "sbatch": "slurm-client",
+    "squeue": "slurm-client",
+    "scancel": "slurm-client",
+    "scontrol": "slurm-client",
+    "sinfo": "slurm-client",
+    "sdiag": "slurm-client",
+}
+
+_counts: collections.Counter[str] = collections.Counter()
+_counts_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """What a finished command printed."""
+
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def command_counts() -> dict[str, int]:
+    """How many times each program was run by this process (a copy)."""
+    with _counts_lock:
+        return dict(_counts)
+
+
+def _count(program: str) -> None:
+    with _counts_lock:
+        _counts[Path(program).name] += 1
+
+
+def require_binary(name: str) -> str:
+    """The full path of ``name``, or an error that says which Debian package provides it."""
+    path = shutil.which(name)
+    if path is None:
+        package = _APT_PACKAGE_OF.get(name, "slurm-client")
+        raise SlurmNotInstalledError(
+            f"{name!r} is not on PATH: install Slurm (Debian/Ubuntu: apt-get install {package}), "
+            "or put your cluster's Slurm binaries on PATH"
+        )
+    return path
+
+
+def run_command(
+    argv: Sequence[str],
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    env: Mapping[str, str] | None = None,
+    check: bool = True,
+) -> CommandResult:
+    """Run ``argv`` to completion; raise on a non-zero exit (if ``check``), a timeout, or a missing binary."""
+    argv = list(argv)
+    require_binary(argv[0])
+    _count(argv[0])
+    log.debug("run: %s", " ".join(argv))
+    try:
+        proc = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=None if env is None else dict(env),
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise SlurmTimeoutError(
+            argv, None, _text(exc.stdout), _text(exc.stderr), reason=f"timed out after {timeout_s:g} s"
+        ) from None
+    except OSError as exc:
+        raise SlurmCommandError(argv, None, "", str(exc), reason=str(exc)) from None
+    result = CommandResult(tuple(argv), proc.returncode, proc.stdout, proc.stderr)
+    if check and proc.returncode != 0:
+        raise SlurmCommandError(argv, proc.returncode, proc.stdout, proc.stderr)
+    return result
+
+
+def spawn_detached(
+    argv: Sequence[str],
+    *,
+    log_path: Path,
+    env: Mapping[str, str] | None = None,
+) -> int:
+    """Start ``argv`` in a new session (immune to the caller's death and process-group signals).
+
+    Its stdout and stderr go to ``log_path``; stdin is /dev/null. Returns the pid. The child is
+    reaped by a daemon thread, so it never lingers as a zombie while the caller lives.
+    """
+    argv = list(argv)
+    require_binary(argv[0])
+    _count(argv[0])
+    log.debug("spawn: %s", " ".join(argv))
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as out:
+        try:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=None if env is None else dict(env),
+                start_new_session=True,
+                close_fds=True,
+            )
+        except OSError as exc:
+            raise SlurmCommandError(argv, None, "", str(exc), reason=str(exc)) from None
+    threading.Thread(target=proc.wait, name=f"reap-{proc.pid}", daemon=True).start()
+    return proc.pid
+
+
+def _text(value: bytes | str | None) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    return value
+
+
+def process_alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    except PermissionError:
+        return os.path.exists(f"/proc/{pid}")

@@ -1,0 +1,185 @@
+"""The Slurm adapter against the real dev cluster: placement, GPU pinning, listing, signals, survival."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from slurm_elastic.devcluster.cluster import DevCluster
+from slurm_elastic.errors import SlurmError
+from slurm_elastic.slurm.backend import StepSpec
+from slurm_elastic.slurm.cli_backend import SlurmCli
+from slurm_elastic.slurm.parse import StepInfo
+from slurm_elastic.slurm.runner import command_counts
+
+pytestmark = pytest.mark.cluster
+PROBE = str(Path(__file__).with_name("probe_step.py"))
+
+
+def wait_for(predicate: Callable[[], object], timeout_s: float = 20.0, what: str = "condition") -> object:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def probe_spec(job_id: int, tmp_path: Path, name: str, cluster: DevCluster, hold_s: float = 60.0,
+               **kwargs: object) -> tuple[StepSpec, Path]:
+    out = tmp_path / f"{name}.json"
+    spec = StepSpec(job_id=job_id, name=name, argv=(sys.executable, PROBE, str(out), str(cluster.dir / "dev"),
+                    str(hold_s)), output_path=tmp_path / f"{name}.out", **kwargs)  # type: ignore[arg-type]
+    return spec, out
+
+
+def read_probe(out: Path) -> dict[str, object]:
+    wait_for(out.exists, what=f"{out.name} to be written")
+    return dict(json.loads(out.read_text()))
+
+
+def find_step(slurm: SlurmCli, job_id: int, name: str) -> StepInfo | None:
+    return next((s for s in slurm.list_steps(job_id) if s.name == name), None)
+
+
+def test_step_runs_on_requested_node_with_requested_gpus(
+    slurm: SlurmCli, allocation: int, devcluster: DevCluster, tmp_path: Path
+) -> None:
+    spec, out = probe_spec(allocation, tmp_path, "se-w-node2", devcluster, hold_s=0, gpus=2, nodelist=("node2",))
+    slurm.launch_step(spec, tmp_path / "launcher.log")
+    record = read_probe(out)
+    assert record["node"] == "node2"
+    assert len(record["openable"]) == 2  # type: ignore[arg-type]
+    assert str(record["step_gpus"]).count(",") == 1
+
+
+def test_each_step_opens_only_its_own_gpu(
+    slurm: SlurmCli, allocation: int, devcluster: DevCluster, tmp_path: Path
+) -> None:
+    outs = []
+    for i in range(4):
+        spec, out = probe_spec(allocation, tmp_path, f"se-w-pin{i}", devcluster, hold_s=30, gpus=1,
+                               nodelist=("node1",))
+        slurm.launch_step(spec, tmp_path / f"launcher{i}.log")
+        outs.append(out)
+    records = [read_probe(o) for o in outs]
+    openable = [tuple(r["openable"]) for r in records]  # type: ignore[arg-type]
+    assert all(len(o) == 1 for o in openable), openable
+    assert sorted(o[0] for o in openable) == [0, 1, 2, 3]  # four steps, four distinct GPUs
+    for record in records:  # Slurm's view (SLURM_STEP_GPUS) names the GPU the step can open
+        assert [int(g) for g in str(record["step_gpus"]).split(",")] == list(record["openable"])  # type: ignore[call-overload]
+
+
+def test_list_steps_parses_live_output(
+    slurm: SlurmCli, allocation: int, devcluster: DevCluster, tmp_path: Path
+) -> None:
+    for node in ("node1", "node2"):
+        spec, _ = probe_spec(allocation, tmp_path, f"se-w-list-{node}", devcluster, gpus=1, nodelist=(node,))
+        slurm.launch_step(spec, tmp_path / f"{node}.log")
+    wait_for(lambda: len([s for s in slurm.list_steps(allocation) if s.name.startswith("se-w-list")]) == 2,
+             what="both steps listed")
+    before = command_counts().get("squeue", 0)
+    steps = {s.name: s for s in slurm.list_steps(allocation)}
+    assert command_counts()["squeue"] == before + 1  # one batched call for all steps
+    assert steps["se-w-list-node1"].nodes == ("node1",)
+    assert steps["se-w-list-node2"].nodes == ("node2",)
+    assert steps["se-w-list-node2"].tres_per_node == "gres:gpu:1"
+    assert "batch" in steps
+
+
+def test_signal_reaches_the_step_process(
+    slurm: SlurmCli, allocation: int, devcluster: DevCluster, tmp_path: Path
+) -> None:
+    spec, out = probe_spec(allocation, tmp_path, "se-w-sig", devcluster, gpus=1)
+    slurm.launch_step(spec, tmp_path / "launcher.log")
+    read_probe(out)
+    step = wait_for(lambda: find_step(slurm, allocation, "se-w-sig"), what="step listed")
+    assert isinstance(step, StepInfo)
+    slurm.signal_step(allocation, step.step_id, "USR1")
+    signals = Path(str(out) + ".signals")
+    wait_for(signals.exists, what="USR1 delivered")
+    assert signals.read_text() == "USR1\n"
+    wait_for(lambda: find_step(slurm, allocation, "se-w-sig") is None, what="step to end after drain")
+
+
+def test_cancel_step_ends_it(slurm: SlurmCli, allocation: int, devcluster: DevCluster, tmp_path: Path) -> None:
+    spec, _out = probe_spec(allocation, tmp_path, "se-w-cancel", devcluster, gpus=1)
+    slurm.launch_step(spec, tmp_path / "launcher.log")
+    step = wait_for(lambda: find_step(slurm, allocation, "se-w-cancel"), what="step listed")
+    assert isinstance(step, StepInfo)
+    slurm.cancel_step(allocation, step.step_id)
+    wait_for(lambda: find_step(slurm, allocation, "se-w-cancel") is None, what="step cancelled")
+    slurm.cancel_step(allocation, step.step_id)  # cancelling a finished step is not an error
+
+
+def _alive_age_s(out: Path) -> float:
+    return time.time() - float(Path(str(out) + ".alive").read_text())
+
+
+def _launch_from_child(allocation: int, spec: StepSpec, log: Path) -> subprocess.Popen[bytes]:
+    """A stand-in controller: a process in its own group that launches the step, then idles."""
+    code = (
+        "import time; from pathlib import Path; from slurm_elastic.slurm.cli_backend import SlurmCli;"
+        "from slurm_elastic.slurm.backend import StepSpec;"
+        f"SlurmCli().launch_step(StepSpec(job_id={allocation}, name={spec.name!r}, argv={list(spec.argv)!r},"
+        f" output_path=Path({str(spec.output_path)!r}), gpus=1), Path({str(log)!r}));"
+        "time.sleep(60)"
+    )
+    return subprocess.Popen([sys.executable, "-c", code], start_new_session=True,
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
+
+
+@pytest.mark.parametrize("kill", ["sigkill-launcher", "sigterm-launcher-group"])
+def test_step_survives_the_death_of_its_launcher(
+    slurm: SlurmCli, allocation: int, devcluster: DevCluster, tmp_path: Path, kill: str
+) -> None:
+    spec, out = probe_spec(allocation, tmp_path, f"se-w-{kill}", devcluster, gpus=1)
+    parent = _launch_from_child(allocation, spec, tmp_path / "launcher.log")
+    read_probe(out)
+    step = wait_for(lambda: find_step(slurm, allocation, spec.name), what="step listed")
+    if kill == "sigkill-launcher":
+        os.kill(parent.pid, signal.SIGKILL)
+    else:
+        os.killpg(parent.pid, signal.SIGTERM)  # what a dying controller's process group gets
+    parent.wait(timeout=10)
+    time.sleep(3.0)
+    again = find_step(slurm, allocation, spec.name)
+    assert isinstance(step, StepInfo) and again is not None
+    assert again.step_ref == step.step_ref  # found again by listing, same step
+    assert _alive_age_s(out) < 2.0  # and its process is still running
+
+
+def test_sigkill_of_srun_itself_cancels_the_step(
+    slurm: SlurmCli, allocation: int, devcluster: DevCluster, tmp_path: Path
+) -> None:
+    """Documented behaviour: srun's shepherd cancels the step when srun is SIGKILLed.
+
+    So slurm-elastic never kills an srun; it runs srun in its own session, where the
+    controller's death and signals to the controller's process group do not reach it.
+    """
+    spec, out = probe_spec(allocation, tmp_path, "se-w-srunkill", devcluster, gpus=1)
+    pid = slurm.launch_step(spec, tmp_path / "launcher.log")
+    read_probe(out)
+    wait_for(lambda: find_step(slurm, allocation, spec.name), what="step listed")
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: find_step(slurm, allocation, spec.name) is None, timeout_s=30, what="step cancelled")
+
+
+def test_unknown_job_id_gives_a_clear_error(slurm: SlurmCli) -> None:
+    with pytest.raises(SlurmError, match="job 987654 is unknown to Slurm"):
+        slurm.job_info(987654)
+    assert slurm.list_steps(987654) == []
+
+
+def test_job_info_of_live_allocation(slurm: SlurmCli, allocation: int) -> None:
+    info = slurm.job_info(allocation)
+    assert info.is_running and info.nodes == ("node1", "node2") and info.batch_host in info.nodes

@@ -1,0 +1,98 @@
+"""Pure parsers of Slurm output, on recorded 22.05 output and edge cases."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from slurm_elastic.errors import SlurmError
+from slurm_elastic.slurm.parse import (
+    FIELD_SEP,
+    expand_hostlist,
+    parse_jobs_json,
+    parse_sdiag_rpc_counts,
+    parse_step_lines,
+    slurm_version_of_json,
+)
+
+DATA = Path(__file__).parent / "data"
+
+
+@pytest.mark.parametrize(
+    ("expr", "expected"),
+    [
+        ("node1", ["node1"]),
+        ("node[1-3]", ["node1", "node2", "node3"]),
+        ("node[1-3,5]", ["node1", "node2", "node3", "node5"]),
+        ("n[08-11]", ["n08", "n09", "n10", "n11"]),
+        ("gpu[01-02]-ib", ["gpu01-ib", "gpu02-ib"]),
+        ("a,b[1-2],c", ["a", "b1", "b2", "c"]),
+        ("rack[1-2]-n[1-2]", ["rack1-n1", "rack1-n2", "rack2-n1", "rack2-n2"]),
+        ("node[7]", ["node7"]),
+        ("", []),
+        ("(null)", []),
+    ],
+)
+def test_expand_hostlist(expr: str, expected: list[str]) -> None:
+    assert expand_hostlist(expr) == expected
+
+
+@pytest.mark.parametrize("expr", ["node[1-3", "node1-3]", "node[3-1]", "node[a-b]", "node[]", "node[1,,2]"])
+def test_expand_hostlist_rejects_malformed(expr: str) -> None:
+    with pytest.raises(SlurmError, match="malformed hostlist"):
+        expand_hostlist(expr)
+
+
+def test_parse_recorded_step_listing() -> None:
+    steps = parse_step_lines((DATA / "squeue_steps_22.05.txt").read_text())
+    by_name = {s.name: s for s in steps}
+    assert set(by_name) == {"se-w-0001", "se-w-0002", "se-w-0003", "batch"}
+    assert by_name["se-w-0002"].nodes == ("node2",)
+    assert by_name["se-w-0002"].tres_per_node == "gres:gpu:1"
+    assert by_name["se-w-0001"].step_ref == "1.4"
+    assert by_name["batch"].step_id == "batch"
+    assert by_name["batch"].tres_per_node == ""
+
+
+def test_step_names_may_contain_anything_but_the_separator() -> None:
+    line = FIELD_SEP.join(["12.3", "node[1-2]", "1:00", "now", "(null)", "2", "odd | name, with: stuff"])
+    (step,) = parse_step_lines(line + "\n")
+    assert step.name == "odd | name, with: stuff"
+    assert step.nodes == ("node1", "node2")
+    assert step.num_tasks == 2
+
+
+@pytest.mark.parametrize("line", ["garbage", FIELD_SEP.join(["x.1", "n", "", "", "", "", "nm"])])
+def test_parse_step_lines_rejects_garbage(line: str) -> None:
+    with pytest.raises(SlurmError):
+        parse_step_lines(line)
+
+
+def test_parse_recorded_job_json() -> None:
+    text = (DATA / "squeue_job_22.05.json").read_text()
+    (job,) = parse_jobs_json(text)
+    assert job.job_id == 1
+    assert job.state == "RUNNING"
+    assert job.nodes == ("node1", "node2")
+    assert job.batch_host == "node1"
+    assert slurm_version_of_json(text) == (22, 5)
+
+
+def test_parse_job_json_list_state_of_newer_slurm() -> None:
+    text = '{"jobs": [{"job_id": 5, "job_state": ["RUNNING", "COMPLETING"], "nodes": "n[1-2]"}]}'
+    (job,) = parse_jobs_json(text)
+    assert job.state == "RUNNING" and job.nodes == ("n1", "n2")
+
+
+@pytest.mark.parametrize("text", ["", "{", "[]", '{"meta": {}}'])
+def test_parse_job_json_errors_are_clear(text: str) -> None:
+    with pytest.raises(SlurmError, match="squeue --json"):
+        parse_jobs_json(text)
+
+
+def test_parse_recorded_sdiag() -> None:
+    counts = parse_sdiag_rpc_counts((DATA / "sdiag_22.05.txt").read_text())
+    assert counts["REQUEST_JOB_STEP_INFO"] >= 1
+    assert counts["REQUEST_SUBMIT_BATCH_JOB"] >= 1
+    assert all(isinstance(v, int) for v in counts.values())

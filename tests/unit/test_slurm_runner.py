@@ -1,0 +1,79 @@
+"""The one place that runs commands: errors, timeouts, counting, detached launch, srun argv."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from slurm_elastic.errors import SlurmCommandError, SlurmNotInstalledError, SlurmTimeoutError
+from slurm_elastic.slurm.backend import StepSpec, build_srun_argv
+from slurm_elastic.slurm.pyslurm_backend import select_backend
+from slurm_elastic.slurm.runner import command_counts, process_alive, run_command, spawn_detached
+
+
+def test_missing_binary_names_the_debian_package() -> None:
+    with pytest.raises(SlurmNotInstalledError, match="apt-get install slurm-client"):
+        run_command(["squeue-does-not-exist"])
+
+
+def test_nonzero_exit_carries_rc_stdout_stderr() -> None:
+    with pytest.raises(SlurmCommandError) as info:
+        run_command(["sh", "-c", "echo out; echo boom >&2; exit 3"])
+    assert info.value.returncode == 3
+    assert info.value.stdout == "out\n"
+    assert "boom" in info.value.stderr and "boom" in str(info.value)
+
+
+def test_timeout_is_its_own_error() -> None:
+    with pytest.raises(SlurmTimeoutError, match="timed out"):
+        run_command(["sleep", "5"], timeout_s=0.2)
+
+
+def test_calls_are_counted_per_program() -> None:
+    before = command_counts().get("true", 0)
+    run_command(["true"])
+    run_command(["/bin/true"])
+    assert command_counts()["true"] == before + 2
+
+
+def test_spawn_detached_runs_in_its_own_session(tmp_path: Path) -> None:
+    pid = spawn_detached(["sleep", "30"], log_path=tmp_path / "x.log")
+    try:
+        assert os.getsid(pid) == pid != os.getsid(0)
+        assert process_alive(pid)
+    finally:
+        os.kill(pid, signal.SIGKILL)
+    for _ in range(100):
+        if not process_alive(pid):
+            break
+        time.sleep(0.02)
+    assert not process_alive(pid)
+
+
+def test_srun_argv_golden(tmp_path: Path) -> None:
+    spec = StepSpec(
+        job_id=42, name="se-w-0007", argv=("python3", "-m", "worker"), output_path=Path("/s/w7.out"),
+        gpus=2, cpus=4, mem_mb=2048, exclude=("node3",), env={"B": "2", "A": "1"},
+    )
+    assert build_srun_argv(spec) == [
+        "srun", "--jobid=42", "--job-name=se-w-0007", "--nodes=1", "--ntasks=1", "--cpus-per-task=4",
+        "--exact", "--input=none", "--output=/s/w7.out", "--kill-on-bad-exit=1", "--gres=gpu:2",
+        "--mem=2048M", "--exclude=node3", "--export=ALL,A=1,B=2", "--", "python3", "-m", "worker",
+    ]
+
+
+def test_srun_argv_overlap_without_gpus() -> None:
+    argv = build_srun_argv(StepSpec(job_id=1, name="se-a-node1", argv=("x",), output_path=Path("o"),
+                                    gpus=0, overlap=True, nodelist=("node1",)))
+    assert "--overlap" in argv and "--exact" not in argv
+    assert not any(a.startswith("--gres") for a in argv)
+    assert "--nodelist=node1" in argv
+
+
+def test_backend_falls_back_to_cli_without_pyslurm() -> None:
+    assert select_backend("auto").name == "cli"
+    assert select_backend("cli").name == "cli"
