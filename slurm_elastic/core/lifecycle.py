@@ -1,0 +1,101 @@
+"""A worker's life as one table of allowed state changes, with a timestamped history.
+
+    STARTING -> ACTIVE -> DRAINING -> INACTIVE, plus FAILED and BACKOFF (crash-loop backoff).
+
+Anything not in :data:`TRANSITIONS` is refused with :class:`TransitionError`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from slurm_elastic.errors import TransitionError
+
+
+class WorkerState(str, enum.Enum):
+    STARTING = "STARTING"  # step launched (or about to be), not yet registered
+    ACTIVE = "ACTIVE"  # registered and heart-beating: counted as capacity
+    DRAINING = "DRAINING"  # drain signal sent: finishing its rollout, never counted, never re-drained
+    INACTIVE = "INACTIVE"  # step ended after a drain (or a clean exit): terminal
+    FAILED = "FAILED"  # step ended unexpectedly or stopped heart-beating
+    BACKOFF = "BACKOFF"  # waiting out crash-loop backoff before a relaunch
+
+
+S = WorkerState
+TRANSITIONS: dict[WorkerState, frozenset[WorkerState]] = {
+    S.STARTING: frozenset({S.ACTIVE, S.DRAINING, S.FAILED, S.INACTIVE}),
+    S.ACTIVE: frozenset({S.DRAINING, S.FAILED, S.INACTIVE}),
+    S.DRAINING: frozenset({S.INACTIVE, S.FAILED}),
+    S.FAILED: frozenset({S.BACKOFF, S.INACTIVE}),
+    S.BACKOFF: frozenset({S.STARTING, S.INACTIVE}),
+    S.INACTIVE: frozenset(),
+}
+HISTORY_LIMIT = 50
+
+
+@dataclass
+class Worker:
+    """The controller's record of one worker (one Slurm step at a time)."""
+
+    worker_id: str
+    state: WorkerState = WorkerState.STARTING
+    step_id: str = ""  # Slurm step id once seen, e.g. "3"
+    node: str = ""
+    gpus: tuple[int, ...] = ()  # as Slurm numbers them on the node (SLURM_STEP_GPUS)
+    launched_at_s: float = 0.0
+    last_heartbeat_s: float = 0.0
+    drain_started_s: float = 0.0
+    backoff_until_s: float = 0.0
+    crash_count: int = 0
+    launches: int = 0
+    placeholder: bool = False  # holds a cordoned GPU so Slurm cannot hand it out; never capacity
+    busy: bool = False  # a rollout in flight (from heartbeats), for choosing whom to drain
+    rollouts: int = 0
+    endpoint: str = ""
+    kill_sent_s: float = 0.0
+    failure_reason: str = ""  # set when the controller kills it for cause (e.g. lost heartbeat)
+    exit_code: int | None = None  # reported by the worker wrapper as it exits
+    history: list[tuple[float, str, str, str]] = field(default_factory=list)
+
+    @property
+    def counts_as_capacity(self) -> bool:
+        """STARTING, ACTIVE, BACKOFF and a kill-for-cause (both end in a relaunch) fill a slot.
+
+        A worker draining for scale-down never does, and neither does a placeholder.
+        """
+        if self.placeholder:
+            return False
+        return self.state in (S.STARTING, S.ACTIVE, S.BACKOFF) or (
+            self.state is S.DRAINING and bool(self.failure_reason)
+        )
+
+    @property
+    def has_step(self) -> bool:
+        return self.state in (S.STARTING, S.ACTIVE, S.DRAINING)
+
+    def to_json(self) -> dict[str, Any]:
+        data = {k: v for k, v in self.__dict__.items()}
+        data["state"] = self.state.value
+        data["gpus"] = list(self.gpus)
+        data["history"] = [list(h) for h in self.history]
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Worker:
+        known = set(cls.__dataclass_fields__)
+        kwargs = {k: v for k, v in data.items() if k in known}
+        kwargs["state"] = WorkerState(kwargs.get("state", "STARTING"))
+        kwargs["gpus"] = tuple(int(g) for g in kwargs.get("gpus", ()))
+        kwargs["history"] = [tuple(h) for h in kwargs.get("history", [])]
+        return cls(**kwargs)
+
+
+def transition(worker: Worker, to: WorkerState, now_s: float, reason: str) -> None:
+    """Move ``worker`` to ``to`` if the table allows it, recording when and why."""
+    if to not in TRANSITIONS[worker.state]:
+        raise TransitionError(f"worker {worker.worker_id}: {worker.state.value} -> {to.value} is not allowed")
+    worker.history.append((now_s, worker.state.value, to.value, reason))
+    del worker.history[:-HISTORY_LIMIT]
+    worker.state = to

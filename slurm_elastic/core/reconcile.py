@@ -1,0 +1,231 @@
+"""The level-triggered reconcile step: compare what Slurm runs with what is wanted, decide actions.
+
+Pure: it updates the worker records (state transitions) and returns actions; the controller
+runs the actions afterwards, and their errors come back as data on the next tick.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from slurm_elastic.core.lifecycle import Worker, WorkerState, transition
+from slurm_elastic.core.naming import format_worker_id
+
+S = WorkerState
+
+
+@dataclass(frozen=True)
+class ObservedStep:
+    """One of our worker steps as listed by Slurm this tick."""
+
+    worker_id: str
+    step_id: str
+    node: str
+
+
+@dataclass(frozen=True)
+class ReconcileConfig:
+    drain_timeout_s: float = 120.0
+    heartbeat_grace_s: float = 60.0
+    start_timeout_s: float = 120.0  # launched -> registered, else the launch failed
+    backoff_base_s: float = 5.0
+    backoff_max_s: float = 300.0
+    kill_resend_s: float = 30.0  # re-send a cancel that did not take
+
+
+@dataclass(frozen=True)
+class Launch:
+    worker_id: str
+    exclude_nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Drain:
+    worker_id: str
+    step_id: str
+
+
+@dataclass(frozen=True)
+class Cancel:
+    worker_id: str
+    step_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Crashed:
+    """An event, not an action: a worker died on (node, gpus); GPU health counts these."""
+
+    worker_id: str
+    node: str
+    gpus: tuple[int, ...]
+    reason: str
+
+
+Action = Launch | Drain | Cancel
+
+
+@dataclass
+class Plan:
+    actions: list[Action] = field(default_factory=list)
+    crashes: list[Crashed] = field(default_factory=list)
+    next_number: int = 1
+
+
+def backoff_s(crash_count: int, cfg: ReconcileConfig) -> float:
+    """Exponential crash-loop backoff: base, 2*base, 4*base, ... capped at backoff_max_s."""
+    return float(min(cfg.backoff_max_s, cfg.backoff_base_s * 2 ** max(0, crash_count - 1)))
+
+
+def reconcile(
+    workers: dict[str, Worker],
+    observed: list[ObservedStep] | None,
+    desired: int,
+    allowed_slots: int,
+    exclude_nodes: tuple[str, ...],
+    cordoned: frozenset[tuple[str, int]],
+    cfg: ReconcileConfig,
+    now_s: float,
+    next_number: int,
+) -> Plan:
+    """One tick. ``observed`` None means Slurm could not be listed: keep everything as it is."""
+    plan = Plan(next_number=next_number)
+    if observed is None:
+        return plan
+    by_id = {o.worker_id: o for o in observed}
+    _adopt_and_refresh(workers, by_id, now_s, plan)
+    _handle_vanished(workers, by_id, cfg, now_s, plan)
+    _enforce_heartbeats_and_timeouts(workers, cfg, cordoned, now_s, plan)
+    _scale(workers, desired, allowed_slots, exclude_nodes, cfg, cordoned, now_s, plan)
+    return plan
+
+
+def _adopt_and_refresh(workers: dict[str, Worker], by_id: dict[str, ObservedStep], now_s: float,
+                       plan: Plan) -> None:
+    for worker_id, step in by_id.items():
+        if worker_id.isdigit():
+            plan.next_number = max(plan.next_number, int(worker_id) + 1)
+        worker = workers.get(worker_id)
+        if worker is None or worker.state in (S.INACTIVE, S.FAILED, S.BACKOFF):
+            if worker is not None and worker.step_id == step.step_id:
+                continue  # the old step of a finished record is still winding down
+            adopted = Worker(worker_id=worker_id, step_id=step.step_id, node=step.node,
+                             launched_at_s=now_s, last_heartbeat_s=now_s)
+            if worker is not None:
+                adopted.crash_count, adopted.launches = worker.crash_count, worker.launches
+                adopted.history = worker.history
+            adopted.history.append((now_s, "", S.STARTING.value, f"adopted running step {step.step_id}"))
+            workers[worker_id] = adopted
+            continue
+        worker.step_id, worker.node = step.step_id, step.node
+
+
+def _handle_vanished(workers: dict[str, Worker], by_id: dict[str, ObservedStep], cfg: ReconcileConfig,
+                     now_s: float, plan: Plan) -> None:
+    for worker in workers.values():
+        if not worker.has_step or worker.worker_id in by_id:
+            continue
+        if worker.state is S.STARTING and not worker.step_id and now_s - worker.launched_at_s < cfg.start_timeout_s:
+            continue  # launched, not listed yet
+        if worker.state is S.DRAINING and not worker.failure_reason:
+            transition(worker, S.INACTIVE, now_s, "step ended after drain")
+        elif worker.placeholder:
+            transition(worker, S.INACTIVE, now_s, "placeholder released")
+        elif worker.exit_code == 0 and worker.state is not S.DRAINING:
+            transition(worker, S.INACTIVE, now_s, "exited cleanly")
+        else:
+            reason = worker.failure_reason or (
+                "step never appeared in Slurm" if not worker.step_id
+                else f"step ended unexpectedly (exit code {worker.exit_code})" if worker.exit_code is not None
+                else "step ended unexpectedly")
+            transition(worker, S.FAILED, now_s, reason)
+            worker.crash_count += 1
+            plan.crashes.append(Crashed(worker.worker_id, worker.node, worker.gpus, reason))
+            worker.backoff_until_s = now_s + backoff_s(worker.crash_count, cfg)
+            transition(worker, S.BACKOFF, now_s, f"crash-loop backoff {backoff_s(worker.crash_count, cfg):g} s")
+        worker.step_id, worker.kill_sent_s, worker.failure_reason, worker.exit_code = "", 0.0, "", None
+        worker.busy = False
+
+
+def _enforce_heartbeats_and_timeouts(workers: dict[str, Worker], cfg: ReconcileConfig,
+                                     cordoned: frozenset[tuple[str, int]], now_s: float, plan: Plan) -> None:
+    for worker in workers.values():
+        if not worker.step_id:
+            continue
+        silent_s = now_s - worker.last_heartbeat_s
+        if worker.state in (S.ACTIVE, S.STARTING) and not worker.placeholder and silent_s > cfg.heartbeat_grace_s:
+            reason = f"no heartbeat for {silent_s:.0f} s (grace {cfg.heartbeat_grace_s:g} s)"
+            worker.failure_reason = reason
+            worker.drain_started_s = now_s
+            transition(worker, S.DRAINING, now_s, reason)
+            _kill(worker, reason, now_s, plan)
+        elif worker.state is S.DRAINING and now_s - worker.drain_started_s >= cfg.drain_timeout_s:
+            if not worker.kill_sent_s or now_s - worker.kill_sent_s >= cfg.kill_resend_s:
+                _kill(worker, f"drain timeout {cfg.drain_timeout_s:g} s reached", now_s, plan)
+        elif worker.placeholder and not any((worker.node, g) in cordoned for g in worker.gpus):
+            if not worker.kill_sent_s or now_s - worker.kill_sent_s >= cfg.kill_resend_s:
+                _kill(worker, "GPU uncordoned: releasing placeholder", now_s, plan)
+
+
+def _kill(worker: Worker, reason: str, now_s: float, plan: Plan) -> None:
+    worker.kill_sent_s = now_s
+    plan.actions.append(Cancel(worker.worker_id, worker.step_id, reason))
+
+
+def _scale(workers: dict[str, Worker], desired: int, allowed_slots: int, exclude_nodes: tuple[str, ...],
+           cfg: ReconcileConfig, cordoned: frozenset[tuple[str, int]], now_s: float, plan: Plan) -> None:
+    capacity = [w for w in workers.values() if w.counts_as_capacity]
+    holding = [w for w in workers.values() if w.has_step and not w.placeholder
+               and not any((w.node, g) in cordoned for g in w.gpus)]
+    free_slots = max(0, allowed_slots - len(holding))
+    if len(capacity) > desired:
+        drainable = [w for w in capacity if w.state is not S.DRAINING]
+        for worker in _drain_order(drainable)[: len(capacity) - desired]:
+            if worker.state is S.BACKOFF:
+                transition(worker, S.INACTIVE, now_s, "scale-down: relaunch cancelled")
+            else:
+                worker.drain_started_s = now_s
+                transition(worker, S.DRAINING, now_s, f"scale-down to {desired}")
+                if worker.step_id:
+                    plan.actions.append(Drain(worker.worker_id, worker.step_id))
+        return
+    for worker in sorted((w for w in capacity if w.state is S.BACKOFF), key=lambda w: w.backoff_until_s):
+        if worker.backoff_until_s <= now_s and free_slots > 0:
+            _launch(worker, exclude_nodes, now_s, "backoff over: relaunch", plan)
+            free_slots -= 1
+    for _ in range(max(0, desired - len(capacity))):
+        if free_slots <= 0:
+            break
+        worker = Worker(worker_id=format_worker_id(plan.next_number))
+        plan.next_number += 1
+        worker.history.append((now_s, "", S.STARTING.value, f"scale-up to {desired}"))
+        workers[worker.worker_id] = worker
+        _launch(worker, exclude_nodes, now_s, "", plan, fresh=True)
+        free_slots -= 1
+
+
+def _launch(worker: Worker, exclude_nodes: tuple[str, ...], now_s: float, reason: str, plan: Plan,
+            fresh: bool = False) -> None:
+    if not fresh:
+        transition(worker, S.STARTING, now_s, reason)
+    worker.launched_at_s = now_s
+    worker.last_heartbeat_s = now_s
+    worker.step_id, worker.node, worker.gpus = "", "", ()
+    worker.launches += 1
+    plan.actions.append(Launch(worker.worker_id, exclude_nodes))
+
+
+def _drain_order(capacity: list[Worker]) -> list[Worker]:
+    """Least useful first: pending relaunches, not-yet-running, idle, then busy; newest first within each."""
+    def rank(worker: Worker) -> tuple[int, float]:
+        if worker.state is S.BACKOFF:
+            group = 0
+        elif worker.state is S.STARTING:
+            group = 1
+        elif not worker.busy:
+            group = 2
+        else:
+            group = 3
+        return group, -worker.launched_at_s
+
+    return sorted(capacity, key=rank)

@@ -1,0 +1,161 @@
+"""The reconcile step, table by table: adopt, launch, drain, kill, crash backoff, placement."""
+
+from __future__ import annotations
+
+from slurm_elastic.core.lifecycle import Worker, WorkerState
+from slurm_elastic.core.reconcile import (
+    Cancel,
+    Drain,
+    Launch,
+    ObservedStep,
+    ReconcileConfig,
+    backoff_s,
+    reconcile,
+)
+
+S = WorkerState
+CFG = ReconcileConfig(drain_timeout_s=30, heartbeat_grace_s=10, start_timeout_s=20, backoff_base_s=2,
+                      backoff_max_s=16)
+NONE: frozenset[tuple[str, int]] = frozenset()
+
+
+def run(workers: dict[str, Worker], observed: list[ObservedStep] | None, desired: int, now_s: float,
+        slots: int = 8, cordoned: frozenset[tuple[str, int]] = NONE, exclude: tuple[str, ...] = (),
+        next_number: int = 1):  # type: ignore[no-untyped-def]
+    return reconcile(workers, observed, desired, slots, exclude, cordoned, CFG, now_s, next_number)
+
+
+def active(worker_id: str, step_id: str, now_s: float = 0.0, node: str = "node1", gpu: int = 0,
+           busy: bool = False) -> Worker:
+    return Worker(worker_id, state=S.ACTIVE, step_id=step_id, node=node, gpus=(gpu,), launched_at_s=now_s,
+                  last_heartbeat_s=now_s, busy=busy)
+
+
+def obs(*workers: Worker) -> list[ObservedStep]:
+    return [ObservedStep(w.worker_id, w.step_id, w.node) for w in workers]
+
+
+def test_scale_up_from_zero_launches_new_ids() -> None:
+    workers: dict[str, Worker] = {}
+    plan = run(workers, [], 3, now_s=0)
+    assert [a for a in plan.actions if isinstance(a, Launch)] == [Launch(i, ()) for i in ("0001", "0002", "0003")]
+    assert all(w.state is S.STARTING for w in workers.values()) and plan.next_number == 4
+
+
+def test_launches_are_capped_by_free_gpu_slots() -> None:
+    workers = {"0001": active("0001", "1")}
+    plan = run(workers, obs(workers["0001"]), 6, now_s=0, slots=3)
+    assert len(plan.actions) == 2  # 3 slots, one held
+
+
+def test_pending_launch_is_not_relaunched_or_failed_before_start_timeout() -> None:
+    workers: dict[str, Worker] = {}
+    run(workers, [], 1, now_s=0)
+    plan = run(workers, [], 1, now_s=5)
+    assert plan.actions == [] and workers["0001"].state is S.STARTING
+
+
+def test_launch_that_never_appears_fails_into_backoff() -> None:
+    workers: dict[str, Worker] = {}
+    run(workers, [], 1, now_s=0)
+    plan = run(workers, [], 1, now_s=25)
+    assert workers["0001"].state is S.BACKOFF and plan.crashes[0].reason == "step never appeared in Slurm"
+
+
+def test_scale_down_drains_idle_newest_first_and_never_twice() -> None:
+    workers = {
+        "0001": active("0001", "1", now_s=0, busy=True),
+        "0002": active("0002", "2", now_s=1),
+        "0003": active("0003", "3", now_s=2, busy=True),
+        "0004": active("0004", "4", now_s=3),
+    }
+    plan = run(workers, obs(*workers.values()), 2, now_s=4)
+    assert plan.actions == [Drain("0004", "4"), Drain("0002", "2")]
+    assert workers["0004"].state is S.DRAINING
+    again = run(workers, obs(*workers.values()), 2, now_s=5)
+    assert again.actions == []  # draining workers are not capacity and are not drained again
+
+
+def test_drained_step_that_ends_becomes_inactive() -> None:
+    workers = {"0001": active("0001", "1")}
+    run(workers, obs(workers["0001"]), 0, now_s=1)
+    assert workers["0001"].state is S.DRAINING
+    run(workers, [], 0, now_s=2)
+    assert workers["0001"].state is S.INACTIVE and workers["0001"].crash_count == 0
+
+
+def test_drain_timeout_cancels_once_then_resends() -> None:
+    workers = {"0001": active("0001", "1")}
+    observed = obs(workers["0001"])
+    run(workers, observed, 0, now_s=0)
+    workers["0001"].last_heartbeat_s = 100
+    assert run(workers, observed, 0, now_s=29).actions == []
+    assert run(workers, observed, 0, now_s=30).actions == [Cancel("0001", "1", "drain timeout 30 s reached")]
+    assert run(workers, observed, 0, now_s=31).actions == []
+    assert len(run(workers, observed, 0, now_s=61).actions) == 1
+
+
+def test_unexpected_exit_crashes_with_exponential_backoff_and_same_id_relaunch() -> None:
+    workers = {"0001": active("0001", "1", gpu=2)}
+    plan = run(workers, [], 1, now_s=10)
+    assert workers["0001"].state is S.BACKOFF and plan.crashes[0].gpus == (2,)
+    assert plan.actions == []  # backing off: no relaunch and no fresh worker in its place
+    plan = run(workers, [], 1, now_s=12)
+    assert plan.actions == [Launch("0001", ())] and workers["0001"].launches == 1
+    assert [backoff_s(n, CFG) for n in (1, 2, 3, 4, 5, 6)] == [2, 4, 8, 16, 16, 16]
+
+
+def test_clean_exit_is_not_a_crash() -> None:
+    workers = {"0001": active("0001", "1")}
+    workers["0001"].exit_code = 0
+    plan = run(workers, [], 0, now_s=1)
+    assert workers["0001"].state is S.INACTIVE and plan.crashes == []
+
+
+def test_lost_heartbeat_kills_and_counts_as_crash() -> None:
+    workers = {"0001": active("0001", "1", now_s=0)}
+    observed = obs(workers["0001"])
+    plan = run(workers, observed, 1, now_s=11)
+    assert plan.actions[0] == Cancel("0001", "1", "no heartbeat for 11 s (grace 10 s)")
+    plan = run(workers, [], 1, now_s=12)
+    assert workers["0001"].state is S.BACKOFF and "no heartbeat" in plan.crashes[0].reason
+
+
+def test_restart_adopts_running_steps_without_relaunching() -> None:
+    workers: dict[str, Worker] = {}
+    observed = [ObservedStep("0003", "7", "node2"), ObservedStep("0009", "8", "node1")]
+    plan = run(workers, observed, 2, now_s=100)
+    assert plan.actions == [] and set(workers) == {"0003", "0009"}
+    assert plan.next_number == 10  # new ids never collide with adopted ones
+
+
+def test_restart_keeps_draining_workers_draining() -> None:
+    worker = active("0001", "1", now_s=0)
+    workers = {"0001": worker}
+    run(workers, obs(worker), 0, now_s=1)
+    restored = {k: Worker.from_json(v.to_json()) for k, v in workers.items()}  # as from the state file
+    plan = run(restored, obs(worker), 0, now_s=2)
+    assert restored["0001"].state is S.DRAINING and plan.actions == []
+
+
+def test_failed_listing_changes_nothing() -> None:
+    workers = {"0001": active("0001", "1")}
+    plan = run(workers, None, 5, now_s=1000)
+    assert plan.actions == [] and workers["0001"].state is S.ACTIVE
+
+
+def test_workers_on_cordoned_gpus_do_not_hold_allowed_slots() -> None:
+    workers = {"0001": active("0001", "1", gpu=0)}
+    plan = run(workers, obs(workers["0001"]), 3, now_s=1, slots=2, cordoned=frozenset({("node1", 0)}),
+               exclude=("node9",))
+    assert plan.actions == [Launch("0002", ("node9",)), Launch("0003", ("node9",))]
+
+
+def test_placeholder_is_not_capacity_and_is_released_on_uncordon() -> None:
+    holder = active("0001", "1", gpu=3)
+    holder.placeholder = True
+    workers = {"0001": holder}
+    plan = run(workers, obs(holder), 1, now_s=1, cordoned=frozenset({("node1", 3)}))
+    assert plan.actions == [Launch("0002", ())]
+    plan = run(workers, obs(holder, workers["0002"]), 1, now_s=2)
+    assert Cancel("0001", "1", "GPU uncordoned: releasing placeholder") in plan.actions
