@@ -1,0 +1,5 @@
+"""``python -m slurm_elastic`` is the ``slurm-elastic`` command."""
+
+from slurm_elastic.cli import main
+
+main()

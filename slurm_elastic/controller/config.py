@@ -1,0 +1,110 @@
+"""``elastic.toml``: the controller's configuration, validated, with units in every key name.
+
+Unknown keys and bad values are errors that name the key (``workers.gpus_per_worker: ...``).
+The ``[autoscaler]``, ``[queue]`` and ``[health]`` tables are validated by their own modules.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from slurm_elastic.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ControllerSection(_Section):
+    """Where the controller keeps its state and how often it reconciles."""
+
+    tick_interval_s: float = Field(2.0, gt=0, le=600, description="Seconds between reconcile ticks.")
+    state_dir: str = Field("", description="State directory; default ~/.slurm-elastic/jobs/<job id>.")
+    listen_host: str = Field("", description="Address to serve the API on; default: this host's name.")
+    listen_port: int = Field(0, ge=0, le=65535, description="API port; 0 picks a free one.")
+    slurm_backend: Literal["auto", "cli", "pyslurm"] = Field("auto", description="How to talk to Slurm.")
+    slurm_timeout_s: float = Field(30.0, gt=0, description="Timeout of one Slurm command.")
+    gpus_per_node: int = Field(0, ge=0, description="GPUs per node of the allocation; 0 reads it from Slurm.")
+
+
+class WorkersSection(_Section):
+    """What a worker step runs and what it gets."""
+
+    command: list[str] = Field(
+        default_factory=list,
+        description="Worker command; a string is split like a shell would. Placeholders: {worker_id}, "
+        "{gpus}, {controller_url}, {job_id}, {state_dir}, {port}.",
+    )
+    kind: Literal["rollout", "server"] = Field("rollout", description="Rollout loop or inference server.")
+    gpus_per_worker: int = Field(1, ge=0, le=64, description="GPUs per worker step (--gres=gpu:N).")
+    cpus_per_worker: int = Field(1, ge=1, description="CPUs per worker step (--cpus-per-task).")
+    mem_per_worker_mb: int = Field(0, ge=0, description="Memory per worker step in MB; 0: Slurm's default.")
+    initial_workers: int = Field(-1, ge=-1, description="Workers at start; -1: the autoscaler's minimum.")
+    drain_signal: Literal["USR1", "USR2", "TERM", "INT"] = Field("USR1", description="Signal that asks a worker to drain.")
+    drain_timeout_s: float = Field(120.0, gt=0, description="After this, a draining worker is cancelled.")
+    heartbeat_interval_s: float = Field(5.0, gt=0, description="How often workers heart-beat.")
+    heartbeat_grace_s: float = Field(60.0, gt=0, description="Silence after which a worker is killed and replaced.")
+    start_timeout_s: float = Field(120.0, gt=0, description="Launch to registration, else the launch failed.")
+    backoff_base_s: float = Field(5.0, gt=0, description="First crash-loop backoff; doubles per crash.")
+    backoff_max_s: float = Field(300.0, gt=0, description="Longest crash-loop backoff.")
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment for worker steps.")
+
+    @field_validator("command", mode="before")
+    @classmethod
+    def _split_command(cls, value: Any) -> Any:
+        return shlex.split(value) if isinstance(value, str) else value
+
+
+class ElasticConfig(_Section):
+    """The whole file."""
+
+    controller: ControllerSection = ControllerSection()
+    workers: WorkersSection = WorkersSection()
+    autoscaler: dict[str, Any] = Field(default_factory=dict)
+    queue: dict[str, Any] = Field(default_factory=dict)
+    health: dict[str, Any] = Field(default_factory=dict)
+
+
+def parse_config(data: dict[str, Any], source: str = "config") -> ElasticConfig:
+    """Validate a parsed TOML document; errors name the key."""
+    try:
+        return ElasticConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            key = ".".join(str(p) for p in error["loc"])
+            problem = "unknown key" if error["type"] == "extra_forbidden" else error["msg"]
+            problems.append(f"{key}: {problem}")
+        raise ConfigError(f"{source}: " + "; ".join(problems)) from None
+
+
+def load_config(path: Path) -> ElasticConfig:
+    """Read and validate ``elastic.toml``."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}") from None
+    return parse_config(data, str(path))
+
+
+def config_reference_markdown() -> str:
+    """A markdown table of every key of [controller] and [workers], generated from the schema."""
+    rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
+    for section, model in (("controller", ControllerSection), ("workers", WorkersSection)):
+        for name, field in model.model_fields.items():
+            default = field.default_factory() if field.default_factory else field.default  # type: ignore[call-arg]
+            annotation = getattr(field.annotation, "__name__", str(field.annotation)).replace("typing.", "")
+            rows.append(f"| `{section}.{name}` | {annotation} | `{default!r}` | {field.description} |")
+    return "\n".join(rows) + "\n"

@@ -1,0 +1,379 @@
+"""The controller's run time: the reconcile loop around the pure core, and the API's control plane.
+
+Each tick observes Slurm with one batched call, asks the autoscaler (or the operator's manual
+target) for a worker count, reconciles, and runs the resulting actions. Errors of an action
+are kept and shown in status; the loop never dies on a bad tick.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from slurm_elastic.controller.config import ElasticConfig
+from slurm_elastic.controller.state import StateFile
+from slurm_elastic.core.lifecycle import Worker, WorkerState, transition
+from slurm_elastic.core.naming import worker_id_of_step, worker_step_name
+from slurm_elastic.core.reconcile import Cancel, Drain, Launch, ObservedStep, Plan, ReconcileConfig, reconcile
+from slurm_elastic.errors import SlurmElasticError, StateFileError
+from slurm_elastic.slurm.backend import SlurmBackend, StepSpec
+
+log = logging.getLogger(__name__)
+S = WorkerState
+ERROR_LIMIT = 20
+
+
+class UnknownWorkerError(KeyError):
+    """A request named a worker id the controller does not know."""
+
+
+class Controller:
+    """One job's controller. Thread-safe: the API calls in while the loop ticks."""
+
+    def __init__(
+        self,
+        config: ElasticConfig,
+        job_id: int,
+        backend: SlurmBackend,
+        state_dir: Path,
+        *,
+        nodes: tuple[str, ...],
+        gpus_per_node: int,
+        controller_url: str = "",
+        token_file: Path | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.job_id = job_id
+        self.backend = backend
+        self.state_dir = state_dir
+        self.nodes = nodes
+        self.gpus_per_node = gpus_per_node
+        self.controller_url = controller_url
+        self.token_file = token_file
+        self.clock = clock
+        self.lock = threading.RLock()
+        w = config.workers
+        self.reconcile_config = ReconcileConfig(
+            drain_timeout_s=w.drain_timeout_s, heartbeat_grace_s=w.heartbeat_grace_s,
+            start_timeout_s=w.start_timeout_s, backoff_base_s=w.backoff_base_s, backoff_max_s=w.backoff_max_s,
+        )
+        self.workers: dict[str, Worker] = {}
+        self.next_number = 1
+        self.target_workers = max(0, w.initial_workers)
+        self.manual_target: int | None = None
+        self.paused = False
+        self.wake_all_active = False
+        self.manual_cordons: dict[tuple[str, int], dict[str, Any]] = {}
+        self.last_decision: dict[str, Any] = {"action": "hold", "reason": "starting"}
+        self.errors: list[dict[str, Any]] = []
+        self.ticks = 0
+        self.started_at_s = clock()
+        self.state_note = ""
+        self.state_file = StateFile(state_dir / "state.json", job_id)
+        self._load_state()
+
+    # ---- persistence -----------------------------------------------------------------------
+    def _load_state(self) -> None:
+        try:
+            state = self.state_file.load()
+        except StateFileError as exc:
+            moved = self.state_file.move_aside()
+            self.state_note = f"{exc}; moved to {moved.name} and rebuilt from Slurm's listing"
+            log.error("%s", self.state_note)
+            self._record_error("state", self.state_note)
+            return
+        self.workers = {k: Worker.from_json(v) for k, v in state.get("workers", {}).items()}
+        self.next_number = int(state.get("next_number", 1))
+        self.target_workers = int(state.get("target_workers", self.target_workers))
+        self.manual_target = state.get("manual_target")
+        self.paused = bool(state.get("paused", False))
+        self.wake_all_active = bool(state.get("wake_all_active", False))
+        self.manual_cordons = {_gpu_key(k): v for k, v in state.get("manual_cordons", {}).items()}
+        if state:
+            log.info("restored state: %d worker records, target %d", len(self.workers), self.target_workers)
+
+    def _state(self) -> dict[str, Any]:
+        live = {k: w.to_json() for k, w in self.workers.items() if w.state is not S.INACTIVE or
+                self.clock() - (w.history[-1][0] if w.history else 0) < 3600}
+        return {
+            "workers": live, "next_number": self.next_number, "target_workers": self.target_workers,
+            "manual_target": self.manual_target, "paused": self.paused, "wake_all_active": self.wake_all_active,
+            "manual_cordons": {f"{n}:{g}": v for (n, g), v in self.manual_cordons.items()},
+        }
+
+    def save(self) -> None:
+        with self.lock:
+            self.state_file.save(self._state())
+
+    # ---- the loop ----------------------------------------------------------------------------
+    def observe(self) -> list[ObservedStep] | None:
+        """One batched listing of the job's steps; None (and an error kept) if Slurm did not answer."""
+        try:
+            steps = self.backend.list_steps(self.job_id)
+        except SlurmElasticError as exc:
+            self._record_error("observe", str(exc))
+            return None
+        observed = []
+        for step in steps:
+            worker_id = worker_id_of_step(step.name)
+            if worker_id is not None:
+                observed.append(ObservedStep(worker_id, step.step_id, step.nodes[0] if step.nodes else ""))
+        return observed
+
+    def tick(self) -> Plan:
+        """Observe, decide, act, persist. Never raises for Slurm trouble."""
+        observed = self.observe()
+        with self.lock:
+            now_s = self.clock()
+            self.ticks += 1
+            cordoned = self.cordoned_gpus()
+            allowed_slots, exclude = self.placement(cordoned)
+            desired = self.desired_workers(allowed_slots, now_s)
+            plan = reconcile(self.workers, observed, desired, allowed_slots, exclude, frozenset(cordoned),
+                             self.reconcile_config, now_s, self.next_number)
+            self.next_number = plan.next_number
+            for crash in plan.crashes:
+                self.on_crash(crash.worker_id, crash.node, crash.gpus, crash.reason, now_s)
+            for action in plan.actions:
+                self._run(action)
+            self.save()
+        return plan
+
+    def _run(self, action: Launch | Drain | Cancel) -> None:
+        worker = self.workers[action.worker_id]
+        try:
+            if isinstance(action, Launch):
+                self.backend.launch_step(self.step_spec(worker.worker_id, action.exclude_nodes),
+                                         self.state_dir / "logs" / "srun" / f"{worker.worker_id}.log")
+            elif isinstance(action, Drain):
+                self.backend.signal_step(self.job_id, action.step_id, self.config.workers.drain_signal)
+            else:
+                log.info("cancelling worker %s (step %s): %s", action.worker_id, action.step_id, action.reason)
+                self.backend.cancel_step(self.job_id, action.step_id)
+        except SlurmElasticError as exc:
+            self._record_error(type(action).__name__.lower(), f"worker {action.worker_id}: {exc}")
+
+    def run_forever(self, stop: threading.Event) -> None:
+        """Tick every ``tick_interval_s`` until ``stop`` is set."""
+        interval_s = self.config.controller.tick_interval_s
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                self.tick()
+            except Exception as exc:  # the loop never dies on one bad tick
+                log.exception("tick failed")
+                self._record_error("tick", f"{type(exc).__name__}: {exc}")
+            stop.wait(max(0.0, interval_s - (time.monotonic() - started)))
+
+    # ---- decisions ---------------------------------------------------------------------------
+    def cordoned_gpus(self) -> dict[tuple[str, int], dict[str, Any]]:
+        """Every cordoned GPU with why and since when (operator cordons; health adds its own)."""
+        return dict(self.manual_cordons)
+
+    def placement(self, cordoned: dict[tuple[str, int], dict[str, Any]]) -> tuple[int, tuple[str, ...]]:
+        """(worker slots on usable GPUs, nodes to --exclude) for this tick."""
+        per_worker = self.config.workers.gpus_per_worker
+        slots, exclude = 0, []
+        for node in self.nodes:
+            usable = self.gpus_per_node - sum(1 for (n, _g) in cordoned if n == node)
+            if per_worker == 0:  # CPU-only workers: GPU slots do not bound them
+                return 1_000_000, ()
+            if usable < per_worker:
+                exclude.append(node)
+            slots += max(0, usable) // per_worker
+        return slots, tuple(exclude)
+
+    def desired_workers(self, allowed_slots: int, now_s: float) -> int:
+        """The operator's target when set, else the last target (the autoscaler moves it)."""
+        if self.wake_all_active:
+            self.target_workers = allowed_slots
+            self.last_decision = {"action": "hold", "reason": f"wake-all: every allowed GPU ({allowed_slots})"}
+        elif self.manual_target is not None:
+            self.target_workers = self.manual_target
+            self.last_decision = {"action": "hold", "reason": f"manual target {self.manual_target} (autoscaler paused)"}
+        return self.target_workers
+
+    def on_crash(self, worker_id: str, node: str, gpus: tuple[int, ...], reason: str, now_s: float) -> None:
+        log.warning("worker %s crashed on %s %s: %s", worker_id, node, list(gpus), reason)
+
+    # ---- the control plane (called from the API) ---------------------------------------------
+    def register_worker(self, worker_id: str, info: dict[str, Any]) -> dict[str, Any]:
+        """A worker step says where it landed; answers ``run`` or ``hold`` (a cordoned GPU)."""
+        with self.lock:
+            now_s = self.clock()
+            worker = self.workers.get(worker_id)
+            if worker is None or worker.state in (S.INACTIVE, S.FAILED, S.BACKOFF):
+                worker = Worker(worker_id=worker_id, launched_at_s=now_s)
+                worker.history.append((now_s, "", S.STARTING.value, "registered without a record: adopted"))
+                self.workers[worker_id] = worker
+            worker.node = str(info.get("node", worker.node))
+            worker.gpus = tuple(int(g) for g in info.get("gpus", worker.gpus))
+            worker.step_id = str(info.get("step_id", worker.step_id) or worker.step_id)
+            worker.endpoint = str(info.get("endpoint", worker.endpoint) or "")
+            worker.last_heartbeat_s = now_s
+            cordoned = self.cordoned_gpus()
+            hit = [g for g in worker.gpus if (worker.node, g) in cordoned]
+            if worker.state is S.STARTING:
+                worker.placeholder = bool(hit)
+                reason = (f"landed on cordoned GPU {worker.node}:{hit[0]}: holding it as a placeholder"
+                          if hit else f"registered on {worker.node} GPU {list(worker.gpus)}")
+                transition(worker, S.ACTIVE, now_s, reason)
+            action = "hold" if worker.placeholder else ("drain" if worker.state is S.DRAINING else "run")
+            return {"worker_id": worker_id, "action": action,
+                    "heartbeat_interval_s": self.config.workers.heartbeat_interval_s}
+
+    def heartbeat(self, worker_id: str, info: dict[str, Any]) -> dict[str, Any]:
+        """Liveness (and busy/rollout counts) from a worker; answers whether it should drain."""
+        with self.lock:
+            worker = self.workers.get(worker_id)
+            if worker is None or not worker.has_step:
+                raise UnknownWorkerError(worker_id)
+            worker.last_heartbeat_s = self.clock()
+            if "busy" in info:
+                worker.busy = bool(info["busy"])
+            if "rollouts" in info:
+                worker.rollouts = int(info["rollouts"])
+            if info.get("exit_code") is not None:
+                worker.exit_code = int(info["exit_code"])
+            return {"drain": worker.state is S.DRAINING and not worker.placeholder,
+                    "hold": worker.placeholder}
+
+    def scale(self, n: int) -> dict[str, Any]:
+        with self.lock:
+            self.manual_target, self.wake_all_active, self.paused = max(0, int(n)), False, True
+            self.save()
+            return {"target_workers": self.manual_target, "paused": True}
+
+    def pause(self) -> dict[str, Any]:
+        with self.lock:
+            self.paused = True
+            self.save()
+            return {"paused": True}
+
+    def resume(self) -> dict[str, Any]:
+        with self.lock:
+            self.paused, self.manual_target, self.wake_all_active = False, None, False
+            self.save()
+            return {"paused": False}
+
+    def wake_all(self) -> dict[str, Any]:
+        with self.lock:
+            self.wake_all_active, self.manual_target, self.paused = True, None, True
+            self.save()
+            return {"wake_all": True}
+
+    def drain(self, worker_id: str) -> dict[str, Any]:
+        """Drain one worker now (it is replaced if the target still asks for it)."""
+        with self.lock:
+            worker = self.workers.get(worker_id)
+            if worker is None or not worker.has_step:
+                raise UnknownWorkerError(worker_id)
+            if worker.state is not S.DRAINING:
+                worker.drain_started_s = self.clock()
+                transition(worker, S.DRAINING, worker.drain_started_s, "drained by operator")
+                if worker.step_id:
+                    self._run(Drain(worker_id, worker.step_id))
+            self.save()
+            return {"worker_id": worker_id, "state": worker.state.value}
+
+    def cordon(self, node: str, gpu: int, reason: str) -> dict[str, Any]:
+        self._check_gpu(node, gpu)
+        with self.lock:
+            self.manual_cordons[(node, gpu)] = {"reason": reason or "operator", "since_s": self.clock(),
+                                                "source": "operator"}
+            self.save()
+            return {"node": node, "gpu": gpu, "cordoned": True}
+
+    def uncordon(self, node: str, gpu: int) -> dict[str, Any]:
+        self._check_gpu(node, gpu)
+        with self.lock:
+            self.manual_cordons.pop((node, gpu), None)
+            self.save()
+            return {"node": node, "gpu": gpu, "cordoned": False}
+
+    def _check_gpu(self, node: str, gpu: int) -> None:
+        if node not in self.nodes or not 0 <= gpu < max(1, self.gpus_per_node):
+            raise UnknownWorkerError(f"{node}:{gpu} is not a GPU of job {self.job_id}")
+
+    def status(self) -> dict[str, Any]:
+        """Controller fields for /global-status and ``slurm-elastic status``."""
+        with self.lock:
+            now_s = self.clock()
+            by_state = {s.value: 0 for s in WorkerState}
+            for worker in self.workers.values():
+                by_state[worker.state.value] += 1
+            return {
+                "job_id": self.job_id,
+                "controller_url": self.controller_url,
+                "uptime_s": round(now_s - self.started_at_s, 1),
+                "ticks": self.ticks,
+                "target_workers": self.target_workers,
+                "paused": self.paused,
+                "manual_target": self.manual_target,
+                "wake_all": self.wake_all_active,
+                "last_decision": self.last_decision,
+                "workers_by_state": by_state,
+                "placeholders": sum(1 for w in self.workers.values() if w.placeholder and w.has_step),
+                "workers": [self._worker_view(w, now_s) for w in sorted(self.workers.values(), key=lambda w: w.worker_id)
+                            if w.state is not S.INACTIVE],
+                "cordoned_gpus": [{"node": n, "gpu": g, **v} for (n, g), v in sorted(self.cordoned_gpus().items())],
+                "errors": self.errors[-ERROR_LIMIT:],
+                "state_note": self.state_note,
+            }
+
+    def _worker_view(self, worker: Worker, now_s: float) -> dict[str, Any]:
+        return {
+            "worker_id": worker.worker_id, "state": worker.state.value, "step_id": worker.step_id,
+            "node": worker.node, "gpus": list(worker.gpus), "age_s": round(now_s - worker.launched_at_s, 1),
+            "rollouts": worker.rollouts, "busy": worker.busy, "placeholder": worker.placeholder,
+            "last_heartbeat_age_s": round(now_s - worker.last_heartbeat_s, 1), "crash_count": worker.crash_count,
+            "launches": worker.launches, "endpoint": worker.endpoint,
+            "history": [list(h) for h in worker.history[-10:]],
+        }
+
+    # ---- launching ---------------------------------------------------------------------------
+    def step_spec(self, worker_id: str, exclude: tuple[str, ...]) -> StepSpec:
+        w = self.config.workers
+        values = {"worker_id": worker_id, "gpus": str(w.gpus_per_worker), "controller_url": self.controller_url,
+                  "job_id": str(self.job_id), "state_dir": str(self.state_dir)}
+        command = [_render(part, values) for part in w.command]
+        env = {
+            **w.env,
+            "SLURM_ELASTIC_CONTROLLER_URL": self.controller_url,
+            "SLURM_ELASTIC_WORKER_ID": worker_id,
+            "SLURM_ELASTIC_STATE_DIR": str(self.state_dir),
+            "SLURM_ELASTIC_HEARTBEAT_INTERVAL_S": str(w.heartbeat_interval_s),
+            "SLURM_ELASTIC_DRAIN_SIGNAL": w.drain_signal,
+        }
+        if self.token_file is not None:
+            env["SLURM_ELASTIC_TOKEN_FILE"] = str(self.token_file)
+        return StepSpec(
+            job_id=self.job_id, name=worker_step_name(worker_id),
+            argv=(sys.executable, "-m", "slurm_elastic", "worker", "--", *command),
+            output_path=self.state_dir / "logs" / f"worker-{worker_id}.out",
+            gpus=w.gpus_per_worker, cpus=w.cpus_per_worker, mem_mb=w.mem_per_worker_mb,
+            exclude=exclude, env=env,
+        )
+
+    def _record_error(self, where: str, message: str) -> None:
+        self.errors.append({"at_s": round(self.clock(), 3), "where": where, "error": message})
+        del self.errors[:-ERROR_LIMIT]
+
+
+def _render(template: str, values: dict[str, str]) -> str:
+    """Fill ``{name}`` placeholders we know; leave others (``{port}`` is filled on the node)."""
+    out = template
+    for key, value in values.items():
+        out = out.replace("{" + key + "}", value)
+    return out
+
+
+def _gpu_key(text: str) -> tuple[str, int]:
+    node, _, gpu = text.rpartition(":")
+    return node, int(gpu)
