@@ -19,7 +19,15 @@ from slurm_elastic.controller.config import ElasticConfig
 from slurm_elastic.controller.state import StateFile
 from slurm_elastic.core.lifecycle import Worker, WorkerState, transition
 from slurm_elastic.core.naming import worker_id_of_step, worker_step_name
-from slurm_elastic.core.reconcile import Cancel, Drain, Launch, ObservedStep, Plan, ReconcileConfig, reconcile
+from slurm_elastic.core.reconcile import (
+    Cancel,
+    Drain,
+    Launch,
+    ObservedStep,
+    Plan,
+    ReconcileConfig,
+    reconcile,
+)
 from slurm_elastic.errors import SlurmElasticError, StateFileError
 from slurm_elastic.slurm.backend import SlurmBackend, StepSpec
 

@@ -162,9 +162,9 @@ def _enforce_heartbeats_and_timeouts(workers: dict[str, Worker], cfg: ReconcileC
         elif worker.state is S.DRAINING and now_s - worker.drain_started_s >= cfg.drain_timeout_s:
             if not worker.kill_sent_s or now_s - worker.kill_sent_s >= cfg.kill_resend_s:
                 _kill(worker, f"drain timeout {cfg.drain_timeout_s:g} s reached", now_s, plan)
-        elif worker.placeholder and not any((worker.node, g) in cordoned for g in worker.gpus):
-            if not worker.kill_sent_s or now_s - worker.kill_sent_s >= cfg.kill_resend_s:
-                _kill(worker, "GPU uncordoned: releasing placeholder", now_s, plan)
+        elif (worker.placeholder and not any((worker.node, g) in cordoned for g in worker.gpus)
+              and (not worker.kill_sent_s or now_s - worker.kill_sent_s >= cfg.kill_resend_s)):
+            _kill(worker, "GPU uncordoned: releasing placeholder", now_s, plan)
 
 
 def _kill(worker: Worker, reason: str, now_s: float, plan: Plan) -> None:

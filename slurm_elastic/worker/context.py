@@ -1,0 +1,55 @@
+"""What a worker step knows about itself: from the environment the controller and Slurm set."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from slurm_elastic.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """Identity and settings of this worker step."""
+
+    worker_id: str
+    controller_url: str
+    token: str
+    heartbeat_interval_s: float
+    drain_signal: str
+    node: str
+    gpus: tuple[int, ...]
+    step_id: str
+    job_id: str
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> StepContext:
+        env = os.environ if env is None else env
+        missing = [k for k in ("SLURM_ELASTIC_WORKER_ID", "SLURM_ELASTIC_CONTROLLER_URL") if not env.get(k)]
+        if missing:
+            raise ConfigError(f"not started by a slurm-elastic controller: {', '.join(missing)} not set")
+        token = env.get("SLURM_ELASTIC_TOKEN", "")
+        token_file = env.get("SLURM_ELASTIC_TOKEN_FILE", "")
+        if not token and token_file:
+            try:
+                token = Path(token_file).read_text().strip()
+            except OSError as exc:
+                raise ConfigError(f"cannot read the job's token file {token_file}: {exc}") from None
+        gpus = tuple(int(g) for g in env.get("SLURM_STEP_GPUS", "").split(",") if g.strip().isdigit())
+        return cls(
+            worker_id=env["SLURM_ELASTIC_WORKER_ID"],
+            controller_url=env["SLURM_ELASTIC_CONTROLLER_URL"].rstrip("/"),
+            token=token,
+            heartbeat_interval_s=float(env.get("SLURM_ELASTIC_HEARTBEAT_INTERVAL_S", "5")),
+            drain_signal=env.get("SLURM_ELASTIC_DRAIN_SIGNAL", "USR1").upper().removeprefix("SIG"),
+            node=env.get("SLURMD_NODENAME") or socket.gethostname(),
+            gpus=gpus,
+            step_id=env.get("SLURM_STEP_ID", ""),
+            job_id=env.get("SLURM_JOB_ID", ""),
+        )
+
+    def registration(self) -> dict[str, object]:
+        return {"node": self.node, "gpus": list(self.gpus), "step_id": self.step_id, "pid": os.getpid()}
