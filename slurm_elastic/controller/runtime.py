@@ -50,8 +50,7 @@ class Controller:
         backend: SlurmBackend,
         state_dir: Path,
         *,
-        nodes: tuple[str, ...],
-        gpus_per_node: int,
+        gpus_by_node: dict[str, tuple[int, ...]],
         controller_url: str = "",
         token_file: Path | None = None,
         clock: Callable[[], float] = time.time,
@@ -60,8 +59,7 @@ class Controller:
         self.job_id = job_id
         self.backend = backend
         self.state_dir = state_dir
-        self.nodes = nodes
-        self.gpus_per_node = gpus_per_node
+        self.gpus_by_node = gpus_by_node  # the job's GPU indexes on each of its nodes
         self.controller_url = controller_url
         self.token_file = token_file
         self.clock = clock
@@ -187,14 +185,14 @@ class Controller:
     def placement(self, cordoned: dict[tuple[str, int], dict[str, Any]]) -> tuple[int, tuple[str, ...]]:
         """(worker slots on usable GPUs, nodes to --exclude) for this tick."""
         per_worker = self.config.workers.gpus_per_worker
+        if per_worker == 0:  # CPU-only workers: GPU slots do not bound them
+            return 1_000_000, ()
         slots, exclude = 0, []
-        for node in self.nodes:
-            usable = self.gpus_per_node - sum(1 for (n, _g) in cordoned if n == node)
-            if per_worker == 0:  # CPU-only workers: GPU slots do not bound them
-                return 1_000_000, ()
-            if usable < per_worker:
-                exclude.append(node)
-            slots += max(0, usable) // per_worker
+        for node, gpus in self.gpus_by_node.items():
+            usable = [g for g in gpus if (node, g) not in cordoned]
+            if len(usable) < per_worker:
+                exclude.append(node)  # every GPU there is cordoned (or too few are left)
+            slots += len(usable) // per_worker
         return slots, tuple(exclude)
 
     def desired_workers(self, allowed_slots: int, now_s: float) -> int:
@@ -306,7 +304,7 @@ class Controller:
             return {"node": node, "gpu": gpu, "cordoned": False}
 
     def _check_gpu(self, node: str, gpu: int) -> None:
-        if node not in self.nodes or not 0 <= gpu < max(1, self.gpus_per_node):
+        if gpu not in self.gpus_by_node.get(node, ()):
             raise UnknownWorkerError(f"{node}:{gpu} is not a GPU of job {self.job_id}")
 
     def status(self) -> dict[str, Any]:

@@ -48,6 +48,7 @@ class JobInfo:
     comment: str
     user_name: str
     partition: str
+    gpus_by_node: dict[str, tuple[int, ...]] = field(default_factory=dict)
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -171,10 +172,34 @@ def parse_jobs_json(text: str) -> list[JobInfo]:
                 comment=str(raw.get("comment", "")),
                 user_name=str(raw.get("user_name", "")),
                 partition=str(raw.get("partition", "")),
+                gpus_by_node=_gpus_by_node(raw),
                 raw=raw,
             )
         )
     return jobs
+
+
+_GRES_IDX = re.compile(r"gpu(?::[^:(]+)?:(\d+)\(IDX:([^)]*)\)")
+
+
+def parse_gres_indexes(detail: str) -> tuple[int, ...]:
+    """GPU indexes from one ``gres_detail`` entry: ``gpu:4(IDX:0-3)``, ``gpu:a100:2(IDX:0,2)``."""
+    indexes: list[int] = []
+    for match in _GRES_IDX.finditer(detail):
+        for part in match.group(2).split(","):
+            lo, _, hi = part.partition("-")
+            if lo.strip().isdigit():
+                indexes.extend(range(int(lo), int(hi or lo) + 1))
+    return tuple(sorted(set(indexes)))
+
+
+def _gpus_by_node(raw: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Node -> the job's GPU indexes there (``gres_detail`` lists one entry per node, in node order)."""
+    nodes = expand_hostlist(str(raw.get("nodes", "")))
+    details = raw.get("gres_detail") or []
+    if not isinstance(details, list) or len(details) != len(nodes):
+        return {}
+    return {node: parse_gres_indexes(str(detail)) for node, detail in zip(nodes, details, strict=True)}
 
 
 def slurm_version_of_json(text: str) -> tuple[int, int] | None:

@@ -10,6 +10,7 @@ from slurm_elastic.errors import SlurmError
 from slurm_elastic.slurm.parse import (
     FIELD_SEP,
     expand_hostlist,
+    parse_gres_indexes,
     parse_jobs_json,
     parse_sdiag_rpc_counts,
     parse_step_lines,
@@ -77,6 +78,16 @@ def test_parse_recorded_job_json() -> None:
     assert job.nodes == ("node1", "node2")
     assert job.batch_host == "node1"
     assert slurm_version_of_json(text) == (22, 5)
+    assert job.gpus_by_node == {"node1": (0, 1, 2, 3), "node2": (0, 1, 2, 3)}
+
+
+@pytest.mark.parametrize(
+    ("detail", "expected"),
+    [("gpu:4(IDX:0-3)", (0, 1, 2, 3)), ("gpu:a100:2(IDX:0,2)", (0, 2)), ("gpu:3(IDX:1,4-5)", (1, 4, 5)),
+     ("gpu:0(IDX:N/A)", ()), ("", ())],
+)
+def test_parse_gres_indexes(detail: str, expected: tuple[int, ...]) -> None:
+    assert parse_gres_indexes(detail) == expected
 
 
 def test_parse_job_json_list_state_of_newer_slurm() -> None:

@@ -1,0 +1,154 @@
+"""``slurm-elastic worker -- CMD ...``: runs any worker command as a drain-safe, heart-beating step.
+
+The wrapper registers with the controller (which answers ``run``, or ``hold`` when the step
+landed on a cordoned GPU: the step then only holds the GPU as a placeholder), starts CMD,
+heart-beats for it, and makes sure it learns about a drain: Slurm's ``scancel --signal``
+reaches every process of the step, and when the controller asks for a drain through the
+heartbeat instead (a lost signal), the wrapper forwards the drain signal once. When CMD exits,
+the wrapper reports the exit code and exits with it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from slurm_elastic.errors import ControllerUnreachableError, SlurmElasticError
+from slurm_elastic.worker.context import StepContext
+
+log = logging.getLogger(__name__)
+
+Call = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+@dataclass
+class Flags:
+    """Set by signal handlers (and nothing else happens in them)."""
+
+    drain: threading.Event = field(default_factory=threading.Event)
+    terminate: threading.Event = field(default_factory=threading.Event)
+    signals_seen: list[int] = field(default_factory=list)
+
+
+def install_handlers(flags: Flags, drain_signal: str) -> None:
+    drain_signum = getattr(signal, f"SIG{drain_signal}")
+
+    def on_drain(signum: int, _frame: object) -> None:
+        flags.signals_seen.append(signum)
+        flags.drain.set()
+
+    def on_terminate(signum: int, _frame: object) -> None:
+        flags.signals_seen.append(signum)
+        flags.terminate.set()
+
+    signal.signal(drain_signum, on_drain)
+    signal.signal(signal.SIGTERM, on_terminate)
+    signal.signal(signal.SIGINT, on_terminate)
+
+
+def free_port() -> int:
+    """A TCP port free on this node right now (for server workers' ``{port}``)."""
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return int(sock.getsockname()[1])
+
+
+def register_with_retry(register: Call, info: dict[str, Any], deadline_s: float, flags: Flags) -> dict[str, Any]:
+    """Register, retrying while the controller is unreachable (it may be restarting)."""
+    delay_s = 0.2
+    while True:
+        try:
+            return register(info)
+        except ControllerUnreachableError:
+            if time.monotonic() > deadline_s or flags.terminate.is_set():
+                raise
+            time.sleep(delay_s)
+            delay_s = min(5.0, delay_s * 2)
+
+
+def run_wrapped(
+    command: list[str],
+    ctx: StepContext,
+    register: Call,
+    heartbeat: Call,
+    flags: Flags | None = None,
+    register_timeout_s: float = 300.0,
+) -> int:
+    """Register, then run ``command`` (or hold as a placeholder) until it exits; returns its exit code."""
+    flags = flags or Flags()
+    port = free_port()
+    info = {**ctx.registration(), "endpoint": ""}
+    answer = register_with_retry(register, info, time.monotonic() + register_timeout_s, flags)
+    if answer.get("action") == "hold":
+        log.warning("worker %s landed on a cordoned GPU: holding it as a placeholder", ctx.worker_id)
+        return _hold(ctx, register, heartbeat, flags)
+    if answer.get("action") == "drain":
+        return 0
+    argv = [part.replace("{port}", str(port)) for part in command]
+    env = {**os.environ, "SLURM_ELASTIC_PORT": str(port)}
+    try:
+        child = subprocess.Popen(argv, env=env)
+    except OSError as exc:
+        log.error("cannot start worker command %s: %s", argv[0], exc)
+        _final(heartbeat, 127)
+        return 127
+    forwarded = False
+    interval_s = float(answer.get("heartbeat_interval_s", ctx.heartbeat_interval_s))
+    next_beat = 0.0
+    while True:
+        code = child.poll()
+        if code is not None:
+            _final(heartbeat, code)
+            return code
+        if flags.terminate.is_set():
+            child.send_signal(signal.SIGTERM)
+            flags.terminate.clear()
+        now = time.monotonic()
+        if now >= next_beat:
+            next_beat = now + interval_s
+            reply = _beat(ctx, register, heartbeat, {"child_pid": child.pid}, info)
+            asked_to_drain = bool(reply.get("drain"))
+            if asked_to_drain and not flags.drain.is_set() and not forwarded:
+                # the controller wants a drain but no signal reached us: forward it once
+                child.send_signal(getattr(signal, f"SIG{ctx.drain_signal}"))
+                forwarded = True
+        time.sleep(0.05)
+
+
+def _hold(ctx: StepContext, register: Call, heartbeat: Call, flags: Flags) -> int:
+    info = ctx.registration()
+    while not flags.terminate.is_set() and not flags.drain.is_set():
+        _beat(ctx, register, heartbeat, {"placeholder": True}, info)
+        flags.terminate.wait(ctx.heartbeat_interval_s)
+    _final(heartbeat, 0)
+    return 0
+
+
+def _beat(ctx: StepContext, register: Call, heartbeat: Call, payload: dict[str, Any],
+          info: dict[str, Any]) -> dict[str, Any]:
+    """One heartbeat; re-registers if the controller forgot us (a restart without state)."""
+    try:
+        return heartbeat(payload)
+    except KeyError:
+        try:
+            return register(info)
+        except SlurmElasticError as exc:
+            log.warning("re-registration failed: %s", exc)
+    except SlurmElasticError as exc:
+        log.warning("heartbeat failed (controller down?): %s", exc)
+    return {}
+
+
+def _final(heartbeat: Call, exit_code: int) -> None:
+    try:
+        heartbeat({"exit_code": exit_code})
+    except (KeyError, SlurmElasticError) as exc:
+        log.warning("could not report exit code %d: %s", exit_code, exc)
