@@ -19,7 +19,9 @@ class Reading:
 class TelemetrySource(Protocol):
     """Samples this node's GPUs. ``sample`` never raises for a GPU or field that fails."""
 
-    name: str
+    @property
+    def name(self) -> str:
+        """Short name for reports: ``nvml``, ``inject``."""
 
     def sample(self, now_s: float) -> Reading: ...
 
