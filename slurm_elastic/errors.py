@@ -64,3 +64,7 @@ class ApiError(SlurmElasticError):
         self.status_code = status_code
         self.detail = detail
         super().__init__(f"HTTP {status_code}: {detail}")
+
+
+class TelemetryError(SlurmElasticError):
+    """A GPU telemetry source could not start or read (NVML missing, bad injection file)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from slurm_elastic.commands.agent import agent
 from slurm_elastic.commands.devcluster import devcluster
 
-COMMANDS: list[click.Command] = [devcluster]
+COMMANDS: list[click.Command] = [devcluster, agent]

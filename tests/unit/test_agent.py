@@ -1,0 +1,203 @@
+"""The agent against a real HTTP server on 127.0.0.1: bearer token, report body, survival."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from slurm_elastic.cli import main
+from slurm_elastic.core.health import AgentReport, CordonBook
+from slurm_elastic.gpu.agent import Agent, AutoSource, ReportPoster, build_report, make_source
+from slurm_elastic.gpu.injection import InjectionSource
+from slurm_elastic.gpu.nvml import NvmlSource
+from slurm_elastic.gpu.source import Reading
+
+
+class Recorder(BaseHTTPRequestHandler):
+    received: list[dict[str, Any]]
+    status = 200
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        self.server.received.append(  # type: ignore[attr-defined]
+            {"path": self.path, "auth": self.headers.get("Authorization"), "body": json.loads(body)}
+        )
+        self.send_response(self.server.status)  # type: ignore[attr-defined]
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def server() -> Iterator[ThreadingHTTPServer]:
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
+    srv.received = []  # type: ignore[attr-defined]
+    srv.status = 200  # type: ignore[attr-defined]
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+
+
+def url(srv: ThreadingHTTPServer) -> str:
+    return f"http://127.0.0.1:{srv.server_address[1]}"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def token_file(tmp_path: Path) -> Path:
+    p = tmp_path / "token"
+    p.write_text("s3cret\n")
+    return p
+
+
+def drill_file(tmp_path: Path) -> Path:
+    f = tmp_path / "inject.toml"
+    f.write_text(
+        '[baseline]\ngpus = 2\n[[fault]]\nnode = "node1"\ngpu = 1\nreasons = ["hw_thermal_slowdown"]\n'
+    )
+    return f
+
+
+def test_agent_posts_report_with_bearer_token(
+    server: ThreadingHTTPServer, token_file: Path, tmp_path: Path
+) -> None:
+    src = InjectionSource("node1", drill_file(tmp_path), env={})
+    agent = Agent(src, ReportPoster(url(server), str(token_file)), "node1", clock=lambda: 500.0)
+    assert agent.run_once() is True
+    [req] = server.received  # type: ignore[attr-defined]
+    assert req["path"] == "/agent/report" and req["auth"] == "Bearer s3cret"
+    report = AgentReport.from_dict(req["body"])
+    assert (report.node, report.sampled_at_s, report.source) == ("node1", 500.0, "inject")
+    # the controller side: the throttled GPU gets cordoned and drained
+    book = CordonBook()
+    book.observe_report(report, 500.0)
+    assert set(book.cordoned()) == {("node1", 1)} and book.drain_targets() == {("node1", 1)}
+    agent.poster.close()
+
+
+def test_agent_survives_controller_down_with_backoff(token_file: Path, tmp_path: Path) -> None:
+    src = InjectionSource("node1", None, gpus=1, env={})
+    poster = ReportPoster(f"http://127.0.0.1:{free_port()}", str(token_file), timeout_s=2.0)
+    delays: list[float] = []
+
+    def wait(delay_s: float) -> bool:
+        delays.append(delay_s)
+        return len(delays) >= 5
+
+    agent = Agent(src, poster, "node1", interval_s=2.0, max_backoff_s=10.0, wait=wait)
+    assert agent.run() == 0
+    assert delays == [4.0, 8.0, 10.0, 10.0, 10.0]
+    assert agent.failures == 5
+
+
+def test_agent_recovers_when_controller_comes_back(
+    server: ThreadingHTTPServer, token_file: Path
+) -> None:
+    server.status = 503  # type: ignore[attr-defined]
+    src = InjectionSource("node1", None, gpus=1, env={})
+    delays: list[float] = []
+
+    def wait(delay_s: float) -> bool:
+        delays.append(delay_s)
+        server.status = 200  # type: ignore[attr-defined]
+        return len(delays) >= 3
+
+    agent = Agent(
+        src, ReportPoster(url(server), str(token_file)), "node1", interval_s=1.0, wait=wait
+    )
+    agent.run()
+    assert delays == [2.0, 1.0, 1.0]
+    assert len(server.received) == 3  # type: ignore[attr-defined]
+
+
+def test_stop_flag_ends_the_loop(server: ThreadingHTTPServer, token_file: Path) -> None:
+    src = InjectionSource("node1", None, gpus=1, env={})
+    agent = Agent(src, ReportPoster(url(server), str(token_file)), "node1", interval_s=3600.0)
+    agent.stop.set()  # what the SIGTERM handler does
+    assert agent.run() == 0
+    assert server.received == []  # type: ignore[attr-defined]
+
+
+def test_missing_token_file_is_a_failed_round_not_a_crash(
+    server: ThreadingHTTPServer, tmp_path: Path
+) -> None:
+    src = InjectionSource("node1", None, gpus=1, env={})
+    agent = Agent(src, ReportPoster(url(server), str(tmp_path / "nope")), "node1")
+    assert agent.run_once() is False and agent.failures == 1
+
+
+class Exploding:
+    name = "boom"
+
+    def sample(self, now_s: float) -> Reading:
+        raise RuntimeError("driver fell over")
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_failing_source_still_gives_a_report() -> None:
+    report = build_report(Exploding(), "node1", 1.0)
+    assert report.gpus == [] and "driver fell over" in report.errors[0]
+
+
+def test_auto_falls_back_to_injection_when_nvml_fails(tmp_path: Path) -> None:
+    class NoNvml:
+        def nvmlInit(self) -> None:
+            raise OSError("libnvidia-ml.so.1 not found")
+
+    inject = InjectionSource("node1", drill_file(tmp_path), env={})
+    auto = AutoSource(NvmlSource("node1", NoNvml(), env={}), inject)
+    assert len(auto.sample(0.0).gpus) == 2 and auto.name == "inject"
+    alone = AutoSource(NvmlSource("node1", NoNvml(), env={}), None)
+    reading = alone.sample(0.0)
+    assert reading.gpus == [] and "NVML init failed" in reading.errors[0]
+    assert make_source("inject", "n", None, 3).sample(0.0).gpus[2].index == 2
+
+
+def test_cli_print_and_once(server: ThreadingHTTPServer, token_file: Path, tmp_path: Path) -> None:
+    runner = CliRunner()
+    f = drill_file(tmp_path)
+    res = runner.invoke(
+        main, ["agent", "--print", "--source", "inject", "--inject-file", str(f), "--node", "node1"]
+    )
+    assert res.exit_code == 0, res.output
+    body = json.loads(res.output)
+    assert body["gpus"][1]["clock_event_reasons"] == ["hw_thermal_slowdown"]
+    args = ["agent", "--once", "--source", "inject", "--node", "node1", "--gpus", "1"]
+    res = runner.invoke(
+        main, [*args, "--controller-url", url(server), "--token-file", str(token_file)]
+    )
+    assert res.exit_code == 0, res.output
+    assert len(server.received) == 1  # type: ignore[attr-defined]
+    res = runner.invoke(
+        main,
+        [
+            *args,
+            "--controller-url",
+            f"http://127.0.0.1:{free_port()}",
+            "--token-file",
+            str(token_file),
+        ],
+    )
+    assert res.exit_code == 1
+    res = runner.invoke(main, [*args, "--token-file", str(token_file)])
+    assert res.exit_code == 1 and "--controller-url" in res.output
