@@ -57,6 +57,7 @@ class WorkersSection(_Section):
     start_timeout_s: float = Field(120.0, gt=0, description="Launch to registration, else the launch failed.")
     backoff_base_s: float = Field(5.0, gt=0, description="First crash-loop backoff; doubles per crash.")
     backoff_max_s: float = Field(300.0, gt=0, description="Longest crash-loop backoff.")
+    gpu_memory_mb: int = Field(0, ge=0, description="Pre-flight: free memory a worker needs on its GPU; 0 skips the check.")
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment for worker steps.")
 
     @field_validator("command", mode="before")
@@ -65,11 +66,21 @@ class WorkersSection(_Section):
         return shlex.split(value) if isinstance(value, str) else value
 
 
+class AgentSection(_Section):
+    """The per-node GPU health agents (one ``srun --overlap`` step per node)."""
+
+    enabled: bool = Field(True, description="Run an agent per node; nodes not heard from get no new workers.")
+    source: Literal["auto", "nvml", "inject"] = Field("auto", description="NVML, the fault-injection file, or NVML when it works.")
+    inject_file: str = Field("", description="Fault-injection drill file (see docs/gpu-health.md).")
+    interval_s: float = Field(5.0, gt=0, description="Seconds between samples.")
+
+
 class ElasticConfig(_Section):
     """The whole file."""
 
     controller: ControllerSection = ControllerSection()
     workers: WorkersSection = WorkersSection()
+    agent: AgentSection = AgentSection()
     autoscaler: dict[str, Any] = Field(default_factory=dict)
     queue: dict[str, Any] = Field(default_factory=dict)
     health: dict[str, Any] = Field(default_factory=dict)
@@ -100,9 +111,9 @@ def load_config(path: Path) -> ElasticConfig:
 
 
 def config_reference_markdown() -> str:
-    """A markdown table of every key of [controller] and [workers], generated from the schema."""
+    """A markdown table of every key of [controller], [workers] and [agent], generated from the schema."""
     rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
-    for section, model in (("controller", ControllerSection), ("workers", WorkersSection)):
+    for section, model in (("controller", ControllerSection), ("workers", WorkersSection), ("agent", AgentSection)):
         for name, field in model.model_fields.items():
             default = field.default_factory() if field.default_factory else field.default  # type: ignore[call-arg]
             annotation = getattr(field.annotation, "__name__", str(field.annotation)).replace("typing.", "")

@@ -17,8 +17,9 @@ from typing import Any
 
 from slurm_elastic.controller.config import ElasticConfig
 from slurm_elastic.controller.state import StateFile
+from slurm_elastic.core.health import AgentReport, CordonBook, HealthRules
 from slurm_elastic.core.lifecycle import Worker, WorkerState, transition
-from slurm_elastic.core.naming import worker_id_of_step, worker_step_name
+from slurm_elastic.core.naming import AGENT_PREFIX, worker_id_of_step, worker_step_name
 from slurm_elastic.core.reconcile import (
     Cancel,
     Drain,
@@ -30,10 +31,12 @@ from slurm_elastic.core.reconcile import (
 )
 from slurm_elastic.errors import SlurmElasticError, StateFileError
 from slurm_elastic.slurm.backend import SlurmBackend, StepSpec
+from slurm_elastic.slurm.parse import StepInfo
 
 log = logging.getLogger(__name__)
 S = WorkerState
 ERROR_LIMIT = 20
+AGENT_RELAUNCH_S = 30.0
 
 
 class UnknownWorkerError(KeyError):
@@ -75,7 +78,9 @@ class Controller:
         self.manual_target: int | None = None
         self.paused = False
         self.wake_all_active = False
-        self.manual_cordons: dict[tuple[str, int], dict[str, Any]] = {}
+        self.health_rules = HealthRules.from_mapping(config.health)
+        self.cordons = CordonBook(self.health_rules)
+        self.agent_launched_s: dict[str, float] = {}
         self.last_decision: dict[str, Any] = {"action": "hold", "reason": "starting"}
         self.errors: list[dict[str, Any]] = []
         self.ticks = 0
@@ -100,7 +105,11 @@ class Controller:
         self.manual_target = state.get("manual_target")
         self.paused = bool(state.get("paused", False))
         self.wake_all_active = bool(state.get("wake_all_active", False))
-        self.manual_cordons = {_gpu_key(k): v for k, v in state.get("manual_cordons", {}).items()}
+        if "cordons" in state:
+            try:
+                self.cordons = CordonBook.from_state(state["cordons"], self.health_rules)
+            except ValueError as exc:
+                self._record_error("state", f"cordon book unreadable, starting empty: {exc}")
         if state:
             log.info("restored state: %d worker records, target %d", len(self.workers), self.target_workers)
 
@@ -110,7 +119,7 @@ class Controller:
         return {
             "workers": live, "next_number": self.next_number, "target_workers": self.target_workers,
             "manual_target": self.manual_target, "paused": self.paused, "wake_all_active": self.wake_all_active,
-            "manual_cordons": {f"{n}:{g}": v for (n, g), v in self.manual_cordons.items()},
+            "cordons": self.cordons.to_state(),
         }
 
     def save(self) -> None:
@@ -118,38 +127,88 @@ class Controller:
             self.state_file.save(self._state())
 
     # ---- the loop ----------------------------------------------------------------------------
-    def observe(self) -> list[ObservedStep] | None:
+    def observe(self) -> list[StepInfo] | None:
         """One batched listing of the job's steps; None (and an error kept) if Slurm did not answer."""
         try:
-            steps = self.backend.list_steps(self.job_id)
+            return self.backend.list_steps(self.job_id)
         except SlurmElasticError as exc:
             self._record_error("observe", str(exc))
             return None
-        observed = []
-        for step in steps:
-            worker_id = worker_id_of_step(step.name)
-            if worker_id is not None:
-                observed.append(ObservedStep(worker_id, step.step_id, step.nodes[0] if step.nodes else ""))
-        return observed
 
     def tick(self) -> Plan:
         """Observe, decide, act, persist. Never raises for Slurm trouble."""
-        observed = self.observe()
+        steps = self.observe()
+        observed = None if steps is None else [
+            ObservedStep(wid, st.step_id, st.nodes[0] if st.nodes else "")
+            for st in steps if (wid := worker_id_of_step(st.name)) is not None
+        ]
         with self.lock:
             now_s = self.clock()
             self.ticks += 1
+            self.cordons.tick(now_s)
+            health_drains = self._drain_unhealthy(now_s)
             cordoned = self.cordoned_gpus()
-            allowed_slots, exclude = self.placement(cordoned)
+            allowed_slots, exclude = self.placement(cordoned, self.unknown_nodes(now_s))
             desired = self.desired_workers(allowed_slots, now_s)
             plan = reconcile(self.workers, observed, desired, allowed_slots, exclude, frozenset(cordoned),
                              self.reconcile_config, now_s, self.next_number)
             self.next_number = plan.next_number
             for crash in plan.crashes:
                 self.on_crash(crash.worker_id, crash.node, crash.gpus, crash.reason, now_s)
-            for action in plan.actions:
+            for action in [*health_drains, *plan.actions]:
                 self._run(action)
+            if steps is not None:
+                self._ensure_agents(steps, now_s)
             self.save()
         return plan
+
+    def _drain_unhealthy(self, now_s: float) -> list[Drain]:
+        """Drain workers on GPUs that became unhealthy (if the rules say drain). Level-triggered."""
+        targets = self.cordons.drain_targets()
+        drains = []
+        for worker in self.workers.values():
+            hit = [g for g in worker.gpus if (worker.node, g) in targets]
+            if hit and worker.state in (S.ACTIVE, S.STARTING) and not worker.placeholder:
+                entry = self.cordons.cordoned().get((worker.node, hit[0]))
+                worker.drain_started_s = now_s
+                transition(worker, S.DRAINING, now_s,
+                           f"GPU {worker.node}:{hit[0]} unhealthy: {entry.reason if entry else 'cordoned'}")
+                if worker.step_id:
+                    drains.append(Drain(worker.worker_id, worker.step_id))
+        return drains
+
+    def unknown_nodes(self, now_s: float) -> set[str]:
+        """Nodes whose agent has not been heard recently (no new workers there); none without agents."""
+        if not self.config.agent.enabled:
+            return set()
+        return self.cordons.unknown_nodes(now_s, nodes=self.gpus_by_node.keys())
+
+    def _ensure_agents(self, steps: list[StepInfo], now_s: float) -> None:
+        """One agent step per node (``srun --overlap``, all of the node's GPUs); relaunch a vanished one."""
+        if not self.config.agent.enabled:
+            return
+        running = {st.name.removeprefix(AGENT_PREFIX) for st in steps if st.name.startswith(AGENT_PREFIX)}
+        for node, gpus in self.gpus_by_node.items():
+            if node in running or now_s - self.agent_launched_s.get(node, -1e9) < AGENT_RELAUNCH_S:
+                continue
+            self.agent_launched_s[node] = now_s
+            try:
+                self.backend.launch_step(self.agent_spec(node, len(gpus)),
+                                         self.state_dir / "logs" / "srun" / f"agent-{node}.log")
+            except SlurmElasticError as exc:
+                self._record_error("agent", f"{node}: {exc}")
+
+    def agent_spec(self, node: str, gpu_count: int) -> StepSpec:
+        a = self.config.agent
+        argv = [sys.executable, "-m", "slurm_elastic", "agent", "--controller-url", self.controller_url,
+                "--source", a.source, "--interval-s", str(a.interval_s), "--node", node]
+        if self.token_file is not None:
+            argv += ["--token-file", str(self.token_file)]
+        if a.inject_file:
+            argv += ["--inject-file", a.inject_file, "--gpus", str(gpu_count)]
+        return StepSpec(job_id=self.job_id, name=f"{AGENT_PREFIX}{node}", argv=tuple(argv),
+                        output_path=self.state_dir / "logs" / f"agent-{node}.out", gpus=gpu_count,
+                        nodelist=(node,), overlap=True)
 
     def _run(self, action: Launch | Drain | Cancel) -> None:
         worker = self.workers[action.worker_id]
@@ -179,17 +238,18 @@ class Controller:
 
     # ---- decisions ---------------------------------------------------------------------------
     def cordoned_gpus(self) -> dict[tuple[str, int], dict[str, Any]]:
-        """Every cordoned GPU with why and since when (operator cordons; health adds its own)."""
-        return dict(self.manual_cordons)
+        """Every cordoned GPU with why, since when, and who cordoned it (operator, health, crash, preflight)."""
+        return {key: entry.to_dict() for key, entry in self.cordons.cordoned().items()}
 
-    def placement(self, cordoned: dict[tuple[str, int], dict[str, Any]]) -> tuple[int, tuple[str, ...]]:
+    def placement(self, cordoned: dict[tuple[str, int], dict[str, Any]],
+                  unknown_nodes: set[str] | frozenset[str] = frozenset()) -> tuple[int, tuple[str, ...]]:
         """(worker slots on usable GPUs, nodes to --exclude) for this tick."""
         per_worker = self.config.workers.gpus_per_worker
         if per_worker == 0:  # CPU-only workers: GPU slots do not bound them
             return 1_000_000, ()
         slots, exclude = 0, []
         for node, gpus in self.gpus_by_node.items():
-            usable = [g for g in gpus if (node, g) not in cordoned]
+            usable = [] if node in unknown_nodes else [g for g in gpus if (node, g) not in cordoned]
             if len(usable) < per_worker:
                 exclude.append(node)  # every GPU there is cordoned (or too few are left)
             slots += len(usable) // per_worker
@@ -206,7 +266,11 @@ class Controller:
         return self.target_workers
 
     def on_crash(self, worker_id: str, node: str, gpus: tuple[int, ...], reason: str, now_s: float) -> None:
+        """A worker died on (node, gpus): counted per GPU; repeated crashes cordon it."""
         log.warning("worker %s crashed on %s %s: %s", worker_id, node, list(gpus), reason)
+        for gpu in gpus:
+            for change in self.cordons.record_crash(node, gpu, now_s):
+                log.warning("cordoned %s:%d: %s", change.node, change.gpu, change.reason)
 
     # ---- the control plane (called from the API) ---------------------------------------------
     def register_worker(self, worker_id: str, info: dict[str, Any]) -> dict[str, Any]:
@@ -223,6 +287,12 @@ class Controller:
             worker.step_id = str(info.get("step_id", worker.step_id) or worker.step_id)
             worker.endpoint = str(info.get("endpoint", worker.endpoint) or "")
             worker.last_heartbeat_s = now_s
+            need_mb = self.config.workers.gpu_memory_mb
+            if need_mb and worker.state is S.STARTING:
+                for gpu in worker.gpus:
+                    ok, why = self.cordons.preflight_ok(worker.node, gpu, need_mb)
+                    if not ok:
+                        self.cordons.record_preflight_failure(worker.node, gpu, need_mb, why, now_s)
             cordoned = self.cordoned_gpus()
             hit = [g for g in worker.gpus if (worker.node, g) in cordoned]
             if worker.state is S.STARTING:
@@ -291,17 +361,29 @@ class Controller:
     def cordon(self, node: str, gpu: int, reason: str) -> dict[str, Any]:
         self._check_gpu(node, gpu)
         with self.lock:
-            self.manual_cordons[(node, gpu)] = {"reason": reason or "operator", "since_s": self.clock(),
-                                                "source": "operator"}
+            self.cordons.cordon_manual(node, gpu, reason or "cordoned by operator", self.clock())
             self.save()
             return {"node": node, "gpu": gpu, "cordoned": True}
 
     def uncordon(self, node: str, gpu: int) -> dict[str, Any]:
         self._check_gpu(node, gpu)
         with self.lock:
-            self.manual_cordons.pop((node, gpu), None)
+            self.cordons.uncordon_manual(node, gpu, self.clock())
             self.save()
-            return {"node": node, "gpu": gpu, "cordoned": False}
+            still = self.cordons.cordoned().get((node, gpu))
+            return {"node": node, "gpu": gpu, "cordoned": still is not None,
+                    "reason": still.reason if still else ""}
+
+    def report_gpu_health(self, report: dict[str, Any]) -> dict[str, Any]:
+        """A node agent's telemetry. Raises ValueError for a malformed report (the API answers 422)."""
+        parsed = AgentReport.from_dict(report)
+        if parsed.node not in self.gpus_by_node:
+            raise UnknownWorkerError(f"node {parsed.node} is not part of job {self.job_id}")
+        with self.lock:
+            changes = self.cordons.observe_report(parsed, self.clock())
+            for change in changes:
+                log.warning("%s %s:%d (%s): %s", change.action, change.node, change.gpu, change.source, change.reason)
+            return {"node": parsed.node, "changes": [c.__dict__ for c in changes]}
 
     def _check_gpu(self, node: str, gpu: int) -> None:
         if gpu not in self.gpus_by_node.get(node, ()):
@@ -329,6 +411,7 @@ class Controller:
                 "workers": [self._worker_view(w, now_s) for w in sorted(self.workers.values(), key=lambda w: w.worker_id)
                             if w.state is not S.INACTIVE],
                 "cordoned_gpus": [{"node": n, "gpu": g, **v} for (n, g), v in sorted(self.cordoned_gpus().items())],
+                "unknown_health_nodes": sorted(self.unknown_nodes(now_s)),
                 "errors": self.errors[-ERROR_LIMIT:],
                 "state_note": self.state_note,
             }
@@ -379,7 +462,3 @@ def _render(template: str, values: dict[str, str]) -> str:
         out = out.replace("{" + key + "}", value)
     return out
 
-
-def _gpu_key(text: str) -> tuple[str, int]:
-    node, _, gpu = text.rpartition(":")
-    return node, int(gpu)
