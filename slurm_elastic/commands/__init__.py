@@ -6,5 +6,6 @@ import click
 
 from slurm_elastic.commands.agent import agent
 from slurm_elastic.commands.devcluster import devcluster
+from slurm_elastic.commands.render import render
 
-COMMANDS: list[click.Command] = [devcluster, agent]
+COMMANDS: list[click.Command] = [devcluster, agent, render]

@@ -75,12 +75,33 @@ class AgentSection(_Section):
     interval_s: float = Field(5.0, gt=0, description="Seconds between samples.")
 
 
+class JobSection(_Section):
+    """The batch job that ``slurm-elastic render`` writes (the controller itself ignores this table)."""
+
+    name: str = Field("elastic-rl", description="Job name (#SBATCH --job-name).")
+    nodes: int = Field(2, ge=1, description="Nodes (#SBATCH --nodes).")
+    gpus_per_node: int = Field(4, ge=0, description="GPUs per node (#SBATCH --gres=gpu:N).")
+    cpus_per_node: int = Field(0, ge=0, description="CPUs per node; 0 takes whole nodes (--exclusive).")
+    time_limit: str = Field("", description="#SBATCH --time, e.g. 04:00:00; empty: the partition's default.")
+    partition: str = Field("", description="#SBATCH --partition; empty: the default partition.")
+    output: str = Field("slurm-elastic-%j.out", description="#SBATCH --output.")
+    setup: str = Field("", description="Shell lines run first (e.g. activating a virtual environment).")
+    trainer_command: list[str] = Field(default_factory=list, description="The trainer, run as its own step.")
+    trainer_gpus: int = Field(1, ge=0, description="GPUs of the trainer step.")
+
+    @field_validator("trainer_command", mode="before")
+    @classmethod
+    def _split_trainer(cls, value: Any) -> Any:
+        return shlex.split(value) if isinstance(value, str) else value
+
+
 class ElasticConfig(_Section):
     """The whole file."""
 
     controller: ControllerSection = ControllerSection()
     workers: WorkersSection = WorkersSection()
     agent: AgentSection = AgentSection()
+    job: JobSection = JobSection()
     autoscaler: dict[str, Any] = Field(default_factory=dict)
     queue: dict[str, Any] = Field(default_factory=dict)
     health: dict[str, Any] = Field(default_factory=dict)
@@ -113,7 +134,8 @@ def load_config(path: Path) -> ElasticConfig:
 def config_reference_markdown() -> str:
     """A markdown table of every key of [controller], [workers] and [agent], generated from the schema."""
     rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
-    for section, model in (("controller", ControllerSection), ("workers", WorkersSection), ("agent", AgentSection)):
+    for section, model in (("controller", ControllerSection), ("workers", WorkersSection), ("agent", AgentSection),
+                           ("job", JobSection)):
         for name, field in model.model_fields.items():
             default = field.default_factory() if field.default_factory else field.default  # type: ignore[call-arg]
             annotation = getattr(field.annotation, "__name__", str(field.annotation)).replace("typing.", "")

@@ -1,0 +1,75 @@
+"""Render a job's status (the controller's ``/global-status`` JSON) as a table a person reads at a glance."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _age(seconds: Any) -> str:
+    try:
+        s = float(seconds)
+    except (TypeError, ValueError):
+        return "-"
+    if s < 90:
+        return f"{s:.0f}s"
+    if s < 5400:
+        return f"{s / 60:.0f}m"
+    return f"{s / 3600:.1f}h"
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
+    out = [line.rstrip()]
+    out += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    return out
+
+
+def render_status(job_id: int, status: dict[str, Any] | None, slurm_steps: list[dict[str, Any]] | None = None,
+                  unreachable: str = "") -> str:
+    """The status table. With ``status`` None (controller down) it shows what Slurm reports."""
+    lines = [f"job {job_id}"]
+    if status is None:
+        lines.append(f"controller: UNREACHABLE ({unreachable})" if unreachable else "controller: UNREACHABLE")
+        lines.append("worker steps Slurm reports (the controller's view is unavailable):")
+        rows = [[str(s.get("step_id", "")), str(s.get("name", "")), ",".join(s.get("nodes", [])),
+                 str(s.get("time_used", ""))] for s in slurm_steps or []]
+        lines += ["  " + r for r in _table(["STEP", "NAME", "NODE", "TIME"], rows)] if rows else ["  (none)"]
+        return "\n".join(lines) + "\n"
+    ctl = status.get("controller", status)
+    decision = ctl.get("last_decision") or {}
+    lines.append(f"controller: {ctl.get('controller_url', '?')}  up {_age(ctl.get('uptime_s'))}"
+                 f"  ticks {ctl.get('ticks', '?')}")
+    mode = "wake-all" if ctl.get("wake_all") else "paused" if ctl.get("paused") else "autoscaling"
+    lines.append(f"target: {ctl.get('target_workers', '?')} workers ({mode})  last decision: "
+                 f"{decision.get('action', '-')}: {decision.get('reason', '-')}")
+    queue = status.get("queue") or {}
+    if queue:
+        lines.append(
+            f"buffer: {queue.get('queued_sequences', '?')}/{queue.get('capacity_sequences', '?')} sequences"
+            f"  staleness capacity {queue.get('staleness_capacity', '?')}"
+            f"  trainer version {queue.get('policy_version', queue.get('current_step', '?'))}"
+            f"  delivered {queue.get('delivered_sequences', queue.get('total_processed', '?'))}"
+        )
+    by_state = ctl.get("workers_by_state") or {}
+    counts = "  ".join(f"{k.lower()} {v}" for k, v in by_state.items() if v)
+    lines.append(f"workers: {counts or 'none'}")
+    rows = []
+    for w in ctl.get("workers", []):
+        gpus = ",".join(str(g) for g in w.get("gpus", [])) or "-"
+        state = w.get("state", "?") + (" (placeholder)" if w.get("placeholder") else "")
+        rows.append([str(w.get("worker_id", "")), str(w.get("step_id") or "-"), str(w.get("node") or "-"), gpus,
+                     state, _age(w.get("age_s")), str(w.get("rollouts", 0)), _age(w.get("last_heartbeat_age_s"))])
+    if rows:
+        lines += ["  " + r for r in _table(["WORKER", "STEP", "NODE", "GPU", "STATE", "AGE", "ROLLOUTS", "HEARTBEAT"], rows)]
+    cordons = ctl.get("cordoned_gpus") or []
+    if cordons:
+        lines.append("cordoned GPUs:")
+        crow = [[f"{c.get('node')}:{c.get('gpu')}", str(c.get("source", "")), str(c.get("reason", ""))] for c in cordons]
+        lines += ["  " + r for r in _table(["GPU", "BY", "REASON"], crow)]
+    unknown = ctl.get("unknown_health_nodes") or []
+    if unknown:
+        lines.append(f"health unknown (agent silent, no new workers): {', '.join(unknown)}")
+    for err in (ctl.get("errors") or [])[-3:]:
+        lines.append(f"recent error [{err.get('where')}]: {err.get('error')}")
+    return "\n".join(lines) + "\n"
