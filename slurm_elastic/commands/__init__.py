@@ -5,7 +5,9 @@ from __future__ import annotations
 import click
 
 from slurm_elastic.commands.agent import agent
+from slurm_elastic.commands.controller import controller, worker
 from slurm_elastic.commands.devcluster import devcluster
+from slurm_elastic.commands.jobs import JOB_COMMANDS
 from slurm_elastic.commands.render import render
 
-COMMANDS: list[click.Command] = [devcluster, agent, render]
+COMMANDS: list[click.Command] = [devcluster, agent, render, controller, worker, *JOB_COMMANDS]

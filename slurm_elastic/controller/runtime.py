@@ -110,6 +110,12 @@ class Controller:
                 self.cordons = CordonBook.from_state(state["cordons"], self.health_rules)
             except ValueError as exc:
                 self._record_error("state", f"cordon book unreadable, starting empty: {exc}")
+        now_s = self.clock()
+        for worker in self.workers.values():  # nobody could heart-beat while no controller ran
+            if worker.has_step:
+                worker.last_heartbeat_s = max(worker.last_heartbeat_s, now_s)
+                if worker.state is S.STARTING:
+                    worker.launched_at_s = max(worker.launched_at_s, now_s)
         if state:
             log.info("restored state: %d worker records, target %d", len(self.workers), self.target_workers)
 

@@ -81,3 +81,8 @@ class SlurmCli:
     def rpc_counts(self) -> dict[str, int]:
         """slurmctld's RPC counts by message type (``sdiag``), for benchmarks."""
         return parse_sdiag_rpc_counts(run_command(["sdiag"], timeout_s=self.timeout_s).stdout)
+
+
+def set_job_comment(job_id: int, comment: str, timeout_s: float = 30.0) -> None:
+    """Record ``comment`` on the job (how the CLI finds a job's state directory from its id)."""
+    run_command(["scontrol", "update", f"JobId={int(job_id)}", f"Comment={comment}"], timeout_s=timeout_s)

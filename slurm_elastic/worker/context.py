@@ -24,6 +24,7 @@ class StepContext:
     gpus: tuple[int, ...]
     step_id: str
     job_id: str
+    state_dir: Path | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> StepContext:
@@ -49,6 +50,7 @@ class StepContext:
             gpus=gpus,
             step_id=env.get("SLURM_STEP_ID", ""),
             job_id=env.get("SLURM_JOB_ID", ""),
+            state_dir=Path(env["SLURM_ELASTIC_STATE_DIR"]) if env.get("SLURM_ELASTIC_STATE_DIR") else None,
         )
 
     def registration(self) -> dict[str, object]:

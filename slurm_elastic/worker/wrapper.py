@@ -2,10 +2,10 @@
 
 The wrapper registers with the controller (which answers ``run``, or ``hold`` when the step
 landed on a cordoned GPU: the step then only holds the GPU as a placeholder), starts CMD,
-heart-beats for it, and makes sure it learns about a drain: Slurm's ``scancel --signal``
-reaches every process of the step, and when the controller asks for a drain through the
-heartbeat instead (a lost signal), the wrapper forwards the drain signal once. When CMD exits,
-the wrapper reports the exit code and exits with it.
+heart-beats for it, and makes sure CMD learns about a drain: ``scancel --signal`` reaches only
+the step's task process (this wrapper), so the wrapper forwards the drain signal to CMD, once,
+whether it came as a signal or as the controller's answer to a heartbeat (a lost signal). When
+CMD exits, the wrapper reports the exit code and exits with it.
 """
 
 from __future__ import annotations
@@ -115,11 +115,12 @@ def run_wrapped(
         if now >= next_beat:
             next_beat = now + interval_s
             reply = _beat(ctx, register, heartbeat, {"child_pid": child.pid}, info)
-            asked_to_drain = bool(reply.get("drain"))
-            if asked_to_drain and not flags.drain.is_set() and not forwarded:
-                # the controller wants a drain but no signal reached us: forward it once
-                child.send_signal(getattr(signal, f"SIG{ctx.drain_signal}"))
-                forwarded = True
+            if reply.get("drain"):
+                flags.drain.set()  # the controller wants a drain, whether or not a signal came
+        if flags.drain.is_set() and not forwarded:
+            log.info("worker %s: draining; forwarding SIG%s to the worker command", ctx.worker_id, ctx.drain_signal)
+            child.send_signal(getattr(signal, f"SIG{ctx.drain_signal}"))
+            forwarded = True
         time.sleep(0.05)
 
 

@@ -1,0 +1,43 @@
+"""``slurm-elastic controller --config elastic.toml`` and ``slurm-elastic worker -- CMD``."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+from pathlib import Path
+
+import click
+
+from slurm_elastic.controller.config import load_config
+
+log = logging.getLogger(__name__)
+
+
+@click.command()
+@click.option("--config", "config_path", required=True, type=click.Path(path_type=Path), help="elastic.toml")
+def controller(config_path: Path) -> None:
+    """Run the controller inside a Slurm allocation (until SIGTERM; workers outlive it)."""
+    from slurm_elastic.controller.app import run_controller
+
+    logging.getLogger().setLevel(logging.INFO)
+    run_controller(load_config(config_path), stop=threading.Event())
+
+
+@click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def worker(command: tuple[str, ...]) -> None:
+    """Run CMD as a drain-safe worker step: register, heart-beat, forward the drain, report the exit."""
+    from slurm_elastic.worker.context import StepContext
+    from slurm_elastic.worker.control import FollowingControl
+    from slurm_elastic.worker.wrapper import Flags, install_handlers, run_wrapped
+
+    ctx = StepContext.from_env()
+    flags = Flags()
+    install_handlers(flags, ctx.drain_signal)
+    control = FollowingControl(ctx.worker_id, ctx.controller_url, ctx.token, ctx.state_dir)
+    try:
+        code = run_wrapped(list(command), ctx, control.register, control.heartbeat, flags=flags)
+    finally:
+        control.close()
+    sys.exit(code)

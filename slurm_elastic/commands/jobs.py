@@ -1,0 +1,208 @@
+"""Operator commands on a running job: status, scale, pause/resume, wake-all, drain, cordon, stop."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+import click
+
+from slurm_elastic.controller.client import ControlClient, UnknownOnControllerError
+from slurm_elastic.controller.locate import JobHandle, locate
+from slurm_elastic.core.health import parse_gpu_ref
+from slurm_elastic.errors import ControllerUnreachableError, SlurmError
+from slurm_elastic.slurm.cli_backend import SlurmCli
+from slurm_elastic.status_view import render_status
+
+STATUS_SCHEMA_VERSION = 1
+
+
+def _client(job_id: int) -> tuple[JobHandle, ControlClient]:
+    handle = locate(job_id)
+    return handle, ControlClient(handle.url, handle.token)
+
+
+def _call(job_id: int, what: str, *args: Any) -> dict[str, Any]:
+    _handle, client = _client(job_id)
+    with client:
+        try:
+            result: dict[str, Any] = getattr(client, what)(*args)
+        except UnknownOnControllerError as exc:
+            raise click.ClickException(str(exc.args[0] if exc.args else exc)) from None
+    return result
+
+
+def collect_status(job_id: int, slurm: SlurmCli | None = None) -> dict[str, Any]:
+    """The status document (``--json``): controller view if reachable, else Slurm's own."""
+    slurm = slurm or SlurmCli()
+    job = slurm.job_info(job_id)  # unknown or long-finished job ids fail here, clearly
+    doc: dict[str, Any] = {"schema_version": STATUS_SCHEMA_VERSION, "job_id": job_id, "job_state": job.state,
+                           "controller_reachable": False, "controller_error": "", "controller": None,
+                           "slurm_steps": []}
+    try:
+        _handle, client = _client(job_id)
+        with client:
+            doc["controller"] = client.status()
+        doc["controller_reachable"] = True
+    except ControllerUnreachableError as exc:
+        doc["controller_error"] = str(exc)
+    if not doc["controller_reachable"]:
+        try:
+            doc["slurm_steps"] = [{"step_id": s.step_ref, "name": s.name, "nodes": list(s.nodes),
+                                   "time_used": s.time_used} for s in slurm.list_steps(job_id)]
+        except SlurmError as exc:
+            doc["controller_error"] += f"; listing steps failed too: {exc}"
+    return doc
+
+
+def _render(doc: dict[str, Any]) -> str:
+    if doc["controller_reachable"]:
+        return render_status(doc["job_id"], doc["controller"])
+    return render_status(doc["job_id"], None, doc["slurm_steps"], doc["controller_error"])
+
+
+@click.command()
+@click.argument("job_id", type=int)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable (schema in docs/status.md).")
+@click.option("--watch", is_flag=True, help="Refresh in place until Ctrl-C.")
+@click.option("--interval-s", default=2.0, show_default=True, help="Refresh interval for --watch.")
+def status(job_id: int, as_json: bool, watch: bool, interval_s: float) -> None:
+    """Show a job's controller, autoscaler, buffer, workers and cordoned GPUs."""
+    while True:
+        doc = collect_status(job_id)
+        text = json.dumps(doc, indent=2) + "\n" if as_json else _render(doc)
+        if watch and sys.stdout.isatty():
+            click.echo("\x1b[H\x1b[2J" + text, nl=False)
+        else:
+            click.echo(text, nl=False)
+        if not watch:
+            if not doc["controller_reachable"]:
+                sys.exit(3)
+            return
+        try:
+            time.sleep(interval_s)
+        except KeyboardInterrupt:
+            return
+
+
+@click.command()
+@click.argument("job_id", type=int)
+@click.argument("workers", type=click.IntRange(0))
+@click.option("--wait", is_flag=True, help="Wait until the job has that many active workers.")
+@click.option("--timeout-s", default=300.0, show_default=True)
+def scale(job_id: int, workers: int, wait: bool, timeout_s: float) -> None:
+    """Set the worker count by hand (pauses autoscaling until `resume`)."""
+    click.echo(json.dumps(_call(job_id, "scale", workers)))
+    if wait:
+        _wait_for(job_id, lambda ctl: _settled(ctl, workers), f"{workers} active workers", timeout_s)
+
+
+def _settled(ctl: dict[str, Any], workers: int) -> bool:
+    by_state = ctl.get("workers_by_state", {})
+    busy = by_state.get("STARTING", 0) + by_state.get("DRAINING", 0) + by_state.get("BACKOFF", 0)
+    return bool(by_state.get("ACTIVE", 0) - ctl.get("placeholders", 0) == workers and busy == 0)
+
+
+def _wait_for(job_id: int, done: Any, what: str, timeout_s: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    last = ""
+    while True:
+        try:
+            _handle, client = _client(job_id)
+            with client:
+                ctl = client.status()
+            if done(ctl):
+                click.echo(f"done: {what}", err=True)
+                return ctl
+            by_state = ctl.get("workers_by_state", {})
+            line = "  ".join(f"{k.lower()} {v}" for k, v in by_state.items() if v) or "no workers"
+        except ControllerUnreachableError as exc:
+            line = f"controller unreachable ({exc})"
+        if line != last:
+            click.echo(f"waiting for {what}: {line}", err=True)
+            last = line
+        if time.monotonic() > deadline:
+            raise click.ClickException(f"timed out after {timeout_s:g} s waiting for {what}")
+        time.sleep(0.5)
+
+
+def _simple(name: str, method: str, doc: str) -> click.Command:
+    @click.command(name=name, help=doc)
+    @click.argument("job_id", type=int)
+    def command(job_id: int) -> None:
+        click.echo(json.dumps(_call(job_id, method)))
+
+    return command
+
+
+pause = _simple("pause", "pause", "Turn autoscaling off (the worker count stays where it is).")
+resume = _simple("resume", "resume", "Turn autoscaling back on (clears a manual scale or wake-all).")
+wake_all = _simple("wake-all", "wake_all", "Give every usable GPU a worker (e.g. for validation), until `resume`.")
+
+
+@click.command()
+@click.argument("job_id", type=int)
+@click.argument("worker_id")
+def drain(job_id: int, worker_id: str) -> None:
+    """Drain one worker: it finishes its rollout, hands it over and exits (replaced if still needed)."""
+    click.echo(json.dumps(_call(job_id, "drain", worker_id)))
+
+
+def _gpu(ref: str) -> tuple[str, int]:
+    try:
+        return parse_gpu_ref(ref)
+    except ValueError as exc:
+        raise click.BadParameter(f"{ref!r}: {exc} (expected NODE:GPU, e.g. node1:2)") from None
+
+
+@click.command()
+@click.argument("job_id", type=int)
+@click.argument("gpu_ref", metavar="NODE:GPU")
+@click.option("--reason", default="", help="Why (shown by status).")
+def cordon(job_id: int, gpu_ref: str, reason: str) -> None:
+    """Keep new workers off a GPU until an operator uncordons it."""
+    node, gpu = _gpu(gpu_ref)
+    click.echo(json.dumps(_call(job_id, "cordon", node, gpu, reason or "cordoned by operator")))
+
+
+@click.command()
+@click.argument("job_id", type=int)
+@click.argument("gpu_ref", metavar="NODE:GPU")
+@click.option("--reason", default="", help="Why (logged).")
+def uncordon(job_id: int, gpu_ref: str, reason: str) -> None:
+    """Lift an operator's (or a crash) cordon; health cordons lift themselves after a healthy period."""
+    node, gpu = _gpu(gpu_ref)
+    click.echo(json.dumps(_call(job_id, "uncordon", node, gpu)))
+
+
+@click.command(name="wait-ready")
+@click.argument("job_id", type=int)
+@click.option("--timeout-s", default=120.0, show_default=True)
+def wait_ready(job_id: int, timeout_s: float) -> None:
+    """Wait until the job's controller answers (used by batch scripts)."""
+    _wait_for(job_id, lambda ctl: True, "the controller", timeout_s)
+
+
+@click.command()
+@click.argument("job_id", type=int)
+@click.option("--drain-timeout-s", default=300.0, show_default=True)
+def stop(job_id: int, drain_timeout_s: float) -> None:
+    """Drain every worker, then stop the job's controller (end of training)."""
+    _call(job_id, "scale", 0)
+    _wait_for(job_id, lambda ctl: not any(w.get("state") in ("STARTING", "ACTIVE", "DRAINING")
+                                          for w in ctl.get("workers", [])),
+              "every worker to drain", drain_timeout_s)
+    handle = locate(job_id)
+    pid = int(handle.info.get("pid", 0))
+    if pid and handle.info.get("host") == os.uname().nodename:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    click.echo(f"job {job_id}: workers drained, controller stopped")
+
+
+JOB_COMMANDS: list[click.Command] = [status, scale, pause, resume, wake_all, drain, cordon, uncordon, wait_ready, stop]

@@ -1,0 +1,93 @@
+"""A typed client of the controller's control-plane routes (workers, agents, operators).
+
+Transport errors become :class:`ControllerUnreachableError`; a 404 becomes
+:class:`UnknownOnControllerError` (a ``KeyError``: the controller does not know that worker);
+any other error status becomes :class:`ApiError` with the controller's message.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from slurm_elastic.errors import ApiError, ControllerUnreachableError
+
+
+class UnknownOnControllerError(KeyError):
+    """The controller answered 404: it does not know the worker, node or GPU named."""
+
+
+class ControlClient:
+    """Calls the controller at ``url`` with the job's bearer token."""
+
+    def __init__(self, url: str, token: str, timeout_s: float = 10.0) -> None:
+        self.url = url.rstrip("/")
+        self._http = httpx.Client(base_url=self.url, timeout=timeout_s,
+                                  headers={"Authorization": f"Bearer {token}"})
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> ControlClient:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        try:
+            response = self._http.request(method, path, json=body)
+        except httpx.TransportError as exc:
+            raise ControllerUnreachableError(f"controller at {self.url} did not answer: {exc}") from None
+        if response.status_code == 404:
+            raise UnknownOnControllerError(_detail(response))
+        if response.status_code >= 400:
+            raise ApiError(response.status_code, _detail(response))
+        result = response.json()
+        return result if isinstance(result, dict) else {"result": result}
+
+    # workers
+    def register(self, worker_id: str, info: dict[str, Any]) -> dict[str, Any]:
+        return self._call("POST", f"/workers/{worker_id}/register", info)
+
+    def heartbeat(self, worker_id: str, info: dict[str, Any]) -> dict[str, Any]:
+        return self._call("POST", f"/workers/{worker_id}/heartbeat", info)
+
+    # node agents
+    def report_gpu_health(self, report: dict[str, Any]) -> dict[str, Any]:
+        return self._call("POST", "/agent/report", report)
+
+    # operators
+    def status(self) -> dict[str, Any]:
+        return self._call("GET", "/controller/status")
+
+    def scale(self, workers: int) -> dict[str, Any]:
+        return self._call("POST", "/admin/scale", {"workers": workers})
+
+    def pause(self) -> dict[str, Any]:
+        return self._call("POST", "/admin/pause")
+
+    def resume(self) -> dict[str, Any]:
+        return self._call("POST", "/admin/resume")
+
+    def wake_all(self) -> dict[str, Any]:
+        return self._call("POST", "/admin/wake-all")
+
+    def drain(self, worker_id: str) -> dict[str, Any]:
+        return self._call("POST", f"/admin/drain/{worker_id}")
+
+    def cordon(self, node: str, gpu: int, reason: str) -> dict[str, Any]:
+        return self._call("POST", "/admin/cordon", {"node": node, "gpu": gpu, "reason": reason})
+
+    def uncordon(self, node: str, gpu: int) -> dict[str, Any]:
+        return self._call("POST", "/admin/uncordon", {"node": node, "gpu": gpu})
+
+
+def _detail(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:300]
+    detail = body.get("detail", body) if isinstance(body, dict) else body
+    return str(detail)[:500]

@@ -1,0 +1,134 @@
+"""The controller's control-plane routes: worker registration and heartbeats, node agents' reports,
+operators' commands. A FastAPI router; every route needs the job's bearer token.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, HTTPException, Request, status
+from fastapi import Path as PathParam
+from pydantic import BaseModel, ConfigDict, Field
+
+from slurm_elastic.controller.runtime import Controller, UnknownWorkerError
+from slurm_elastic.errors import TransitionError
+
+WORKER_ID = r"^[A-Za-z0-9_]{1,64}$"
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Registration(_Body):
+    node: str = Field(min_length=1, max_length=256)
+    gpus: list[Annotated[int, Field(ge=0, le=1024)]] = Field(default_factory=list, max_length=64)
+    step_id: str = Field("", max_length=64)
+    pid: int = Field(0, ge=0)
+    endpoint: str = Field("", max_length=512)
+
+
+class Heartbeat(_Body):
+    busy: bool | None = None
+    rollouts: int | None = Field(None, ge=0)
+    exit_code: int | None = Field(None, ge=-255, le=255)
+    child_pid: int | None = Field(None, ge=0)
+    placeholder: bool | None = None
+    outstanding_requests: int | None = Field(None, ge=0)
+
+
+class ScaleRequest(_Body):
+    workers: int = Field(ge=0, le=100_000)
+
+
+class GpuRef(_Body):
+    node: str = Field(min_length=1, max_length=256)
+    gpu: int = Field(ge=0, le=1024)
+    reason: str = Field("", max_length=512)
+
+
+def bearer_auth(expected_token: str):  # type: ignore[no-untyped-def]
+    """A dependency: 401 without a bearer token, 403 with a wrong one."""
+    def check(request: Request) -> None:
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token:
+            raise HTTPException(status.HTTP_401_UNAUTHORIZED, "missing bearer token",
+                                headers={"WWW-Authenticate": "Bearer"})
+        if not hmac.compare_digest(token.strip().encode(), expected_token.encode()):
+            raise HTTPException(status.HTTP_403_FORBIDDEN, "wrong token for this job")
+    return check
+
+
+def control_router(controller: Controller, token: str) -> APIRouter:
+    """Routes that call into ``controller``."""
+    router = APIRouter(dependencies=[Depends(bearer_auth(token))])
+
+    def unknown(exc: KeyError) -> HTTPException:
+        return HTTPException(status.HTTP_404_NOT_FOUND, f"unknown: {exc.args[0] if exc.args else exc}")
+
+    @router.post("/workers/{worker_id}/register", tags=["workers"])
+    def register(worker_id: Annotated[str, PathParam(pattern=WORKER_ID)], body: Registration) -> dict[str, Any]:
+        return controller.register_worker(worker_id, body.model_dump())
+
+    @router.post("/workers/{worker_id}/heartbeat", tags=["workers"])
+    def heartbeat(worker_id: Annotated[str, PathParam(pattern=WORKER_ID)], body: Heartbeat) -> dict[str, Any]:
+        try:
+            return controller.heartbeat(worker_id, body.model_dump(exclude_none=True))
+        except UnknownWorkerError as exc:
+            raise unknown(exc) from None
+
+    @router.post("/agent/report", tags=["health"])
+    def agent_report(report: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return controller.report_gpu_health(report)
+        except UnknownWorkerError as exc:
+            raise unknown(exc) from None
+        except (ValueError, TypeError) as exc:
+            raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, f"bad agent report: {exc}") from None
+
+    @router.get("/controller/status", tags=["status"])
+    def controller_status() -> dict[str, Any]:
+        return controller.status()
+
+    @router.post("/admin/scale", tags=["admin"])
+    def scale(body: ScaleRequest) -> dict[str, Any]:
+        return controller.scale(body.workers)
+
+    @router.post("/admin/pause", tags=["admin"])
+    def pause() -> dict[str, Any]:
+        return controller.pause()
+
+    @router.post("/admin/resume", tags=["admin"])
+    def resume() -> dict[str, Any]:
+        return controller.resume()
+
+    @router.post("/admin/wake-all", tags=["admin"])
+    def wake_all() -> dict[str, Any]:
+        return controller.wake_all()
+
+    @router.post("/admin/drain/{worker_id}", tags=["admin"])
+    def drain(worker_id: Annotated[str, PathParam(pattern=WORKER_ID)]) -> dict[str, Any]:
+        try:
+            return controller.drain(worker_id)
+        except UnknownWorkerError as exc:
+            raise unknown(exc) from None
+        except TransitionError as exc:
+            raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
+
+    @router.post("/admin/cordon", tags=["admin"])
+    def cordon(body: GpuRef) -> dict[str, Any]:
+        try:
+            return controller.cordon(body.node, body.gpu, body.reason)
+        except UnknownWorkerError as exc:
+            raise unknown(exc) from None
+
+    @router.post("/admin/uncordon", tags=["admin"])
+    def uncordon(body: GpuRef) -> dict[str, Any]:
+        try:
+            return controller.uncordon(body.node, body.gpu)
+        except UnknownWorkerError as exc:
+            raise unknown(exc) from None
+
+    return router

@@ -1,0 +1,51 @@
+"""A worker's line to its controller that follows the controller across restarts.
+
+If the controller does not answer, the URL is re-read from ``controller.json`` in the job's
+state directory (a restarted controller may listen elsewhere) and the call is tried once more.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from slurm_elastic.controller.client import ControlClient
+from slurm_elastic.controller.serve import read_controller_url
+from slurm_elastic.errors import ControllerUnreachableError
+
+
+class FollowingControl:
+    """register/heartbeat for one worker, through a client that re-resolves the controller's URL."""
+
+    def __init__(self, worker_id: str, url: str, token: str, state_dir: Path | None) -> None:
+        self.worker_id = worker_id
+        self.token = token
+        self.state_dir = state_dir
+        self.client = ControlClient(url, token)
+
+    def _refresh(self) -> bool:
+        url = read_controller_url(self.state_dir) if self.state_dir else ""
+        if not url or url.rstrip("/") == self.client.url:
+            return False
+        self.client.close()
+        self.client = ControlClient(url, self.token)
+        return True
+
+    def _call(self, method: str, payload: dict[str, Any]) -> dict[str, Any]:
+        try:
+            result: dict[str, Any] = getattr(self.client, method)(self.worker_id, payload)
+            return result
+        except ControllerUnreachableError:
+            if not self._refresh():
+                raise
+            retried: dict[str, Any] = getattr(self.client, method)(self.worker_id, payload)
+            return retried
+
+    def register(self, info: dict[str, Any]) -> dict[str, Any]:
+        return self._call("register", info)
+
+    def heartbeat(self, payload: dict[str, Any]) -> dict[str, Any]:
+        return self._call("heartbeat", payload)
+
+    def close(self) -> None:
+        self.client.close()
