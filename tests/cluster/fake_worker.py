@@ -28,7 +28,17 @@ if os.environ.get("CRASH") == "1":
     event("crash")
     sys.exit(3)
 signal.signal(signal.SIGUSR1, signal.SIG_IGN if os.environ.get("IGNORE_DRAIN") == "1" else on_drain)
-event("start", gpus=os.environ.get("SLURM_STEP_GPUS"), node=os.environ.get("SLURMD_NODENAME"))
+node = os.environ.get("SLURMD_NODENAME", "")
+openable = []
+gpu_dir = os.environ.get("FAKE_GPU_DIR", "")
+if gpu_dir and os.path.isdir(os.path.join(gpu_dir, node)):
+    for name in sorted(os.listdir(os.path.join(gpu_dir, node))):
+        try:
+            os.close(os.open(os.path.join(gpu_dir, node, name), os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY))
+            openable.append(int(name.removeprefix("gpu")))
+        except OSError:
+            pass
+event("start", gpus=os.environ.get("SLURM_STEP_GPUS"), node=node, openable=openable)
 n = 0
 while not draining:
     n += 1

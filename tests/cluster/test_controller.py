@@ -1,0 +1,170 @@
+"""The controller end to end on the dev cluster: real allocation, real worker steps, real signals."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurm_elastic.devcluster.cluster import DevCluster
+from tests.cluster.controller_harness import (
+    ControllerJob,
+    start_controller_job,
+    stop_controller_job,
+    wait_for,
+)
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture
+def job(devcluster: DevCluster, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[ControllerJob]:
+    options: dict[str, Any] = getattr(request, "param", {})
+    started = start_controller_job(devcluster, tmp_path, **options)
+    yield started
+    stop_controller_job(started)
+
+
+def starts_by_worker(job: ControllerJob) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for e in job.events():
+        if e["event"] == "start":
+            out[e["worker"]].append(e)
+    return out
+
+
+def unfinished_rollouts(job: ControllerJob) -> dict[str, set[int]]:
+    begun: dict[str, set[int]] = defaultdict(set)
+    ended: dict[str, set[int]] = defaultdict(set)
+    for e in job.events():
+        if e["event"] == "rollout_begin":
+            begun[e["worker"]].add(e["n"])
+        elif e["event"] == "rollout_end":
+            ended[e["worker"]].add(e["n"])
+    return {w: begun[w] - ended[w] for w in begun if begun[w] - ended[w]}
+
+
+def test_scale_0_6_2_5_pins_each_worker_to_its_own_gpu(job: ControllerJob) -> None:
+    with job.client() as c:
+        for target in (6, 2, 5):
+            c.scale(target)
+            status = job.active(target)
+            placed = [(w["node"], tuple(w["gpus"])) for w in status["workers"] if w["state"] == "ACTIVE"]
+            assert len(set(placed)) == target  # no two workers share a GPU
+    assert unfinished_rollouts_of_drained(job) == {}
+    for worker, starts in starts_by_worker(job).items():
+        for start in starts:  # Slurm's view (SLURM_STEP_GPUS) = the only device the step can open
+            assert [int(g) for g in start["gpus"].split(",")] == start["openable"], worker
+    steps = job.worker_steps()
+    assert len(steps) == 5
+
+
+def unfinished_rollouts_of_drained(job: ControllerJob) -> dict[str, set[int]]:
+    drained = {e["worker"] for e in job.events() if e["event"] == "drained"}
+    return {w: n for w, n in unfinished_rollouts(job).items() if w in drained}
+
+
+@pytest.mark.parametrize("job", [{"worker_env": {"ROLLOUT_S": "3.0"}}], indirect=True)
+def test_drain_finishes_the_rollout_in_flight_before_the_timeout(job: ControllerJob) -> None:
+    with job.client() as c:
+        c.scale(1)
+        job.active(1)
+        wait_for(lambda: any(e["event"] == "rollout_begin" for e in job.events()), 20, "a rollout to begin")
+        drained_at = time.time()
+        c.scale(0)
+    job.active(0, timeout_s=20)
+    drained = [e for e in job.events() if e["event"] == "drained"]
+    assert len(drained) == 1
+    assert unfinished_rollouts(job) == {}  # the rollout in flight was finished, not lost
+    assert drained[0]["t"] - drained_at < 8.0  # ended by itself, before the 8 s drain timeout
+    assert job.worker_steps() == {}
+
+
+@pytest.mark.parametrize("job", [{"worker_env": {"IGNORE_DRAIN": "1"}, "workers": {"drain_timeout_s": 3.0}}],
+                         indirect=True)
+def test_worker_that_ignores_the_drain_is_cancelled_at_the_timeout(job: ControllerJob) -> None:
+    with job.client() as c:
+        c.scale(1)
+        job.active(1)
+        c.scale(0)
+    status = job.active(0, timeout_s=30)
+    assert not any(e["event"] == "drained" for e in job.events())  # it never drained by itself
+    assert job.worker_steps() == {}
+    assert status["workers_by_state"]["FAILED"] == 0
+
+
+def test_kill_9_of_the_controller_mid_scale_up_relaunches_nothing(job: ControllerJob) -> None:
+    with job.client() as c:
+        c.scale(3)
+        job.active(3)
+        c.scale(7)
+    time.sleep(0.4)  # mid scale-up: some launched, some not yet
+    old_pid = job.controller_pid()
+    os.kill(old_pid, signal.SIGKILL)
+    wait_for(lambda: (job.state_dir / "controller.json").exists() and job.controller_pid() != old_pid, 30,
+             "a new controller")
+    status = job.active(7, timeout_s=60)
+    time.sleep(3.0)  # longer than a heartbeat interval x several: nobody is killed for silence
+    status = job.status()
+    steps = job.worker_steps()
+    ids = sorted(w["worker_id"] for w in status["workers"] if w["state"] == "ACTIVE")
+    assert len(ids) == len(set(ids)) == 7
+    assert sorted(steps) == sorted(f"se-w-{i}" for i in ids)  # no orphaned or duplicate steps
+    assert all(w["launches"] == 1 for w in status["workers"] if w["state"] == "ACTIVE")
+    assert all(len(starts) == 1 for starts in starts_by_worker(job).values())  # zero relaunches
+
+
+@pytest.mark.parametrize("job", [{"worker_env": {"CRASH": "1"},
+                                  "health": {"crash_threshold": 3, "crash_window_s": 600}}], indirect=True)
+def test_crash_loop_backs_off_exponentially_and_cordons_the_gpu(job: ControllerJob) -> None:
+    with job.client() as c:
+        c.scale(1)
+
+        def cordoned() -> list[dict[str, Any]]:
+            return [g for g in job.status()["cordoned_gpus"] if g["source"] == "crash"]
+        wait_for(cordoned, 60, "a crash cordon")
+    status = job.status()
+    worker = next(w for w in status["workers"] if w["crash_count"] >= 3)
+    backoffs = [float(h[3].split()[2]) for h in worker["history"] if h[2] == "BACKOFF"]
+    assert backoffs[:3] == [1.0, 2.0, 4.0]  # exponential crash-loop backoff
+    assert "worker crashes" in cordoned_reason(status)
+
+
+def cordoned_reason(status: dict[str, Any]) -> str:
+    return " ".join(g["reason"] for g in status["cordoned_gpus"])
+
+
+def test_cordoned_gpu_gets_no_worker_while_healthy_gpus_exist(job: ControllerJob) -> None:
+    with job.client() as c:
+        c.cordon("node1", 0, "test cordon")
+        c.cordon("node2", 3, "test cordon")
+        c.scale(6)
+        status = job.active(6)
+    real = [(w["node"], w["gpus"][0]) for w in status["workers"] if w["state"] == "ACTIVE" and not w["placeholder"]]
+    assert ("node1", 0) not in real and ("node2", 3) not in real
+    assert len(set(real)) == 6  # the six healthy GPUs
+
+
+def test_one_squeue_per_tick(job: ControllerJob) -> None:
+    with job.client() as c:
+        c.scale(4)
+        job.active(4)
+    before = job.status()["ticks"]
+    slurmctld_before = _step_info_rpcs()
+    time.sleep(3.0)
+    ticks = job.status()["ticks"] - before
+    rpcs = _step_info_rpcs() - slurmctld_before
+    # every tick lists steps once; status calls and agents add none (agents are off here)
+    assert ticks > 3 and rpcs <= ticks + 1, (ticks, rpcs)
+
+
+def _step_info_rpcs() -> int:
+    from slurm_elastic.slurm.cli_backend import SlurmCli
+
+    return SlurmCli().rpc_counts().get("REQUEST_JOB_STEP_INFO", 0)
