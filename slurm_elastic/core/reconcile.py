@@ -217,7 +217,7 @@ def _launch(worker: Worker, exclude_nodes: tuple[str, ...], now_s: float, reason
 
 def _drain_order(capacity: list[Worker]) -> list[Worker]:
     """Least useful first: pending relaunches, not-yet-running, idle, then busy; newest first within each."""
-    def rank(worker: Worker) -> tuple[int, float]:
+    def rank(worker: Worker) -> tuple[int, float, tuple[int, str]]:
         if worker.state is S.BACKOFF:
             group = 0
         elif worker.state is S.STARTING:
@@ -226,6 +226,7 @@ def _drain_order(capacity: list[Worker]) -> list[Worker]:
             group = 2
         else:
             group = 3
-        return group, -worker.launched_at_s
+        newest_id = (-int(worker.worker_id), "") if worker.worker_id.isdigit() else (0, worker.worker_id)
+        return group, -worker.launched_at_s, newest_id
 
     return sorted(capacity, key=rank)

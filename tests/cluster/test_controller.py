@@ -4,31 +4,17 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from collections import defaultdict
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from slurm_elastic.devcluster.cluster import DevCluster
-from tests.cluster.controller_harness import (
-    ControllerJob,
-    start_controller_job,
-    stop_controller_job,
-    wait_for,
-)
+from tests.cluster.controller_harness import ControllerJob, wait_for
 
 pytestmark = pytest.mark.cluster
-
-
-@pytest.fixture
-def job(devcluster: DevCluster, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[ControllerJob]:
-    options: dict[str, Any] = getattr(request, "param", {})
-    started = start_controller_job(devcluster, tmp_path, **options)
-    yield started
-    stop_controller_job(started)
 
 
 def starts_by_worker(job: ControllerJob) -> dict[str, list[dict[str, Any]]]:
@@ -168,3 +154,25 @@ def _step_info_rpcs() -> int:
     from slurm_elastic.slurm.cli_backend import SlurmCli
 
     return SlurmCli().rpc_counts().get("REQUEST_JOB_STEP_INFO", 0)
+
+
+SDK_WORKER = str(Path(__file__).with_name("sdk_worker.py"))
+
+
+@pytest.mark.parametrize("job", [{"workers": {"command": [sys.executable, SDK_WORKER]},
+                                  "worker_env": {"ROLLOUT_S": "1.0"}}], indirect=True)
+def test_sdk_worker_drains_gracefully_and_idle_workers_go_first(job: ControllerJob) -> None:
+    with job.client() as c:
+        c.scale(2)
+        job.active(2)
+        wait_for(lambda: {w["worker_id"]: w["busy"] for w in job.status()["workers"]} == {"0001": False, "0002": True},
+                 15, "busy flags from SDK heartbeats")
+        c.scale(1)
+        status = job.active(1)
+    assert [w["worker_id"] for w in status["workers"] if w["state"] == "ACTIVE"] == ["0002"]  # the idle one went
+    with job.client() as c:
+        c.scale(0)
+    job.active(0)
+    drained = {e["worker"]: e for e in job.events() if e["event"] == "drained"}
+    assert set(drained) == {"0001", "0002"}
+    assert drained["0002"]["rollouts"] >= 1 and unfinished_rollouts(job) == {}

@@ -159,3 +159,9 @@ def test_placeholder_is_not_capacity_and_is_released_on_uncordon() -> None:
     assert plan.actions == [Launch("0002", ())]
     plan = run(workers, obs(holder, workers["0002"]), 1, now_s=2)
     assert Cancel("0001", "1", "GPU uncordoned: releasing placeholder") in plan.actions
+
+
+def test_workers_launched_in_the_same_tick_drain_newest_id_first() -> None:
+    workers = {f"000{i}": active(f"000{i}", str(i), now_s=5) for i in range(1, 6)}
+    plan = run(workers, obs(*workers.values()), 2, now_s=6)
+    assert [a.worker_id for a in plan.actions] == ["0005", "0004", "0003"]

@@ -1,0 +1,98 @@
+"""The worker SDK: a few lines turn a Python rollout loop into a drain-safe slurm-elastic worker.
+
+    from slurm_elastic.worker import RolloutWorker
+
+    with RolloutWorker.from_env() as worker:
+        while not worker.draining:          # SIGUSR1 (the drain signal) only sets this flag
+            with worker.rollout():          # marks the worker busy while a rollout is in flight
+                group = generate_and_score()
+            submit(group)                   # hand the data over
+    # leaving the block reports a clean exit; the process exits 0
+
+Run it under ``slurm-elastic worker -- python my_worker.py`` (the controller does this), which
+registers the step, heart-beats and forwards the drain signal; the SDK adds busy/rollout
+counts to the heartbeats so the controller drains idle workers first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import threading
+from collections.abc import Iterator
+from types import TracebackType
+
+from slurm_elastic.errors import SlurmElasticError
+from slurm_elastic.worker.context import StepContext
+from slurm_elastic.worker.control import FollowingControl
+
+__all__ = ["RolloutWorker", "StepContext"]
+log = logging.getLogger(__name__)
+
+
+class RolloutWorker:
+    """Drain flag, busy marker and background heartbeats for one worker step."""
+
+    def __init__(self, ctx: StepContext, control: FollowingControl | None = None) -> None:
+        self.ctx = ctx
+        self.control = control or FollowingControl(ctx.worker_id, ctx.controller_url, ctx.token, ctx.state_dir)
+        self._drain = threading.Event()
+        self._stop = threading.Event()
+        self._busy = False
+        self.rollouts = 0
+        self._thread = threading.Thread(target=self._beat_forever, name="heartbeat", daemon=True)
+
+    @classmethod
+    def from_env(cls) -> RolloutWorker:
+        """From the environment the controller gives a worker step."""
+        return cls(StepContext.from_env())
+
+    @property
+    def draining(self) -> bool:
+        """True once a drain was asked for: finish the current rollout, hand it over, return."""
+        return self._drain.is_set()
+
+    def request_drain(self) -> None:
+        self._drain.set()
+
+    def start(self) -> RolloutWorker:
+        def on_drain(_signum: int, _frame: object) -> None:
+            self._drain.set()  # only set a flag: the loop acts on it
+
+        signal.signal(getattr(signal, f"SIG{self.ctx.drain_signal}"), on_drain)
+        self._thread.start()
+        return self
+
+    @contextlib.contextmanager
+    def rollout(self) -> Iterator[None]:
+        """Mark a rollout in flight (the controller drains idle workers before busy ones)."""
+        self._busy = True
+        try:
+            yield
+            self.rollouts += 1
+        finally:
+            self._busy = False
+
+    def _beat_forever(self) -> None:
+        while not self._stop.wait(self.ctx.heartbeat_interval_s):
+            try:
+                reply = self.control.heartbeat({"busy": self._busy, "rollouts": self.rollouts})
+            except (KeyError, SlurmElasticError) as exc:
+                log.debug("heartbeat failed: %s", exc)
+                continue
+            if reply.get("drain"):
+                self._drain.set()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        self.control.close()
+
+    def __enter__(self) -> RolloutWorker:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()

@@ -1,0 +1,100 @@
+"""The operator CLI and the API's token check against a live controller on the dev cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import httpx
+import pytest
+from click.testing import CliRunner
+
+from slurm_elastic.cli import main
+from tests.cluster.controller_harness import ControllerJob, wait_for
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture(autouse=True)
+def _state_root(job: ControllerJob, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the CLI finds the state dir from the job alone: here via the job comment the controller set
+    monkeypatch.setenv("SLURM_ELASTIC_HOME", str(job.tmp / "elsewhere"))
+
+
+def cli(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.output
+
+
+def test_status_table_and_json(job: ControllerJob) -> None:
+    code, out = cli("scale", str(job.job_id), "2", "--wait", "--timeout-s", "40")
+    assert code == 0, out
+    code, out = cli("status", str(job.job_id))
+    assert code == 0
+    assert f"job {job.job_id}" in out and "controller: http://" in out
+    assert "WORKER" in out and "0001" in out and "0002" in out and "ACTIVE" in out
+    code, out = cli("status", str(job.job_id), "--json")
+    doc = json.loads(out)
+    assert doc["schema_version"] == 1 and doc["controller_reachable"] is True
+    assert doc["controller"]["workers_by_state"]["ACTIVE"] == 2
+
+
+def test_wake_all_pause_resume_drain_cordon(job: ControllerJob) -> None:
+    assert cli("wake-all", str(job.job_id))[0] == 0
+    job.active(8)
+    assert cli("cordon", str(job.job_id), "node2:2", "--reason", "fan noise")[0] == 0
+    assert cli("scale", str(job.job_id), "3", "--wait", "--timeout-s", "40")[0] == 0
+    survivor = next(w["worker_id"] for w in job.status()["workers"] if w["state"] == "ACTIVE")
+    code, out = cli("drain", str(job.job_id), survivor)
+    assert code == 0 and json.loads(out)["state"] == "DRAINING", out
+    job.active(3)  # drained worker replaced while the target is 3
+    code, out = cli("status", str(job.job_id))
+    assert "node2:2" in out and "fan noise" in out and "operator" in out
+    assert cli("pause", str(job.job_id))[0] == 0
+    assert cli("resume", str(job.job_id))[0] == 0
+    assert job.status()["paused"] is False
+    code, out = cli("drain", str(job.job_id), "9999")
+    assert code != 0 and "unknown" in out
+    code, out = cli("cordon", str(job.job_id), "node7:0")
+    assert code != 0 and "not a GPU of job" in out
+    code, out = cli("cordon", str(job.job_id), "nonsense")
+    assert code != 0 and "NODE:GPU" in out
+
+
+def test_unknown_job_id_is_a_clear_error(job: ControllerJob) -> None:
+    code, out = cli("status", "987654")
+    assert code != 0 and "job 987654 is unknown to Slurm" in out and "Traceback" not in out
+
+
+def test_status_with_the_controller_down_shows_slurm_steps(job: ControllerJob) -> None:
+    assert cli("scale", str(job.job_id), "2", "--wait", "--timeout-s", "40")[0] == 0
+    (job.tmp / "stop").touch()  # the harness' restart loop ends
+    os.kill(job.controller_pid(), signal.SIGKILL)
+    def down() -> bool:
+        return cli("status", str(job.job_id))[0] == 3
+    wait_for(down, 20, "the controller to be down")
+    code, out = cli("status", str(job.job_id))
+    assert code == 3 and "UNREACHABLE" in out
+    assert "se-w-0001" in out and "se-w-0002" in out  # what Slurm still runs
+    code, out = cli("status", str(job.job_id), "--json")
+    doc = json.loads(out)
+    assert doc["controller_reachable"] is False and len(doc["slurm_steps"]) >= 3
+
+
+def test_api_requires_the_jobs_token(job: ControllerJob) -> None:
+    url = json.loads((job.state_dir / "controller.json").read_text())["url"]
+    assert httpx.get(f"{url}/healthz").status_code == 200
+    assert httpx.get(f"{url}/controller/status").status_code == 401
+    assert httpx.post(f"{url}/admin/scale", json={"workers": 5}).status_code == 401
+    wrong = {"Authorization": "Bearer not-the-token"}
+    assert httpx.get(f"{url}/controller/status", headers=wrong).status_code == 403
+    assert httpx.post(f"{url}/admin/drain/0001", headers=wrong).status_code == 403
+    token = (job.state_dir / "token").read_text().strip()
+    assert oct(Path(job.state_dir / "token").stat().st_mode & 0o777) == "0o600"
+    good = {"Authorization": f"Bearer {token}"}
+    bad = httpx.post(f"{url}/admin/scale", headers=good, json={"workers": "many"})
+    assert bad.status_code == 422 and "workers" in bad.text
+    assert httpx.post(f"{url}/admin/scale", headers=good, content=b"{not json").status_code == 422
+    assert job.status()["target_workers"] == 0  # nothing changed by the bad requests
