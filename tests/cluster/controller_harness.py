@@ -95,7 +95,7 @@ def start_controller_job(cluster: DevCluster, tmp: Path, *, workers: dict[str, A
     config = {
         "controller": {"tick_interval_s": 0.3, "state_dir": str(tmp / "state-{job_id}")},
         "workers": {**w, "env": env},
-        "agent": {"enabled": False, **(agent or {})},
+        "agent": {"enabled": False, "inject_file": str(tmp / "drill.toml"), **(agent or {})},
         "health": health or {},
     }
     (tmp / "elastic.toml").write_text(_toml(config))

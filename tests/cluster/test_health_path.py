@@ -1,0 +1,81 @@
+"""GPU health end to end on the dev cluster: agent steps -> controller -> placement, driven by the
+fault-injection file (the same drill an operator runs)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cluster.controller_harness import ControllerJob, wait_for
+
+pytestmark = pytest.mark.cluster
+
+HEALTH = {"healthy_period_s": 3.0, "agent_silence_s": 6.0}
+
+
+def drill(tmp: Path) -> Path:
+    return tmp / "drill.toml"
+
+
+def gpus_with_workers(status: dict[str, Any]) -> set[tuple[str, int]]:
+    return {(w["node"], g) for w in status["workers"] if w["state"] == "ACTIVE" and not w["placeholder"]
+            for g in w["gpus"]}
+
+
+@pytest.mark.parametrize("job", [{"agent": {"enabled": True, "source": "inject", "interval_s": 0.5},
+                                  "health": HEALTH}], indirect=True)
+def test_throttled_gpu_is_drained_kept_empty_and_readmitted_after_a_healthy_period(job: ControllerJob) -> None:
+    with job.client() as c:
+        c.wake_all()
+    status = job.active(8, timeout_s=60)  # agents heard from both nodes: all 8 GPUs in use
+    assert status["unknown_health_nodes"] == []
+    victim = next(w for w in status["workers"] if (w["node"], w["gpus"][0]) == ("node1", 2))
+
+    drill(job.tmp).write_text(
+        '[[fault]]\nnode = "node1"\ngpu = 2\nreasons = ["hw_thermal_slowdown"]\ntemperature_c = 95\n'
+    )
+    def cordoned() -> dict[str, Any] | None:
+        return next((g for g in job.status()["cordoned_gpus"] if (g["node"], g["gpu"]) == ("node1", 2)), None)
+    entry = wait_for(cordoned, 20, "node1:2 cordoned by health")
+    assert entry["source"] == "health" and "hw_thermal_slowdown" in entry["reason"]
+    status = job.active(7, timeout_s=40)
+    assert ("node1", 2) not in gpus_with_workers(status)  # drained, and nothing new went there
+    drained = next(w for w in job.status()["workers"] if w["worker_id"] == victim["worker_id"]) if any(
+        w["worker_id"] == victim["worker_id"] for w in job.status()["workers"]) else None
+    assert drained is None or drained["state"] != "ACTIVE"
+    assert any(e["event"] == "drained" and e["worker"] == victim["worker_id"] for e in job.events())
+
+    time.sleep(2.0)
+    assert ("node1", 2) not in gpus_with_workers(job.status())  # still cordoned while the fault lasts
+    drill(job.tmp).unlink()
+    wait_for(lambda: cordoned() is None, 30, "node1:2 uncordoned after the healthy period")
+    status = job.active(8, timeout_s=40)
+    assert ("node1", 2) in gpus_with_workers(status)  # back in placement
+
+
+@pytest.mark.parametrize("job", [{"agent": {"enabled": True, "source": "inject", "interval_s": 0.5},
+                                  "health": HEALTH}], indirect=True)
+def test_silent_agent_means_health_unknown_no_new_workers_there(job: ControllerJob) -> None:
+    from slurm_elastic.slurm.cli_backend import SlurmCli
+
+    with job.client() as c:
+        c.scale(4)
+        job.active(4, timeout_s=60)
+        c.pause()
+    slurm = SlurmCli()
+    agent = next(s for s in slurm.list_steps(job.job_id) if s.name == "se-agent-node2")
+    slurm.signal_step(job.job_id, agent.step_id, "STOP")  # the agent hangs: it stops reporting
+    wait_for(lambda: job.status()["unknown_health_nodes"] == ["node2"], 20, "node2 health unknown")
+    before = {w["worker_id"] for w in job.status()["workers"] if w["state"] == "ACTIVE"}
+    with job.client() as c:
+        c.scale(8)
+    time.sleep(3.0)
+    status = job.status()
+    new = [w for w in status["workers"] if w["worker_id"] not in before and w["state"] in ("STARTING", "ACTIVE")]
+    assert all(w["node"] == "node1" for w in new if w["node"])  # nothing new on node2
+    assert {w["worker_id"] for w in status["workers"] if w["state"] == "ACTIVE"} >= before  # old ones keep running
+    slurm.signal_step(job.job_id, agent.step_id, "CONT")
+    wait_for(lambda: job.status()["unknown_health_nodes"] == [], 20, "node2 heard again")
