@@ -9,8 +9,6 @@ from pathlib import Path
 
 import click
 
-from slurm_elastic.controller.config import load_config
-
 log = logging.getLogger(__name__)
 
 
@@ -19,6 +17,7 @@ log = logging.getLogger(__name__)
 def controller(config_path: Path) -> None:
     """Run the controller inside a Slurm allocation (until SIGTERM; workers outlive it)."""
     from slurm_elastic.controller.app import run_controller
+    from slurm_elastic.controller.config import load_config
 
     logging.getLogger().setLevel(logging.INFO)
     run_controller(load_config(config_path), stop=threading.Event())

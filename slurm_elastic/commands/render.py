@@ -6,9 +6,6 @@ from pathlib import Path
 
 import click
 
-from slurm_elastic.controller.config import load_config
-from slurm_elastic.render import render_sbatch
-
 
 @click.command()
 @click.option("--config", "config_path", required=True, type=click.Path(path_type=Path),
@@ -16,6 +13,9 @@ from slurm_elastic.render import render_sbatch
 @click.option("--output", type=click.Path(path_type=Path), default=None, help="Write here instead of stdout.")
 def render(config_path: Path, output: Path | None) -> None:
     """Write a batch script that runs the controller, the trainer and elastic workers."""
+    from slurm_elastic.controller.config import load_config
+    from slurm_elastic.render import render_sbatch
+
     text = render_sbatch(load_config(config_path), str(config_path),
                          script_name=output.name if output else "job.sbatch")
     if output is None:

@@ -9,17 +9,12 @@ from fastapi import FastAPI
 
 from slurm_elastic import __version__
 from slurm_elastic.controller.config import ElasticConfig
+from slurm_elastic.controller.files import ensure_token, previous_port, publish
 from slurm_elastic.controller.http import control_router
 from slurm_elastic.controller.locate import COMMENT_PREFIX
 from slurm_elastic.controller.main import build_controller, install_stop_handlers, job_id_from_env
 from slurm_elastic.controller.runtime import Controller
-from slurm_elastic.controller.serve import (
-    ApiServer,
-    default_listen_host,
-    ensure_token,
-    previous_port,
-    publish,
-)
+from slurm_elastic.controller.serve import ApiServer, default_listen_host
 from slurm_elastic.controller.state import job_state_dir
 from slurm_elastic.errors import SlurmError
 from slurm_elastic.slurm.cli_backend import set_job_comment

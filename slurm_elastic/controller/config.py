@@ -9,7 +9,7 @@ from __future__ import annotations
 import shlex
 import sys
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -138,6 +138,22 @@ def config_reference_markdown() -> str:
                            ("job", JobSection)):
         for name, field in model.model_fields.items():
             default = field.default_factory() if field.default_factory else field.default  # type: ignore[call-arg]
-            annotation = getattr(field.annotation, "__name__", str(field.annotation)).replace("typing.", "")
+            choices = get_args(field.annotation) if get_origin(field.annotation) is Literal else ()
+            annotation = ("one of " + ", ".join(map(str, choices)) if choices
+                          else getattr(field.annotation, "__name__", str(field.annotation)).replace("typing.", ""))
             rows.append(f"| `{section}.{name}` | {annotation} | `{default!r}` | {field.description} |")
     return "\n".join(rows) + "\n"
+
+
+REFERENCE_HEADER = """# Configuration reference (`elastic.toml`)
+
+Generated from the schema in `slurm_elastic/controller/config.py` by
+`python -m slurm_elastic.controller.config`; a test fails when this file and the schema differ.
+The `[autoscaler]`, `[queue]` and `[health]` tables are documented in their own pages
+([autoscaler.md](autoscaler.md), [gpu-health.md](gpu-health.md)).
+
+"""
+
+
+if __name__ == "__main__":
+    print(REFERENCE_HEADER + config_reference_markdown(), end="")

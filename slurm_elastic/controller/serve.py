@@ -1,46 +1,16 @@
-"""Serve the controller's API (uvicorn in a background thread) and publish where to find it.
-
-The job's state directory holds ``token`` (0600, reused across controller restarts so running
-workers keep working) and ``controller.json`` (url, pid, host), written atomically.
-"""
+"""Serve the controller's API: uvicorn in a background thread, on a socket bound up front."""
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import secrets
 import socket
 import threading
 import time
-from pathlib import Path
-from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
 
-from slurm_elastic.controller.state import write_json_atomic
-
 log = logging.getLogger(__name__)
-TOKEN_FILE = "token"
-CONTROLLER_FILE = "controller.json"
-
-
-def ensure_token(state_dir: Path) -> tuple[str, Path]:
-    """The job's secret token, created once (mode 0600, only the job's user can read it)."""
-    path = state_dir / TOKEN_FILE
-    try:
-        token = path.read_text().strip()
-        if token:
-            os.chmod(path, 0o600)
-            return token, path
-    except FileNotFoundError:
-        pass
-    token = secrets.token_urlsafe(32)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(token + "\n")
-    return token, path
 
 
 def default_listen_host() -> str:
@@ -81,36 +51,3 @@ class ApiServer:
         self.server.should_exit = True
         self.thread.join(timeout=5)
         self.sock.close()
-
-
-def previous_port(state_dir: Path, host: str) -> int:
-    """The port of this job's last controller if it is free again (so running workers' URL
-    stays valid across a restart), else 0 (any free port; workers re-read controller.json)."""
-    try:
-        info = json.loads((state_dir / CONTROLLER_FILE).read_text())
-        port = int(str(info.get("url", "")).rsplit(":", 1)[1])
-    except (OSError, ValueError, IndexError):
-        return 0
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return 0
-    return port
-
-
-def read_controller_url(state_dir: Path) -> str:
-    """The URL in ``controller.json`` ('' if none)."""
-    try:
-        return str(json.loads((state_dir / CONTROLLER_FILE).read_text()).get("url", ""))
-    except (OSError, ValueError, AttributeError):
-        return ""
-
-
-def publish(state_dir: Path, url: str, job_id: int, extra: dict[str, Any] | None = None) -> None:
-    """Write ``controller.json`` for the CLI and the workers."""
-    write_json_atomic(state_dir / CONTROLLER_FILE, {
-        "url": url, "pid": os.getpid(), "host": socket.gethostname(), "job_id": job_id,
-        "started_at": time.time(), **(extra or {}),
-    }, mode=0o644)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_elastic.controller.client import ControlClient
-from slurm_elastic.controller.serve import read_controller_url
+from slurm_elastic.controller.files import read_controller_url
 from slurm_elastic.errors import ControllerUnreachableError
 
 

@@ -66,16 +66,22 @@ class ControllerJob:
 
     def active(self, n: int, timeout_s: float = 40.0) -> dict[str, Any]:
         """Wait until exactly ``n`` real workers are ACTIVE and nothing is starting or draining."""
+        last: dict[str, Any] = {}
+
         def settled() -> dict[str, Any] | None:
             try:
                 st = self.status()
             except ControllerUnreachableError:
                 return None
             by = st["workers_by_state"]
+            last.update(by=by, errors=st["errors"][-3:], placeholders=st["placeholders"])
             real_active = by["ACTIVE"] - st["placeholders"]
             ok = real_active == n and by["STARTING"] == 0 and by["DRAINING"] == 0 and by["BACKOFF"] == 0
             return st if ok else None
-        return wait_for(settled, timeout_s, f"{n} active workers")  # type: ignore[no-any-return]
+        try:
+            return wait_for(settled, timeout_s, f"{n} active workers")  # type: ignore[no-any-return]
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; last status: {last}") from None
 
 
 def locate_in(state_dir: Path, job_id: int) -> tuple[str, str]:
@@ -85,8 +91,9 @@ def locate_in(state_dir: Path, job_id: int) -> tuple[str, str]:
 
 def start_controller_job(cluster: DevCluster, tmp: Path, *, workers: dict[str, Any] | None = None,
                          agent: dict[str, Any] | None = None, health: dict[str, Any] | None = None,
-                         worker_env: dict[str, str] | None = None) -> ControllerJob:
-    """Submit a 2-node job (all 8 fake GPUs) running the controller; wait until it answers."""
+                         worker_env: dict[str, str] | None = None, nodes: int = 2,
+                         gpus_per_node: int = 4) -> ControllerJob:
+    """Submit a job (default: 2 nodes, all 8 fake GPUs) running the controller; wait until it answers."""
     w = {"command": [sys.executable, str(FAKE_WORKER)], "initial_workers": 0, "heartbeat_interval_s": 0.3,
          "heartbeat_grace_s": 8.0, "drain_timeout_s": 8.0, "start_timeout_s": 30.0, "backoff_base_s": 1.0,
          "backoff_max_s": 8.0, **(workers or {})}
@@ -98,6 +105,7 @@ def start_controller_job(cluster: DevCluster, tmp: Path, *, workers: dict[str, A
         "agent": {"enabled": False, "inject_file": str(tmp / "drill.toml"), **(agent or {})},
         "health": health or {},
     }
+    tmp.mkdir(parents=True, exist_ok=True)
     (tmp / "elastic.toml").write_text(_toml(config))
     script = tmp / "job.sbatch"
     script.write_text(
@@ -106,7 +114,8 @@ def start_controller_job(cluster: DevCluster, tmp: Path, *, workers: dict[str, A
         f"until [ -e {tmp}/stop ]; do {sys.executable} -m slurm_elastic controller --config {tmp}/elastic.toml"
         " && break; sleep 0.3; done\n"
     )
-    out = run_command(["sbatch", "--parsable", "--nodes=2", "--exclusive", "--gres=gpu:4", "--mem=0",
+    tmp.mkdir(parents=True, exist_ok=True)
+    out = run_command(["sbatch", "--parsable", f"--nodes={nodes}", "--exclusive", f"--gres=gpu:{gpus_per_node}", "--mem=0",
                        "--job-name=se-ctl-test", f"--output={tmp}/job.out", str(script)]).stdout
     job = ControllerJob(int(out.strip().split(";")[0]), tmp, cluster)
 

@@ -79,3 +79,19 @@ def test_silent_agent_means_health_unknown_no_new_workers_there(job: ControllerJ
     assert {w["worker_id"] for w in status["workers"] if w["state"] == "ACTIVE"} >= before  # old ones keep running
     slurm.signal_step(job.job_id, agent.step_id, "CONT")
     wait_for(lambda: job.status()["unknown_health_nodes"] == [], 20, "node2 heard again")
+
+
+@pytest.mark.parametrize("job", [{"agent": {"enabled": True, "source": "inject", "interval_s": 0.5},
+                                  "health": HEALTH, "workers": {"gpu_memory_mb": 4000}}], indirect=True)
+def test_preflight_checks_free_memory_on_the_gpu_the_worker_got(job: ControllerJob) -> None:
+    drill(job.tmp).write_text(
+        '[baseline]\nmemory_total_mb = 81920\n\n'
+        '[[fault]]\nnode = "node2"\ngpu = 1\nmemory_used_mb = 80000\nnote = "another tenant fills it"\n'
+    )
+    wait_for(lambda: job.status()["unknown_health_nodes"] == [], 30, "agents heard")
+    with job.client() as c:
+        c.wake_all()
+    status = job.active(7, timeout_s=60)  # 8 GPUs, one too full for a worker
+    assert ("node2", 1) not in gpus_with_workers(status)
+    entry = next(g for g in status["cordoned_gpus"] if (g["node"], g["gpu"]) == ("node2", 1))
+    assert entry["source"] == "preflight" and "MiB free" in entry["reason"]

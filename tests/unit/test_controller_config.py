@@ -1,0 +1,53 @@
+"""elastic.toml validation: defaults, units, errors that name the key; the docs cannot drift."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from slurm_elastic.controller.config import REFERENCE_HEADER, config_reference_markdown, load_config, parse_config
+from slurm_elastic.errors import ConfigError
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+
+def test_defaults_are_sane() -> None:
+    config = parse_config({})
+    assert config.workers.drain_signal == "USR1" and config.workers.gpus_per_worker == 1
+    assert config.workers.drain_timeout_s > config.workers.heartbeat_interval_s > 0
+
+
+def test_command_string_is_split_like_a_shell() -> None:
+    config = parse_config({"workers": {"command": "python -m my.worker --name 'a b' {worker_id}"}})
+    assert config.workers.command == ["python", "-m", "my.worker", "--name", "a b", "{worker_id}"]
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"workers": {"gpus_per_workr": 1}}, "workers.gpus_per_workr: unknown key"),
+        ({"wrokers": {}}, "wrokers: unknown key"),
+        ({"workers": {"gpus_per_worker": "two"}}, "workers.gpus_per_worker: Input should be a valid integer"),
+        ({"workers": {"drain_signal": "KILL"}}, "workers.drain_signal: Input should be 'USR1', 'USR2'"),
+        ({"workers": {"drain_timeout_s": -1}}, "workers.drain_timeout_s: Input should be greater than 0"),
+        ({"controller": {"tick_interval_s": 0}}, "controller.tick_interval_s: Input should be greater than 0"),
+        ({"agent": {"source": "magic"}}, "agent.source"),
+    ],
+)
+def test_errors_name_the_key(data: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        parse_config(data)
+
+
+def test_file_errors_are_clear(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[workers\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(bad)
+
+
+def test_config_reference_is_generated_from_the_schema() -> None:
+    assert (DOCS / "config-reference.md").read_text() == REFERENCE_HEADER + config_reference_markdown()
