@@ -25,8 +25,15 @@ def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
     return out
 
 
+def _since(since_s: Any, now_s: float) -> str:
+    try:
+        return _age(now_s - float(since_s)) + " ago"
+    except (TypeError, ValueError):
+        return "-"
+
+
 def render_status(job_id: int, status: dict[str, Any] | None, slurm_steps: list[dict[str, Any]] | None = None,
-                  unreachable: str = "") -> str:
+                  unreachable: str = "", now_s: float | None = None) -> str:
     """The status table. With ``status`` None (controller down) it shows what Slurm reports."""
     lines = [f"job {job_id}"]
     if status is None:
@@ -65,8 +72,10 @@ def render_status(job_id: int, status: dict[str, Any] | None, slurm_steps: list[
     cordons = ctl.get("cordoned_gpus") or []
     if cordons:
         lines.append("cordoned GPUs:")
-        crow = [[f"{c.get('node')}:{c.get('gpu')}", str(c.get("source", "")), str(c.get("reason", ""))] for c in cordons]
-        lines += ["  " + r for r in _table(["GPU", "BY", "REASON"], crow)]
+        now = now_s if now_s is not None else float(ctl.get("now_s", 0.0))
+        crow = [[f"{c.get('node')}:{c.get('gpu')}", str(c.get("source", "")), _since(c.get("since_s"), now),
+                 str(c.get("reason", ""))] for c in cordons]
+        lines += ["  " + r for r in _table(["GPU", "BY", "SINCE", "REASON"], crow)]
     unknown = ctl.get("unknown_health_nodes") or []
     if unknown:
         lines.append(f"health unknown (agent silent, no new workers): {', '.join(unknown)}")

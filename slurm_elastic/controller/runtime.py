@@ -405,6 +405,7 @@ class Controller:
             return {
                 "job_id": self.job_id,
                 "controller_url": self.controller_url,
+                "now_s": round(now_s, 3),
                 "uptime_s": round(now_s - self.started_at_s, 1),
                 "ticks": self.ticks,
                 "target_workers": self.target_workers,

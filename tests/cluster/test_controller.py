@@ -47,6 +47,10 @@ def test_scale_0_6_2_5_pins_each_worker_to_its_own_gpu(job: ControllerJob) -> No
     for worker, starts in starts_by_worker(job).items():
         for start in starts:  # Slurm's view (SLURM_STEP_GPUS) = the only device the step can open
             assert [int(g) for g in start["gpus"].split(",")] == start["openable"], worker
+    for w in job.status()["workers"]:  # and the controller's view is Slurm's
+        if w["state"] == "ACTIVE":
+            last_start = starts_by_worker(job)[w["worker_id"]][-1]
+            assert (w["node"], w["gpus"]) == (last_start["node"], last_start["openable"])
     steps = job.worker_steps()
     assert len(steps) == 5
 

@@ -1,0 +1,45 @@
+"""The status table: what a person reads, with and without a controller."""
+
+from __future__ import annotations
+
+from slurm_elastic.status_view import render_status
+
+STATUS = {
+    "controller_url": "http://10.0.0.1:4000", "now_s": 1000.0, "uptime_s": 125, "ticks": 60,
+    "target_workers": 2, "paused": False, "wake_all": False,
+    "last_decision": {"action": "scale_up", "reason": "buffer 12 < setpoint 64 sequences (P term)"},
+    "workers_by_state": {"STARTING": 0, "ACTIVE": 2, "DRAINING": 0, "INACTIVE": 3, "FAILED": 0, "BACKOFF": 0},
+    "placeholders": 0,
+    "workers": [
+        {"worker_id": "0001", "step_id": "4", "node": "node1", "gpus": [0], "state": "ACTIVE", "age_s": 100,
+         "rollouts": 12, "last_heartbeat_age_s": 0.4},
+        {"worker_id": "0002", "step_id": "5", "node": "node2", "gpus": [3], "state": "ACTIVE", "age_s": 4000,
+         "rollouts": 300, "last_heartbeat_age_s": 1.2, "placeholder": True},
+    ],
+    "cordoned_gpus": [{"node": "node2", "gpu": 1, "source": "health", "since_s": 940.0,
+                       "reason": "hw_thermal_slowdown"}],
+    "unknown_health_nodes": ["node3"],
+    "errors": [{"where": "launch", "error": "worker 0009: srun failed"}],
+}
+
+
+def test_table_reads_at_a_glance() -> None:
+    text = render_status(7, STATUS)
+    assert text.startswith("job 7\ncontroller: http://10.0.0.1:4000  up 2m")
+    assert "target: 2 workers (autoscaling)  last decision: scale_up: buffer 12 < setpoint 64" in text
+    assert "workers: active 2  inactive 3" in text
+    assert "0002    5     node2  3    ACTIVE (placeholder)  67m" in text
+    assert "node2:1  health  60s ago  hw_thermal_slowdown" in text
+    assert "health unknown (agent silent, no new workers): node3" in text
+    assert "recent error [launch]: worker 0009: srun failed" in text
+
+
+def test_controller_down_shows_slurm_steps() -> None:
+    text = render_status(7, None, [{"step_id": "7.3", "name": "se-w-0001", "nodes": ["node1"], "time_used": "5:00"}],
+                         unreachable="connection refused")
+    assert "controller: UNREACHABLE (connection refused)" in text
+    assert "7.3   se-w-0001  node1  5:00" in text
+
+
+def test_missing_sections_do_not_break_the_table() -> None:
+    assert "workers: none" in render_status(1, {"controller_url": "x"})
