@@ -6,7 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from slurm_elastic.controller.config import REFERENCE_HEADER, config_reference_markdown, load_config, parse_config
+from slurm_elastic.controller.config import (
+    REFERENCE_HEADER,
+    config_reference_markdown,
+    load_config,
+    parse_config,
+)
 from slurm_elastic.errors import ConfigError
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
