@@ -35,9 +35,13 @@ class ControlClient:
     def __exit__(self, *_exc: object) -> None:
         self.close()
 
-    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    def _call(self, method: str, path: str, body: dict[str, Any] | None = None,
+              timeout_s: float | None = None) -> dict[str, Any]:
         try:
-            response = self._http.request(method, path, json=body)
+            if timeout_s is None:
+                response = self._http.request(method, path, json=body)
+            else:
+                response = self._http.request(method, path, json=body, timeout=timeout_s)
         except httpx.TransportError as exc:
             raise ControllerUnreachableError(f"controller at {self.url} did not answer: {exc}") from None
         if response.status_code == 404:
@@ -53,6 +57,17 @@ class ControlClient:
 
     def heartbeat(self, worker_id: str, info: dict[str, Any]) -> dict[str, Any]:
         return self._call("POST", f"/workers/{worker_id}/heartbeat", info)
+
+    # servers
+    def endpoints(self, version: int = -1, wait_s: float = 0.0) -> dict[str, Any]:
+        """Routable servers; with ``version`` and ``wait_s``, a long-poll for a change."""
+        return self._call("GET", f"/endpoints?version={int(version)}&wait_s={float(wait_s)}",
+                          timeout_s=float(wait_s) + 10.0)
+
+    def report_load(self, client_id: str, outstanding: dict[str, int], sent: int = 0, retried: int = 0,
+                    failed: int = 0) -> dict[str, Any]:
+        return self._call("POST", "/endpoints/load", {"client_id": client_id, "outstanding": outstanding,
+                                                      "sent": sent, "retried": retried, "failed": failed})
 
     # node agents
     def report_gpu_health(self, report: dict[str, Any]) -> dict[str, Any]:

@@ -57,6 +57,9 @@ class WorkersSection(_Section):
     start_timeout_s: float = Field(120.0, gt=0, description="Launch to registration, else the launch failed.")
     backoff_base_s: float = Field(5.0, gt=0, description="First crash-loop backoff; doubles per crash.")
     backoff_max_s: float = Field(300.0, gt=0, description="Longest crash-loop backoff.")
+    readiness_path: str = Field("", description="Servers: HTTP path that answers 200 when ready; empty: a TCP connect.")
+    requests_per_worker_capacity: float = Field(8.0, gt=0, description="Servers: requests one server handles at once (load ratio).")
+    server_drain_grace_s: float = Field(1.0, ge=0, description="Servers: after leaving discovery, wait at least this long (routers catch up) before signalling.")
     gpu_memory_mb: int = Field(0, ge=0, description="Pre-flight: free memory a worker needs on its GPU; 0 skips the check.")
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment for worker steps.")
 

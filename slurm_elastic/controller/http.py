@@ -4,10 +4,11 @@ operators' commands. A FastAPI router; every route needs the job's bearer token.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Request, status
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response, status
 from fastapi import Path as PathParam
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -27,6 +28,7 @@ class Registration(_Body):
     step_id: str = Field("", max_length=64)
     pid: int = Field(0, ge=0)
     endpoint: str = Field("", max_length=512)
+    ready: bool = True
 
 
 class Heartbeat(_Body):
@@ -36,6 +38,14 @@ class Heartbeat(_Body):
     child_pid: int | None = Field(None, ge=0)
     placeholder: bool | None = None
     outstanding_requests: int | None = Field(None, ge=0)
+
+
+class LoadReport(_Body):
+    client_id: str = Field(min_length=1, max_length=128)
+    outstanding: dict[str, Annotated[int, Field(ge=0, le=1_000_000)]] = Field(default_factory=dict, max_length=10_000)
+    sent: int = Field(0, ge=0)
+    retried: int = Field(0, ge=0)
+    failed: int = Field(0, ge=0)
 
 
 class ScaleRequest(_Body):
@@ -87,6 +97,27 @@ def control_router(controller: Controller, token: str) -> APIRouter:
             raise unknown(exc) from None
         except (ValueError, TypeError) as exc:
             raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, f"bad agent report: {exc}") from None
+
+    @router.get("/endpoints", tags=["servers"])
+    async def endpoints(request: Request, response: Response,
+                        version: Annotated[int, Query(ge=-1)] = -1,
+                        wait_s: Annotated[float, Query(ge=0, le=60)] = 0.0) -> Any:
+        """Routable servers. Long-poll: returns when the set is no longer ``version`` (or after ``wait_s``).
+        ETag is the version; ``If-None-Match`` with the current one answers 304."""
+        deadline = asyncio.get_running_loop().time() + wait_s
+        view = controller.endpoints_view()
+        while view["version"] == version and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+            view = controller.endpoints_view()
+        etag = f'"{view["version"]}"'
+        if request.headers.get("if-none-match") == etag:
+            return Response(status_code=status.HTTP_304_NOT_MODIFIED, headers={"ETag": etag})
+        response.headers["ETag"] = etag
+        return view
+
+    @router.post("/endpoints/load", tags=["servers"])
+    def endpoints_load(body: LoadReport) -> dict[str, Any]:
+        return controller.report_load(body.client_id, body.outstanding, body.sent, body.retried, body.failed)
 
     @router.get("/controller/status", tags=["status"])
     def controller_status() -> dict[str, Any]:

@@ -17,6 +17,7 @@ from typing import Any
 
 from slurm_elastic.controller.config import ElasticConfig
 from slurm_elastic.controller.state import StateFile
+from slurm_elastic.core.endpoints import Endpoint, EndpointBook
 from slurm_elastic.core.health import AgentReport, CordonBook, HealthRules
 from slurm_elastic.core.lifecycle import Worker, WorkerState, transition
 from slurm_elastic.core.naming import AGENT_PREFIX, worker_id_of_step, worker_step_name
@@ -81,6 +82,8 @@ class Controller:
         self.health_rules = HealthRules.from_mapping(config.health)
         self.cordons = CordonBook(self.health_rules)
         self.agent_launched_s: dict[str, float] = {}
+        self.endpoints = EndpointBook()
+        self.is_server = config.workers.kind == "server"
         self.last_decision: dict[str, Any] = {"action": "hold", "reason": "starting"}
         self.errors: list[dict[str, Any]] = []
         self.ticks = 0
@@ -161,12 +164,31 @@ class Controller:
             self.next_number = plan.next_number
             for crash in plan.crashes:
                 self.on_crash(crash.worker_id, crash.node, crash.gpus, crash.reason, now_s)
-            for action in [*health_drains, *plan.actions]:
+            for action in [*health_drains, *plan.actions, *self._server_drains_due(now_s)]:
                 self._run(action)
             if steps is not None:
                 self._ensure_agents(steps, now_s)
+            self._publish_endpoints()
             self.save()
         return plan
+
+    def _server_drains_due(self, now_s: float) -> list[Drain]:
+        """Servers leave discovery first; the drain signal follows once nothing is in flight there."""
+        due = []
+        grace_s = self.config.workers.server_drain_grace_s
+        for worker in self.workers.values():
+            if (self.is_server and worker.state is S.DRAINING and worker.step_id and not worker.drain_signaled
+                    and not worker.placeholder and now_s - worker.drain_started_s >= grace_s
+                    and self.endpoints.outstanding(worker.worker_id, now_s) == 0):
+                due.append(Drain(worker.worker_id, worker.step_id))
+        return due
+
+    def _publish_endpoints(self) -> None:
+        """The routable set: ACTIVE server workers with an endpoint (never draining or placeholders)."""
+        self.endpoints.publish([
+            Endpoint(w.worker_id, w.endpoint, w.node, w.gpus) for w in self.workers.values()
+            if w.state is S.ACTIVE and w.endpoint and not w.placeholder
+        ])
 
     def _drain_unhealthy(self, now_s: float) -> list[Drain]:
         """Drain workers on GPUs that became unhealthy (if the rules say drain). Level-triggered."""
@@ -223,12 +245,20 @@ class Controller:
                 self.backend.launch_step(self.step_spec(worker.worker_id, action.exclude_nodes),
                                          self.state_dir / "logs" / "srun" / f"{worker.worker_id}.log")
             elif isinstance(action, Drain):
+                if self.is_server and not worker.drain_signaled and not self._drain_due(worker):
+                    return  # out of discovery now; the signal follows when nothing is in flight
+                worker.drain_signaled = True
                 self.backend.signal_step(self.job_id, action.step_id, self.config.workers.drain_signal)
             else:
                 log.info("cancelling worker %s (step %s): %s", action.worker_id, action.step_id, action.reason)
                 self.backend.cancel_step(self.job_id, action.step_id)
         except SlurmElasticError as exc:
             self._record_error(type(action).__name__.lower(), f"worker {action.worker_id}: {exc}")
+
+    def _drain_due(self, worker: Worker) -> bool:
+        now_s = self.clock()
+        return (now_s - worker.drain_started_s >= self.config.workers.server_drain_grace_s
+                and self.endpoints.outstanding(worker.worker_id, now_s) == 0)
 
     def run_forever(self, stop: threading.Event) -> None:
         """Tick every ``tick_interval_s`` until ``stop`` is set."""
@@ -301,11 +331,16 @@ class Controller:
                         self.cordons.record_preflight_failure(worker.node, gpu, need_mb, why, now_s)
             cordoned = self.cordoned_gpus()
             hit = [g for g in worker.gpus if (worker.node, g) in cordoned]
-            if worker.state is S.STARTING:
+            ready = bool(info.get("ready", True))
+            if worker.state is S.STARTING and (hit or ready):
                 worker.placeholder = bool(hit)
-                reason = (f"landed on cordoned GPU {worker.node}:{hit[0]}: holding it as a placeholder"
-                          if hit else f"registered on {worker.node} GPU {list(worker.gpus)}")
+                where = f"{worker.node} GPU {list(worker.gpus)}"
+                reason = (f"landed on cordoned GPU {worker.node}:{hit[0]}: holding it as a placeholder" if hit
+                          else f"ready at {worker.endpoint} on {where}" if worker.endpoint
+                          else f"registered on {where}")
                 transition(worker, S.ACTIVE, now_s, reason)
+            self._publish_endpoints()
+            self.save()
             action = "hold" if worker.placeholder else ("drain" if worker.state is S.DRAINING else "run")
             return {"worker_id": worker_id, "action": action,
                     "heartbeat_interval_s": self.config.workers.heartbeat_interval_s}
@@ -323,8 +358,12 @@ class Controller:
                 worker.rollouts = int(info["rollouts"])
             if info.get("exit_code") is not None:
                 worker.exit_code = int(info["exit_code"])
-            return {"drain": worker.state is S.DRAINING and not worker.placeholder,
-                    "hold": worker.placeholder}
+            if "outstanding_requests" in info:
+                worker.busy = int(info["outstanding_requests"]) > 0
+            drain = worker.state is S.DRAINING and not worker.placeholder and (
+                not self.is_server or worker.drain_signaled)
+            # a record still STARTING (e.g. restored from before its registration was saved): ask again
+            return {"drain": drain, "hold": worker.placeholder, "register": worker.state is S.STARTING}
 
     def scale(self, n: int) -> dict[str, Any]:
         with self.lock:
@@ -359,6 +398,7 @@ class Controller:
             if worker.state is not S.DRAINING:
                 worker.drain_started_s = self.clock()
                 transition(worker, S.DRAINING, worker.drain_started_s, "drained by operator")
+                self._publish_endpoints()
                 if worker.step_id:
                     self._run(Drain(worker_id, worker.step_id))
             self.save()
@@ -395,6 +435,18 @@ class Controller:
         if gpu not in self.gpus_by_node.get(node, ()):
             raise UnknownWorkerError(f"{node}:{gpu} is not a GPU of job {self.job_id}")
 
+    def endpoints_view(self) -> dict[str, Any]:
+        """The routable servers (version, endpoints with their load) for discovery."""
+        with self.lock:
+            return self.endpoints.view(self.clock())
+
+    def report_load(self, client_id: str, outstanding: dict[str, int], sent: int = 0, retried: int = 0,
+                    failed: int = 0) -> dict[str, Any]:
+        """A router's outstanding requests per worker; answers with the current version."""
+        with self.lock:
+            self.endpoints.report(client_id, outstanding, self.clock(), sent, retried, failed)
+            return {"version": self.endpoints.version}
+
     def status(self) -> dict[str, Any]:
         """Controller fields for /global-status and ``slurm-elastic status``."""
         with self.lock:
@@ -419,9 +471,17 @@ class Controller:
                             if w.state is not S.INACTIVE],
                 "cordoned_gpus": [{"node": n, "gpu": g, **v} for (n, g), v in sorted(self.cordoned_gpus().items())],
                 "unknown_health_nodes": sorted(self.unknown_nodes(now_s)),
+                "servers": self._servers_view(now_s) if self.is_server else None,
                 "errors": self.errors[-ERROR_LIMIT:],
                 "state_note": self.state_note,
             }
+
+    def _servers_view(self, now_s: float) -> dict[str, Any]:
+        capacity = self.config.workers.requests_per_worker_capacity
+        view = self.endpoints.view(now_s)
+        view["load_ratio"] = self.endpoints.load_ratio(capacity, now_s)
+        view["requests_per_worker_capacity"] = capacity
+        return view
 
     def _worker_view(self, worker: Worker, now_s: float) -> dict[str, Any]:
         return {
@@ -430,6 +490,7 @@ class Controller:
             "rollouts": worker.rollouts, "busy": worker.busy, "placeholder": worker.placeholder,
             "last_heartbeat_age_s": round(now_s - worker.last_heartbeat_s, 1), "crash_count": worker.crash_count,
             "launches": worker.launches, "endpoint": worker.endpoint,
+            "outstanding_requests": self.endpoints.outstanding(worker.worker_id, now_s) if self.is_server else None,
             "history": [list(h) for h in worker.history[-10:]],
         }
 
@@ -446,6 +507,9 @@ class Controller:
             "SLURM_ELASTIC_STATE_DIR": str(self.state_dir),
             "SLURM_ELASTIC_HEARTBEAT_INTERVAL_S": str(w.heartbeat_interval_s),
             "SLURM_ELASTIC_DRAIN_SIGNAL": w.drain_signal,
+            "SLURM_ELASTIC_WORKER_KIND": w.kind,
+            "SLURM_ELASTIC_READINESS_PATH": w.readiness_path,
+            "SLURM_ELASTIC_START_TIMEOUT_S": str(w.start_timeout_s),
         }
         if self.token_file is not None:
             env["SLURM_ELASTIC_TOKEN_FILE"] = str(self.token_file)

@@ -57,6 +57,7 @@ class Worker:
     kill_sent_s: float = 0.0
     failure_reason: str = ""  # set when the controller kills it for cause (e.g. lost heartbeat)
     exit_code: int | None = None  # reported by the worker wrapper as it exits
+    drain_signaled: bool = False  # servers: the drain signal waits until nothing is in flight
     history: list[tuple[float, str, str, str]] = field(default_factory=list)
 
     @property

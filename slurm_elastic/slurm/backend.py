@@ -23,7 +23,7 @@ class StepSpec:
     mem_mb: int = 0  # 0: no explicit --mem (the partition's default per CPU applies)
     nodelist: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
-    env: Mapping[str, str] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)  # added to srun's environment (any characters)
     overlap: bool = False  # share resources with other steps (node agents), else --exact
     extra_args: tuple[str, ...] = ()
 
@@ -50,8 +50,7 @@ def build_srun_argv(spec: StepSpec) -> list[str]:
         argv.append(f"--nodelist={','.join(spec.nodelist)}")
     if spec.exclude:
         argv.append(f"--exclude={','.join(spec.exclude)}")
-    if spec.env:
-        argv.append("--export=ALL," + ",".join(f"{k}={v}" for k, v in sorted(spec.env.items())))
+    argv.append("--export=ALL")  # spec.env reaches the step through srun's own environment
     argv.extend(spec.extra_args)
     argv.append("--")
     argv.extend(spec.argv)

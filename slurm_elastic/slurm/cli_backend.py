@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 from pathlib import Path
 
@@ -55,7 +56,8 @@ class SlurmCli:
         return jobs[0]
 
     def launch_step(self, spec: StepSpec, launcher_log: Path) -> int:
-        return spawn_detached(build_srun_argv(spec), log_path=launcher_log)
+        env = {**os.environ, **spec.env} if spec.env else None
+        return spawn_detached(build_srun_argv(spec), log_path=launcher_log, env=env)
 
     def signal_step(self, job_id: int, step_id: str, signal_name: str) -> None:
         signal_name = signal_name.upper()

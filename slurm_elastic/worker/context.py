@@ -25,6 +25,9 @@ class StepContext:
     step_id: str
     job_id: str
     state_dir: Path | None = None
+    kind: str = "rollout"
+    readiness_path: str = ""
+    start_timeout_s: float = 120.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> StepContext:
@@ -51,7 +54,19 @@ class StepContext:
             step_id=env.get("SLURM_STEP_ID", ""),
             job_id=env.get("SLURM_JOB_ID", ""),
             state_dir=Path(env["SLURM_ELASTIC_STATE_DIR"]) if env.get("SLURM_ELASTIC_STATE_DIR") else None,
+            kind=env.get("SLURM_ELASTIC_WORKER_KIND", "rollout"),
+            readiness_path=env.get("SLURM_ELASTIC_READINESS_PATH", ""),
+            start_timeout_s=float(env.get("SLURM_ELASTIC_START_TIMEOUT_S", "120")),
         )
 
     def registration(self) -> dict[str, object]:
-        return {"node": self.node, "gpus": list(self.gpus), "step_id": self.step_id, "pid": os.getpid()}
+        return {"node": self.node, "gpus": list(self.gpus), "step_id": self.step_id, "pid": os.getpid(),
+                "ready": self.kind != "server"}
+
+
+def node_address() -> str:
+    """This node's address as other nodes reach it."""
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slurm_elastic.errors import ControllerUnreachableError, SlurmElasticError
-from slurm_elastic.worker.context import StepContext
+from slurm_elastic.worker.context import StepContext, node_address
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +74,19 @@ def register_with_retry(register: Call, info: dict[str, Any], deadline_s: float,
             delay_s = min(5.0, delay_s * 2)
 
 
+def is_ready(port: int, http_path: str, timeout_s: float = 1.0) -> bool:
+    """Readiness of a server on this node: an HTTP 2xx on ``http_path``, or a TCP connect."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
+            if not http_path:
+                return True
+            sock.sendall(f"GET {http_path} HTTP/1.0\r\nHost: localhost\r\n\r\n".encode())
+            status_line = sock.recv(64).split(b"\r\n", 1)[0].split()
+            return len(status_line) >= 2 and status_line[1].startswith(b"2")
+    except OSError:
+        return False
+
+
 def run_wrapped(
     command: list[str],
     ctx: StepContext,
@@ -103,11 +116,26 @@ def run_wrapped(
     forwarded = False
     interval_s = float(answer.get("heartbeat_interval_s", ctx.heartbeat_interval_s))
     next_beat = 0.0
+    ready = ctx.kind != "server"
+    ready_deadline = time.monotonic() + ctx.start_timeout_s
     while True:
         code = child.poll()
         if code is not None:
             _final(heartbeat, code)
             return code
+        if not ready and is_ready(port, ctx.readiness_path):
+            ready = True
+            info = {**info, "ready": True, "endpoint": f"http://{node_address()}:{port}"}
+            log.info("worker %s: server ready at %s", ctx.worker_id, info["endpoint"])
+            try:
+                register(info)
+            except SlurmElasticError as exc:
+                log.warning("could not report readiness: %s", exc)
+                ready = False
+        elif not ready and time.monotonic() > ready_deadline:
+            log.error("worker %s: server not ready after %g s; stopping it", ctx.worker_id, ctx.start_timeout_s)
+            child.terminate()
+            ready_deadline = float("inf")
         if flags.terminate.is_set():
             child.send_signal(signal.SIGTERM)
             flags.terminate.clear()
@@ -137,7 +165,10 @@ def _beat(ctx: StepContext, register: Call, heartbeat: Call, payload: dict[str, 
           info: dict[str, Any]) -> dict[str, Any]:
     """One heartbeat; re-registers if the controller forgot us (a restart without state)."""
     try:
-        return heartbeat(payload)
+        reply = heartbeat(payload)
+        if reply.get("register") and info.get("ready", True):
+            return register(info)
+        return reply
     except KeyError:
         try:
             return register(info)

@@ -1,0 +1,83 @@
+"""Routable server endpoints and the load routers report: pure bookkeeping (time passed in).
+
+The controller publishes the set of ACTIVE server workers with an endpoint; every change bumps
+a version, so clients can long-poll ("tell me when it is no longer version N") or use ETags.
+Routers report their outstanding requests per worker; the book sums the fresh reports.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    worker_id: str
+    url: str
+    node: str
+    gpus: tuple[int, ...]
+
+
+@dataclass
+class _ClientReport:
+    at_s: float
+    outstanding: dict[str, int]
+    sent: int = 0
+    retried: int = 0
+    failed: int = 0
+
+
+@dataclass
+class EndpointBook:
+    """The routable set (versioned) and the load on it."""
+
+    report_ttl_s: float = 10.0
+    version: int = 0
+    endpoints: dict[str, Endpoint] = field(default_factory=dict)
+    _reports: dict[str, _ClientReport] = field(default_factory=dict)
+
+    def publish(self, endpoints: list[Endpoint]) -> bool:
+        """Replace the routable set; True (and a new version) if it changed."""
+        new = {e.worker_id: e for e in endpoints}
+        if new == self.endpoints:
+            return False
+        self.endpoints = new
+        self.version += 1
+        return True
+
+    def report(self, client_id: str, outstanding: dict[str, int], now_s: float, sent: int = 0,
+               retried: int = 0, failed: int = 0) -> None:
+        """A router's current outstanding requests per worker (and its running totals)."""
+        self._reports[client_id] = _ClientReport(now_s, {k: max(0, int(v)) for k, v in outstanding.items()},
+                                                 sent, retried, failed)
+
+    def _fresh(self, now_s: float) -> list[_ClientReport]:
+        for client_id in [c for c, r in self._reports.items() if now_s - r.at_s > self.report_ttl_s]:
+            del self._reports[client_id]
+        return list(self._reports.values())
+
+    def outstanding(self, worker_id: str, now_s: float) -> int:
+        return sum(r.outstanding.get(worker_id, 0) for r in self._fresh(now_s))
+
+    def total_outstanding(self, now_s: float) -> int:
+        return sum(sum(r.outstanding.values()) for r in self._fresh(now_s))
+
+    def load_ratio(self, capacity_per_server: float, now_s: float) -> float | None:
+        """outstanding / (routable servers x capacity); None without servers."""
+        if not self.endpoints or capacity_per_server <= 0:
+            return None
+        return self.total_outstanding(now_s) / (len(self.endpoints) * capacity_per_server)
+
+    def view(self, now_s: float) -> dict[str, Any]:
+        fresh = self._fresh(now_s)
+        return {
+            "version": self.version,
+            "endpoints": [{"worker_id": e.worker_id, "url": e.url, "node": e.node, "gpus": list(e.gpus),
+                           "outstanding": self.outstanding(e.worker_id, now_s)}
+                          for e in sorted(self.endpoints.values(), key=lambda e: e.worker_id)],
+            "routers": len(fresh),
+            "requests_sent": sum(r.sent for r in fresh),
+            "requests_retried": sum(r.retried for r in fresh),
+            "requests_failed": sum(r.failed for r in fresh),
+        }

@@ -1,0 +1,201 @@
+"""Client-side routing to the job's inference servers (vLLM, SGLang, any HTTP server worker).
+
+    from slurm_elastic.router import Router
+
+    with Router.from_env() as router:                  # or Router(url, token, state_dir=...)
+        router.wait_for_endpoints(1)
+        reply = router.request("POST", "/generate", json=payload, key=session_id)
+
+The router keeps the set of routable servers fresh with a long-poll on the controller (no
+hammering: one open request per router, answered when the set changes), sends each request to
+the server with the fewest outstanding requests (or, with ``key``, to the same server while it
+stays routable), never to a draining or dead one, retries idempotent requests on another server
+when one dies, and reports its outstanding requests per server to the controller, which uses
+them to drain servers safely and to scale on load. A controller restart does not interrupt
+routing: the last known set stays in use until the new controller answers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+from slurm_elastic.controller.client import ControlClient
+from slurm_elastic.controller.files import read_controller_url
+from slurm_elastic.errors import ControllerUnreachableError, SlurmElasticError
+
+log = logging.getLogger(__name__)
+DEAD_RETRY_S = 5.0
+
+
+class RoutingError(SlurmElasticError):
+    """No routable server, or a request failed on every server it may be retried on."""
+
+
+class Router:
+    """Routes requests over the controller's live endpoints."""
+
+    def __init__(self, controller_url: str, token: str, *, state_dir: Path | None = None,
+                 client_id: str | None = None, report_interval_s: float = 0.5, poll_wait_s: float = 20.0,
+                 request_timeout_s: float = 300.0) -> None:
+        self.token = token
+        self.state_dir = state_dir
+        self.client_id = client_id or f"{os.uname().nodename}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.report_interval_s = report_interval_s
+        self.poll_wait_s = poll_wait_s
+        self._control = ControlClient(controller_url, token)
+        self._http = httpx.Client(timeout=request_timeout_s)
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._endpoints: dict[str, str] = {}
+        self._version = -1
+        self._outstanding: Counter[str] = Counter()
+        self._sent_to: Counter[str] = Counter()
+        self._dead_until: dict[str, float] = {}
+        self.sent = self.retried = self.failed = 0
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._discover_loop, name="router-discovery", daemon=True),
+                         threading.Thread(target=self._report_loop, name="router-report", daemon=True)]
+        for thread in self._threads:
+            thread.start()
+
+    @classmethod
+    def from_env(cls, **kwargs: Any) -> Router:
+        """From ``SLURM_ELASTIC_CONTROLLER_URL`` and ``SLURM_ELASTIC_TOKEN_FILE`` (or ``..._TOKEN``)."""
+        url = os.environ.get("SLURM_ELASTIC_CONTROLLER_URL", "")
+        token = os.environ.get("SLURM_ELASTIC_TOKEN", "")
+        token_file = os.environ.get("SLURM_ELASTIC_TOKEN_FILE", "")
+        if not token and token_file:
+            token = Path(token_file).read_text().strip()
+        if not url or not token:
+            raise RoutingError("set SLURM_ELASTIC_CONTROLLER_URL and SLURM_ELASTIC_TOKEN_FILE (or _TOKEN)")
+        state = os.environ.get("SLURM_ELASTIC_STATE_DIR")
+        return cls(url, token, state_dir=Path(state) if state else None, **kwargs)
+
+    # ---- discovery ---------------------------------------------------------------------------
+    def _discover_loop(self) -> None:
+        delay_s = 0.2
+        while not self._stop.is_set():
+            try:
+                view = self._control.endpoints(self._version, self.poll_wait_s)
+                delay_s = 0.2
+            except (ControllerUnreachableError, SlurmElasticError, KeyError) as exc:
+                log.debug("discovery: %s (keeping %d known endpoints)", exc, len(self._endpoints))
+                self._follow_controller()
+                self._stop.wait(delay_s)
+                delay_s = min(5.0, delay_s * 2)
+                continue
+            with self._changed:
+                if view["version"] != self._version:
+                    self._version = int(view["version"])
+                    self._endpoints = {e["worker_id"]: str(e["url"]).rstrip("/") for e in view["endpoints"]}
+                    self._dead_until = {w: t for w, t in self._dead_until.items() if w in self._endpoints}
+                    self._changed.notify_all()
+
+    def _follow_controller(self) -> None:
+        url = read_controller_url(self.state_dir) if self.state_dir else ""
+        if url and url.rstrip("/") != self._control.url:
+            self._control.close()
+            self._control = ControlClient(url, self.token)
+
+    def wait_for_endpoints(self, count: int = 1, timeout_s: float = 60.0) -> dict[str, str]:
+        """Block until at least ``count`` servers are routable; returns worker id -> URL."""
+        deadline = time.monotonic() + timeout_s
+        with self._changed:
+            while len(self._endpoints) < count:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise RoutingError(f"{len(self._endpoints)} routable servers after {timeout_s:g} s, wanted {count}")
+                self._changed.wait(left)
+            return dict(self._endpoints)
+
+    def endpoints(self) -> dict[str, str]:
+        with self._lock:
+            return dict(self._endpoints)
+
+    # ---- routing -----------------------------------------------------------------------------
+    def pick(self, key: str | None = None, exclude: frozenset[str] = frozenset()) -> tuple[str, str]:
+        """(worker id, URL): least outstanding, or sticky by ``key``; never a dead or excluded one."""
+        with self._lock:
+            now = time.monotonic()
+            live = [w for w in self._endpoints if w not in exclude and self._dead_until.get(w, 0.0) <= now]
+            if not live:
+                raise RoutingError("no routable server" + (f" (tried {sorted(exclude)})" if exclude else ""))
+            if key is not None:
+                worker = max(live, key=lambda w: hashlib.blake2b(f"{key}|{w}".encode(), digest_size=8).digest())
+            else:
+                worker = min(live, key=lambda w: (self._outstanding[w], self._sent_to[w]))
+            return worker, self._endpoints[worker]
+
+    def request(self, method: str, path: str, *, key: str | None = None, idempotent: bool = True,
+                max_attempts: int = 3, **kwargs: Any) -> httpx.Response:
+        """Send to one server; on a dead server retry an idempotent request on another."""
+        tried: set[str] = set()
+        last_error: Exception | None = None
+        for _attempt in range(max_attempts):
+            worker, url = self.pick(key, frozenset(tried))
+            with self._lock:
+                self._outstanding[worker] += 1
+                self._sent_to[worker] += 1
+                self.sent += 1
+            try:
+                return self._http.request(method, url + path, **kwargs)
+            except httpx.TransportError as exc:
+                last_error = exc
+                with self._lock:
+                    self._dead_until[worker] = time.monotonic() + DEAD_RETRY_S
+                tried.add(worker)
+                if not idempotent:
+                    break
+                with self._lock:
+                    self.retried += 1
+                log.info("server %s failed (%s); retrying elsewhere", worker, type(exc).__name__)
+            finally:
+                with self._lock:
+                    self._outstanding[worker] -= 1
+        with self._lock:
+            self.failed += 1
+        raise RoutingError(f"{method} {path} failed on {sorted(tried)}: {last_error}")
+
+    # ---- load reports ------------------------------------------------------------------------
+    def _report_loop(self) -> None:
+        while not self._stop.wait(self.report_interval_s):
+            self.report_now()
+
+    def report_now(self) -> None:
+        with self._lock:
+            outstanding = {w: n for w, n in self._outstanding.items() if n > 0 or w in self._endpoints}
+            totals = (self.sent, self.retried, self.failed)
+        try:
+            self._control.report_load(self.client_id, outstanding, *totals)
+        except (SlurmElasticError, KeyError) as exc:
+            log.debug("load report failed: %s", exc)
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            return {"sent": self.sent, "retried": self.retried, "failed": self.failed,
+                    "outstanding": dict(self._outstanding), "endpoints": len(self._endpoints)}
+
+    def close(self) -> None:
+        self._stop.set()
+        self._control.close()  # ends a long-poll in flight
+        for thread in self._threads:
+            thread.join(timeout=5)
+        self._http.close()
+
+    def __enter__(self) -> Router:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()

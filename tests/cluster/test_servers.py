@@ -1,0 +1,150 @@
+"""Server workers end to end on the dev cluster: discovery, routing, drain and failures."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurm_elastic.router import Router
+from tests.cluster.controller_harness import ControllerJob, locate_in, wait_for
+
+pytestmark = pytest.mark.cluster
+FAKE_SERVER = str(Path(__file__).with_name("fake_server.py"))
+SERVERS = {"workers": {"kind": "server", "command": [sys.executable, FAKE_SERVER, "{port}"],
+                       "readiness_path": "/health", "server_drain_grace_s": 0.5, "drain_timeout_s": 20.0},
+           "worker_env": {"GEN_S": "0.3"}}
+
+
+@pytest.fixture
+def router(job: ControllerJob) -> Iterator[Router]:
+    url, token = locate_in(job.state_dir, job.job_id)
+    with Router(url, token, state_dir=job.state_dir, report_interval_s=0.2, poll_wait_s=5.0) as r:
+        yield r
+
+
+class Load:
+    """``threads`` loops sending requests until stopped; records (worker, sent_at, ok)."""
+
+    def __init__(self, router: Router, threads: int, gen_s: float) -> None:
+        self.router, self.gen_s = router, gen_s
+        self.results: list[tuple[str, float, bool]] = []
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._loop, args=(i,)) for i in range(threads)]
+
+    def _loop(self, index: int) -> None:
+        n = 0
+        while not self.stop.is_set():
+            n += 1
+            sent_at = time.time()
+            try:
+                reply = self.router.request("POST", "/generate", json={"id": f"{index}-{n}", "gen_s": self.gen_s})
+                ok, worker = reply.status_code == 200, reply.json()["worker"]
+            except Exception:
+                ok, worker = False, "?"
+            with self.lock:
+                self.results.append((worker, sent_at, ok))
+
+    def __enter__(self) -> Load:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=30)
+
+
+@pytest.mark.parametrize("job", [SERVERS], indirect=True)
+def test_requests_spread_by_least_outstanding(job: ControllerJob, router: Router) -> None:
+    with job.client() as c:
+        c.scale(3)
+    job.active(3)
+    router.wait_for_endpoints(3, timeout_s=30)
+    replies: Counter[str] = Counter()
+    lock = threading.Lock()
+
+    def send(i: int) -> None:
+        reply = router.request("POST", "/generate", json={"id": i})
+        with lock:
+            replies[reply.json()["worker"]] += 1
+
+    threads = [threading.Thread(target=lambda k=k: [send(k * 100 + j) for j in range(6)]) for k in range(9)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(replies.values()) == 54 and len(replies) == 3
+    assert max(replies.values()) - min(replies.values()) <= 6, replies
+    status = job.status()
+    assert {e["worker_id"] for e in status["servers"]["endpoints"]} == set(replies)
+    assert status["servers"]["routers"] == 1 and status["servers"]["load_ratio"] is not None
+
+
+@pytest.mark.parametrize("job", [SERVERS], indirect=True)
+def test_drained_server_gets_no_new_requests_and_finishes_its_own(job: ControllerJob, router: Router) -> None:
+    with job.client() as c:
+        c.scale(2)
+        job.active(2)
+        router.wait_for_endpoints(2, timeout_s=30)
+        with Load(router, threads=4, gen_s=0.5) as load:
+            time.sleep(1.5)
+            drain_at = time.time()
+            c.drain("0001")
+            time.sleep(3.0)
+        c.scale(1)  # keep it from being replaced for the check below
+    events = job.events()
+    late = [e for e in events if e["worker"] == "0001" and e["event"] == "request_begin" and e["t"] > drain_at + 0.3]
+    assert late == []  # nothing new after the drain started (router view lag < 0.3 s)
+    begun = {e["id"] for e in events if e["worker"] == "0001" and e["event"] == "request_begin"}
+    ended = {e["id"] for e in events if e["worker"] == "0001" and e["event"] == "request_end"}
+    assert begun and begun == ended  # its in-flight requests finished
+    drained = [e for e in events if e["worker"] == "0001" and e["event"] == "drained"]
+    last_end = max(e["t"] for e in events if e["worker"] == "0001" and e["event"] == "request_end")
+    assert drained and drained[0]["t"] >= last_end  # signalled only once nothing was in flight there
+    assert all(ok for _w, _t, ok in load.results) and len(load.results) > 10
+
+
+@pytest.mark.parametrize("job", [SERVERS], indirect=True)
+def test_killed_server_requests_are_retried_elsewhere(job: ControllerJob, router: Router) -> None:
+    with job.client() as c:
+        c.scale(3)
+    job.active(3)
+    router.wait_for_endpoints(3, timeout_s=30)
+    victim = next(e for e in job.events() if e["event"] == "start" and e["worker"] == "0002")
+    with Load(router, threads=6, gen_s=1.0) as load:
+        time.sleep(1.5)
+        os.kill(victim["pid"], signal.SIGKILL)  # the server dies with requests in flight
+        time.sleep(3.0)
+    assert load.results and all(ok for _w, _t, ok in load.results)  # none lost
+    assert router.stats()["retried"] >= 1 and router.stats()["failed"] == 0
+    wait_for(lambda: job.status()["servers"]["requests_retried"] >= 1, 10, "retries reported to the controller")
+
+
+@pytest.mark.parametrize("job", [SERVERS], indirect=True)
+def test_discovery_survives_a_controller_restart(job: ControllerJob, router: Router) -> None:
+    with job.client() as c:
+        c.scale(2)
+    job.active(2)
+    before = router.wait_for_endpoints(2, timeout_s=30)
+    pid = job.controller_pid()
+    os.kill(pid, signal.SIGKILL)
+    replies = [router.request("POST", "/generate", json={"id": i}).status_code for i in range(5)]
+    assert replies == [200] * 5  # routing goes on while no controller runs
+    wait_for(lambda: job.controller_pid() != pid, 30, "a new controller")
+    status: dict[str, Any] = job.active(2, timeout_s=30)
+    assert all(w["launches"] == 1 for w in status["workers"] if w["state"] == "ACTIVE")  # re-adopted
+    assert wait_for(lambda: router.endpoints() == before, 20, "the same endpoints")
+    with job.client() as c:
+        c.scale(3)
+    router.wait_for_endpoints(3, timeout_s=30)  # the new controller's discovery works
