@@ -30,6 +30,7 @@ from slurm_elastic.core.reconcile import (
     ReconcileConfig,
     reconcile,
 )
+from slurm_elastic.core.scaling import Autoscaler, AutoscalerConfig, PressureInputs
 from slurm_elastic.errors import SlurmElasticError, StateFileError
 from slurm_elastic.slurm.backend import SlurmBackend, StepSpec
 from slurm_elastic.slurm.parse import StepInfo
@@ -84,6 +85,11 @@ class Controller:
         self.agent_launched_s: dict[str, float] = {}
         self.endpoints = EndpointBook()
         self.is_server = config.workers.kind == "server"
+        self.autoscaler = Autoscaler(AutoscalerConfig.from_mapping(config.autoscaler))
+        if w.initial_workers < 0:
+            self.target_workers = self.autoscaler.config.min_workers
+        # the rollout queue's numbers for the autoscaler (None: no queue in this controller)
+        self.queue_pressure: Callable[[], dict[str, Any]] | None = None
         self.last_decision: dict[str, Any] = {"action": "hold", "reason": "starting"}
         self.errors: list[dict[str, Any]] = []
         self.ticks = 0
@@ -108,6 +114,11 @@ class Controller:
         self.manual_target = state.get("manual_target")
         self.paused = bool(state.get("paused", False))
         self.wake_all_active = bool(state.get("wake_all_active", False))
+        if "autoscaler" in state:
+            try:
+                self.autoscaler = Autoscaler.from_state(self.autoscaler.config, state["autoscaler"])
+            except (TypeError, ValueError) as exc:
+                self._record_error("state", f"autoscaler memory unreadable, starting fresh: {exc}")
         if "cordons" in state:
             try:
                 self.cordons = CordonBook.from_state(state["cordons"], self.health_rules)
@@ -129,6 +140,7 @@ class Controller:
             "workers": live, "next_number": self.next_number, "target_workers": self.target_workers,
             "manual_target": self.manual_target, "paused": self.paused, "wake_all_active": self.wake_all_active,
             "cordons": self.cordons.to_state(),
+            "autoscaler": self.autoscaler.to_state(),
         }
 
     def save(self) -> None:
@@ -292,14 +304,43 @@ class Controller:
         return slots, tuple(exclude)
 
     def desired_workers(self, allowed_slots: int, now_s: float) -> int:
-        """The operator's target when set, else the last target (the autoscaler moves it)."""
+        """wake-all, else the operator's target, else (unless paused) the autoscaler's decision."""
         if self.wake_all_active:
             self.target_workers = allowed_slots
             self.last_decision = {"action": "hold", "reason": f"wake-all: every allowed GPU ({allowed_slots})"}
         elif self.manual_target is not None:
             self.target_workers = self.manual_target
             self.last_decision = {"action": "hold", "reason": f"manual target {self.manual_target} (autoscaler paused)"}
+        elif self.paused:
+            self.last_decision = {"action": "hold", "reason": f"autoscaler paused at {self.target_workers}"}
+        elif not self.autoscaler.config.enabled:
+            self.last_decision = {"action": "hold", "reason": "autoscaler disabled (enable_elastic = false)"}
+        else:
+            decision = self.autoscaler.decide(self.pressure_inputs(allowed_slots, now_s), now_s)
+            self.target_workers = decision.target_workers
+            self.last_decision = decision.to_dict()
         return self.target_workers
+
+    def pressure_inputs(self, allowed_slots: int, now_s: float) -> PressureInputs:
+        """What the autoscaler sees: the queue's numbers, server load, workers by state."""
+        counts = {s: 0 for s in WorkerState}
+        for worker in self.workers.values():
+            if not worker.placeholder:
+                counts[worker.state] += 1
+        queue = self.queue_pressure() if self.queue_pressure is not None else {}
+        return PressureInputs(
+            queued_seqs=queue.get("queued_seqs"),
+            batch_size=int(queue.get("batch_size", 0)),
+            consumption_seqs_per_s=queue.get("consumption_seqs_per_s"),
+            per_worker_seqs_per_s=queue.get("per_worker_seqs_per_s"),
+            staleness_capacity_seqs=queue.get("staleness_capacity_seqs"),
+            buffer_capacity_seqs=queue.get("buffer_capacity_seqs"),
+            workers_starting=counts[S.STARTING] + counts[S.BACKOFF],
+            workers_active=counts[S.ACTIVE],
+            workers_draining=counts[S.DRAINING],
+            allowed_slots=allowed_slots,
+            outstanding_requests=self.endpoints.total_outstanding(now_s) if self.is_server else None,
+        )
 
     def on_crash(self, worker_id: str, node: str, gpus: tuple[int, ...], reason: str, now_s: float) -> None:
         """A worker died on (node, gpus): counted per GPU; repeated crashes cordon it."""

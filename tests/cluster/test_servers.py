@@ -148,3 +148,24 @@ def test_discovery_survives_a_controller_restart(job: ControllerJob, router: Rou
     with job.client() as c:
         c.scale(3)
     router.wait_for_endpoints(3, timeout_s=30)  # the new controller's discovery works
+
+
+LOAD_SCALING = {**SERVERS, "autoscaler": {
+    "min_workers": 1, "max_workers": 4, "requests_per_worker_capacity": 2, "scale_up_threshold": 0.8,
+    "scale_down_threshold": 0.3, "confirmations": 2, "scale_up_cooldown": 1.0, "scale_down_cooldown": 1.0,
+    "min_stable_period": 0.5, "stabilization_window_s": 2.0, "max_step_up": 4, "max_step_down": 4}}
+
+
+@pytest.mark.parametrize("job", [LOAD_SCALING], indirect=True)
+def test_load_rises_servers_added_load_falls_servers_drained(job: ControllerJob, router: Router) -> None:
+    job.active(1, timeout_s=30)  # the autoscaler's minimum
+    router.wait_for_endpoints(1, timeout_s=30)
+    with Load(router, threads=8, gen_s=1.0) as load:  # 8 in flight vs 2 per server: 4 servers needed
+        status = job.active(4, timeout_s=40)
+        assert status["last_decision"]["action"] in ("scale_up", "hold")
+        time.sleep(1.0)
+    status = job.active(1, timeout_s=40)  # idle again: back to the minimum
+    assert "load ratio" in status["last_decision"]["reason"]
+    assert all(ok for _w, _t, ok in load.results)  # nothing lost through the scale-up and the scale-down
+    drained = {e["worker"] for e in job.events() if e["event"] == "drained"}
+    assert len(drained) == 3

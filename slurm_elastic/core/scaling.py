@@ -1,0 +1,284 @@
+"""The autoscaler: rollout pressure (and, for servers, request load) -> a worker count.
+
+Pure: no I/O, the time is passed in. The control law (units in brackets):
+
+    buffer error   e(t)  = setpoint - queued                      [sequences]; > 0: the trainer starves
+    feed-forward   w_ff  = consumption / per_worker_rate          [workers]
+    PID            u(t)  = Kp·e + Ki·∫e dt - Kd·d(queued)/dt       [sequences]
+    recommendation w*    = w_ff + u(t) / (per_worker_rate · horizon_s)   [workers]
+
+with the derivative on the measurement (no kick when the setpoint moves) and anti-windup (the
+integral stops growing while the output is pinned at a bound). Then the bounds that make it
+safe: a full buffer or an exhausted staleness capacity never scales up (they scale down: more
+workers would only make rollouts staler), min/max workers and GPU slots, a deadband and N
+confirmations in a row (hysteresis), separate scale-up and scale-down cooldowns, a minimum
+stable period, a scale-down stabilization window (act on the highest recommendation in it, as
+Kubernetes' HPA does), and a maximum step per action. Workers still starting count as capacity,
+draining ones do not, so nothing is counted twice.
+
+For inference servers a second source, the load ratio L = outstanding / (active · capacity),
+recommends ceil(outstanding / (capacity · scale_up_threshold)) workers when L leaves the
+[scale_down_threshold, scale_up_threshold] band; when both sources exist the larger
+recommendation wins, and the reason says which.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from slurm_elastic.errors import ConfigError
+
+# verl's ElasticConfig names -> ours (docs/autoscaler.md explains each)
+VERL_ALIASES: dict[str, str] = {
+    "scale_up_threshold": "scale_up_threshold",
+    "scale_down_threshold": "scale_down_threshold",
+    "min_workers": "min_workers",
+    "max_workers": "max_workers",
+    "requests_per_worker_capacity": "requests_per_worker_capacity",
+    "monitoring_interval": "monitoring_interval_s",
+    "drain_timeout": "drain_timeout_s",
+    "scale_up_cooldown": "scale_up_cooldown_s",
+    "scale_down_cooldown": "scale_down_cooldown_s",
+    "min_stable_period": "min_stable_period_s",
+    "enable_elastic": "enabled",
+}
+
+
+@dataclass(frozen=True)
+class AutoscalerConfig:
+    """Knobs of the policy; every duration in seconds, every amount in sequences or workers."""
+
+    enabled: bool = True
+    min_workers: int = 1
+    max_workers: int = 64
+    setpoint_batches: float = 2.0  # keep this many trainer batches buffered
+    kp: float = 1.0  # [1]: sequences of error -> sequences of correction
+    ki: float = 0.05  # [1/s]
+    kd: float = 0.5  # [s]: on the measured buffer's rate of change
+    horizon_s: float = 30.0  # close the buffer error within about this long
+    deadband_workers: float = 0.5
+    confirmations: int = 2
+    scale_up_cooldown_s: float = 30.0
+    scale_down_cooldown_s: float = 60.0
+    min_stable_period_s: float = 10.0
+    stabilization_window_s: float = 120.0
+    max_step_up: int = 4
+    max_step_down: int = 2
+    integral_limit_seqs_s: float = 1e6
+    requests_per_worker_capacity: float = 8.0
+    scale_up_threshold: float = 0.8
+    scale_down_threshold: float = 0.5
+    monitoring_interval_s: float = 0.0  # verl's knob; 0 = the controller's tick
+    drain_timeout_s: float = 0.0  # verl's knob; 0 = workers.drain_timeout_s
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], prefix: str = "autoscaler") -> AutoscalerConfig:
+        """Validate ``[autoscaler]``; verl's names are accepted; errors name the key."""
+        known = {f.name: f for f in fields(cls)}
+        values: dict[str, Any] = {}
+        for key, value in data.items():
+            name = VERL_ALIASES.get(key, key)
+            if name not in known:
+                raise ConfigError(f"{prefix}.{key}: unknown key")
+            if name in values:
+                raise ConfigError(f"{prefix}.{key}: given twice (also as {name})")
+            default = known[name].default
+            if isinstance(default, bool):
+                if not isinstance(value, bool):
+                    raise ConfigError(f"{prefix}.{key}: must be true or false")
+            elif isinstance(default, int):
+                if isinstance(value, bool) or not isinstance(value, int):
+                    raise ConfigError(f"{prefix}.{key}: must be an integer")
+            elif isinstance(value, bool) or not isinstance(value, int | float):
+                raise ConfigError(f"{prefix}.{key}: must be a number")
+            if not isinstance(value, bool) and (value < 0 or not math.isfinite(value)):
+                raise ConfigError(f"{prefix}.{key}: must be >= 0")
+            values[name] = value
+        config = cls(**values)
+        if config.min_workers > config.max_workers:
+            raise ConfigError(f"{prefix}.min_workers ({config.min_workers}) > max_workers ({config.max_workers})")
+        if config.scale_down_threshold >= config.scale_up_threshold:
+            raise ConfigError(f"{prefix}.scale_down_threshold must be below scale_up_threshold")
+        if config.confirmations < 1 or config.max_step_up < 1 or config.max_step_down < 1:
+            raise ConfigError(f"{prefix}: confirmations and max steps must be >= 1")
+        return config
+
+
+@dataclass(frozen=True)
+class PressureInputs:
+    """What the controller measured this tick. None = not measured (yet)."""
+
+    queued_seqs: float | None
+    batch_size: int
+    consumption_seqs_per_s: float | None = None
+    per_worker_seqs_per_s: float | None = None
+    staleness_capacity_seqs: float | None = None
+    buffer_capacity_seqs: float | None = None
+    workers_starting: int = 0
+    workers_active: int = 0
+    workers_draining: int = 0
+    allowed_slots: int = 1_000_000
+    outstanding_requests: int | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    target_workers: int
+    action: str  # "scale_up" | "scale_down" | "hold"
+    reason: str
+    recommended: float | None = None
+    error_seqs: float | None = None
+    p: float | None = None
+    i: float | None = None
+    d: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items()}
+
+
+@dataclass
+class Autoscaler:
+    """The policy with its memory (integral, votes, cooldowns, window)."""
+
+    config: AutoscalerConfig
+    integral: float = 0.0
+    last_queued: float | None = None
+    last_now_s: float | None = None
+    votes_dir: int = 0
+    votes: int = 0
+    direction_since_s: float | None = None
+    last_up_s: float = -math.inf
+    last_down_s: float = -math.inf
+    window: list[tuple[float, float]] = field(default_factory=list)
+
+    def decide(self, x: PressureInputs, now_s: float) -> Decision:
+        cfg = self.config
+        current = x.workers_starting + x.workers_active  # draining workers are not capacity
+        ceiling = max(cfg.min_workers, min(cfg.max_workers, x.allowed_slots + 0))
+        rec, why, terms = self._recommend(x, now_s, current)
+        rec_load, why_load = self._recommend_load(x, current)
+        if rec_load is not None and (rec is None or rec_load > rec):
+            rec, why = rec_load, why_load
+        if rec is None:
+            return self._hold(current, ceiling, why, terms)
+        bounded = min(max(rec, cfg.min_workers), ceiling)
+        self.window.append((now_s, bounded))
+        self.window = [(t, r) for t, r in self.window if now_s - t <= cfg.stabilization_window_s]
+        if bounded < current:  # scale down only as far as the highest recent recommendation allows
+            highest = max(r for _t, r in self.window)
+            if highest > bounded:
+                bounded = min(float(current), highest)
+                why += f"; stabilization window keeps {bounded:.1f} (highest recent recommendation {highest:.1f})"
+        delta = bounded - current
+        if abs(delta) <= cfg.deadband_workers:
+            self.votes, self.votes_dir, self.direction_since_s = 0, 0, None
+            return Decision(current, "hold", f"within deadband ({bounded:.2f} vs {current}): {why}", rec, *terms)
+        direction = 1 if delta > 0 else -1
+        if direction != self.votes_dir:
+            self.votes_dir, self.votes, self.direction_since_s = direction, 0, now_s
+        self.votes += 1
+        word = "up" if direction > 0 else "down"
+        if self.votes < cfg.confirmations:
+            return Decision(current, "hold", f"{word} vote {self.votes}/{cfg.confirmations}: {why}", rec, *terms)
+        assert self.direction_since_s is not None
+        if now_s - self.direction_since_s < cfg.min_stable_period_s:
+            return Decision(current, "hold", f"{word} not stable for min_stable_period "
+                            f"{cfg.min_stable_period_s:g} s yet: {why}", rec, *terms)
+        last, cooldown = (self.last_up_s, cfg.scale_up_cooldown_s) if direction > 0 else (
+            self.last_down_s, cfg.scale_down_cooldown_s)
+        if now_s - last < cooldown:
+            return Decision(current, "hold", f"scale-{word} cooldown ({now_s - last:.0f}/{cooldown:g} s): {why}",
+                            rec, *terms)
+        step = min(abs(delta), cfg.max_step_up if direction > 0 else cfg.max_step_down)
+        target = current + direction * max(1, math.floor(step + 1e-9))
+        if direction > 0:
+            self.last_up_s = now_s
+        else:
+            self.last_down_s = now_s
+        self.votes = 0
+        capped = " (step capped)" if step < abs(delta) else ""
+        return Decision(target, f"scale_{word}", f"{why}{capped}", rec, *terms)
+
+    def _hold(self, current: int, ceiling: int, why: str, terms: tuple[float | None, ...]) -> Decision:
+        target = min(max(current, self.config.min_workers), ceiling)
+        action = "hold" if target == current else ("scale_up" if target > current else "scale_down")
+        return Decision(target, action, why, None, *terms)
+
+    def _recommend(self, x: PressureInputs, now_s: float, current: int
+                   ) -> tuple[float | None, str, tuple[float | None, float | None, float | None, float | None]]:
+        cfg = self.config
+        none4: tuple[float | None, float | None, float | None, float | None] = (None, None, None, None)
+        if x.queued_seqs is None or not math.isfinite(x.queued_seqs) or x.batch_size <= 0:
+            return None, "no buffer measurement yet: holding", none4
+        setpoint = cfg.setpoint_batches * x.batch_size
+        error = setpoint - x.queued_seqs
+        dt = 0.0 if self.last_now_s is None else max(0.0, now_s - self.last_now_s)
+        d_queued = 0.0 if self.last_queued is None or dt == 0 else (x.queued_seqs - self.last_queued) / dt
+        self.last_now_s, self.last_queued = now_s, x.queued_seqs
+        if x.staleness_capacity_seqs is not None and x.staleness_capacity_seqs <= 0:
+            self.integral = min(self.integral, 0.0)
+            return current - 1, "staleness bound reached (capacity 0): fewer workers", (error, None, None, None)
+        if x.buffer_capacity_seqs is not None and x.queued_seqs >= x.buffer_capacity_seqs:
+            self.integral = min(self.integral, 0.0)
+            return current - 1, f"buffer full ({x.queued_seqs:.0f}/{x.buffer_capacity_seqs:.0f}): fewer workers", (
+                error, None, None, None)
+        rate = x.per_worker_seqs_per_s
+        if rate is None or not math.isfinite(rate) or rate <= 0:
+            if error > 0:
+                return current + 1, f"no production rate yet; buffer {x.queued_seqs:.0f} < setpoint {setpoint:.0f}", (
+                    error, None, None, None)
+            return None, "no production rate measured yet: holding", (error, None, None, None)
+        p = cfg.kp * error
+        d = -cfg.kd * d_queued
+        consumption = x.consumption_seqs_per_s if x.consumption_seqs_per_s and math.isfinite(
+            x.consumption_seqs_per_s) else 0.0
+        feed_forward = consumption / rate
+        tentative = feed_forward + (p + cfg.ki * self.integral + d) / (rate * cfg.horizon_s)
+        saturated_up = tentative >= min(self.config.max_workers, x.allowed_slots) and error > 0
+        saturated_down = tentative <= self.config.min_workers and error < 0
+        if not (saturated_up or saturated_down):  # anti-windup: integrate only when not pinned
+            self.integral = max(-cfg.integral_limit_seqs_s, min(cfg.integral_limit_seqs_s, self.integral + error * dt))
+        i = cfg.ki * self.integral
+        rec = feed_forward + (p + i + d) / (rate * cfg.horizon_s)
+        starving = "trainer starving" if error > 0 else "buffer above setpoint"
+        why = (f"{starving}: buffer {x.queued_seqs:.0f} vs setpoint {setpoint:.0f} seqs; "
+               f"feed-forward {feed_forward:.2f} + P {p:.0f} I {i:.0f} D {d:.0f} -> {rec:.2f} workers")
+        return rec, why, (error, p, i, d)
+
+    def _recommend_load(self, x: PressureInputs, current: int) -> tuple[float | None, str]:
+        cfg = self.config
+        if x.outstanding_requests is None:
+            return None, ""
+        capacity = cfg.requests_per_worker_capacity
+        ratio = x.outstanding_requests / max(1, x.workers_active) / capacity
+        if cfg.scale_down_threshold <= ratio <= cfg.scale_up_threshold:
+            return float(current), f"load ratio {ratio:.2f} within [{cfg.scale_down_threshold}, {cfg.scale_up_threshold}]"
+        need = math.ceil(x.outstanding_requests / (capacity * cfg.scale_up_threshold))
+        word = "above" if ratio > cfg.scale_up_threshold else "below"
+        return float(need), (f"load ratio {ratio:.2f} {word} threshold: {x.outstanding_requests} outstanding / "
+                             f"{capacity:g} per server -> {need} servers")
+
+    def to_state(self) -> dict[str, Any]:
+        return {"integral": self.integral, "last_queued": self.last_queued, "last_now_s": self.last_now_s,
+                "votes_dir": self.votes_dir, "votes": self.votes, "direction_since_s": self.direction_since_s,
+                "last_up_s": None if math.isinf(self.last_up_s) else self.last_up_s,
+                "last_down_s": None if math.isinf(self.last_down_s) else self.last_down_s,
+                "window": [list(w) for w in self.window]}
+
+    @classmethod
+    def from_state(cls, config: AutoscalerConfig, state: Mapping[str, Any]) -> Autoscaler:
+        scaler = cls(config)
+        scaler.integral = float(state.get("integral", 0.0))
+        scaler.last_queued = state.get("last_queued")
+        scaler.last_now_s = state.get("last_now_s")
+        scaler.votes_dir = int(state.get("votes_dir", 0))
+        scaler.votes = int(state.get("votes", 0))
+        scaler.direction_since_s = state.get("direction_since_s")
+        up, down = state.get("last_up_s"), state.get("last_down_s")
+        scaler.last_up_s = -math.inf if up is None else float(up)
+        scaler.last_down_s = -math.inf if down is None else float(down)
+        scaler.window = [(float(t), float(r)) for t, r in state.get("window", [])]
+        return scaler

@@ -1,0 +1,172 @@
+"""The autoscaler policy, table by table. Time is passed in; nothing sleeps."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from slurm_elastic.core.scaling import Autoscaler, AutoscalerConfig, PressureInputs
+from slurm_elastic.errors import ConfigError
+
+FAST = AutoscalerConfig(min_workers=1, max_workers=16, confirmations=1, scale_up_cooldown_s=0,
+                        scale_down_cooldown_s=0, min_stable_period_s=0, stabilization_window_s=0,
+                        max_step_up=16, max_step_down=16, ki=0.0, kd=0.0)
+
+
+def inputs(queued: float | None = 64, active: int = 4, rate: float | None = 1.0, consumption: float | None = 4.0,
+           **kw: object) -> PressureInputs:
+    return PressureInputs(queued_seqs=queued, batch_size=32, consumption_seqs_per_s=consumption,
+                          per_worker_seqs_per_s=rate, workers_active=active, **kw)  # type: ignore[arg-type]
+
+
+def decide(cfg: AutoscalerConfig, x: PressureInputs, now_s: float = 100.0) -> tuple[int, str, str]:
+    d = Autoscaler(cfg).decide(x, now_s)
+    return d.target_workers, d.action, d.reason
+
+
+@pytest.mark.parametrize(
+    ("queued", "expected_action", "phrase"),
+    [
+        (0, "scale_up", "trainer starving"),  # empty buffer: more workers
+        (64, "hold", "deadband"),  # at the setpoint (2 batches x 32): feed-forward 4 = current 4
+        (640, "scale_down", "buffer above setpoint"),  # far above: fewer (the DEO code scaled UP here)
+    ],
+)
+def test_direction(queued: float, expected_action: str, phrase: str) -> None:
+    _target, action, reason = decide(FAST, inputs(queued=queued))
+    assert action == expected_action and phrase in reason
+
+
+def test_staleness_bound_and_full_buffer_never_scale_up() -> None:
+    target, action, reason = decide(FAST, inputs(queued=0, staleness_capacity_seqs=0))
+    assert (target, action) == (3, "scale_down") and "staleness bound" in reason
+    target, action, reason = decide(FAST, inputs(queued=100, buffer_capacity_seqs=100))
+    assert (target, action) == (3, "scale_down") and "buffer full" in reason
+
+
+def test_confirmations_in_a_row() -> None:
+    scaler = Autoscaler(dataclasses.replace(FAST, confirmations=3))
+    actions = [scaler.decide(inputs(queued=0), t).action for t in (1, 2, 3)]
+    assert actions == ["hold", "hold", "scale_up"]
+    scaler.decide(inputs(queued=640), 4)  # a vote the other way resets the count
+    assert scaler.decide(inputs(queued=0), 5).reason.startswith("up vote 1/3")
+
+
+@pytest.mark.parametrize(("queued", "cooldown_field"), [(0, "scale_up_cooldown_s"), (640, "scale_down_cooldown_s")])
+def test_each_cooldown(queued: float, cooldown_field: str) -> None:
+    scaler = Autoscaler(dataclasses.replace(FAST, **{cooldown_field: 30.0}, max_step_up=1, max_step_down=1))
+    first = scaler.decide(inputs(queued=queued), 0.0)
+    assert first.action != "hold"
+    held = scaler.decide(inputs(queued=queued, active=first.target_workers), 10.0)
+    assert held.action == "hold" and "cooldown" in held.reason
+    assert scaler.decide(inputs(queued=queued, active=first.target_workers), 31.0).action == first.action
+
+
+def test_min_stable_period() -> None:
+    scaler = Autoscaler(dataclasses.replace(FAST, min_stable_period_s=10.0))
+    assert "not stable" in scaler.decide(inputs(queued=0), 0.0).reason
+    assert scaler.decide(inputs(queued=0), 5.0).action == "hold"
+    assert scaler.decide(inputs(queued=0), 10.0).action == "scale_up"
+
+
+def test_stabilization_window_acts_on_the_highest_recent_recommendation() -> None:
+    scaler = Autoscaler(dataclasses.replace(FAST, stabilization_window_s=60.0))
+    scaler.decide(inputs(queued=0, active=8, consumption=12.0), 0.0)  # recommends ~14 at t=0
+    late = scaler.decide(inputs(queued=640, active=8), 30.0)  # now recommends far fewer
+    assert (late.target_workers, late.action) == (8, "hold")  # the window keeps 8, never more
+    assert "stabilization window" in late.reason
+    after = scaler.decide(inputs(queued=640, active=8), 100.0)  # the high one has left the window
+    assert after.action == "scale_down"
+
+
+def test_step_caps() -> None:
+    target, action, reason = decide(dataclasses.replace(FAST, max_step_up=2), inputs(queued=0, active=1))
+    assert (target, action) == (3, "scale_up") and "step capped" in reason
+    target, _a, _r = decide(dataclasses.replace(FAST, max_step_down=1), inputs(queued=6400, active=10))
+    assert target == 9
+
+
+@pytest.mark.parametrize(("queued", "active", "slots", "expected"),
+                         [(0, 16, 100, 16), (0, 5, 5, 5), (6400, 1, 9, 1), (0, 2, 100, 16)])
+def test_min_max_and_gpu_slots(queued: float, active: int, slots: int, expected: int) -> None:
+    x = inputs(queued=queued, active=active, allowed_slots=slots, consumption=40.0)  # needs ~42 workers
+    target, _action, _reason = decide(FAST, x)
+    assert target == expected
+
+
+def test_pending_workers_count_and_draining_do_not() -> None:
+    # 4 active + 4 starting already cover the need: no more launches
+    target, action, _ = decide(FAST, inputs(queued=64, active=4, workers_starting=4, consumption=8.0))
+    assert (target, action) == (8, "hold")
+    # draining ones are not capacity: 4 active (+3 draining) at a need of 4 is a hold, not a scale-down
+    target, action, _ = decide(FAST, inputs(queued=64, active=4, workers_draining=3))
+    assert (target, action) == (4, "hold")
+
+
+def test_anti_windup_after_a_long_saturation() -> None:
+    cfg = dataclasses.replace(FAST, ki=0.05, max_workers=4)
+    scaler = Autoscaler(cfg)
+    for t in range(0, 3600, 10):  # an hour starving at the maximum
+        scaler.decide(inputs(queued=0, active=4), float(t))
+    assert scaler.integral == 0.0  # did not wind up while pinned at max_workers
+    recovered = scaler.decide(inputs(queued=640, active=4), 3600.0)
+    assert recovered.action == "scale_down"  # reacts at once when the buffer fills
+
+
+@pytest.mark.parametrize("queued", [None, math.nan])
+def test_no_buffer_measurement_holds(queued: float | None) -> None:
+    target, action, reason = decide(FAST, inputs(queued=queued))
+    assert (target, action) == (4, "hold") and "no buffer measurement" in reason
+
+
+def test_no_rate_measured_yet_bootstraps_one_at_a_time() -> None:
+    target, action, reason = decide(FAST, inputs(queued=0, rate=None, active=0))
+    assert (target, action) == (1, "scale_up") and "no production rate yet" in reason
+    target, action, reason = decide(FAST, inputs(queued=640, rate=math.nan))
+    assert (target, action) == (4, "hold") and "no production rate" in reason
+
+
+def test_server_load_source_and_how_sources_combine() -> None:
+    cfg = dataclasses.replace(FAST, requests_per_worker_capacity=8, scale_up_threshold=0.8)
+    # 4 servers, 64 outstanding: ratio 2.0 -> ceil(64 / 6.4) = 10 servers, beats the buffer's hold
+    target, action, reason = decide(cfg, inputs(queued=64, outstanding_requests=64))
+    assert (target, action) == (10, "scale_up") and "load ratio 2.00 above" in reason
+    # load within the band: the buffer source decides
+    _t, action, reason = decide(cfg, inputs(queued=0, outstanding_requests=20))
+    assert action == "scale_up" and "trainer starving" in reason
+    # idle servers and no rollout buffer: scale down to what the load needs
+    target, action, _ = decide(cfg, PressureInputs(queued_seqs=None, batch_size=32, workers_active=6,
+                                                   outstanding_requests=4))
+    assert (target, action) == (1, "scale_down")
+
+
+def test_verl_knob_names_are_accepted() -> None:
+    cfg = AutoscalerConfig.from_mapping({"min_workers": 2, "max_workers": 8, "scale_up_cooldown": 30.0,
+                                         "scale_down_cooldown": 60, "min_stable_period": 10.0,
+                                         "enable_elastic": True, "monitoring_interval": 5.0,
+                                         "requests_per_worker_capacity": 10, "drain_timeout": 30.0,
+                                         "scale_up_threshold": 0.8, "scale_down_threshold": 0.4})
+    assert (cfg.scale_up_cooldown_s, cfg.min_stable_period_s, cfg.enabled) == (30.0, 10.0, True)
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    ({"max_worker": 3}, "autoscaler.max_worker: unknown key"),
+    ({"min_workers": "2"}, "autoscaler.min_workers: must be an integer"),
+    ({"kp": -1.0}, "autoscaler.kp: must be >= 0"),
+    ({"min_workers": 5, "max_workers": 2}, "min_workers"),
+    ({"scale_up_cooldown": 1.0, "scale_up_cooldown_s": 2.0}, "given twice"),
+])
+def test_config_errors_name_the_key(data: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        AutoscalerConfig.from_mapping(data)
+
+
+def test_state_round_trip_keeps_the_memory() -> None:
+    scaler = Autoscaler(dataclasses.replace(FAST, ki=0.05, confirmations=3))
+    for t in (0.0, 10.0):
+        scaler.decide(inputs(queued=0), t)
+    restored = Autoscaler.from_state(scaler.config, scaler.to_state())
+    assert restored.to_state() == scaler.to_state()
+    assert restored.decide(inputs(queued=0), 20.0) == scaler.decide(inputs(queued=0), 20.0)
