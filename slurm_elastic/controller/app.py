@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import threading
+from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI
 
@@ -13,17 +15,20 @@ from slurm_elastic.controller.files import ensure_token, previous_port, publish
 from slurm_elastic.controller.http import control_router
 from slurm_elastic.controller.locate import COMMENT_PREFIX
 from slurm_elastic.controller.main import build_controller, install_stop_handlers, job_id_from_env
+from slurm_elastic.controller.rollout_http import rollout_router
 from slurm_elastic.controller.runtime import Controller
 from slurm_elastic.controller.serve import ApiServer, default_listen_host
 from slurm_elastic.controller.state import job_state_dir
 from slurm_elastic.errors import SlurmError
+from slurm_elastic.rollouts.queue import QueueConfig, RolloutQueue
+from slurm_elastic.rollouts.store import RolloutStore
 from slurm_elastic.slurm.cli_backend import set_job_comment
 
 log = logging.getLogger(__name__)
 
 
-def create_controller_app(controller: Controller, token: str) -> FastAPI:
-    """The controller's ASGI app: /healthz (open) and the token-protected control plane."""
+def create_controller_app(controller: Controller, token: str, queue: RolloutQueue | None = None) -> FastAPI:
+    """The controller's ASGI app: /healthz (open), the control plane and the rollout queue (token)."""
     app = FastAPI(title="slurm-elastic controller", version=__version__)
 
     @app.get("/healthz", tags=["status"])
@@ -31,7 +36,28 @@ def create_controller_app(controller: Controller, token: str) -> FastAPI:
         return {"status": "ok"}
 
     app.include_router(control_router(controller, token))
+    if queue is not None:
+        app.include_router(rollout_router(controller, queue, token))
+        controller.queue_pressure = lambda: queue_pressure(controller, queue)
     return app
+
+
+def queue_pressure(controller: Controller, queue: RolloutQueue) -> dict[str, Any]:
+    """The queue's numbers as the autoscaler takes them (production per worker from the total)."""
+    q = queue.stats()
+    active = max(1, sum(1 for w in controller.workers.values() if w.state.value == "ACTIVE" and not w.placeholder))
+    production = q["production_seqs_per_s"]
+    return {
+        "queued_seqs": q["queued_sequences"], "batch_size": q["batch_size"],
+        "consumption_seqs_per_s": q["consumption_seqs_per_s"],
+        "per_worker_seqs_per_s": None if production is None else production / active,
+        "staleness_capacity_seqs": q["staleness_capacity"], "buffer_capacity_seqs": q["capacity_sequences"],
+    }
+
+
+def open_queue(config: ElasticConfig, state_dir: Path) -> RolloutQueue:
+    qcfg = QueueConfig.from_mapping(config.queue)
+    return RolloutQueue(RolloutStore(state_dir / "rollouts.sqlite", fsync=qcfg.fsync), qcfg)
 
 
 def run_controller(config: ElasticConfig, stop: threading.Event) -> None:
@@ -42,8 +68,9 @@ def run_controller(config: ElasticConfig, stop: threading.Event) -> None:
     token, token_file = ensure_token(state_dir)
     install_stop_handlers(stop)
     ctl = build_controller(config, job_id, token_file=token_file)
+    queue = open_queue(config, state_dir)
     host = config.controller.listen_host or default_listen_host()
-    server = ApiServer(create_controller_app(ctl, token), host,
+    server = ApiServer(create_controller_app(ctl, token, queue), host,
                        config.controller.listen_port or previous_port(state_dir, host))
     server.start()
     ctl.controller_url = server.url
@@ -58,4 +85,5 @@ def run_controller(config: ElasticConfig, stop: threading.Event) -> None:
     finally:
         ctl.save()
         server.stop()
+        queue.store.close()
         log.info("controller stopped; worker steps keep running and a new controller adopts them")

@@ -7,6 +7,8 @@ any other error status becomes :class:`ApiError` with the controller's message.
 
 from __future__ import annotations
 
+import json
+import time
 from typing import Any
 
 import httpx
@@ -68,6 +70,64 @@ class ControlClient:
                     failed: int = 0) -> dict[str, Any]:
         return self._call("POST", "/endpoints/load", {"client_id": client_id, "outstanding": outstanding,
                                                       "sent": sent, "retried": retried, "failed": failed})
+
+    # rollouts (workers)
+    def submit_group(self, group: dict[str, Any] | bytes, max_wait_s: float = 3600.0,
+                     sleep: Any = None) -> dict[str, Any]:
+        """Submit one scored group; on 429 wait ``Retry-After`` and try again (never drops it).
+
+        A retry after a lost answer is safe: the group id makes the submit idempotent.
+        """
+        body = group if isinstance(group, bytes) else json.dumps(group, separators=(",", ":")).encode()
+        pause = sleep or time.sleep
+        deadline = time.monotonic() + max_wait_s
+        delay_s = 0.5
+        while True:
+            try:
+                response = self._http.post("/rollouts", content=body, headers={"content-type": "application/json"})
+            except httpx.TransportError as exc:
+                if time.monotonic() > deadline:
+                    raise ControllerUnreachableError(f"controller at {self.url} did not answer: {exc}") from None
+                pause(delay_s)
+                delay_s = min(10.0, delay_s * 2)
+                continue
+            if response.status_code == 429 and time.monotonic() < deadline:
+                pause(float(response.headers.get("retry-after", "1")))
+                continue
+            if response.status_code >= 400:
+                raise ApiError(response.status_code, _detail(response))
+            result: dict[str, Any] = response.json()
+            return result
+
+    def admit(self, sequences: int) -> dict[str, Any]:
+        """Ask to start rollouts (the staleness gate); answers how many may start now."""
+        return self._call("POST", "/rollouts/admission", {"sequences": sequences})
+
+    # trainer
+    def trainer_register(self, trainer_id: str = "trainer") -> dict[str, Any]:
+        return self._call("POST", "/trainer/register", {"trainer_id": trainer_id})
+
+    def pull_batch(self) -> dict[str, Any] | None:
+        """The next batch ({batch_id, groups}), or None when not enough sequences are buffered."""
+        try:
+            response = self._http.post("/trainer/batch")
+        except httpx.TransportError as exc:
+            raise ControllerUnreachableError(f"controller at {self.url} did not answer: {exc}") from None
+        if response.status_code == 204:
+            return None
+        if response.status_code >= 400:
+            raise ApiError(response.status_code, _detail(response))
+        result: dict[str, Any] = response.json()
+        return result
+
+    def ack_batch(self, batch_id: str) -> dict[str, Any]:
+        return self._call("POST", f"/trainer/batch/{batch_id}/ack")
+
+    def set_version(self, version: int, recovered: bool = False) -> dict[str, Any]:
+        return self._call("POST", "/trainer/version", {"version": version, "recovered": recovered})
+
+    def global_status(self) -> dict[str, Any]:
+        return self._call("GET", "/global-status")
 
     # node agents
     def report_gpu_health(self, report: dict[str, Any]) -> dict[str, Any]:

@@ -83,7 +83,9 @@ class Controller:
         self.health_rules = HealthRules.from_mapping(config.health)
         self.cordons = CordonBook(self.health_rules)
         self.agent_launched_s: dict[str, float] = {}
-        self.endpoints = EndpointBook()
+        # versions keep increasing across controller restarts, so a router never mistakes a new
+        # controller's set for the one it already has
+        self.endpoints = EndpointBook(version=int(clock() * 1000))
         self.is_server = config.workers.kind == "server"
         self.autoscaler = Autoscaler(AutoscalerConfig.from_mapping(config.autoscaler))
         if w.initial_workers < 0:

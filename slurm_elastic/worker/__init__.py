@@ -4,9 +4,10 @@
 
     with RolloutWorker.from_env() as worker:
         while not worker.draining:          # SIGUSR1 (the drain signal) only sets this flag
+            worker.admit(8)                 # the staleness gate: may 8 more sequences start?
             with worker.rollout():          # marks the worker busy while a rollout is in flight
                 group = generate_and_score()
-            submit(group)                   # hand the data over
+            worker.submit(group)            # durable hand-over; waits while the buffer is full
     # leaving the block reports a clean exit; the process exits 0
 
 Run it under ``slurm-elastic worker -- python my_worker.py`` (the controller does this), which
@@ -20,8 +21,10 @@ import contextlib
 import logging
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from types import TracebackType
+from typing import Any
 
 from slurm_elastic.errors import SlurmElasticError
 from slurm_elastic.worker.context import StepContext
@@ -83,6 +86,20 @@ class RolloutWorker:
                 continue
             if reply.get("drain"):
                 self._drain.set()
+
+    def admit(self, sequences: int, wait: bool = True, poll_s: float = 0.2) -> int:
+        """The staleness gate: block (unless ``wait`` is False) until ``sequences`` may start."""
+        granted = 0
+        while granted < sequences:
+            granted += int(self.control.client.admit(sequences - granted)["granted"])
+            if granted >= sequences or not wait or self.draining:
+                break
+            time.sleep(poll_s)
+        return granted
+
+    def submit(self, group: dict[str, Any]) -> dict[str, Any]:
+        """Hand a scored group to the controller's queue, durably; backs off while the buffer is full."""
+        return self.control.client.submit_group({"worker_id": self.ctx.worker_id, **group})
 
     def close(self) -> None:
         self._stop.set()

@@ -1,0 +1,178 @@
+"""The rollout queue's routes: workers submit scored rollouts, the trainer pulls and acknowledges
+batches and publishes policy versions. Token-protected like the rest of the API.
+
+Payloads are validated (pydantic) and stored as the exact bytes received; a batch is served by
+concatenating the stored groups, so what a worker sent is what the trainer gets.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, HTTPException, Request, Response, status
+from fastapi import Path as PathParam
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from slurm_elastic.controller.http import WORKER_ID, bearer_auth
+from slurm_elastic.controller.runtime import Controller
+from slurm_elastic.rollouts.queue import QueueFull, RolloutQueue, UnknownBatchError
+
+ID = r"^[A-Za-z0-9_.:-]{1,128}$"
+
+
+class Sequence(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    tokens: list[Annotated[int, Field(ge=0, lt=2**31)]] | None = Field(None, max_length=1_000_000)
+    tokens_b64: str | None = Field(None, max_length=8_000_000, description="little-endian int32, base64")
+    mask: list[Annotated[int, Field(ge=0, le=1)]] | None = Field(None, max_length=1_000_000)
+    score: float
+    logprobs: list[float] | None = Field(None, max_length=1_000_000)
+
+    @model_validator(mode="after")
+    def _has_tokens(self) -> Sequence:
+        if (self.tokens is None) == (self.tokens_b64 is None):
+            raise ValueError("give exactly one of tokens or tokens_b64")
+        return self
+
+
+class RolloutGroup(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: str = Field(pattern=ID, description="unique per group: a retry with the same id is not stored twice")
+    worker_id: str = Field(pattern=WORKER_ID)
+    policy_version: int = Field(ge=0)
+    group_size: int = Field(ge=1, le=4096)
+    sequences: list[Sequence] = Field(min_length=1, max_length=4096)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _size_matches(self) -> RolloutGroup:
+        if len(self.sequences) != self.group_size:
+            raise ValueError(f"group_size is {self.group_size} but {len(self.sequences)} sequences were sent")
+        return self
+
+
+class Admission(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    sequences: int = Field(ge=1, le=100_000)
+
+
+class TrainerHello(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    trainer_id: str = Field("trainer", pattern=ID)
+
+
+class VersionUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    version: int = Field(ge=0)
+    recovered: bool = False
+
+
+def rollout_router(controller: Controller, queue: RolloutQueue, token: str) -> APIRouter:
+    router = APIRouter(dependencies=[Depends(bearer_auth(token))])
+    limit = queue.config.max_group_bytes
+
+    @router.post("/rollouts", tags=["rollouts"], openapi_extra={
+        "requestBody": {"required": True, "content": {"application/json": {"schema": RolloutGroup.model_json_schema(
+            ref_template="#/components/schemas/{model}")}}}})
+    async def submit(request: Request) -> Response:
+        if int(request.headers.get("content-length") or 0) > limit:
+            raise HTTPException(status.HTTP_413_REQUEST_ENTITY_TOO_LARGE, f"rollout group over {limit} bytes")
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise HTTPException(status.HTTP_413_REQUEST_ENTITY_TOO_LARGE, f"rollout group over {limit} bytes")
+        try:
+            group = RolloutGroup.model_validate_json(bytes(body))
+        except ValidationError as exc:
+            detail = [{"loc": e["loc"], "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
+            raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, detail) from None
+        try:
+            stored = queue.submit(group.id, group.worker_id, group.group_size, group.policy_version, bytes(body))
+        except QueueFull as exc:
+            raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS, str(exc),
+                                headers={"Retry-After": f"{max(1, round(exc.retry_after_s))}"}) from None
+        return Response(f'{{"accepted":{str(stored).lower()}}}', media_type="application/json")
+
+    @router.post("/rollouts/admission", tags=["rollouts"])
+    def admission(body: Admission) -> dict[str, Any]:
+        granted = queue.admit(body.sequences)
+        stats = queue.stats()
+        return {"granted": granted, "staleness_capacity": stats["staleness_capacity"],
+                "policy_version": stats["policy_version"]}
+
+    @router.post("/trainer/register", tags=["trainer"])
+    def trainer_register(body: TrainerHello) -> dict[str, Any]:
+        again = queue.trainer_restarted()
+        return {"trainer_id": body.trainer_id, "unacked_batches_handed_again": again,
+                "batch_size": queue.config.batch_size, "policy_version": queue.stats()["policy_version"]}
+
+    @router.post("/trainer/batch", tags=["trainer"])
+    def pull() -> Response:
+        batch = queue.pull()
+        if batch is None:
+            return Response(status_code=status.HTTP_204_NO_CONTENT)
+        batch_id, payloads = batch
+        body = b'{"batch_id":"' + batch_id.encode() + b'","groups":[' + b",".join(payloads) + b"]}"
+        return Response(body, media_type="application/json")
+
+    @router.post("/trainer/batch/{batch_id}/ack", tags=["trainer"])
+    def ack(batch_id: Annotated[str, PathParam(pattern=r"^[0-9a-f]{32}$")]) -> dict[str, Any]:
+        try:
+            return {"batch_id": batch_id, "acked": queue.ack(batch_id)}
+        except UnknownBatchError:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"unknown batch {batch_id}") from None
+
+    @router.post("/trainer/version", tags=["trainer"])
+    def version(body: VersionUpdate) -> dict[str, Any]:
+        queue.set_version(body.version, recovered=body.recovered)
+        return {"policy_version": queue.stats()["policy_version"],
+                "staleness_capacity": queue.stats()["staleness_capacity"]}
+
+    @router.get("/global-status", tags=["status"])
+    def global_status() -> dict[str, Any]:
+        q = queue.stats()
+        ctl = controller.status()
+        return {
+            "current_step": q["policy_version"], "queue_size": q["queued_sequences"],
+            "total_processed": q["delivered_sequences"],
+            "connected_workers": ctl["workers_by_state"].get("ACTIVE", 0) - ctl["placeholders"],
+            "batch_size": q["batch_size"],
+            "rollout_pressure": q["queued_sequences"] / max(1, q["batch_size"]),
+            "staleness_capacity": q["staleness_capacity"], "workers_by_state": ctl["workers_by_state"],
+            "cordoned_gpus": ctl["cordoned_gpus"], "queue": q, "controller": ctl,
+        }
+
+    @router.get("/status", tags=["status"])
+    def plain_status() -> dict[str, Any]:
+        return {"queue": queue.stats(), "controller": controller.status()}
+
+    @router.get("/metrics", tags=["status"])
+    def metrics() -> Response:
+        return Response(generate_latest(_registry(controller, queue)), media_type="text/plain; version=0.0.4")
+
+    return router
+
+
+def _registry(controller: Controller, queue: RolloutQueue) -> CollectorRegistry:
+    """A fresh registry per scrape with the current values (cheap: a dozen gauges)."""
+    registry = CollectorRegistry()
+    q = queue.stats()
+    ctl = controller.status()
+    for name, doc, value in [
+        ("queued_sequences", "Sequences waiting in the rollout buffer", q["queued_sequences"]),
+        ("buffer_capacity_sequences", "Bound of the rollout buffer", q["capacity_sequences"]),
+        ("staleness_capacity_sequences", "Rollouts that may start now", q["staleness_capacity"]),
+        ("policy_version", "Trainer policy version", q["policy_version"]),
+        ("delivered_sequences_total", "Sequences acknowledged by the trainer", q["delivered_sequences"]),
+        ("dropped_stale_sequences_total", "Sequences dropped as too stale", q["dropped_stale_sequences"]),
+        ("refused_submits_total", "Submits refused with 429 (backpressure)", q["refused_submits"]),
+        ("target_workers", "The worker count the controller steers to", ctl["target_workers"]),
+    ]:
+        Gauge(f"slurm_elastic_{name}", doc, registry=registry).set(float(value or 0))
+    workers = Gauge("slurm_elastic_workers", "Workers by state", ["state"], registry=registry)
+    for state, count in ctl["workers_by_state"].items():
+        workers.labels(state=state).set(count)
+    Gauge("slurm_elastic_cordoned_gpus", "Cordoned GPUs", registry=registry).set(len(ctl["cordoned_gpus"]))
+    return registry

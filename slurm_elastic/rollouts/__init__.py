@@ -1,0 +1,1 @@
+"""The rollout buffer between workers and the trainer: durable, bounded, staleness-aware."""

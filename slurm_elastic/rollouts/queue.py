@@ -1,0 +1,237 @@
+"""The bounded rollout queue: sequences in memory as small records, payloads on disk.
+
+Submits past the capacity (sequences or bytes) are refused with a retry-after hint; the
+trainer pulls batches of exactly ``batch_size`` sequences made of whole groups (O(batch) work,
+however long the queue); groups older than the staleness bound when the trainer pulls are
+dropped and counted. Batches are acknowledged by the trainer; unacknowledged ones are handed
+out again (same id, same content) after a restart of the trainer or of the controller.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from slurm_elastic.core.staleness import StalenessManager
+from slurm_elastic.errors import SlurmElasticError
+from slurm_elastic.rollouts.store import RolloutStore, StoredGroup
+
+RATE_WINDOW_S = 60.0
+
+
+class QueueFull(SlurmElasticError):
+    """Backpressure: the buffer is at its bound; try again after ``retry_after_s``."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class UnknownBatchError(KeyError):
+    """An ack named a batch the queue never handed out."""
+
+
+@dataclass(frozen=True)
+class QueueConfig:
+    batch_size: int = 32
+    capacity_seqs: int = 4096
+    capacity_bytes: int = 512 * 1024 * 1024
+    max_staleness: int = 4
+    max_concurrent: int = 1024
+    max_group_bytes: int = 32 * 1024 * 1024
+    fsync: str = "always"
+    lookahead_groups: int = 64
+
+    @classmethod
+    def from_mapping(cls, data: dict[str, Any], prefix: str = "queue") -> QueueConfig:
+        from slurm_elastic.errors import ConfigError
+
+        known = cls.__dataclass_fields__
+        values: dict[str, Any] = {}
+        for key, value in data.items():
+            if key not in known:
+                raise ConfigError(f"{prefix}.{key}: unknown key")
+            want = type(known[key].default)
+            if want is str:
+                if value not in ("always", "os", "off"):
+                    raise ConfigError(f"{prefix}.{key}: one of always, os, off")
+            elif isinstance(value, bool) or not isinstance(value, int) or value < (0 if key == "max_staleness" else 1):
+                raise ConfigError(f"{prefix}.{key}: must be a positive integer")
+            values[key] = value
+        return cls(**values)
+
+
+class RolloutQueue:
+    """Thread-safe queue over a :class:`RolloutStore`."""
+
+    def __init__(self, store: RolloutStore, config: QueueConfig, clock: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.config = config
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._queue: collections.deque[StoredGroup] = collections.deque()
+        self._ids: set[str] = set()
+        self._queued_seqs = 0
+        self._queued_bytes = 0
+        self._rehand: collections.deque[tuple[str, list[StoredGroup]]] = collections.deque()
+        self._handed: dict[str, list[StoredGroup]] = {}
+        self.delivered_seqs = 0
+        self.dropped_stale_seqs = 0
+        self.refused_submits = 0
+        self._pulls: collections.deque[tuple[float, int]] = collections.deque()
+        self._accepts: collections.deque[tuple[float, int]] = collections.deque()
+        version = int(store.get_meta("version", "0"))
+        self.staleness = StalenessManager(config.batch_size, config.max_staleness, config.max_concurrent)
+        self.staleness.on_version_recovered(version)  # after a restart: bounded, not inflated
+        self._recover()
+
+    def _recover(self) -> None:
+        for batch_id, groups in self.store.unacked_batches():
+            self._rehand.append((batch_id, groups))
+            self._handed[batch_id] = groups
+        for group in self.store.queued():
+            self._append(group)
+        counts = self.store.counts()
+        self.delivered_seqs = counts.get("delivered", 0)
+        self.dropped_stale_seqs = counts.get("dropped", 0)
+
+    def _append(self, group: StoredGroup) -> None:
+        self._queue.append(group)
+        self._ids.add(group.id)
+        self._queued_seqs += group.n_seqs
+        self._queued_bytes += group.nbytes
+
+    # ---- workers -----------------------------------------------------------------------------
+    def admit(self, n_seqs: int) -> int:
+        """The capacity gate: how many of ``n_seqs`` may start now (staleness and concurrency)."""
+        with self._lock:
+            granted = max(0, min(n_seqs, self.staleness.capacity()))
+            if granted:
+                self.staleness.on_submitted(granted)
+            return granted
+
+    def submit(self, group_id: str, worker_id: str, n_seqs: int, version: int, payload: bytes) -> bool:
+        """Store a group durably; False if that id was already accepted (a retry). Raises QueueFull."""
+        cfg = self.config
+        with self._lock:
+            if group_id in self._ids:
+                return False  # a retry of a queued group (the store catches older ones)
+            if self._queued_seqs + n_seqs > cfg.capacity_seqs or self._queued_bytes + len(payload) > cfg.capacity_bytes:
+                self.refused_submits += 1
+                raise QueueFull(f"rollout buffer full ({self._queued_seqs}/{cfg.capacity_seqs} sequences, "
+                                f"{self._queued_bytes}/{cfg.capacity_bytes} bytes)", self._retry_after_s())
+        seq = self.store.insert(group_id, worker_id, n_seqs, version, payload)  # committed before we answer
+        with self._lock:
+            if seq is None:
+                return False
+            self._append(StoredGroup(seq, group_id, worker_id, n_seqs, version, len(payload)))
+            self.staleness.on_accepted(n_seqs)
+            self._accepts.append((self.clock(), n_seqs))
+            return True
+
+    def _retry_after_s(self) -> float:
+        rate = self._rate(self._pulls)
+        return 1.0 if not rate else max(0.1, min(30.0, self.config.batch_size / rate))
+
+    # ---- trainer -----------------------------------------------------------------------------
+    def pull(self) -> tuple[str, list[bytes]] | None:
+        """The next batch (id, group payloads) of exactly ``batch_size`` sequences, or None if not enough."""
+        with self._lock:
+            if self._rehand:
+                batch_id, _groups = self._rehand.popleft()
+                return batch_id, [p for _g, p in self.store.batch_payloads(batch_id)]
+            self._drop_stale()
+            chosen = self._pack()
+            if chosen is None:
+                return None
+            batch_id = uuid.uuid4().hex
+            for group in chosen:
+                self._ids.discard(group.id)
+                self._queued_seqs -= group.n_seqs
+                self._queued_bytes -= group.nbytes
+                self._queue.remove(group)  # found within the head + look-ahead: O(batch), not O(queue)
+            self._handed[batch_id] = chosen
+            self._pulls.append((self.clock(), self.config.batch_size))
+        payloads = self.store.hand_out(batch_id, [g.id for g in chosen], self.clock())
+        return batch_id, payloads
+
+    def _pack(self) -> list[StoredGroup] | None:
+        """Whole groups from the head summing to exactly batch_size (a bounded look-ahead)."""
+        need = self.config.batch_size
+        chosen: list[StoredGroup] = []
+        for index, group in enumerate(self._queue):
+            if index >= self.config.lookahead_groups + len(chosen):
+                break
+            if group.n_seqs <= need:
+                chosen.append(group)
+                need -= group.n_seqs
+                if need == 0:
+                    return chosen
+        return None
+
+    def _drop_stale(self) -> None:
+        oldest_ok = self.staleness.version - self.config.max_staleness
+        stale = []
+        while self._queue and self._queue[0].version < oldest_ok:
+            group = self._queue.popleft()
+            self._ids.discard(group.id)
+            self._queued_seqs -= group.n_seqs
+            self._queued_bytes -= group.nbytes
+            stale.append(group)
+        if stale:
+            self.store.drop(g.id for g in stale)
+            self.dropped_stale_seqs += sum(g.n_seqs for g in stale)
+
+    def ack(self, batch_id: str) -> bool:
+        """The trainer consumed a batch. Idempotent; raises UnknownBatchError for an unknown id."""
+        result = self.store.ack(batch_id)
+        if result is None:
+            raise UnknownBatchError(batch_id)
+        with self._lock:
+            groups = self._handed.pop(batch_id, [])
+            self._rehand = collections.deque(b for b in self._rehand if b[0] != batch_id)
+            if result:
+                self.delivered_seqs += sum(g.n_seqs for g in groups)
+        return result
+
+    def trainer_restarted(self) -> int:
+        """A (re)registering trainer gets every unacknowledged batch again first; returns how many."""
+        with self._lock:
+            self._rehand = collections.deque((b, g) for b, g in self._handed.items())
+            return len(self._rehand)
+
+    def set_version(self, version: int, recovered: bool = False) -> None:
+        with self._lock:
+            if recovered:
+                self.staleness.on_version_recovered(version)
+            else:
+                self.staleness.on_version(version)
+        self.store.set_meta("version", str(self.staleness.version))
+
+    # ---- numbers -----------------------------------------------------------------------------
+    def _rate(self, events: collections.deque[tuple[float, int]]) -> float | None:
+        now = self.clock()
+        while events and now - events[0][0] > RATE_WINDOW_S:
+            events.popleft()
+        if len(events) < 2:
+            return None
+        span = max(1e-3, now - events[0][0])
+        return sum(n for _t, n in events) / span
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "queued_sequences": self._queued_seqs, "queued_groups": len(self._queue),
+                "queued_bytes": self._queued_bytes, "capacity_sequences": self.config.capacity_seqs,
+                "capacity_bytes": self.config.capacity_bytes, "batch_size": self.config.batch_size,
+                "policy_version": self.staleness.version, "staleness_capacity": self.staleness.capacity(),
+                "max_staleness": self.config.max_staleness, "running_rollouts": self.staleness.running,
+                "delivered_sequences": self.delivered_seqs, "dropped_stale_sequences": self.dropped_stale_seqs,
+                "refused_submits": self.refused_submits, "unacked_batches": len(self._handed),
+                "consumption_seqs_per_s": self._rate(self._pulls), "production_seqs_per_s": self._rate(self._accepts),
+            }

@@ -1,0 +1,153 @@
+"""The durable side of the rollout queue: SQLite in WAL mode in the job's state directory.
+
+A submit is committed (and, with the default ``fsync = "always"``, fsynced) before the API
+answers 2xx. Groups move queued -> handed (in a batch) -> delivered (the trainer acknowledged
+the batch) or dropped (too stale). Batches handed out and never acknowledged are handed out
+again, with the same id, after a trainer or controller restart.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from slurm_elastic.errors import StateFileError
+
+SYNCHRONOUS = {"always": "FULL", "os": "NORMAL", "off": "OFF"}
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS groups (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT UNIQUE NOT NULL,
+    worker_id TEXT NOT NULL,
+    n_seqs INTEGER NOT NULL,
+    version INTEGER NOT NULL,
+    nbytes INTEGER NOT NULL,
+    payload BLOB NOT NULL,
+    state TEXT NOT NULL DEFAULT 'queued',
+    batch_id TEXT
+);
+CREATE INDEX IF NOT EXISTS groups_state ON groups(state, seq);
+CREATE TABLE IF NOT EXISTS batches (
+    id TEXT PRIMARY KEY,
+    created_s REAL NOT NULL,
+    acked INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+
+@dataclass(frozen=True)
+class StoredGroup:
+    seq: int
+    id: str
+    worker_id: str
+    n_seqs: int
+    version: int
+    nbytes: int
+
+
+class RolloutStore:
+    """One SQLite database; thread-safe (one connection behind a lock)."""
+
+    def __init__(self, path: Path, fsync: str = "always") -> None:
+        if fsync not in SYNCHRONOUS:
+            raise ValueError(f"fsync must be one of {', '.join(SYNCHRONOUS)}")
+        self.path = path
+        self._lock = threading.Lock()
+        try:
+            self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute(f"PRAGMA synchronous={SYNCHRONOUS[fsync]}")
+            self._db.executescript(SCHEMA)
+        except sqlite3.DatabaseError as exc:
+            raise StateFileError(f"rollout store {path} is unusable: {exc}") from None
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def insert(self, group_id: str, worker_id: str, n_seqs: int, version: int, payload: bytes) -> int | None:
+        """Commit one group; its arrival number, or None if that id is already stored."""
+        with self._lock:
+            try:
+                cur = self._db.execute(
+                    "INSERT INTO groups (id, worker_id, n_seqs, version, nbytes, payload) VALUES (?,?,?,?,?,?)",
+                    (group_id, worker_id, n_seqs, version, len(payload), payload))
+            except sqlite3.IntegrityError:
+                return None
+            return int(cur.lastrowid or 0)
+
+    def hand_out(self, batch_id: str, group_ids: list[str], now_s: float) -> list[bytes]:
+        """Record a batch and return its payloads (in the given order), in one transaction."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.execute("INSERT INTO batches (id, created_s) VALUES (?, ?)", (batch_id, now_s))
+                self._db.executemany("UPDATE groups SET state='handed', batch_id=? WHERE id=?",
+                                     [(batch_id, g) for g in group_ids])
+                rows = dict(self._db.execute(
+                    f"SELECT id, payload FROM groups WHERE id IN ({','.join('?' * len(group_ids))})", group_ids))
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        return [rows[g] for g in group_ids]
+
+    def batch_payloads(self, batch_id: str) -> list[tuple[str, bytes]]:
+        with self._lock:
+            return list(self._db.execute("SELECT id, payload FROM groups WHERE batch_id=? ORDER BY seq", (batch_id,)))
+
+    def ack(self, batch_id: str) -> bool | None:
+        """Mark a batch delivered. None: unknown batch; False: it was already acknowledged."""
+        with self._lock:
+            row = self._db.execute("SELECT acked FROM batches WHERE id=?", (batch_id,)).fetchone()
+            if row is None:
+                return None
+            if row[0]:
+                return False
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.execute("UPDATE batches SET acked=1 WHERE id=?", (batch_id,))
+            self._db.execute("UPDATE groups SET state='delivered', payload=X'' WHERE batch_id=?", (batch_id,))
+            self._db.execute("COMMIT")
+            return True
+
+    def drop(self, group_ids: Iterable[str]) -> None:
+        with self._lock:
+            self._db.executemany("UPDATE groups SET state='dropped', payload=X'' WHERE id=?", [(g,) for g in group_ids])
+
+    def queued(self) -> list[StoredGroup]:
+        """Groups waiting, in arrival order (for a restart)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT seq, id, worker_id, n_seqs, version, nbytes FROM groups WHERE state='queued' ORDER BY seq")
+            return [StoredGroup(*r) for r in rows]
+
+    def unacked_batches(self) -> list[tuple[str, list[StoredGroup]]]:
+        """Batches handed out and never acknowledged, oldest first, with their groups."""
+        with self._lock:
+            batches = [r[0] for r in self._db.execute("SELECT id FROM batches WHERE acked=0 ORDER BY created_s")]
+            out = []
+            for batch_id in batches:
+                rows = self._db.execute("SELECT seq, id, worker_id, n_seqs, version, nbytes FROM groups "
+                                        "WHERE batch_id=? ORDER BY seq", (batch_id,))
+                out.append((batch_id, [StoredGroup(*r) for r in rows]))
+            return out
+
+    def counts(self) -> dict[str, int]:
+        """Sequences per state (for status after a restart)."""
+        with self._lock:
+            return {state: int(n) for state, n in
+                    self._db.execute("SELECT state, COALESCE(SUM(n_seqs), 0) FROM groups GROUP BY state")}
+
+    def get_meta(self, key: str, default: str = "") -> str:
+        with self._lock:
+            row = self._db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+            return str(row[0]) if row else default
+
+    def set_meta(self, key: str, value: str) -> None:
+        with self._lock:
+            self._db.execute("INSERT INTO meta (key, value) VALUES (?, ?) "
+                             "ON CONFLICT(key) DO UPDATE SET value=excluded.value", (key, value))

@@ -1,0 +1,105 @@
+"""The trainer's side of the rollout queue.
+
+    from slurm_elastic.trainer import Trainer
+
+    trainer = Trainer.from_env()                 # registers: unacknowledged batches come first
+    for batch in trainer.batches():              # waits while fewer than batch_size are buffered
+        update_policy(batch.groups)
+        trainer.ack(batch)                       # only now are these rollouts "delivered"
+        trainer.publish_version(step)            # frees staleness capacity for the workers
+
+After resuming from a checkpoint at version V, call ``publish_version(V, recovered=True)``: the
+staleness capacity is then one window, not inflated by V. A batch that was handed out but never
+acknowledged (the trainer or the controller died) is handed out again with the same id, so a
+trainer that remembers acknowledged ids processes every rollout exactly once.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from slurm_elastic.controller.client import ControlClient
+from slurm_elastic.controller.files import read_controller_url
+from slurm_elastic.errors import ConfigError, ControllerUnreachableError
+
+
+@dataclass(frozen=True)
+class Batch:
+    batch_id: str
+    groups: list[dict[str, Any]]
+
+    @property
+    def sequences(self) -> int:
+        return sum(int(g["group_size"]) for g in self.groups)
+
+
+class Trainer:
+    """Pulls batches, acknowledges them, publishes versions; follows the controller across restarts."""
+
+    def __init__(self, url: str, token: str, state_dir: Path | None = None, trainer_id: str = "trainer",
+                 poll_s: float = 0.2) -> None:
+        self.token, self.state_dir, self.trainer_id, self.poll_s = token, state_dir, trainer_id, poll_s
+        self.client = ControlClient(url, token)
+        self.acked: set[str] = set()
+        self.info = self._retry(lambda: self.client.trainer_register(trainer_id))
+
+    @classmethod
+    def from_env(cls, **kwargs: Any) -> Trainer:
+        state = os.environ.get("SLURM_ELASTIC_STATE_DIR", "")
+        url = os.environ.get("SLURM_ELASTIC_CONTROLLER_URL", "") or (read_controller_url(Path(state)) if state else "")
+        token_file = os.environ.get("SLURM_ELASTIC_TOKEN_FILE", "") or (str(Path(state) / "token") if state else "")
+        if not url or not token_file:
+            raise ConfigError("set SLURM_ELASTIC_STATE_DIR (or _CONTROLLER_URL and _TOKEN_FILE) for the trainer")
+        return cls(url, Path(token_file).read_text().strip(), Path(state) if state else None, **kwargs)
+
+    def _retry(self, call: Any, timeout_s: float = 300.0) -> Any:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return call()
+            except ControllerUnreachableError:
+                if time.monotonic() > deadline:
+                    raise
+                url = read_controller_url(self.state_dir) if self.state_dir else ""
+                if url and url.rstrip("/") != self.client.url:
+                    self.client.close()
+                    self.client = ControlClient(url, self.token)
+                time.sleep(0.5)
+
+    def next_batch(self, timeout_s: float = 3600.0) -> Batch | None:
+        """The next batch not yet acknowledged by this trainer (None after ``timeout_s``)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            got = self._retry(self.client.pull_batch)
+            if got is None:
+                time.sleep(self.poll_s)
+                continue
+            if got["batch_id"] in self.acked:  # handed out again after a restart: already consumed
+                batch_id = got["batch_id"]
+                self._retry(lambda: self.client.ack_batch(batch_id))  # noqa: B023 (called at once)
+                continue
+            return Batch(got["batch_id"], got["groups"])
+        return None
+
+    def batches(self) -> Iterator[Batch]:
+        while True:
+            batch = self.next_batch()
+            if batch is None:
+                return
+            yield batch
+
+    def ack(self, batch: Batch) -> None:
+        self._retry(lambda: self.client.ack_batch(batch.batch_id))
+        self.acked.add(batch.batch_id)
+
+    def publish_version(self, version: int, recovered: bool = False) -> dict[str, Any]:
+        result: dict[str, Any] = self._retry(lambda: self.client.set_version(version, recovered))
+        return result
+
+    def close(self) -> None:
+        self.client.close()
