@@ -92,6 +92,7 @@ def locate_in(state_dir: Path, job_id: int) -> tuple[str, str]:
 def start_controller_job(cluster: DevCluster, tmp: Path, *, workers: dict[str, Any] | None = None,
                          agent: dict[str, Any] | None = None, health: dict[str, Any] | None = None,
                          worker_env: dict[str, str] | None = None, autoscaler: dict[str, Any] | None = None,
+                         queue: dict[str, Any] | None = None,
                          nodes: int = 2,
                          gpus_per_node: int = 4) -> ControllerJob:
     """Submit a job (default: 2 nodes, all 8 fake GPUs) running the controller; wait until it answers."""
@@ -106,6 +107,7 @@ def start_controller_job(cluster: DevCluster, tmp: Path, *, workers: dict[str, A
         "agent": {"enabled": False, "inject_file": str(tmp / "drill.toml"), **(agent or {})},
         "health": health or {},
         "autoscaler": {"min_workers": 0, **(autoscaler or {})},
+        "queue": queue or {},
     }
     tmp.mkdir(parents=True, exist_ok=True)
     (tmp / "elastic.toml").write_text(_toml(config))
