@@ -89,3 +89,7 @@ def _time(send) -> list[float]:  # type: ignore[no-untyped-def]
     return samples
 
 
+
+
+if __name__ == "__main__":
+    main()

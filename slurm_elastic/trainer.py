@@ -50,7 +50,13 @@ class Trainer:
 
     @classmethod
     def from_env(cls, **kwargs: Any) -> Trainer:
+        """Inside the job: the controller is found from ``SLURM_JOB_ID`` (or the variables below)."""
         state = os.environ.get("SLURM_ELASTIC_STATE_DIR", "")
+        job_id = os.environ.get("SLURM_JOB_ID", "")
+        if not state and job_id.isdigit():
+            from slurm_elastic.controller.locate import locate
+
+            state = str(locate(int(job_id)).state_dir)
         url = os.environ.get("SLURM_ELASTIC_CONTROLLER_URL", "") or (read_controller_url(Path(state)) if state else "")
         token_file = os.environ.get("SLURM_ELASTIC_TOKEN_FILE", "") or (str(Path(state) / "token") if state else "")
         if not url or not token_file:
