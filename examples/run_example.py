@@ -1,34 +1,118 @@
-"""What `./run example` runs: the elastic RL example on the local dev cluster.
+"""What `./run example` runs: the elastic RL example on the local dev cluster, narrated.
 
-Until the full example lands this is a smoke job: it submits a batch job that launches one
-worker step per fake GPU through slurm-elastic's Slurm adapter and prints where each step ran
-and which fake GPU it could open (exactly its own).
+It submits examples/elastic_rl.sbatch, watches the job through `slurm-elastic status --json`,
+cordons a GPU and kill -9s the controller part-way through (the batch script restarts it), and
+prints what happened: the reward curve, how the worker count followed the trainer, and that
+no worker was relaunched and no rollout lost.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
-HERE = Path(__file__).resolve().parent
+REPO = Path(__file__).resolve().parents[1]
+
+
+def sh(*argv: str) -> str:
+    return subprocess.run(argv, check=True, capture_output=True, text=True, cwd=REPO).stdout
+
+
+def status(job_id: int) -> dict[str, Any] | None:
+    out = subprocess.run(["slurm-elastic", "status", str(job_id), "--json"], capture_output=True, text=True)
+    try:
+        doc = json.loads(out.stdout)
+    except ValueError:
+        return None
+    return doc if doc.get("controller_reachable") else None
+
+
+def job_running(job_id: int) -> bool:
+    return bool(sh("squeue", "-h", "-j", str(job_id), "-o", "%T").strip())
 
 
 def main() -> int:
-    out = subprocess.run(["sbatch", "--parsable", "--wait", str(HERE / "smoke.sbatch")],
-                         capture_output=True, text=True)
-    if out.returncode != 0:
-        print(out.stderr, file=sys.stderr)
-        return out.returncode
-    job_id = out.stdout.strip().split(";")[0]
-    log = Path(f"/tmp/slurm-elastic-smoke-{job_id}.out")
-    for _ in range(50):
-        if log.exists():
-            break
-        time.sleep(0.1)
-    print(log.read_text())
-    return 0
+    job_id = int(sh("sbatch", "--parsable", "examples/elastic_rl.sbatch").strip().split(";")[0])
+    print(f"submitted job {job_id}: the controller, a trainer step, and elastic rollout workers")
+    cordoned = killed = False
+    killed_pid = 0
+    targets: list[int] = []
+    active_seen: list[int] = []
+    last_line = ""
+    doc: dict[str, Any] | None = None
+    while job_running(job_id):
+        doc = status(job_id) or doc
+        if doc is None:
+            time.sleep(1.0)
+            continue
+        ctl = doc["controller"]
+        queue = _queue(job_id)
+        version = queue.get("policy_version", 0) if queue else 0
+        active = ctl["workers_by_state"]["ACTIVE"] - ctl["placeholders"]
+        targets.append(ctl["target_workers"])
+        active_seen.append(active)
+        line = (f"  v{version:<3} workers {active} (target {ctl['target_workers']})  buffer "
+                f"{queue.get('queued_sequences', '?')}  {ctl['last_decision'].get('action', '')}: "
+                f"{ctl['last_decision'].get('reason', '')[:90]}")
+        if line != last_line:
+            print(line, flush=True)
+            last_line = line
+        if not cordoned and version >= 8:
+            sh("slurm-elastic", "cordon", str(job_id), "node2:3", "--reason", "example: operator cordon")
+            print("  >> cordoned node2:3 (no new worker will be placed there)")
+            cordoned = True
+        if not killed and version >= 18:
+            info = json.loads((Path(_state_dir(job_id)) / "controller.json").read_text())
+            killed_pid = int(info["pid"])
+            os.kill(killed_pid, signal.SIGKILL)
+            print(f"  >> kill -9 of the controller (pid {killed_pid}); the batch script restarts it")
+            killed = True
+        time.sleep(1.0)
+    return summarize(job_id, doc, targets, active_seen, killed)
+
+
+def _state_dir(job_id: int) -> str:
+    from slurm_elastic.controller.locate import locate
+
+    return str(locate(job_id).state_dir)
+
+
+def _queue(job_id: int) -> dict[str, Any]:
+    from slurm_elastic.controller.client import ControlClient
+    from slurm_elastic.controller.locate import locate
+    from slurm_elastic.errors import SlurmElasticError
+
+    try:
+        handle = locate(job_id)
+        with ControlClient(handle.url, handle.token) as client:
+            return dict(client.global_status()["queue"])
+    except (SlurmElasticError, KeyError):
+        return {}
+
+
+def summarize(job_id: int, doc: dict[str, Any] | None, targets: list[int], active: list[int], killed: bool) -> int:
+    state_dir = Path(_state_dir(job_id))
+    rows = [line.split(",") for line in (state_dir / "reward.csv").read_text().splitlines()[1:]]
+    rewards = [float(r[2]) for r in rows]
+    workers = doc["controller"]["workers"] if doc else []
+    relaunched = [w["worker_id"] for w in workers if w.get("launches", 1) > 1]
+    placed_on_cordoned = [w for w in workers if w.get("node") == "node2" and 3 in w.get("gpus", [])
+                          and not w.get("placeholder")]
+    print(f"\njob {job_id} finished: {len(rows)} training steps")
+    print(f"  reward: {rewards[0]:.3f} at the start -> {max(rewards[-5:]):.3f} at the end (chance: 0.062)")
+    print(f"  workers: from {min(active)} up to {max(active)} and back; targets seen {sorted(set(targets))}")
+    print(f"  controller killed: {'yes, and restarted' if killed else 'no'}; workers relaunched: {len(relaunched)}")
+    print(f"  workers placed on the cordoned GPU after the cordon: {len(placed_on_cordoned)}")
+    print(f"  plot: {state_dir / 'reward.png'}  log: {REPO / f'elastic-rl-{job_id}.out'}")
+    ok = rewards[-1] > rewards[0] + 0.2 and max(active) > min(active) and not relaunched
+    print("example: OK" if ok else "example: something did not go as expected (see above)")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from slurm_elastic.errors import ConfigError
 from slurm_elastic.resources import templates_dir
 
 
-def render_sbatch(config: ElasticConfig, config_path: str, script_name: str = "job.sbatch") -> str:
+def render_sbatch(config: ElasticConfig, config_path: str) -> str:
     """The batch script for ``config`` (``config_path`` as the script should name it)."""
     if not config.job.trainer_command:
         raise ConfigError(f"{config_path}: job.trainer_command is empty: name the trainer to run")
@@ -23,7 +23,6 @@ def render_sbatch(config: ElasticConfig, config_path: str, script_name: str = "j
     return env.get_template("elastic_rl.sbatch.j2").render(
         job=config.job,
         config_path=shlex.quote(config_path),
-        script_name=script_name,
         trainer_command=shlex.join(config.job.trainer_command),
         drain_timeout_s=f"{config.workers.drain_timeout_s:g}",
     )

@@ -195,7 +195,7 @@ def stop(job_id: int, drain_timeout_s: float) -> None:
     """Drain every worker, then stop the job's controller (end of training)."""
     _call(job_id, "scale", 0)
     _wait_for(job_id, lambda ctl: not any(w.get("state") in ("STARTING", "ACTIVE", "DRAINING")
-                                          for w in ctl.get("workers", [])),
+                                          and not w.get("placeholder") for w in ctl.get("workers", [])),
               "every worker to drain", drain_timeout_s)
     handle = locate(job_id)
     pid = int(handle.info.get("pid", 0))

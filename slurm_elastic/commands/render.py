@@ -16,8 +16,7 @@ def render(config_path: Path, output: Path | None) -> None:
     from slurm_elastic.controller.config import load_config
     from slurm_elastic.render import render_sbatch
 
-    text = render_sbatch(load_config(config_path), str(config_path),
-                         script_name=output.name if output else "job.sbatch")
+    text = render_sbatch(load_config(config_path), str(config_path))
     if output is None:
         click.echo(text, nl=False)
     else:

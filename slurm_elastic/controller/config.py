@@ -73,8 +73,9 @@ class AgentSection(_Section):
     """The per-node GPU health agents (one ``srun --overlap`` step per node)."""
 
     enabled: bool = Field(True, description="Run an agent per node; nodes not heard from get no new workers.")
-    source: Literal["auto", "nvml", "inject"] = Field("auto", description="NVML, the fault-injection file, or NVML when it works.")
-    inject_file: str = Field("", description="Fault-injection drill file (see docs/gpu-health.md).")
+    source: Literal["auto", "nvml", "inject"] = Field(
+        "auto", description="NVML; the fault-injection file; or auto: NVML, and the file only on nodes without an NVIDIA driver.")
+    inject_file: str = Field("", description="Fault-injection drill file (docs/gpu-health.md); default <state dir>/drill.toml.")
     interval_s: float = Field(5.0, gt=0, description="Seconds between samples.")
 
 

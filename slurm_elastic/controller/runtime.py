@@ -246,8 +246,8 @@ class Controller:
                 "--source", a.source, "--interval-s", str(a.interval_s), "--node", node]
         if self.token_file is not None:
             argv += ["--token-file", str(self.token_file)]
-        if a.inject_file:
-            argv += ["--inject-file", a.inject_file, "--gpus", str(gpu_count)]
+        if a.source != "nvml":  # the drill file; where NVML works, "auto" never reads it
+            argv += ["--inject-file", a.inject_file or str(self.state_dir / "drill.toml"), "--gpus", str(gpu_count)]
         return StepSpec(job_id=self.job_id, name=f"{AGENT_PREFIX}{node}", argv=tuple(argv),
                         output_path=self.state_dir / "logs" / f"agent-{node}.out", gpus=gpu_count,
                         nodelist=(node,), overlap=True)

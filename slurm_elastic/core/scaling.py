@@ -164,6 +164,7 @@ class Autoscaler:
             rec, why = rec_load, why_load
         if rec is None:
             return self._hold(current, ceiling, why, terms)
+        steady = min(max(current, cfg.min_workers), ceiling)  # what a hold keeps: within the bounds
         bounded = min(max(rec, cfg.min_workers), ceiling)
         self.window.append((now_s, bounded))
         self.window = [(t, r) for t, r in self.window if now_s - t <= cfg.stabilization_window_s]
@@ -175,22 +176,22 @@ class Autoscaler:
         delta = bounded - current
         if abs(delta) <= cfg.deadband_workers:
             self.votes, self.votes_dir, self.direction_since_s = 0, 0, None
-            return Decision(current, "hold", f"within deadband ({bounded:.2f} vs {current}): {why}", rec, *terms)
+            return Decision(steady, "hold", f"within deadband ({bounded:.2f} vs {current}): {why}", rec, *terms)
         direction = 1 if delta > 0 else -1
         if direction != self.votes_dir:
             self.votes_dir, self.votes, self.direction_since_s = direction, 0, now_s
         self.votes += 1
         word = "up" if direction > 0 else "down"
         if self.votes < cfg.confirmations:
-            return Decision(current, "hold", f"{word} vote {self.votes}/{cfg.confirmations}: {why}", rec, *terms)
+            return Decision(steady, "hold", f"{word} vote {self.votes}/{cfg.confirmations}: {why}", rec, *terms)
         assert self.direction_since_s is not None
         if now_s - self.direction_since_s < cfg.min_stable_period_s:
-            return Decision(current, "hold", f"{word} not stable for min_stable_period "
+            return Decision(steady, "hold", f"{word} not stable for min_stable_period "
                             f"{cfg.min_stable_period_s:g} s yet: {why}", rec, *terms)
         last, cooldown = (self.last_up_s, cfg.scale_up_cooldown_s) if direction > 0 else (
             self.last_down_s, cfg.scale_down_cooldown_s)
         if now_s - last < cooldown:
-            return Decision(current, "hold", f"scale-{word} cooldown ({now_s - last:.0f}/{cooldown:g} s): {why}",
+            return Decision(steady, "hold", f"scale-{word} cooldown ({now_s - last:.0f}/{cooldown:g} s): {why}",
                             rec, *terms)
         step = min(abs(delta), cfg.max_step_up if direction > 0 else cfg.max_step_down)
         target = current + direction * max(1, math.floor(step + 1e-9))

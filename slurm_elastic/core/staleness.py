@@ -52,6 +52,11 @@ class StalenessManager:
         self.running = max(0, self.running - n)
         self.rejected += n
 
+    def on_dropped(self, n: int = 1) -> None:
+        """n accepted rollouts were dropped from the buffer (too stale): they will never be consumed."""
+        self.accepted = max(0, self.accepted - n)
+        self.rejected += n
+
     def on_version(self, version: int) -> None:
         """The trainer published a new policy version."""
         self.version = max(self.version, version)

@@ -39,9 +39,13 @@ def node_name(env: Mapping[str, str] | None = None) -> str:
     return env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
 
 
+NVIDIA_CONTROL_DEVICE = Path("/dev/nvidiactl")
+
+
 class AutoSource:
-    """NVML when it initialises, else the injection file when one is given, else NVML anyway
-    (which then reports its init error each sample and keeps retrying)."""
+    """NVML when it initialises; on a node without an NVIDIA driver (no /dev/nvidiactl), the
+    injection file when one is given; else NVML anyway, which then reports its init error each
+    sample (a GPU node whose NVML fails must look unhealthy, never fake-healthy)."""
 
     def __init__(self, nvml: NvmlSource, inject: InjectionSource | None) -> None:
         self._nvml = nvml
@@ -58,7 +62,7 @@ class AutoSource:
                 self._nvml.open()
                 self._chosen = self._nvml
             except TelemetryError as exc:
-                if self._inject is None:
+                if self._inject is None or NVIDIA_CONTROL_DEVICE.exists():
                     return self._nvml
                 log.info("%s; using the fault-injection source", exc)
                 self._chosen = self._inject

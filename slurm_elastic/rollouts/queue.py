@@ -44,6 +44,7 @@ class QueueConfig:
     max_staleness: int = 4
     max_concurrent: int = 1024
     max_group_bytes: int = 32 * 1024 * 1024
+    admission_ttl_s: int = 600  # an admission not followed by a submit within this long is released
     fsync: str = "always"
     lookahead_groups: int = 64
 
@@ -85,6 +86,7 @@ class RolloutQueue:
         self.refused_submits = 0
         self._pulls: collections.deque[tuple[float, int]] = collections.deque()
         self._accepts: collections.deque[tuple[float, int]] = collections.deque()
+        self._grants: collections.deque[list[float]] = collections.deque()  # [time, sequences not yet used]
         version = int(store.get_meta("version", "0"))
         self.staleness = StalenessManager(config.batch_size, config.max_staleness, config.max_concurrent)
         self.staleness.on_version_recovered(version)  # after a restart: bounded, not inflated
@@ -110,10 +112,27 @@ class RolloutQueue:
     def admit(self, n_seqs: int) -> int:
         """The capacity gate: how many of ``n_seqs`` may start now (staleness and concurrency)."""
         with self._lock:
+            self._expire_grants()
             granted = max(0, min(n_seqs, self.staleness.capacity()))
             if granted:
                 self.staleness.on_submitted(granted)
+                self._grants.append([self.clock(), float(granted)])
             return granted
+
+    def _expire_grants(self) -> None:
+        """Admissions a worker never used (it drained, crashed) stop holding staleness capacity."""
+        now = self.clock()
+        while self._grants and now - self._grants[0][0] > self.config.admission_ttl_s:
+            _t, unused = self._grants.popleft()
+            self.staleness.on_rejected(int(unused))
+
+    def _use_grants(self, n_seqs: int) -> None:
+        while n_seqs > 0 and self._grants:
+            take = min(n_seqs, int(self._grants[0][1]))
+            self._grants[0][1] -= take
+            n_seqs -= take
+            if self._grants[0][1] <= 0:
+                self._grants.popleft()
 
     def submit(self, group_id: str, worker_id: str, n_seqs: int, version: int, payload: bytes) -> bool:
         """Store a group durably; False if that id was already accepted (a retry). Raises QueueFull."""
@@ -131,6 +150,7 @@ class RolloutQueue:
                 return False
             self._append(StoredGroup(seq, group_id, worker_id, n_seqs, version, len(payload)))
             self.staleness.on_accepted(n_seqs)
+            self._use_grants(n_seqs)
             self._accepts.append((self.clock(), n_seqs))
             return True
 
@@ -185,7 +205,9 @@ class RolloutQueue:
             stale.append(group)
         if stale:
             self.store.drop(g.id for g in stale)
-            self.dropped_stale_seqs += sum(g.n_seqs for g in stale)
+            dropped = sum(g.n_seqs for g in stale)
+            self.dropped_stale_seqs += dropped
+            self.staleness.on_dropped(dropped)  # never consumed: they must not hold capacity
 
     def ack(self, batch_id: str) -> bool:
         """The trainer consumed a batch. Idempotent; raises UnknownBatchError for an unknown id."""

@@ -121,6 +121,15 @@ def test_trainer_restart_gets_unacked_batches_first(tmp_path: Path) -> None:
     assert q.pull() == first
 
 
+def test_used_admissions_do_not_expire(tmp_path: Path) -> None:
+    q = make(tmp_path, max_staleness=0, max_concurrent=1000, admission_ttl_s=60)
+    q.admit(8)
+    submit(q, "a", 4)
+    submit(q, "b", 4)
+    q.clock.t += 61  # type: ignore[attr-defined]
+    assert q.admit(8) == 0  # both submitted: accepted, still inside the window until consumed
+
+
 def test_version_survives_restart_and_recovery_is_bounded(tmp_path: Path) -> None:
     q = make(tmp_path, max_staleness=2, max_concurrent=1000)
     q.set_version(50, recovered=True)
@@ -135,3 +144,21 @@ def test_admission_gate(tmp_path: Path) -> None:
     assert q.admit(5) == 5 and q.admit(5) == 3 and q.admit(1) == 0  # one window of 8
     submit(q, "a", 4)
     assert q.stats()["running_rollouts"] == 4
+
+
+def test_dropped_stale_groups_free_their_staleness_capacity(tmp_path: Path) -> None:
+    q = make(tmp_path, capacity_seqs=100, max_staleness=0, max_concurrent=1000)
+    assert q.admit(8) == 8
+    submit(q, "a", 4, version=0)
+    submit(q, "b", 4, version=0)
+    assert q.stats()["staleness_capacity"] == 0
+    q.set_version(1)  # the trainer moved on without consuming a and b
+    assert q.pull() is None and q.stats()["dropped_stale_sequences"] == 8
+    assert q.stats()["staleness_capacity"] == 16  # (0 + 1 + 1) * 8 - 0: the dropped ones do not count
+
+
+def test_unused_admissions_expire(tmp_path: Path) -> None:
+    q = make(tmp_path, max_staleness=0, max_concurrent=1000, admission_ttl_s=60)
+    assert q.admit(8) == 8 and q.admit(1) == 0
+    q.clock.t += 61  # type: ignore[attr-defined]  # the worker died without submitting
+    assert q.admit(8) == 8

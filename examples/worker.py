@@ -1,0 +1,51 @@
+"""A rollout worker for the example: samples groups from the current policy, heavy-tailed timing.
+
+Run by the controller as `slurm-elastic worker -- python examples/worker.py` on its own GPU.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from toy_rl import Policy, rollout_time_s, sample_group, target_sequence
+
+from slurm_elastic.worker import RolloutWorker
+
+GROUP = int(os.environ.get("GROUP_SIZE", "8"))
+SCALE_S = float(os.environ.get("ROLLOUT_SCALE_S", "0.4"))
+
+
+def main() -> None:
+    with RolloutWorker.from_env() as worker:
+        policy_dir = Path(os.environ["SLURM_ELASTIC_STATE_DIR"]) / "policy"
+        rng = np.random.default_rng(int(worker.ctx.worker_id) * 7919 + os.getpid())
+        target = target_sequence()
+        policy = Policy.load_latest(policy_dir)
+        n = 0
+        while not worker.draining:
+            if worker.admit(GROUP) < GROUP:  # the staleness gate said no (or we are draining)
+                continue
+            with worker.rollout():  # busy: a drain lets this rollout finish first
+                time.sleep(rollout_time_s(rng, SCALE_S))  # "generation"
+                group = sample_group(policy, GROUP, rng, target)
+            n += 1
+            worker.submit({
+                "id": f"w{worker.ctx.worker_id}-{os.getpid()}-{n}", "policy_version": policy.version,
+                "group_size": GROUP,
+                "sequences": [{"tokens": t, "logprobs": lp, "score": s}
+                              for t, lp, s in zip(group["tokens"], group["logprobs"], group["scores"], strict=True)],
+            })
+            latest = Policy.load_latest(policy_dir)
+            if latest.version > policy.version:
+                policy = latest
+        print(f"worker {worker.ctx.worker_id}: drained after {n} groups", flush=True)
+
+
+if __name__ == "__main__":
+    main()
