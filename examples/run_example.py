@@ -41,6 +41,7 @@ def main() -> int:
     job_id = int(sh("sbatch", "--parsable", "examples/elastic_rl.sbatch").strip().split(";")[0])
     print(f"submitted job {job_id}: the controller, a trainer step, and elastic rollout workers")
     cordoned = killed = False
+    cordoned_at = float("inf")
     killed_pid = 0
     targets: list[int] = []
     active_seen: list[int] = []
@@ -66,7 +67,7 @@ def main() -> int:
         if not cordoned and version >= 8:
             sh("slurm-elastic", "cordon", str(job_id), "node2:3", "--reason", "example: operator cordon")
             print("  >> cordoned node2:3 (no new worker will be placed there)")
-            cordoned = True
+            cordoned, cordoned_at = True, time.time()
         if not killed and version >= 18:
             info = json.loads((Path(_state_dir(job_id)) / "controller.json").read_text())
             killed_pid = int(info["pid"])
@@ -74,7 +75,7 @@ def main() -> int:
             print(f"  >> kill -9 of the controller (pid {killed_pid}); the batch script restarts it")
             killed = True
         time.sleep(1.0)
-    return summarize(job_id, doc, targets, active_seen, killed)
+    return summarize(job_id, cordoned_at, targets, active_seen, killed)
 
 
 def _state_dir(job_id: int) -> str:
@@ -96,21 +97,21 @@ def _queue(job_id: int) -> dict[str, Any]:
         return {}
 
 
-def summarize(job_id: int, doc: dict[str, Any] | None, targets: list[int], active: list[int], killed: bool) -> int:
+def summarize(job_id: int, cordoned_at: float, targets: list[int], active: list[int], killed: bool) -> int:
     state_dir = Path(_state_dir(job_id))
     rows = [line.split(",") for line in (state_dir / "reward.csv").read_text().splitlines()[1:]]
     rewards = [float(r[2]) for r in rows]
-    workers = doc["controller"]["workers"] if doc else []
-    relaunched = [w["worker_id"] for w in workers if w.get("launches", 1) > 1]
-    placed_on_cordoned = [w for w in workers if w.get("node") == "node2" and 3 in w.get("gpus", [])
-                          and not w.get("placeholder")]
+    records = json.loads((state_dir / "state.json").read_text())["state"]["workers"].values()
+    relaunched = [w["worker_id"] for w in records if w["launches"] > 1]
+    placed_on_cordoned = [w for w in records if w["node"] == "node2" and 3 in w["gpus"] and not w["placeholder"]
+                          and any(h[2] == "ACTIVE" and h[0] > cordoned_at for h in w["history"])]
     print(f"\njob {job_id} finished: {len(rows)} training steps")
     print(f"  reward: {rewards[0]:.3f} at the start -> {max(rewards[-5:]):.3f} at the end (chance: 0.062)")
     print(f"  workers: from {min(active)} up to {max(active)} and back; targets seen {sorted(set(targets))}")
     print(f"  controller killed: {'yes, and restarted' if killed else 'no'}; workers relaunched: {len(relaunched)}")
     print(f"  workers placed on the cordoned GPU after the cordon: {len(placed_on_cordoned)}")
     print(f"  plot: {state_dir / 'reward.png'}  log: {REPO / f'elastic-rl-{job_id}.out'}")
-    ok = rewards[-1] > rewards[0] + 0.2 and max(active) > min(active) and not relaunched
+    ok = rewards[-1] > rewards[0] + 0.2 and max(active) > min(active) and not relaunched and not placed_on_cordoned
     print("example: OK" if ok else "example: something did not go as expected (see above)")
     return 0 if ok else 1
 

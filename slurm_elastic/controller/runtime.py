@@ -8,6 +8,7 @@ are kept and shown in status; the loop never dies on a bad tick.
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import threading
 import time
@@ -83,6 +84,7 @@ class Controller:
         self.health_rules = HealthRules.from_mapping(config.health)
         self.cordons = CordonBook(self.health_rules)
         self.agent_launched_s: dict[str, float] = {}
+        self.foreign_gpus: dict[str, int] = {}  # GPUs held by the job's other steps (e.g. the trainer)
         # versions keep increasing across controller restarts, so a router never mistakes a new
         # controller's set for the one it already has
         self.endpoints = EndpointBook(version=int(clock() * 1000))
@@ -171,6 +173,8 @@ class Controller:
             self.cordons.tick(now_s)
             health_drains = self._drain_unhealthy(now_s)
             cordoned = self.cordoned_gpus()
+            if steps is not None:
+                self.foreign_gpus = foreign_gpus_by_node(steps)
             allowed_slots, exclude = self.placement(cordoned, self.unknown_nodes(now_s))
             desired = self.desired_workers(allowed_slots, now_s)
             plan = reconcile(self.workers, observed, desired, allowed_slots, exclude, frozenset(cordoned),
@@ -300,6 +304,7 @@ class Controller:
         slots, exclude = 0, []
         for node, gpus in self.gpus_by_node.items():
             usable = [] if node in unknown_nodes else [g for g in gpus if (node, g) not in cordoned]
+            usable = usable[: max(0, len(usable) - self.foreign_gpus.get(node, 0))]
             if len(usable) < per_worker:
                 exclude.append(node)  # every GPU there is cordoned (or too few are left)
             slots += len(usable) // per_worker
@@ -567,6 +572,18 @@ class Controller:
     def _record_error(self, where: str, message: str) -> None:
         self.errors.append({"at_s": round(self.clock(), 3), "where": where, "error": message})
         del self.errors[:-ERROR_LIMIT]
+
+
+def foreign_gpus_by_node(steps: list[StepInfo]) -> dict[str, int]:
+    """GPUs that the job's own non-worker steps hold per node (the trainer's, say); agents overlap."""
+    held: dict[str, int] = {}
+    for step in steps:
+        if worker_id_of_step(step.name) is not None or step.name.startswith(AGENT_PREFIX) or len(step.nodes) != 1:
+            continue
+        match = re.search(r"gres[:/]gpu(?::[^:,]+)?:(\d+)", step.tres_per_node)
+        if match:
+            held[step.nodes[0]] = held.get(step.nodes[0], 0) + int(match.group(1))
+    return held
 
 
 def _render(template: str, values: dict[str, str]) -> str:

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from types import TracebackType
 from typing import Any
 
-from slurm_elastic.errors import SlurmElasticError
+from slurm_elastic.errors import ControllerUnreachableError, SlurmElasticError
 from slurm_elastic.worker.context import StepContext
 from slurm_elastic.worker.control import FollowingControl
 
@@ -88,18 +88,41 @@ class RolloutWorker:
                 self._drain.set()
 
     def admit(self, sequences: int, wait: bool = True, poll_s: float = 0.2) -> int:
-        """The staleness gate: block (unless ``wait`` is False) until ``sequences`` may start."""
+        """The staleness gate: block (unless ``wait`` is False) until ``sequences`` may start.
+
+        While the controller is down (it restarts), this waits too; a drain ends the wait."""
         granted = 0
-        while granted < sequences:
-            granted += int(self.control.client.admit(sequences - granted)["granted"])
-            if granted >= sequences or not wait or self.draining:
+        while granted < sequences and not self.draining:
+            wanted = sequences - granted
+            answer = self._through_outages(lambda: self.control.client.admit(wanted))  # noqa: B023 (called at once)
+            granted += int(answer["granted"]) if answer else 0
+            if granted >= sequences or not wait:
                 break
             time.sleep(poll_s)
         return granted
 
     def submit(self, group: dict[str, Any]) -> dict[str, Any]:
-        """Hand a scored group to the controller's queue, durably; backs off while the buffer is full."""
-        return self.control.client.submit_group({"worker_id": self.ctx.worker_id, **group})
+        """Hand a scored group to the controller's queue, durably. Waits while the buffer is full and
+        while the controller restarts; the group id makes a resend safe. Never drops the group."""
+        body = {"worker_id": self.ctx.worker_id, **group}
+        while True:
+            answer = self._through_outages(lambda: self.control.client.submit_group(body), give_up_on_drain=False)
+            if answer is not None:
+                return answer
+
+    def _through_outages(self, call: Any, give_up_on_drain: bool = True) -> dict[str, Any] | None:
+        """``call()``, retried while the controller is unreachable (re-reading its URL)."""
+        delay_s = 0.2
+        while True:
+            try:
+                result: dict[str, Any] = call()
+                return result
+            except ControllerUnreachableError:
+                if give_up_on_drain and self.draining:
+                    return None
+                self.control.refresh()
+                time.sleep(delay_s)
+                delay_s = min(5.0, delay_s * 2)
 
     def close(self) -> None:
         self._stop.set()

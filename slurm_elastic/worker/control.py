@@ -23,6 +23,10 @@ class FollowingControl:
         self.state_dir = state_dir
         self.client = ControlClient(url, token)
 
+    def refresh(self) -> bool:
+        """Re-read the controller's URL from the state directory; True if it changed."""
+        return self._refresh()
+
     def _refresh(self) -> bool:
         url = read_controller_url(self.state_dir) if self.state_dir else ""
         if not url or url.rstrip("/") == self.client.url:
