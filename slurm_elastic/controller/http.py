@@ -96,7 +96,7 @@ def control_router(controller: Controller, token: str) -> APIRouter:
         except UnknownWorkerError as exc:
             raise unknown(exc) from None
         except (ValueError, TypeError) as exc:
-            raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, f"bad agent report: {exc}") from None
+            raise HTTPException(422, f"bad agent report: {exc}") from None
 
     @router.get("/endpoints", tags=["servers"])
     async def endpoints(request: Request, response: Response,

@@ -68,26 +68,45 @@ class VersionUpdate(BaseModel):
     recovered: bool = False
 
 
+def inline_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """The model's JSON schema with its local ``$defs`` inlined (the route parses the body itself)."""
+    schema = model.model_json_schema()
+    defs = schema.pop("$defs", {})
+
+    def resolve(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref", "")
+            if ref.startswith("#/$defs/"):
+                return resolve(defs[ref.removeprefix("#/$defs/")])
+            return {k: resolve(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [resolve(v) for v in node]
+        return node
+
+    return dict(resolve(schema))
+
+
 def rollout_router(controller: Controller, queue: RolloutQueue, token: str) -> APIRouter:
     router = APIRouter(dependencies=[Depends(bearer_auth(token))])
     limit = queue.config.max_group_bytes
 
     @router.post("/rollouts", tags=["rollouts"], openapi_extra={
-        "requestBody": {"required": True, "content": {"application/json": {"schema": RolloutGroup.model_json_schema(
-            ref_template="#/components/schemas/{model}")}}}})
+        "requestBody": {"required": True, "content": {"application/json": {"schema": inline_schema(RolloutGroup)}}}},
+        responses={413: {"description": "group over the size limit"},
+                   429: {"description": "buffer full: retry after Retry-After seconds"}})
     async def submit(request: Request) -> Response:
         if int(request.headers.get("content-length") or 0) > limit:
-            raise HTTPException(status.HTTP_413_REQUEST_ENTITY_TOO_LARGE, f"rollout group over {limit} bytes")
+            raise HTTPException(413, f"rollout group over {limit} bytes")
         body = bytearray()
         async for chunk in request.stream():
             body += chunk
             if len(body) > limit:
-                raise HTTPException(status.HTTP_413_REQUEST_ENTITY_TOO_LARGE, f"rollout group over {limit} bytes")
+                raise HTTPException(413, f"rollout group over {limit} bytes")
         try:
             group = RolloutGroup.model_validate_json(bytes(body))
         except ValidationError as exc:
             detail = [{"loc": e["loc"], "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
-            raise HTTPException(status.HTTP_422_UNPROCESSABLE_ENTITY, detail) from None
+            raise HTTPException(422, detail) from None
         try:
             stored = queue.submit(group.id, group.worker_id, group.group_size, group.policy_version, bytes(body))
         except QueueFull as exc:

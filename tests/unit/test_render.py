@@ -32,7 +32,7 @@ def test_the_example_is_one_rendered_instance() -> None:
 
 
 def test_render_needs_a_trainer() -> None:
-    with pytest.raises(ConfigError, match="job.trainer_command is empty"):
+    with pytest.raises(ConfigError, match=r"job\.trainer_command is empty"):
         render_sbatch(parse_config({}), "x.toml")
 
 
