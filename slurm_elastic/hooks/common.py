@@ -1,0 +1,63 @@
+"""What both hooks share: their config file, their log, the node-local state directory."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+CONFIG_FILE = Path(os.environ.get("SLURM_ELASTIC_HOOKS_CONFIG", "/etc/slurm-elastic/hooks.toml"))
+STRICT_BAD_GPU_EXIT = 3  # the prolog's "drain this node" code; the sbin wrapper turns it into 1
+
+
+@dataclass(frozen=True)
+class HookConfig:
+    node_state_dir: Path = Path("/var/lib/slurm-elastic")
+    log_file: Path = Path("/var/log/slurm-elastic/hooks.log")
+    strict: bool = False
+    source: str = "auto"
+    inject_file: str = ""
+    gpus: int = 0
+    kill_wait_s: float = 3.0
+
+
+def load_hook_config(path: Path = CONFIG_FILE) -> HookConfig:
+    """The optional config file; unknown keys are ignored with a log line (a hook must not fail)."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        data = {}
+    defaults = HookConfig()
+    known = HookConfig.__dataclass_fields__
+    values = {}
+    for key, value in data.items():
+        if key not in known:
+            logging.getLogger(__name__).warning("hooks config %s: unknown key %r ignored", path, key)
+            continue
+        values[key] = type(getattr(defaults, key))(value)
+    return HookConfig(**values)
+
+
+def setup_logging(config: HookConfig, hook: str) -> logging.Logger:
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    try:
+        config.log_file.parent.mkdir(parents=True, exist_ok=True)
+        handlers.append(logging.FileHandler(config.log_file))
+    except OSError:
+        pass
+    job = os.environ.get("SLURM_JOB_ID", "?")
+    node = os.environ.get("SLURMD_NODENAME", "?")
+    logging.basicConfig(level=logging.INFO, handlers=handlers, force=True,
+                        format=f"%(asctime)s {hook} job={job} node={node} %(levelname)s %(message)s")
+    return logging.getLogger(hook)
+
+
+def job_dir(config: HookConfig, job_id: str) -> Path:
+    return config.node_state_dir / job_id
