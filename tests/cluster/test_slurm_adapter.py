@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,19 +18,12 @@ from slurm_elastic.slurm.backend import StepSpec
 from slurm_elastic.slurm.cli_backend import SlurmCli
 from slurm_elastic.slurm.parse import StepInfo
 from slurm_elastic.slurm.runner import command_counts
+from tests.cluster.controller_harness import wait_for
 
 pytestmark = pytest.mark.cluster
 PROBE = str(Path(__file__).with_name("probe_step.py"))
 
 
-def wait_for(predicate: Callable[[], object], timeout_s: float = 20.0, what: str = "condition") -> object:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def probe_spec(job_id: int, tmp_path: Path, name: str, cluster: DevCluster, hold_s: float = 60.0,
