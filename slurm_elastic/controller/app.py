@@ -43,7 +43,12 @@ def create_controller_app(controller: Controller, token: str, queue: RolloutQueu
 
 
 def queue_pressure(controller: Controller, queue: RolloutQueue) -> dict[str, Any]:
-    """The queue's numbers as the autoscaler takes them (production per worker from the total)."""
+    """The queue's numbers as the autoscaler takes them (production per worker from the total).
+
+    None of them until the queue is in use: a job of inference servers with no trainer must not
+    look like a starving trainer."""
+    if not queue.in_use:
+        return {}
     q = queue.stats()
     active = max(1, sum(1 for w in controller.workers.values() if w.state.value == "ACTIVE" and not w.placeholder))
     production = q["production_seqs_per_s"]

@@ -84,6 +84,7 @@ class RolloutQueue:
         self.delivered_seqs = 0
         self.dropped_stale_seqs = 0
         self.refused_submits = 0
+        self.in_use = False  # a trainer registered or pulled, or rollouts arrived: the buffer means something
         self._pulls: collections.deque[tuple[float, int]] = collections.deque()
         self._accepts: collections.deque[tuple[float, int]] = collections.deque()
         self._grants: collections.deque[list[float]] = collections.deque()  # [time, sequences not yet used]
@@ -99,6 +100,7 @@ class RolloutQueue:
         for group in self.store.queued():
             self._append(group)
         counts = self.store.counts()
+        self.in_use = bool(counts)
         self.delivered_seqs = counts.get("delivered", 0)
         self.dropped_stale_seqs = counts.get("dropped", 0)
 
@@ -149,6 +151,7 @@ class RolloutQueue:
             if seq is None:
                 return False
             self._append(StoredGroup(seq, group_id, worker_id, n_seqs, version, len(payload)))
+            self.in_use = True
             self.staleness.on_accepted(n_seqs)
             self._use_grants(n_seqs)
             self._accepts.append((self.clock(), n_seqs))
@@ -162,6 +165,7 @@ class RolloutQueue:
     def pull(self) -> tuple[str, list[bytes]] | None:
         """The next batch (id, group payloads) of exactly ``batch_size`` sequences, or None if not enough."""
         with self._lock:
+            self.in_use = True
             if self._rehand:
                 batch_id, _groups = self._rehand.popleft()
                 return batch_id, [p for _g, p in self.store.batch_payloads(batch_id)]
@@ -224,6 +228,7 @@ class RolloutQueue:
     def trainer_restarted(self) -> int:
         """A (re)registering trainer gets every unacknowledged batch again first; returns how many."""
         with self._lock:
+            self.in_use = True
             self._rehand = collections.deque((b, g) for b, g in self._handed.items())
             return len(self._rehand)
 

@@ -162,3 +162,16 @@ def test_unused_admissions_expire(tmp_path: Path) -> None:
     assert q.admit(8) == 8 and q.admit(1) == 0
     q.clock.t += 61  # type: ignore[attr-defined]  # the worker died without submitting
     assert q.admit(8) == 8
+
+
+def test_the_queue_is_in_use_once_a_trainer_or_rollouts_show_up(tmp_path: Path) -> None:
+    q = make(tmp_path)
+    assert not q.in_use
+    q.pull()
+    assert q.in_use
+    q.store.close()
+    assert not make(tmp_path).in_use  # an empty store after a restart: still unused
+    other = make(tmp_path / "x" if (tmp_path / "x").mkdir() is None else tmp_path)
+    submit(other, "a")
+    other.store.close()
+    assert RolloutQueue(RolloutStore(tmp_path / "x" / "q.sqlite"), other.config).in_use
