@@ -1,7 +1,8 @@
 """``elastic.toml``: the controller's configuration, validated, with units in every key name.
 
 Unknown keys and bad values are errors that name the key (``workers.gpus_per_worker: ...``).
-The ``[autoscaler]``, ``[queue]`` and ``[health]`` tables are validated by their own modules.
+The ``[autoscaler]``, ``[queue]`` and ``[health]`` tables are validated by their own modules, at
+load time too, so a bad value is refused before anything touches Slurm.
 """
 
 from __future__ import annotations
@@ -114,7 +115,7 @@ class ElasticConfig(_Section):
 def parse_config(data: dict[str, Any], source: str = "config") -> ElasticConfig:
     """Validate a parsed TOML document; errors name the key."""
     try:
-        return ElasticConfig.model_validate(data)
+        config = ElasticConfig.model_validate(data)
     except ValidationError as exc:
         problems = []
         for error in exc.errors():
@@ -122,6 +123,22 @@ def parse_config(data: dict[str, Any], source: str = "config") -> ElasticConfig:
             problem = "unknown key" if error["type"] == "extra_forbidden" else error["msg"]
             problems.append(f"{key}: {problem}")
         raise ConfigError(f"{source}: " + "; ".join(problems)) from None
+    _validate_policy_tables(config, source)
+    return config
+
+
+def _validate_policy_tables(config: ElasticConfig, source: str) -> None:
+    """Check ``[autoscaler]``, ``[queue]`` and ``[health]`` with their own validators, now."""
+    from slurm_elastic.core.health import HealthRules
+    from slurm_elastic.core.scaling import AutoscalerConfig
+    from slurm_elastic.rollouts.queue import QueueConfig
+
+    try:
+        AutoscalerConfig.from_mapping(config.autoscaler)
+        QueueConfig.from_mapping(config.queue)
+        HealthRules.from_mapping(config.health)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
 
 
 def load_config(path: Path) -> ElasticConfig:

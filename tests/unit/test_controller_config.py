@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -56,3 +57,13 @@ def test_file_errors_are_clear(tmp_path: Path) -> None:
 
 def test_config_reference_is_generated_from_the_schema() -> None:
     assert (DOCS / "config-reference.md").read_text() == REFERENCE_HEADER + config_reference_markdown()
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    ({"autoscaler": {"max_workers": "lots"}}, "autoscaler.max_workers: must be an integer"),
+    ({"queue": {"batch_size": -3}}, "queue.batch_size: must be a positive integer"),
+    ({"health": {"nope": 1}}, "health.nope: unknown key"),
+])
+def test_policy_tables_are_checked_at_load_not_later(data: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_config(data)
