@@ -93,6 +93,7 @@ def start_controller_job(cluster: DevCluster, tmp: Path, *, workers: dict[str, A
                          agent: dict[str, Any] | None = None, health: dict[str, Any] | None = None,
                          worker_env: dict[str, str] | None = None, autoscaler: dict[str, Any] | None = None,
                          queue: dict[str, Any] | None = None,
+                         controller: dict[str, Any] | None = None,
                          nodes: int = 2,
                          gpus_per_node: int = 4) -> ControllerJob:
     """Submit a job (default: 2 nodes, all 8 fake GPUs) running the controller; wait until it answers."""
@@ -102,7 +103,7 @@ def start_controller_job(cluster: DevCluster, tmp: Path, *, workers: dict[str, A
     env = {"FAKE_WORKER_LOG": str(tmp / "events.log"), "FAKE_GPU_DIR": str(cluster.dir / "dev"),
            "ROLLOUT_S": "0.5", **(worker_env or {})}
     config = {
-        "controller": {"tick_interval_s": 0.3, "state_dir": str(tmp / "state-{job_id}")},
+        "controller": {"tick_interval_s": 0.3, "state_dir": str(tmp / "state-{job_id}"), **(controller or {})},
         "workers": {**w, "env": env},
         "agent": {"enabled": False, "inject_file": str(tmp / "drill.toml"), **(agent or {})},
         "health": health or {},
