@@ -188,10 +188,16 @@ def _registry(controller: Controller, queue: RolloutQueue) -> CollectorRegistry:
         ("dropped_stale_sequences_total", "Sequences dropped as too stale", q["dropped_stale_sequences"]),
         ("refused_submits_total", "Submits refused with 429 (backpressure)", q["refused_submits"]),
         ("target_workers", "The worker count the controller steers to", ctl["target_workers"]),
+        ("ticks_total", "Reconcile ticks done", ctl["ticks"]),
+        ("heartbeats_total", "Worker heartbeats handled", ctl["heartbeats"]),
     ]:
         Gauge(f"slurm_elastic_{name}", doc, registry=registry).set(float(value or 0))
     workers = Gauge("slurm_elastic_workers", "Workers by state", ["state"], registry=registry)
     for state, count in ctl["workers_by_state"].items():
         workers.labels(state=state).set(count)
+    tick = Gauge("slurm_elastic_tick_duration_seconds", "Recent reconcile tick wall time", ["quantile"],
+                 registry=registry)
+    for quantile, key in (("0.5", "p50"), ("0.95", "p95"), ("1", "max")):
+        tick.labels(quantile=quantile).set(ctl["tick_duration_s"][key])
     Gauge("slurm_elastic_cordoned_gpus", "Cordoned GPUs", registry=registry).set(len(ctl["cordoned_gpus"]))
     return registry

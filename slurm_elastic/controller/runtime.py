@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import logging
 import re
+import statistics
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -39,6 +41,7 @@ from slurm_elastic.slurm.parse import StepInfo
 log = logging.getLogger(__name__)
 S = WorkerState
 ERROR_LIMIT = 20
+TICK_WINDOW = 256  # recent tick durations kept for status and /metrics
 AGENT_RELAUNCH_S = 30.0
 
 
@@ -97,6 +100,8 @@ class Controller:
         self.last_decision: dict[str, Any] = {"action": "hold", "reason": "starting"}
         self.errors: list[dict[str, Any]] = []
         self.ticks = 0
+        self.tick_durations_s: deque[float] = deque(maxlen=TICK_WINDOW)
+        self.heartbeats = 0
         self.started_at_s = clock()
         self.state_note = ""
         self.state_file = StateFile(state_dir / "state.json", job_id)
@@ -288,6 +293,8 @@ class Controller:
             except Exception as exc:  # the loop never dies on one bad tick
                 log.exception("tick failed")
                 self._record_error("tick", f"{type(exc).__name__}: {exc}")
+            with self.lock:
+                self.tick_durations_s.append(time.monotonic() - started)
             stop.wait(max(0.0, interval_s - (time.monotonic() - started)))
 
     # ---- decisions ---------------------------------------------------------------------------
@@ -400,6 +407,7 @@ class Controller:
             if worker is None or not worker.has_step:
                 raise UnknownWorkerError(worker_id)
             worker.last_heartbeat_s = self.clock()
+            self.heartbeats += 1
             if "busy" in info:
                 worker.busy = bool(info["busy"])
             if "rollouts" in info:
@@ -508,6 +516,8 @@ class Controller:
                 "now_s": round(now_s, 3),
                 "uptime_s": round(now_s - self.started_at_s, 1),
                 "ticks": self.ticks,
+                "tick_duration_s": self.tick_duration_summary(),
+                "heartbeats": self.heartbeats,
                 "target_workers": self.target_workers,
                 "paused": self.paused,
                 "manual_target": self.manual_target,
@@ -523,6 +533,15 @@ class Controller:
                 "errors": self.errors[-ERROR_LIMIT:],
                 "state_note": self.state_note,
             }
+
+    def tick_duration_summary(self) -> dict[str, float | int]:
+        """Wall time of the recent ticks (observe + decide + act + persist): p50, p95, max, count."""
+        recent = sorted(self.tick_durations_s)
+        if not recent:
+            return {"p50": 0.0, "p95": 0.0, "max": 0.0, "count": 0}
+        p95 = recent[min(len(recent) - 1, round(0.95 * (len(recent) - 1)))]
+        return {"p50": round(statistics.median(recent), 4), "p95": round(p95, 4), "max": round(recent[-1], 4),
+                "count": len(recent)}
 
     def _servers_view(self, now_s: float) -> dict[str, Any]:
         capacity = self.config.workers.requests_per_worker_capacity

@@ -1,0 +1,59 @@
+"""The controller's own load figures: tick durations and heartbeats handled (status and /metrics)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from slurm_elastic.controller.config import parse_config
+from slurm_elastic.controller.runtime import Controller
+from slurm_elastic.slurm.backend import StepSpec
+from slurm_elastic.slurm.parse import StepInfo
+
+
+class NoStepsBackend:
+    """A Slurm that lists no steps and accepts every action."""
+
+    name = "none"
+
+    def list_steps(self, job_id: int) -> list[StepInfo]:
+        return []
+
+    def launch_step(self, spec: StepSpec, launcher_log: Path) -> int:
+        return 0
+
+    def signal_step(self, job_id: int, step_id: str, signal_name: str) -> None:
+        pass
+
+    def cancel_step(self, job_id: int, step_id: str) -> None:
+        pass
+
+
+def make_controller(tmp: Path) -> Controller:
+    config = parse_config({"agent": {"enabled": False}, "autoscaler": {"min_workers": 0},
+                           "controller": {"tick_interval_s": 0.01}})
+    return Controller(config, 1, NoStepsBackend(), tmp, gpus_by_node={"node1": (0, 1)})  # type: ignore[arg-type]
+
+
+def test_status_summarizes_recent_tick_durations(tmp_path: Path) -> None:
+    controller = make_controller(tmp_path)
+    assert controller.status()["tick_duration_s"] == {"p50": 0.0, "p95": 0.0, "max": 0.0, "count": 0}
+    stop = threading.Event()
+    loop = threading.Thread(target=controller.run_forever, args=(stop,))
+    loop.start()
+    try:
+        while controller.status()["tick_duration_s"]["count"] < 5:
+            stop.wait(0.01)
+    finally:
+        stop.set()
+        loop.join()
+    summary = controller.status()["tick_duration_s"]
+    assert 0 < summary["p50"] <= summary["p95"] <= summary["max"]
+
+
+def test_heartbeats_are_counted(tmp_path: Path) -> None:
+    controller = make_controller(tmp_path)
+    controller.register_worker("w1", {"node": "node1", "gpus": [0], "step_id": "3"})
+    for _ in range(3):
+        controller.heartbeat("w1", {"busy": True})
+    assert controller.status()["heartbeats"] == 3
