@@ -190,6 +190,7 @@ def _registry(controller: Controller, queue: RolloutQueue) -> CollectorRegistry:
         ("target_workers", "The worker count the controller steers to", ctl["target_workers"]),
         ("ticks_total", "Reconcile ticks done", ctl["ticks"]),
         ("heartbeats_total", "Worker heartbeats handled", ctl["heartbeats"]),
+        ("tick_seconds_total", "Wall time of all reconcile ticks", ctl["tick_duration_s"]["total_s"]),
     ]:
         Gauge(f"slurm_elastic_{name}", doc, registry=registry).set(float(value or 0))
     workers = Gauge("slurm_elastic_workers", "Workers by state", ["state"], registry=registry)

@@ -41,7 +41,7 @@ from slurm_elastic.slurm.parse import StepInfo
 log = logging.getLogger(__name__)
 S = WorkerState
 ERROR_LIMIT = 20
-TICK_WINDOW = 256  # recent tick durations kept for status and /metrics
+TICK_WINDOW = 60  # recent tick durations kept for status and /metrics
 AGENT_RELAUNCH_S = 30.0
 
 
@@ -101,6 +101,7 @@ class Controller:
         self.errors: list[dict[str, Any]] = []
         self.ticks = 0
         self.tick_durations_s: deque[float] = deque(maxlen=TICK_WINDOW)
+        self.tick_total_s = 0.0
         self.heartbeats = 0
         self.started_at_s = clock()
         self.state_note = ""
@@ -295,6 +296,7 @@ class Controller:
                 self._record_error("tick", f"{type(exc).__name__}: {exc}")
             with self.lock:
                 self.tick_durations_s.append(time.monotonic() - started)
+                self.tick_total_s += self.tick_durations_s[-1]
             stop.wait(max(0.0, interval_s - (time.monotonic() - started)))
 
     # ---- decisions ---------------------------------------------------------------------------
@@ -535,13 +537,14 @@ class Controller:
             }
 
     def tick_duration_summary(self) -> dict[str, float | int]:
-        """Wall time of the recent ticks (observe + decide + act + persist): p50, p95, max, count."""
+        """Wall time of the last ``TICK_WINDOW`` ticks (observe + decide + act + persist): p50, p95, max,
+        how many; and ``total_s``, the time of all ticks so far (a window's mean: delta total / delta ticks)."""
         recent = sorted(self.tick_durations_s)
         if not recent:
-            return {"p50": 0.0, "p95": 0.0, "max": 0.0, "count": 0}
+            return {"p50": 0.0, "p95": 0.0, "max": 0.0, "count": 0, "total_s": 0.0}
         p95 = recent[min(len(recent) - 1, round(0.95 * (len(recent) - 1)))]
         return {"p50": round(statistics.median(recent), 4), "p95": round(p95, 4), "max": round(recent[-1], 4),
-                "count": len(recent)}
+                "count": len(recent), "total_s": round(self.tick_total_s, 4)}
 
     def _servers_view(self, now_s: float) -> dict[str, Any]:
         capacity = self.config.workers.requests_per_worker_capacity
