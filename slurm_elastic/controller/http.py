@@ -59,8 +59,8 @@ class GpuRef(_Body):
 
 
 def bearer_auth(expected_token: str):  # type: ignore[no-untyped-def]
-    """A dependency: 401 without a bearer token, 403 with a wrong one."""
-    def check(request: Request) -> None:
+    """A dependency: 401 without a bearer token, 403 with a wrong one (async: no thread hop)."""
+    async def check(request: Request) -> None:
         header = request.headers.get("authorization", "")
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token:

@@ -7,6 +7,7 @@ concatenating the stored groups, so what a worker sent is what the trainer gets.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Request, Response, status
@@ -108,10 +109,12 @@ def rollout_router(controller: Controller, queue: RolloutQueue, token: str) -> A
             detail = [{"loc": e["loc"], "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
             raise HTTPException(422, detail) from None
         try:
-            stored = queue.submit(group.id, group.worker_id, group.group_size, group.policy_version, bytes(body))
+            committed = queue.submit_later(group.id, group.worker_id, group.group_size, group.policy_version,
+                                           bytes(body))
         except QueueFull as exc:
             raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS, str(exc),
                                 headers={"Retry-After": f"{max(1, round(exc.retry_after_s))}"}) from None
+        stored = await asyncio.wrap_future(committed)  # answered once its group commit is durable
         return Response(f'{{"accepted":{str(stored).lower()}}}', media_type="application/json")
 
     @router.post("/rollouts/admission", tags=["rollouts"])

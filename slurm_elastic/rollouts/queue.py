@@ -14,6 +14,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,6 +80,8 @@ class RolloutQueue:
         self._ids: set[str] = set()
         self._queued_seqs = 0
         self._queued_bytes = 0
+        self._committing_seqs = 0  # accepted under the bound, waiting for their group commit
+        self._committing_bytes = 0
         self._rehand: collections.deque[tuple[str, list[StoredGroup]]] = collections.deque()
         self._handed: dict[str, list[StoredGroup]] = {}
         self.delivered_seqs = 0
@@ -138,24 +141,54 @@ class RolloutQueue:
 
     def submit(self, group_id: str, worker_id: str, n_seqs: int, version: int, payload: bytes) -> bool:
         """Store a group durably; False if that id was already accepted (a retry). Raises QueueFull."""
+        return self.submit_later(group_id, worker_id, n_seqs, version, payload).result()
+
+    def submit_later(self, group_id: str, worker_id: str, n_seqs: int, version: int,
+                     payload: bytes) -> Future[bool]:
+        """Like :meth:`submit`, for an event loop: the future resolves once the group is durable
+        (``await asyncio.wrap_future(...)``). QueueFull is raised at once."""
         cfg = self.config
         with self._lock:
             if group_id in self._ids:
-                return False  # a retry of a queued group (the store catches older ones)
-            if self._queued_seqs + n_seqs > cfg.capacity_seqs or self._queued_bytes + len(payload) > cfg.capacity_bytes:
+                already: Future[bool] = Future()
+                already.set_result(False)  # a retry of a queued group (the store catches older ones)
+                return already
+            queued_seqs = self._queued_seqs + self._committing_seqs
+            queued_bytes = self._queued_bytes + self._committing_bytes
+            if queued_seqs + n_seqs > cfg.capacity_seqs or queued_bytes + len(payload) > cfg.capacity_bytes:
                 self.refused_submits += 1
-                raise QueueFull(f"rollout buffer full ({self._queued_seqs}/{cfg.capacity_seqs} sequences, "
-                                f"{self._queued_bytes}/{cfg.capacity_bytes} bytes)", self._retry_after_s())
-        seq = self.store.insert(group_id, worker_id, n_seqs, version, payload)  # committed before we answer
-        with self._lock:
-            if seq is None:
-                return False
-            self._append(StoredGroup(seq, group_id, worker_id, n_seqs, version, len(payload)))
-            self.in_use = True
-            self.staleness.on_accepted(n_seqs)
-            self._use_grants(n_seqs)
-            self._accepts.append((self.clock(), n_seqs))
-            return True
+                raise QueueFull(f"rollout buffer full ({queued_seqs}/{cfg.capacity_seqs} sequences, "
+                                f"{queued_bytes}/{cfg.capacity_bytes} bytes)", self._retry_after_s())
+            self._committing_seqs += n_seqs  # held against the bound until the commit (no overshoot)
+            self._committing_bytes += len(payload)
+        accepted: Future[bool] = Future()
+
+        def committed(stored: Future[int | None]) -> None:
+            error = stored.exception()
+            with self._lock:
+                self._committing_seqs -= n_seqs
+                self._committing_bytes -= len(payload)
+                seq = None if error else stored.result()
+                if seq is not None:
+                    self._append(StoredGroup(seq, group_id, worker_id, n_seqs, version, len(payload)))
+                    self.in_use = True
+                    self.staleness.on_accepted(n_seqs)
+                    self._use_grants(n_seqs)
+                    self._accepts.append((self.clock(), n_seqs))
+            if error is not None:
+                accepted.set_exception(error)
+            else:
+                accepted.set_result(seq is not None)
+
+        try:
+            stored = self.store.insert_later(group_id, worker_id, n_seqs, version, payload)
+        except BaseException:
+            with self._lock:
+                self._committing_seqs -= n_seqs
+                self._committing_bytes -= len(payload)
+            raise
+        stored.add_done_callback(committed)  # runs on the store's writer thread, in commit order
+        return accepted
 
     def _retry_after_s(self) -> float:
         rate = self._rate(self._pulls)

@@ -1,7 +1,9 @@
 """The durable side of the rollout queue: SQLite in WAL mode in the job's state directory.
 
 A submit is committed (and, with the default ``fsync = "always"``, fsynced) before the API
-answers 2xx. Groups move queued -> handed (in a batch) -> delivered (the trainer acknowledged
+answers 2xx. Submits go through one writer thread that commits everything waiting in one
+transaction (group commit): under concurrency many submits share one fsync, and each caller is
+answered only once the transaction holding its group is durable. Groups move queued -> handed (in a batch) -> delivered (the trainer acknowledged
 the batch) or dropped (too stale). Batches handed out and never acknowledged are handed out
 again, with the same id, after a trainer or controller restart.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 from collections.abc import Iterable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +40,7 @@ CREATE TABLE IF NOT EXISTS batches (
 );
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
+INSERT_GROUP = "INSERT INTO groups (id, worker_id, n_seqs, version, nbytes, payload) VALUES (?,?,?,?,?,?)"
 
 
 @dataclass(frozen=True)
@@ -49,8 +53,14 @@ class StoredGroup:
     nbytes: int
 
 
+@dataclass(frozen=True)
+class _PendingInsert:
+    row: tuple[str, str, int, int, int, bytes]
+    done: Future[int | None]
+
+
 class RolloutStore:
-    """One SQLite database; thread-safe (one connection behind a lock)."""
+    """One SQLite database; thread-safe (one connection behind a lock, one writer thread for submits)."""
 
     def __init__(self, path: Path, fsync: str = "always") -> None:
         if fsync not in SYNCHRONOUS:
@@ -64,21 +74,75 @@ class RolloutStore:
             self._db.executescript(SCHEMA)
         except sqlite3.DatabaseError as exc:
             raise StateFileError(f"rollout store {path} is unusable: {exc}") from None
+        self._pending: list[_PendingInsert] = []
+        self._pending_changed = threading.Condition()
+        self._writer: threading.Thread | None = None
+        self._closing = False
+        self.commits = 0  # transactions the writer committed (fewer than inserts under concurrency)
 
     def close(self) -> None:
+        """Commit what is waiting, stop the writer, close the database."""
+        with self._pending_changed:
+            self._closing = True
+            self._pending_changed.notify()
+            writer = self._writer
+        if writer is not None:
+            writer.join()
         with self._lock:
             self._db.close()
 
     def insert(self, group_id: str, worker_id: str, n_seqs: int, version: int, payload: bytes) -> int | None:
         """Commit one group; its arrival number, or None if that id is already stored."""
-        with self._lock:
-            try:
-                cur = self._db.execute(
-                    "INSERT INTO groups (id, worker_id, n_seqs, version, nbytes, payload) VALUES (?,?,?,?,?,?)",
-                    (group_id, worker_id, n_seqs, version, len(payload), payload))
-            except sqlite3.IntegrityError:
-                return None
-            return int(cur.lastrowid or 0)
+        return self.insert_later(group_id, worker_id, n_seqs, version, payload).result()
+
+    def insert_later(self, group_id: str, worker_id: str, n_seqs: int, version: int,
+                     payload: bytes) -> Future[int | None]:
+        """Queue one group for the next group commit; the future resolves once it is durable."""
+        done: Future[int | None] = Future()
+        with self._pending_changed:
+            if self._closing:
+                raise StateFileError(f"rollout store {self.path} is closed")
+            self._pending.append(_PendingInsert((group_id, worker_id, n_seqs, version, len(payload), payload), done))
+            if self._writer is None:
+                self._writer = threading.Thread(target=self._write_loop, name="rollout-store-writer", daemon=True)
+                self._writer.start()
+            self._pending_changed.notify()
+        return done
+
+    def _write_loop(self) -> None:
+        while True:
+            with self._pending_changed:
+                while not self._pending and not self._closing:
+                    self._pending_changed.wait()
+                if not self._pending:
+                    return
+                waiting, self._pending = self._pending, []
+            self._commit(waiting)
+
+    def _commit(self, waiting: list[_PendingInsert]) -> None:
+        """One transaction for every waiting insert; each future resolves after the commit."""
+        seqs: list[int | None] = []
+        try:
+            with self._lock:
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    for item in waiting:
+                        try:
+                            seqs.append(int(self._db.execute(INSERT_GROUP, item.row).lastrowid or 0))
+                        except sqlite3.IntegrityError:  # that id is stored already: only this row is undone
+                            seqs.append(None)
+                    self._db.execute("COMMIT")
+                    self.commits += 1
+                except BaseException:
+                    if self._db.in_transaction:
+                        self._db.execute("ROLLBACK")
+                    raise
+        except Exception as exc:  # nothing of this transaction is stored: every caller hears so
+            for item in waiting:
+                item.done.set_exception(StateFileError(f"rollout store {self.path}: commit failed: {exc}"))
+            return
+        for item, seq in zip(waiting, seqs, strict=True):
+            item.done.set_result(seq)
 
     def hand_out(self, batch_id: str, group_ids: list[str], now_s: float) -> list[bytes]:
         """Record a batch and return its payloads (in the given order), in one transaction."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -175,3 +176,30 @@ def test_the_queue_is_in_use_once_a_trainer_or_rollouts_show_up(tmp_path: Path) 
     submit(other, "a")
     other.store.close()
     assert RolloutQueue(RolloutStore(tmp_path / "x" / "q.sqlite"), other.config).in_use
+
+
+def test_group_commit_concurrent_submits_are_all_durable_and_answered_once(tmp_path: Path) -> None:
+    q = make(tmp_path, capacity_seqs=10_000)
+    ids = [f"c{i}" for i in range(200)] + ["c7", "c42"]  # two resends race their originals
+    with ThreadPoolExecutor(max_workers=32) as pool:
+        answers = list(pool.map(lambda g: submit(q, g), ids))
+    assert answers.count(True) == 200 and answers.count(False) == 2  # each group accepted exactly once
+    commits_before = q.store.commits
+    with q.store._lock:  # the writer is busy: these 50 pile up behind it, none answered yet
+        futures = [q.submit_later(f"f{i}", "0001", 4, 0, payload(f"f{i}")) for i in range(50)]
+        assert not any(f.done() for f in futures)
+    assert all(f.result() is True for f in futures)
+    assert q.store.commits - commits_before <= 2  # they shared transactions (and fsyncs)
+    q.store.close()  # everything acknowledged is on disk: a new controller finds it all
+    again = make(tmp_path, capacity_seqs=10_000)
+    assert again.stats()["queued_groups"] == 250 and again.stats()["queued_sequences"] == 1000
+    stored = {json.loads(p)["id"] for _ in range(125) for p in (again.pull() or ("", []))[1]}
+    assert stored == {*ids, *(f"f{i}" for i in range(50))}
+
+
+def test_submits_waiting_for_their_commit_count_against_the_bound(tmp_path: Path) -> None:
+    q = make(tmp_path)  # 16 sequences
+    waiting = [q.submit_later(f"w{i}", "0001", 4, 0, payload(f"w{i}")) for i in range(4)]
+    with pytest.raises(QueueFull):
+        q.submit_later("over", "0001", 4, 0, payload("over"))
+    assert all(f.result() for f in waiting) and q.stats()["queued_sequences"] == 16
