@@ -26,6 +26,7 @@ from typing import Any
 from slurm_elastic.controller.client import ControlClient
 from slurm_elastic.controller.files import read_controller_url
 from slurm_elastic.errors import ConfigError, ControllerUnreachableError
+from slurm_elastic.rollouts.wire import unpack_group
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,7 @@ class Trainer:
                 batch_id = got["batch_id"]
                 self._retry(lambda: self.client.ack_batch(batch_id))  # noqa: B023 (called at once)
                 continue
-            return Batch(got["batch_id"], got["groups"])
+            return Batch(got["batch_id"], [unpack_group(g) for g in got["groups"]])  # lists again
         return None
 
     def batches(self) -> Iterator[Batch]:

@@ -15,7 +15,7 @@ from slurm_elastic.controller.files import ensure_token, previous_port, publish
 from slurm_elastic.controller.http import control_router
 from slurm_elastic.controller.locate import COMMENT_PREFIX
 from slurm_elastic.controller.main import build_controller, install_stop_handlers, job_id_from_env
-from slurm_elastic.controller.rollout_http import rollout_router
+from slurm_elastic.controller.rollout_http import SubmitEndpoint, SubmitFastPath, rollout_router
 from slurm_elastic.controller.runtime import Controller
 from slurm_elastic.controller.serve import ApiServer, default_listen_host
 from slurm_elastic.controller.state import job_state_dir
@@ -38,6 +38,7 @@ def create_controller_app(controller: Controller, token: str, queue: RolloutQueu
     app.include_router(control_router(controller, token))
     if queue is not None:
         app.include_router(rollout_router(controller, queue, token))
+        app.add_middleware(SubmitFastPath, endpoint=SubmitEndpoint(queue, token))  # the hot route
         controller.queue_pressure = lambda: queue_pressure(controller, queue)
     return app
 

@@ -8,16 +8,19 @@ concatenating the stored groups, so what a worker sent is what the trainer gets.
 from __future__ import annotations
 
 import asyncio
+import hmac
+import json
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Request, Response, status
 from fastapi import Path as PathParam
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from slurm_elastic.controller.http import WORKER_ID, bearer_auth
 from slurm_elastic.controller.runtime import Controller
 from slurm_elastic.rollouts.queue import QueueFull, RolloutQueue, UnknownBatchError
+from slurm_elastic.rollouts.wire import check_mask_b64, check_tokens_b64, decoded_length
 
 ID = r"^[A-Za-z0-9_.:-]{1,128}$"
 
@@ -25,15 +28,39 @@ ID = r"^[A-Za-z0-9_.:-]{1,128}$"
 class Sequence(BaseModel):
     model_config = ConfigDict(extra="forbid")
     tokens: list[Annotated[int, Field(ge=0, lt=2**31)]] | None = Field(None, max_length=1_000_000)
-    tokens_b64: str | None = Field(None, max_length=8_000_000, description="little-endian int32, base64")
+    tokens_b64: str | None = Field(None, max_length=8_000_000,
+                                   description="token ids as little-endian int32, base64 (what the SDK sends)")
     mask: list[Annotated[int, Field(ge=0, le=1)]] | None = Field(None, max_length=1_000_000)
+    mask_b64: str | None = Field(None, max_length=2_000_000,
+                                 description="loss mask as one byte (0 or 1) per token, base64 (what the SDK sends)")
     score: float
     logprobs: list[float] | None = Field(None, max_length=1_000_000)
 
+    @field_validator("tokens_b64")
+    @classmethod
+    def _tokens_b64(cls, text: str | None) -> str | None:
+        if text is not None:
+            check_tokens_b64(text)
+        return text
+
+    @field_validator("mask_b64")
+    @classmethod
+    def _mask_b64(cls, text: str | None) -> str | None:
+        if text is not None:
+            check_mask_b64(text)
+        return text
+
     @model_validator(mode="after")
-    def _has_tokens(self) -> Sequence:
+    def _consistent(self) -> Sequence:
         if (self.tokens is None) == (self.tokens_b64 is None):
             raise ValueError("give exactly one of tokens or tokens_b64")
+        if self.mask is not None and self.mask_b64 is not None:
+            raise ValueError("give at most one of mask or mask_b64")
+        n_tokens = len(self.tokens) if self.tokens is not None else decoded_length(self.tokens_b64 or "") // 4
+        if self.mask is not None or self.mask_b64 is not None:
+            n_mask = len(self.mask) if self.mask is not None else decoded_length(self.mask_b64 or "")
+            if n_mask != n_tokens:
+                raise ValueError(f"the mask has {n_mask} values for {n_tokens} tokens")
         return self
 
 
@@ -87,35 +114,95 @@ def inline_schema(model: type[BaseModel]) -> dict[str, Any]:
     return dict(resolve(schema))
 
 
+Headers = list[tuple[bytes, bytes]]
+JSON = [(b"content-type", b"application/json")]
+
+
+def _error(status_code: int, detail: Any, headers: Headers | None = None) -> tuple[int, bytes, Headers]:
+    """An error answer shaped like FastAPI's (``{"detail": ...}``)."""
+    return status_code, json.dumps({"detail": detail}).encode(), [*JSON, *(headers or [])]
+
+
+class SubmitEndpoint:
+    """``POST /rollouts`` as a plain ASGI handler: token check (401/403), size limit (413),
+    validation from the raw bytes (422 naming the field), backpressure (429), then the group
+    commit. Mounted in front of the framework (:class:`SubmitFastPath`) so the hot route skips
+    its per-request machinery; the FastAPI route with the same handler documents it in OpenAPI."""
+
+    def __init__(self, queue: RolloutQueue, token: str) -> None:
+        self.queue = queue
+        self.token = token.encode()
+        self.limit = queue.config.max_group_bytes
+
+    async def answer(self, headers: Headers, receive: Any) -> tuple[int, bytes, Headers]:
+        authorization = content_length = b""
+        for name, value in headers:
+            if name == b"authorization":
+                authorization = value
+            elif name == b"content-length":
+                content_length = value
+        scheme, _, token = authorization.partition(b" ")
+        if scheme.lower() != b"bearer" or not token.strip():
+            return _error(401, "missing bearer token", [(b"www-authenticate", b"Bearer")])
+        if not hmac.compare_digest(token.strip(), self.token):
+            return _error(403, "wrong token for this job")
+        too_big = _error(413, f"rollout group over {self.limit} bytes")
+        if content_length.isdigit() and int(content_length) > self.limit:
+            return too_big
+        body = bytearray()
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return _error(400, "client went away")
+            body += message.get("body", b"")
+            if len(body) > self.limit:
+                return too_big
+            if not message.get("more_body"):
+                break
+        try:
+            group = RolloutGroup.model_validate_json(body)
+        except ValidationError as exc:
+            return _error(422, [{"loc": ["body", *e["loc"]], "msg": e["msg"], "type": e["type"]}
+                                for e in exc.errors(include_url=False, include_context=False, include_input=False)])
+        try:
+            committed = self.queue.submit_later(group.id, group.worker_id, group.group_size, group.policy_version,
+                                                bytes(body))
+        except QueueFull as exc:
+            return _error(status.HTTP_429_TOO_MANY_REQUESTS, str(exc),
+                          [(b"retry-after", str(max(1, round(exc.retry_after_s))).encode())])
+        stored = await asyncio.wrap_future(committed)  # answered once its group commit is durable
+        return 200, b'{"accepted":true}' if stored else b'{"accepted":false}', JSON
+
+
+class SubmitFastPath:
+    """ASGI middleware: ``POST /rollouts`` goes straight to :class:`SubmitEndpoint`."""
+
+    def __init__(self, app: Any, endpoint: SubmitEndpoint) -> None:
+        self.app = app
+        self.endpoint = endpoint
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["path"] != "/rollouts" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        code, body, headers = await self.endpoint.answer(scope["headers"], receive)
+        await send({"type": "http.response.start", "status": code,
+                    "headers": [*headers, (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+
 def rollout_router(controller: Controller, queue: RolloutQueue, token: str) -> APIRouter:
     router = APIRouter(dependencies=[Depends(bearer_auth(token))])
-    limit = queue.config.max_group_bytes
+    endpoint = SubmitEndpoint(queue, token)
 
     @router.post("/rollouts", tags=["rollouts"], openapi_extra={
         "requestBody": {"required": True, "content": {"application/json": {"schema": inline_schema(RolloutGroup)}}}},
         responses={413: {"description": "group over the size limit"},
                    429: {"description": "buffer full: retry after Retry-After seconds"}})
     async def submit(request: Request) -> Response:
-        if int(request.headers.get("content-length") or 0) > limit:
-            raise HTTPException(413, f"rollout group over {limit} bytes")
-        body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > limit:
-                raise HTTPException(413, f"rollout group over {limit} bytes")
-        try:
-            group = RolloutGroup.model_validate_json(bytes(body))
-        except ValidationError as exc:
-            detail = [{"loc": e["loc"], "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
-            raise HTTPException(422, detail) from None
-        try:
-            committed = queue.submit_later(group.id, group.worker_id, group.group_size, group.policy_version,
-                                           bytes(body))
-        except QueueFull as exc:
-            raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS, str(exc),
-                                headers={"Retry-After": f"{max(1, round(exc.retry_after_s))}"}) from None
-        stored = await asyncio.wrap_future(committed)  # answered once its group commit is durable
-        return Response(f'{{"accepted":{str(stored).lower()}}}', media_type="application/json")
+        """Served by :class:`SubmitFastPath` in the controller's app; the same handler here."""
+        code, body, headers = await endpoint.answer(request.headers.raw, request.receive)
+        return Response(body, status_code=code, headers={k.decode(): v.decode() for k, v in headers})
 
     @router.post("/rollouts/admission", tags=["rollouts"])
     def admission(body: Admission) -> dict[str, Any]:

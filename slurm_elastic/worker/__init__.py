@@ -27,6 +27,7 @@ from types import TracebackType
 from typing import Any
 
 from slurm_elastic.errors import ControllerUnreachableError, SlurmElasticError
+from slurm_elastic.rollouts.wire import pack_group
 from slurm_elastic.worker.context import StepContext
 from slurm_elastic.worker.control import FollowingControl
 
@@ -103,8 +104,10 @@ class RolloutWorker:
 
     def submit(self, group: dict[str, Any]) -> dict[str, Any]:
         """Hand a scored group to the controller's queue, durably. Waits while the buffer is full and
-        while the controller restarts; the group id makes a resend safe. Never drops the group."""
-        body = {"worker_id": self.ctx.worker_id, **group}
+        while the controller restarts; the group id makes a resend safe. Never drops the group.
+        Token ids and masks travel in the compact form (``tokens_b64``, ``mask_b64``); the trainer
+        helper turns them back into lists."""
+        body = pack_group({"worker_id": self.ctx.worker_id, **group})
         while True:
             answer = self._through_outages(lambda: self.control.client.submit_group(body), give_up_on_drain=False)
             if answer is not None:
