@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,6 +66,7 @@ class ChaosSettings:
     gpu_fault_hold_s: tuple[float, float] = (2.0, 5.0)
     slurmd_down_s: tuple[float, float] = (0.2, 2.0)
     placement_slack_s: float = 2.0  # a worker process born this long after a cordon was placed after it
+    baseline_s: float = 0.0  # fault-free load first (at ``min_workers``), for the throughput ratio
     settle_timeout_s: float = 180.0  # generous waits: they bound a hang, they do not grade speed
 
 
@@ -253,6 +254,8 @@ class ChaosResult:
     rollouts_checked: int = 0
     batches: int = 0
     duration_s: float = 0.0
+    baseline: tuple[float, float] = (0.0, 0.0)  # (rollouts/s, mean live workers) without faults
+    chaos: tuple[float, float] = (0.0, 0.0)  # the same under the fault schedule
     violations: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -267,7 +270,9 @@ class ChaosResult:
     def details(self) -> str:
         c = self.counts
         return (f"seed {self.seed}, {self.duration_s:.0f} s, {self.batches} batches acknowledged, "
-                f"{c['worker_starts']} worker starts, {c['cordons_seen']} cordons seen; " + "; ".join(self.notes))
+                f"{c['worker_starts']} worker starts, {c['cordons_seen']} cordons seen, "
+                f"{c['workers_kept_across_slurmd_restart']} of {c['workers_across_slurmd_restart']} workers on a "
+                f"restarted slurmd's node kept running; " + "; ".join(self.notes))
 
 
 # ---- the soak -----------------------------------------------------------------------------------------
@@ -307,7 +312,9 @@ class ChaosRun:
             with job.client() as c:
                 c.scale(self.target)
             job.active(self.target, timeout_s=self.s.settle_timeout_s)
-            self.inject(job, trainer)
+            if self.s.baseline_s > 0:
+                self.result.baseline = self.rate(trainer, monitor, lambda: time.sleep(self.s.baseline_s))
+            self.result.chaos = self.rate(trainer, monitor, lambda: self.inject(job, trainer))
             self.converge(job)
             self.flush(job, trainer)
         finally:
@@ -323,6 +330,15 @@ class ChaosRun:
         self.check(monitor, trainer)
         self.result.duration_s = time.monotonic() - began
         return self.result
+
+    @staticmethod
+    def rate(trainer: RecordingTrainer, monitor: Monitor, phase: Callable[[], None]) -> tuple[float, float]:
+        """Rollouts delivered per second while ``phase`` runs, and the mean number of live workers."""
+        before, t0 = len(trainer.delivered), time.time()
+        phase()
+        t1 = time.time()
+        live = [len(names) for at_s, names in list(monitor.process_samples) if t0 <= at_s <= t1]
+        return (len(trainer.delivered) - before) / max(1e-9, t1 - t0), sum(live) / max(1, len(live))
 
     # -- faults
     def inject(self, job: ControllerJob, trainer: RecordingTrainer) -> None:
@@ -407,6 +423,8 @@ class ChaosRun:
         pid = self.cluster.daemon_pid(daemon)
         if pid is None:
             raise AssertionError(f"{daemon} is not running")
+        on_node = {p.pid for p in live_worker_processes(self.log_dir)
+                   if (p.info["environ"] or {}).get("SLURMD_NODENAME") == node}
         os.kill(pid, signal.SIGKILL)
         wait_for(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE,
                  30, f"{daemon} to die")
@@ -415,6 +433,9 @@ class ChaosRun:
         wait_for(lambda: self.cluster.daemon_pid(daemon) is not None, 30, f"{daemon} to start again")
         wait_for(lambda: not self.cluster.node_states().get(node, "*").endswith("*"), self.s.settle_timeout_s,
                  f"{node} to respond again")
+        alive = {p.pid for p in live_worker_processes(self.log_dir)}
+        self.result.counts["workers_across_slurmd_restart"] += len(on_node)
+        self.result.counts["workers_kept_across_slurmd_restart"] += len(on_node & alive)
 
     def gpu_fault(self, job: ControllerJob, _trainer: RecordingTrainer) -> None:
         """A thermal fault on a random GPU through the drill file; cleared a few seconds later."""
