@@ -9,5 +9,6 @@ from slurm_elastic.commands.controller import controller, worker
 from slurm_elastic.commands.devcluster import devcluster
 from slurm_elastic.commands.jobs import JOB_COMMANDS
 from slurm_elastic.commands.render import render
+from slurm_elastic.commands.simulate import simulate
 
-COMMANDS: list[click.Command] = [devcluster, agent, render, controller, worker, *JOB_COMMANDS]
+COMMANDS: list[click.Command] = [devcluster, agent, render, controller, worker, simulate, *JOB_COMMANDS]

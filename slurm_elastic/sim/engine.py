@@ -1,0 +1,441 @@
+"""The trace simulator: a discrete-event replay of a workload through the real control code.
+
+Pure: a simulated clock, seeded RNG streams, no I/O. What runs is the controller's own code:
+the policy (:mod:`slurm_elastic.core.scaling` or a baseline), the level-triggered
+:func:`~slurm_elastic.core.reconcile.reconcile` (launch, drain order, crash-loop backoff, drain
+timeout) and the :class:`~slurm_elastic.core.staleness.StalenessManager`. What is modelled:
+
+- a worker step is STARTING for ``startup_s`` (launch -> registration), then ACTIVE; it loads
+  its model for ``warmup_s``, then loops: ask admission for a group (the staleness gate, AReaL's
+  capacity), generate it (a sampled rollout time, scaled by the phase and any throttle of its
+  GPU), submit it (waits while the buffer is full). A drain lets the rollout in flight finish and
+  be submitted, then the step exits; a drain while waiting for admission exits at once.
+- the bounded buffer; the trainer pulls exactly ``batch_size`` sequences, computes, publishes
+  version + 1; groups older than ``max_staleness`` versions are dropped at the pull.
+- the controller ticks every ``tick_interval_s``: it measures consumption and production over the
+  queue's 60 s window, per-worker production as production / ACTIVE workers (as the controller
+  does), asks the policy, reconciles, and acts.
+- failures kill running steps (their rollout in flight is lost; its admission is released only
+  by the admission TTL, as in the queue); the controller sees the step gone at its next tick and
+  relaunches after the crash-loop backoff.
+
+Blocking waits (admission, a full buffer, the trainer's pull) wake on the event that can end
+them rather than polling every 0.2 s, which the real loops do; the difference is below a tick.
+"""
+
+from __future__ import annotations
+
+import collections
+import heapq
+import itertools
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from slurm_elastic.core.lifecycle import Worker, WorkerState, transition
+from slurm_elastic.core.reconcile import (
+    Cancel,
+    Drain,
+    Launch,
+    ObservedStep,
+    ReconcileConfig,
+    reconcile,
+)
+from slurm_elastic.core.scaling import Decision, PressureInputs
+from slurm_elastic.core.staleness import StalenessManager
+from slurm_elastic.sim.policies import Policy, initial_workers, make_policy
+from slurm_elastic.sim.trace import Trace
+
+S = WorkerState
+RATE_WINDOW_S = 60.0  # the rollout queue's measuring window (slurm_elastic.rollouts.queue)
+
+
+@dataclass
+class _Proc:
+    """A running worker step as the simulated machine sees it."""
+
+    worker_id: str
+    slot: int
+    launched_s: float
+    phase: str = "starting"  # starting | warmup | admit | rollout | submit | exited
+    registered: bool = False
+    drain: bool = False
+    granted: int = 0
+    version: int = 0  # policy version the rollout in flight started from
+    epoch: int = 0  # bumps on every phase change: stale events are ignored
+
+
+@dataclass(frozen=True)
+class Sample:
+    """The controller's view at one tick."""
+
+    t_s: float
+    queued_seqs: float
+    setpoint_seqs: float
+    buffer_capacity_seqs: float
+    staleness_capacity_seqs: float
+    starting: int
+    active: int
+    draining: int
+    target: int
+    action: str
+    version: int
+
+
+@dataclass(frozen=True)
+class ScaleEvent:
+    t_s: float
+    action: str
+    before: int
+    target: int
+    reason: str
+
+
+@dataclass
+class SimResult:
+    trace: str
+    policy: str
+    seed: int
+    duration_s: float
+    metrics: dict[str, float]
+    samples: list[Sample] = field(default_factory=list)
+    scale_events: list[ScaleEvent] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        return {"trace": self.trace, "policy": self.policy, "seed": self.seed, "duration_s": self.duration_s,
+                "metrics": self.metrics,
+                "scale_events": [e.__dict__ for e in self.scale_events]}
+
+
+def count_reversals(events: list[ScaleEvent], window_s: float) -> int:
+    """Scale actions in the opposite direction of the previous one, less than ``window_s`` after it."""
+    reversals = 0
+    for before, after in itertools.pairwise(events):
+        if before.action != after.action and after.t_s - before.t_s < window_s:
+            reversals += 1
+    return reversals
+
+
+def _rate(events: collections.deque[tuple[float, int]], now_s: float) -> float | None:
+    """The queue's rate estimate: sum over the window / time since its first event."""
+    while events and now_s - events[0][0] > RATE_WINDOW_S:
+        events.popleft()
+    if len(events) < 2:
+        return None
+    return sum(n for _t, n in events) / max(1e-3, now_s - events[0][0])
+
+
+class Simulation:
+    """One run of one policy on one trace with one seed; :meth:`run` returns the result."""
+
+    def __init__(self, trace: Trace, policy: str = "ours", seed: int | None = None) -> None:
+        self.trace, self.policy_name = trace, policy
+        self.seed = trace.seed if seed is None else seed
+        self.policy: Policy = make_policy(policy, trace)
+        self.rollout_rng = random.Random(self.seed * 7919 + 1)
+        self.trainer_rng = random.Random(self.seed * 7919 + 2)
+        self.failure_rng = random.Random(self.seed * 7919 + 3)
+        q, c = trace.queue, trace.cluster
+        self.rcfg = ReconcileConfig(drain_timeout_s=c.drain_timeout_s, heartbeat_grace_s=c.heartbeat_grace_s,
+                                    backoff_base_s=c.backoff_base_s, backoff_max_s=c.backoff_max_s)
+        self.staleness = StalenessManager(q.batch_size, q.max_staleness, q.max_concurrent)
+        self.now_s = 0.0
+        self._events: list[tuple[float, int, str, str, int]] = []
+        self._seq = 0
+        self.records: dict[str, Worker] = {}
+        self.procs: dict[str, _Proc] = {}
+        self.next_number = 1
+        self.buffer: collections.deque[tuple[int, int]] = collections.deque()  # (version, n_seqs)
+        self.queued_seqs = 0
+        self.grants: collections.deque[list[float]] = collections.deque()
+        self.pulls: collections.deque[tuple[float, int]] = collections.deque()
+        self.accepts: collections.deque[tuple[float, int]] = collections.deque()
+        self.admit_waiters: list[str] = []
+        self.submit_waiters: list[str] = []
+        self.trainer_waiting_since: float | None = None
+        self.trainer_busy = False
+        self.version = 0
+        self.counters: collections.defaultdict[str, float] = collections.defaultdict(float)
+        self.max_staleness = 0
+        self.samples: list[Sample] = []
+        self.scale_events: list[ScaleEvent] = []
+
+    # ---- the event loop ----------------------------------------------------------------------
+    def _at(self, t_s: float, kind: str, worker_id: str = "", epoch: int = 0) -> None:
+        self._seq += 1
+        heapq.heappush(self._events, (t_s, self._seq, kind, worker_id, epoch))
+
+    def run(self) -> SimResult:
+        trace = self.trace
+        for failure in trace.failures:
+            self._at(failure.at_s, "fail", str(failure.workers))
+        self._reconcile(initial_workers(self.policy_name, trace), None)
+        self._trainer_try_pull()
+        self._at(trace.cluster.tick_interval_s, "tick")
+        while self._events and self._events[0][0] <= trace.duration_s:
+            t_s, _seq, kind, worker_id, epoch = heapq.heappop(self._events)
+            self.now_s = t_s
+            if kind == "tick":
+                self._tick()
+                self._at(t_s + trace.cluster.tick_interval_s, "tick")
+            elif kind == "trainer_done":
+                self._trainer_done()
+            elif kind == "fail":
+                self._fail(int(worker_id))
+            else:
+                proc = self.procs.get(worker_id)
+                if proc is not None and proc.epoch == epoch:
+                    self._worker_event(proc, kind)
+        return self._finish()
+
+    def _finish(self) -> SimResult:
+        end = self.now_s = self.trace.duration_s
+        if self.trainer_waiting_since is not None:
+            self.counters["trainer_idle_s"] += end - self.trainer_waiting_since
+        for proc in self.procs.values():
+            self.counters["gpu_s"] += end - proc.launched_s
+        window_s = max(self.trace.autoscaler.scale_up_cooldown_s, self.trace.autoscaler.scale_down_cooldown_s)
+        c = self.counters
+        metrics = {
+            "trainer_idle_fraction": c["trainer_idle_s"] / end,
+            "gpu_seconds": c["gpu_s"],
+            "mean_workers": c["gpu_s"] / end,
+            "max_staleness": float(self.max_staleness),
+            "scale_actions": float(len(self.scale_events)),
+            "reversals": float(count_reversals(self.scale_events, window_s)),
+            "trainer_steps": float(c["steps"]),
+            "generated_seqs": float(c["generated"]),
+            "consumed_seqs": float(c["consumed"]),
+            "dropped_stale_seqs": float(c["dropped"]),
+            "buffered_seqs": float(self.queued_seqs),
+            "lost_in_flight_seqs": float(c["lost"]),
+            "worker_failures": float(c["failures"]),
+            "launches": float(c["launches"]),
+        }
+        return SimResult(self.trace.name, self.policy_name, self.seed, end, metrics, self.samples, self.scale_events)
+
+    # ---- the controller ----------------------------------------------------------------------
+    def _expire_grants(self) -> None:
+        while self.grants and self.now_s - self.grants[0][0] > self.trace.queue.admission_ttl_s:
+            _t, unused = self.grants.popleft()
+            self.staleness.on_rejected(int(unused))
+
+    def _use_grants(self, n_seqs: int) -> None:
+        while n_seqs > 0 and self.grants:
+            take = min(n_seqs, int(self.grants[0][1]))
+            self.grants[0][1] -= take
+            n_seqs -= take
+            if self.grants[0][1] <= 0:
+                self.grants.popleft()
+
+    def pressure_inputs(self) -> PressureInputs:
+        """What the controller hands the policy (controller.runtime + controller.app.queue_pressure)."""
+        counts = collections.Counter(w.state for w in self.records.values() if not w.placeholder)
+        production = _rate(self.accepts, self.now_s)
+        active = counts[S.ACTIVE]
+        return PressureInputs(
+            queued_seqs=float(self.queued_seqs), batch_size=self.trace.queue.batch_size,
+            consumption_seqs_per_s=_rate(self.pulls, self.now_s),
+            per_worker_seqs_per_s=None if production is None else production / max(1, active),
+            staleness_capacity_seqs=float(self.staleness.capacity()),
+            buffer_capacity_seqs=float(self.trace.queue.capacity_seqs),
+            workers_starting=counts[S.STARTING] + counts[S.BACKOFF], workers_active=active,
+            workers_draining=counts[S.DRAINING], allowed_slots=self.trace.cluster.gpu_slots)
+
+    def _tick(self) -> None:
+        self._expire_grants()
+        self._serve_admissions()
+        for worker_id, proc in self.procs.items():
+            record = self.records[worker_id]
+            if proc.registered:
+                record.last_heartbeat_s = self.now_s
+                record.busy = proc.phase in ("rollout", "submit")
+            if record.state is S.DRAINING and not proc.drain:  # the heartbeat reply says "drain"
+                self._drain(proc)
+        x = self.pressure_inputs()
+        decision = self.policy.decide(x, self.now_s)
+        self._reconcile(decision.target_workers, decision)
+        setpoint = self.trace.autoscaler.setpoint_batches * self.trace.queue.batch_size
+        self.samples.append(Sample(self.now_s, x.queued_seqs or 0.0, setpoint, x.buffer_capacity_seqs or 0.0,
+                                   x.staleness_capacity_seqs or 0.0, x.workers_starting, x.workers_active,
+                                   x.workers_draining, decision.target_workers, decision.action, self.version))
+
+    def _reconcile(self, desired: int, decision: Decision | None) -> None:
+        observed = [ObservedStep(p.worker_id, p.worker_id, "sim") for p in self.procs.values()]
+        before = sum(1 for w in self.records.values() if w.counts_as_capacity)
+        plan = reconcile(self.records, observed, desired, self.trace.cluster.gpu_slots, (), frozenset(),
+                         self.rcfg, self.now_s, self.next_number)
+        self.next_number = plan.next_number
+        if decision is not None and decision.action in ("scale_up", "scale_down") and decision.target_workers != before:
+            self.scale_events.append(ScaleEvent(self.now_s, decision.action, before, decision.target_workers,
+                                                decision.reason))
+        for action in plan.actions:
+            if isinstance(action, Launch):
+                self._launch(action.worker_id)
+            elif isinstance(action, Drain):
+                proc = self.procs.get(action.worker_id)
+                if proc is not None:
+                    self._drain(proc)
+            elif isinstance(action, Cancel):
+                proc = self.procs.get(action.worker_id)
+                if proc is not None:
+                    self._exit(proc, killed=True)
+        for worker_id in [w for w, r in self.records.items() if r.state is S.INACTIVE and w not in self.procs]:
+            del self.records[worker_id]
+
+    # ---- worker steps ------------------------------------------------------------------------
+    def _launch(self, worker_id: str) -> None:
+        used = {p.slot for p in self.procs.values()}
+        slot = next(s for s in range(self.trace.cluster.gpu_slots) if s not in used)
+        proc = _Proc(worker_id, slot, self.now_s)
+        self.procs[worker_id] = proc
+        self.counters["launches"] += 1
+        self._at(self.now_s + self.trace.cluster.startup_s, "register", worker_id, proc.epoch)
+
+    def _set_phase(self, proc: _Proc, phase: str) -> None:
+        proc.phase, proc.epoch = phase, proc.epoch + 1
+
+    def _worker_event(self, proc: _Proc, kind: str) -> None:
+        if kind == "register":
+            proc.registered = True
+            record = self.records.get(proc.worker_id)
+            if record is not None and record.state is S.STARTING:
+                record.node, record.gpus, record.last_heartbeat_s = "sim", (proc.slot,), self.now_s
+                transition(record, S.ACTIVE, self.now_s, f"registered on slot {proc.slot}")
+            if proc.drain or record is None or record.state is S.DRAINING:
+                self._exit(proc)  # the registration answer says "drain"
+                return
+            self._set_phase(proc, "warmup")
+            self._at(self.now_s + self.trace.cluster.warmup_s, "ready", proc.worker_id, proc.epoch)
+        elif kind == "ready":
+            self._try_admit(proc)
+        elif kind == "rollout_done":
+            self._try_submit(proc)
+
+    def _drain(self, proc: _Proc) -> None:
+        proc.drain = True
+        if proc.phase == "admit":  # the admission wait ends on a drain
+            self._exit(proc)
+
+    def _exit(self, proc: _Proc, killed: bool = False) -> None:
+        if killed and proc.phase in ("rollout", "submit"):
+            self.counters["lost"] += self.trace.queue.group_size
+        self.counters["gpu_s"] += self.now_s - proc.launched_s
+        self._set_phase(proc, "exited")
+        del self.procs[proc.worker_id]
+        for waiters in (self.admit_waiters, self.submit_waiters):
+            if proc.worker_id in waiters:
+                waiters.remove(proc.worker_id)
+
+    def _try_admit(self, proc: _Proc) -> bool:
+        """The SDK's admit loop; False when the staleness gate says wait."""
+        if proc.drain:
+            self._exit(proc)
+            return True
+        self._expire_grants()
+        group = self.trace.queue.group_size
+        granted = min(group - proc.granted, self.staleness.capacity())
+        if granted > 0:
+            self.staleness.on_submitted(granted)
+            self.grants.append([self.now_s, float(granted)])
+            proc.granted += granted
+        if proc.granted < group:
+            if proc.phase != "admit":
+                self._set_phase(proc, "admit")
+                self.admit_waiters.append(proc.worker_id)
+            return False
+        if proc.worker_id in self.admit_waiters:
+            self.admit_waiters.remove(proc.worker_id)
+        proc.granted, proc.version = 0, self.version
+        self._set_phase(proc, "rollout")
+        trace = self.trace
+        duration_s = (trace.rollout.sample_s(self.rollout_rng) * trace.phase_at(self.now_s).rollout_scale
+                      * trace.slowdown_at(proc.slot, self.now_s))
+        self._at(self.now_s + duration_s, "rollout_done", proc.worker_id, proc.epoch)
+        return True
+
+    def _serve_admissions(self) -> None:
+        for worker_id in list(self.admit_waiters):
+            if self.staleness.capacity() <= 0:
+                return
+            self._try_admit(self.procs[worker_id])
+
+    def _try_submit(self, proc: _Proc) -> bool:
+        group = self.trace.queue.group_size
+        if self.queued_seqs + group > self.trace.queue.capacity_seqs:
+            if proc.phase != "submit":
+                self._set_phase(proc, "submit")
+                self.submit_waiters.append(proc.worker_id)
+            return False
+        if proc.worker_id in self.submit_waiters:
+            self.submit_waiters.remove(proc.worker_id)
+        self.buffer.append((proc.version, group))
+        self.queued_seqs += group
+        self.staleness.on_accepted(group)
+        self._use_grants(group)
+        self.accepts.append((self.now_s, group))
+        self.counters["generated"] += group
+        self.records[proc.worker_id].rollouts += 1
+        if self.trainer_waiting_since is not None:
+            self._trainer_try_pull()
+        if proc.drain:
+            self._exit(proc)
+        else:
+            self._try_admit(proc)
+        return True
+
+    def _fail(self, n_workers: int) -> None:
+        running = sorted(w for w, p in self.procs.items() if p.registered and not p.drain)
+        for worker_id in self.failure_rng.sample(running, min(n_workers, len(running))):
+            self.counters["failures"] += 1
+            self._exit(self.procs[worker_id], killed=True)
+
+    # ---- the trainer -------------------------------------------------------------------------
+    def _trainer_try_pull(self) -> None:
+        if self.trainer_busy:
+            return
+        q = self.trace.queue
+        oldest_ok = self.version - q.max_staleness
+        dropped = 0
+        while self.buffer and self.buffer[0][0] < oldest_ok:
+            dropped += self.buffer.popleft()[1]
+        if dropped:
+            self.queued_seqs -= dropped
+            self.counters["dropped"] += dropped
+            self.staleness.on_dropped(dropped)
+            self._serve_admissions()
+        if self.queued_seqs < q.batch_size:
+            if self.trainer_waiting_since is None:
+                self.trainer_waiting_since = self.now_s
+            return
+        need = q.batch_size
+        while need > 0:
+            version, n_seqs = self.buffer.popleft()
+            self.max_staleness = max(self.max_staleness, self.version - version)
+            need -= n_seqs
+        self.queued_seqs -= q.batch_size
+        self.counters["consumed"] += q.batch_size
+        self.pulls.append((self.now_s, q.batch_size))
+        if self.trainer_waiting_since is not None:
+            self.counters["trainer_idle_s"] += self.now_s - self.trainer_waiting_since
+            self.trainer_waiting_since = None
+        self.trainer_busy = True
+        jitter = self.trace.trainer.step_jitter
+        scale = self.trace.phase_at(self.now_s).trainer_scale * (1 + jitter * (2 * self.trainer_rng.random() - 1))
+        self._at(self.now_s + self.trace.trainer.step_s * max(0.01, scale), "trainer_done")
+        for worker_id in list(self.submit_waiters):
+            if not self._try_submit(self.procs[worker_id]):
+                break
+
+    def _trainer_done(self) -> None:
+        self.trainer_busy = False
+        self.version += 1
+        self.counters["steps"] += 1
+        self.staleness.on_version(self.version)
+        self._serve_admissions()
+        self._trainer_try_pull()
+
+
+def simulate(trace: Trace, policy: str = "ours", seed: int | None = None) -> SimResult:
+    """Replay ``trace`` under ``policy`` (see :data:`~slurm_elastic.sim.policies.POLICIES`)."""
+    return Simulation(trace, policy, seed).run()
