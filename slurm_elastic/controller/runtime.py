@@ -7,6 +7,7 @@ are kept and shown in status; the loop never dies on a bad tick.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import statistics
@@ -43,6 +44,10 @@ S = WorkerState
 ERROR_LIMIT = 20
 TICK_WINDOW = 60  # recent tick durations kept for status and /metrics
 AGENT_RELAUNCH_S = 30.0
+# worker fields that every heartbeat refreshes: a change in them alone does not rewrite the state
+# file at once (after a restart they are refreshed by the next heartbeat; the liveness clock is reset)
+LIVE_WORKER_FIELDS = frozenset({"last_heartbeat_s", "busy", "rollouts"})
+STATE_REFRESH_S = 30.0  # live fields alone are written at most this often
 
 
 class UnknownWorkerError(KeyError):
@@ -106,6 +111,8 @@ class Controller:
         self.started_at_s = clock()
         self.state_note = ""
         self.state_file = StateFile(state_dir / "state.json", job_id)
+        self._saved_durable = ""  # the last written state without live fields, as JSON
+        self._saved_at_s = float("-inf")  # time.monotonic() of the last write
         self._load_state()
 
     # ---- persistence -----------------------------------------------------------------------
@@ -154,8 +161,18 @@ class Controller:
         }
 
     def save(self) -> None:
+        """Write the state file if its durable content changed, or live fields are STATE_REFRESH_S old.
+
+        A steady pool then costs no write per tick; heartbeats alone do not rewrite the file.
+        """
         with self.lock:
-            self.state_file.save(self._state())
+            state = self._state()
+            durable = json.dumps({**state, "workers": {k: {f: v for f, v in w.items() if f not in LIVE_WORKER_FIELDS}
+                                                       for k, w in state["workers"].items()}}, sort_keys=True)
+            if durable == self._saved_durable and time.monotonic() - self._saved_at_s < STATE_REFRESH_S:
+                return
+            self.state_file.save(state)
+            self._saved_durable, self._saved_at_s = durable, time.monotonic()
 
     # ---- the loop ----------------------------------------------------------------------------
     def observe(self) -> list[StepInfo] | None:

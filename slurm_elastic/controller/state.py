@@ -33,14 +33,17 @@ def job_state_dir(job_id: int, configured: str = "") -> Path:
     return default_state_root() / "jobs" / str(job_id)
 
 
-def write_json_atomic(path: Path, data: dict[str, Any], mode: int = 0o600) -> None:
-    """Write ``data`` so that readers see the old or the new file, never half of one."""
+def write_json_atomic(path: Path, data: dict[str, Any], mode: int = 0o600, indent: int | None = 1) -> None:
+    """Write ``data`` so that readers see the old or the new file, never half of one.
+
+    ``indent=None`` writes one line with the C encoder (several times faster for large files).
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
+            f.write(json.dumps(data, indent=indent, sort_keys=True))
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -81,7 +84,7 @@ class StateFile:
 
     def save(self, state: dict[str, Any]) -> None:
         write_json_atomic(self.path, {"format": STATE_FORMAT, "version": STATE_VERSION,
-                                      "job_id": self.job_id, "saved_at": time.time(), "state": state})
+                                      "job_id": self.job_id, "saved_at": time.time(), "state": state}, indent=None)
 
     def move_aside(self) -> Path:
         """Rename a bad file out of the way (kept for inspection); returns its new path."""
