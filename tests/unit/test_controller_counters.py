@@ -5,6 +5,9 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+import pytest
+
+from slurm_elastic.controller import runtime
 from slurm_elastic.controller.config import parse_config
 from slurm_elastic.controller.runtime import Controller
 from slurm_elastic.slurm.backend import StepSpec
@@ -57,3 +60,25 @@ def test_heartbeats_are_counted(tmp_path: Path) -> None:
     for _ in range(3):
         controller.heartbeat("w1", {"busy": True})
     assert controller.status()["heartbeats"] == 3
+
+
+def test_heartbeats_alone_do_not_rewrite_the_state_file(tmp_path: Path) -> None:
+    controller = make_controller(tmp_path)
+    controller.register_worker("w1", {"node": "node1", "gpus": [0], "step_id": "3"})
+    path = controller.state_file.path
+    written = path.stat().st_ino  # every write replaces the file
+    controller.heartbeat("w1", {"busy": True, "rollouts": 5})
+    controller.save()
+    assert path.stat().st_ino == written
+    controller.scale(2)  # a durable change is written at once
+    assert path.stat().st_ino != written
+    assert controller.state_file.load()["manual_target"] == 2
+
+
+def test_live_fields_are_written_after_the_refresh_interval(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    controller = make_controller(tmp_path)
+    controller.register_worker("w1", {"node": "node1", "gpus": [0], "step_id": "3"})
+    controller.heartbeat("w1", {"rollouts": 7})
+    monkeypatch.setattr(controller, "_saved_at_s", controller._saved_at_s - runtime.STATE_REFRESH_S)
+    controller.save()
+    assert controller.state_file.load()["workers"]["w1"]["rollouts"] == 7
