@@ -1,0 +1,77 @@
+"""Policy benchmark: every policy on every example trace, several seeds, medians, ratios vs ours.
+
+    .venv/bin/python bench/bench_policy.py [--seeds 5]
+
+Writes bench/out/policy.md. Pure simulation (slurm_elastic.sim): no cluster, one core, seconds.
+Metrics are defined in docs/autoscaler.md ("Simulator and benchmark").
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench._common import median, write_report
+from slurm_elastic.sim.engine import simulate
+from slurm_elastic.sim.output import load_trace
+from slurm_elastic.sim.policies import POLICIES
+
+TRACES = Path(__file__).resolve().parent.parent / "examples" / "traces"
+TRACE_NAMES = ("steady", "bursty", "phase_shift", "failures")
+METRICS = ("trainer_idle_fraction", "gpu_seconds", "max_staleness", "scale_actions", "reversals")
+
+
+def _ratio(value: float, ours: float) -> str:
+    return "-" if ours == 0 else f"{value / ours:.2f}"
+
+
+def run(seeds: int) -> str:
+    started = time.perf_counter()
+    lines = ["# Autoscaler policy benchmark (simulated)", "",
+             f"`bench/bench_policy.py --seeds {seeds}`: medians over seeds 0..{seeds - 1} of each trace in "
+             "`examples/traces/`. Ratios are against ours on the same trace and seeds.", ""]
+    verdicts = []
+    for name in TRACE_NAMES:
+        trace = load_trace(TRACES / f"{name}.toml")
+        med: dict[str, dict[str, float]] = {}
+        for policy in POLICIES:
+            runs = [simulate(trace, policy, seed).metrics for seed in range(seeds)]
+            med[policy] = {k: median([r[k] for r in runs]) for k in (*METRICS, "mean_workers")}
+        ours = med["ours"]
+        lines += [f"## {name}: {trace.description}", "",
+                  "| policy | trainer idle | idle / ours | GPU-s | GPU-s / ours | mean workers | max staleness "
+                  "| scale actions | reversals |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for policy, m in med.items():
+            lines.append(f"| {policy} | {m['trainer_idle_fraction']:.3f} | "
+                         f"{_ratio(m['trainer_idle_fraction'], ours['trainer_idle_fraction'])} | "
+                         f"{m['gpu_seconds']:.0f} | {_ratio(m['gpu_seconds'], ours['gpu_seconds'])} | "
+                         f"{m['mean_workers']:.2f} | {m['max_staleness']:.0f} | {m['scale_actions']:.0f} | "
+                         f"{m['reversals']:.0f} |")
+        cheaper = [p for p, m in med.items() if p != "ours" and m["gpu_seconds"] <= ours["gpu_seconds"]]
+        best = all(med[p]["trainer_idle_fraction"] > ours["trainer_idle_fraction"] for p in cheaper)
+        verdicts.append(f"- {name}: ours idles {ours['trainer_idle_fraction']:.3f} on {ours['gpu_seconds']:.0f} GPU-s; "
+                        f"policies using no more GPU-s ({', '.join(cheaper) or 'none'}) idle "
+                        f"{'more' if best else 'LESS OR EQUAL'}; reversals {ours['reversals']:.0f}")
+        lines.append("")
+    lines += ["## Reading", "",
+              "The goal reads: least trainer idle time among the policies that use no more GPU-seconds than "
+              "ours, and zero reversals (static allocation at the maximum always idles least, at the most "
+              "GPU-seconds).", "", *verdicts, "",
+              f"Wall time of the whole benchmark: {time.perf_counter() - started:.1f} s.", ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=5)
+    args = parser.parse_args()
+    write_report("policy", run(args.seeds))
+
+
+if __name__ == "__main__":
+    main()
