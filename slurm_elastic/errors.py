@@ -41,6 +41,10 @@ class SlurmCommandError(SlurmError):
         super().__init__(f"{' '.join(self.argv[:3])}... failed (rc={returncode}): {detail}")
 
 
+class SlurmUnavailableError(SlurmError):
+    """Slurm answered with an error instead of data (slurmctld down, hung or unreachable)."""
+
+
 class SlurmTimeoutError(SlurmCommandError):
     """A Slurm command ran past its timeout and was killed."""
 

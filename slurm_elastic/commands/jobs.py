@@ -15,7 +15,12 @@ import click
 from slurm_elastic.controller.client import ControlClient, UnknownOnControllerError
 from slurm_elastic.controller.locate import JobHandle, locate
 from slurm_elastic.core.health import parse_gpu_ref
-from slurm_elastic.errors import ControllerUnreachableError, SlurmError
+from slurm_elastic.errors import (
+    ControllerUnreachableError,
+    SlurmCommandError,
+    SlurmError,
+    SlurmUnavailableError,
+)
 from slurm_elastic.slurm.cli_backend import SlurmCli
 from slurm_elastic.status_view import render_status
 
@@ -40,10 +45,14 @@ def _call(job_id: int, what: str, *args: Any) -> dict[str, Any]:
 def collect_status(job_id: int, slurm: SlurmCli | None = None) -> dict[str, Any]:
     """The status document (``--json``): controller view if reachable, else Slurm's own."""
     slurm = slurm or SlurmCli()
-    job = slurm.job_info(job_id)  # unknown or long-finished job ids fail here, clearly
-    doc: dict[str, Any] = {"schema_version": STATUS_SCHEMA_VERSION, "job_id": job_id, "job_state": job.state,
+    slurm_error = ""
+    try:
+        job_state = slurm.job_info(job_id).state  # unknown or long-finished job ids fail here, clearly
+    except (SlurmCommandError, SlurmUnavailableError) as exc:  # Slurm itself is down or hung: the controller may still answer
+        job_state, slurm_error = "UNKNOWN", f"Slurm did not answer: {exc}"
+    doc: dict[str, Any] = {"schema_version": STATUS_SCHEMA_VERSION, "job_id": job_id, "job_state": job_state,
                            "controller_reachable": False, "controller_error": "", "controller": None,
-                           "slurm_steps": []}
+                           "slurm_steps": [], "slurm_error": slurm_error}
     try:
         _handle, client = _client(job_id)
         with client:
@@ -61,9 +70,10 @@ def collect_status(job_id: int, slurm: SlurmCli | None = None) -> dict[str, Any]
 
 
 def _render(doc: dict[str, Any]) -> str:
+    warning = f"warning: {doc['slurm_error']}\n" if doc.get("slurm_error") else ""
     if doc["controller_reachable"]:
-        return render_status(doc["job_id"], doc["controller"])
-    return render_status(doc["job_id"], None, doc["slurm_steps"], doc["controller_error"])
+        return warning + render_status(doc["job_id"], doc["controller"])
+    return warning + render_status(doc["job_id"], None, doc["slurm_steps"], doc["controller_error"])
 
 
 @click.command()

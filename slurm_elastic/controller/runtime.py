@@ -113,6 +113,8 @@ class Controller:
         self.state_file = StateFile(state_dir / "state.json", job_id)
         self._saved_durable = ""  # the last written state without live fields, as JSON
         self._saved_at_s = float("-inf")  # time.monotonic() of the last write
+        # no saved state (first start, or a bad file moved aside): the first listing seeds the target
+        self._seed_target_from_slurm = False
         self._load_state()
 
     # ---- persistence -----------------------------------------------------------------------
@@ -124,6 +126,10 @@ class Controller:
             self.state_note = f"{exc}; moved to {moved.name} and rebuilt from Slurm's listing"
             log.error("%s", self.state_note)
             self._record_error("state", self.state_note)
+            self._seed_target_from_slurm = True
+            return
+        if not state:
+            self._seed_target_from_slurm = True
             return
         self.workers = {k: Worker.from_json(v) for k, v in state.get("workers", {}).items()}
         self.next_number = int(state.get("next_number", 1))
@@ -198,6 +204,8 @@ class Controller:
             cordoned = self.cordoned_gpus()
             if steps is not None:
                 self.foreign_gpus = foreign_gpus_by_node(steps)
+            if observed is not None and self._seed_target_from_slurm:
+                self._seed_target(len(observed))
             allowed_slots, exclude = self.placement(cordoned, self.unknown_nodes(now_s))
             desired = self.desired_workers(allowed_slots, now_s)
             plan = reconcile(self.workers, observed, desired, allowed_slots, exclude, frozenset(cordoned),
@@ -212,6 +220,14 @@ class Controller:
             self._publish_endpoints()
             self.save()
         return plan
+
+    def _seed_target(self, running: int) -> None:
+        """Without saved state, keep the worker steps that already run: never tear down a live fleet."""
+        self._seed_target_from_slurm = False
+        if running > self.target_workers:
+            log.warning("no saved state: keeping the %d worker steps Slurm runs (target was %d)",
+                        running, self.target_workers)
+            self.target_workers = running
 
     def _server_drains_due(self, now_s: float) -> list[Drain]:
         """Servers leave discovery first; the drain signal follows once nothing is in flight there."""

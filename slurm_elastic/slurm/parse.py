@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from slurm_elastic.errors import SlurmError
+from slurm_elastic.errors import SlurmError, SlurmUnavailableError
 
 # squeue --steps --format: fields joined by the ASCII unit separator, the free-text name last.
 FIELD_SEP = "\x1f"
@@ -157,6 +157,10 @@ def parse_jobs_json(text: str) -> list[JobInfo]:
         raise SlurmError(f"squeue --json printed invalid JSON: {exc}") from None
     if not isinstance(document, dict) or not isinstance(document.get("jobs"), list):
         raise SlurmError("squeue --json output has no 'jobs' list")
+    errors = [e for e in document.get("errors") or [] if isinstance(e, dict)]
+    if errors and not document["jobs"]:  # exit 0 with an error list: slurmctld did not answer
+        detail = "; ".join(str(e.get("description") or e.get("error") or e) for e in errors)
+        raise SlurmUnavailableError(f"squeue --json: Slurm reported an error instead of jobs: {detail}")
     jobs = []
     for raw in document["jobs"]:
         state = raw.get("job_state", "")

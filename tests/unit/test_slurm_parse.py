@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_elastic.errors import SlurmError
+from slurm_elastic.errors import SlurmError, SlurmUnavailableError
 from slurm_elastic.slurm.parse import (
     FIELD_SEP,
     expand_hostlist,
@@ -107,3 +107,12 @@ def test_parse_recorded_sdiag() -> None:
     assert counts["REQUEST_JOB_STEP_INFO"] >= 1
     assert counts["REQUEST_SUBMIT_BATCH_JOB"] >= 1
     assert all(isinstance(v, int) for v in counts.values())
+
+
+def test_squeue_json_that_reports_an_error_instead_of_jobs_is_not_an_unknown_job() -> None:
+    # what 22.05's `squeue --json` prints, with exit code 0, while slurmctld is down or hung
+    text = ('{"meta": {"Slurm": {"release": "22.05.8"}}, "errors": [{"description": "Failed w err '
+            'to load job info", "error_number": 1007, "error": "Unable to contact slurm controller '
+            '(connect failure)", "source": "slurm_load_jobs"}], "jobs": []}')
+    with pytest.raises(SlurmUnavailableError, match="Slurm reported an error instead of jobs"):
+        parse_jobs_json(text)

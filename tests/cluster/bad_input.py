@@ -1,0 +1,335 @@
+"""Bad input, tried for real against a live controller on the dev cluster, the CLI, the state
+file, the config, and Slurm itself. Each probe does one wrong thing and records what came back
+and the evidence that nothing was lost.
+
+Used by tests/cluster/test_bad_input.py (every probe must hold) and bench/bench_bad_input.py
+(which writes the table that docs/bad-input.md shows).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from slurm_elastic.devcluster.cluster import DevCluster, DevClusterSpec
+from tests.cluster.controller_harness import (
+    ControllerJob,
+    locate_in,
+    start_controller_job,
+    stop_controller_job,
+    wait_for,
+)
+
+QUEUE = {"batch_size": 8, "capacity_seqs": 64, "max_group_bytes": 200_000}
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One bad input: what was tried, what came back, what shows that nothing was lost."""
+
+    area: str
+    tried: str
+    got: str
+    kept: str
+    ok: bool
+
+
+def group(gid: str, n: int = 4) -> dict[str, Any]:
+    return {"id": gid, "worker_id": "0001", "policy_version": 0, "group_size": n,
+            "sequences": [{"tokens": [1, 2, 3, 4], "mask": [1, 1, 1, 1], "score": 0.5} for _ in range(n)]}
+
+
+def short(text: str, limit: int = 110) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def cli(*args: str, env: dict[str, str] | None = None, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
+    """``slurm-elastic ARGS`` as a user runs it (a fresh process, this environment)."""
+    return subprocess.run([sys.executable, "-m", "slurm_elastic", *args], capture_output=True, text=True,
+                          timeout=timeout_s, env={**os.environ, **(env or {})})
+
+
+def error_line(result: subprocess.CompletedProcess[str]) -> str:
+    lines = [ln for ln in (result.stderr + result.stdout).splitlines() if "error" in ln.lower()]
+    return short(lines[-1] if lines else (result.stderr or result.stdout))
+
+
+class Rig:
+    """A live controller job with two workers running and one group queued."""
+
+    def __init__(self, job: ControllerJob) -> None:
+        self.job = job
+        self.url, self.token = locate_in(job.state_dir, job.job_id)
+        self.auth = {"Authorization": f"Bearer {self.token}"}
+        self.http = httpx.Client(base_url=self.url, timeout=30)
+
+    def prepare(self) -> None:
+        self.post("/admin/scale", {"workers": 2}).raise_for_status()
+        self.job.active(2)
+        self.post("/rollouts", group("kept-1")).raise_for_status()
+
+    def post(self, path: str, body: Any = None, *, content: bytes | None = None,
+             headers: dict[str, str] | None = None) -> httpx.Response:
+        return self.http.post(path, json=body if content is None else None, content=content,
+                              headers=self.auth if headers is None else headers)
+
+    def snapshot(self) -> dict[str, Any]:
+        """What must not change: queued sequences, the worker steps Slurm runs, the target."""
+        status = self.http.get("/global-status", headers=self.auth).json()
+        return {"queued": status["queue_size"], "steps": self.job.worker_steps(),
+                "target": self.http.get("/controller/status", headers=self.auth).json()["target_workers"]}
+
+    def kept(self, before: dict[str, Any]) -> tuple[str, bool]:
+        after = self.snapshot()
+        same = after == before
+        text = (f"queue {after['queued']} seqs, {len(after['steps'])} worker steps, target {after['target']}: "
+                + ("unchanged" if same else f"CHANGED from {before}"))
+        return text, same
+
+    def close(self) -> None:
+        self.http.close()
+
+
+def _api(rig: Rig, tried: str, send: Callable[[], httpx.Response], want: int, must_say: str = "") -> Probe:
+    before = rig.snapshot()
+    response = send()
+    detail = response.text
+    with_detail = not must_say or must_say in detail
+    kept, same = rig.kept(before)
+    got = f"{response.status_code}" + (f" {short(detail, 90)}" if detail else "")
+    return Probe("HTTP API", tried, got, kept, response.status_code == want and with_detail and same)
+
+
+def api_probes(rig: Rig) -> Iterator[Probe]:
+    none: dict[str, str] = {}
+    wrong = {"Authorization": "Bearer " + "0" * len(rig.token)}
+    yield _api(rig, "submit without a token", lambda: rig.post("/rollouts", group("a"), headers=none), 401)
+    yield _api(rig, "drain a worker with a wrong token", lambda: rig.post("/admin/drain/0001", headers=wrong), 403)
+    yield _api(rig, "scale with a wrong token", lambda: rig.post("/admin/scale", {"workers": 0}, headers=wrong), 403)
+    yield _api(rig, "submit a body that is not JSON", lambda: rig.post("/rollouts", content=b"{not json"), 422)
+    yield _api(rig, "submit with `policy_version: \"x\"`",
+               lambda: rig.post("/rollouts", {**group("b"), "policy_version": "x"}), 422, "policy_version")
+    yield _api(rig, "submit `group_size: 3` with 4 sequences",
+               lambda: rig.post("/rollouts", {**group("c"), "group_size": 3}), 422, "group_size")
+    yield _api(rig, "submit a sequence without tokens",
+               lambda: rig.post("/rollouts", {**group("d", 1), "sequences": [{"score": 1.0}]}), 422, "tokens")
+    big = {**group("e"), "metadata": {"blob": "x" * 300_000}}
+    yield _api(rig, "submit a 300 KB group (limit `queue.max_group_bytes` 200 KB)",
+               lambda: rig.post("/rollouts", big), 413)
+    huge = b'{"id":"f","blob":"' + b"x" * (64 * 2**20) + b'"}'
+    yield _api(rig, "submit a 64 MiB body", lambda: rig.post("/rollouts", content=huge), 413)
+    yield _api(rig, "scale to -1 workers", lambda: rig.post("/admin/scale", {"workers": -1}), 422, "workers")
+    yield _api(rig, "scale to `\"many\"` workers", lambda: rig.post("/admin/scale", {"workers": "many"}), 422, "workers")
+    yield _api(rig, "drain an unknown worker id", lambda: rig.post("/admin/drain/9999"), 404, "9999")
+    yield _api(rig, "heartbeat from an unknown worker id",
+               lambda: rig.post("/workers/9999/heartbeat", {"rollouts": 1}), 404, "9999")
+    yield _api(rig, "drain `x y` (not a worker id)", lambda: rig.post("/admin/drain/x%20y"), 422, "worker_id")
+    yield _api(rig, "acknowledge an unknown batch id",
+               lambda: rig.post("/trainer/batch/" + "0" * 32 + "/ack"), 404)
+    yield _api(rig, "cordon a GPU the job does not have",
+               lambda: rig.post("/admin/cordon", {"node": "nowhere", "gpu": 99, "reason": "x"}), 404, "nowhere")
+    yield _api(rig, "submit the queued group's id again (a retry)",
+               lambda: rig.post("/rollouts", group("kept-1")), 200, '"accepted":false')
+
+
+def cli_probes(rig: Rig) -> Iterator[Probe]:
+    result = cli("status", "999999")
+    yield Probe("CLI", "`slurm-elastic status 999999` (no such job)", f"exit {result.returncode}: {error_line(result)}",
+                "nothing to lose", result.returncode == 1 and "999999" in result.stderr)
+    before = rig.snapshot()
+    result = cli("scale", str(rig.job.job_id), "--", "-3")
+    kept, same = rig.kept(before)
+    yield Probe("CLI", "`slurm-elastic scale JOB -3`", f"exit {result.returncode}: {error_line(result)}", kept,
+                result.returncode == 2 and "-3" in result.stderr and same)
+    before = rig.snapshot()
+    pid = rig.job.controller_pid()
+    os.kill(pid, signal.SIGSTOP)  # hung, not gone: its clients time out
+    try:
+        result = cli("status", str(rig.job.job_id))
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    lists_steps = all(name in result.stdout for name in before["steps"])
+    first = next((ln for ln in result.stdout.splitlines() if "controller" in ln), result.stderr)
+    kept, same = rig.kept(before)
+    yield Probe("CLI", "`slurm-elastic status JOB` while the controller is hung (SIGSTOP)",
+                f"exit {result.returncode}: {short(first, 80)}; lists the {len(before['steps'])} worker steps "
+                f"Slurm still runs: {'yes' if lists_steps else 'NO'}",
+                kept, result.returncode == 3 and lists_steps and same)
+
+
+def config_probes(rig: Rig, tmp: Path) -> Iterator[Probe]:
+    bad = tmp / "bad-types.toml"
+    bad.write_text('[autoscaler]\nmax_workers = "lots"\n[workers]\nheartbeat_grace_s = "soon"\n')
+    result = cli("controller", "--config", str(bad), env={"SLURM_JOB_ID": str(rig.job.job_id)})
+    yield Probe("config", "controller with `max_workers = \"lots\"`, `heartbeat_grace_s = \"soon\"`",
+                f"exit {result.returncode}: {error_line(result)}", "refused before touching Slurm or the state dir",
+                result.returncode == 1 and "heartbeat_grace_s" in result.stderr)
+    bad.write_text('[autoscaler]\nmax_workers = "lots"\n')
+    result = cli("controller", "--config", str(bad), env={"SLURM_JOB_ID": str(rig.job.job_id)})
+    yield Probe("config", "controller with `[autoscaler] max_workers = \"lots\"`",
+                f"exit {result.returncode}: {error_line(result)}", "refused before touching Slurm or the state dir",
+                result.returncode == 1 and "autoscaler.max_workers" in result.stderr)
+    bad.write_text("[workers\ncommand = ")
+    result = cli("controller", "--config", str(bad), env={"SLURM_JOB_ID": str(rig.job.job_id)})
+    yield Probe("config", "controller with a file that is not TOML", f"exit {result.returncode}: {error_line(result)}",
+                "refused before touching Slurm", result.returncode == 1 and "not valid TOML" in result.stderr)
+    good = rig.job.tmp / "elastic.toml"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_JOB")}
+    outside = subprocess.run([sys.executable, "-m", "slurm_elastic", "controller", "--config", str(good)],
+                             capture_output=True, text=True, timeout=60, env=env)
+    yield Probe("config", "controller started outside an allocation (no SLURM_JOB_ID)",
+                f"exit {outside.returncode}: {error_line(outside)}", "nothing started",
+                outside.returncode == 1 and "SLURM_JOB_ID" in outside.stderr)
+    result = cli("controller", "--config", str(good), env={"SLURM_JOB_ID": "999999"})
+    yield Probe("config", "controller for a job Slurm does not know (SLURM_JOB_ID=999999)",
+                f"exit {result.returncode}: {error_line(result)}", "nothing started",
+                result.returncode == 1 and "999999" in result.stderr)
+
+
+def state_probes(rig: Rig) -> Iterator[Probe]:
+    for label, text in (("corrupt (not JSON)", "{half a fi"),
+                        ("foreign (another job's)", json.dumps({"format": "slurm-elastic-controller-state",
+                                                                "version": 1, "job_id": 1, "state": {}}))):
+        before = rig.snapshot()
+        old_pid = rig.job.controller_pid()
+        state_file = rig.job.state_dir / "state.json"
+        os.kill(old_pid, signal.SIGSTOP)  # no save can race the damage
+        state_file.write_text(text)
+        os.kill(old_pid, signal.SIGKILL)
+        wait_for(lambda pid=old_pid: _restarted(rig, pid), 60, "the controller to restart")  # type: ignore[misc]
+        wait_for(lambda steps=before["steps"]: rig.snapshot()["steps"] == steps, 30,  # type: ignore[misc]
+                 "the same steps")
+        status = rig.http.get("/controller/status", headers=rig.auth).json()
+        note = next((e["error"] for e in reversed(status["errors"]) if e.get("where") == "state"), "")
+        moved = sorted(p.name for p in state_file.parent.glob("state.json.corrupt-*"))
+        after = rig.snapshot()["steps"]
+        relaunched = sum(1 for name, step in before["steps"].items() if after.get(name) != step)
+        queued = rig.http.get("/global-status", headers=rig.auth).json()["queue_size"]
+        ok = bool(note) and bool(moved) and relaunched == 0 and queued == before["queued"]
+        yield Probe("state file", f"kill -9 the controller, leave a {label} state.json",
+                    f"restart says: {short(note, 100)}",
+                    f"same {len(before['steps'])} worker steps adopted, {relaunched} relaunched, "
+                    f"queue {queued} seqs, bad file kept as {moved[-1] if moved else '?'}", ok)
+
+
+def _restarted(rig: Rig, old_pid: int) -> bool:
+    try:
+        new_pid = rig.job.controller_pid()
+        return new_pid != old_pid and rig.http.get("/healthz").status_code == 200
+    except (OSError, ValueError, httpx.HTTPError):
+        return False
+
+
+@contextmanager
+def scratch_cluster(directory: Path) -> Iterator[DevCluster]:
+    """A one-node cluster of its own (its slurmctld is stopped on purpose), taken down afterwards."""
+    cluster = DevCluster(DevClusterSpec(dir=directory, nodes=1, gpus_per_node=2, ctld_port=22817,
+                                        node_base_port=22901, cluster_name="badinput", node_prefix="bi"))
+    cluster.up(wait_s=90)
+    saved = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = str(cluster.conf_path)
+    try:
+        yield cluster
+    finally:
+        if saved is not None:
+            os.environ["SLURM_CONF"] = saved
+        cluster.down()
+
+
+def _observe_errors(job: ControllerJob) -> list[str]:
+    return [e["error"] for e in job.status()["errors"] if e["where"] == "observe"]
+
+
+def slurm_probes(tmp: Path) -> Iterator[Probe]:
+    """Slurm failing under a running controller: slurmctld hung (calls time out), then gone (refused)."""
+    with scratch_cluster(tmp / "cluster") as cluster:
+        job = start_controller_job(cluster, tmp / "job", nodes=1, gpus_per_node=2,
+                                   controller={"slurm_timeout_s": 2.0}, autoscaler={"enable_elastic": False},
+                                   workers={"initial_workers": 1, "heartbeat_grace_s": 60.0})
+        home = tmp / "home"  # `status JOB` finds the state directory without asking Slurm
+        (home / "jobs").mkdir(parents=True, exist_ok=True)
+        (home / "jobs" / str(job.job_id)).symlink_to(job.state_dir)
+        status_env = {"SLURM_ELASTIC_HOME": str(home)}
+        try:
+            job.active(1)
+            steps = job.worker_steps()
+            ctld = cluster.daemon_pid("slurmctld")
+            assert ctld is not None
+            os.kill(ctld, signal.SIGSTOP)
+            try:
+                errors = wait_for(lambda: _observe_errors(job), 30, "the controller to notice")
+                result = cli("status", str(job.job_id), "--json", env=status_env, timeout_s=120)
+            finally:
+                os.kill(ctld, signal.SIGCONT)
+            doc = json.loads(result.stdout) if result.returncode == 0 else {}
+            answered = bool(doc) and doc["controller"]["workers_by_state"]["ACTIVE"] == 1
+            wait_for(lambda: job.worker_steps() == steps, 30, "Slurm to answer again")
+            ticks = job.status()["ticks"]
+            wait_for(lambda: job.status()["ticks"] > ticks, 30, "ticks to go on")
+            relaunched = sum(w["launches"] for w in job.status()["workers"]) - 1
+            yield Probe("Slurm", "slurmctld hung (SIGSTOP) under a running controller",
+                        f"each tick's `squeue` times out after `slurm_timeout_s` (2 s) and is recorded: "
+                        f"`{short(errors[-1], 60)}`; `status JOB` exit {result.returncode}, job_state "
+                        f"{doc.get('job_state')}, slurm_error set: {bool(doc.get('slurm_error'))}",
+                        f"worker step {', '.join(steps.values())} kept, {relaunched} relaunched; ticks resume",
+                        answered and relaunched == 0 and doc.get("job_state") == "UNKNOWN")
+            ctld = cluster.daemon_pid("slurmctld")
+            assert ctld is not None
+            seen = len(_observe_errors(job))
+            os.kill(ctld, signal.SIGKILL)
+            wait_for(lambda: cluster.daemon_pid("slurmctld") is None, 10, "slurmctld to die")
+            refused = wait_for(lambda: _observe_errors(job)[seen:], 30, "a failed squeue")
+            result = cli("status", str(job.job_id), env=status_env, timeout_s=120)
+            cluster.up(wait_s=90)
+            wait_for(lambda: job.worker_steps() == steps, 60, "the step after slurmctld restarts")
+            relaunched = sum(w["launches"] for w in job.status()["workers"]) - 1
+            yield Probe("Slurm", "slurmctld killed, then started again",
+                        f"recorded: `{short(refused[-1], 60)}`; `status JOB` exit {result.returncode} "
+                        f"with `{short(result.stdout.splitlines()[0] if result.stdout else result.stderr, 60)}`",
+                        f"worker step {', '.join(steps.values())} survives and is adopted again, {relaunched} relaunched",
+                        result.returncode == 0 and relaunched == 0)
+        finally:
+            stop_controller_job(job)
+    env = {**os.environ, "PATH": os.path.dirname(sys.executable)}
+    missing = subprocess.run([sys.executable, "-m", "slurm_elastic", "status", "1"], capture_output=True, text=True,
+                             timeout=60, env=env)
+    yield Probe("Slurm", "Slurm's commands not on PATH", f"exit {missing.returncode}: {error_line(missing)}",
+                "nothing to lose", missing.returncode == 1 and "PATH" in missing.stderr)
+
+
+def run_all(cluster: DevCluster, tmp: Path) -> list[Probe]:
+    """Every probe, in a fresh controller job on ``cluster`` and a scratch cluster of its own."""
+    probes: list[Probe] = []
+    job = start_controller_job(cluster, tmp / "job", queue=QUEUE, autoscaler={"enable_elastic": False},
+                               workers={"heartbeat_grace_s": 30.0})
+    rig = Rig(job)
+    try:
+        rig.prepare()
+        probes += api_probes(rig)
+        probes += cli_probes(rig)
+        probes += config_probes(rig, tmp)
+        probes += state_probes(rig)
+    finally:
+        rig.close()
+        stop_controller_job(job)
+    probes += slurm_probes(tmp / "scratch")
+    return probes
+
+
+def markdown(probes: list[Probe]) -> str:
+    rows = ["| area | tried | got | lost nothing? | holds |", "|---|---|---|---|---|"]
+    for p in probes:
+        rows.append(f"| {p.area} | {p.tried} | {p.got.replace('|', '/')} | {p.kept.replace('|', '/')} | "
+                    f"{'yes' if p.ok else '**NO**'} |")
+    return "\n".join(rows) + "\n"
