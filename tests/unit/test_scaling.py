@@ -170,3 +170,25 @@ def test_state_round_trip_keeps_the_memory() -> None:
     restored = Autoscaler.from_state(scaler.config, scaler.to_state())
     assert restored.to_state() == scaler.to_state()
     assert restored.decide(inputs(queued=0), 20.0) == scaler.decide(inputs(queued=0), 20.0)
+
+
+@pytest.mark.parametrize(("deadband", "consumption", "expected_action"), [
+    (0.5, 4.4, "hold"),  # recommends ~4.4 vs 4: inside a 0.5 deadband
+    (0.5, 5.0, "scale_up"),  # ~5.0 vs 4: outside it
+    (1.5, 5.0, "hold"),  # a wider deadband holds the same difference
+])
+def test_deadband(deadband: float, consumption: float, expected_action: str) -> None:
+    cfg = dataclasses.replace(FAST, deadband_workers=deadband)
+    _target, action, _reason = decide(cfg, inputs(queued=64, consumption=consumption))
+    assert action == expected_action
+
+
+@pytest.mark.parametrize(("x", "expected_action", "phrase"), [
+    (PressureInputs(queued_seqs=0, batch_size=0, workers_active=4), "hold", "no buffer measurement"),  # empty
+    (inputs(queued=64, consumption=math.nan), "scale_down", "feed-forward 0.00"),  # NaN consumption: no feed-forward
+    (inputs(queued=64, consumption=None), "scale_down", "feed-forward 0.00"),
+    (inputs(queued=0, rate=math.inf), "scale_up", "no production rate yet"),  # an infinite rate is not a rate
+])
+def test_unmeasured_inputs_are_explicit(x: PressureInputs, expected_action: str, phrase: str) -> None:
+    _target, action, reason = decide(FAST, x)
+    assert action == expected_action and phrase in reason
