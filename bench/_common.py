@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import statistics
 from pathlib import Path
 
@@ -27,4 +28,15 @@ def write_report(name: str, markdown: str) -> Path:
     path = OUT_DIR / f"{name}.md"
     path.write_text(markdown)
     print(markdown)
+    return path
+
+
+def write_headline(name: str, rows: list[tuple[str, str, str, str]]) -> Path:
+    """Write ``bench/out/<name>.headline.json``: the figures ``bench/run_all.py`` puts in its summary.
+
+    Each row is (figure, ours, baseline measured in the same run, ratio or verdict)."""
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    path = OUT_DIR / f"{name}.headline.json"
+    path.write_text(json.dumps([{"figure": f, "ours": o, "baseline": b, "ratio": r} for f, o, b, r in rows],
+                               indent=1))
     return path

@@ -327,9 +327,12 @@ def run_all(cluster: DevCluster, tmp: Path) -> list[Probe]:
     return probes
 
 
-def markdown(probes: list[Probe]) -> str:
+def markdown(probes: list[Probe], tmp: Path | None = None) -> str:
+    """The table; ``tmp`` (the run's scratch directory) is shown as ``$TMP``."""
+    def clean(text: str) -> str:
+        return (text.replace(str(tmp), "$TMP") if tmp else text).replace("|", "/")
     rows = ["| area | tried | got | lost nothing? | holds |", "|---|---|---|---|---|"]
     for p in probes:
-        rows.append(f"| {p.area} | {p.tried} | {p.got.replace('|', '/')} | {p.kept.replace('|', '/')} | "
+        rows.append(f"| {p.area} | {clean(p.tried)} | {clean(p.got)} | {clean(p.kept)} | "
                     f"{'yes' if p.ok else '**NO**'} |")
     return "\n".join(rows) + "\n"

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.cluster
 
 def test_bad_input_gets_a_clear_error_and_loses_nothing(devcluster: DevCluster, tmp_path: Path) -> None:
     probes = run_all(devcluster, tmp_path)
-    print("\n" + markdown(probes))
+    print("\n" + markdown(probes, tmp_path))
     failed = [p for p in probes if not p.ok]
     assert not failed, "\n".join(f"{p.area}: {p.tried}: got {p.got}; {p.kept}" for p in failed)
     assert len(probes) >= 25
