@@ -99,12 +99,17 @@ def wait_all_active(job: ControllerJob, n: int, timeout_s: float) -> None:
         time.sleep(1.0)
 
 
-def node_memory_per_worker(job_id: int, n: int) -> dict[str, float]:
-    """PSS (MB) per worker on the node, by process kind: srun, slurmstepd, wrapper, command."""
+def node_memory_per_worker(job_id: int, n: int, slurm_conf: str) -> dict[str, float]:
+    """PSS (MB) per worker on the node, by process kind: srun, slurmstepd, wrapper, command.
+
+    Only this cluster's processes count (their SLURM_CONF): other clusters may run on this host.
+    """
     kinds = {"srun (launcher)": 0.0, "slurmstepd": 0.0, "wrapper (Python)": 0.0, "command (sh + sleep)": 0.0}
     for proc in psutil.process_iter(["name", "cmdline"]):
         try:
             argv = proc.info["cmdline"] or []
+            if not _runs_under(proc.pid, slurm_conf):
+                continue
             line = " ".join(argv)
             if proc.info["name"] == "srun" and f"--jobid={job_id}" in line and "--job-name=se-w-" in line:
                 kind = "srun (launcher)"
@@ -120,6 +125,15 @@ def node_memory_per_worker(job_id: int, n: int) -> dict[str, float]:
         except (psutil.NoSuchProcess, psutil.AccessDenied, IndexError):
             continue
     return {k: v / max(1, n) for k, v in kinds.items()}
+
+
+def _runs_under(pid: int, slurm_conf: str) -> bool:
+    """Whether ``pid``'s environment names ``slurm_conf`` (read raw: slurmstepd rewrites its argv area)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f"SLURM_CONF={slurm_conf}".encode() in f.read().split(b"\0")
+    except OSError:
+        return False
 
 
 def _in_worker(proc: psutil.Process) -> bool:
@@ -152,7 +166,7 @@ def measure(job: ControllerJob, slurm: SlurmCli, n: int, scale_up_s: float, wind
         step_info_rpcs_per_tick=(rpc1[0] - rpc0[0]) / ticks, rpcs_per_tick=(rpc1[1] - rpc0[1]) / ticks,
         heartbeats_per_s=(st1["heartbeats"] - st0["heartbeats"]) / window_s,
         state_file_kb=(job.state_dir / "state.json").stat().st_size / 1024, squeue_ms=1000 * median(squeue_s),
-        node_mb_per_worker=node_memory_per_worker(job.job_id, n),
+        node_mb_per_worker=node_memory_per_worker(job.job_id, n, os.environ["SLURM_CONF"]),
     )
 
 
