@@ -248,7 +248,12 @@ def scratch_cluster(directory: Path) -> Iterator[DevCluster]:
 
 
 def _observe_errors(job: ControllerJob) -> list[str]:
-    return [e["error"] for e in job.status()["errors"] if e["where"] == "observe"]
+    """The controller's recorded listing failures, each cut to its cause."""
+    return [e["error"].split("): ", 1)[-1] for e in job.status()["errors"] if e["where"] == "observe"]
+
+
+def _named(steps: dict[str, str]) -> str:
+    return ", ".join(f"{name} (step {step})" for name, step in steps.items())
 
 
 def slurm_probes(tmp: Path) -> Iterator[Probe]:
@@ -279,10 +284,10 @@ def slurm_probes(tmp: Path) -> Iterator[Probe]:
             wait_for(lambda: job.status()["ticks"] > ticks, 30, "ticks to go on")
             relaunched = sum(w["launches"] for w in job.status()["workers"]) - 1
             yield Probe("Slurm", "slurmctld hung (SIGSTOP) under a running controller",
-                        f"each tick's `squeue` times out after `slurm_timeout_s` (2 s) and is recorded: "
-                        f"`{short(errors[-1], 60)}`; `status JOB` exit {result.returncode}, job_state "
+                        f"each tick's `squeue` fails or hits `slurm_timeout_s` (2 s), and is recorded: "
+                        f"`{short(errors[-1], 80)}`; `status JOB` exit {result.returncode}, job_state "
                         f"{doc.get('job_state')}, slurm_error set: {bool(doc.get('slurm_error'))}",
-                        f"worker step {', '.join(steps.values())} kept, {relaunched} relaunched; ticks resume",
+                        f"worker {_named(steps)} kept, {relaunched} relaunched; ticks resume",
                         answered and relaunched == 0 and doc.get("job_state") == "UNKNOWN")
             ctld = cluster.daemon_pid("slurmctld")
             assert ctld is not None
@@ -295,9 +300,9 @@ def slurm_probes(tmp: Path) -> Iterator[Probe]:
             wait_for(lambda: job.worker_steps() == steps, 60, "the step after slurmctld restarts")
             relaunched = sum(w["launches"] for w in job.status()["workers"]) - 1
             yield Probe("Slurm", "slurmctld killed, then started again",
-                        f"recorded: `{short(refused[-1], 60)}`; `status JOB` exit {result.returncode} "
-                        f"with `{short(result.stdout.splitlines()[0] if result.stdout else result.stderr, 60)}`",
-                        f"worker step {', '.join(steps.values())} survives and is adopted again, {relaunched} relaunched",
+                        f"recorded: `{short(refused[-1], 80)}`; `status JOB` exit {result.returncode}, "
+                        f"`{short(result.stdout.splitlines()[0] if result.stdout else result.stderr, 90)}`",
+                        f"worker {_named(steps)} survives and is adopted again, {relaunched} relaunched",
                         result.returncode == 0 and relaunched == 0)
         finally:
             stop_controller_job(job)
