@@ -18,6 +18,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
+from slurm_elastic.core.rates import WindowRate
 from slurm_elastic.core.staleness import StalenessManager
 from slurm_elastic.errors import SlurmElasticError
 from slurm_elastic.rollouts.store import RolloutStore, StoredGroup
@@ -78,6 +79,8 @@ class RolloutQueue:
         self._lock = threading.Lock()
         self._queue: collections.deque[StoredGroup] = collections.deque()
         self._ids: set[str] = set()
+        self._by_version: dict[int, dict[str, StoredGroup]] = {}  # queued groups by policy version
+        self._dropped_ids: set[str] = set()  # dropped as stale, still in _queue until a scan passes them
         self._queued_seqs = 0
         self._queued_bytes = 0
         self._committing_seqs = 0  # accepted under the bound, waiting for their group commit
@@ -88,8 +91,8 @@ class RolloutQueue:
         self.dropped_stale_seqs = 0
         self.refused_submits = 0
         self.in_use = False  # a trainer registered or pulled, or rollouts arrived: the buffer means something
-        self._pulls: collections.deque[tuple[float, int]] = collections.deque()
-        self._accepts: collections.deque[tuple[float, int]] = collections.deque()
+        self._pulls = WindowRate(RATE_WINDOW_S)
+        self._accepts = WindowRate(RATE_WINDOW_S)
         self._grants: collections.deque[list[float]] = collections.deque()  # [time, sequences not yet used]
         version = int(store.get_meta("version", "0"))
         self.staleness = StalenessManager(config.batch_size, config.max_staleness, config.max_concurrent)
@@ -110,6 +113,7 @@ class RolloutQueue:
     def _append(self, group: StoredGroup) -> None:
         self._queue.append(group)
         self._ids.add(group.id)
+        self._by_version.setdefault(group.version, {})[group.id] = group
         self._queued_seqs += group.n_seqs
         self._queued_bytes += group.nbytes
 
@@ -174,7 +178,7 @@ class RolloutQueue:
                     self.in_use = True
                     self.staleness.on_accepted(n_seqs)
                     self._use_grants(n_seqs)
-                    self._accepts.append((self.clock(), n_seqs))
+                    self._accepts.add(self.clock(), n_seqs)
             if error is not None:
                 accepted.set_exception(error)
             else:
@@ -191,7 +195,7 @@ class RolloutQueue:
         return accepted
 
     def _retry_after_s(self) -> float:
-        rate = self._rate(self._pulls)
+        rate = self._pulls.rate(self.clock())
         return 1.0 if not rate else max(0.1, min(30.0, self.config.batch_size / rate))
 
     # ---- trainer -----------------------------------------------------------------------------
@@ -208,38 +212,59 @@ class RolloutQueue:
                 return None
             batch_id = uuid.uuid4().hex
             for group in chosen:
-                self._ids.discard(group.id)
-                self._queued_seqs -= group.n_seqs
-                self._queued_bytes -= group.nbytes
+                self._forget(group)
                 self._queue.remove(group)  # found within the head + look-ahead: O(batch), not O(queue)
             self._handed[batch_id] = chosen
-            self._pulls.append((self.clock(), self.config.batch_size))
+            self._pulls.add(self.clock(), self.config.batch_size)
         payloads = self.store.hand_out(batch_id, [g.id for g in chosen], self.clock())
         return batch_id, payloads
 
     def _pack(self) -> list[StoredGroup] | None:
-        """Whole groups from the head summing to exactly batch_size (a bounded look-ahead)."""
+        """Whole groups from the head summing to exactly batch_size (a bounded look-ahead).
+
+        Groups already dropped as stale are skipped and taken out of the deque as the scan passes
+        them, so each costs one step of one scan: O(batch + look-ahead) amortized."""
         need = self.config.batch_size
         chosen: list[StoredGroup] = []
-        for index, group in enumerate(self._queue):
-            if index >= self.config.lookahead_groups + len(chosen):
+        passed: list[StoredGroup] = []
+        looked = 0
+        for group in self._queue:
+            if group.id in self._dropped_ids:
+                passed.append(group)
+                continue
+            if looked >= self.config.lookahead_groups + len(chosen):
                 break
+            looked += 1
             if group.n_seqs <= need:
                 chosen.append(group)
                 need -= group.n_seqs
                 if need == 0:
-                    return chosen
-        return None
+                    break
+        for group in passed:
+            self._dropped_ids.discard(group.id)
+            self._queue.remove(group)
+        return chosen if need == 0 else None
+
+    def _forget(self, group: StoredGroup) -> None:
+        """No longer queued (handed out or dropped): out of the counts and the version index."""
+        self._ids.discard(group.id)
+        self._queued_seqs -= group.n_seqs
+        self._queued_bytes -= group.nbytes
+        same_version = self._by_version[group.version]
+        del same_version[group.id]
+        if not same_version:
+            del self._by_version[group.version]
 
     def _drop_stale(self) -> None:
+        """Drop every queued group older than the bound, wherever it sits in the queue (by version:
+        O(groups dropped + versions queued))."""
         oldest_ok = self.staleness.version - self.config.max_staleness
-        stale = []
-        while self._queue and self._queue[0].version < oldest_ok:
-            group = self._queue.popleft()
-            self._ids.discard(group.id)
-            self._queued_seqs -= group.n_seqs
-            self._queued_bytes -= group.nbytes
-            stale.append(group)
+        stale = [g for v in [v for v in self._by_version if v < oldest_ok] for g in self._by_version[v].values()]
+        for group in stale:
+            self._forget(group)
+            self._dropped_ids.add(group.id)
+        while self._queue and self._queue[0].id in self._dropped_ids:
+            self._dropped_ids.discard(self._queue.popleft().id)
         if stale:
             self.store.drop(g.id for g in stale)
             dropped = sum(g.n_seqs for g in stale)
@@ -274,24 +299,16 @@ class RolloutQueue:
         self.store.set_meta("version", str(self.staleness.version))
 
     # ---- numbers -----------------------------------------------------------------------------
-    def _rate(self, events: collections.deque[tuple[float, int]]) -> float | None:
-        now = self.clock()
-        while events and now - events[0][0] > RATE_WINDOW_S:
-            events.popleft()
-        if len(events) < 2:
-            return None
-        span = max(1e-3, now - events[0][0])
-        return sum(n for _t, n in events) / span
-
     def stats(self) -> dict[str, Any]:
+        now_s = self.clock()
         with self._lock:
             return {
-                "queued_sequences": self._queued_seqs, "queued_groups": len(self._queue),
+                "queued_sequences": self._queued_seqs, "queued_groups": len(self._ids),
                 "queued_bytes": self._queued_bytes, "capacity_sequences": self.config.capacity_seqs,
                 "capacity_bytes": self.config.capacity_bytes, "batch_size": self.config.batch_size,
                 "policy_version": self.staleness.version, "staleness_capacity": self.staleness.capacity(),
                 "max_staleness": self.config.max_staleness, "running_rollouts": self.staleness.running,
                 "delivered_sequences": self.delivered_seqs, "dropped_stale_sequences": self.dropped_stale_seqs,
                 "refused_submits": self.refused_submits, "unacked_batches": len(self._handed),
-                "consumption_seqs_per_s": self._rate(self._pulls), "production_seqs_per_s": self._rate(self._accepts),
+                "consumption_seqs_per_s": self._pulls.rate(now_s), "production_seqs_per_s": self._accepts.rate(now_s),
             }

@@ -86,6 +86,58 @@ def test_stale_groups_are_dropped_and_counted(tmp_path: Path) -> None:
     assert q.stats()["dropped_stale_sequences"] == 4
 
 
+@pytest.mark.parametrize(("groups", "version", "handed", "dropped_seqs", "left_seqs"), [
+    # (id, version) in arrival order, the trainer's version, the batch handed out, sequences dropped, left
+    ([("a", 2), ("old", 0), ("b", 2)], 2, ["a", "b"], 4, 0),  # a stale group behind a fresh one
+    ([("a", 2), ("b", 2), ("old", 0)], 2, ["a", "b"], 4, 0),  # behind the whole batch: dropped all the same
+    ([("o1", 0), ("a", 3), ("o2", 1), ("b", 3), ("c", 3)], 3, ["a", "b"], 8, 4),  # several, between fresh ones
+    ([("a", 1), ("b", 2), ("c", 1)], 2, ["a", "b"], 0, 4),  # version - max_staleness is still fresh
+    ([("o1", 0), ("a", 2), ("o2", 0)], 2, None, 8, 4),  # not enough fresh left: no batch, stale ones still go
+])
+def test_every_stale_group_is_dropped_wherever_it_sits(
+        tmp_path: Path, groups: list[tuple[str, int]], version: int, handed: list[str] | None,
+        dropped_seqs: int, left_seqs: int) -> None:
+    q = make(tmp_path, capacity_seqs=100)  # max_staleness 1
+    for group_id, group_version in groups:
+        submit(q, group_id, 4, version=group_version)
+    q.set_version(version)
+    batch = q.pull()
+    assert (None if batch is None else [json.loads(p)["id"] for p in batch[1]]) == handed
+    stats = q.stats()
+    assert (stats["dropped_stale_sequences"], stats["queued_sequences"]) == (dropped_seqs, left_seqs)
+    assert stats["queued_groups"] == left_seqs // 4
+
+
+def test_a_group_dropped_behind_the_head_is_never_handed_out_later(tmp_path: Path) -> None:
+    q = make(tmp_path, capacity_seqs=100)
+    for group_id, group_version in [("a", 0), ("b", 0), ("c", 0), ("d", 1), ("e", 1)]:
+        submit(q, group_id, 4, version=group_version)
+    q.set_version(1)
+    first = q.pull()
+    assert first is not None and [json.loads(p)["id"] for p in first[1]] == ["a", "b"]
+    q.set_version(2)  # c (version 0) is now too old; d and e (version 1) are fine
+    second = q.pull()
+    assert second is not None and [json.loads(p)["id"] for p in second[1]] == ["d", "e"]
+    assert q.stats()["dropped_stale_sequences"] == 4 and q.stats()["queued_sequences"] == 0
+    submit(q, "f", 4, version=2)
+    submit(q, "g", 4, version=2)
+    third = q.pull()
+    assert third is not None and [json.loads(p)["id"] for p in third[1]] == ["f", "g"]
+
+
+def test_rates_count_what_arrived_after_observing_began(tmp_path: Path) -> None:
+    q = make(tmp_path, capacity_seqs=1000, batch_size=4)
+    clock: Clock = q.clock  # type: ignore[assignment]
+    for i in range(7):  # a batch of 4 every 10 s: 0.4 seq/s
+        submit(q, f"g{i}", 4)
+        assert q.pull() is not None
+        clock.t += 10.0
+    clock.t -= 5.0
+    stats = q.stats()  # 65 s after the first pull: the last 60 s hold six of them
+    assert stats["consumption_seqs_per_s"] == pytest.approx(0.4)
+    assert stats["production_seqs_per_s"] == pytest.approx(0.4)
+
+
 def test_ack_is_idempotent_and_unknown_batches_are_errors(tmp_path: Path) -> None:
     q = make(tmp_path)
     submit(q, "a")
