@@ -16,6 +16,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,7 @@ S = WorkerState
 ERROR_LIMIT = 20
 TICK_WINDOW = 60  # recent tick durations kept for status and /metrics
 AGENT_RELAUNCH_S = 30.0
+SIGNAL_FANOUT = 8  # scancel calls in flight at once in one tick
 # worker fields that every heartbeat refreshes: a change in them alone does not rewrite the state
 # file at once (after a restart they are refreshed by the next heartbeat; the liveness clock is reset)
 LIVE_WORKER_FIELDS = frozenset({"last_heartbeat_s", "busy", "rollouts"})
@@ -104,6 +106,7 @@ class Controller:
         self.queue_pressure: Callable[[], dict[str, Any]] | None = None
         self.last_decision: dict[str, Any] = {"action": "hold", "reason": "starting"}
         self.errors: list[dict[str, Any]] = []
+        self._errors_lock = threading.Lock()
         self.ticks = 0
         self.tick_durations_s: deque[float] = deque(maxlen=TICK_WINDOW)
         self.tick_total_s = 0.0
@@ -213,8 +216,7 @@ class Controller:
             self.next_number = plan.next_number
             for crash in plan.crashes:
                 self.on_crash(crash.worker_id, crash.node, crash.gpus, crash.reason, now_s)
-            for action in [*health_drains, *plan.actions, *self._server_drains_due(now_s)]:
-                self._run(action)
+            self._run_all([*health_drains, *plan.actions, *self._server_drains_due(now_s)])
             if steps is not None:
                 self._ensure_agents(steps, now_s)
             self._publish_endpoints()
@@ -294,6 +296,20 @@ class Controller:
         return StepSpec(job_id=self.job_id, name=f"{AGENT_PREFIX}{node}", argv=tuple(argv),
                         output_path=self.state_dir / "logs" / f"agent-{node}.out", gpus=gpu_count,
                         nodelist=(node,), overlap=True)
+
+    def _run_all(self, actions: list[Launch | Drain | Cancel]) -> None:
+        """Launches return at once (detached srun); signals and cancels wait for scancel, so a
+        large scale-down sends them side by side rather than one after another in the tick."""
+        waits = [a for a in actions if not isinstance(a, Launch)]
+        for action in actions:
+            if isinstance(action, Launch):
+                self._run(action)
+        if len(waits) <= 1:
+            for action in waits:
+                self._run(action)
+            return
+        with ThreadPoolExecutor(max_workers=min(SIGNAL_FANOUT, len(waits)), thread_name_prefix="signal") as pool:
+            list(pool.map(self._run, waits))
 
     def _run(self, action: Launch | Drain | Cancel) -> None:
         worker = self.workers[action.worker_id]
@@ -625,6 +641,10 @@ class Controller:
         )
 
     def _record_error(self, where: str, message: str) -> None:
+        with self._errors_lock:  # also called from the tick's signal threads
+            self._append_error(where, message)
+
+    def _append_error(self, where: str, message: str) -> None:
         self.errors.append({"at_s": round(self.clock(), 3), "where": where, "error": message})
         del self.errors[:-ERROR_LIMIT]
 

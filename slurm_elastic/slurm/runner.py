@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,8 +116,9 @@ def spawn_detached(
 ) -> int:
     """Start ``argv`` in a new session (immune to the caller's death and process-group signals).
 
-    Its stdout and stderr go to ``log_path``; stdin is /dev/null. Returns the pid. The child is
-    reaped by a daemon thread, so it never lingers as a zombie while the caller lives.
+    Its stdout and stderr go to ``log_path``; stdin is /dev/null. Returns the pid. One shared
+    daemon thread reaps every child (not a thread per child: a controller keeps one srun per
+    worker), so none lingers as a zombie for more than ``REAP_INTERVAL_S`` while the caller lives.
     """
     argv = list(argv)
     require_binary(argv[0])
@@ -136,8 +138,40 @@ def spawn_detached(
             )
         except OSError as exc:
             raise SlurmCommandError(argv, None, "", str(exc), reason=str(exc)) from None
-    threading.Thread(target=proc.wait, name=f"reap-{proc.pid}", daemon=True).start()
+    _reaper.adopt(proc)
     return proc.pid
+
+
+REAP_INTERVAL_S = 0.5
+
+
+class _Reaper:
+    """Waits for detached children without a thread each: one thread polls them all."""
+
+    def __init__(self) -> None:
+        self._children: set[subprocess.Popen[bytes]] = set()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def adopt(self, proc: subprocess.Popen[bytes]) -> None:
+        with self._lock:
+            self._children.add(proc)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="reap-detached", daemon=True)
+                self._thread.start()
+
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._children)
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(REAP_INTERVAL_S)
+            with self._lock:
+                self._children = {p for p in self._children if p.poll() is None}
+
+
+_reaper = _Reaper()
 
 
 def _text(value: bytes | str | None) -> str:

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from slurm_elastic.errors import SlurmCommandError, SlurmNotInstalledError, SlurmTimeoutError
+from slurm_elastic.slurm import runner
 from slurm_elastic.slurm.backend import StepSpec, build_srun_argv
 from slurm_elastic.slurm.pyslurm_backend import select_backend
 from slurm_elastic.slurm.runner import command_counts, process_alive, run_command, spawn_detached
@@ -77,3 +80,15 @@ def test_srun_argv_overlap_without_gpus() -> None:
 def test_backend_falls_back_to_cli_without_pyslurm() -> None:
     assert select_backend("auto").name == "cli"
     assert select_backend("cli").name == "cli"
+
+
+def test_detached_children_are_reaped_by_one_shared_thread(tmp_path: Path) -> None:
+    threads_before = threading.active_count()
+    pids = [spawn_detached(["true"], log_path=tmp_path / "t.log") for _ in range(20)]
+    assert threading.active_count() <= threads_before + 1  # not a thread per child
+    deadline = time.monotonic() + 30
+    while runner._reaper.pending() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert runner._reaper.pending() == 0
+    zombies = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() == psutil.STATUS_ZOMBIE]
+    assert zombies == []
