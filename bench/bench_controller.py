@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import median, percentile, write_report
+from bench._common import median, percentile, write_headline, write_report
 from slurm_elastic.devcluster.cluster import DevCluster, DevClusterSpec
 from slurm_elastic.slurm.cli_backend import SlurmCli
 from slurm_elastic.slurm.runner import run_command
@@ -118,6 +118,13 @@ def run_all(cluster: DevCluster, tmp: Path, slurm: SlurmCli) -> list[str]:
         f"| reattach after kill -9 with 64 running steps (kill -> all 64 adopted, incl. 0.3 s restart delay) | "
         f"{reattach_s:.1f} s, {relaunched} relaunched, same steps: {same_steps} |",
     ]
+    write_headline("controller", [
+        ("scale decision -> worker registered, p50 (vs a bare `srun` of a Python command)",
+         f"{median(launch_s) * 1000:.0f} ms", f"{median(bare_s) * 1000:.0f} ms", f"{median(launch_s) / median(bare_s):.1f}x"),
+        ("drain: scale down by one -> step ended (0.5 s rollouts), p50", f"{median(drain_s) * 1000:.0f} ms", "", ""),
+        ("reattach after kill -9 with 64 running steps", f"{reattach_s:.1f} s, {relaunched} relaunched",
+         "relaunching 64", ""),
+    ])
     return rows
 
 

@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx
 
-from bench._common import median, percentile, write_report
+from bench._common import median, percentile, write_headline, write_report
 from slurm_elastic.devcluster.cluster import DevCluster, default_dir
 from slurm_elastic.router import Router
 from tests.cluster.controller_harness import locate_in, start_controller_job, stop_controller_job
@@ -77,6 +77,12 @@ def main() -> None:
         f"{ok}/{len(load.results)} ({100 * ok / max(1, len(load.results)):.1f} %), {stats['retried']} retried |",
         "",
     ]))
+    write_headline("router", [
+        ("server router: time per request, median (vs direct httpx)", f"{r_med * 1e3:.2f} ms",
+         f"{d_med * 1e3:.2f} ms", f"{r_med / d_med:.2f}x"),
+        ("requests through a server scale-down and a server kill -9 (8-way load)",
+         f"{ok}/{len(load.results)} succeeded", "", ""),
+    ])
 
 
 def _time(send) -> list[float]:  # type: ignore[no-untyped-def]

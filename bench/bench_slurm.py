@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import median, percentile, write_report
+from bench._common import median, percentile, write_headline, write_report
 from slurm_elastic.devcluster.cluster import DevCluster, default_dir
 from slurm_elastic.slurm.backend import StepSpec
 from slurm_elastic.slurm.cli_backend import SlurmCli
@@ -97,6 +97,11 @@ def main() -> None:
         f"| batched listing is faster than per-worker calls by | {ratio:.0f}x |",
         "",
     ]))
+    write_headline("slurm", [
+        ("srun launch -> step listed, p50", f"{median(launch_s) * 1000:.0f} ms", "", ""),
+        (f"list {args.steps} steps (one `squeue --steps`) vs one call per worker",
+         f"{median(batched_s) * 1000:.1f} ms", f"{median(per_worker_s) * 1000:.0f} ms", f"{1 / ratio:.3f}x"),
+    ])
 
 
 if __name__ == "__main__":
