@@ -41,10 +41,12 @@ def report(result: ChaosResult, settings: ChaosSettings) -> str:
         ("  mid scale-up", c["kill_controller_scale_up"]),
         ("  mid drain", c["kill_controller_drain"]),
         ("  between batch hand-out and ack", c["kill_controller_handout"]),
+        ("  twice: again while the next one starts up (counted as 2)", c["kill_controller_recovery"]),
         ("worker kill -9 (worker process or its step's wrapper)", c["kill_worker"]),
         ("slurmd restarts (kill -9, start)", c["restart_slurmd"]),
-        ("  workers on that node that kept running", f"{c['workers_kept_across_slurmd_restart']} of "
+        ("  workers on that node that kept running (or drained)", f"{c['workers_kept_across_slurmd_restart']} of "
                                                      f"{c['workers_across_slurmd_restart']}"),
+        ("worker exits neither drained nor killed by the soak", c["unexplained_worker_exits"]),
         ("GPU faults injected (drill file; cordon, then clear)", c["gpu_fault"]),
         ("cordons seen", c["cordons_seen"]),
         ("worker starts", c["worker_starts"]),

@@ -44,7 +44,7 @@ from tests.cluster.controller_harness import (
 
 CHAOS_WORKER = Path(__file__).with_name("chaos_worker.py")
 FAULT_KINDS = ("kill_controller_scale_up", "kill_controller_drain", "kill_controller_handout",
-               "kill_worker", "restart_slurmd", "gpu_fault")
+               "kill_controller_recovery", "kill_worker", "restart_slurmd", "gpu_fault")
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class ChaosSettings:
     gap_s: tuple[float, float] = (0.5, 2.5)  # pause between faults
     kill_delay_s: tuple[float, float] = (0.0, 1.0)  # scale/drain order -> kill -9
     gpu_fault_hold_s: tuple[float, float] = (2.0, 5.0)
-    slurmd_down_s: tuple[float, float] = (0.2, 2.0)
+    slurmd_down_s: tuple[float, float] = (0.2, 4.0)
     placement_slack_s: float = 2.0  # a worker process born this long after a cordon was placed after it
     baseline_s: float = 0.0  # fault-free load first (at ``min_workers``), for the throughput ratio
     settle_timeout_s: float = 180.0  # generous waits: they bound a hang, they do not grade speed
@@ -96,6 +96,7 @@ class WorkerLog:
     starts: list[dict[str, Any]] = field(default_factory=list)
     submitted: set[str] = field(default_factory=set)  # sent (maybe stored, maybe not: killed mid-send)
     acked: set[str] = field(default_factory=set)  # the controller answered 2xx: it must be delivered
+    drained_pids: set[int] = field(default_factory=set)  # processes that finished a drain and exited
 
 
 def read_worker_logs(log_dir: Path) -> WorkerLog:
@@ -112,6 +113,8 @@ def read_worker_logs(log_dir: Path) -> WorkerLog:
                 out.submitted.add(e["id"])
             elif e["event"] == "acked":
                 out.acked.add(e["id"])
+            elif e["event"] == "drained":
+                out.drained_pids.add(int(e["pid"]))
     return out
 
 
@@ -263,7 +266,7 @@ class ChaosResult:
         c = self.counts
         return (f"chaos: controller kills survived {c['controller_kills']} "
                 f"(scale-up {c['kill_controller_scale_up']}, drain {c['kill_controller_drain']}, "
-                f"hand-out {c['kill_controller_handout']}), worker kills {c['kill_worker']}, "
+                f"hand-out {c['kill_controller_handout']}, start-up {c['kill_controller_recovery']}), worker kills {c['kill_worker']}, "
                 f"slurmd restarts {c['restart_slurmd']}, GPU faults {c['gpu_fault']}, "
                 f"rollouts checked {self.rollouts_checked}, violations {len(self.violations)}")
 
@@ -284,6 +287,8 @@ class ChaosRun:
         self.result = ChaosResult(settings.seed)
         self.drill_faults: dict[tuple[str, int], float] = {}  # (node, gpu) -> clear at (monotonic)
         self.target = settings.min_workers
+        self.killed_pids: set[int] = set()  # worker processes (and wrappers) this soak kill -9'ed
+        self.slurmd_restarts: list[tuple[float, str]] = []  # (wall time, node)
 
     # -- set-up and tear-down
     def start(self) -> ControllerJob:
@@ -357,7 +362,11 @@ class ChaosRun:
     def kill_controller(self, job: ControllerJob) -> None:
         pid = job.controller_pid()
         os.kill(pid, signal.SIGKILL)
+        self.wait_new_controller(job, pid)
+        self.result.counts["controller_kills"] += 1
 
+    def wait_new_controller(self, job: ControllerJob, pid: int) -> None:
+        """Until a controller other than ``pid`` answers."""
         def new_one_answers() -> bool:
             try:
                 if job.controller_pid() == pid:
@@ -367,7 +376,34 @@ class ChaosRun:
             except (ControllerUnreachableError, OSError, ValueError, KeyError):
                 return False
         wait_for(new_one_answers, self.s.settle_timeout_s, "a new controller after kill -9")
-        self.result.counts["controller_kills"] += 1
+
+    def controller_processes(self) -> list[psutil.Process]:
+        """The job's controller processes (the batch script's loop starts one after another)."""
+        config = str(self.tmp / "elastic.toml")
+        found = []
+        for proc in psutil.process_iter(["cmdline", "status"]):
+            cmdline = proc.info["cmdline"] or []
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and "controller" in cmdline and config in cmdline:
+                found.append(proc)
+        return found
+
+    def kill_controller_recovery(self, job: ControllerJob, _trainer: RecordingTrainer) -> None:
+        """A scale order, kill -9, and kill -9 again while the next controller is still starting up
+        (reading its state, adopting steps, its first ticks)."""
+        self.target = self.rng.randint(self.s.min_workers, self.s.max_workers)
+        with job.client() as c:
+            c.scale(self.target)
+        time.sleep(self.rng.uniform(*self.s.kill_delay_s))
+        old = {p.pid for p in self.controller_processes()}
+        for proc in self.controller_processes():
+            proc.send_signal(signal.SIGKILL)
+        successor = wait_for(lambda: [p for p in self.controller_processes() if p.pid not in old],
+                             self.s.settle_timeout_s, "the next controller process")[0]
+        time.sleep(self.rng.uniform(0.0, 2.0))
+        with contextlib.suppress(psutil.NoSuchProcess):
+            successor.send_signal(signal.SIGKILL)
+        self.wait_new_controller(job, successor.pid)
+        self.result.counts["controller_kills"] += 2
 
     def kill_controller_scale_up(self, job: ControllerJob, _trainer: RecordingTrainer) -> None:
         if self.target >= self.s.max_workers:  # room to grow: come down first, settle, then go up
@@ -408,11 +444,13 @@ class ChaosRun:
             return live_worker_processes(self.log_dir)
         victims = wait_for(candidates, self.s.settle_timeout_s, "a live worker to kill")
         victim = self.rng.choice(sorted(victims, key=lambda p: p.pid))
+        self.killed_pids.add(victim.pid)  # the worker process dies with its wrapper's step too
         if self.rng.random() < 0.5:
             with contextlib.suppress(psutil.Error):
                 parent = victim.parent()
                 if parent is not None and "worker" in " ".join(parent.cmdline()):
                     victim = parent
+        self.killed_pids.add(victim.pid)
         with contextlib.suppress(psutil.NoSuchProcess):
             victim.send_signal(signal.SIGKILL)
 
@@ -425,15 +463,20 @@ class ChaosRun:
             raise AssertionError(f"{daemon} is not running")
         on_node = {p.pid for p in live_worker_processes(self.log_dir)
                    if (p.info["environ"] or {}).get("SLURMD_NODENAME") == node}
+        self.slurmd_restarts.append((time.time(), node))
         os.kill(pid, signal.SIGKILL)
         wait_for(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE,
                  30, f"{daemon} to die")
+        if self.rng.random() < 0.5 and self.target < self.s.max_workers:  # launches while a slurmd is down
+            self.target = self.s.max_workers
+            with job.client() as c:
+                c.scale(self.target)
         time.sleep(self.rng.uniform(*self.s.slurmd_down_s))
         run_command(["slurmd", "-N", node], env=self.cluster.env(), timeout_s=30)
         wait_for(lambda: self.cluster.daemon_pid(daemon) is not None, 30, f"{daemon} to start again")
         wait_for(lambda: not self.cluster.node_states().get(node, "*").endswith("*"), self.s.settle_timeout_s,
                  f"{node} to respond again")
-        alive = {p.pid for p in live_worker_processes(self.log_dir)}
+        alive = {p.pid for p in live_worker_processes(self.log_dir)} | read_worker_logs(self.log_dir).drained_pids
         self.result.counts["workers_across_slurmd_restart"] += len(on_node)
         self.result.counts["workers_kept_across_slurmd_restart"] += len(on_node & alive)
 
@@ -562,6 +605,14 @@ class ChaosRun:
         self.result.batches = trainer.batches if trainer else 0
         self.result.counts["worker_starts"] = len(logs.starts)
         self.result.counts["cordons_seen"] = len(monitor.spans)
+        unexplained = [st for st in logs.starts if st["pid"] not in logs.drained_pids | self.killed_pids]
+        self.result.counts["unexplained_worker_exits"] = len(unexplained)
+        for st in unexplained:  # not drained, not killed by the soak: the controller ended it (or Slurm)
+            restarts = [f"{node} at +{at - st['t']:.1f} s" for at, node in self.slurmd_restarts
+                        if node == st["node"] and at > st["t"]]
+            self.result.notes.append(f"worker {st['worker']} pid {st['pid']} on {st['node']} ended neither drained "
+                                     f"nor killed by the soak (slurmd restarts on its node after its start: "
+                                     f"{', '.join(restarts[:3]) or 'none'})")
         self.result.notes.append(f"{len(logs.submitted - logs.acked)} sends cut short by a kill "
                                  f"({len(set(delivered) & (logs.submitted - logs.acked))} of them stored and delivered)")
 
