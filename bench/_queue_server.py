@@ -1,19 +1,24 @@
-"""Serve the controller's API with a rollout queue (no Slurm needed) for bench/bench_ingest.py."""
+"""Serve the controller's API with a rollout queue (no Slurm needed) for bench/bench_ingest.py.
+
+Served as the controller serves it (``ApiServer``: uvicorn in a thread of the process), with a
+queue big enough for the benchmark's backlog. Runs until SIGTERM.
+"""
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import uvicorn
-
 from slurm_elastic.controller.app import create_controller_app
 from slurm_elastic.controller.config import parse_config
 from slurm_elastic.controller.runtime import Controller
+from slurm_elastic.controller.serve import ApiServer
 from slurm_elastic.rollouts.queue import QueueConfig, RolloutQueue
 from slurm_elastic.rollouts.store import RolloutStore
 from slurm_elastic.slurm.cli_backend import SlurmCli
@@ -23,7 +28,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--fsync", default="always", choices=["always", "os", "off"])
-    parser.add_argument("--dir", default="")
+    parser.add_argument("--dir", default="", help="state directory (default: a new one under /tmp, on disk here)")
     args = parser.parse_args()
     state = Path(args.dir or tempfile.mkdtemp(prefix="se-ingest-"))
     controller = Controller(parse_config({"agent": {"enabled": False}}), 1, SlurmCli(), state,
@@ -31,8 +36,13 @@ def main() -> None:
     queue = RolloutQueue(RolloutStore(state / "q.sqlite", fsync=args.fsync),
                          QueueConfig(batch_size=32, capacity_seqs=10**8, capacity_bytes=10**11,
                                      max_staleness=10**6, max_concurrent=10**8))
-    app = create_controller_app(controller, "bench-token", queue)
-    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
+    server = ApiServer(create_controller_app(controller, "bench-token", queue), "127.0.0.1", args.port)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    server.start()
+    stop.wait()
+    server.stop()
+    queue.store.close()
 
 
 if __name__ == "__main__":

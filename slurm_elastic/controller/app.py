@@ -38,7 +38,8 @@ def create_controller_app(controller: Controller, token: str, queue: RolloutQueu
     app.include_router(control_router(controller, token))
     if queue is not None:
         app.include_router(rollout_router(controller, queue, token))
-        app.add_middleware(SubmitFastPath, endpoint=SubmitEndpoint(queue, token))  # the hot route
+        build_stack = app.build_middleware_stack  # the hot route goes in front of every middleware
+        app.build_middleware_stack = lambda: SubmitFastPath(build_stack(), SubmitEndpoint(queue, token))  # type: ignore[method-assign]
         controller.queue_pressure = lambda: queue_pressure(controller, queue)
     return app
 

@@ -16,6 +16,7 @@ from fastapi import APIRouter, Depends, HTTPException, Request, Response, status
 from fastapi import Path as PathParam
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from slurm_elastic.controller.http import WORKER_ID, bearer_auth
 from slurm_elastic.controller.runtime import Controller
@@ -134,7 +135,10 @@ class SubmitEndpoint:
         self.token = token.encode()
         self.limit = queue.config.max_group_bytes
 
-    async def answer(self, headers: Headers, receive: Any) -> tuple[int, bytes, Headers]:
+    def _too_big(self) -> tuple[int, bytes, Headers]:
+        return _error(413, f"rollout group over {self.limit} bytes")
+
+    async def answer(self, headers: Headers, receive: Receive) -> tuple[int, bytes, Headers]:
         authorization = content_length = b""
         for name, value in headers:
             if name == b"authorization":
@@ -146,9 +150,8 @@ class SubmitEndpoint:
             return _error(401, "missing bearer token", [(b"www-authenticate", b"Bearer")])
         if not hmac.compare_digest(token.strip(), self.token):
             return _error(403, "wrong token for this job")
-        too_big = _error(413, f"rollout group over {self.limit} bytes")
         if content_length.isdigit() and int(content_length) > self.limit:
-            return too_big
+            return self._too_big()
         body = bytearray()
         while True:
             message = await receive()
@@ -156,7 +159,7 @@ class SubmitEndpoint:
                 return _error(400, "client went away")
             body += message.get("body", b"")
             if len(body) > self.limit:
-                return too_big
+                return self._too_big()
             if not message.get("more_body"):
                 break
         try:
@@ -177,11 +180,11 @@ class SubmitEndpoint:
 class SubmitFastPath:
     """ASGI middleware: ``POST /rollouts`` goes straight to :class:`SubmitEndpoint`."""
 
-    def __init__(self, app: Any, endpoint: SubmitEndpoint) -> None:
+    def __init__(self, app: ASGIApp, endpoint: SubmitEndpoint) -> None:
         self.app = app
         self.endpoint = endpoint
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] != "/rollouts" or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
