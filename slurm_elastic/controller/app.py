@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 from pathlib import Path
@@ -19,6 +20,7 @@ from slurm_elastic.controller.rollout_http import SubmitEndpoint, SubmitFastPath
 from slurm_elastic.controller.runtime import Controller
 from slurm_elastic.controller.serve import ApiServer, default_listen_host
 from slurm_elastic.controller.state import job_state_dir
+from slurm_elastic.core.rates import per_worker_rate
 from slurm_elastic.errors import SlurmError
 from slurm_elastic.rollouts.queue import QueueConfig, RolloutQueue
 from slurm_elastic.rollouts.store import RolloutStore
@@ -45,7 +47,8 @@ def create_controller_app(controller: Controller, token: str, queue: RolloutQueu
 
 
 def queue_pressure(controller: Controller, queue: RolloutQueue) -> dict[str, Any]:
-    """The queue's numbers as the autoscaler takes them (production per worker from the total).
+    """The queue's numbers as the autoscaler takes them (production per busy worker: the queue's
+    production over the busy worker-seconds the workers report; per ACTIVE worker without them).
 
     None of them until the queue is in use: a job of inference servers with no trainer must not
     look like a starving trainer."""
@@ -53,11 +56,12 @@ def queue_pressure(controller: Controller, queue: RolloutQueue) -> dict[str, Any
         return {}
     q = queue.stats()
     active = max(1, sum(1 for w in controller.workers.values() if w.state.value == "ACTIVE" and not w.placeholder))
-    production = q["production_seqs_per_s"]
+    busy_workers = controller.busy_workers(controller.clock())
     return {
         "queued_seqs": q["queued_sequences"], "batch_size": q["batch_size"],
         "consumption_seqs_per_s": q["consumption_seqs_per_s"],
-        "per_worker_seqs_per_s": None if production is None else production / active,
+        "per_worker_seqs_per_s": per_worker_rate(q["production_seqs_per_s"], busy_workers, active),
+        "in_flight_seqs": q["running_rollouts"], "max_staleness": q["max_staleness"],
         "staleness_capacity_seqs": q["staleness_capacity"], "buffer_capacity_seqs": q["capacity_sequences"],
     }
 
@@ -79,6 +83,7 @@ def run_controller(config: ElasticConfig, stop: threading.Event) -> None:
     host = config.controller.listen_host or default_listen_host()
     server = ApiServer(create_controller_app(ctl, token, queue), host,
                        config.controller.listen_port or previous_port(state_dir, host))
+    gc.freeze()  # what startup built lives as long as the process: keep it out of every collection
     server.start()
     ctl.controller_url = server.url
     publish(state_dir, server.url, job_id)

@@ -34,6 +34,7 @@ class Registration(_Body):
 class Heartbeat(_Body):
     busy: bool | None = None
     rollouts: int | None = Field(None, ge=0)
+    busy_s: float | None = Field(None, ge=0, le=1e9, allow_inf_nan=False)  # seconds inside rollouts so far
     exit_code: int | None = Field(None, ge=-255, le=255)
     child_pid: int | None = Field(None, ge=0)
     placeholder: bool | None = None

@@ -26,6 +26,7 @@ from slurm_elastic.core.endpoints import Endpoint, EndpointBook
 from slurm_elastic.core.health import AgentReport, CordonBook, HealthRules
 from slurm_elastic.core.lifecycle import Worker, WorkerState, transition
 from slurm_elastic.core.naming import AGENT_PREFIX, worker_id_of_step, worker_step_name
+from slurm_elastic.core.rates import WindowRate
 from slurm_elastic.core.reconcile import (
     Cancel,
     Drain,
@@ -111,6 +112,9 @@ class Controller:
         self.tick_durations_s: deque[float] = deque(maxlen=TICK_WINDOW)
         self.tick_total_s = 0.0
         self.heartbeats = 0
+        self.busy_meter = WindowRate()  # worker-seconds spent generating, from heartbeats' busy_s
+        self._busy_s_seen: dict[str, float] = {}  # each worker's last reported busy_s
+        self._busy_lock = threading.Lock()  # heartbeats add while a tick reads
         self.started_at_s = clock()
         self.state_note = ""
         self.state_file = StateFile(state_dir / "state.json", job_id)
@@ -398,6 +402,8 @@ class Controller:
             batch_size=int(queue.get("batch_size", 0)),
             consumption_seqs_per_s=queue.get("consumption_seqs_per_s"),
             per_worker_seqs_per_s=queue.get("per_worker_seqs_per_s"),
+            in_flight_seqs=queue.get("in_flight_seqs"),
+            max_staleness=queue.get("max_staleness"),
             staleness_capacity_seqs=queue.get("staleness_capacity_seqs"),
             buffer_capacity_seqs=queue.get("buffer_capacity_seqs"),
             workers_starting=counts[S.STARTING] + counts[S.BACKOFF],
@@ -463,6 +469,8 @@ class Controller:
                 worker.busy = bool(info["busy"])
             if "rollouts" in info:
                 worker.rollouts = int(info["rollouts"])
+            if "busy_s" in info:
+                self._record_busy_s(worker_id, float(info["busy_s"]))
             if info.get("exit_code") is not None:
                 worker.exit_code = int(info["exit_code"])
             if "outstanding_requests" in info:
@@ -471,6 +479,22 @@ class Controller:
                 not self.is_server or worker.drain_signaled)
             # a record still STARTING (e.g. restored from before its registration was saved): ask again
             return {"drain": drain, "hold": worker.placeholder, "register": worker.state is S.STARTING}
+
+    def _record_busy_s(self, worker_id: str, busy_s: float) -> None:
+        """A worker's cumulative seconds inside rollouts: the increase goes into the busy meter."""
+        with self._busy_lock:
+            before = self._busy_s_seen.get(worker_id)
+            self._busy_s_seen[worker_id] = busy_s
+            if before is not None:  # the first report only sets where counting starts
+                self.busy_meter.add(self.clock(), busy_s - before if busy_s >= before else busy_s)
+            if len(self._busy_s_seen) > 2 * len(self.workers) + 16:
+                self._busy_s_seen = {w: s for w, s in self._busy_s_seen.items() if w in self.workers}
+
+    def busy_workers(self, now_s: float) -> float | None:
+        """Workers generating on average over the window (busy worker-seconds per second); None
+        while no worker reports busy time (an older SDK, or not the SDK)."""
+        with self._busy_lock:
+            return self.busy_meter.rate(now_s) if self._busy_s_seen else None
 
     def scale(self, n: int) -> dict[str, Any]:
         with self.lock:

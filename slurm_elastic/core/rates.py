@@ -53,3 +53,17 @@ class WindowRate:
             self._events.popleft()
         if not self._events and self._first_s is not None and now_s - self._first_s > self.window_s:
             self._first_s = None  # a silence longer than the window: the next event starts a new series
+
+
+def per_worker_rate(production_seqs_per_s: float | None, busy_workers: float | None,
+                    active_workers: int) -> float | None:
+    """Sequences per second one worker makes while it generates [seq/s per busy worker].
+
+    ``busy_workers`` is the busy worker-seconds reported over the window per second (the mean
+    number of workers inside a rollout). Without it (workers that do not report busy time),
+    production / ACTIVE workers, which reads low while workers wait at the staleness gate."""
+    if production_seqs_per_s is None:
+        return None
+    if busy_workers is not None and busy_workers > 0:
+        return production_seqs_per_s / busy_workers
+    return production_seqs_per_s / max(1, active_workers)

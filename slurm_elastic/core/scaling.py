@@ -2,13 +2,24 @@
 
 Pure: no I/O, the time is passed in. The control law (units in brackets):
 
-    buffer error   e(t)  = setpoint - queued                      [sequences]; > 0: the trainer starves
+    staleness room room  = (max_staleness - 1/2)·batch_size - in_flight     [sequences]
+    setpoint       sp    = min(setpoint_batches·batch_size, max(batch_size/2, room))  [sequences]
+    buffer error   e(t)  = sp - queued                            [sequences]; > 0: the trainer starves
     feed-forward   w_ff  = consumption / per_worker_rate          [workers]
     PID            u(t)  = Kp·e + Ki·∫e dt - Kd·d(queued)/dt       [sequences]
     recommendation w*    = w_ff + u(t) / (per_worker_rate · horizon_s)   [workers]
 
-with the derivative on the measurement (no kick when the setpoint moves) and anti-windup (the
-integral stops growing while the output is pinned at a bound). Then the bounds that make it
+The room is what the staleness bound lets the buffer hold on average: while the trainer computes,
+buffered + in flight <= max_staleness·batch_size, and each pull takes a batch out, so the buffer
+averages half a batch below its peak. A setpoint above the room could never be reached and would
+never let the policy scale down. per_worker_rate is the production of a worker while it
+generates (sequences per busy worker-second), not per ACTIVE worker: workers waiting at the
+staleness gate or loading their model would otherwise lower it until w_ff mirrors the count.
+
+With the derivative on the measurement (no kick when the setpoint moves) and anti-windup (the
+integral stops growing while the output is pinned at a bound, or while the hysteresis below holds
+a move back: an integral that grows while a cooldown or the stabilization window delays the move
+it asks for overshoots once the move is made). Then the bounds that make it
 safe: a full buffer or an exhausted staleness capacity never scales up (they scale down: more
 workers would only make rollouts staler), min/max workers and GPU slots, a deadband and N
 confirmations in a row (hysteresis), separate scale-up and scale-down cooldowns, a minimum
@@ -114,7 +125,9 @@ class PressureInputs:
     queued_seqs: float | None
     batch_size: int
     consumption_seqs_per_s: float | None = None
-    per_worker_seqs_per_s: float | None = None
+    per_worker_seqs_per_s: float | None = None  # production per worker while generating (busy)
+    in_flight_seqs: float | None = None  # admitted, not yet submitted (the staleness manager's running)
+    max_staleness: int | None = None  # the queue's bound; None: the setpoint is not limited by it
     staleness_capacity_seqs: float | None = None
     buffer_capacity_seqs: float | None = None
     workers_starting: int = 0
@@ -139,6 +152,17 @@ class Decision:
         return {k: v for k, v in self.__dict__.items()}
 
 
+def effective_setpoint_seqs(cfg: AutoscalerConfig, x: PressureInputs) -> float:
+    """The buffer level aimed for [sequences]: setpoint_batches·batch_size, lowered to what the
+    staleness bound lets the buffer hold while ``in_flight_seqs`` are generating, but not below half
+    a batch (the least average that has a full batch ready at each pull)."""
+    wanted = cfg.setpoint_batches * x.batch_size
+    if x.max_staleness is None or x.in_flight_seqs is None or not math.isfinite(x.in_flight_seqs):
+        return wanted
+    room = (x.max_staleness - 0.5) * x.batch_size - x.in_flight_seqs
+    return min(wanted, max(0.5 * x.batch_size, room))
+
+
 @dataclass
 class Autoscaler:
     """The policy with its memory (integral, votes, cooldowns, window)."""
@@ -153,6 +177,7 @@ class Autoscaler:
     last_up_s: float = -math.inf
     last_down_s: float = -math.inf
     window: list[tuple[float, float]] = field(default_factory=list)
+    held_dir: int = 0  # +1/-1: the last decision held back a move that way (conditional integration)
 
     def decide(self, x: PressureInputs, now_s: float) -> Decision:
         cfg = self.config
@@ -168,12 +193,14 @@ class Autoscaler:
         bounded = min(max(rec, cfg.min_workers), ceiling)
         self.window.append((now_s, bounded))
         self.window = [(t, r) for t, r in self.window if now_s - t <= cfg.stabilization_window_s]
+        window_held = False
         if bounded < current:  # scale down only as far as the highest recent recommendation allows
             highest = max(r for _t, r in self.window)
             if highest > bounded:
-                bounded = min(float(current), highest)
+                bounded, window_held = min(float(current), highest), True
                 why += f"; stabilization window keeps {bounded:.1f} (highest recent recommendation {highest:.1f})"
         delta = bounded - current
+        self.held_dir = -1 if window_held else 0
         if abs(delta) <= cfg.deadband_workers:
             self.votes, self.votes_dir, self.direction_since_s = 0, 0, None
             return Decision(steady, "hold", f"within deadband ({bounded:.2f} vs {current}): {why}", rec, *terms)
@@ -182,6 +209,7 @@ class Autoscaler:
             self.votes_dir, self.votes, self.direction_since_s = direction, 0, now_s
         self.votes += 1
         word = "up" if direction > 0 else "down"
+        self.held_dir = direction  # until the move is made in full below
         if self.votes < cfg.confirmations:
             return Decision(steady, "hold", f"{word} vote {self.votes}/{cfg.confirmations}: {why}", rec, *terms)
         assert self.direction_since_s is not None
@@ -201,9 +229,12 @@ class Autoscaler:
             self.last_down_s = now_s
         self.votes = 0
         capped = " (step capped)" if step < abs(delta) else ""
+        if not capped and not window_held:
+            self.held_dir = 0
         return Decision(target, f"scale_{word}", f"{why}{capped}", rec, *terms)
 
     def _hold(self, current: int, ceiling: int, why: str, terms: tuple[float | None, ...]) -> Decision:
+        self.held_dir = 0
         target = min(max(current, self.config.min_workers), ceiling)
         action = "hold" if target == current else ("scale_up" if target > current else "scale_down")
         return Decision(target, action, why, None, *terms)
@@ -214,7 +245,7 @@ class Autoscaler:
         none4: tuple[float | None, float | None, float | None, float | None] = (None, None, None, None)
         if x.queued_seqs is None or not math.isfinite(x.queued_seqs) or x.batch_size <= 0:
             return None, "no buffer measurement yet: holding", none4
-        setpoint = cfg.setpoint_batches * x.batch_size
+        setpoint = effective_setpoint_seqs(cfg, x)
         error = setpoint - x.queued_seqs
         dt = 0.0 if self.last_now_s is None else max(0.0, now_s - self.last_now_s)
         d_queued = 0.0 if self.last_queued is None or dt == 0 else (x.queued_seqs - self.last_queued) / dt
@@ -240,7 +271,8 @@ class Autoscaler:
         tentative = feed_forward + (p + cfg.ki * self.integral + d) / (rate * cfg.horizon_s)
         saturated_up = tentative >= min(self.config.max_workers, x.allowed_slots) and error > 0
         saturated_down = tentative <= self.config.min_workers and error < 0
-        if not (saturated_up or saturated_down):  # anti-windup: integrate only when not pinned
+        held_back = self.held_dir != 0 and (error > 0) == (self.held_dir > 0)
+        if not (saturated_up or saturated_down or held_back):  # anti-windup: not while pinned or held back
             self.integral = max(-cfg.integral_limit_seqs_s, min(cfg.integral_limit_seqs_s, self.integral + error * dt))
         i = cfg.ki * self.integral
         rec = feed_forward + (p + i + d) / (rate * cfg.horizon_s)
@@ -267,7 +299,7 @@ class Autoscaler:
                 "votes_dir": self.votes_dir, "votes": self.votes, "direction_since_s": self.direction_since_s,
                 "last_up_s": None if math.isinf(self.last_up_s) else self.last_up_s,
                 "last_down_s": None if math.isinf(self.last_down_s) else self.last_down_s,
-                "window": [list(w) for w in self.window]}
+                "window": [list(w) for w in self.window], "held_dir": self.held_dir}
 
     @classmethod
     def from_state(cls, config: AutoscalerConfig, state: Mapping[str, Any]) -> Autoscaler:
@@ -282,4 +314,5 @@ class Autoscaler:
         scaler.last_up_s = -math.inf if up is None else float(up)
         scaler.last_down_s = -math.inf if down is None else float(down)
         scaler.window = [(float(t), float(r)) for t, r in state.get("window", [])]
+        scaler.held_dir = int(state.get("held_dir", 0))
         return scaler

@@ -11,10 +11,11 @@ timeout) and the :class:`~slurm_elastic.core.staleness.StalenessManager`. What i
   GPU), submit it (waits while the buffer is full). A drain lets the rollout in flight finish and
   be submitted, then the step exits; a drain while waiting for admission exits at once.
 - the bounded buffer; the trainer pulls exactly ``batch_size`` sequences, computes, publishes
-  version + 1; groups older than ``max_staleness`` versions are dropped at the pull.
+  version + 1; every group older than ``max_staleness`` versions is dropped at the pull.
 - the controller ticks every ``tick_interval_s``: it measures consumption and production over the
-  queue's 60 s window, per-worker production as production / ACTIVE workers (as the controller
-  does), asks the policy, reconciles, and acts.
+  queue's 60 s window and the workers' busy time (seconds inside a rollout, which the SDK reports
+  in heartbeats; here at every tick), production per busy worker as the controller does
+  (:func:`~slurm_elastic.core.rates.per_worker_rate`), asks the policy, reconciles, and acts.
 - failures kill running steps (their rollout in flight is lost; its admission is released only
   by the admission TTL, as in the queue); the controller sees the step gone at its next tick and
   relaunches after the crash-loop backoff.
@@ -33,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slurm_elastic.core.lifecycle import Worker, WorkerState, transition
+from slurm_elastic.core.rates import WindowRate, per_worker_rate
 from slurm_elastic.core.reconcile import (
     Cancel,
     Drain,
@@ -41,7 +43,7 @@ from slurm_elastic.core.reconcile import (
     ReconcileConfig,
     reconcile,
 )
-from slurm_elastic.core.scaling import Decision, PressureInputs
+from slurm_elastic.core.scaling import Decision, PressureInputs, effective_setpoint_seqs
 from slurm_elastic.core.staleness import StalenessManager
 from slurm_elastic.sim.policies import Policy, initial_workers, make_policy
 from slurm_elastic.sim.trace import Trace
@@ -62,6 +64,9 @@ class _Proc:
     drain: bool = False
     granted: int = 0
     version: int = 0  # policy version the rollout in flight started from
+    busy_s: float = 0.0  # seconds spent generating, rollouts finished
+    rollout_since_s: float | None = None  # the rollout in flight started then
+    busy_reported_s: float = 0.0  # what the last heartbeat reported
     epoch: int = 0  # bumps on every phase change: stale events are ignored
 
 
@@ -116,15 +121,6 @@ def count_reversals(events: list[ScaleEvent], window_s: float) -> int:
     return reversals
 
 
-def _rate(events: collections.deque[tuple[float, int]], now_s: float) -> float | None:
-    """The queue's rate estimate: sum over the window / time since its first event."""
-    while events and now_s - events[0][0] > RATE_WINDOW_S:
-        events.popleft()
-    if len(events) < 2:
-        return None
-    return sum(n for _t, n in events) / max(1e-3, now_s - events[0][0])
-
-
 class Simulation:
     """One run of one policy on one trace with one seed; :meth:`run` returns the result."""
 
@@ -148,8 +144,9 @@ class Simulation:
         self.buffer: collections.deque[tuple[int, int]] = collections.deque()  # (version, n_seqs)
         self.queued_seqs = 0
         self.grants: collections.deque[list[float]] = collections.deque()
-        self.pulls: collections.deque[tuple[float, int]] = collections.deque()
-        self.accepts: collections.deque[tuple[float, int]] = collections.deque()
+        self.pulls = WindowRate(RATE_WINDOW_S)
+        self.accepts = WindowRate(RATE_WINDOW_S)
+        self.busy = WindowRate(RATE_WINDOW_S)  # busy worker-seconds reported by heartbeats
         self.admit_waiters: list[str] = []
         self.submit_waiters: list[str] = []
         self.trainer_waiting_since: float | None = None
@@ -231,12 +228,12 @@ class Simulation:
     def pressure_inputs(self) -> PressureInputs:
         """What the controller hands the policy (controller.runtime + controller.app.queue_pressure)."""
         counts = collections.Counter(w.state for w in self.records.values() if not w.placeholder)
-        production = _rate(self.accepts, self.now_s)
         active = counts[S.ACTIVE]
         return PressureInputs(
             queued_seqs=float(self.queued_seqs), batch_size=self.trace.queue.batch_size,
-            consumption_seqs_per_s=_rate(self.pulls, self.now_s),
-            per_worker_seqs_per_s=None if production is None else production / max(1, active),
+            consumption_seqs_per_s=self.pulls.rate(self.now_s),
+            per_worker_seqs_per_s=per_worker_rate(self.accepts.rate(self.now_s), self.busy.rate(self.now_s), active),
+            in_flight_seqs=float(self.staleness.running), max_staleness=self.trace.queue.max_staleness,
             staleness_capacity_seqs=float(self.staleness.capacity()),
             buffer_capacity_seqs=float(self.trace.queue.capacity_seqs),
             workers_starting=counts[S.STARTING] + counts[S.BACKOFF], workers_active=active,
@@ -245,17 +242,22 @@ class Simulation:
     def _tick(self) -> None:
         self._expire_grants()
         self._serve_admissions()
+        busy_s = 0.0
         for worker_id, proc in self.procs.items():
             record = self.records[worker_id]
             if proc.registered:
                 record.last_heartbeat_s = self.now_s
                 record.busy = proc.phase in ("rollout", "submit")
+                so_far_s = proc.busy_s + (0.0 if proc.rollout_since_s is None else self.now_s - proc.rollout_since_s)
+                busy_s += so_far_s - proc.busy_reported_s
+                proc.busy_reported_s = so_far_s
             if record.state is S.DRAINING and not proc.drain:  # the heartbeat reply says "drain"
                 self._drain(proc)
+        self.busy.add(self.now_s, busy_s)
         x = self.pressure_inputs()
         decision = self.policy.decide(x, self.now_s)
         self._reconcile(decision.target_workers, decision)
-        setpoint = self.trace.autoscaler.setpoint_batches * self.trace.queue.batch_size
+        setpoint = effective_setpoint_seqs(self.trace.autoscaler, x)
         self.samples.append(Sample(self.now_s, x.queued_seqs or 0.0, setpoint, x.buffer_capacity_seqs or 0.0,
                                    x.staleness_capacity_seqs or 0.0, x.workers_starting, x.workers_active,
                                    x.workers_draining, decision.target_workers, decision.action, self.version))
@@ -310,6 +312,9 @@ class Simulation:
         elif kind == "ready":
             self._try_admit(proc)
         elif kind == "rollout_done":
+            if proc.rollout_since_s is not None:
+                proc.busy_s += self.now_s - proc.rollout_since_s
+                proc.rollout_since_s = None
             self._try_submit(proc)
 
     def _drain(self, proc: _Proc) -> None:
@@ -346,7 +351,7 @@ class Simulation:
             return False
         if proc.worker_id in self.admit_waiters:
             self.admit_waiters.remove(proc.worker_id)
-        proc.granted, proc.version = 0, self.version
+        proc.granted, proc.version, proc.rollout_since_s = 0, self.version, self.now_s
         self._set_phase(proc, "rollout")
         trace = self.trace
         duration_s = (trace.rollout.sample_s(self.rollout_rng) * trace.phase_at(self.now_s).rollout_scale
@@ -373,7 +378,7 @@ class Simulation:
         self.queued_seqs += group
         self.staleness.on_accepted(group)
         self._use_grants(group)
-        self.accepts.append((self.now_s, group))
+        self.accepts.add(self.now_s, group)
         self.counters["generated"] += group
         self.records[proc.worker_id].rollouts += 1
         if self.trainer_waiting_since is not None:
@@ -396,10 +401,9 @@ class Simulation:
             return
         q = self.trace.queue
         oldest_ok = self.version - q.max_staleness
-        dropped = 0
-        while self.buffer and self.buffer[0][0] < oldest_ok:
-            dropped += self.buffer.popleft()[1]
-        if dropped:
+        dropped = sum(n for version, n in self.buffer if version < oldest_ok)
+        if dropped:  # every stale group, wherever it sits (as the queue does)
+            self.buffer = collections.deque(g for g in self.buffer if g[0] >= oldest_ok)
             self.queued_seqs -= dropped
             self.counters["dropped"] += dropped
             self.staleness.on_dropped(dropped)
@@ -415,7 +419,7 @@ class Simulation:
             need -= n_seqs
         self.queued_seqs -= q.batch_size
         self.counters["consumed"] += q.batch_size
-        self.pulls.append((self.now_s, q.batch_size))
+        self.pulls.add(self.now_s, q.batch_size)
         if self.trainer_waiting_since is not None:
             self.counters["trainer_idle_s"] += self.now_s - self.trainer_waiting_since
             self.trainer_waiting_since = None

@@ -44,6 +44,8 @@ class RolloutWorker:
         self._drain = threading.Event()
         self._stop = threading.Event()
         self._busy = False
+        self._busy_s = 0.0  # seconds inside finished rollouts
+        self._rollout_since: float | None = None  # monotonic start of the rollout in flight
         self.rollouts = 0
         self._thread = threading.Thread(target=self._beat_forever, name="heartbeat", daemon=True)
 
@@ -70,18 +72,27 @@ class RolloutWorker:
 
     @contextlib.contextmanager
     def rollout(self) -> Iterator[None]:
-        """Mark a rollout in flight (the controller drains idle workers before busy ones)."""
-        self._busy = True
+        """Mark a rollout in flight (the controller drains idle workers before busy ones; the time
+        inside is the busy time the autoscaler divides production by)."""
+        self._busy, self._rollout_since = True, time.monotonic()
         try:
             yield
             self.rollouts += 1
         finally:
-            self._busy = False
+            self._busy_s += time.monotonic() - self._rollout_since
+            self._busy, self._rollout_since = False, None
+
+    @property
+    def busy_s(self) -> float:
+        """Seconds spent inside :meth:`rollout` so far, the rollout in flight included."""
+        since = self._rollout_since
+        return self._busy_s + (0.0 if since is None else time.monotonic() - since)
 
     def _beat_forever(self) -> None:
         while not self._stop.wait(self.ctx.heartbeat_interval_s):
             try:
-                reply = self.control.heartbeat({"busy": self._busy, "rollouts": self.rollouts})
+                reply = self.control.heartbeat({"busy": self._busy, "rollouts": self.rollouts,
+                                                "busy_s": round(self.busy_s, 3)})
             except (KeyError, SlurmElasticError) as exc:
                 log.debug("heartbeat failed: %s", exc)
                 continue

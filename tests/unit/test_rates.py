@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from slurm_elastic.core.rates import WindowRate
+from slurm_elastic.core.rates import WindowRate, per_worker_rate
 
 
 @pytest.mark.parametrize(("events", "now_s", "expected"), [
@@ -38,3 +38,13 @@ def test_a_new_series_after_a_silence_starts_afresh() -> None:
     meter.add(200.0, 8)
     meter.add(210.0, 8)
     assert meter.rate(210.0) == pytest.approx(0.8)
+
+
+@pytest.mark.parametrize(("production", "busy", "active", "expected"), [
+    (6.4, 8.0, 12, 0.8),  # per busy worker: 12 active, 8 generating on average
+    (6.4, None, 8, 0.8),  # no busy time reported: per ACTIVE worker
+    (6.4, 0.0, 4, 1.6),  # nobody reported busy time yet: per ACTIVE worker
+    (None, 8.0, 8, None),  # no production measured
+])
+def test_per_worker_rate(production: float | None, busy: float | None, active: int, expected: float | None) -> None:
+    assert per_worker_rate(production, busy, active) == (None if expected is None else pytest.approx(expected))

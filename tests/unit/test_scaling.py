@@ -7,7 +7,12 @@ import math
 
 import pytest
 
-from slurm_elastic.core.scaling import Autoscaler, AutoscalerConfig, PressureInputs
+from slurm_elastic.core.scaling import (
+    Autoscaler,
+    AutoscalerConfig,
+    PressureInputs,
+    effective_setpoint_seqs,
+)
 from slurm_elastic.errors import ConfigError
 
 FAST = AutoscalerConfig(min_workers=1, max_workers=16, confirmations=1, scale_up_cooldown_s=0,
@@ -192,3 +197,34 @@ def test_deadband(deadband: float, consumption: float, expected_action: str) -> 
 def test_unmeasured_inputs_are_explicit(x: PressureInputs, expected_action: str, phrase: str) -> None:
     _target, action, reason = decide(FAST, x)
     assert action == expected_action and phrase in reason
+
+
+@pytest.mark.parametrize(("max_staleness", "in_flight", "expected_seqs"), [
+    (None, 40.0, 64.0),  # no bound given: setpoint_batches x batch_size (2 x 32)
+    (4, 0.0, 64.0),  # room (4 - 1/2) x 32 = 112 is above the setpoint: the setpoint holds
+    (2, 8.0, 40.0),  # room (2 - 1/2) x 32 - 8 = 40: lowered to what the bound lets the buffer hold
+    (2, 40.0, 16.0),  # room 8 is below half a batch: half a batch, the least that feeds every pull
+    (1, 0.0, 16.0),
+])
+def test_effective_setpoint_respects_the_staleness_room(max_staleness: int | None, in_flight: float,
+                                                         expected_seqs: float) -> None:
+    x = inputs(max_staleness=max_staleness, in_flight_seqs=in_flight)
+    assert effective_setpoint_seqs(FAST, x) == expected_seqs
+
+
+def test_a_buffer_at_the_staleness_room_reads_as_a_surplus() -> None:
+    # 16 sequences in flight with max_staleness 2: the buffer cannot average 2 batches (64); at 48
+    # queued the old setpoint read "starving", the room (1.5 x 32 - 16 = 32) reads a surplus
+    x = inputs(queued=48, active=8, consumption=4.0, max_staleness=2, in_flight_seqs=16.0)
+    target, action, reason = decide(FAST, x)
+    assert action == "scale_down" and target < 8 and "setpoint 32" in reason
+
+
+def test_the_integral_does_not_grow_while_a_cooldown_holds_the_move_back() -> None:
+    cfg = dataclasses.replace(FAST, ki=0.05, scale_down_cooldown_s=600.0, max_step_down=1)
+    scaler = Autoscaler(cfg)
+    scaler.decide(inputs(queued=640, active=10), 0.0)  # acts: one worker fewer, then the cooldown
+    before = scaler.integral
+    for t in range(10, 300, 10):  # the buffer stays above the setpoint; the cooldown holds the move
+        assert scaler.decide(inputs(queued=640, active=9), float(t)).action == "hold"
+    assert scaler.integral == before  # no windup to overshoot with once the cooldown ends
