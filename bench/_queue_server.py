@@ -7,6 +7,7 @@ queue big enough for the benchmark's backlog. Runs until SIGTERM.
 from __future__ import annotations
 
 import argparse
+import gc
 import signal
 import sys
 import tempfile
@@ -39,6 +40,7 @@ def main() -> None:
     server = ApiServer(create_controller_app(controller, "bench-token", queue), "127.0.0.1", args.port)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    gc.freeze()  # as run_controller does
     server.start()
     stop.wait()
     server.stop()

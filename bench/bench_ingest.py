@@ -1,12 +1,20 @@
 """Rollout ingest: slurm-elastic's queue against Atropos' API server, in one run on one machine.
 
+    apt-get install wrk
     python3 -m venv /tmp/atropos-venv && /tmp/atropos-venv/bin/pip install atroposlib
-    .venv/bin/python bench/bench_ingest.py [--atropos /tmp/atropos-venv/bin/run-api]
+    .venv/bin/python bench/bench_ingest.py [--quick] [--atropos /tmp/atropos-venv/bin/run-api]
 
-Each server runs as its own process with its defaults; the same client (asyncio + httpx, groups
-of 8 x 512 tokens encoded once up front) drives both. Reported: sequences/s and p50/p99 submit
-latency at 1, 8 and 32 concurrent clients (medians of runs), memory per queued sequence, and
-the time to hand out a batch with a backlog queued. Ratios are ours / theirs.
+Each server runs as its own process with its defaults (ours as the controller serves it, the
+queue's state on disk). One load generator drives both: ``wrk`` (C, keep-alive HTTP/1.1, one
+thread) with bodies encoded up front, so the client is not what bounds the result; its CPU
+and the server's are measured and reported. Groups are 8 sequences x 512 tokens with a mask
+and a score. Atropos gets its JSON lists; ours gets what our worker SDK sends (``tokens_b64``,
+``mask_b64``), plus one row with the same JSON lists for comparison.
+
+Reported (ratios ours / theirs, medians of runs interleaved across the servers): sequences/s
+and p50/p99 submit latency at 1, 8 and 32 connections, durability on (fsync always) and off;
+memory per queued sequence with a backlog; batch pull p50/p99 with that backlog; the latency
+of another request sent while batches are pulled.
 """
 
 from __future__ import annotations
@@ -14,12 +22,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import resource
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
+import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -27,10 +40,48 @@ import httpx
 import psutil
 
 from bench._common import median, percentile, write_report
+from slurm_elastic.rollouts.wire import pack_group
 
 TOKENS = 512
 GROUP = 8
-AUTH = {"Authorization": "Bearer bench-token"}
+BATCH_SEQS = 32
+TOKEN = "bench-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+CONCURRENCY = (1, 8, 32)
+PULL_WAIT_S = 60.0  # Atropos' first /batch after a backlog takes seconds; a bound on the wait
+
+_TOKEN_IDS = list(range(1000, 1000 + TOKENS))
+_GROUP = {"worker_id": "0001", "policy_version": 0, "group_size": GROUP,
+          "sequences": [{"tokens": _TOKEN_IDS, "mask": [1] * TOKENS, "score": 0.5}] * GROUP}
+BODY_TAIL = {  # the body after '{"id":"...",' (ours: a unique id per group makes each submit a new group)
+    "sdk": json.dumps(pack_group(_GROUP), separators=(",", ":"))[1:],
+    "lists": json.dumps(_GROUP, separators=(",", ":"))[1:],
+}
+ATROPOS_BODY = json.dumps({"tokens": [_TOKEN_IDS] * GROUP, "masks": [[1] * TOKENS] * GROUP,
+                           "scores": [0.5] * GROUP}, separators=(",", ":"))
+
+WRK_SCRIPT = """
+local prefix, path, tail
+local counter = 0
+init = function(args)
+  prefix, path = args[2], args[3]
+  local f = io.open(args[1]); tail = f:read("*a"); f:close()
+  wrk.method = "POST"
+  wrk.headers["Content-Type"] = "application/json"
+  wrk.headers["Authorization"] = "Bearer @TOKEN@"
+end
+request = function()
+  counter = counter + 1
+  if prefix == "-" then return wrk.format(nil, path, nil, tail) end
+  return wrk.format(nil, path, nil, '{"id":"' .. prefix .. counter .. '",' .. tail)
+end
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format('RESULT {"requests":%d,"duration_us":%d,"non2xx":%d,"socket_errors":%d,'
+    .. '"p50_us":%d,"p99_us":%d}\\n', summary.requests, summary.duration, e.status,
+    e.connect + e.read + e.write + e.timeout, latency:percentile(50), latency:percentile(99)))
+end
+""".replace("@TOKEN@", TOKEN)
 
 
 def free_port() -> int:
@@ -39,172 +90,312 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-_SEQ = {"tokens": list(range(1000, 1000 + TOKENS)), "mask": [1] * TOKENS, "score": 0.5}
-_OURS_TAIL = json.dumps({"worker_id": "0001", "policy_version": 0, "group_size": GROUP,
-                         "sequences": [_SEQ] * GROUP})[1:].encode()
-
-
-def ours_body(i: int) -> bytes:
-    """One encoded group with a unique id (spliced into a body encoded once)."""
-    return b'{"id":"g' + str(i).encode() + b'",' + _OURS_TAIL
-
-
-_ATROPOS = json.dumps({"tokens": [list(range(1000, 1000 + TOKENS))] * GROUP, "masks": [[1] * TOKENS] * GROUP,
-                       "scores": [0.5] * GROUP}).encode()
-
-
-def atropos_body(_i: int) -> bytes:
-    return _ATROPOS
-
-
+@dataclass
 class Server:
-    def __init__(self, kind: str, argv: list[str], port: int) -> None:
-        self.kind, self.port = kind, port
-        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                httpx.get(self.url + ("/healthz" if kind == "ours" else "/"), timeout=1)
-                break
-            except httpx.TransportError:
-                if time.monotonic() > deadline:
-                    raise SystemExit(f"{kind} server did not start") from None
-                time.sleep(0.2)
-        if kind == "atropos":
-            httpx.post(self.url + "/register", json={
-                "wandb_group": "bench", "wandb_project": "bench", "batch_size": GROUP * 4, "max_token_len": 4096,
-                "checkpoint_dir": "/tmp/atropos-ckpt", "save_checkpoint_interval": 10**6, "starting_step": 0,
-                "num_steps": 10**6})
+    """One server process: ours (fsync always/off) or Atropos."""
+
+    name: str
+    kind: str  # "ours" or "atropos"
+    argv: list[str]
+    body: str  # "sdk", "lists" or "atropos"
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+    state_dir: str = ""
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
 
     @property
     def submit_path(self) -> str:
         return "/rollouts" if self.kind == "ours" else "/scored_data"
 
+    def start(self) -> Server:
+        argv = [*self.argv, "--port", str(self.port)]
+        if self.kind == "ours":
+            self.state_dir = tempfile.mkdtemp(prefix="se-ingest-", dir="/var/tmp")  # on disk: fsync is real
+            argv += ["--dir", self.state_dir]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                httpx.get(self.url + ("/healthz" if self.kind == "ours" else "/"), timeout=1)
+                break
+            except httpx.TransportError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise SystemExit(f"{self.name}: the server did not start ({' '.join(argv)})") from None
+                time.sleep(0.2)
+        self.reset()
+        return self
+
+    def reset(self) -> None:
+        """Atropos: an empty queue (it keeps everything in memory) and a registered trainer."""
+        if self.kind == "atropos":
+            httpx.get(self.url + "/reset_data", timeout=30)
+            httpx.post(self.url + "/register", timeout=30, json={
+                "wandb_group": "bench", "wandb_project": "bench", "batch_size": BATCH_SEQS,
+                "max_token_len": 4096, "checkpoint_dir": "/tmp/atropos-ckpt", "save_checkpoint_interval": 10**6,
+                "starting_step": 0, "num_steps": 10**6})
+
+    @property
+    def process(self) -> psutil.Process:
+        assert self.proc is not None
+        return psutil.Process(self.proc.pid)
+
+    def cpu_s(self) -> float:
+        times = self.process.cpu_times()
+        return float(times.user + times.system)
+
     def rss_mb(self) -> float:
-        return psutil.Process(self.proc.pid).memory_info().rss / 2**20
+        return float(self.process.memory_info().rss) / 2**20
+
+    def queued_groups(self) -> int:
+        if self.kind == "ours":
+            return int(httpx.get(self.url + "/global-status", headers=AUTH, timeout=30).json()["queue"]["queued_groups"])
+        return int(httpx.get(self.url + "/status", timeout=30).json()["queue_size"])
 
     def close(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=10)
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.state_dir:
+            shutil.rmtree(self.state_dir, ignore_errors=True)
 
 
-async def load(server: Server, make_body: Any, concurrency: int, seconds: float, start_id: int) -> tuple[float, list[float]]:
-    latencies: list[float] = []
-    sent = 0
-    deadline = time.perf_counter() + seconds
-    headers = {**AUTH, "content-type": "application/json"}
-    async with httpx.AsyncClient(base_url=server.url, timeout=60, limits=httpx.Limits(max_connections=concurrency)) as c:
-        async def one_client(k: int) -> None:
-            nonlocal sent
-            i = k
-            while time.perf_counter() < deadline:
-                body = make_body(start_id + i)
-                t0 = time.perf_counter()
-                response = await c.post(server.submit_path, content=body, headers=headers)
-                latencies.append(time.perf_counter() - t0)
-                if response.status_code < 300:
-                    sent += 1
-                i += concurrency
-        started = time.perf_counter()
-        await asyncio.gather(*(one_client(k) for k in range(concurrency)))
-        elapsed = time.perf_counter() - started
-    return sent * GROUP / elapsed, latencies
+@dataclass
+class LoadResult:
+    seqs_per_s: float
+    p50_ms: float
+    p99_ms: float
+    server_cpu_pct: float
+    client_cpu_pct: float
+    failed: int
 
 
-def fill(server: Server, make_body: Any, groups: int, start_id: int) -> None:
+class Wrk:
+    """Runs wrk against a server with that server's body; ids unique across runs."""
+
+    def __init__(self, workdir: Path) -> None:
+        if shutil.which("wrk") is None:
+            raise SystemExit("this benchmark drives the servers with wrk: apt-get install wrk")
+        self.workdir = workdir
+        self.script = workdir / "submit.lua"
+        self.script.write_text(WRK_SCRIPT)
+        for name, tail in [*BODY_TAIL.items(), ("atropos", ATROPOS_BODY)]:
+            (workdir / f"{name}.json").write_text(tail)
+        self.runs = 0
+
+    def run(self, server: Server, connections: int, seconds: float) -> LoadResult:
+        self.runs += 1
+        prefix = "-" if server.kind == "atropos" else f"r{self.runs}-"
+        argv = ["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--timeout", "30s", "-s", str(self.script),
+                server.url, "--", str(self.workdir / f"{server.body}.json"), prefix, server.submit_path]
+        client0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        server0, t0 = server.cpu_s(), time.perf_counter()
+        out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+        elapsed = time.perf_counter() - t0
+        server_cpu = server.cpu_s() - server0
+        client1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        client_cpu = (client1.ru_utime - client0.ru_utime) + (client1.ru_stime - client0.ru_stime)
+        line = next(x for x in out.splitlines() if x.startswith("RESULT "))
+        r = json.loads(line.removeprefix("RESULT "))
+        ok = r["requests"] - r["non2xx"]
+        return LoadResult(ok * GROUP / (r["duration_us"] / 1e6), r["p50_us"] / 1e3, r["p99_us"] / 1e3,
+                          100 * server_cpu / elapsed, 100 * client_cpu / elapsed, r["non2xx"] + r["socket_errors"])
+
+
+def throughput(servers: list[Server], wrk: Wrk, runs: int, seconds: float) -> dict[tuple[str, int], list[LoadResult]]:
+    """Runs interleaved across servers (so a noisy neighbour hits them alike)."""
+    results: dict[tuple[str, int], list[LoadResult]] = {}
+    for connections in CONCURRENCY:
+        for _ in range(runs):
+            for server in servers:
+                if server.body == "lists" and connections != 8:
+                    continue
+                results.setdefault((server.name, connections), []).append(wrk.run(server, connections, seconds))
+                server.reset()
+    return results
+
+
+@dataclass
+class BacklogResult:
+    queued_groups: int
+    kb_per_seq: float
+    rss_mb: float
+    pulls_ms: list[float]
+    probe_ms: list[float]  # another request's latency while the pulls run
+    timed_out: bool
+
+
+def fill(server: Server, wrk: Wrk, groups: int) -> None:
+    """Submit ``groups`` groups (16 at a time; not timed)."""
+    body_file = wrk.workdir / f"{server.body}.json"
+    tail = body_file.read_text().encode()
+
     async def go() -> None:
-        async with httpx.AsyncClient(base_url=server.url, timeout=120, limits=httpx.Limits(max_connections=16)) as c:
+        async with httpx.AsyncClient(base_url=server.url, timeout=120, headers={**AUTH, "content-type": "application/json"},
+                                     limits=httpx.Limits(max_connections=16)) as c:
             sem = asyncio.Semaphore(16)
 
             async def one(i: int) -> None:
+                body = tail if server.kind == "atropos" else b'{"id":"fill' + str(i).encode() + b'",' + tail
                 async with sem:
-                    await c.post(server.submit_path, content=make_body(start_id + i),
-                                 headers={**AUTH, "content-type": "application/json"})
+                    await c.post(server.submit_path, content=body)
             await asyncio.gather(*(one(i) for i in range(groups)))
     asyncio.run(go())
 
 
-def pull_times(server: Server, pulls: int) -> list[float]:
-    times = []
-    with httpx.Client(base_url=server.url, timeout=300, headers=AUTH) as c:
+def backlog(server: Server, wrk: Wrk, groups: int, pulls: int) -> BacklogResult:
+    """Queue ``groups`` groups into a fresh server, then time batch pulls while a probe runs."""
+    rss0 = server.rss_mb()
+    fill(server, wrk, groups)
+    queued = server.queued_groups()
+    time.sleep(1.0)
+    rss1 = server.rss_mb()
+    probe_ms: list[float] = []
+    pulling = threading.Event()
+    done = threading.Event()
+
+    def probe() -> None:
+        path = "/global-status" if server.kind == "ours" else "/status"
+        with httpx.Client(base_url=server.url, headers=AUTH, timeout=PULL_WAIT_S + 5) as c:
+            pulling.wait()
+            while not done.is_set():
+                t0 = time.perf_counter()
+                c.get(path)
+                probe_ms.append((time.perf_counter() - t0) * 1e3)
+                time.sleep(0.005)
+
+    prober = threading.Thread(target=probe, daemon=True)
+    prober.start()
+    pulls_ms: list[float] = []
+    timed_out = False
+    with httpx.Client(base_url=server.url, headers=AUTH, timeout=PULL_WAIT_S) as c:
+        pulling.set()
+        time.sleep(0.05)
         for _ in range(pulls):
             t0 = time.perf_counter()
-            if server.kind == "ours":
-                c.post("/trainer/batch")
-            else:
-                c.get("/batch")
-            times.append(time.perf_counter() - t0)
-    return times
+            try:
+                response = c.post("/trainer/batch") if server.kind == "ours" else c.get("/batch")
+            except httpx.TimeoutException:
+                timed_out = True
+                pulls_ms.append(PULL_WAIT_S * 1e3)
+                break
+            pulls_ms.append((time.perf_counter() - t0) * 1e3)
+            if server.kind == "ours" and response.status_code == 200:
+                c.post(f"/trainer/batch/{response.json()['batch_id']}/ack")
+    time.sleep(0.05)
+    done.set()
+    prober.join(timeout=PULL_WAIT_S + 10)
+    per_seq_kb = (rss1 - rss0) * 1024 / max(1, queued * GROUP)
+    return BacklogResult(queued, per_seq_kb, rss1, pulls_ms, probe_ms, timed_out)
+
+
+def ratio(ours: float, theirs: float) -> str:
+    return f"{ours / theirs:.1f}x" if theirs else "n/a"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--atropos", default="/tmp/atropos-venv/bin/run-api")
-    parser.add_argument("--seconds", type=float, default=5.0)
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--backlog", type=int, default=3000, help="groups queued before timing batch pulls")
+    parser.add_argument("--seconds", type=float, default=5.0, help="length of one load run")
+    parser.add_argument("--runs", type=int, default=3, help="runs per point (the median is reported)")
+    parser.add_argument("--backlog", type=int, default=20_000, help="groups queued before timing batch pulls")
+    parser.add_argument("--pulls", type=int, default=50)
+    parser.add_argument("--quick", action="store_true", help="a short run: 2 s loads, a 2,000-group backlog")
     args = parser.parse_args()
-    python = sys.executable
+    if args.quick:
+        args.seconds, args.backlog, args.pulls = 2, 2000, 20
+    if not Path(args.atropos).exists():
+        raise SystemExit(f"Atropos' run-api not found at {args.atropos}: python3 -m venv /tmp/atropos-venv && "
+                         "/tmp/atropos-venv/bin/pip install atroposlib")
     here = Path(__file__).parent
-    rows = ["| server | clients | sequences/s | p50 ms | p99 ms | ratio (seq/s) vs Atropos |", "|---|---|---|---|---|---|"]
-    results: dict[tuple[str, int], float] = {}
-    configs = [("atropos", [args.atropos], atropos_body), ("ours, fsync always", None, ours_body),
-               ("ours, fsync off", None, ours_body)]
-    memory_rows, pull_rows = [], []
-    for name, argv, body in configs:
-        port = free_port()
-        if argv is None:
-            fsync = "always" if "always" in name else "off"
-            argv = [python, str(here / "_queue_server.py"), "--port", str(port), "--fsync", fsync]
-        else:
-            argv = [*argv, "--port", str(port)]
-        server = Server("atropos" if name == "atropos" else "ours", argv, port)
+    ours = [sys.executable, str(here / "_queue_server.py")]
+    atropos_argv = [args.atropos, "--host", "127.0.0.1"]
+    workdir = Path(tempfile.mkdtemp(prefix="bench-ingest-"))
+    wrk = Wrk(workdir)
+
+    def fresh() -> list[Server]:
+        return [Server("Atropos", "atropos", atropos_argv, "atropos"),
+                Server("ours, fsync always", "ours", [*ours, "--fsync", "always"], "sdk"),
+                Server("ours, fsync off", "ours", [*ours, "--fsync", "off"], "sdk"),
+                Server("ours, fsync always, JSON lists", "ours", [*ours, "--fsync", "always"], "lists")]
+
+    servers = fresh()
+    try:
+        for s in servers:
+            s.start()
+        loads = throughput(servers, wrk, args.runs, args.seconds)
+    finally:
+        for s in servers:
+            s.close()
+    backlogs: dict[str, BacklogResult] = {}
+    for s in fresh()[:2]:
         try:
-            next_id = 0
-            for concurrency in (1, 8, 32):
-                rates, p50s, p99s = [], [], []
-                for _ in range(args.runs):
-                    rate, lat = asyncio.run(load(server, body, concurrency, args.seconds, next_id))
-                    next_id += 10**6
-                    rates.append(rate)
-                    p50s.append(median(lat))
-                    p99s.append(percentile(lat, 99))
-                results[(name, concurrency)] = median(rates)
-                ratio = "" if name == "atropos" else f"{median(rates) / results[('atropos', concurrency)]:.1f}x"
-                rows.append(f"| {name} | {concurrency} | {median(rates):,.0f} | {median(p50s) * 1e3:.1f} | "
-                            f"{median(p99s) * 1e3:.1f} | {ratio} |")
-            if name != "ours, fsync off":
-                if server.kind == "atropos":  # start from an empty queue
-                    server.close()
-                    server = Server("atropos", argv, port)
-                else:
-                    while httpx.post(server.url + "/trainer/batch", headers=AUTH).status_code == 200:
-                        pass
-                rss0 = server.rss_mb()
-                fill(server, body, args.backlog, 5 * 10**7)
-                rss1 = server.rss_mb()
-                per_seq_kb = (rss1 - rss0) * 1024 / (args.backlog * GROUP)
-                memory_rows.append((name, per_seq_kb, rss1))
-                times = pull_times(server, 20)
-                pull_rows.append((name, times[0], percentile(times, 99)))
+            backlogs[s.name] = backlog(s.start(), wrk, args.backlog, args.pulls)
         finally:
-            server.close()
-    mem = {n: kb for n, kb, _ in memory_rows}
-    theirs, ours = mem.get("atropos", float("nan")), mem.get("ours, fsync always", float("nan"))
-    pulls = {n: (first, p99) for n, first, p99 in pull_rows}
-    write_report("ingest", "\n".join([
-        f"## Rollout ingest: groups of {GROUP} x {TOKENS} tokens, one server process each, 2 cores", "",
-        *rows, "",
-        "| figure | Atropos | ours (fsync always) | ratio |", "|---|---|---|---|",
-        f"| memory per queued sequence ({args.backlog} groups queued) | {theirs:.1f} KB | {ours:.2f} KB | "
-        f"{ours / theirs if theirs else float('nan'):.3f}x |",
-        f"| first batch pull with {args.backlog} groups queued | {pulls['atropos'][0] * 1e3:.0f} ms | "
-        f"{pulls['ours, fsync always'][0] * 1e3:.1f} ms | |",
-        f"| p99 of 20 batch pulls with the backlog | {pulls['atropos'][1] * 1e3:.1f} ms | "
-        f"{pulls['ours, fsync always'][1] * 1e3:.1f} ms | |",
+            s.close()
+    shutil.rmtree(workdir, ignore_errors=True)
+    write_report("ingest", report(loads, backlogs, args))
+
+
+def report(loads: dict[tuple[str, int], list[LoadResult]], backlogs: dict[str, BacklogResult],
+           args: argparse.Namespace) -> str:
+    rows = ["| server | connections | sequences/s | p50 ms | p99 ms | vs Atropos (seq/s) | server CPU | client CPU | failed |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    seqs: dict[tuple[str, int], float] = {}
+    for (name, connections), results in loads.items():
+        seqs[(name, connections)] = median([r.seqs_per_s for r in results])
+    for (name, connections), results in sorted(loads.items(), key=lambda kv: (kv[0][1], kv[0][0] != "Atropos")):
+        rate = seqs[(name, connections)]
+        vs = "" if name == "Atropos" else ratio(rate, seqs[("Atropos", connections)])
+        rows.append(f"| {name} | {connections} | {rate:,.0f} | {median([r.p50_ms for r in results]):.1f} | "
+                    f"{median([r.p99_ms for r in results]):.1f} | {vs} | "
+                    f"{median([r.server_cpu_pct for r in results]):.0f}% | "
+                    f"{median([r.client_cpu_pct for r in results]):.0f}% | {sum(r.failed for r in results)} |")
+    theirs, mine = backlogs["Atropos"], backlogs["ours, fsync always"]
+
+    def pull_cell(b: BacklogResult, pct: float) -> str:
+        return f"{percentile(b.pulls_ms, pct):,.1f} ms" + (" (timed out)" if b.timed_out and pct == 100 else "")
+
+    backlog_rows = [
+        "| figure | Atropos | ours (fsync always) | ours / Atropos |", "|---|---|---|---|",
+        f"| groups queued | {theirs.queued_groups:,} | {mine.queued_groups:,} | |",
+        f"| server memory (RSS) with the backlog | {theirs.rss_mb:,.0f} MB | {mine.rss_mb:,.0f} MB | |",
+        f"| memory per queued sequence | {theirs.kb_per_seq:.1f} KB | {mine.kb_per_seq:.3f} KB | "
+        f"{mine.kb_per_seq / theirs.kb_per_seq if theirs.kb_per_seq else float('nan'):.4f}x |",
+        f"| first batch pull | {theirs.pulls_ms[0]:,.1f} ms | {mine.pulls_ms[0]:,.1f} ms | |",
+        f"| batch pull p50 ({len(mine.pulls_ms)} pulls) | {pull_cell(theirs, 50)} | {pull_cell(mine, 50)} | |",
+        f"| batch pull p99 | {pull_cell(theirs, 99)} | {pull_cell(mine, 99)} | |",
+        f"| another request while pulling (Atropos GET /status, ours GET /global-status): p50 | "
+        f"{percentile(theirs.probe_ms, 50):,.1f} ms | {percentile(mine.probe_ms, 50):,.1f} ms | |",
+        f"| the same, worst | {max(theirs.probe_ms, default=float('nan')):,.1f} ms | "
+        f"{max(mine.probe_ms, default=float('nan')):,.1f} ms | |",
+    ]
+    cpu = psutil.cpu_count()
+    return "\n".join([
+        f"## Rollout ingest: groups of {GROUP} x {TOKENS} tokens (+ mask, score), one server process each, "
+        f"{cpu} cores shared by server and load generator",
         "",
-    ]))
+        f"Load generator: wrk, 1 thread, keep-alive, N connections; {args.runs} runs of {args.seconds:g} s per point, "
+        "interleaved across servers; medians. CPU columns: % of one core used by the server process and by "
+        "wrk during the run. Ours receives what the worker SDK sends (tokens_b64, mask_b64) unless the row says "
+        "JSON lists (the same lists Atropos receives).",
+        "",
+        *rows, "",
+        f"Backlog: {args.backlog:,} groups queued into a fresh server, then {args.pulls} batch pulls of "
+        f"{BATCH_SEQS} sequences (ours: each acknowledged), with another request sent every 5 ms meanwhile. "
+        f"A pull waits at most {PULL_WAIT_S:.0f} s.",
+        "",
+        *backlog_rows, "",
+        f"Machine: {os.uname().machine}, {cpu} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB; "
+        "other work on the machine during the run is not controlled (the runs are interleaved for that).",
+        "",
+    ])
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from slurm_elastic.errors import StateFileError
 
@@ -43,8 +44,9 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 INSERT_GROUP = "INSERT INTO groups (id, worker_id, n_seqs, version, nbytes, payload) VALUES (?,?,?,?,?,?)"
 
 
-@dataclass(frozen=True)
-class StoredGroup:
+class StoredGroup(NamedTuple):
+    """A queued group's record in memory (a tuple of atoms: the garbage collector skips it)."""
+
     seq: int
     id: str
     worker_id: str
