@@ -162,15 +162,39 @@ def duplicate_step_violations(samples: Iterable[tuple[float, list[str]]]) -> lis
     return sorted(set(problems))
 
 
-def live_worker_processes(log_dir: Path) -> list[psutil.Process]:
+@dataclass(frozen=True)
+class LiveWorker:
+    proc: psutil.Process
+    worker_id: str
+    node: str
+
+    @property
+    def pid(self) -> int:
+        return int(self.proc.pid)
+
+
+def scan_processes(attrs: list[str]) -> list[tuple[psutil.Process, dict[str, Any]]]:
+    """Every process with ``attrs`` read now. Fresh objects: ``psutil.process_iter`` shares one cache
+    (and its ``info``) between threads."""
+    found = []
+    for pid in psutil.pids():
+        try:
+            proc = psutil.Process(pid)
+            found.append((proc, proc.as_dict(attrs)))
+        except psutil.Error:
+            continue
+    return found
+
+
+def live_worker_processes(log_dir: Path) -> list[LiveWorker]:
     """This soak's chaos worker processes still alive (``python chaos_worker.py LOG_DIR``; not the
     wrapper or ``srun`` whose command lines hold the same words)."""
-    marker = str(log_dir)
+    wanted = [str(CHAOS_WORKER), str(log_dir)]
     found = []
-    for proc in psutil.process_iter(["cmdline", "status", "environ"]):
-        cmdline = proc.info["cmdline"] or []
-        if proc.info["status"] != psutil.STATUS_ZOMBIE and cmdline[1:] == [str(CHAOS_WORKER), marker]:
-            found.append(proc)
+    for proc, info in scan_processes(["cmdline", "status", "environ"]):
+        if info["status"] != psutil.STATUS_ZOMBIE and (info["cmdline"] or [])[1:] == wanted:
+            env = info["environ"] or {}
+            found.append(LiveWorker(proc, env.get("SLURM_ELASTIC_WORKER_ID", ""), env.get("SLURMD_NODENAME", "")))
     return found
 
 
@@ -229,11 +253,15 @@ class Monitor(threading.Thread):
         self.step_samples: list[tuple[float, list[str]]] = []
         self.process_samples: list[tuple[float, list[str]]] = []
         self.stop = threading.Event()
+        self.error: BaseException | None = None
         self._slurm = SlurmCli()
 
     def run(self) -> None:
-        while not self.stop.wait(self.interval_s):
-            self.sample()
+        try:
+            while not self.stop.wait(self.interval_s):
+                self.sample()
+        except BaseException as exc:  # a blind checker must fail the soak, not pass it
+            self.error = exc
 
     def sample(self) -> None:
         now = time.time()
@@ -245,7 +273,7 @@ class Monitor(threading.Thread):
         with contextlib.suppress(SlurmElasticError):
             steps = [s.name for s in self._slurm.list_steps(self.job.job_id) if s.name.startswith("se-w-")]
             self.step_samples.append((now, steps))
-        ids = [(p.info["environ"] or {}).get("SLURM_ELASTIC_WORKER_ID") for p in live_worker_processes(self.log_dir)]
+        ids = [w.worker_id for w in live_worker_processes(self.log_dir)]
         self.process_samples.append((now, [f"process of worker {w}" for w in ids if w]))
 
 
@@ -381,9 +409,9 @@ class ChaosRun:
         """The job's controller processes (the batch script's loop starts one after another)."""
         config = str(self.tmp / "elastic.toml")
         found = []
-        for proc in psutil.process_iter(["cmdline", "status"]):
-            cmdline = proc.info["cmdline"] or []
-            if proc.info["status"] != psutil.STATUS_ZOMBIE and "controller" in cmdline and config in cmdline:
+        for proc, info in scan_processes(["cmdline", "status"]):
+            cmdline = info["cmdline"] or []
+            if info["status"] != psutil.STATUS_ZOMBIE and "controller" in cmdline and config in cmdline:
                 found.append(proc)
         return found
 
@@ -440,10 +468,10 @@ class ChaosRun:
 
     def kill_worker(self, job: ControllerJob, _trainer: RecordingTrainer) -> None:
         """kill -9 a live worker process, or (half the time) the step's wrapper above it."""
-        def candidates() -> list[psutil.Process]:
+        def candidates() -> list[LiveWorker]:
             return live_worker_processes(self.log_dir)
         victims = wait_for(candidates, self.s.settle_timeout_s, "a live worker to kill")
-        victim = self.rng.choice(sorted(victims, key=lambda p: p.pid))
+        victim: psutil.Process = self.rng.choice(sorted(victims, key=lambda w: w.pid)).proc
         self.killed_pids.add(victim.pid)  # the worker process dies with its wrapper's step too
         if self.rng.random() < 0.5:
             with contextlib.suppress(psutil.Error):
@@ -461,8 +489,7 @@ class ChaosRun:
         pid = self.cluster.daemon_pid(daemon)
         if pid is None:
             raise AssertionError(f"{daemon} is not running")
-        on_node = {p.pid for p in live_worker_processes(self.log_dir)
-                   if (p.info["environ"] or {}).get("SLURMD_NODENAME") == node}
+        on_node = {w.pid for w in live_worker_processes(self.log_dir) if w.node == node}
         self.slurmd_restarts.append((time.time(), node))
         os.kill(pid, signal.SIGKILL)
         wait_for(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE,
@@ -528,13 +555,14 @@ class ChaosRun:
         active = sorted(f"se-w-{w['worker_id']}" for w in status["workers"]
                         if w["state"] == "ACTIVE" and not w["placeholder"])
 
-        def steps_match() -> list[str] | None:
-            steps = sorted(job.worker_steps())
-            return steps if steps == active else None
-        try:
-            wait_for(steps_match, 30, "squeue's worker steps to match the active workers")
+        expected = sorted([*active, *(f"se-agent-{n}" for n in self.cluster.spec.node_names())])
+
+        def all_steps() -> list[str]:
+            return sorted(s.name for s in SlurmCli().list_steps(job.job_id) if s.name not in ("batch", "extern"))
+        try:  # every step accounted for: one per active worker, one agent per node, nothing else
+            wait_for(lambda: all_steps() == expected, 30, "squeue's steps to match the active workers and agents")
         except AssertionError:
-            self.result.violations.append(f"squeue worker steps {sorted(job.worker_steps())} != active {active}")
+            self.result.violations.append(f"squeue lists steps {all_steps()}, expected {expected}")
 
         def processes_match() -> bool:
             return len(live_worker_processes(self.log_dir)) == self.target
@@ -580,9 +608,9 @@ class ChaosRun:
         except AssertionError:
             leftovers = [p.pid for p in live_worker_processes(self.log_dir)]
             self.result.violations.append(f"orphaned worker processes after the job: {leftovers}")
-            for proc in live_worker_processes(self.log_dir):
+            for worker in live_worker_processes(self.log_dir):
                 with contextlib.suppress(psutil.Error):
-                    proc.kill()
+                    worker.proc.kill()
 
         def idle() -> bool:
             states = self.cluster.node_states()
@@ -595,6 +623,8 @@ class ChaosRun:
     def check(self, monitor: Monitor, trainer: RecordingTrainer | None) -> None:
         logs = read_worker_logs(self.log_dir)
         delivered = trainer.delivered if trainer else []
+        if monitor.error is not None:
+            self.result.violations.append(f"monitor failed (checks incomplete): {monitor.error!r}")
         if trainer is not None and trainer.error is not None:
             self.result.violations.append(f"trainer failed: {trainer.error!r}")
         self.result.violations += exactly_once_violations(logs.acked, logs.submitted, delivered)
