@@ -1,0 +1,73 @@
+"""Busy time from heartbeats: the controller turns each worker's cumulative ``busy_s`` into
+"workers generating on average", the divisor of the autoscaler's per-worker rate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from slurm_elastic.controller.config import parse_config
+from slurm_elastic.controller.runtime import Controller
+from tests.unit.test_controller_counters import NoStepsBackend
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now_s = 1000.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def controller_with_two_workers(tmp: Path, clock: Clock) -> Controller:
+    config = parse_config({"agent": {"enabled": False}, "autoscaler": {"min_workers": 0}})
+    controller = Controller(config, 1, NoStepsBackend(), tmp, gpus_by_node={"node1": (0, 1)},  # type: ignore[arg-type]
+                            clock=clock)
+    for wid, gpu in (("0001", 0), ("0002", 1)):
+        controller.register_worker(wid, {"node": "node1", "gpus": [gpu], "step_id": gpu + 3})
+    return controller
+
+
+def test_no_busy_reports_means_no_estimate(tmp_path: Path) -> None:
+    clock = Clock()
+    controller = controller_with_two_workers(tmp_path, clock)
+    controller.heartbeat("0001", {"busy": True, "rollouts": 1})  # an SDK that sends no busy_s
+    assert controller.busy_workers(clock()) is None
+
+
+def test_one_worker_always_busy_and_one_half_busy_make_one_and_a_half(tmp_path: Path) -> None:
+    clock = Clock()
+    controller = controller_with_two_workers(tmp_path, clock)
+    for tick in range(0, 121):  # a heartbeat a second for two minutes
+        clock.now_s = 1000.0 + tick
+        controller.heartbeat("0001", {"busy_s": float(tick)})
+        controller.heartbeat("0002", {"busy_s": tick / 2})
+    assert controller.busy_workers(clock()) == pytest.approx(1.5, rel=0.05)
+
+
+def test_a_restarted_worker_counting_from_zero_adds_no_negative_time(tmp_path: Path) -> None:
+    clock = Clock()
+    controller = controller_with_two_workers(tmp_path, clock)
+    for tick, busy_s in enumerate([50.0, 51.0, 52.0, 1.0, 2.0, 3.0]):  # the SDK restarted at tick 3
+        clock.now_s = 1000.0 + tick
+        controller.heartbeat("0001", {"busy_s": busy_s})
+    rate = controller.busy_workers(clock())
+    assert rate is not None and 0.0 < rate <= 1.0 + 1e-9
+
+
+def test_the_sdk_counts_time_inside_rollouts_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    from slurm_elastic.worker import RolloutWorker
+
+    now = [100.0]
+    monkeypatch.setattr("slurm_elastic.worker.time.monotonic", lambda: now[0])
+    worker = RolloutWorker.__new__(RolloutWorker)  # no controller: only the busy-time bookkeeping
+    worker._busy, worker._busy_s, worker._rollout_since, worker.rollouts = False, 0.0, None, 0
+    with worker.rollout():
+        now[0] += 3.0
+        assert worker.busy_s == pytest.approx(3.0)  # the rollout in flight counts
+    now[0] += 10.0  # waiting at the admission gate: not busy
+    with pytest.raises(RuntimeError), worker.rollout():
+        now[0] += 2.0
+        raise RuntimeError("environment crashed")
+    assert worker.busy_s == pytest.approx(5.0) and worker.rollouts == 1
