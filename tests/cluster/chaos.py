@@ -61,7 +61,7 @@ class ChaosSettings:
     batch_size: int = 8
     group_size: int = 2
     rollout_s: float = 0.3
-    gap_s: tuple[float, float] = (0.5, 2.5)  # pause between faults
+    gap_s: tuple[float, float] = (0.0, 2.5)  # pause between faults (0: two at once)
     kill_delay_s: tuple[float, float] = (0.0, 1.0)  # scale/drain order -> kill -9
     gpu_fault_hold_s: tuple[float, float] = (2.0, 5.0)
     slurmd_down_s: tuple[float, float] = (0.2, 4.0)
@@ -350,6 +350,8 @@ class ChaosRun:
             self.result.chaos = self.rate(trainer, monitor, lambda: self.inject(job, trainer))
             self.converge(job)
             self.flush(job, trainer)
+        except AssertionError as exc:  # a wait that ran out (the controller never came back, ...)
+            self.result.violations.append(f"soak stopped early: {exc}")
         finally:
             monitor.stop.set()
             if trainer is not None:
@@ -498,6 +500,8 @@ class ChaosRun:
             self.target = self.s.max_workers
             with job.client() as c:
                 c.scale(self.target)
+        if self.rng.random() < 0.3:  # and the controller dies while that slurmd is away
+            self.kill_controller(job)
         time.sleep(self.rng.uniform(*self.s.slurmd_down_s))
         run_command(["slurmd", "-N", node], env=self.cluster.env(), timeout_s=30)
         wait_for(lambda: self.cluster.daemon_pid(daemon) is not None, 30, f"{daemon} to start again")
