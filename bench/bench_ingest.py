@@ -305,7 +305,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="length of one load run")
     parser.add_argument("--runs", type=int, default=3, help="runs per point (the median is reported)")
     parser.add_argument("--backlog", type=int, default=20_000, help="groups queued before timing batch pulls")
-    parser.add_argument("--pulls", type=int, default=50)
+    parser.add_argument("--pulls", type=int, default=200)
     parser.add_argument("--quick", action="store_true", help="a short run: 2 s loads, a 2,000-group backlog")
     args = parser.parse_args()
     if args.quick:
