@@ -15,13 +15,13 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, HTTPException, Request, Response, status
 from fastapi import Path as PathParam
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from slurm_elastic.controller.http import WORKER_ID, bearer_auth
 from slurm_elastic.controller.runtime import Controller
 from slurm_elastic.rollouts.queue import QueueFull, RolloutQueue, UnknownBatchError
-from slurm_elastic.rollouts.wire import check_mask_b64, check_tokens_b64, decoded_length
+from slurm_elastic.rollouts.wire import check_mask_b64, check_tokens_b64
 
 ID = r"^[A-Za-z0-9_.:-]{1,128}$"
 
@@ -37,29 +37,17 @@ class Sequence(BaseModel):
     score: float
     logprobs: list[float] | None = Field(None, max_length=1_000_000)
 
-    @field_validator("tokens_b64")
-    @classmethod
-    def _tokens_b64(cls, text: str | None) -> str | None:
-        if text is not None:
-            check_tokens_b64(text)
-        return text
-
-    @field_validator("mask_b64")
-    @classmethod
-    def _mask_b64(cls, text: str | None) -> str | None:
-        if text is not None:
-            check_mask_b64(text)
-        return text
-
     @model_validator(mode="after")
     def _consistent(self) -> Sequence:
+        """One check per sequence (each call from the validator core costs): the compact fields
+        are well-formed, exactly one token form, at most one mask form, as many mask values as tokens."""
         if (self.tokens is None) == (self.tokens_b64 is None):
             raise ValueError("give exactly one of tokens or tokens_b64")
         if self.mask is not None and self.mask_b64 is not None:
             raise ValueError("give at most one of mask or mask_b64")
-        n_tokens = len(self.tokens) if self.tokens is not None else decoded_length(self.tokens_b64 or "") // 4
+        n_tokens = len(self.tokens) if self.tokens is not None else check_tokens_b64(self.tokens_b64 or "")
         if self.mask is not None or self.mask_b64 is not None:
-            n_mask = len(self.mask) if self.mask is not None else decoded_length(self.mask_b64 or "")
+            n_mask = len(self.mask) if self.mask is not None else check_mask_b64(self.mask_b64 or "")
             if n_mask != n_tokens:
                 raise ValueError(f"the mask has {n_mask} values for {n_tokens} tokens")
         return self

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import base64
 import binascii
+import string
 import struct
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 _MASK_VALUES = b"\x00\x01"
-_NON_NEGATIVE_HIGH_BYTES = bytes(range(0x80))
 
 
 def encode_tokens(tokens: Sequence[int]) -> str:
@@ -45,14 +45,36 @@ def _decode_strict(text: str, field: str) -> bytes:
         raise ValueError(f"{field} is not valid base64") from None
 
 
+_ALPHABET = (string.ascii_uppercase + string.ascii_lowercase + string.digits + "+/").encode()
+
+
+def _chars_with_bit_clear(bit: int) -> bytes:
+    return bytes(c for value, c in enumerate(_ALPHABET) if not value & (1 << bit)) + b"="
+
+
+# Base64 turns every 12 bytes (3 little-endian int32) into 16 characters. The sign bits of
+# bytes 3, 7 and 11 (the high bytes) are bit 5 of character 4, bit 3 of character 9 and bit 1 of
+# character 14 of each block: checking those characters finds a negative id without decoding.
+_SIGN_BITS = ((4, _chars_with_bit_clear(5)), (9, _chars_with_bit_clear(3)), (14, _chars_with_bit_clear(1)))
+
+
 def check_tokens_b64(text: str) -> int:
-    """How many token ids ``text`` holds; ValueError naming the field if it is not well-formed."""
-    raw = _decode_strict(text, "tokens_b64")
-    if len(raw) % 4:
-        raise ValueError(f"tokens_b64 holds {len(raw)} bytes, not a whole number of int32 values")
-    if raw[3::4].translate(None, _NON_NEGATIVE_HIGH_BYTES):  # a high byte >= 0x80: a negative id
-        raise ValueError("tokens_b64 holds a negative token id")
-    return len(raw) // 4
+    """How many token ids ``text`` holds; ValueError naming the field if it is not well-formed
+    (base64 of whole little-endian int32 values, none negative). Checked without decoding."""
+    try:
+        raw = text.encode("ascii")
+    except UnicodeEncodeError:
+        raise ValueError("tokens_b64 is not valid base64") from None
+    body = raw.rstrip(b"=")
+    if len(raw) % 4 or len(raw) - len(body) > 2 or body.translate(None, _ALPHABET):
+        raise ValueError("tokens_b64 is not valid base64")
+    n_bytes = decoded_length(text)
+    if n_bytes % 4:
+        raise ValueError(f"tokens_b64 holds {n_bytes} bytes, not a whole number of int32 values")
+    for offset, clear in _SIGN_BITS:
+        if raw[offset::16].translate(None, clear):
+            raise ValueError("tokens_b64 holds a negative token id")
+    return n_bytes // 4
 
 
 def check_mask_b64(text: str) -> int:

@@ -6,10 +6,12 @@ import base64
 import struct
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from slurm_elastic.controller.rollout_http import RolloutGroup
-from slurm_elastic.rollouts.wire import decoded_length, pack_group, unpack_group
+from slurm_elastic.rollouts.wire import check_tokens_b64, decoded_length, pack_group, unpack_group
 
 
 def group(**seq: object) -> dict[str, object]:
@@ -42,3 +44,21 @@ def test_malformed_compact_fields_are_refused_by_name(seq: dict[str, object], na
     with pytest.raises(ValidationError) as refused:
         RolloutGroup.model_validate(group(**seq))
     assert named in str(refused.value)
+
+
+@given(st.lists(st.integers(-(2**31), 2**31 - 1), max_size=40))
+def test_negative_ids_are_found_without_decoding(ids: list[int]) -> None:
+    text = base64.b64encode(struct.pack(f"<{len(ids)}i", *ids)).decode()
+    if any(i < 0 for i in ids):
+        with pytest.raises(ValueError, match="negative"):
+            check_tokens_b64(text)
+    else:
+        assert check_tokens_b64(text) == len(ids)
+
+
+@given(st.binary(min_size=1, max_size=64))
+def test_malformed_base64_is_refused_like_a_strict_decoder(raw: bytes) -> None:
+    text = base64.b64encode(raw).decode()
+    for broken in (text[:-1], text + "=", "!" + text[1:], text.replace("=", "A=A") if "=" in text else text + "*"):
+        with pytest.raises(ValueError):
+            check_tokens_b64(broken)
