@@ -52,9 +52,15 @@ def write_timeline(result: SimResult, path: Path) -> Path:
     fig, (ax_buf, ax_workers) = plt.subplots(2, 1, figsize=(11, 7), sharex=True, height_ratios=[3, 2])
     ax_buf.plot(t, [s.queued_seqs for s in result.samples], lw=0.8, color="tab:blue", label="buffer (queued seqs)")
     ax_buf.plot(t, [s.setpoint_seqs for s in result.samples], ls="--", color="tab:green", label="setpoint")
-    ax_buf.plot(t, [s.buffer_capacity_seqs for s in result.samples], ls=":", color="tab:red", label="buffer capacity")
     ax_buf.plot(t, [s.staleness_capacity_seqs for s in result.samples], lw=0.6, color="tab:orange", alpha=0.7,
                 label="staleness capacity")
+    # the buffer's bound: a line when it is near the data, else named in the label (no squeezed curves)
+    seen = max([s.queued_seqs for s in result.samples] + [s.staleness_capacity_seqs for s in result.samples] + [1])
+    bound = max(s.buffer_capacity_seqs for s in result.samples) if result.samples else 0
+    if bound <= 1.5 * seen:
+        ax_buf.plot(t, [s.buffer_capacity_seqs for s in result.samples], ls=":", color="tab:red", label="buffer capacity")
+    else:
+        ax_buf.plot([], [], ls=":", color="tab:red", label=f"buffer capacity {bound:.0f} (off the chart)")
     ax_buf.set_ylabel("sequences")
     ax_buf.legend(loc="upper right", fontsize=8, ncols=4)
     m = result.metrics
