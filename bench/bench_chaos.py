@@ -50,6 +50,7 @@ def report(result: ChaosResult, settings: ChaosSettings) -> str:
         ("GPU faults injected (drill file; cordon, then clear)", c["gpu_fault"]),
         ("cordons seen", c["cordons_seen"]),
         ("worker starts", c["worker_starts"]),
+        ("  of them on a node while one of its GPUs was cordoned", c["starts_under_a_cordon"]),
         ("rollouts checked (acknowledged by the controller)", result.rollouts_checked),
         ("batches acknowledged by the trainer", result.batches),
         ("rollouts/s, no faults (mean live workers)", f"{base_rate:.1f} ({base_workers:.1f})"),

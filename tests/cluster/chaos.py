@@ -191,9 +191,12 @@ def live_worker_processes(log_dir: Path) -> list[LiveWorker]:
     wrapper or ``srun`` whose command lines hold the same words)."""
     wanted = [str(CHAOS_WORKER), str(log_dir)]
     found = []
-    for proc, info in scan_processes(["cmdline", "status", "environ"]):
+    for proc, info in scan_processes(["cmdline", "status"]):
         if info["status"] != psutil.STATUS_ZOMBIE and (info["cmdline"] or [])[1:] == wanted:
-            env = info["environ"] or {}
+            try:
+                env = proc.environ()
+            except psutil.Error:
+                continue  # gone meanwhile
             found.append(LiveWorker(proc, env.get("SLURM_ELASTIC_WORKER_ID", ""), env.get("SLURMD_NODENAME", "")))
     return found
 
@@ -301,7 +304,8 @@ class ChaosResult:
     def details(self) -> str:
         c = self.counts
         return (f"seed {self.seed}, {self.duration_s:.0f} s, {self.batches} batches acknowledged, "
-                f"{c['worker_starts']} worker starts, {c['cordons_seen']} cordons seen, "
+                f"{c['worker_starts']} worker starts ({c['starts_under_a_cordon']} on a node with a GPU cordoned), "
+                f"{c['cordons_seen']} cordons seen, "
                 f"{c['workers_kept_across_slurmd_restart']} of {c['workers_across_slurmd_restart']} workers on a "
                 f"restarted slurmd's node kept running; " + "; ".join(self.notes))
 
@@ -524,6 +528,10 @@ class ChaosRun:
                 return any((g["node"], g["gpu"]) == (node, gpu) for g in job.status()["cordoned_gpus"])
             return False
         wait_for(cordoned, self.s.settle_timeout_s, f"{node}:{gpu} cordoned after the injected fault")
+        if self.rng.random() < 0.5:  # every GPU wanted: placement must step around the cordoned one
+            self.target = self.cluster.spec.nodes * self.cluster.spec.gpus_per_node
+            with job.client() as c:
+                c.scale(self.target)
 
     def write_drill(self) -> None:
         text = "".join(f'[[fault]]\nnode = "{n}"\ngpu = {g}\nreasons = ["hw_thermal_slowdown"]\n'
@@ -639,6 +647,10 @@ class ChaosRun:
         self.result.batches = trainer.batches if trainer else 0
         self.result.counts["worker_starts"] = len(logs.starts)
         self.result.counts["cordons_seen"] = len(monitor.spans)
+        self.result.counts["starts_under_a_cordon"] = sum(  # chances the cordon check had to fail
+            1 for st in logs.starts
+            if any(sp.node == st["node"] and sp.since_s < st["proc_start_t"] < sp.last_seen_s
+                   for sp in monitor.spans.values()))
         unexplained = [st for st in logs.starts if st["pid"] not in logs.drained_pids | self.killed_pids]
         self.result.counts["unexplained_worker_exits"] = len(unexplained)
         for st in unexplained:  # not drained, not killed by the soak: the controller ended it (or Slurm)
