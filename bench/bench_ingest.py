@@ -211,6 +211,9 @@ class Wrk:
 def throughput(servers: list[Server], wrk: Wrk, runs: int, seconds: float) -> dict[tuple[str, int], list[LoadResult]]:
     """Runs interleaved across servers (so a noisy neighbour hits them alike)."""
     results: dict[tuple[str, int], list[LoadResult]] = {}
+    for server in servers:  # not recorded: the first seconds of any server are slower (files grow, caches fill)
+        wrk.run(server, 8, seconds)
+        server.reset()
     for connections in CONCURRENCY:
         for _ in range(runs):
             for server in servers:
@@ -382,7 +385,7 @@ def report(loads: dict[tuple[str, int], list[LoadResult]], backlogs: dict[str, B
         f"{cpu} cores shared by server and load generator",
         "",
         f"Load generator: wrk, 1 thread, keep-alive, N connections; {args.runs} runs of {args.seconds:g} s per point, "
-        "interleaved across servers; medians. CPU columns: % of one core used by the server process and by "
+        "interleaved across servers, after one unrecorded warm-up run each; medians. CPU columns: % of one core used by the server process and by "
         "wrk during the run. Ours receives what the worker SDK sends (tokens_b64, mask_b64) unless the row says "
         "JSON lists (the same lists Atropos receives).",
         "",
