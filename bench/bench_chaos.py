@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import write_report
+from bench._common import write_headline, write_report
 from slurm_elastic.devcluster.cluster import DevCluster, DevClusterSpec
 from tests.cluster.chaos import ChaosResult, ChaosSettings, run_chaos
 
@@ -85,6 +85,16 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         cluster.down()
     write_report("chaos", report(result, settings))
+    c = result.counts
+    (base_rate, base_workers), (chaos_rate, chaos_workers) = result.baseline, result.chaos
+    per_worker = (chaos_rate / chaos_workers) / (base_rate / base_workers) if base_workers and chaos_workers \
+        and base_rate else float("nan")
+    write_headline("chaos", [
+        (f"chaos soak ({result.duration_s:.0f} s): controller kill -9 / worker kills / slurmd restarts / GPU faults",
+         f"{c['controller_kills']} / {c['kill_worker']} / {c['restart_slurmd']} / {c['gpu_fault']}, "
+         f"{result.rollouts_checked} rollouts checked, **{len(result.violations)} violations**",
+         "the same load without faults", f"{per_worker:.2f}x rollouts/s per worker"),
+    ])
     return 1 if result.violations else 0
 
 

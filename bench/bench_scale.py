@@ -28,7 +28,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import median, write_report
+from bench._common import median, write_headline, write_report
 from slurm_elastic.controller.config import parse_config
 from slurm_elastic.controller.runtime import Controller
 from slurm_elastic.controller.state import STATE_FORMAT, STATE_VERSION, write_json_atomic
@@ -343,6 +343,17 @@ def main() -> None:
     finally:
         cluster.down()
     write_report("scale", "\n".join([report(windows, drain_s, window_s), *persistence_rows((8, 64, 256))]))
+    base, last = windows[0], windows[-1]
+    write_headline("scale", [
+        (f"controller at {last.workers} workers: CPU (% of a core) / RSS / tick p50",
+         f"{last.cpu_pct:.1f} % / {last.rss_mb:.0f} MB / {last.tick_p50_ms:.0f} ms",
+         f"at {base.workers}: {base.cpu_pct:.1f} % / {base.rss_mb:.0f} MB / {base.tick_p50_ms:.0f} ms",
+         f"{last.workers / base.workers:.0f}x workers: CPU {last.cpu_pct / max(base.cpu_pct, 1e-9):.1f}x, "
+         f"RSS {last.rss_mb / base.rss_mb:.1f}x"),
+        (f"slurmctld step-listing RPCs per tick at {last.workers} workers (sdiag)",
+         f"{last.step_info_rpcs_per_tick:.2f}", f"one call per worker: {last.workers}",
+         f"{last.step_info_rpcs_per_tick / last.workers:.3f}x"),
+    ])
 
 
 if __name__ == "__main__":
