@@ -82,11 +82,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="the shorter form of every bench")
     parser.add_argument("--only", nargs="+", choices=sorted(BENCHES), help="run only these")
+    parser.add_argument("--report-only", action="store_true",
+                        help="run nothing: assemble the report from the sections already in bench/out")
     args = parser.parse_args()
     names = args.only or list(BENCHES)
+    if args.report_only:
+        return write_full_report(names, {}, args.quick)
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
     OUT.mkdir(parents=True, exist_ok=True)
-    for name in names:  # a stale section must not pass for this run's
+    for name in names:  # a stale section must not pass for this run's (--report-only reuses them)
         (OUT / f"{REPORT_NAME.get(name, name)}.md").unlink(missing_ok=True)
         (OUT / f"{REPORT_NAME.get(name, name)}.headline.json").unlink(missing_ok=True)
     results: dict[str, tuple[int, float]] = {}
@@ -95,9 +99,21 @@ def main() -> int:
         if name == "ingest":
             extra = [*extra, "--atropos", str(ensure_atropos())]
         results[name] = run_bench(name, extra, env)
+        (OUT / f"{name}.run.json").write_text(json.dumps({"exit": results[name][0], "seconds": results[name][1],
+                                                          "args": extra}))
+    return write_full_report(names, results, args.quick)
+
+
+def write_full_report(names: list[str], results: dict[str, tuple[int, float]], quick: bool) -> int:
+    """bench/out/report.md from the sections in bench/out; 1 if a bench that ran failed."""
+    for name in names:  # benches run earlier (--only, --report-only) keep their exit and duration
+        record = OUT / f"{name}.run.json"
+        if name not in results and record.exists():
+            data = json.loads(record.read_text())
+            results[name] = (int(data["exit"]), float(data["seconds"]))
     memory_gib = psutil.virtual_memory().total / 2**30
     lines = [
-        f"# slurm-elastic bench report ({'quick' if args.quick else 'full'} run)", "",
+        f"# slurm-elastic bench report ({'quick' if quick else 'full'} run)", "",
         f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; {os.cpu_count()} cores, "
         f"{memory_gib:.0f} GiB; {platform.platform()}; Python {platform.python_version()}; {slurm_version()}. "
         "Every ratio compares against a baseline measured in the same run on this machine; machines are "
@@ -108,8 +124,8 @@ def main() -> int:
     ]
     for name in names:
         section = OUT / f"{REPORT_NAME.get(name, name)}.md"
-        lines += [section.read_text() if section.exists() else f"## {name}\n\n(no report: exit {results[name][0]})\n",
-                  ""]
+        missing = f"## {name}\n\n(no report: exit {results[name][0] if name in results else 'not run'})\n"
+        lines += [section.read_text() if section.exists() else missing, ""]
     report = OUT / "report.md"
     report.write_text("\n".join(lines))
     print(f"\n==> wrote {report}")
