@@ -35,7 +35,6 @@ from slurm_elastic.controller.state import STATE_FORMAT, STATE_VERSION, write_js
 from slurm_elastic.core.naming import worker_step_name
 from slurm_elastic.devcluster.cluster import DevCluster, DevClusterSpec
 from slurm_elastic.errors import ControllerUnreachableError
-from slurm_elastic.slurm.backend import StepSpec
 from slurm_elastic.slurm.cli_backend import SlurmCli
 from slurm_elastic.slurm.parse import StepInfo
 from tests.cluster.controller_harness import (
@@ -44,6 +43,7 @@ from tests.cluster.controller_harness import (
     stop_controller_job,
     wait_for,
 )
+from tests.stub_backend import ListedSteps
 
 NODES, GPUS_PER_NODE = 32, 8  # the host has 10 distinct live char devices to stand in for GPUs
 TICK_S = 0.5
@@ -199,27 +199,6 @@ def run_sizes(cluster: DevCluster, tmp: Path, slurm: SlurmCli, sizes: tuple[int,
     finally:
         stop_controller_job(job)
     return windows, drain_s
-
-
-class ListedSteps:
-    """A Slurm that lists the given steps and accepts every action (in-process timing, no cluster)."""
-
-    name = "listed"
-
-    def __init__(self) -> None:
-        self.steps: list[StepInfo] = []
-
-    def list_steps(self, job_id: int) -> list[StepInfo]:
-        return list(self.steps)
-
-    def launch_step(self, spec: StepSpec, launcher_log: Path) -> int:
-        return 0
-
-    def signal_step(self, job_id: int, step_id: str, signal_name: str) -> None:
-        pass
-
-    def cancel_step(self, job_id: int, step_id: str) -> None:
-        pass
 
 
 def steady_controller(n: int, state_dir: Path) -> Controller:

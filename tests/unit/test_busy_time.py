@@ -9,7 +9,7 @@ import pytest
 
 from slurm_elastic.controller.config import parse_config
 from slurm_elastic.controller.runtime import Controller
-from tests.unit.test_controller_counters import NoStepsBackend
+from tests.stub_backend import ListedSteps
 
 
 class Clock:
@@ -22,7 +22,7 @@ class Clock:
 
 def controller_with_two_workers(tmp: Path, clock: Clock) -> Controller:
     config = parse_config({"agent": {"enabled": False}, "autoscaler": {"min_workers": 0}})
-    controller = Controller(config, 1, NoStepsBackend(), tmp, gpus_by_node={"node1": (0, 1)},  # type: ignore[arg-type]
+    controller = Controller(config, 1, ListedSteps(), tmp, gpus_by_node={"node1": (0, 1)},  # type: ignore[arg-type]
                             clock=clock)
     for wid, gpu in (("0001", 0), ("0002", 1)):
         controller.register_worker(wid, {"node": "node1", "gpus": [gpu], "step_id": gpu + 3})

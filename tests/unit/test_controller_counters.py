@@ -10,32 +10,13 @@ import pytest
 from slurm_elastic.controller import runtime
 from slurm_elastic.controller.config import parse_config
 from slurm_elastic.controller.runtime import Controller
-from slurm_elastic.slurm.backend import StepSpec
-from slurm_elastic.slurm.parse import StepInfo
-
-
-class NoStepsBackend:
-    """A Slurm that lists no steps and accepts every action."""
-
-    name = "none"
-
-    def list_steps(self, job_id: int) -> list[StepInfo]:
-        return []
-
-    def launch_step(self, spec: StepSpec, launcher_log: Path) -> int:
-        return 0
-
-    def signal_step(self, job_id: int, step_id: str, signal_name: str) -> None:
-        pass
-
-    def cancel_step(self, job_id: int, step_id: str) -> None:
-        pass
+from tests.stub_backend import ListedSteps
 
 
 def make_controller(tmp: Path) -> Controller:
     config = parse_config({"agent": {"enabled": False}, "autoscaler": {"min_workers": 0},
                            "controller": {"tick_interval_s": 0.01}})
-    return Controller(config, 1, NoStepsBackend(), tmp, gpus_by_node={"node1": (0, 1)})  # type: ignore[arg-type]
+    return Controller(config, 1, ListedSteps(), tmp, gpus_by_node={"node1": (0, 1)})  # type: ignore[arg-type]
 
 
 def test_status_summarizes_recent_tick_durations(tmp_path: Path) -> None:
