@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import httpx
 import psutil
 
-from bench._common import median, percentile, write_report
+from bench._common import median, percentile, write_headline, write_report
 from slurm_elastic.rollouts.wire import pack_group
 
 TOKENS = 512
@@ -344,6 +344,27 @@ def main() -> None:
             s.close()
     shutil.rmtree(workdir, ignore_errors=True)
     write_report("ingest", report(loads, backlogs, args))
+    write_headline("ingest", headline(loads, backlogs))
+
+
+def headline(loads: dict[tuple[str, int], list[LoadResult]],
+             backlogs: dict[str, BacklogResult]) -> list[tuple[str, str, str, str]]:
+    def rate(name: str, connections: int) -> float:
+        return median([r.seqs_per_s for r in loads[(name, connections)]])
+    theirs, mine = backlogs["Atropos"], backlogs["ours, fsync always"]
+    rows = [(f"rollout ingest, 8 x 512-token groups, {c} connections, fsync always (vs Atropos' server)",
+             f"{rate('ours, fsync always', c):,.0f} seq/s", f"{rate('Atropos', c):,.0f} seq/s",
+             f"{rate('ours, fsync always', c) / rate('Atropos', c):.1f}x") for c in (8, 32)]
+    rows += [
+        (f"memory per queued sequence ({mine.queued_groups:,} groups queued)", f"{mine.kb_per_seq:.3f} KB",
+         f"{theirs.kb_per_seq:.1f} KB", f"{mine.kb_per_seq / theirs.kb_per_seq:.4f}x" if theirs.kb_per_seq else ""),
+        (f"batch pull with {mine.queued_groups:,} groups queued: first / p99",
+         f"{mine.pulls_ms[0]:,.1f} / {percentile(mine.pulls_ms, 99):,.1f} ms",
+         f"{theirs.pulls_ms[0]:,.1f} / {percentile(theirs.pulls_ms, 99):,.1f} ms", ""),
+        ("another request during the pulls, worst", f"{max(mine.probe_ms, default=float('nan')):,.1f} ms",
+         f"{max(theirs.probe_ms, default=float('nan')):,.1f} ms", ""),
+    ]
+    return rows
 
 
 def report(loads: dict[tuple[str, int], list[LoadResult]], backlogs: dict[str, BacklogResult],
