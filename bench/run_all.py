@@ -87,7 +87,7 @@ def main() -> int:
     args = parser.parse_args()
     names = args.only or list(BENCHES)
     if args.report_only:
-        return write_full_report(names, {}, args.quick)
+        return write_full_report(names, {})
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
     OUT.mkdir(parents=True, exist_ok=True)
     for name in names:  # a stale section must not pass for this run's (--report-only reuses them)
@@ -101,26 +101,28 @@ def main() -> int:
         results[name] = run_bench(name, extra, env)
         (OUT / f"{name}.run.json").write_text(json.dumps({"exit": results[name][0], "seconds": results[name][1],
                                                           "args": extra}))
-    return write_full_report(names, results, args.quick)
+    return write_full_report(names, results)
 
 
-def write_full_report(names: list[str], results: dict[str, tuple[int, float]], quick: bool) -> int:
+def write_full_report(names: list[str], results: dict[str, tuple[int, float]]) -> int:
     """bench/out/report.md from the sections in bench/out; 1 if a bench that ran failed."""
-    for name in names:  # benches run earlier (--only, --report-only) keep their exit and duration
+    arguments: dict[str, str] = {}
+    for name in names:  # benches run earlier (--only, --report-only) keep their exit, duration and arguments
         record = OUT / f"{name}.run.json"
-        if name not in results and record.exists():
+        if record.exists():
             data = json.loads(record.read_text())
-            results[name] = (int(data["exit"]), float(data["seconds"]))
+            arguments[name] = " ".join(data.get("args", [])).replace(str(ATROPOS_VENV), "$ATROPOS_VENV")
+            results.setdefault(name, (int(data["exit"]), float(data["seconds"])))
     memory_gib = psutil.virtual_memory().total / 2**30
     lines = [
-        f"# slurm-elastic bench report ({'quick' if quick else 'full'} run)", "",
+        "# slurm-elastic bench report", "",
         f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; {os.cpu_count()} cores, "
         f"{memory_gib:.0f} GiB; {platform.platform()}; Python {platform.python_version()}; {slurm_version()}. "
         "Every ratio compares against a baseline measured in the same run on this machine; machines are "
         "shared and noisy, so each figure is a median of several runs.", "",
         "## Headline figures", "", *headline_rows(names), "",
-        "## Runs", "", "| bench | exit | seconds |", "|---|---|---|",
-        *[f"| {n} | {c} | {s:.0f} |" for n, (c, s) in results.items()], "",
+        "## Runs", "", "| bench | arguments | exit | seconds |", "|---|---|---|---|",
+        *[f"| {n} | `{arguments.get(n) or '(full form)'}` | {c} | {s:.0f} |" for n, (c, s) in results.items()], "",
     ]
     for name in names:
         section = OUT / f"{REPORT_NAME.get(name, name)}.md"
