@@ -12,7 +12,8 @@ not inflated by V (the bug AReaL fixed after recovery). Counts are in sequences.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import collections
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -72,3 +73,36 @@ class StalenessManager:
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> StalenessManager:
         return cls(**{k: int(v) for k, v in state.items() if k in cls.__dataclass_fields__})
+
+
+@dataclass
+class AdmissionGrants:
+    """Admissions handed out and not yet used by a submit. One a worker never uses (it drained or
+    crashed) stops holding staleness capacity after ``ttl_s``. Used by the queue and the simulator."""
+
+    staleness: StalenessManager
+    ttl_s: float
+    _open: collections.deque[list[float]] = field(default_factory=collections.deque)  # [granted at, unused]
+
+    def grant(self, wanted: int, now_s: float) -> int:
+        """How many of ``wanted`` sequences may start now; those are counted as running."""
+        self.expire(now_s)
+        granted = max(0, min(wanted, self.staleness.capacity()))
+        if granted:
+            self.staleness.on_submitted(granted)
+            self._open.append([now_s, float(granted)])
+        return granted
+
+    def use(self, n_seqs: int) -> None:
+        """A submit of ``n_seqs`` used the oldest open admissions."""
+        while n_seqs > 0 and self._open:
+            take = min(n_seqs, int(self._open[0][1]))
+            self._open[0][1] -= take
+            n_seqs -= take
+            if self._open[0][1] <= 0:
+                self._open.popleft()
+
+    def expire(self, now_s: float) -> None:
+        while self._open and now_s - self._open[0][0] > self.ttl_s:
+            _t, unused = self._open.popleft()
+            self.staleness.on_rejected(int(unused))

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slurm_elastic.core.rates import WindowRate
-from slurm_elastic.core.staleness import StalenessManager
+from slurm_elastic.core.staleness import AdmissionGrants, StalenessManager
 from slurm_elastic.errors import SlurmElasticError
 from slurm_elastic.rollouts.store import RolloutStore, StoredGroup
 
@@ -93,10 +93,10 @@ class RolloutQueue:
         self.in_use = False  # a trainer registered or pulled, or rollouts arrived: the buffer means something
         self._pulls = WindowRate(RATE_WINDOW_S)
         self._accepts = WindowRate(RATE_WINDOW_S)
-        self._grants: collections.deque[list[float]] = collections.deque()  # [time, sequences not yet used]
         version = int(store.get_meta("version", "0"))
         self.staleness = StalenessManager(config.batch_size, config.max_staleness, config.max_concurrent)
         self.staleness.on_version_recovered(version)  # after a restart: bounded, not inflated
+        self._grants = AdmissionGrants(self.staleness, config.admission_ttl_s)
         self._recover()
 
     def _recover(self) -> None:
@@ -121,27 +121,7 @@ class RolloutQueue:
     def admit(self, n_seqs: int) -> int:
         """The capacity gate: how many of ``n_seqs`` may start now (staleness and concurrency)."""
         with self._lock:
-            self._expire_grants()
-            granted = max(0, min(n_seqs, self.staleness.capacity()))
-            if granted:
-                self.staleness.on_submitted(granted)
-                self._grants.append([self.clock(), float(granted)])
-            return granted
-
-    def _expire_grants(self) -> None:
-        """Admissions a worker never used (it drained, crashed) stop holding staleness capacity."""
-        now = self.clock()
-        while self._grants and now - self._grants[0][0] > self.config.admission_ttl_s:
-            _t, unused = self._grants.popleft()
-            self.staleness.on_rejected(int(unused))
-
-    def _use_grants(self, n_seqs: int) -> None:
-        while n_seqs > 0 and self._grants:
-            take = min(n_seqs, int(self._grants[0][1]))
-            self._grants[0][1] -= take
-            n_seqs -= take
-            if self._grants[0][1] <= 0:
-                self._grants.popleft()
+            return self._grants.grant(n_seqs, self.clock())
 
     def submit(self, group_id: str, worker_id: str, n_seqs: int, version: int, payload: bytes) -> bool:
         """Store a group durably; False if that id was already accepted (a retry). Raises QueueFull."""
@@ -177,7 +157,7 @@ class RolloutQueue:
                     self._append(StoredGroup(seq, group_id, worker_id, n_seqs, version, len(payload)))
                     self.in_use = True
                     self.staleness.on_accepted(n_seqs)
-                    self._use_grants(n_seqs)
+                    self._grants.use(n_seqs)
                     self._accepts.add(self.clock(), n_seqs)
             if error is not None:
                 accepted.set_exception(error)

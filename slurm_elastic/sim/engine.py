@@ -44,7 +44,7 @@ from slurm_elastic.core.reconcile import (
     reconcile,
 )
 from slurm_elastic.core.scaling import Decision, PressureInputs, effective_setpoint_seqs
-from slurm_elastic.core.staleness import StalenessManager
+from slurm_elastic.core.staleness import AdmissionGrants, StalenessManager
 from slurm_elastic.sim.policies import Policy, initial_workers, make_policy
 from slurm_elastic.sim.trace import Trace
 
@@ -143,7 +143,7 @@ class Simulation:
         self.next_number = 1
         self.buffer: collections.deque[tuple[int, int]] = collections.deque()  # (version, n_seqs)
         self.queued_seqs = 0
-        self.grants: collections.deque[list[float]] = collections.deque()
+        self.grants = AdmissionGrants(self.staleness, self.trace.queue.admission_ttl_s)
         self.pulls = WindowRate(RATE_WINDOW_S)
         self.accepts = WindowRate(RATE_WINDOW_S)
         self.busy = WindowRate(RATE_WINDOW_S)  # busy worker-seconds reported by heartbeats
@@ -212,19 +212,6 @@ class Simulation:
         return SimResult(self.trace.name, self.policy_name, self.seed, end, metrics, self.samples, self.scale_events)
 
     # ---- the controller ----------------------------------------------------------------------
-    def _expire_grants(self) -> None:
-        while self.grants and self.now_s - self.grants[0][0] > self.trace.queue.admission_ttl_s:
-            _t, unused = self.grants.popleft()
-            self.staleness.on_rejected(int(unused))
-
-    def _use_grants(self, n_seqs: int) -> None:
-        while n_seqs > 0 and self.grants:
-            take = min(n_seqs, int(self.grants[0][1]))
-            self.grants[0][1] -= take
-            n_seqs -= take
-            if self.grants[0][1] <= 0:
-                self.grants.popleft()
-
     def pressure_inputs(self) -> PressureInputs:
         """What the controller hands the policy (controller.runtime + controller.app.queue_pressure)."""
         counts = collections.Counter(w.state for w in self.records.values() if not w.placeholder)
@@ -240,7 +227,7 @@ class Simulation:
             workers_draining=counts[S.DRAINING], allowed_slots=self.trace.cluster.gpu_slots)
 
     def _tick(self) -> None:
-        self._expire_grants()
+        self.grants.expire(self.now_s)
         self._serve_admissions()
         busy_s = 0.0
         for worker_id, proc in self.procs.items():
@@ -337,13 +324,8 @@ class Simulation:
         if proc.drain:
             self._exit(proc)
             return True
-        self._expire_grants()
         group = self.trace.queue.group_size
-        granted = min(group - proc.granted, self.staleness.capacity())
-        if granted > 0:
-            self.staleness.on_submitted(granted)
-            self.grants.append([self.now_s, float(granted)])
-            proc.granted += granted
+        proc.granted += self.grants.grant(group - proc.granted, self.now_s)
         if proc.granted < group:
             if proc.phase != "admit":
                 self._set_phase(proc, "admit")
@@ -377,7 +359,7 @@ class Simulation:
         self.buffer.append((proc.version, group))
         self.queued_seqs += group
         self.staleness.on_accepted(group)
-        self._use_grants(group)
+        self.grants.use(group)
         self.accepts.add(self.now_s, group)
         self.counters["generated"] += group
         self.records[proc.worker_id].rollouts += 1

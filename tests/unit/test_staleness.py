@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from slurm_elastic.core.staleness import StalenessManager
+from slurm_elastic.core.staleness import AdmissionGrants, StalenessManager
 
 
 def manager(**kw: int) -> StalenessManager:
@@ -67,3 +67,13 @@ def test_state_round_trip() -> None:
 def test_bad_parameters() -> None:
     with pytest.raises(ValueError):
         StalenessManager(batch_size=0, max_staleness=1, max_concurrent=1)
+
+
+def test_unused_admissions_stop_holding_capacity_after_the_ttl() -> None:
+    manager = StalenessManager(batch_size=4, max_staleness=0, max_concurrent=100)
+    grants = AdmissionGrants(manager, ttl_s=10.0)
+    assert grants.grant(3, now_s=0.0) == 3 and grants.grant(3, now_s=1.0) == 1  # capacity 4
+    grants.use(2)  # a submit of 2 used the oldest admission in part
+    grants.expire(now_s=10.5)  # the first admission is past its ttl: its unused 1 is released
+    assert manager.capacity() == 1  # running 4 -> 3 (the queue, not the grants, moves used ones to accepted)
+    assert grants.grant(10, now_s=11.5) == 2  # the second admission's unused 1 expired too: running 2
