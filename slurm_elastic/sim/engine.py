@@ -327,12 +327,9 @@ class Simulation:
         group = self.trace.queue.group_size
         proc.granted += self.grants.grant(group - proc.granted, self.now_s)
         if proc.granted < group:
-            if proc.phase != "admit":
-                self._set_phase(proc, "admit")
-                self.admit_waiters.append(proc.worker_id)
+            self._wait(proc, "admit", self.admit_waiters)
             return False
-        if proc.worker_id in self.admit_waiters:
-            self.admit_waiters.remove(proc.worker_id)
+        self._stop_waiting(proc, self.admit_waiters)
         proc.granted, proc.version, proc.rollout_since_s = 0, self.version, self.now_s
         self._set_phase(proc, "rollout")
         trace = self.trace
@@ -340,6 +337,17 @@ class Simulation:
                       * trace.slowdown_at(proc.slot, self.now_s))
         self._at(self.now_s + duration_s, "rollout_done", proc.worker_id, proc.epoch)
         return True
+
+    def _wait(self, proc: _Proc, phase: str, waiters: list[str]) -> None:
+        """Park ``proc`` in ``phase`` (once) until the gate it waits at opens."""
+        if proc.phase != phase:
+            self._set_phase(proc, phase)
+            waiters.append(proc.worker_id)
+
+    @staticmethod
+    def _stop_waiting(proc: _Proc, waiters: list[str]) -> None:
+        if proc.worker_id in waiters:
+            waiters.remove(proc.worker_id)
 
     def _serve_admissions(self) -> None:
         for worker_id in list(self.admit_waiters):
@@ -350,12 +358,9 @@ class Simulation:
     def _try_submit(self, proc: _Proc) -> bool:
         group = self.trace.queue.group_size
         if self.queued_seqs + group > self.trace.queue.capacity_seqs:
-            if proc.phase != "submit":
-                self._set_phase(proc, "submit")
-                self.submit_waiters.append(proc.worker_id)
+            self._wait(proc, "submit", self.submit_waiters)
             return False
-        if proc.worker_id in self.submit_waiters:
-            self.submit_waiters.remove(proc.worker_id)
+        self._stop_waiting(proc, self.submit_waiters)
         self.buffer.append((proc.version, group))
         self.queued_seqs += group
         self.staleness.on_accepted(group)
