@@ -142,12 +142,15 @@ class Server:
         assert self.proc is not None
         return psutil.Process(self.proc.pid)
 
+    def processes(self) -> list[psutil.Process]:
+        """The server and its helper processes (ours: the store's syncer)."""
+        return [self.process, *self.process.children(recursive=True)]
+
     def cpu_s(self) -> float:
-        times = self.process.cpu_times()
-        return float(times.user + times.system)
+        return sum(float(t.user + t.system) for t in (p.cpu_times() for p in self.processes()))
 
     def rss_mb(self) -> float:
-        return float(self.process.memory_info().rss) / 2**20
+        return sum(float(p.memory_info().rss) for p in self.processes()) / 2**20
 
     def queued_groups(self) -> int:
         if self.kind == "ours":

@@ -16,7 +16,7 @@ from slurm_elastic.controller.files import ensure_token, previous_port, publish
 from slurm_elastic.controller.http import control_router
 from slurm_elastic.controller.locate import COMMENT_PREFIX
 from slurm_elastic.controller.main import build_controller, install_stop_handlers, job_id_from_env
-from slurm_elastic.controller.rollout_http import SubmitEndpoint, SubmitFastPath, rollout_router
+from slurm_elastic.controller.rollout_http import ControllerApp, SubmitEndpoint, rollout_router
 from slurm_elastic.controller.runtime import Controller
 from slurm_elastic.controller.serve import ApiServer, default_listen_host
 from slurm_elastic.controller.state import job_state_dir
@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 def create_controller_app(controller: Controller, token: str, queue: RolloutQueue | None = None) -> FastAPI:
     """The controller's ASGI app: /healthz (open), the control plane and the rollout queue (token)."""
-    app = FastAPI(title="slurm-elastic controller", version=__version__)
+    app = ControllerApp(title="slurm-elastic controller", version=__version__)
 
     @app.get("/healthz", tags=["status"])
     def healthz() -> dict[str, str]:
@@ -40,8 +40,7 @@ def create_controller_app(controller: Controller, token: str, queue: RolloutQueu
     app.include_router(control_router(controller, token))
     if queue is not None:
         app.include_router(rollout_router(controller, queue, token))
-        build_stack = app.build_middleware_stack  # the hot route goes in front of every middleware
-        app.build_middleware_stack = lambda: SubmitFastPath(build_stack(), SubmitEndpoint(queue, token))  # type: ignore[method-assign]
+        app.submit_endpoint = SubmitEndpoint(queue, token)
         controller.queue_pressure = lambda: queue_pressure(controller, queue)
     return app
 

@@ -10,13 +10,15 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
-from typing import Annotated, Any
+import threading
+from concurrent.futures import Future
+from typing import Annotated, Any, TypeVar
 
-from fastapi import APIRouter, Depends, HTTPException, Request, Response, status
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, Response, status
 from fastapi import Path as PathParam
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from slurm_elastic.controller.http import WORKER_ID, bearer_auth
 from slurm_elastic.controller.runtime import Controller
@@ -24,6 +26,7 @@ from slurm_elastic.rollouts.queue import QueueFull, RolloutQueue, UnknownBatchEr
 from slurm_elastic.rollouts.wire import check_mask_b64, check_tokens_b64
 
 ID = r"^[A-Za-z0-9_.:-]{1,128}$"
+T = TypeVar("T")
 
 
 class Sequence(BaseModel):
@@ -115,7 +118,7 @@ def _error(status_code: int, detail: Any, headers: Headers | None = None) -> tup
 class SubmitEndpoint:
     """``POST /rollouts`` as a plain ASGI handler: token check (401/403), size limit (413),
     validation from the raw bytes (422 naming the field), backpressure (429), then the group
-    commit. Mounted in front of the framework (:class:`SubmitFastPath`) so the hot route skips
+    commit. Answered in front of the framework (:class:`ControllerApp`) so the hot route skips
     its per-request machinery; the FastAPI route with the same handler documents it in OpenAPI."""
 
     def __init__(self, queue: RolloutQueue, token: str) -> None:
@@ -161,22 +164,49 @@ class SubmitEndpoint:
         except QueueFull as exc:
             return _error(status.HTTP_429_TOO_MANY_REQUESTS, str(exc),
                           [(b"retry-after", str(max(1, round(exc.retry_after_s))).encode())])
-        stored = await asyncio.wrap_future(committed)  # answered once its group commit is durable
+        stored = await _on_this_loop(committed)  # answered once its group commit is durable
         return 200, b'{"accepted":true}' if stored else b'{"accepted":false}', JSON
 
 
-class SubmitFastPath:
-    """ASGI middleware: ``POST /rollouts`` goes straight to :class:`SubmitEndpoint`."""
+def _on_this_loop(future: Future[T]) -> asyncio.Future[T]:
+    """``asyncio.wrap_future`` without a loop wake-up per request when the future resolves on
+    the loop's own thread (the store's group commits do, on the loop that serves the submits)."""
+    loop = asyncio.get_running_loop()
+    waiter: asyncio.Future[T] = loop.create_future()
+    loop_thread = threading.get_ident()
 
-    def __init__(self, app: ASGIApp, endpoint: SubmitEndpoint) -> None:
-        self.app = app
-        self.endpoint = endpoint
+    def copy(done: Future[T]) -> None:
+        if waiter.cancelled():
+            return
+        error = done.exception()
+        if error is not None:
+            waiter.set_exception(error)
+        else:
+            waiter.set_result(done.result())
+
+    def resolved(done: Future[T]) -> None:
+        if threading.get_ident() == loop_thread:
+            copy(done)
+        else:
+            loop.call_soon_threadsafe(copy, done)
+    future.add_done_callback(resolved)
+    return waiter
+
+
+class ControllerApp(FastAPI):
+    """The controller's FastAPI app, with ``POST /rollouts`` answered before the framework's
+    per-request machinery (telemetry hooks, middleware, routing): the hot route costs only its
+    own checks. The same handler is also a FastAPI route, so OpenAPI documents it."""
+
+    submit_endpoint: SubmitEndpoint | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] != "/rollouts" or scope["method"] != "POST":
-            await self.app(scope, receive, send)
+        endpoint = self.submit_endpoint
+        if (endpoint is None or scope["type"] != "http" or scope["path"] != "/rollouts"
+                or scope["method"] != "POST"):
+            await super().__call__(scope, receive, send)
             return
-        code, body, headers = await self.endpoint.answer(scope["headers"], receive)
+        code, body, headers = await endpoint.answer(scope["headers"], receive)
         await send({"type": "http.response.start", "status": code,
                     "headers": [*headers, (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})
@@ -191,7 +221,7 @@ def rollout_router(controller: Controller, queue: RolloutQueue, token: str) -> A
         responses={413: {"description": "group over the size limit"},
                    429: {"description": "buffer full: retry after Retry-After seconds"}})
     async def submit(request: Request) -> Response:
-        """Served by :class:`SubmitFastPath` in the controller's app; the same handler here."""
+        """Served by :class:`ControllerApp` before the framework; the same handler here."""
         code, body, headers = await endpoint.answer(request.headers.raw, request.receive)
         return Response(body, status_code=code, headers={k.decode(): v.decode() for k, v in headers})
 

@@ -30,7 +30,8 @@ class ApiServer:
         self.sock.bind((host, port))
         self.host, self.port = host, int(self.sock.getsockname()[1])
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
-                                timeout_graceful_shutdown=2)
+                                timeout_graceful_shutdown=2,
+                                proxy_headers=False)  # clients reach the controller directly, never via a proxy
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
                                        name="api", daemon=True)

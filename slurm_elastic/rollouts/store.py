@@ -1,24 +1,39 @@
-"""The durable side of the rollout queue: SQLite in WAL mode in the job's state directory.
+"""The durable side of the rollout queue: a payload log and a SQLite index in the job's state directory.
 
-A submit is committed (and, with the default ``fsync = "always"``, fsynced) before the API
-answers 2xx. Submits go through one writer thread that commits everything waiting in one
-transaction (group commit): under concurrency many submits share one fsync, and each caller is
-answered only once the transaction holding its group is durable. Groups move queued -> handed (in a batch) -> delivered (the trainer acknowledged
-the batch) or dropped (too stale). Batches handed out and never acknowledged are handed out
-again, with the same id, after a trainer or controller restart.
+A submitted group's body is appended to the payload log (:mod:`segments`); its row (id, worker,
+size, version, state, where its body is) goes to SQLite in WAL mode. Submits are group-committed:
+everything that arrived while the previous commit was on its way to disk goes in the next one,
+and each caller is answered only once its commit is durable (with the default ``fsync =
+"always"``: the log fdatasynced). The fdatasync and the index write happen in the syncer
+process (:mod:`syncer`), driven from the event loop that serves the submits, so the loop never
+waits for the disk or for another thread. Groups move queued -> handed (in a batch) ->
+delivered (the trainer acknowledged the batch) or dropped (too stale); batches handed out and
+never acknowledged are handed out again, with the same id, after a trainer or controller
+restart. Batch and acknowledgement transactions are fsynced by SQLite itself; they also make
+every index row written before them durable, so after a power loss the index is a prefix of
+the log, and what the log holds past it is indexed again at open.
 """
 
 from __future__ import annotations
 
+import asyncio
+import collections
+import json
+import os
+import select
 import sqlite3
+import subprocess
+import sys
 import threading
 from collections.abc import Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from slurm_elastic.errors import StateFileError
+from slurm_elastic.rollouts import syncer
+from slurm_elastic.rollouts.segments import SEGMENT_BYTES, SegmentLog, record_prefix
 
 SYNCHRONOUS = {"always": "FULL", "os": "NORMAL", "off": "OFF"}
 SCHEMA = """
@@ -31,7 +46,9 @@ CREATE TABLE IF NOT EXISTS groups (
     nbytes INTEGER NOT NULL,
     payload BLOB NOT NULL,
     state TEXT NOT NULL DEFAULT 'queued',
-    batch_id TEXT
+    batch_id TEXT,
+    segment INTEGER,
+    body_offset INTEGER
 );
 CREATE INDEX IF NOT EXISTS groups_state ON groups(state, seq);
 CREATE TABLE IF NOT EXISTS batches (
@@ -41,7 +58,8 @@ CREATE TABLE IF NOT EXISTS batches (
 );
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
-INSERT_GROUP = "INSERT INTO groups (id, worker_id, n_seqs, version, nbytes, payload) VALUES (?,?,?,?,?,?)"
+ROWS_PER_COMMIT = 1024  # a bigger backlog goes in several commits
+LIVE_STATES = "('queued', 'handed')"
 
 
 class StoredGroup(NamedTuple):
@@ -57,94 +75,278 @@ class StoredGroup(NamedTuple):
 
 @dataclass(frozen=True)
 class _PendingInsert:
-    row: tuple[str, str, int, int, int, bytes]
+    group_id: str
+    worker_id: str
+    n_seqs: int
+    version: int
+    payload: bytes
     done: Future[int | None]
 
 
-class RolloutStore:
-    """One SQLite database; thread-safe (one connection behind a lock, one writer thread for submits)."""
+@dataclass
+class _Commit:
+    items: list[_PendingInsert]
+    first_seq: int
+    segment: int
+    start: int  # the log's size before this commit's records
+    reply: bytearray
 
-    def __init__(self, path: Path, fsync: str = "always") -> None:
+
+class RolloutStore:
+    """The rollout store. Thread-safe: the index behind a lock; submits group-committed on the
+    event loop of the first caller that has one (the API server's), or else on a private one."""
+
+    def __init__(self, path: Path, fsync: str = "always", segment_bytes: int = SEGMENT_BYTES) -> None:
         if fsync not in SYNCHRONOUS:
             raise ValueError(f"fsync must be one of {', '.join(SYNCHRONOUS)}")
         self.path = path
+        self.fsync = fsync
         self._lock = threading.Lock()
         try:
             self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute(f"PRAGMA synchronous={SYNCHRONOUS[fsync]}")
+            self._db.execute("PRAGMA busy_timeout=30000")  # the syncer writes index rows too
             self._db.executescript(SCHEMA)
+            columns = {r[1] for r in self._db.execute("PRAGMA table_info(groups)")}
+            for column in sorted({"segment", "body_offset"} - columns):  # a store from before the payload log
+                self._db.execute(f"ALTER TABLE groups ADD COLUMN {column} INTEGER")
         except sqlite3.DatabaseError as exc:
             raise StateFileError(f"rollout store {path} is unusable: {exc}") from None
+        self.log = SegmentLog(path.with_name(path.stem + ".segments"), segment_bytes)
+        self._next_seq = self._recover_log() + 1
+        self._live: collections.Counter[int] = collections.Counter(dict(self._db.execute(
+            f"SELECT segment, COUNT(*) FROM groups WHERE state IN {LIVE_STATES} AND segment IS NOT NULL "
+            "GROUP BY segment")))
+        for number in self.log.numbers():
+            if not self._live[number]:
+                self.log.delete(number)
         self._pending: list[_PendingInsert] = []
-        self._pending_changed = threading.Condition()
-        self._writer: threading.Thread | None = None
+        self._pending_lock = threading.Lock()
+        self._flush_scheduled = False
+        self._in_flight: _Commit | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._private_loop: asyncio.AbstractEventLoop | None = None
+        self._syncer: subprocess.Popen[bytes] | None = None
         self._closing = False
-        self.commits = 0  # transactions the writer committed (fewer than inserts under concurrency)
+        self.commits = 0  # group commits done (fewer than inserts under concurrency)
+
+    # ---- opening ----------------------------------------------------------------------------
+    def _recover_log(self) -> int:
+        """Index what the log holds past the index (after a crash or power loss); the highest
+        arrival number now known."""
+        row = self._db.execute(
+            "SELECT seq, segment, body_offset, nbytes FROM groups ORDER BY seq DESC LIMIT 1").fetchone()
+        max_seq = int(row[0]) if row else 0
+        segment, offset = (int(row[1]), int(row[2]) + int(row[3])) if row and row[1] is not None else (0, 0)
+        found = [(n, r) for n, r in self.log.records_after(segment, offset) if int(r.head["seq"]) > max_seq]
+        if found:
+            with self._lock:
+                self._db.execute("BEGIN IMMEDIATE")
+                for number, record in found:
+                    h = record.head
+                    self._db.execute(syncer.insert_rows_sql(1), (h["seq"], h["id"], h["worker_id"], h["n_seqs"],
+                                                                 h["version"], record.body_bytes, number,
+                                                                 record.body_offset))
+                self._db.execute("COMMIT")
+            max_seq = max(max_seq, *(int(r.head["seq"]) for _n, r in found))
+        return max_seq
 
     def close(self) -> None:
-        """Commit what is waiting, stop the writer, close the database."""
-        with self._pending_changed:
-            self._closing = True
-            self._pending_changed.notify()
-            writer = self._writer
-        if writer is not None:
-            writer.join()
+        """Commit what is waiting, stop the syncer, close the index and the log."""
+        with self._pending_lock:
+            self._closing = True  # no new submits; the ones taken are committed
+            loop = self._loop
+        if loop is not None and loop.is_running():
+            settled: Future[None] = Future()
+
+            def when_settled() -> None:
+                if self._in_flight is None and not self._pending and not self._flush_scheduled:
+                    settled.set_result(None)
+                else:
+                    loop.call_later(0.001, when_settled)
+            loop.call_soon_threadsafe(when_settled)
+            settled.result(timeout=120)
+        self._drain_blocking()  # a loop that has stopped may have left a commit behind
+        if self._private_loop is not None:
+            self._private_loop.call_soon_threadsafe(self._private_loop.stop)
+        if self._syncer is not None:
+            assert self._syncer.stdin is not None
+            self._syncer.stdin.close()
+            self._syncer.wait()
         with self._lock:
             self._db.close()
+        self.log.close()
 
+    # ---- submits ----------------------------------------------------------------------------
     def insert(self, group_id: str, worker_id: str, n_seqs: int, version: int, payload: bytes) -> int | None:
         """Commit one group; its arrival number, or None if that id is already stored."""
         return self.insert_later(group_id, worker_id, n_seqs, version, payload).result()
 
     def insert_later(self, group_id: str, worker_id: str, n_seqs: int, version: int,
                      payload: bytes) -> Future[int | None]:
-        """Queue one group for the next group commit; the future resolves once it is durable."""
+        """Queue one group for the next group commit; the future resolves once it is durable
+        (on the committing loop's thread)."""
         done: Future[int | None] = Future()
-        with self._pending_changed:
+        item = _PendingInsert(group_id, worker_id, n_seqs, version, payload, done)
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        with self._pending_lock:
             if self._closing:
                 raise StateFileError(f"rollout store {self.path} is closed")
-            self._pending.append(_PendingInsert((group_id, worker_id, n_seqs, version, len(payload), payload), done))
-            if self._writer is None:
-                self._writer = threading.Thread(target=self._write_loop, name="rollout-store-writer", daemon=True)
-                self._writer.start()
-            self._pending_changed.notify()
+            if self._loop is None or self._loop.is_closed():
+                self._loop = running or self._start_private_loop()
+            loop = self._loop
+        if loop is running:
+            self._enqueue(item)
+        else:
+            loop.call_soon_threadsafe(self._enqueue, item)
         return done
 
-    def _write_loop(self) -> None:
-        while True:
-            with self._pending_changed:
-                while not self._pending and not self._closing:
-                    self._pending_changed.wait()
-                if not self._pending:
-                    return
-                waiting, self._pending = self._pending, []
-            self._commit(waiting)
+    def _start_private_loop(self) -> asyncio.AbstractEventLoop:
+        """For callers without an event loop (tools, tests): one in a thread of its own."""
+        loop = self._private_loop = asyncio.new_event_loop()
+        threading.Thread(target=loop.run_forever, name="rollout-store-commits", daemon=True).start()
+        return loop
 
-    def _commit(self, waiting: list[_PendingInsert]) -> None:
-        """One transaction for every waiting insert; each future resolves after the commit."""
-        seqs: list[int | None] = []
+    def _enqueue(self, item: _PendingInsert) -> None:
+        """On the committing loop: wait for the next commit, which starts once this loop turn ends."""
+        with self._pending_lock:
+            self._pending.append(item)
+            if self._flush_scheduled or self._in_flight is not None:
+                return
+            self._flush_scheduled = True
+        asyncio.get_running_loop().call_soon(self._begin_async)
+
+    def _begin_async(self) -> None:
+        with self._pending_lock:
+            self._flush_scheduled = False
+            if self._in_flight is not None:
+                return
+            commit = self._begin()
+        if commit is not None:
+            assert self._syncer is not None and self._syncer.stdout is not None
+            asyncio.get_running_loop().add_reader(self._syncer.stdout.fileno(), self._on_reply)
+
+    def _begin(self) -> _Commit | None:
+        """Append the waiting groups to the log and send them to the syncer (pending lock held)."""
+        items, self._pending = self._pending[:ROWS_PER_COMMIT], self._pending[ROWS_PER_COMMIT:]
+        if not items:
+            return None
+        first_seq = self._next_seq
+        self._next_seq += len(items)
+        parts: list[bytes] = []
+        for i, it in enumerate(items):
+            parts.append(record_prefix({"seq": first_seq + i, "id": it.group_id, "worker_id": it.worker_id,
+                                        "n_seqs": it.n_seqs, "version": it.version}, it.payload))
+            parts.append(it.payload)
         try:
-            with self._lock:
-                self._db.execute("BEGIN IMMEDIATE")
-                try:
-                    for item in waiting:
-                        try:
-                            seqs.append(int(self._db.execute(INSERT_GROUP, item.row).lastrowid or 0))
-                        except sqlite3.IntegrityError:  # that id is stored already: only this row is undone
-                            seqs.append(None)
-                    self._db.execute("COMMIT")
-                    self.commits += 1
-                except BaseException:
-                    if self._db.in_transaction:
-                        self._db.execute("ROLLBACK")
-                    raise
-        except Exception as exc:  # nothing of this transaction is stored: every caller hears so
-            for item in waiting:
-                item.done.set_exception(StateFileError(f"rollout store {self.path}: commit failed: {exc}"))
+            segment, start = self.log.append(parts)
+            rows, offset = [], start
+            for i, it in enumerate(items):
+                offset += len(parts[2 * i])  # the body starts after its record's prefix
+                rows.append([first_seq + i, it.group_id, it.worker_id, it.n_seqs, it.version, len(it.payload),
+                             offset])
+                offset += len(it.payload)
+            commit = _Commit(items, first_seq, segment, start, bytearray())
+            self._send({"segment": segment, "rows": rows}, commit)
+        except StateFileError as exc:
+            self._fail(items, str(exc))
+            return None
+        self._in_flight = commit
+        return commit
+
+    def _send(self, message: dict[str, Any], commit: _Commit) -> None:
+        if self._syncer is None or self._syncer.poll() is not None:
+            self._syncer = subprocess.Popen(
+                [sys.executable, "-I", syncer.__file__, str(self.path), str(self.log.directory), self.fsync],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            assert self._syncer.stdout is not None
+            os.set_blocking(self._syncer.stdout.fileno(), False)
+        assert self._syncer.stdin is not None
+        try:
+            self._syncer.stdin.write(json.dumps(message, separators=(",", ":")).encode() + b"\n")
+            self._syncer.stdin.flush()
+        except OSError as exc:
+            self.log.truncate(commit.start)
+            raise StateFileError(f"rollout store {self.path}: the syncer is gone ({exc})") from None
+
+    def _on_reply(self) -> None:
+        """The syncer's answer is readable (on the committing loop)."""
+        assert self._syncer is not None and self._syncer.stdout is not None
+        fd = self._syncer.stdout.fileno()
+        if not self._read_reply(fd):
             return
-        for item, seq in zip(waiting, seqs, strict=True):
-            item.done.set_result(seq)
+        asyncio.get_running_loop().remove_reader(fd)
+        with self._pending_lock:
+            self._finish()
+            if self._pending:
+                commit = self._begin()
+                if commit is not None:
+                    asyncio.get_running_loop().add_reader(fd, self._on_reply)
+
+    def _read_reply(self, fd: int) -> bool:
+        """Read what the syncer has sent; True once the whole answer (or its end) is in."""
+        commit = self._in_flight
+        assert commit is not None
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            return False
+        commit.reply += chunk if chunk else b"\n"  # end of file: the syncer died mid-commit
+        return commit.reply.endswith(b"\n")
+
+    def _finish(self) -> None:
+        """Answer the commit in flight (pending lock held)."""
+        commit, self._in_flight = self._in_flight, None
+        assert commit is not None
+        try:
+            reply = json.loads(commit.reply or b"{}")
+        except ValueError:
+            reply = {}
+        if "ignored" not in reply:
+            reply = self._after_syncer_failure(commit, reply.get("error", "the syncer exited"))
+            if reply is None:
+                return
+        ignored = set(reply["ignored"])
+        self.commits += 1
+        seqs = [commit.first_seq + i for i in range(len(commit.items))]
+        with self._lock:
+            self._live[commit.segment] += len(seqs) - len(ignored)
+        for item, seq in zip(commit.items, seqs, strict=True):
+            item.done.set_result(None if seq in ignored else seq)
+
+    def _after_syncer_failure(self, commit: _Commit, error: str) -> dict[str, Any] | None:
+        """The syncer failed or died: if it indexed the commit before dying, the commit stands;
+        otherwise the records come off the log and every caller hears of the failure."""
+        last = commit.first_seq + len(commit.items) - 1
+        with self._lock:
+            stored = {int(r[0]) for r in self._db.execute(
+                "SELECT seq FROM groups WHERE seq BETWEEN ? AND ?", (commit.first_seq, last))}
+        if stored and "exited" in error:
+            return {"ignored": [s for s in range(commit.first_seq, last + 1) if s not in stored]}
+        if self.log.current == commit.segment:
+            self.log.truncate(commit.start)
+        self._fail(commit.items, error)
+        return None
+
+    def _fail(self, items: list[_PendingInsert], error: str) -> None:
+        for item in items:
+            item.done.set_exception(StateFileError(f"rollout store {self.path}: commit failed: {error}"))
+
+    def _drain_blocking(self) -> None:
+        """At close: finish the commit in flight and commit what waits, without an event loop."""
+        with self._pending_lock:
+            while self._in_flight is not None or self._pending:
+                if self._in_flight is None and self._begin() is None:
+                    continue
+                assert self._syncer is not None and self._syncer.stdout is not None
+                fd = self._syncer.stdout.fileno()
+                while not self._read_reply(fd):
+                    select.select([fd], [], [])
+                self._finish()
 
     def hand_out(self, batch_id: str, group_ids: list[str], now_s: float) -> list[bytes]:
         """Record a batch and return its payloads (in the given order), in one transaction."""
@@ -154,17 +356,24 @@ class RolloutStore:
                 self._db.execute("INSERT INTO batches (id, created_s) VALUES (?, ?)", (batch_id, now_s))
                 self._db.executemany("UPDATE groups SET state='handed', batch_id=? WHERE id=?",
                                      [(batch_id, g) for g in group_ids])
-                rows = dict(self._db.execute(
-                    f"SELECT id, payload FROM groups WHERE id IN ({','.join('?' * len(group_ids))})", group_ids))
+                rows = {r[0]: r[1:] for r in self._db.execute(
+                    f"SELECT id, segment, body_offset, nbytes, payload FROM groups "
+                    f"WHERE id IN ({','.join('?' * len(group_ids))})", group_ids)}
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
-        return [rows[g] for g in group_ids]
+        return [self._body(*rows[g]) for g in group_ids]
+
+    def _body(self, segment: int | None, offset: int | None, nbytes: int, payload: bytes) -> bytes:
+        """A group's body: from the log, or (a store from before the log) from its row."""
+        return payload if segment is None or offset is None else self.log.read(segment, offset, nbytes)
 
     def batch_payloads(self, batch_id: str) -> list[tuple[str, bytes]]:
         with self._lock:
-            return list(self._db.execute("SELECT id, payload FROM groups WHERE batch_id=? ORDER BY seq", (batch_id,)))
+            rows = list(self._db.execute("SELECT id, segment, body_offset, nbytes, payload FROM groups "
+                                         "WHERE batch_id=? ORDER BY seq", (batch_id,)))
+        return [(r[0], self._body(*r[1:])) for r in rows]
 
     def ack(self, batch_id: str) -> bool | None:
         """Mark a batch delivered. None: unknown batch; False: it was already acknowledged."""
@@ -176,13 +385,31 @@ class RolloutStore:
                 return False
             self._db.execute("BEGIN IMMEDIATE")
             self._db.execute("UPDATE batches SET acked=1 WHERE id=?", (batch_id,))
+            freed = list(self._db.execute("SELECT segment, COUNT(*) FROM groups WHERE batch_id=? "
+                                          "AND segment IS NOT NULL GROUP BY segment", (batch_id,)))
             self._db.execute("UPDATE groups SET state='delivered', payload=X'' WHERE batch_id=?", (batch_id,))
             self._db.execute("COMMIT")
+            self._release(freed)
             return True
 
     def drop(self, group_ids: Iterable[str]) -> None:
+        ids = list(group_ids)
         with self._lock:
-            self._db.executemany("UPDATE groups SET state='dropped', payload=X'' WHERE id=?", [(g,) for g in group_ids])
+            self._db.execute("BEGIN IMMEDIATE")
+            freed = list(self._db.execute(
+                f"SELECT segment, COUNT(*) FROM groups WHERE id IN ({','.join('?' * len(ids))}) "
+                f"AND state IN {LIVE_STATES} AND segment IS NOT NULL GROUP BY segment", ids))
+            self._db.executemany("UPDATE groups SET state='dropped', payload=X'' WHERE id=?", [(g,) for g in ids])
+            self._db.execute("COMMIT")
+            self._release(freed)
+
+    def _release(self, freed: list[tuple[int, int]]) -> None:
+        """Groups left the live states (lock held): delete segments nobody needs any more."""
+        for segment, n in freed:
+            self._live[segment] -= n
+            if self._live[segment] <= 0:
+                del self._live[segment]
+                self.log.delete(segment)
 
     def queued(self) -> list[StoredGroup]:
         """Groups waiting, in arrival order (for a restart)."""

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -237,9 +240,14 @@ def test_group_commit_concurrent_submits_are_all_durable_and_answered_once(tmp_p
         answers = list(pool.map(lambda g: submit(q, g), ids))
     assert answers.count(True) == 200 and answers.count(False) == 2  # each group accepted exactly once
     commits_before = q.store.commits
-    with q.store._lock:  # the writer is busy: these 50 pile up behind it, none answered yet
+    assert q.store._syncer is not None
+    os.kill(q.store._syncer.pid, signal.SIGSTOP)  # the disk hangs: these 50 pile up, none answered yet
+    try:
         futures = [q.submit_later(f"f{i}", "0001", 4, 0, payload(f"f{i}")) for i in range(50)]
+        time.sleep(0.2)
         assert not any(f.done() for f in futures)
+    finally:
+        os.kill(q.store._syncer.pid, signal.SIGCONT)
     assert all(f.result() is True for f in futures)
     assert q.store.commits - commits_before <= 2  # they shared transactions (and fsyncs)
     q.store.close()  # everything acknowledged is on disk: a new controller finds it all
