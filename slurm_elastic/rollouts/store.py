@@ -307,7 +307,7 @@ class RolloutStore:
         except ValueError:
             reply = {}
         if "ignored" not in reply:
-            reply = self._after_syncer_failure(commit, reply.get("error", "the syncer exited"))
+            reply = self._after_syncer_failure(commit, reply.get("error"))
             if reply is None:
                 return
         ignored = set(reply["ignored"])
@@ -318,18 +318,18 @@ class RolloutStore:
         for item, seq in zip(commit.items, seqs, strict=True):
             item.done.set_result(None if seq in ignored else seq)
 
-    def _after_syncer_failure(self, commit: _Commit, error: str) -> dict[str, Any] | None:
-        """The syncer failed or died: if it indexed the commit before dying, the commit stands;
-        otherwise the records come off the log and every caller hears of the failure."""
+    def _after_syncer_failure(self, commit: _Commit, error: str | None) -> dict[str, Any] | None:
+        """The syncer answered ``error``, or died (None): if it indexed the commit before dying,
+        the commit stands; otherwise the records come off the log and every caller hears of it."""
         last = commit.first_seq + len(commit.items) - 1
         with self._lock:
             stored = {int(r[0]) for r in self._db.execute(
                 "SELECT seq FROM groups WHERE seq BETWEEN ? AND ?", (commit.first_seq, last))}
-        if stored and "exited" in error:
+        if stored and error is None:
             return {"ignored": [s for s in range(commit.first_seq, last + 1) if s not in stored]}
         if self.log.current == commit.segment:
             self.log.truncate(commit.start)
-        self._fail(commit.items, error)
+        self._fail(commit.items, error or "the syncer exited")
         return None
 
     def _fail(self, items: list[_PendingInsert], error: str) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from slurm_elastic.errors import StateFileError
-from slurm_elastic.rollouts.segments import HEADER, SegmentLog, encode_record, scan
+from slurm_elastic.rollouts.segments import HEADER, encode_record, scan
 from slurm_elastic.rollouts.store import RolloutStore
 
 
@@ -116,14 +116,21 @@ def test_segments_roll_over_and_go_once_delivered(tmp_path: Path) -> None:
     reopened.close()
 
 
-def test_index_rows_lost_with_a_power_cut_are_found_again_in_the_log(tmp_path: Path) -> None:
-    store = RolloutStore(tmp_path / "q.sqlite", segment_bytes=4096)
-    for i in range(12):
-        insert(store, f"p{i}", size=1000)
+def filled_with_index_rows_lost(tmp: Path, prefix: str, groups: int, segment_bytes: int, lost: str) -> int:
+    """A closed store of ``groups`` 1 kB groups whose index rows matching ``lost`` (SQL) are gone,
+    as after a power cut; the newest segment's number."""
+    store = RolloutStore(tmp / "q.sqlite", segment_bytes=segment_bytes)
+    for i in range(groups):
+        insert(store, f"{prefix}{i}", size=1000)
+    newest = store.log.current
     store.close()
-    with sqlite3.connect(tmp_path / "q.sqlite") as db:  # the last rows never reached the disk
-        db.execute("DELETE FROM groups WHERE seq > 5")
-    segment = max(SegmentLog(tmp_path / "q.segments").numbers())
+    with sqlite3.connect(tmp / "q.sqlite") as db:
+        db.execute(f"DELETE FROM groups WHERE {lost}")
+    return newest
+
+
+def test_index_rows_lost_with_a_power_cut_are_found_again_in_the_log(tmp_path: Path) -> None:
+    segment = filled_with_index_rows_lost(tmp_path, "p", 12, 4096, "seq > 5")
     with open(tmp_path / "q.segments" / f"{segment:08d}.log", "ab") as f:
         f.write(encode_record({"seq": 99, "id": "torn"}, body("torn"))[:40])  # a commit cut short
     again = RolloutStore(tmp_path / "q.sqlite", segment_bytes=4096)
@@ -134,12 +141,7 @@ def test_index_rows_lost_with_a_power_cut_are_found_again_in_the_log(tmp_path: P
 
 
 def test_damage_in_an_older_segment_is_a_clear_error(tmp_path: Path) -> None:
-    store = RolloutStore(tmp_path / "q.sqlite", segment_bytes=2048)
-    for i in range(6):
-        insert(store, f"d{i}", size=1000)
-    store.close()
-    with sqlite3.connect(tmp_path / "q.sqlite") as db:
-        db.execute("DELETE FROM groups")  # recovery has to read every segment
+    filled_with_index_rows_lost(tmp_path, "d", 6, 2048, "1")  # recovery has to read every segment
     first = tmp_path / "q.segments" / "00000001.log"
     first.write_bytes(first.read_bytes()[:-5])
     with pytest.raises(StateFileError, match=r"00000001\.log is damaged"):
