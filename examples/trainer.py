@@ -49,7 +49,7 @@ def main() -> None:
         policy.save(policy_dir)
         trainer.ack(batch)
         status = trainer.publish_version(policy.version)
-        queue = trainer.client.global_status()
+        queue = trainer.status()  # retried through a controller restart, like the calls above
         history.append((policy.version, time.time() - started, float(scores.mean()),
                         queue["workers_by_state"]["ACTIVE"], queue["queue_size"]))
         print(f"step {policy.version:3d}  reward {scores.mean():.3f}  workers {history[-1][3]}  "

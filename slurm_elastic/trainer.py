@@ -108,5 +108,10 @@ class Trainer:
         result: dict[str, Any] = self._retry(lambda: self.client.set_version(version, recovered))
         return result
 
+    def status(self) -> dict[str, Any]:
+        """The controller's ``/global-status``, waiting through a controller restart like every call here."""
+        result: dict[str, Any] = self._retry(self.client.global_status)
+        return result
+
     def close(self) -> None:
         self.client.close()
