@@ -11,7 +11,6 @@ import asyncio
 import hmac
 import json
 import threading
-from concurrent.futures import Future
 from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, Response, status
@@ -23,37 +22,28 @@ from starlette.types import Receive, Scope, Send
 from slurm_elastic.controller.http import WORKER_ID, bearer_auth
 from slurm_elastic.controller.runtime import Controller
 from slurm_elastic.rollouts.queue import QueueFull, RolloutQueue, UnknownBatchError
-from slurm_elastic.rollouts.wire import check_mask_b64, check_tokens_b64
+from slurm_elastic.rollouts.store import Then
+from slurm_elastic.rollouts.wire import check_mask_values, check_token_ids
 
 ID = r"^[A-Za-z0-9_.:-]{1,128}$"
 T = TypeVar("T")
 
 
+def _compact(what: str, max_bytes: int) -> Any:
+    return Field(None, max_length=max_bytes, description=f"{what}, base64 (standard or URL-safe alphabet, padding optional); what the SDK sends")
+
+
 class Sequence(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """One scored sequence. The compact fields arrive as base64 text and are held decoded;
+    validate with ``model_validate_json`` (as the route does), which decodes them."""
+
+    model_config = ConfigDict(extra="forbid", val_json_bytes="base64", ser_json_bytes="base64")
     tokens: list[Annotated[int, Field(ge=0, lt=2**31)]] | None = Field(None, max_length=1_000_000)
-    tokens_b64: str | None = Field(None, max_length=8_000_000,
-                                   description="token ids as little-endian int32, base64 (what the SDK sends)")
+    tokens_b64: bytes | None = _compact("token ids as little-endian int32", 4_000_000)
     mask: list[Annotated[int, Field(ge=0, le=1)]] | None = Field(None, max_length=1_000_000)
-    mask_b64: str | None = Field(None, max_length=2_000_000,
-                                 description="loss mask as one byte (0 or 1) per token, base64 (what the SDK sends)")
+    mask_b64: bytes | None = _compact("loss mask as one byte (0 or 1) per token", 1_000_000)
     score: float
     logprobs: list[float] | None = Field(None, max_length=1_000_000)
-
-    @model_validator(mode="after")
-    def _consistent(self) -> Sequence:
-        """One check per sequence (each call from the validator core costs): the compact fields
-        are well-formed, exactly one token form, at most one mask form, as many mask values as tokens."""
-        if (self.tokens is None) == (self.tokens_b64 is None):
-            raise ValueError("give exactly one of tokens or tokens_b64")
-        if self.mask is not None and self.mask_b64 is not None:
-            raise ValueError("give at most one of mask or mask_b64")
-        n_tokens = len(self.tokens) if self.tokens is not None else check_tokens_b64(self.tokens_b64 or "")
-        if self.mask is not None or self.mask_b64 is not None:
-            n_mask = len(self.mask) if self.mask is not None else check_mask_b64(self.mask_b64 or "")
-            if n_mask != n_tokens:
-                raise ValueError(f"the mask has {n_mask} values for {n_tokens} tokens")
-        return self
 
 
 class RolloutGroup(BaseModel):
@@ -66,9 +56,43 @@ class RolloutGroup(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
-    def _size_matches(self) -> RolloutGroup:
+    def _consistent(self) -> RolloutGroup:
+        """One check per group (each call from the validator core costs): the group's size,
+        exactly one token form and at most one mask form per sequence, as many mask values as
+        tokens, then the compact fields' values for the whole group at once."""
         if len(self.sequences) != self.group_size:
             raise ValueError(f"group_size is {self.group_size} but {len(self.sequences)} sequences were sent")
+        packed_tokens: list[tuple[int, bytes]] = []
+        packed_masks: list[tuple[int, bytes]] = []
+        for i, seq in enumerate(self.sequences):
+            tokens, tokens_b64, mask, mask_b64 = seq.tokens, seq.tokens_b64, seq.mask, seq.mask_b64
+            if tokens_b64 is not None:
+                if tokens is not None:
+                    raise ValueError(f"sequences[{i}]: give exactly one of tokens or tokens_b64")
+                packed_tokens.append((i, tokens_b64))
+                n_tokens = len(tokens_b64) // 4
+            elif tokens is None:
+                raise ValueError(f"sequences[{i}]: give exactly one of tokens or tokens_b64")
+            else:
+                n_tokens = len(tokens)
+            if mask_b64 is not None:
+                if mask is not None:
+                    raise ValueError(f"sequences[{i}]: give at most one of mask or mask_b64")
+                packed_masks.append((i, mask_b64))
+                n_mask = len(mask_b64)
+            elif mask is None:
+                continue
+            else:
+                n_mask = len(mask)
+            if n_mask != n_tokens:
+                raise ValueError(f"sequences[{i}]: the mask has {n_mask} values for {n_tokens} tokens")
+        bad = check_token_ids([raw for _i, raw in packed_tokens])
+        if bad is not None:
+            raise ValueError(f"sequences[{packed_tokens[bad][0]}].tokens_b64 is not whole non-negative int32 "
+                             "token ids")
+        bad = check_mask_values([raw for _i, raw in packed_masks])
+        if bad is not None:
+            raise ValueError(f"sequences[{packed_masks[bad][0]}].mask_b64 holds a byte other than 0 or 1")
         return self
 
 
@@ -158,39 +182,34 @@ class SubmitEndpoint:
         except ValidationError as exc:
             return _error(422, [{"loc": ["body", *e["loc"]], "msg": e["msg"], "type": e["type"]}
                                 for e in exc.errors(include_url=False, include_context=False, include_input=False)])
+        waiter: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         try:
-            committed = self.queue.submit_later(group.id, group.worker_id, group.group_size, group.policy_version,
-                                                bytes(body))
+            self.queue.submit_then(group.id, group.worker_id, group.group_size, group.policy_version, bytes(body),
+                                   _resolver(waiter))
         except QueueFull as exc:
             return _error(status.HTTP_429_TOO_MANY_REQUESTS, str(exc),
                           [(b"retry-after", str(max(1, round(exc.retry_after_s))).encode())])
-        stored = await _on_this_loop(committed)  # answered once its group commit is durable
+        stored = await waiter  # answered once its group commit is durable
         return 200, b'{"accepted":true}' if stored else b'{"accepted":false}', JSON
 
 
-def _on_this_loop(future: Future[T]) -> asyncio.Future[T]:
-    """``asyncio.wrap_future`` without a loop wake-up per request when the future resolves on
-    the loop's own thread (the store's group commits do, on the loop that serves the submits)."""
-    loop = asyncio.get_running_loop()
-    waiter: asyncio.Future[T] = loop.create_future()
+def _resolver(waiter: asyncio.Future[T]) -> Then[T]:
+    """A :data:`Then` that settles ``waiter`` on its loop, without a cross-thread wake-up when
+    called on the loop's own thread (the store's group commits are, on the loop that serves
+    the submits)."""
+    loop = waiter.get_loop()
     loop_thread = threading.get_ident()
 
-    def copy(done: Future[T]) -> None:
-        if waiter.cancelled():
+    def resolve(result: T, error: BaseException | None) -> None:
+        if threading.get_ident() != loop_thread:
+            loop.call_soon_threadsafe(resolve, result, error)
+        elif waiter.cancelled():
             return
-        error = done.exception()
-        if error is not None:
+        elif error is not None:
             waiter.set_exception(error)
         else:
-            waiter.set_result(done.result())
-
-    def resolved(done: Future[T]) -> None:
-        if threading.get_ident() == loop_thread:
-            copy(done)
-        else:
-            loop.call_soon_threadsafe(copy, done)
-    future.add_done_callback(resolved)
-    return waiter
+            waiter.set_result(result)
+    return resolve
 
 
 class ControllerApp(FastAPI):

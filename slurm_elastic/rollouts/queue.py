@@ -21,7 +21,7 @@ from typing import Any
 from slurm_elastic.core.rates import WindowRate
 from slurm_elastic.core.staleness import AdmissionGrants, StalenessManager
 from slurm_elastic.errors import SlurmElasticError
-from slurm_elastic.rollouts.store import RolloutStore, StoredGroup
+from slurm_elastic.rollouts.store import RolloutStore, StoredGroup, Then, settle
 
 RATE_WINDOW_S = 60.0
 
@@ -129,14 +129,22 @@ class RolloutQueue:
 
     def submit_later(self, group_id: str, worker_id: str, n_seqs: int, version: int,
                      payload: bytes) -> Future[bool]:
-        """Like :meth:`submit`, for an event loop: the future resolves once the group is durable
-        (``await asyncio.wrap_future(...)``). QueueFull is raised at once."""
+        """Like :meth:`submit`, without waiting: the future resolves once the group is durable.
+        QueueFull is raised at once."""
+        accepted: Future[bool] = Future()
+        self.submit_then(group_id, worker_id, n_seqs, version, payload, settle(accepted))
+        return accepted
+
+    def submit_then(self, group_id: str, worker_id: str, n_seqs: int, version: int, payload: bytes,
+                    then: Then[bool]) -> None:
+        """Like :meth:`submit`, for an event loop: ``then`` hears whether the group was stored
+        (False: a retry of one accepted already) once it is durable, on the store's committing
+        loop. QueueFull is raised at once."""
         cfg = self.config
         with self._lock:
             if group_id in self._ids:
-                already: Future[bool] = Future()
-                already.set_result(False)  # a retry of a queued group (the store catches older ones)
-                return already
+                then(False, None)  # a retry of a queued group (the store catches older ones)
+                return
             queued_seqs = self._queued_seqs + self._committing_seqs
             queued_bytes = self._queued_bytes + self._committing_bytes
             if queued_seqs + n_seqs > cfg.capacity_seqs or queued_bytes + len(payload) > cfg.capacity_bytes:
@@ -145,34 +153,26 @@ class RolloutQueue:
                                 f"{queued_bytes}/{cfg.capacity_bytes} bytes)", self._retry_after_s())
             self._committing_seqs += n_seqs  # held against the bound until the commit (no overshoot)
             self._committing_bytes += len(payload)
-        accepted: Future[bool] = Future()
 
-        def committed(stored: Future[int | None]) -> None:
-            error = stored.exception()
+        def committed(seq: int | None, error: BaseException | None) -> None:
             with self._lock:
                 self._committing_seqs -= n_seqs
                 self._committing_bytes -= len(payload)
-                seq = None if error else stored.result()
                 if seq is not None:
                     self._append(StoredGroup(seq, group_id, worker_id, n_seqs, version, len(payload)))
                     self.in_use = True
                     self.staleness.on_accepted(n_seqs)
                     self._grants.use(n_seqs)
                     self._accepts.add(self.clock(), n_seqs)
-            if error is not None:
-                accepted.set_exception(error)
-            else:
-                accepted.set_result(seq is not None)
+            then(seq is not None, error)
 
         try:
-            stored = self.store.insert_later(group_id, worker_id, n_seqs, version, payload)
+            self.store.insert_then(group_id, worker_id, n_seqs, version, payload, committed)
         except BaseException:
             with self._lock:
                 self._committing_seqs -= n_seqs
                 self._committing_bytes -= len(payload)
             raise
-        stored.add_done_callback(committed)  # runs on the store's writer thread, in commit order
-        return accepted
 
     def _retry_after_s(self) -> float:
         rate = self._pulls.rate(self.clock())
