@@ -7,7 +7,6 @@ queue big enough for the benchmark's backlog. Runs until SIGTERM.
 from __future__ import annotations
 
 import argparse
-import gc
 import signal
 import sys
 import tempfile
@@ -16,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from slurm_elastic.controller.app import create_controller_app
+from slurm_elastic.controller.app import create_controller_app, settle_heap
 from slurm_elastic.controller.config import parse_config
 from slurm_elastic.controller.runtime import Controller
 from slurm_elastic.controller.serve import ApiServer
@@ -40,7 +39,7 @@ def main() -> None:
     server = ApiServer(create_controller_app(controller, "bench-token", queue), "127.0.0.1", args.port)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    gc.freeze()  # as run_controller does
+    settle_heap()  # as run_controller does
     server.start()
     stop.wait()
     server.stop()

@@ -70,6 +70,18 @@ def open_queue(config: ElasticConfig, state_dir: Path) -> RolloutQueue:
     return RolloutQueue(RolloutStore(state_dir / "rollouts.sqlite", fsync=qcfg.fsync), qcfg)
 
 
+YOUNG_GC_THRESHOLD = 50_000  # container allocations between young collections (Python's default: 700)
+
+
+def settle_heap() -> None:
+    """After start-up: what was built lives as long as the process, so it is frozen out of every
+    collection; and young collections run far less often (a submit allocates a few hundred
+    short-lived objects, which reference counting frees; collecting every 700 took ~7% of the
+    API thread under load)."""
+    gc.freeze()
+    gc.set_threshold(YOUNG_GC_THRESHOLD, *gc.get_threshold()[1:])
+
+
 def run_controller(config: ElasticConfig, stop: threading.Event) -> None:
     """Run until ``stop`` is set (SIGTERM/SIGINT set it). Worker steps keep running afterwards."""
     job_id = job_id_from_env()
@@ -82,7 +94,7 @@ def run_controller(config: ElasticConfig, stop: threading.Event) -> None:
     host = config.controller.listen_host or default_listen_host()
     server = ApiServer(create_controller_app(ctl, token, queue), host,
                        config.controller.listen_port or previous_port(state_dir, host))
-    gc.freeze()  # what startup built lives as long as the process: keep it out of every collection
+    settle_heap()
     server.start()
     ctl.controller_url = server.url
     publish(state_dir, server.url, job_id)

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 import threading
 import time
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 log = logging.getLogger(__name__)
 
@@ -21,6 +24,49 @@ def default_listen_host() -> str:
         return "127.0.0.1"
 
 
+class _HeadWithBody:
+    """A transport that holds a response head back until the next write (its body) and sends
+    both in one ``writev``; a head with no body follows it at the end of the loop turn. uvicorn
+    writes a response's head and its body separately: two sends, two TCP segments and two
+    wake-ups of the client for a 17-byte answer. Everything else is the wrapped transport's."""
+
+    __slots__ = ("_head", "_loop", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._head: bytes | None = None
+
+    def write(self, data: bytes) -> None:
+        head, self._head = self._head, None
+        if head is not None:
+            self._transport.writelines([head, data])
+        elif data.endswith(b"\r\n\r\n"):  # a head (or a body that ends like one: one turn later)
+            self._head = data
+            self._loop.call_soon(self._flush)
+        else:
+            self._transport.write(data)
+
+    def _flush(self) -> None:
+        head, self._head = self._head, None
+        if head is not None and not self._transport.is_closing():
+            self._transport.write(head)
+
+    def close(self) -> None:
+        self._flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+class HttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol, sending a response's head and body in one go (:class:`_HeadWithBody`)."""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(_HeadWithBody(transport, self.loop))  # type: ignore[arg-type]
+
+
 class ApiServer:
     """uvicorn serving ``app`` on ``host:port`` (0 = any free port) in a daemon thread."""
 
@@ -30,7 +76,7 @@ class ApiServer:
         self.sock.bind((host, port))
         self.host, self.port = host, int(self.sock.getsockname()[1])
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
-                                timeout_graceful_shutdown=2,
+                                timeout_graceful_shutdown=2, http=HttpProtocol,
                                 proxy_headers=False)  # clients reach the controller directly, never via a proxy
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},

@@ -1,0 +1,84 @@
+"""The controller's uvicorn server: a response's head and body leave in one send, a head
+without a body still leaves, and keep-alive connections go on working."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+from fastapi import FastAPI, Response
+
+from slurm_elastic.controller.serve import ApiServer, HttpProtocol, _HeadWithBody
+
+
+class RecordingTransport:
+    def __init__(self) -> None:
+        self.sends: list[bytes] = []
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.sends.append(data)
+
+    def writelines(self, parts: list[bytes]) -> None:
+        self.sends.append(b"".join(parts))
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    def get_extra_info(self, name: str) -> str:
+        return f"extra {name}"
+
+
+def test_a_head_waits_for_its_body_and_a_lone_head_leaves_at_the_end_of_the_turn() -> None:
+    async def scenario() -> list[bytes]:
+        transport = RecordingTransport()
+        wrapped = _HeadWithBody(transport, asyncio.get_running_loop())  # type: ignore[arg-type]
+        wrapped.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n")
+        assert transport.sends == []
+        wrapped.write(b"{}")
+        assert transport.sends == [b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}"]  # one send
+        wrapped.write(b"HTTP/1.1 204 No Content\r\n\r\n")
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert transport.sends[-1] == b"HTTP/1.1 204 No Content\r\n\r\n"
+        wrapped.write(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+        wrapped.close()  # nothing held back is lost at close
+        assert transport.sends[-1] == b"HTTP/1.1 400 Bad Request\r\n\r\n" and transport.closed
+        assert wrapped.get_extra_info("peername") == "extra peername"  # the rest is the transport's
+        return transport.sends
+
+    assert len(asyncio.run(scenario())) == 3
+
+
+def test_the_server_serves_through_it_and_keep_alive_connections_go_on() -> None:
+    app = FastAPI()
+
+    @app.get("/small")
+    def small() -> Response:
+        return Response(b'{"ok":true}', media_type="application/json")
+
+    @app.get("/empty")
+    def empty() -> Response:
+        return Response(status_code=204)
+
+    server = ApiServer(app, "127.0.0.1")
+    assert server.server.config.http is HttpProtocol
+    server.start()
+    try:
+        with socket.create_connection((server.host, server.port), timeout=10) as conn:
+            for _ in range(3):
+                conn.sendall(b"GET /small HTTP/1.1\r\nhost: x\r\n\r\n")
+                answer = b""
+                while not answer.endswith(b"}"):
+                    answer += conn.recv(65536)
+                assert answer.startswith(b"HTTP/1.1 200 OK\r\n") and answer.endswith(b'\r\n\r\n{"ok":true}')
+                conn.sendall(b"GET /empty HTTP/1.1\r\nhost: x\r\n\r\n")
+                answer = b""
+                while not answer.endswith(b"\r\n\r\n"):
+                    answer += conn.recv(65536)
+                assert answer.startswith(b"HTTP/1.1 204 No Content\r\n") and answer.endswith(b"\r\n\r\n")
+    finally:
+        server.stop()
