@@ -167,16 +167,20 @@ class SubmitEndpoint:
             return _error(403, "wrong token for this job")
         if content_length.isdigit() and int(content_length) > self.limit:
             return self._too_big()
-        body = bytearray()
+        chunks: list[bytes] = []
+        received = 0
         while True:
             message = await receive()
             if message["type"] != "http.request":
                 return _error(400, "client went away")
-            body += message.get("body", b"")
-            if len(body) > self.limit:
+            chunk = message.get("body", b"")
+            chunks.append(chunk)
+            received += len(chunk)
+            if received > self.limit:
                 return self._too_big()
             if not message.get("more_body"):
                 break
+        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)  # one chunk: stored uncopied
         try:
             group = RolloutGroup.model_validate_json(body)
         except ValidationError as exc:
@@ -184,7 +188,7 @@ class SubmitEndpoint:
                                 for e in exc.errors(include_url=False, include_context=False, include_input=False)])
         waiter: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         try:
-            self.queue.submit_then(group.id, group.worker_id, group.group_size, group.policy_version, bytes(body),
+            self.queue.submit_then(group.id, group.worker_id, group.group_size, group.policy_version, body,
                                    _resolver(waiter))
         except QueueFull as exc:
             return _error(status.HTTP_429_TOO_MANY_REQUESTS, str(exc),

@@ -35,9 +35,21 @@ def segment_name(number: int) -> str:
     return f"{number:08d}.log"
 
 
-def record_prefix(head: dict[str, Any], body: bytes) -> bytes:
+def json_str(text: str) -> bytes:
+    """``text`` as a JSON string."""
+    return json.dumps(text).encode()
+
+
+def group_head(seq: int, group_id_json: bytes, worker_id_json: bytes, n_seqs: int, version: int) -> bytes:
+    """A group record's head (ids given as :func:`json_str`): the JSON ``json.dumps(...,
+    separators=(",", ":"))`` would write, at a fraction of its cost (it is built per submit)."""
+    return (b'{"seq":%d,"id":%s,"worker_id":%s,"n_seqs":%d,"version":%d}'
+            % (seq, group_id_json, worker_id_json, n_seqs, version))
+
+
+def record_prefix(head: dict[str, Any] | bytes, body: bytes) -> bytes:
     """A record without its body: header and head (the body is written as it came, uncopied)."""
-    head_bytes = json.dumps(head, separators=(",", ":")).encode()
+    head_bytes = head if isinstance(head, bytes) else json.dumps(head, separators=(",", ":")).encode()
     crc = zlib.crc32(body, zlib.crc32(head_bytes))
     return HEADER.pack(MAGIC, crc, len(head_bytes), len(body)) + head_bytes
 

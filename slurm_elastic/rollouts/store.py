@@ -33,7 +33,13 @@ from typing import Any, NamedTuple, TypeVar
 
 from slurm_elastic.errors import StateFileError
 from slurm_elastic.rollouts import syncer
-from slurm_elastic.rollouts.segments import SEGMENT_BYTES, SegmentLog, record_prefix
+from slurm_elastic.rollouts.segments import (
+    SEGMENT_BYTES,
+    SegmentLog,
+    group_head,
+    json_str,
+    record_prefix,
+)
 
 SYNCHRONOUS = {"always": "FULL", "os": "NORMAL", "off": "OFF"}
 SCHEMA = """
@@ -255,28 +261,29 @@ class RolloutStore:
             return None
         first_seq = self._next_seq
         self._next_seq += len(items)
+        ids = [(json_str(it.group_id), json_str(it.worker_id)) for it in items]
         parts: list[bytes] = []
         for i, it in enumerate(items):
-            parts.append(record_prefix({"seq": first_seq + i, "id": it.group_id, "worker_id": it.worker_id,
-                                        "n_seqs": it.n_seqs, "version": it.version}, it.payload))
+            parts.append(record_prefix(group_head(first_seq + i, *ids[i], it.n_seqs, it.version), it.payload))
             parts.append(it.payload)
         try:
             segment, start = self.log.append(parts)
             rows, offset = [], start
             for i, it in enumerate(items):
                 offset += len(parts[2 * i])  # the body starts after its record's prefix
-                rows.append([first_seq + i, it.group_id, it.worker_id, it.n_seqs, it.version, len(it.payload),
-                             offset])
+                rows.append(b"[%d,%s,%s,%d,%d,%d,%d]" % (first_seq + i, *ids[i], it.n_seqs, it.version,
+                                                          len(it.payload), offset))
                 offset += len(it.payload)
             commit = _Commit(items, first_seq, segment, start, bytearray())
-            self._send({"segment": segment, "rows": rows}, commit)
+            self._send(b'{"segment":%d,"rows":[%s]}\n' % (segment, b",".join(rows)), commit)
         except StateFileError as exc:
             self._fail(items, str(exc))
             return None
         self._in_flight = commit
         return commit
 
-    def _send(self, message: dict[str, Any], commit: _Commit) -> None:
+    def _send(self, line: bytes, commit: _Commit) -> None:
+        """One line to the syncer (see :mod:`syncer`), started first if it is not running."""
         if self._syncer is None or self._syncer.poll() is not None:
             self._syncer = subprocess.Popen(
                 [sys.executable, "-I", syncer.__file__, str(self.path), str(self.log.directory), self.fsync],
@@ -285,7 +292,7 @@ class RolloutStore:
             os.set_blocking(self._syncer.stdout.fileno(), False)
         assert self._syncer.stdin is not None
         try:
-            self._syncer.stdin.write(json.dumps(message, separators=(",", ":")).encode() + b"\n")
+            self._syncer.stdin.write(line)
             self._syncer.stdin.flush()
         except OSError as exc:
             self.log.truncate(commit.start)

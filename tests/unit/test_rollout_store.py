@@ -13,9 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from slurm_elastic.errors import StateFileError
-from slurm_elastic.rollouts.segments import HEADER, encode_record, scan
+from slurm_elastic.rollouts.segments import HEADER, encode_record, group_head, json_str, scan
 from slurm_elastic.rollouts.store import RolloutStore
 
 
@@ -53,6 +55,14 @@ def test_records_round_trip_and_a_torn_tail_ends_the_scan(tmp_path: Path) -> Non
     path.write_bytes(bytes(flipped))
     assert [r.head["id"] for r in scan(path)[0]] == ["g0"]
     assert HEADER.size == 16
+
+
+@given(st.integers(0, 2**62), st.text(max_size=20), st.text(max_size=20), st.integers(0, 4096), st.integers(0, 2**40))
+def test_a_group_head_is_the_json_of_its_fields(seq: int, group_id: str, worker_id: str, n_seqs: int,
+                                                version: int) -> None:
+    head = group_head(seq, json_str(group_id), json_str(worker_id), n_seqs, version)
+    assert head == json.dumps({"seq": seq, "id": group_id, "worker_id": worker_id, "n_seqs": n_seqs,
+                               "version": version}, separators=(",", ":")).encode()
 
 
 def test_concurrent_submits_share_commits_while_the_disk_is_slow(tmp_path: Path) -> None:
