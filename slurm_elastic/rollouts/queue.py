@@ -142,17 +142,19 @@ class RolloutQueue:
         loop. QueueFull is raised at once."""
         cfg = self.config
         with self._lock:
-            if group_id in self._ids:
-                then(False, None)  # a retry of a queued group (the store catches older ones)
-                return
-            queued_seqs = self._queued_seqs + self._committing_seqs
-            queued_bytes = self._queued_bytes + self._committing_bytes
-            if queued_seqs + n_seqs > cfg.capacity_seqs or queued_bytes + len(payload) > cfg.capacity_bytes:
-                self.refused_submits += 1
-                raise QueueFull(f"rollout buffer full ({queued_seqs}/{cfg.capacity_seqs} sequences, "
-                                f"{queued_bytes}/{cfg.capacity_bytes} bytes)", self._retry_after_s())
-            self._committing_seqs += n_seqs  # held against the bound until the commit (no overshoot)
-            self._committing_bytes += len(payload)
+            retry = group_id in self._ids  # a retry of a queued group (the store catches older ones)
+            if not retry:
+                queued_seqs = self._queued_seqs + self._committing_seqs
+                queued_bytes = self._queued_bytes + self._committing_bytes
+                if queued_seqs + n_seqs > cfg.capacity_seqs or queued_bytes + len(payload) > cfg.capacity_bytes:
+                    self.refused_submits += 1
+                    raise QueueFull(f"rollout buffer full ({queued_seqs}/{cfg.capacity_seqs} sequences, "
+                                    f"{queued_bytes}/{cfg.capacity_bytes} bytes)", self._retry_after_s())
+                self._committing_seqs += n_seqs  # held against the bound until the commit (no overshoot)
+                self._committing_bytes += len(payload)
+        if retry:
+            then(False, None)  # outside the lock: ``then`` may call back into the queue
+            return
 
         def committed(seq: int | None, error: BaseException | None) -> None:
             with self._lock:
