@@ -30,7 +30,9 @@ T = TypeVar("T")
 
 
 def _compact(what: str, max_bytes: int) -> Any:
-    return Field(None, max_length=max_bytes, description=f"{what}, base64 (standard or URL-safe alphabet, padding optional); what the SDK sends")
+    """A compact field: ``max_bytes`` decoded."""
+    return Field(None, max_length=max_bytes,
+                 description=f"{what}, base64 (standard or URL-safe alphabet, padding optional); what the SDK sends")
 
 
 class Sequence(BaseModel):
