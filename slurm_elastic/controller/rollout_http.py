@@ -22,7 +22,7 @@ from starlette.types import Receive, Scope, Send
 from slurm_elastic.controller.http import WORKER_ID, bearer_auth
 from slurm_elastic.controller.runtime import Controller
 from slurm_elastic.rollouts.queue import QueueFull, RolloutQueue, UnknownBatchError
-from slurm_elastic.rollouts.store import Then
+from slurm_elastic.rollouts.store import Then, settle
 from slurm_elastic.rollouts.wire import check_mask_values, check_token_ids
 
 ID = r"^[A-Za-z0-9_.:-]{1,128}$"
@@ -205,16 +205,13 @@ def _resolver(waiter: asyncio.Future[T]) -> Then[T]:
     the submits)."""
     loop = waiter.get_loop()
     loop_thread = threading.get_ident()
+    settle_waiter = settle(waiter)
 
     def resolve(result: T, error: BaseException | None) -> None:
         if threading.get_ident() != loop_thread:
             loop.call_soon_threadsafe(resolve, result, error)
-        elif waiter.cancelled():
-            return
-        elif error is not None:
-            waiter.set_exception(error)
-        else:
-            waiter.set_result(result)
+        elif not waiter.cancelled():
+            settle_waiter(result, error)
     return resolve
 
 

@@ -72,8 +72,8 @@ Then = Callable[[T, BaseException | None], None]
 placeholder). Lighter than a Future on the hot path: no lock, no condition."""
 
 
-def settle(future: Future[T]) -> Then[T]:
-    """A :data:`Then` that settles ``future``."""
+def settle(future: Future[T] | asyncio.Future[T]) -> Then[T]:
+    """A :data:`Then` that settles ``future`` (on the calling thread)."""
     def then(result: T, error: BaseException | None) -> None:
         if error is not None:
             future.set_exception(error)
