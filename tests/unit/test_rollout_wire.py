@@ -86,7 +86,6 @@ def test_either_alphabet_with_or_without_padding_is_accepted_and_decodes_the_sam
 @given(st.binary(min_size=1, max_size=64))
 def test_malformed_base64_is_refused(raw: bytes) -> None:
     text = base64.b64encode(raw).decode()
-    for broken in ("!" + text[1:], text + "*", "A" + text if len(text.rstrip("=")) % 4 == 1 else text + "A=A",
-                   text[:2] + " " + text[2:]):
+    for broken in ("!" + text[1:], text + "*", text + "A=A", text[:2] + " " + text[2:]):
         with pytest.raises(ValidationError, match="tokens_b64"):
             validate(group(tokens_b64=broken))
