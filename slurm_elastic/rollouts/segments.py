@@ -5,8 +5,11 @@ group's body exactly as the worker sent it::
 
     magic b"SER1" | crc32(head + body) u32 | head length u32 | body length u32 | head | body
 
-The controller appends a commit's records with one write; the syncer process makes them
-durable (fdatasync) before anyone is answered. Segments roll over at ``segment_bytes`` and are
+The controller lays a commit's records out in a staging buffer shared with the syncer process
+(:class:`StagingBuffer`), leaving each checksum blank; the syncer fills the checksums in, writes
+the records to the segment with one write and makes them durable (fdatasync) before anyone is
+answered. The event loop copies bytes in memory; the write, the checksums and the disk are
+the other core's work. Segments roll over at ``segment_bytes`` and are
 deleted once no group in them is waiting or handed out. After a crash the records past what
 the database knows are read back (:func:`scan`); a torn record can only be the last segment's
 tail, from a commit nobody was answered for, and is cut off.
@@ -15,6 +18,7 @@ tail, from a commit nobody was answered for, and is cut off.
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import struct
 import zlib
@@ -27,8 +31,8 @@ from slurm_elastic.errors import StateFileError
 
 MAGIC = b"SER1"
 HEADER = struct.Struct("<4sIII")
+CRC = struct.Struct("<I")  # at byte 4 of the header; covers head and body
 SEGMENT_BYTES = 64 * 1024 * 1024
-IOV_MAX = 1024  # buffers per writev
 
 
 def segment_name(number: int) -> str:
@@ -56,6 +60,68 @@ def record_prefix(head: dict[str, Any] | bytes, body: bytes) -> bytes:
 
 def encode_record(head: dict[str, Any], body: bytes) -> bytes:
     return record_prefix(head, body) + body
+
+
+def seal_records(buffer: mmap.mmap | bytearray, nbytes: int) -> None:
+    """Fill in the checksums of the records laid out in ``buffer[:nbytes]``."""
+    view = memoryview(buffer)
+    try:
+        pos = 0
+        while pos < nbytes:
+            magic, _crc, head_len, body_len = HEADER.unpack_from(buffer, pos)
+            end = pos + HEADER.size + head_len + body_len
+            if magic != MAGIC or end > nbytes:
+                raise ValueError(f"no whole record at byte {pos} of the staging buffer")
+            CRC.pack_into(buffer, pos + 4, zlib.crc32(view[pos + HEADER.size:end]))
+            pos = end
+    finally:
+        view.release()
+
+
+class StagingBuffer:
+    """Memory shared with the syncer process (a memfd it inherits) where a commit's records are
+    laid out: a copy in memory instead of a write to the file on the event loop. Grows to fit
+    the biggest commit; pages once touched stay mapped in both processes."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.fd = os.memfd_create("slurm-elastic-commit", os.MFD_CLOEXEC)
+        self.nbytes = 0
+        self.map: mmap.mmap | None = None
+        self.reserve(nbytes)
+
+    def reserve(self, nbytes: int) -> mmap.mmap:
+        """The buffer, at least ``nbytes`` long (grown in powers of two)."""
+        if nbytes > self.nbytes:
+            size = max(1 << max(0, nbytes - 1).bit_length(), mmap.PAGESIZE)
+            os.ftruncate(self.fd, size)
+            if self.map is not None:
+                self.map.close()
+            self.map, self.nbytes = mmap.mmap(self.fd, size), size
+        assert self.map is not None
+        return self.map
+
+    def stage(self, heads: list[bytes], bodies: list[bytes]) -> tuple[int, list[int]]:
+        """Lay the records (checksums blank) out from the buffer's start: their size in bytes
+        and where each body starts."""
+        nbytes = sum(map(len, heads)) + sum(map(len, bodies)) + HEADER.size * len(heads)
+        buffer = self.reserve(nbytes)
+        offsets = []
+        pos = 0
+        pack_header = HEADER.pack_into
+        for head, body in zip(heads, bodies, strict=True):
+            pack_header(buffer, pos, MAGIC, 0, len(head), len(body))
+            pos += HEADER.size
+            buffer[pos:pos + len(head)] = head
+            pos += len(head)
+            buffer[pos:pos + len(body)] = body
+            offsets.append(pos)
+            pos += len(body)
+        return nbytes, offsets
+
+    def close(self) -> None:
+        if self.map is not None:
+            self.map.close()
+        os.close(self.fd)
 
 
 @dataclass(frozen=True)
@@ -92,8 +158,8 @@ def scan(path: Path, start: int = 0) -> tuple[list[ScannedRecord], int]:
 
 
 class SegmentLog:
-    """Appends commits to the newest segment (one writer: the controller), reads bodies back by
-    position, deletes segments nobody needs. Thread-safe for reads; appends come from one place."""
+    """Places commits in the newest segment (the syncer writes them there), reads bodies back by
+    position, deletes segments nobody needs. Thread-safe for reads; places come from one place."""
 
     def __init__(self, directory: Path, segment_bytes: int = SEGMENT_BYTES) -> None:
         self.directory = directory
@@ -104,7 +170,7 @@ class SegmentLog:
             raise StateFileError(f"payload log {directory}: {exc}") from None
         numbers = self.numbers()
         self.current = numbers[-1] if numbers else 1
-        self._fd = self._open_for_append(self.current)
+        self._fd = self._create(self.current)
         self.size = os.fstat(self._fd).st_size
         self._readers: dict[int, int] = {}
 
@@ -115,28 +181,17 @@ class SegmentLog:
     def path(self, number: int) -> Path:
         return self.directory / segment_name(number)
 
-    def _open_for_append(self, number: int) -> int:
-        return os.open(self.path(number), os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    def _create(self, number: int) -> int:
+        """Open segment ``number``, created if new (held to cut a failed commit off)."""
+        return os.open(self.path(number), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
 
-    def append(self, parts: list[bytes]) -> tuple[int, int]:
-        """Write one commit's records (their parts, in order) to the newest segment, rolling over
-        first if it is full; returns (segment, offset of the first record). Not durable until the
-        syncer says so."""
+    def place(self, nbytes: int) -> tuple[int, int]:
+        """Room for a commit of ``nbytes`` in the newest segment, rolling over first if it is
+        full: (segment, offset). The syncer writes it there; until it says so, nothing is durable."""
         if self.size >= self.segment_bytes:
             self._roll_over()
         start = self.size
-        want = sum(map(len, parts))
-        written = 0
-        try:
-            for i in range(0, len(parts), IOV_MAX):
-                written += os.writev(self._fd, parts[i:i + IOV_MAX])
-        except OSError as exc:
-            self.truncate(start)
-            raise StateFileError(f"payload log {self.path(self.current)}: {exc}") from None
-        if written != want:
-            self.truncate(start)
-            raise StateFileError(f"payload log {self.path(self.current)}: short write (disk full?)")
-        self.size += written
+        self.size += nbytes
         return self.current, start
 
     def truncate(self, size: int) -> None:
@@ -145,15 +200,14 @@ class SegmentLog:
         self.size = size
 
     def _roll_over(self) -> None:
-        os.close(self._fd)
-        self.current += 1
-        self._fd = self._open_for_append(self.current)
-        self.size = 0
+        fd = self._create(self.current + 1)
         dir_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
         try:
             os.fsync(dir_fd)  # the new file's name is durable before any record in it is acknowledged
         finally:
             os.close(dir_fd)
+        os.close(self._fd)
+        self._fd, self.current, self.size = fd, self.current + 1, 0
 
     def read(self, number: int, offset: int, nbytes: int) -> bytes:
         fd = self._readers.get(number)

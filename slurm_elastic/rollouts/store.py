@@ -36,9 +36,9 @@ from slurm_elastic.rollouts import syncer
 from slurm_elastic.rollouts.segments import (
     SEGMENT_BYTES,
     SegmentLog,
+    StagingBuffer,
     group_head,
     json_str,
-    record_prefix,
 )
 
 SYNCHRONOUS = {"always": "FULL", "os": "NORMAL", "off": "OFF"}
@@ -65,6 +65,8 @@ CREATE TABLE IF NOT EXISTS batches (
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 ROWS_PER_COMMIT = 1024  # a bigger backlog goes in several commits
+COMMIT_BYTES = 8 * 1024 * 1024  # and so does a backlog of more bytes (a bigger group goes alone)
+PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 LIVE_STATES = "('queued', 'handed')"
 T = TypeVar("T")
 Then = Callable[[T, BaseException | None], None]
@@ -147,6 +149,7 @@ class RolloutStore:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._private_loop: asyncio.AbstractEventLoop | None = None
         self._syncer: subprocess.Popen[bytes] | None = None
+        self._staging: StagingBuffer | None = None  # made with the first commit
         self._closing = False
         self.commits = 0  # group commits done (fewer than inserts under concurrency)
 
@@ -193,6 +196,8 @@ class RolloutStore:
             assert self._syncer.stdin is not None
             self._syncer.stdin.close()
             self._syncer.wait()
+        if self._staging is not None:
+            self._staging.close()
         with self._lock:
             self._db.close()
         self.log.close()
@@ -251,52 +256,87 @@ class RolloutStore:
                 return
             commit = self._begin()
         if commit is not None:
-            assert self._syncer is not None and self._syncer.stdout is not None
-            asyncio.get_running_loop().add_reader(self._syncer.stdout.fileno(), self._on_reply)
+            self._watch_reply()
 
     def _begin(self) -> _Commit | None:
-        """Append the waiting groups to the log and send them to the syncer (pending lock held)."""
-        items, self._pending = self._pending[:ROWS_PER_COMMIT], self._pending[ROWS_PER_COMMIT:]
+        """Lay the waiting groups out in the staging buffer and send them to the syncer, which
+        writes them to the log (pending lock held)."""
+        taken = nbytes = 0
+        for it in self._pending[:ROWS_PER_COMMIT]:
+            nbytes += len(it.payload)
+            if taken and nbytes > COMMIT_BYTES:
+                break
+            taken += 1
+        items, self._pending = self._pending[:taken], self._pending[taken:]
         if not items:
             return None
         first_seq = self._next_seq
         self._next_seq += len(items)
         ids = [(json_str(it.group_id), json_str(it.worker_id)) for it in items]
-        parts: list[bytes] = []
-        for i, it in enumerate(items):
-            parts.append(record_prefix(group_head(first_seq + i, *ids[i], it.n_seqs, it.version), it.payload))
-            parts.append(it.payload)
+        heads = [group_head(first_seq + i, *ids[i], it.n_seqs, it.version) for i, it in enumerate(items)]
+        start = -1
         try:
-            segment, start = self.log.append(parts)
-            rows, offset = [], start
-            for i, it in enumerate(items):
-                offset += len(parts[2 * i])  # the body starts after its record's prefix
-                rows.append(b"[%d,%s,%s,%d,%d,%d,%d]" % (first_seq + i, *ids[i], it.n_seqs, it.version,
-                                                          len(it.payload), offset))
-                offset += len(it.payload)
-            commit = _Commit(items, first_seq, segment, start, bytearray())
-            self._send(b'{"segment":%d,"rows":[%s]}\n' % (segment, b",".join(rows)), commit)
-        except StateFileError as exc:
+            if self._staging is None:
+                self._staging = StagingBuffer(COMMIT_BYTES)
+            nbytes, body_at = self._staging.stage(heads, [it.payload for it in items])
+            segment, start = self.log.place(nbytes)
+            rows = [b"[%d,%s,%s,%d,%d,%d,%d]" % (first_seq + i, *ids[i], it.n_seqs, it.version, len(it.payload),
+                                                  start + body_at[i])
+                    for i, it in enumerate(items)]
+            self._send(b'{"segment":%d,"offset":%d,"nbytes":%d,"rows":[%s]}\n'
+                       % (segment, start, nbytes, b",".join(rows)))
+        except (OSError, StateFileError) as exc:
+            if start >= 0:
+                self.log.truncate(start)
             self._fail(items, str(exc))
             return None
-        self._in_flight = commit
+        commit = self._in_flight = _Commit(items, first_seq, segment, start, bytearray())
         return commit
 
-    def _send(self, line: bytes, commit: _Commit) -> None:
-        """One line to the syncer (see :mod:`syncer`), started first if it is not running."""
-        if self._syncer is None or self._syncer.poll() is not None:
-            self._syncer = subprocess.Popen(
-                [sys.executable, "-I", syncer.__file__, str(self.path), str(self.log.directory), self.fsync],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-            assert self._syncer.stdout is not None
-            os.set_blocking(self._syncer.stdout.fileno(), False)
-        assert self._syncer.stdin is not None
-        try:
-            self._syncer.stdin.write(line)
-            self._syncer.stdin.flush()
-        except OSError as exc:
-            self.log.truncate(commit.start)
-            raise StateFileError(f"rollout store {self.path}: the syncer is gone ({exc})") from None
+    def _send(self, line: bytes) -> None:
+        """One line to the syncer (see :mod:`syncer`), started first if it is not running. A
+        syncer that died since its last answer read nothing of it: the line goes to a new one
+        (the syncer writes at the offset the line gives, so a half-done write is redone whole)."""
+        for _attempt in range(2):
+            if self._syncer is None:
+                self._syncer = self._start_syncer()
+            assert self._syncer.stdin is not None
+            try:
+                self._syncer.stdin.write(line)
+                self._syncer.stdin.flush()
+                return
+            except OSError as exc:
+                error = exc
+                self._retire_syncer()
+        raise StateFileError(f"rollout store {self.path}: the syncer is gone ({error})")
+
+    def _start_syncer(self) -> subprocess.Popen[bytes]:
+        assert self._staging is not None
+        process = subprocess.Popen(
+            [sys.executable, "-I", "-c", syncer.COMMAND, PACKAGE_ROOT, str(self.path), str(self.log.directory),
+             self.fsync, str(self._staging.fd)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=[self._staging.fd])
+        assert process.stdout is not None
+        os.set_blocking(process.stdout.fileno(), False)
+        return process
+
+    def _retire_syncer(self) -> None:
+        """The syncer died (or is no use): reap it; the next commit starts another."""
+        process, self._syncer = self._syncer, None
+        if process is None:
+            return
+        process.kill()
+        process.wait()
+        for pipe in (process.stdin, process.stdout):
+            try:
+                if pipe is not None:
+                    pipe.close()
+            except OSError:
+                pass  # a buffered line that can no longer be sent
+
+    def _watch_reply(self) -> None:
+        assert self._syncer is not None and self._syncer.stdout is not None
+        asyncio.get_running_loop().add_reader(self._syncer.stdout.fileno(), self._on_reply)
 
     def _on_reply(self) -> None:
         """The syncer's answer is readable (on the committing loop)."""
@@ -307,10 +347,8 @@ class RolloutStore:
         asyncio.get_running_loop().remove_reader(fd)
         with self._pending_lock:
             self._finish()
-            if self._pending:
-                commit = self._begin()
-                if commit is not None:
-                    asyncio.get_running_loop().add_reader(fd, self._on_reply)
+            if self._pending and self._begin() is not None:
+                self._watch_reply()  # a syncer of its own if this one died
 
     def _read_reply(self, fd: int) -> bool:
         """Read what the syncer has sent; True once the whole answer (or its end) is in."""
@@ -350,6 +388,8 @@ class RolloutStore:
         with self._lock:
             stored = {int(r[0]) for r in self._db.execute(
                 "SELECT seq FROM groups WHERE seq BETWEEN ? AND ?", (commit.first_seq, last))}
+        if error is None:
+            self._retire_syncer()
         if stored and error is None:
             return {"ignored": [s for s in range(commit.first_seq, last + 1) if s not in stored]}
         if self.log.current == commit.segment:

@@ -17,7 +17,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from slurm_elastic.errors import StateFileError
-from slurm_elastic.rollouts.segments import HEADER, encode_record, group_head, json_str, scan
+from slurm_elastic.rollouts import store as store_module
+from slurm_elastic.rollouts.segments import (
+    HEADER,
+    StagingBuffer,
+    encode_record,
+    group_head,
+    json_str,
+    scan,
+    seal_records,
+)
 from slurm_elastic.rollouts.store import RolloutStore
 
 
@@ -175,6 +184,45 @@ def test_a_dead_syncer_fails_only_its_commit_and_is_started_again(tmp_path: Path
     assert [g.id for g in again.queued()] == ["before", "after", "lost"]
     assert [json.loads(p)["id"] for p in hand_out_all(again, "b")] == ["before", "after", "lost"]
     again.close()
+
+
+def test_a_syncer_that_died_between_commits_costs_no_commit(tmp_path: Path) -> None:
+    store = RolloutStore(tmp_path / "q.sqlite")
+    insert(store, "before")
+    assert store._syncer is not None
+    store._syncer.kill()
+    store._syncer.wait()
+    assert insert(store, "after") is not None  # sent again, to a new syncer
+    store.close()
+    again = RolloutStore(tmp_path / "q.sqlite")
+    assert [json.loads(p)["id"] for p in hand_out_all(again, "b")] == ["before", "after"]
+    again.close()
+
+
+def test_staged_records_once_sealed_are_the_records_encoded_whole() -> None:
+    staging = StagingBuffer(64)  # grows to fit
+    heads = [b'{"seq":%d}' % i for i in range(3)]
+    bodies = [body(f"g{i}", 50 * i) for i in range(3)]
+    nbytes, body_at = staging.stage(heads, bodies)
+    assert staging.map is not None
+    seal_records(staging.map, nbytes)
+    encoded = b"".join(encode_record(json.loads(h), b) for h, b in zip(heads, bodies, strict=True))
+    assert staging.map[:nbytes] == encoded
+    assert [staging.map[at:at + len(b)] for at, b in zip(body_at, bodies, strict=True)] == bodies
+    staging.close()
+
+
+def test_a_group_bigger_than_a_commit_goes_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(store_module, "COMMIT_BYTES", 4096)
+    store = RolloutStore(tmp_path / "q.sqlite")
+    assert store._syncer is None
+    insert(store, "small")
+    futures = [store.insert_later(f"g{i}", "0001", 4, 0, body(f"g{i}", size)) for i, size in
+               enumerate([100, 20_000, 100, 100, 3000, 3000])]
+    assert [f.result(timeout=10) for f in futures] == list(range(2, 8))
+    assert [json.loads(p)["id"] for p in hand_out_all(store, "b")] == ["small", *(f"g{i}" for i in range(6))]
+    assert store._staging is not None and store._staging.nbytes >= 20_000
+    store.close()
 
 
 def test_a_store_from_before_the_payload_log_is_read(tmp_path: Path) -> None:
