@@ -8,8 +8,8 @@ group's body exactly as the worker sent it::
 The controller lays a commit's records out in a staging buffer shared with the syncer process
 (:class:`StagingBuffer`), leaving each checksum blank; the syncer fills the checksums in, writes
 the records to the segment with one write and makes them durable (fdatasync) before anyone is
-answered. The event loop copies bytes in memory; the write, the checksums and the disk are
-the other core's work. Segments roll over at ``segment_bytes`` and are
+answered. So the event loop only copies bytes in memory; the checksums, the write and the wait
+for the disk are another process's work. Segments roll over at ``segment_bytes`` and are
 deleted once no group in them is waiting or handed out. After a crash the records past what
 the database knows are read back (:func:`scan`); a torn record can only be the last segment's
 tail, from a commit nobody was answered for, and is cut off.

@@ -346,9 +346,11 @@ class RolloutStore:
             return
         asyncio.get_running_loop().remove_reader(fd)
         with self._pending_lock:
-            self._finish()
+            answers = self._finish()
             if self._pending and self._begin() is not None:
                 self._watch_reply()  # a syncer of its own if this one died
+        for then, seq in answers:  # once the next commit is on its way: the syncer does not wait for these
+            then(seq, None)
 
     def _read_reply(self, fd: int) -> bool:
         """Read what the syncer has sent; True once the whole answer (or its end) is in."""
@@ -361,8 +363,10 @@ class RolloutStore:
         commit.reply += chunk if chunk else b"\n"  # end of file: the syncer died mid-commit
         return commit.reply.endswith(b"\n")
 
-    def _finish(self) -> None:
-        """Answer the commit in flight (pending lock held)."""
+    def _finish(self) -> list[tuple[Then[int | None], int | None]]:
+        """Settle the commit in flight (pending lock held): a failed one's callers are told at
+        once; a durable one's answers (each caller with its arrival number, None for an id
+        stored already) are returned, to be given once the next commit is sent."""
         commit, self._in_flight = self._in_flight, None
         assert commit is not None
         try:
@@ -372,14 +376,13 @@ class RolloutStore:
         if "ignored" not in reply:
             reply = self._after_syncer_failure(commit, reply.get("error"))
             if reply is None:
-                return
+                return []
         ignored = set(reply["ignored"])
         self.commits += 1
         seqs = [commit.first_seq + i for i in range(len(commit.items))]
         with self._lock:
             self._live[commit.segment] += len(seqs) - len(ignored)
-        for item, seq in zip(commit.items, seqs, strict=True):
-            item.then(None if seq in ignored else seq, None)
+        return [(item.then, None if seq in ignored else seq) for item, seq in zip(commit.items, seqs, strict=True)]
 
     def _after_syncer_failure(self, commit: _Commit, error: str | None) -> dict[str, Any] | None:
         """The syncer answered ``error``, or died (None): if it indexed the commit before dying,
@@ -411,7 +414,8 @@ class RolloutStore:
                 fd = self._syncer.stdout.fileno()
                 while not self._read_reply(fd):
                     select.select([fd], [], [])
-                self._finish()
+                for then, seq in self._finish():
+                    then(seq, None)
 
     def hand_out(self, batch_id: str, group_ids: list[str], now_s: float) -> list[bytes]:
         """Record a batch and return its payloads (in the given order), in one transaction."""
