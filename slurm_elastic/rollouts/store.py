@@ -388,11 +388,11 @@ class RolloutStore:
         """The syncer answered ``error``, or died (None): if it indexed the commit before dying,
         the commit stands; otherwise the records come off the log and every caller hears of it."""
         last = commit.first_seq + len(commit.items) - 1
+        if error is None:
+            self._retire_syncer()  # reaped before its rows are looked for: it can write no more
         with self._lock:
             stored = {int(r[0]) for r in self._db.execute(
                 "SELECT seq FROM groups WHERE seq BETWEEN ? AND ?", (commit.first_seq, last))}
-        if error is None:
-            self._retire_syncer()
         if stored and error is None:
             return {"ignored": [s for s in range(commit.first_seq, last + 1) if s not in stored]}
         if self.log.current == commit.segment:
