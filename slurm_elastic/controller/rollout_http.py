@@ -11,7 +11,7 @@ import asyncio
 import hmac
 import json
 import threading
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Generic, TypeVar
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, Response, status
 from fastapi import Path as PathParam
@@ -22,7 +22,6 @@ from starlette.types import Receive, Scope, Send
 from slurm_elastic.controller.http import WORKER_ID, bearer_auth
 from slurm_elastic.controller.runtime import Controller
 from slurm_elastic.rollouts.queue import QueueFull, RolloutQueue, UnknownBatchError
-from slurm_elastic.rollouts.store import Then, settle
 from slurm_elastic.rollouts.wire import check_mask_values, check_token_ids
 
 ID = r"^[A-Za-z0-9_.:-]{1,128}$"
@@ -191,7 +190,7 @@ class SubmitEndpoint:
         waiter: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         try:
             self.queue.submit_then(group.id, group.worker_id, group.group_size, group.policy_version, body,
-                                   _resolver(waiter))
+                                   _Resolver(waiter))
         except QueueFull as exc:
             return _error(status.HTTP_429_TOO_MANY_REQUESTS, str(exc),
                           [(b"retry-after", str(max(1, round(exc.retry_after_s))).encode())])
@@ -199,20 +198,29 @@ class SubmitEndpoint:
         return 200, b'{"accepted":true}' if stored else b'{"accepted":false}', JSON
 
 
-def _resolver(waiter: asyncio.Future[T]) -> Then[T]:
+class _Resolver(Generic[T]):
     """A :data:`Then` that settles ``waiter`` on its loop, without a cross-thread wake-up when
     called on the loop's own thread (the store's group commits are, on the loop that serves
-    the submits)."""
-    loop = waiter.get_loop()
-    loop_thread = threading.get_ident()
-    settle_waiter = settle(waiter)
+    the submits). An object, not a closure: a closure that names itself is a reference cycle,
+    and one per submit left the cyclic collector ~45,000 objects to trace every few hundred
+    milliseconds (10-40 ms pauses of the event loop under load)."""
 
-    def resolve(result: T, error: BaseException | None) -> None:
-        if threading.get_ident() != loop_thread:
-            loop.call_soon_threadsafe(resolve, result, error)
-        elif not waiter.cancelled():
-            settle_waiter(result, error)
-    return resolve
+    __slots__ = ("loop", "loop_thread", "waiter")
+
+    def __init__(self, waiter: asyncio.Future[T]) -> None:
+        self.waiter = waiter
+        self.loop = waiter.get_loop()
+        self.loop_thread = threading.get_ident()
+
+    def __call__(self, result: T, error: BaseException | None) -> None:
+        if threading.get_ident() != self.loop_thread:
+            self.loop.call_soon_threadsafe(self, result, error)
+        elif self.waiter.cancelled():
+            pass
+        elif error is not None:
+            self.waiter.set_exception(error)
+        else:
+            self.waiter.set_result(result)
 
 
 class ControllerApp(FastAPI):
