@@ -9,10 +9,15 @@ The controller lays a commit's records out in a staging buffer shared with the s
 (:class:`StagingBuffer`), leaving each checksum blank; the syncer fills the checksums in, writes
 the records to the segment with one write and makes them durable (fdatasync) before anyone is
 answered. So the event loop only copies bytes in memory; the checksums, the write and the wait
-for the disk are another process's work. Segments roll over at ``segment_bytes`` and are
-deleted once no group in them is waiting or handed out. After a crash the records past what
-the database knows are read back (:func:`scan`); a torn record can only be the last segment's
-tail, from a commit nobody was answered for, and is cut off.
+for the disk are another process's work. With ``fsync = "always"`` the write bypasses the page
+cache (O_DIRECT), so it goes in whole blocks of :data:`BLOCK_BYTES` from a block boundary: the
+records are staged at their offset within their first block, the bytes of that block already
+on disk are put in front of them and zeros after them up to the next boundary, which the next
+commit overwrites. So a segment may end with fewer than :data:`BLOCK_BYTES` zeros: padding, not
+a record. Segments roll over at ``segment_bytes`` and are deleted once no group in them is
+waiting or handed out. After a crash the records past what the database knows are read back
+(:func:`scan`); a torn record can only be the last segment's tail, from a commit nobody was
+answered for, and is cut off.
 """
 
 from __future__ import annotations
@@ -33,6 +38,15 @@ MAGIC = b"SER1"
 HEADER = struct.Struct("<4sIII")
 CRC = struct.Struct("<I")  # at byte 4 of the header; covers head and body
 SEGMENT_BYTES = 64 * 1024 * 1024
+BLOCK_BYTES = 4096  # the unit of a direct write: a multiple of any disk's logical block size
+
+
+def block_start(offset: int) -> int:
+    return offset - offset % BLOCK_BYTES
+
+
+def block_end(offset: int) -> int:
+    return -(-offset // BLOCK_BYTES) * BLOCK_BYTES
 
 
 def segment_name(number: int) -> str:
@@ -62,18 +76,23 @@ def encode_record(head: dict[str, Any], body: bytes) -> bytes:
     return record_prefix(head, body) + body
 
 
-def seal_records(buffer: mmap.mmap | bytearray, nbytes: int) -> None:
-    """Fill in the checksums of the records laid out in ``buffer[:nbytes]``."""
+def records_bytes(heads: list[bytes], bodies: list[bytes]) -> int:
+    """The size of the records with these heads and bodies."""
+    return sum(map(len, heads)) + sum(map(len, bodies)) + HEADER.size * len(heads)
+
+
+def seal_records(buffer: mmap.mmap | bytearray, start: int, end: int) -> None:
+    """Fill in the checksums of the records laid out in ``buffer[start:end]``."""
     view = memoryview(buffer)
     try:
-        pos = 0
-        while pos < nbytes:
+        pos = start
+        while pos < end:
             magic, _crc, head_len, body_len = HEADER.unpack_from(buffer, pos)
-            end = pos + HEADER.size + head_len + body_len
-            if magic != MAGIC or end > nbytes:
+            record_end = pos + HEADER.size + head_len + body_len
+            if magic != MAGIC or record_end > end:
                 raise ValueError(f"no whole record at byte {pos} of the staging buffer")
-            CRC.pack_into(buffer, pos + 4, zlib.crc32(view[pos + HEADER.size:end]))
-            pos = end
+            CRC.pack_into(buffer, pos + 4, zlib.crc32(view[pos + HEADER.size:record_end]))
+            pos = record_end
     finally:
         view.release()
 
@@ -100,13 +119,14 @@ class StagingBuffer:
         assert self.map is not None
         return self.map
 
-    def stage(self, heads: list[bytes], bodies: list[bytes]) -> tuple[int, list[int]]:
-        """Lay the records (checksums blank) out from the buffer's start: their size in bytes
-        and where each body starts."""
-        nbytes = sum(map(len, heads)) + sum(map(len, bodies)) + HEADER.size * len(heads)
-        buffer = self.reserve(nbytes)
+    def stage(self, heads: list[bytes], bodies: list[bytes], lead: int = 0) -> tuple[int, list[int]]:
+        """Lay the records (checksums blank) out from byte ``lead`` (where the commit starts
+        within its first block), with room up to the next block boundary after them: their
+        size in bytes and where each body starts, counted from the first record."""
+        nbytes = records_bytes(heads, bodies)
+        buffer = self.reserve(block_end(lead + nbytes))
         offsets = []
-        pos = 0
+        pos = lead
         pack_header = HEADER.pack_into
         for head, body in zip(heads, bodies, strict=True):
             pack_header(buffer, pos, MAGIC, 0, len(head), len(body))
@@ -114,7 +134,7 @@ class StagingBuffer:
             buffer[pos:pos + len(head)] = head
             pos += len(head)
             buffer[pos:pos + len(body)] = body
-            offsets.append(pos)
+            offsets.append(pos - lead)
             pos += len(body)
         return nbytes, offsets
 
@@ -155,6 +175,15 @@ def scan(path: Path, start: int = 0) -> tuple[list[ScannedRecord], int]:
         records.append(ScannedRecord(head, start + head_at + head_len, body_len, start + end))
         pos = end
     return records, start + pos
+
+
+def is_padding(path: Path, end: int) -> bool:
+    """Whether ``path`` holds only zeros from ``end`` to the next block boundary, where it ends:
+    what a direct write leaves after a segment's last record."""
+    with open(path, "rb") as f:
+        f.seek(end)
+        rest = f.read(BLOCK_BYTES)
+    return end + len(rest) == block_end(end) and not rest.strip(b"\0")
 
 
 class SegmentLog:
@@ -237,9 +266,10 @@ class SegmentLog:
             records, end = scan(self.path(n), offset if n == number else 0)
             yield from ((n, r) for r in records)
             if end != self.path(n).stat().st_size:
-                if n != self.current:
+                if n != self.current and not is_padding(self.path(n), end):
                     raise StateFileError(f"payload log segment {self.path(n)} is damaged at byte {end}")
-                self.truncate(end)
+                if n == self.current:
+                    self.truncate(end)
 
     def close(self) -> None:
         for fd in [self._fd, *self._readers.values()]:

