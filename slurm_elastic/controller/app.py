@@ -67,7 +67,7 @@ def queue_pressure(controller: Controller, queue: RolloutQueue) -> dict[str, Any
 
 def open_queue(config: ElasticConfig, state_dir: Path) -> RolloutQueue:
     qcfg = QueueConfig.from_mapping(config.queue)
-    return RolloutQueue(RolloutStore(state_dir / "rollouts.sqlite", fsync=qcfg.fsync), qcfg)
+    return RolloutQueue(RolloutStore(state_dir / "rollouts.sqlite", fsync=qcfg.fsync, direct_io=qcfg.direct_io), qcfg)
 
 
 YOUNG_GC_THRESHOLD = 50_000  # container allocations between young collections (Python's default: 700)

@@ -48,6 +48,7 @@ class QueueConfig:
     max_group_bytes: int = 32 * 1024 * 1024
     admission_ttl_s: int = 600  # an admission not followed by a submit within this long is released
     fsync: str = "always"
+    direct_io: bool = True  # with fsync always: the log written past the page cache (see segments.py)
     lookahead_groups: int = 64
 
     @classmethod
@@ -59,8 +60,11 @@ class QueueConfig:
         for key, value in data.items():
             if key not in known:
                 raise ConfigError(f"{prefix}.{key}: unknown key")
-            want = type(known[key].default)
-            if want is str:
+            default = known[key].default
+            if isinstance(default, bool):
+                if not isinstance(value, bool):
+                    raise ConfigError(f"{prefix}.{key}: true or false")
+            elif isinstance(default, str):
                 if value not in ("always", "os", "off"):
                     raise ConfigError(f"{prefix}.{key}: one of always, os, off")
             elif isinstance(value, bool) or not isinstance(value, int) or value < (0 if key == "max_staleness" else 1):

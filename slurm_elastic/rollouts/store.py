@@ -119,11 +119,13 @@ class RolloutStore:
     """The rollout store. Thread-safe: the index behind a lock; submits group-committed on the
     event loop of the first caller that has one (the API server's), or else on a private one."""
 
-    def __init__(self, path: Path, fsync: str = "always", segment_bytes: int = SEGMENT_BYTES) -> None:
+    def __init__(self, path: Path, fsync: str = "always", segment_bytes: int = SEGMENT_BYTES,
+                 direct_io: bool = True) -> None:
         if fsync not in SYNCHRONOUS:
             raise ValueError(f"fsync must be one of {', '.join(SYNCHRONOUS)}")
         self.path = path
         self.fsync = fsync
+        self.direct_io = direct_io and fsync == "always"  # the syncer writes the log with O_DIRECT
         self._lock = threading.Lock()
         try:
             self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
@@ -317,7 +319,7 @@ class RolloutStore:
         assert self._staging is not None
         process = subprocess.Popen(
             [sys.executable, "-I", "-c", syncer.COMMAND, PACKAGE_ROOT, str(self.path), str(self.log.directory),
-             self.fsync, str(self._staging.fd)],
+             self.fsync, str(self._staging.fd), "direct" if self.direct_io else "buffered"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=[self._staging.fd])
         assert process.stdout is not None
         os.set_blocking(process.stdout.fileno(), False)

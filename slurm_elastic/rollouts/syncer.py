@@ -149,12 +149,12 @@ class SegmentWriter:
 
 
 def main(argv: list[str]) -> int:
-    db_path, segment_dir, fsync, staging_fd = argv[0], argv[1], argv[2], int(argv[3])
+    db_path, segment_dir, fsync, staging_fd, io = argv[0], argv[1], argv[2], int(argv[3]), argv[4]
     db = sqlite3.connect(db_path, isolation_level=None, cached_statements=ROWS_PER_STATEMENT + 16)
     db.execute("PRAGMA busy_timeout=30000")
     db.execute(f"PRAGMA synchronous={'OFF' if fsync == 'off' else 'NORMAL'}")  # the log is what is fsynced
     staging: mmap.mmap | None = None
-    writer = SegmentWriter(segment_dir, direct=fsync == "always")
+    writer = SegmentWriter(segment_dir, direct=io == "direct")
     for line in sys.stdin.buffer:
         try:
             message = json.loads(line)

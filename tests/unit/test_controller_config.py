@@ -62,6 +62,7 @@ def test_config_reference_is_generated_from_the_schema() -> None:
 @pytest.mark.parametrize(("data", "message"), [
     ({"autoscaler": {"max_workers": "lots"}}, "autoscaler.max_workers: must be an integer"),
     ({"queue": {"batch_size": -3}}, "queue.batch_size: must be a positive integer"),
+    ({"queue": {"direct_io": "yes"}}, "queue.direct_io: true or false"),
     ({"health": {"nope": 1}}, "health.nope: unknown key"),
 ])
 def test_policy_tables_are_checked_at_load_not_later(data: dict[str, Any], message: str) -> None:

@@ -172,6 +172,18 @@ def test_recovery_reads_across_segments_that_end_in_block_padding(tmp_path: Path
     again.close()
 
 
+@pytest.mark.parametrize(("fsync", "direct_io"), [("always", False), ("os", True)])
+def test_the_log_goes_through_the_page_cache_when_told_or_not_fsynced(tmp_path: Path, fsync: str,
+                                                                     direct_io: bool) -> None:
+    store = RolloutStore(tmp_path / "q.sqlite", fsync=fsync, direct_io=direct_io)
+    insert(store, "a", size=100)
+    insert(store, "b", size=100)
+    store.close()
+    (segment,) = (tmp_path / "q.segments").glob("*.log")
+    records, end = scan(segment)
+    assert [r.head["id"] for r in records] == ["a", "b"] and segment.stat().st_size == end  # no padding
+
+
 def test_damage_in_an_older_segment_is_a_clear_error(tmp_path: Path) -> None:
     filled_with_index_rows_lost(tmp_path, "d", 6, 2048, "1")  # recovery has to read every segment
     first = tmp_path / "q.segments" / "00000001.log"
