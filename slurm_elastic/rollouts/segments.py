@@ -41,10 +41,6 @@ SEGMENT_BYTES = 64 * 1024 * 1024
 BLOCK_BYTES = 4096  # the unit of a direct write: a multiple of any disk's logical block size
 
 
-def block_start(offset: int) -> int:
-    return offset - offset % BLOCK_BYTES
-
-
 def block_end(offset: int) -> int:
     return -(-offset // BLOCK_BYTES) * BLOCK_BYTES
 
