@@ -81,6 +81,7 @@ class GuardedConnection(asyncio.Protocol):
         self.inner = self.inner_class(*args, **kwargs)
         self.transport: asyncio.Transport | None = None
         self._deadline: asyncio.TimerHandle | None = None
+        self._lost = False
         self._head_bytes = 0
         self._tail = b""  # the last bytes seen while waiting for a head (an end split across reads)
 
@@ -95,11 +96,18 @@ class GuardedConnection(asyncio.Protocol):
 
     def _wait_for_head(self) -> None:
         """From now on a request head must arrive whole within the limits."""
-        if self.transport is None or self in self.book.waiting:
+        if self.transport is None or self._lost or self in self.book.waiting:
             return
         self.book.waiting[self] = None
         self._head_bytes, self._tail = 0, b""
-        self._deadline = asyncio.get_running_loop().call_later(self.book.head_timeout_s, self.abort)
+        self._deadline = asyncio.get_running_loop().call_later(self.book.head_timeout_s, self._head_overdue)
+
+    def _head_overdue(self) -> None:
+        """No whole head in time: closed, unless a response is still leaving (then it waits on)."""
+        if self.transport is not None and self.transport.get_write_buffer_size():
+            self._deadline = asyncio.get_running_loop().call_later(self.book.head_timeout_s, self._head_overdue)
+        else:
+            self.abort()
 
     def data_received(self, data: bytes) -> None:
         if self in self.book.waiting:
@@ -126,6 +134,7 @@ class GuardedConnection(asyncio.Protocol):
             self.transport.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._lost = True
         self._head_arrived()
         self.book.forget(self)
         if self.transport is not None:
