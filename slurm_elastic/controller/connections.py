@@ -111,15 +111,14 @@ class GuardedConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self in self.book.waiting:
-            seen = self._tail + data
-            if HEAD_END in seen:
+            if HEAD_END in data or HEAD_END in self._tail + data[:len(HEAD_END) - 1]:
                 self._head_arrived()
             else:
                 self._head_bytes += len(data)
                 if self._head_bytes > self.book.head_max_bytes:
                     self.abort()
                     return
-                self._tail = seen[-(len(HEAD_END) - 1):]
+                self._tail = (self._tail + data[-(len(HEAD_END) - 1):])[-(len(HEAD_END) - 1):]
         self.inner.data_received(data)
 
     def _head_arrived(self) -> None:
