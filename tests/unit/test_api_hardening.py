@@ -8,6 +8,7 @@ Each test runs the server as the controller runs it (``ApiServer``), in a proces
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import resource
 import select
@@ -18,9 +19,12 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
+
+from slurm_elastic.controller.connections import ConnectionBook, guarded
 
 TOKEN = "hardening-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -161,3 +165,66 @@ def _closed(conn: socket.socket) -> bool:
         return bool(select.select([conn], [], [], 0)[0]) and conn.recv(1, socket.MSG_PEEK) == b""
     except OSError:
         return True
+
+
+class _Transport:
+    """A transport that records what happens to it; its write buffer is what the test says."""
+
+    def __init__(self) -> None:
+        self.aborted = False
+        self.buffered = 0
+
+    def abort(self) -> None:
+        self.aborted = True
+
+    def is_closing(self) -> bool:
+        return self.aborted
+
+    def get_write_buffer_size(self) -> int:
+        return self.buffered
+
+    def write(self, data: bytes) -> None:
+        self.buffered += len(data)
+
+
+class _Inner(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.transport: Any = None
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
+
+def test_a_response_still_leaving_is_not_cut_off_and_the_cap_closes_the_longest_idle() -> None:
+    async def scenario() -> None:
+        book = ConnectionBook(max_connections=2, head_timeout_s=0.05)
+        protocol = guarded(_Inner, book)
+        first, second = protocol(), protocol()
+        sockets = [_Transport(), _Transport()]
+        first.connection_made(sockets[0])  # type: ignore[arg-type]
+        first.data_received(b"GET /trainer/batch HTTP/1.1\r\nhost: x\r")
+        first.data_received(b"\n\r\n")  # the head's end split across reads
+        second.connection_made(sockets[1])  # type: ignore[arg-type]
+        assert list(book.waiting) == [second]
+        first.inner.transport.write(b"a big batch the client reads slowly")  # type: ignore[attr-defined]
+        await asyncio.sleep(0.2)
+        assert not sockets[0].aborted and sockets[1].aborted  # still leaving: waits; never sent a head: closed
+        second.connection_lost(None)
+        sockets[0].buffered = 0
+        await asyncio.sleep(0.1)
+        assert sockets[0].aborted  # sent, and no next head in time
+        first.connection_lost(None)
+        assert not book.open and not book.waiting
+        book.head_timeout_s = 60
+        fresh = [protocol(), protocol(), protocol()]
+        sockets = [_Transport(), _Transport(), _Transport()]
+        for conn, sock in zip(fresh, sockets, strict=True):
+            conn.connection_made(sock)  # type: ignore[arg-type]
+        assert sockets[0].aborted and book.evicted == 1 and book.open == set(fresh[1:])
+        fresh[1].data_received(b"GET / HTTP/1.1\r\n\r\n")
+        fresh[2].data_received(b"GET / HTTP/1.1\r\n\r\n")
+        busy = _Transport()
+        protocol().connection_made(busy)  # type: ignore[arg-type]
+        assert busy.aborted and book.refused == 1  # every open connection busy: the new one is closed
+
+    asyncio.run(scenario())
