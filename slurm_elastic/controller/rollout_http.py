@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 import math
+import sqlite3
 import threading
 from typing import Annotated, Any, Generic, TypeVar
 
@@ -23,6 +24,7 @@ from starlette.types import Receive, Scope, Send
 from slurm_elastic.controller.guard import Headers, RequestGuard, send_answer
 from slurm_elastic.controller.http import INT64_MAX, WORKER_ID
 from slurm_elastic.controller.runtime import Controller
+from slurm_elastic.errors import StateFileError
 from slurm_elastic.rollouts.queue import QueueFull, RolloutQueue, UnknownBatchError
 from slurm_elastic.rollouts.wire import check_mask_values, check_token_ids
 
@@ -244,6 +246,8 @@ class ControllerApp(FastAPI):
         super().__init__(**kwargs)
         self.guard = guard
         self.submit_endpoint: SubmitEndpoint | None = None
+        for error in (StateFileError, sqlite3.Error, OSError):
+            self.add_exception_handler(error, _storage_failed)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -258,6 +262,13 @@ class ControllerApp(FastAPI):
             await super().__call__(scope, receive, send)
             return
         await send_answer(send, await endpoint.answer(receive))
+
+
+async def _storage_failed(_request: Request, exc: Exception) -> Response:
+    """A route whose store or state file failed: 503 with Retry-After (the request changed nothing)."""
+    log.warning("storage failed under a request: %s", exc)
+    return Response(json.dumps({"detail": f"storage failed: {exc}"}), status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
+                    media_type="application/json", headers={"Retry-After": str(STORE_RETRY_AFTER_S)})
 
 
 def rollout_router(controller: Controller, queue: RolloutQueue) -> APIRouter:

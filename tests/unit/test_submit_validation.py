@@ -138,11 +138,14 @@ def test_a_buffer_smaller_than_a_batch_is_refused_at_load() -> None:
 def test_a_store_failure_answers_503_with_retry_after(tmp_path: Path) -> None:
     served = Served(tmp_path)
     try:
-        assert submit(served, json.dumps(group("before")).encode()).status_code == 200
-        served.queue.store.close()  # the store is gone: no group can be made durable
+        for i in range(BATCH_SIZE // 2):
+            assert submit(served, json.dumps(group(f"before-{i}")).encode()).status_code == 200
+        served.queue.store.close()  # the store is gone: no group can be made durable, no batch read
         answer = submit(served, json.dumps(group("after")).encode())
         assert answer.status_code == 503, answer.text
         assert int(answer.headers["retry-after"]) >= 1
+        pulled = httpx.post(served.url + "/trainer/batch", headers=AUTH, timeout=30)
+        assert pulled.status_code == 503 and int(pulled.headers["retry-after"]) >= 1, pulled.text
     finally:
         served.server.stop()
 
