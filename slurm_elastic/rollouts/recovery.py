@@ -65,10 +65,14 @@ def take_writer_lock(path: Path, wait_s: float) -> int:
 
 
 def note_holders(fd: int, syncer_pid: int | None) -> None:
-    """Write who holds the lock into the lock file (read only to name them in an error)."""
+    """Write who holds the lock into the lock file (read only to name them in an error; a
+    full disk that refuses it costs nothing else)."""
     text = f"controller pid {os.getpid()}\n" + (f"syncer pid {syncer_pid}\n" if syncer_pid else "")
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, text.encode(), 0)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, text.encode(), 0)
+    except OSError as exc:
+        log.warning("could not note the holders of the rollout store's lock: %s", exc)
 
 
 def describe_holders(where: Path) -> str:

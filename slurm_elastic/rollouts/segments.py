@@ -223,8 +223,10 @@ class SegmentLog:
         return self.current, start
 
     def truncate(self, size: int) -> None:
-        """Undo a commit nobody was answered for."""
+        """Undo a commit nobody was answered for (durably: a power cut must not bring it back
+        once the log has moved on to another segment)."""
         os.ftruncate(self._fd, size)
+        os.fsync(self._fd)
         self.size = size
 
     def roll_over(self) -> None:
@@ -274,9 +276,12 @@ class SegmentLog:
         """Every whole record from (segment, offset) on, in order; cuts a torn tail off the newest
         segment. A bad record in an older segment is damage, not a torn write: StateFileError."""
         for n in [x for x in self.numbers() if x >= number]:
-            records, end = scan(self.path(n), offset if n == number else 0)
+            start, size = (offset if n == number else 0), self.path(n).stat().st_size
+            if start >= size:  # nothing past the index (a segment shorter than the index says is
+                continue  # damage to indexed records: found when they are checked, never refilled)
+            records, end = scan(self.path(n), start)
             yield from ((n, r) for r in records)
-            if end != self.path(n).stat().st_size:
+            if end != size:
                 if n != self.current and not is_padding(self.path(n), end):
                     raise StateFileError(f"payload log segment {self.path(n)} is damaged at byte {end}")
                 if n == self.current:

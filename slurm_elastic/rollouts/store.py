@@ -88,8 +88,8 @@ class RolloutStore(GroupCommits):
         _good, damaged = self._check(self._index.live_bodies())
         lost = self.quarantine(damaged) if damaged else []
         self._live.update(self._index.live_per_segment())
-        if self.log.size:
-            self.log.roll_over()  # never append where a writer before this one may have written
+        if self.log.size or damaged:  # never append where an earlier writer wrote, or the index points
+            self.log.roll_over()
         for number in self.log.numbers():
             if not self._live[number]:
                 self.log.delete(number)

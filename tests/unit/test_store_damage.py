@@ -148,3 +148,20 @@ def test_a_lost_index_beside_a_log_is_refused_with_what_to_do(tmp_path: Path) ->
     fresh = RolloutStore(tmp_path / "q.sqlite")
     assert fresh.queued() == [] and fresh.insert("c", "0007", 4, 3, body("c")) is not None
     fresh.close()
+
+
+def test_groups_stored_after_a_lost_segment_are_found_again_if_their_index_rows_are_lost(tmp_path: Path) -> None:
+    filled(tmp_path, ["a", "b", "c"]).close()
+    (segment,) = (tmp_path / "q.segments").glob("*.log")
+    segment.unlink()  # the segment being appended to, gone
+    store = RolloutStore(tmp_path / "q.sqlite")
+    assert sorted(g.id for g in store.lost()) == ["a", "b", "c"]
+    for name in ["n0", "n1"]:
+        assert store.insert(name, "0007", 4, 3, body(name)) is not None
+    store.close()
+    with sqlite3.connect(tmp_path / "q.sqlite") as db:  # a power cut took their index rows
+        db.execute("DELETE FROM groups WHERE id IN ('n0', 'n1')")
+    again = RolloutStore(tmp_path / "q.sqlite")
+    assert [g.id for g in again.queued()] == ["n0", "n1"]  # found in the log past the lost ones
+    assert ids(again.hand_out("b", ["n0", "n1"], 1.0)) == ["n0", "n1"]
+    again.close()
