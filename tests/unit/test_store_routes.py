@@ -6,6 +6,7 @@ a pull, an ack and a submit, and both sides go on once space is freed."""
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from slurm_elastic.controller.serve import ApiServer
 from slurm_elastic.rollouts.queue import QueueConfig, RolloutQueue
 from slurm_elastic.rollouts.store import RolloutStore
 from slurm_elastic.slurm.cli_backend import SlurmCli
-from slurm_elastic.trainer import Trainer
+from slurm_elastic.trainer import Batch, Trainer
 from tests.unit.test_store_damage import flip_byte
 from tests.unit.test_store_full_disk import fill, small_disk  # noqa: F401 (a fixture)
 
@@ -96,5 +97,26 @@ def test_a_full_disk_answers_503_and_nothing_is_lost(small_disk: Path) -> None: 
             assert served.http.post(f"/trainer/batch/{batch['batch_id']}/ack").json()["acked"] is True
         assert seen == [*(f"g{i}" for i in range(2, 8)), "late0", "late1"]  # late2 waits for another group
         assert json.loads(served.http.get("/global-status").text)["queue"]["queued_sequences"] == 4
+    finally:
+        served.close()
+
+
+def test_the_trainer_waits_through_a_full_disk(small_disk: Path) -> None:  # noqa: F811
+    served = Served(small_disk)
+    try:
+        for i in range(2):
+            assert served.submit(f"g{i}").json() == {"accepted": True}
+        trainer = Trainer(served.server.url, TOKEN, poll_s=0.01)
+        filler = fill(small_disk)
+        assert served.http.post("/trainer/batch").status_code == 503
+        got: list[Batch | None] = []
+        pulling = threading.Thread(target=lambda: got.append(trainer.next_batch(timeout_s=60)))
+        pulling.start()
+        pulling.join(0.5)  # asking again and again, answered 503
+        filler.unlink()
+        pulling.join(60)
+        (batch,) = got
+        assert batch is not None and [g["id"] for g in batch.groups] == ["g0", "g1"]
+        trainer.close()
     finally:
         served.close()
