@@ -318,13 +318,14 @@ class RolloutQueue:
         O(groups dropped + versions queued))."""
         oldest_ok = self.staleness.version - self.config.max_staleness
         stale = [g for v in [v for v in self._by_version if v < oldest_ok] for g in self._by_version[v].values()]
+        if stale:
+            self.store.drop(g.id for g in stale)  # first: if the store cannot, nothing changes here
         for group in stale:
             self._forget(group)
             self._dropped_ids.add(group.id)
         while self._queue and self._queue[0].id in self._dropped_ids:
             self._dropped_ids.discard(self._queue.popleft().id)
         if stale:
-            self.store.drop(g.id for g in stale)
             dropped = sum(g.n_seqs for g in stale)
             self.dropped_stale_seqs += dropped
             self.staleness.on_dropped(dropped)  # never consumed: they must not hold capacity

@@ -108,3 +108,22 @@ def test_a_submit_on_a_full_disk_is_refused_and_nothing_acknowledged_is_lost(sma
     again.close()
     assert os.path.exists(small_disk / "q.sqlite")
     assert issubclass(StoreUnavailableError, StateFileError)
+
+
+def test_a_stale_drop_on_a_full_disk_changes_nothing(small_disk: Path) -> None:
+    q = RolloutQueue(RolloutStore(small_disk / "q.sqlite"),
+                     QueueConfig(batch_size=8, capacity_seqs=400, max_staleness=0))
+    for i in range(4):
+        assert submit(q, f"old{i}")
+    q.set_version(2)  # all four too stale now; the drop happens at the next pull
+    filler = fill(small_disk)
+    with pytest.raises(StoreUnavailableError):
+        q.pull()
+    assert (q.stats()["queued_sequences"], q.stats()["dropped_stale_sequences"]) == (16, 0)
+    filler.unlink()
+    assert q.pull() is None
+    assert (q.stats()["queued_sequences"], q.stats()["dropped_stale_sequences"]) == (0, 16)
+    q.store.close()
+    again = RolloutStore(small_disk / "q.sqlite")
+    assert again.queued() == [] and again.counts()["dropped"] == 16
+    again.close()
