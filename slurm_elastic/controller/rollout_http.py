@@ -26,6 +26,7 @@ from slurm_elastic.controller.http import INT64_MAX, WORKER_ID
 from slurm_elastic.controller.runtime import Controller
 from slurm_elastic.errors import StateFileError
 from slurm_elastic.rollouts.queue import QueueFull, RolloutQueue, UnknownBatchError
+from slurm_elastic.rollouts.store import StoreUnavailableError
 from slurm_elastic.rollouts.wire import check_mask_values, check_token_ids
 
 ID = r"^[A-Za-z0-9_.:-]{1,128}$"
@@ -203,6 +204,8 @@ class SubmitEndpoint:
         except QueueFull as exc:
             return _error(status.HTTP_429_TOO_MANY_REQUESTS, str(exc),
                           [(b"retry-after", str(max(1, round(exc.retry_after_s))).encode())])
+        except StoreUnavailableError as exc:  # not stored (disk full or failing): the worker resends
+            return _error(503, str(exc), [(b"retry-after", _retry_after(exc))])
         except Exception as exc:  # the store failed this commit: nothing was stored, a retry is safe
             log.warning("the rollout store did not take group %s: %s", group.id, exc)
             return _error(status.HTTP_503_SERVICE_UNAVAILABLE, f"the rollout store did not take the group: {exc}",
@@ -299,21 +302,31 @@ def rollout_router(controller: Controller, queue: RolloutQueue) -> APIRouter:
         return {"trainer_id": body.trainer_id, "unacked_batches_handed_again": again,
                 "batch_size": queue.config.batch_size, "policy_version": queue.stats()["policy_version"]}
 
-    @router.post("/trainer/batch", tags=["trainer"])
+    @router.post("/trainer/batch", tags=["trainer"], responses={
+        503: {"description": "the store cannot record the hand-out (disk full): nothing changed, retry"}})
     def pull() -> Response:
-        batch = queue.pull()
+        """The next batch; ``lost_group_ids`` names the groups quarantined (damaged on disk,
+        never delivered) since the previous batch."""
+        try:
+            batch = queue.pull()
+        except StoreUnavailableError as exc:
+            return _unavailable(exc)
         if batch is None:
             return Response(status_code=status.HTTP_204_NO_CONTENT)
         batch_id, payloads = batch
-        body = b'{"batch_id":"' + batch_id.encode() + b'","groups":[' + b",".join(payloads) + b"]}"
+        lost = json.dumps(queue.take_lost_ids()).encode()
+        body = (b'{"batch_id":"' + batch_id.encode() + b'","groups":[' + b",".join(payloads)
+                + b'],"lost_group_ids":' + lost + b"}")
         return Response(body, media_type="application/json")
 
-    @router.post("/trainer/batch/{batch_id}/ack", tags=["trainer"])
-    def ack(batch_id: Annotated[str, PathParam(pattern=r"^[0-9a-f]{32}$")]) -> dict[str, Any]:
+    @router.post("/trainer/batch/{batch_id}/ack", tags=["trainer"], response_model=None)
+    def ack(batch_id: Annotated[str, PathParam(pattern=r"^[0-9a-f]{32}$")]) -> dict[str, Any] | Response:
         try:
             return {"batch_id": batch_id, "acked": queue.ack(batch_id)}
         except UnknownBatchError:
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"unknown batch {batch_id}") from None
+        except StoreUnavailableError as exc:
+            return _unavailable(exc)
 
     @router.post("/trainer/version", tags=["trainer"])
     def version(body: VersionUpdate) -> dict[str, Any]:
@@ -346,6 +359,15 @@ def rollout_router(controller: Controller, queue: RolloutQueue) -> APIRouter:
     return router
 
 
+def _retry_after(exc: StoreUnavailableError) -> bytes:
+    return str(max(1, round(exc.retry_after_s))).encode()
+
+
+def _unavailable(exc: StoreUnavailableError) -> Response:
+    return Response(json.dumps({"detail": str(exc)}), status_code=503, media_type="application/json",
+                    headers={"retry-after": _retry_after(exc).decode()})
+
+
 def _registry(controller: Controller, queue: RolloutQueue) -> CollectorRegistry:
     """A fresh registry per scrape with the current values (cheap: a dozen gauges)."""
     registry = CollectorRegistry()
@@ -359,6 +381,8 @@ def _registry(controller: Controller, queue: RolloutQueue) -> CollectorRegistry:
         ("delivered_sequences_total", "Sequences acknowledged by the trainer", q["delivered_sequences"]),
         ("dropped_stale_sequences_total", "Sequences dropped as too stale", q["dropped_stale_sequences"]),
         ("refused_submits_total", "Submits refused with 429 (backpressure)", q["refused_submits"]),
+        ("lost_groups_total", "Groups quarantined: damaged in the payload log, never delivered", q["lost_groups"]),
+        ("lost_sequences_total", "Sequences in the groups quarantined as lost", q["lost_sequences"]),
         ("target_workers", "The worker count the controller steers to", ctl["target_workers"]),
         ("ticks_total", "Reconcile ticks done", ctl["ticks"]),
         ("heartbeats_total", "Worker heartbeats handled", ctl["heartbeats"]),

@@ -14,6 +14,7 @@ import os
 import select
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -444,6 +445,74 @@ def slurm_probes(tmp: Path) -> Iterator[Probe]:
                 "nothing to lose", missing.returncode == 1 and "PATH" in missing.stderr)
 
 
+def _flip_a_byte(state_dir: Path, group_id: str) -> None:
+    """Damage a stored group's body on disk (one bit of one byte)."""
+    with sqlite3.connect(f"file:{state_dir / 'rollouts.sqlite'}?mode=ro", uri=True) as db:
+        segment, offset = db.execute("SELECT segment, body_offset FROM groups WHERE id=?", (group_id,)).fetchone()
+    with open(state_dir / "rollouts.segments" / f"{segment:08d}.log", "r+b") as f:
+        f.seek(offset + 20)
+        byte = f.read(1)
+        f.seek(offset + 20)
+        f.write(bytes([byte[0] ^ 1]))
+
+
+def _syncer_of(pid: int) -> int | None:
+    """The rollout store's syncer process started by ``pid``."""
+    for proc in Path("/proc").iterdir():
+        try:
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            if ppid == pid and b"rollouts.syncer" in (proc / "cmdline").read_bytes():
+                return int(proc.name)
+        except (OSError, ValueError, IndexError):
+            continue
+    return None
+
+
+def storage_probes(rig: Rig) -> Iterator[Probe]:
+    before = rig.snapshot()
+    for gid in ("dmg-1", "fill-1"):
+        rig.post("/rollouts", group(gid)).raise_for_status()
+    _flip_a_byte(rig.job.state_dir, "dmg-1")
+    pulled = rig.post("/trainer/batch")
+    batch = pulled.json() if pulled.status_code == 200 else {}
+    ids = [g["id"] for g in batch.get("groups", [])]
+    acked = rig.post(f"/trainer/batch/{batch['batch_id']}/ack").status_code if batch else 0
+    rig.post("/rollouts", group("kept-2")).raise_for_status()  # one group of 4 waiting again, as before
+    lost = rig.http.get("/global-status", headers=rig.auth).json()["queue"]["lost_groups"]
+    kept, same = rig.kept(before)
+    yield Probe("storage", "flip a byte in a queued group's record in the payload log, then pull a batch",
+                f"{pulled.status_code}: groups {ids}, lost_group_ids {batch.get('lost_group_ids')}; "
+                f"`/global-status` queue.lost_groups {lost}",
+                f"{kept} (the damaged group never delivered, the others once)",
+                pulled.status_code == 200 and ids == ["kept-1", "fill-1"] and batch.get("lost_group_ids") == ["dmg-1"]
+                and acked == 200 and lost == 1 and same)
+
+    before = rig.snapshot()
+    old_pid = rig.job.controller_pid()
+    syncer_pid = _syncer_of(old_pid)
+    if syncer_pid is None:
+        yield Probe("storage", "kill -9 the controller while its syncer is stopped", "no syncer found", "", False)
+        return
+    os.kill(syncer_pid, signal.SIGSTOP)  # a commit stalled on a slow disk
+    os.kill(old_pid, signal.SIGKILL)
+    log = rig.job.tmp / "job.out"
+    line = ""
+    try:
+        wait_for(lambda: f"syncer pid {syncer_pid}" in log.read_text(), 60, "the new controller to wait")
+        line = next(ln for ln in log.read_text().splitlines() if f"syncer pid {syncer_pid}" in ln)
+        serving_meanwhile = _restarted(rig, old_pid)
+    finally:
+        os.kill(syncer_pid, signal.SIGCONT)
+    wait_for(lambda: _restarted(rig, old_pid), 60, "the controller to restart")
+    wait_for(lambda steps=before["steps"]: rig.snapshot()["steps"] == steps, 30, "the same steps")  # type: ignore[misc]
+    kept, same = rig.kept(before)
+    yield Probe("storage", "kill -9 the controller while its syncer is stopped (SIGSTOP), as on a hung disk",
+                f"the new controller waits: `{short(line[line.find('waiting for'):], 100)}`; it serves once the old "
+                "syncer is continued and exits",
+                f"{kept}; nothing written while the old syncer lived",
+                bool(line) and not serving_meanwhile and same)
+
+
 def run_all(cluster: DevCluster, tmp: Path) -> list[Probe]:
     """Every probe, in a fresh controller job on ``cluster`` and a scratch cluster of its own."""
     probes: list[Probe] = []
@@ -456,6 +525,7 @@ def run_all(cluster: DevCluster, tmp: Path) -> list[Probe]:
         probes += cli_probes(rig)
         probes += config_probes(rig, tmp)
         probes += state_probes(rig)
+        probes += storage_probes(rig)
     finally:
         rig.close()
         stop_controller_job(job)
