@@ -21,6 +21,7 @@ from starlette.types import Receive, Scope, Send
 
 from slurm_elastic.controller.http import WORKER_ID, bearer_auth
 from slurm_elastic.controller.runtime import Controller
+from slurm_elastic.core.staleness import MAX_VERSION, VersionRefused
 from slurm_elastic.rollouts.queue import QueueFull, RolloutQueue, UnknownBatchError
 from slurm_elastic.rollouts.wire import check_mask_values, check_token_ids
 
@@ -100,6 +101,7 @@ class RolloutGroup(BaseModel):
 class Admission(BaseModel):
     model_config = ConfigDict(extra="forbid")
     sequences: int = Field(ge=1, le=100_000)
+    worker_id: str = Field(pattern=WORKER_ID, description="the lease is this worker's: only its submits use it")
 
 
 class TrainerHello(BaseModel):
@@ -109,8 +111,8 @@ class TrainerHello(BaseModel):
 
 class VersionUpdate(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    version: int = Field(ge=0)
-    recovered: bool = False
+    version: int = Field(ge=0, le=MAX_VERSION)
+    recovered: bool = Field(False, description="the trainer resumed from a checkpoint at this version")
 
 
 def inline_schema(model: type[BaseModel]) -> dict[str, Any]:
@@ -257,7 +259,7 @@ def rollout_router(controller: Controller, queue: RolloutQueue, token: str) -> A
 
     @router.post("/rollouts/admission", tags=["rollouts"])
     def admission(body: Admission) -> dict[str, Any]:
-        granted = queue.admit(body.sequences)
+        granted = queue.admit(body.sequences, body.worker_id)
         stats = queue.stats()
         return {"granted": granted, "staleness_capacity": stats["staleness_capacity"],
                 "policy_version": stats["policy_version"]}
@@ -284,9 +286,14 @@ def rollout_router(controller: Controller, queue: RolloutQueue, token: str) -> A
         except UnknownBatchError:
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"unknown batch {batch_id}") from None
 
-    @router.post("/trainer/version", tags=["trainer"])
+    @router.post("/trainer/version", tags=["trainer"], responses={
+        409: {"description": "a plain publish lower than the current version, or more than max_staleness + 1 "
+                             "past it: publish with recovered=true after a checkpoint resume"}})
     def version(body: VersionUpdate) -> dict[str, Any]:
-        queue.set_version(body.version, recovered=body.recovered)
+        try:
+            queue.set_version(body.version, recovered=body.recovered)
+        except VersionRefused as exc:
+            raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
         return {"policy_version": queue.stats()["policy_version"],
                 "staleness_capacity": queue.stats()["staleness_capacity"]}
 

@@ -5,11 +5,17 @@ trainer pulls batches of exactly ``batch_size`` sequences made of whole groups (
 however long the queue); groups older than the staleness bound when the trainer pulls are
 dropped and counted. Batches are acknowledged by the trainer; unacknowledged ones are handed
 out again (same id, same content) after a restart of the trainer or of the controller.
+
+The staleness counts survive a controller restart exactly: every admission and version change
+writes a small snapshot to the store's meta table (the version, the accepted count plus the
+dropped total, the leases, and the arrival number they are current up to) before it is
+answered; groups accepted and dropped since are read back from the store at open.
 """
 
 from __future__ import annotations
 
 import collections
+import json
 import threading
 import time
 import uuid
@@ -19,11 +25,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from slurm_elastic.core.rates import WindowRate
-from slurm_elastic.core.staleness import AdmissionGrants, StalenessManager
-from slurm_elastic.errors import SlurmElasticError
+from slurm_elastic.core.staleness import (
+    AdmissionLeases,
+    Lease,
+    StalenessManager,
+    VersionRefused,
+    oldest_fresh_version,
+)
+from slurm_elastic.errors import SlurmElasticError, StateFileError
 from slurm_elastic.rollouts.store import RolloutStore, StoredGroup, Then, settle
 
 RATE_WINDOW_S = 60.0
+STALENESS_KEY = "staleness"  # the store meta key of the staleness snapshot
+__all__ = ["QueueConfig", "QueueFull", "RolloutQueue", "UnknownBatchError", "VersionRefused"]
 
 
 class QueueFull(SlurmElasticError):
@@ -97,10 +111,10 @@ class RolloutQueue:
         self.in_use = False  # a trainer registered or pulled, or rollouts arrived: the buffer means something
         self._pulls = WindowRate(RATE_WINDOW_S)
         self._accepts = WindowRate(RATE_WINDOW_S)
-        version = int(store.get_meta("version", "0"))
         self.staleness = StalenessManager(config.batch_size, config.max_staleness, config.max_concurrent)
-        self.staleness.on_version_recovered(version)  # after a restart: bounded, not inflated
-        self._grants = AdmissionGrants(self.staleness, config.admission_ttl_s)
+        self.leases = AdmissionLeases(self.staleness, config.admission_ttl_s)
+        self._last_seq = 0  # the highest arrival number accounted for in the staleness counts
+        self._persist_lock = threading.Lock()  # snapshots reach the store in the order they were taken
         self._recover()
 
     def _recover(self) -> None:
@@ -113,6 +127,45 @@ class RolloutQueue:
         self.in_use = bool(counts)
         self.delivered_seqs = counts.get("delivered", 0)
         self.dropped_stale_seqs = counts.get("dropped", 0)
+        self._recover_staleness()
+
+    def _recover_staleness(self) -> None:
+        """The staleness counts as they were at the last snapshot, moved on by what the store
+        accepted since (groups past the snapshot's arrival number) and what it dropped."""
+        raw = self.store.get_meta(STALENESS_KEY)
+        try:
+            saved = json.loads(raw) if raw else None
+            at_seq = int(saved["at_seq"]) if saved else 0
+            last_seq, arrived = self.store.arrived_since(at_seq)
+            version, gross = 0, 0  # a new store: every group it holds was accepted here
+            leases: dict[str, Lease] = {}
+            if saved:
+                version, gross = int(saved["version"]), int(saved["gross_seqs"])
+                leases = {str(w): Lease(int(n), float(t)) for w, (n, t) in saved["leases"].items()}
+            elif self.store.get_meta("version"):  # from before snapshots: as if the trainer recovered now
+                version = int(self.store.get_meta("version"))
+                gross = version * self.config.batch_size + self._buffered_seqs() + self.dropped_stale_seqs
+                arrived = {}
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise StateFileError(f"rollout store {self.store.path}: unreadable staleness snapshot {raw!r} "
+                                 f"({exc})") from None
+        self.staleness.version = version
+        self.staleness.accepted = gross + sum(arrived.values()) - self.dropped_stale_seqs
+        self.leases.restore(leases, arrived)
+        self.leases.expire(self.clock())
+        self._last_seq = last_seq
+
+    def _buffered_seqs(self) -> int:
+        """Sequences the trainer will still get: queued, or handed out and not acknowledged."""
+        return self._queued_seqs + sum(g.n_seqs for groups in self._handed.values() for g in groups)
+
+    def _snapshot(self) -> str:
+        """The staleness counts as the store keeps them (lock held; see :meth:`_recover_staleness`)."""
+        return json.dumps({
+            "version": self.staleness.version, "at_seq": self._last_seq,
+            "gross_seqs": self.staleness.accepted + self.dropped_stale_seqs,
+            "leases": {w: [held.unused_seqs, held.granted_at_s] for w, held in self.leases.leases.items()},
+        }, separators=(",", ":"))
 
     def _append(self, group: StoredGroup) -> None:
         self._queue.append(group)
@@ -122,10 +175,26 @@ class RolloutQueue:
         self._queued_bytes += group.nbytes
 
     # ---- workers -----------------------------------------------------------------------------
-    def admit(self, n_seqs: int) -> int:
-        """The capacity gate: how many of ``n_seqs`` may start now (staleness and concurrency)."""
+    def admit(self, n_seqs: int, worker_id: str) -> int:
+        """The capacity gate: how many of ``n_seqs`` ``worker_id`` may start now (staleness and
+        concurrency); they are its lease, recorded durably before this returns."""
+        with self._persist_lock:
+            with self._lock:
+                granted = self.leases.grant(worker_id, n_seqs, self.clock())
+                snapshot = self._snapshot() if granted else ""
+            if snapshot:
+                try:
+                    self.store.set_meta(STALENESS_KEY, snapshot)
+                except BaseException:
+                    with self._lock:
+                        self.leases.revoke(worker_id, granted)
+                    raise
+        return granted
+
+    def expire_admissions(self) -> None:
+        """Release leases past the admission TTL (the controller's tick calls this)."""
         with self._lock:
-            return self._grants.grant(n_seqs, self.clock())
+            self.leases.expire(self.clock())
 
     def submit(self, group_id: str, worker_id: str, n_seqs: int, version: int, payload: bytes) -> bool:
         """Store a group durably; False if that id was already accepted (a retry). Raises QueueFull."""
@@ -167,8 +236,8 @@ class RolloutQueue:
                 if seq is not None:
                     self._append(StoredGroup(seq, group_id, worker_id, n_seqs, version, len(payload)))
                     self.in_use = True
-                    self.staleness.on_accepted(n_seqs)
-                    self._grants.use(n_seqs)
+                    self._last_seq = max(self._last_seq, seq)
+                    self.leases.accept(worker_id, n_seqs, self.clock())
                     self._accepts.add(self.clock(), n_seqs)
             then(seq is not None, error)
 
@@ -244,7 +313,7 @@ class RolloutQueue:
     def _drop_stale(self) -> None:
         """Drop every queued group older than the bound, wherever it sits in the queue (by version:
         O(groups dropped + versions queued))."""
-        oldest_ok = self.staleness.version - self.config.max_staleness
+        oldest_ok = oldest_fresh_version(self.staleness.version, self.config.max_staleness)
         stale = [g for v in [v for v in self._by_version if v < oldest_ok] for g in self._by_version[v].values()]
         for group in stale:
             self._forget(group)
@@ -277,17 +346,24 @@ class RolloutQueue:
             return len(self._rehand)
 
     def set_version(self, version: int, recovered: bool = False) -> None:
-        with self._lock:
-            if recovered:
-                self.staleness.on_version_recovered(version)
-            else:
-                self.staleness.on_version(version)
-        self.store.set_meta("version", str(self.staleness.version))
+        """The trainer's policy version. Plain: not lower than the current one and at most
+        max_staleness + 1 past it, else :class:`VersionRefused`. ``recovered``: the trainer resumed
+        from a checkpoint at ``version``; the accepted count is anchored there, plus what is
+        still buffered (it will be trained on first)."""
+        with self._persist_lock:
+            with self._lock:
+                if recovered:
+                    self.staleness.on_version_recovered(version, self._buffered_seqs())
+                else:
+                    self.staleness.on_version(version)
+                snapshot = self._snapshot()
+            self.store.set_meta(STALENESS_KEY, snapshot)
 
     # ---- numbers -----------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
         now_s = self.clock()
         with self._lock:
+            self.leases.expire(now_s)
             return {
                 "queued_sequences": self._queued_seqs, "queued_groups": len(self._ids),
                 "queued_bytes": self._queued_bytes, "capacity_sequences": self.config.capacity_seqs,

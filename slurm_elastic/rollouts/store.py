@@ -518,3 +518,12 @@ class RolloutStore:
         with self._lock:
             self._db.execute("INSERT INTO meta (key, value) VALUES (?, ?) "
                              "ON CONFLICT(key) DO UPDATE SET value=excluded.value", (key, value))
+
+    def arrived_since(self, seq: int) -> tuple[int, dict[str, int]]:
+        """The highest arrival number stored, and the sequences per worker of the groups stored
+        after arrival ``seq`` (for the queue's staleness counts at a restart)."""
+        with self._lock:
+            last = self._db.execute("SELECT COALESCE(MAX(seq), 0) FROM groups").fetchone()[0]
+            rows = self._db.execute("SELECT worker_id, SUM(n_seqs) FROM groups WHERE seq > ? GROUP BY worker_id",
+                                    (seq,))
+            return int(last), {str(w): int(n) for w, n in rows}

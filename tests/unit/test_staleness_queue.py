@@ -1,0 +1,139 @@
+"""The staleness counts of the rollout queue over the real store, through controller restarts:
+each case is one way the counts used to drift from AReaL's (issue: admission and recovery)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from slurm_elastic.core.staleness import VersionRefused
+from slurm_elastic.rollouts.queue import QueueConfig, RolloutQueue
+from slurm_elastic.rollouts.store import RolloutStore
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+CLOCK = Clock()
+
+
+def make(tmp: Path, **cfg: object) -> RolloutQueue:
+    config = QueueConfig(**{"batch_size": 8, "capacity_seqs": 1000, "max_staleness": 1, "max_concurrent": 1000,
+                            "admission_ttl_s": 60, "fsync": "off", **cfg})  # type: ignore[arg-type]
+    return RolloutQueue(RolloutStore(tmp / "q.sqlite", fsync="off"), config, clock=CLOCK)
+
+
+def restart(q: RolloutQueue, tmp: Path) -> RolloutQueue:
+    q.store.close()
+    return make(tmp)
+
+
+def submit(q: RolloutQueue, group_id: str, worker_id: str = "0001", n: int = 4, version: int = 0) -> None:
+    body = json.dumps({"id": group_id, "group_size": n, "policy_version": version,
+                       "sequences": [{"tokens": [1], "score": 1.0}] * n}).encode()
+    assert q.submit(group_id, worker_id, n, version, body)
+
+
+def capacity(q: RolloutQueue) -> tuple[int, int]:
+    stats = q.stats()
+    return stats["staleness_capacity"], stats["running_rollouts"]
+
+
+def test_a_restart_counts_groups_queued_and_handed_out(tmp_path: Path) -> None:
+    q = make(tmp_path)
+    assert q.admit(16, "0001") == 16  # one window: (1 + 0 + 1) * 8
+    for i in range(4):
+        submit(q, f"g{i}")
+    assert q.pull() is not None  # 8 handed out, not acknowledged; 8 queued
+    assert capacity(q) == (0, 0)
+    q = restart(q, tmp_path)
+    assert capacity(q) == (0, 0)  # was 16: the reloaded groups were forgotten
+
+
+def test_admissions_in_flight_survive_a_restart(tmp_path: Path) -> None:
+    q = make(tmp_path)
+    assert q.admit(10, "0001") == 10
+    submit(q, "a", "0001", 4)  # 6 still admitted and running
+    q = restart(q, tmp_path)
+    assert capacity(q) == (16 - 4 - 6, 6)
+    submit(q, "b", "0001", 4)  # the restored lease is used, not taken twice
+    assert capacity(q) == (16 - 8 - 2, 2)
+    CLOCK.t += 61  # the worker died with 2 admitted: released after the ttl, on a restart too
+    q = restart(q, tmp_path)
+    assert capacity(q) == (8, 0)
+
+
+def test_a_dead_workers_lease_is_not_moved_onto_a_live_one(tmp_path: Path) -> None:
+    q = make(tmp_path)
+    assert q.admit(4, "0001") == 4  # worker 1 dies mid-rollout
+    CLOCK.t += 30
+    assert q.admit(4, "0002") == 4
+    submit(q, "b", "0002")  # uses worker 2's lease, not worker 1's older one
+    CLOCK.t += 31  # worker 1's lease is past the ttl; nothing else is open
+    assert capacity(q) == (16 - 4, 0)
+
+
+@pytest.mark.parametrize("late", [True, False])
+def test_late_or_unadmitted_results_do_not_take_from_running_twice(tmp_path: Path, late: bool) -> None:
+    q = make(tmp_path)
+    if late:
+        assert q.admit(4, "0002") == 4
+        CLOCK.t += 61  # worker 2's lease expires before its result arrives
+    assert q.admit(4, "0001") == 4
+    submit(q, "x", "0002")  # late, or never admitted: worker 1's rollouts are still running
+    assert capacity(q) == (16 - 4 - 4, 4)
+
+
+def test_expiry_runs_without_an_admission(tmp_path: Path) -> None:
+    q = make(tmp_path)
+    q.admit(16, "0001")
+    CLOCK.t += 61
+    assert capacity(q) == (16, 0)  # status and the autoscaler read the current capacity
+    q.admit(16, "0001")
+    CLOCK.t += 61
+    q.expire_admissions()  # the controller's tick
+    assert q.leases.leases == {} and q.staleness.running == 0
+
+
+def test_plain_publishes_may_not_go_back_or_jump(tmp_path: Path) -> None:
+    q = make(tmp_path)
+    q.set_version(2)
+    submit(q, "a", version=2)
+    with pytest.raises(VersionRefused, match="recovered=true"):
+        q.set_version(1)
+    with pytest.raises(VersionRefused, match="recovered=true"):
+        q.set_version(10**6)  # a typo: used to drop every queued group (10**30: outside what the store holds)
+    with pytest.raises(VersionRefused, match="outside"):
+        q.set_version(10**30)
+    q.set_version(2)  # the same version again (a retry) is fine
+    assert q.pull() is None and q.stats()["dropped_stale_sequences"] == 0
+    q.set_version(4)  # max_staleness + 1 past: allowed
+    assert q.stats()["policy_version"] == 4
+
+
+def test_a_recovered_trainer_finds_the_buffer_counted(tmp_path: Path) -> None:
+    q = make(tmp_path)
+    q.admit(16, "0001")
+    for i in range(4):
+        submit(q, f"g{i}")
+    q.set_version(40, recovered=True)  # the trainer resumed at 40; 16 sequences still wait for it
+    assert capacity(q) == (0, 0)
+    q = restart(q, tmp_path)
+    assert capacity(q) == (0, 0) and q.stats()["policy_version"] == 40
+    q.set_version(41)
+    assert capacity(q) == (8, 0)
+
+
+def test_a_store_from_before_snapshots_is_read_as_a_recovery(tmp_path: Path) -> None:
+    q = make(tmp_path)
+    submit(q, "a")
+    q.store.set_meta("version", "7")  # what the queue used to keep
+    q = restart(q, tmp_path)
+    assert q.stats()["policy_version"] == 7 and capacity(q) == (16 - 4, 0)
