@@ -386,13 +386,7 @@ class Simulation:
         if self.trainer_busy:
             return
         q = self.trace.queue
-        oldest_ok = oldest_fresh_version(self.version, q.max_staleness)
-        dropped = sum(n for version, n in self.buffer if version < oldest_ok)
-        if dropped:  # every stale group, wherever it sits (as the queue does)
-            self.buffer = collections.deque(g for g in self.buffer if g[0] >= oldest_ok)
-            self.queued_seqs -= dropped
-            self.counters["dropped"] += dropped
-            self.staleness.on_dropped(dropped)
+        if self._drop_stale():
             self._serve_admissions()
         if self.queued_seqs < q.batch_size:
             if self.trainer_waiting_since is None:
@@ -416,6 +410,18 @@ class Simulation:
         for worker_id in list(self.submit_waiters):
             if not self._try_submit(self.procs[worker_id]):
                 break
+
+    def _drop_stale(self) -> int:
+        """Drop every stale group, wherever it sits (the queue's rule, at the pull as there);
+        returns the sequences dropped."""
+        oldest_ok = oldest_fresh_version(self.version, self.trace.queue.max_staleness)
+        dropped = sum(n for version, n in self.buffer if version < oldest_ok)
+        if dropped:
+            self.buffer = collections.deque(g for g in self.buffer if g[0] >= oldest_ok)
+            self.queued_seqs -= dropped
+            self.counters["dropped"] += dropped
+            self.staleness.on_dropped(dropped)
+        return dropped
 
     def _trainer_done(self) -> None:
         self.trainer_busy = False

@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from slurm_elastic.core.staleness import VersionRefused
 from slurm_elastic.rollouts.queue import QueueConfig, RolloutQueue
@@ -137,3 +139,61 @@ def test_a_store_from_before_snapshots_is_read_as_a_recovery(tmp_path: Path) -> 
     q.store.set_meta("version", "7")  # what the queue used to keep
     q = restart(q, tmp_path)
     assert q.stats()["policy_version"] == 7 and capacity(q) == (16 - 4, 0)
+
+
+def test_the_routes_lease_per_worker_and_refuse_bad_versions(tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from slurm_elastic.controller.app import create_controller_app
+    from slurm_elastic.controller.config import parse_config
+    from slurm_elastic.controller.runtime import Controller
+    from slurm_elastic.slurm.cli_backend import SlurmCli
+
+    config = parse_config({"agent": {"enabled": False}, "autoscaler": {"min_workers": 0}})
+    controller = Controller(config, 1, SlurmCli(timeout_s=5), tmp_path, gpus_by_node={"node1": (0,)})
+    q = make(tmp_path)
+    client = TestClient(create_controller_app(controller, "t", q), headers={"Authorization": "Bearer t"})
+    missing = client.post("/rollouts/admission", json={"sequences": 4})
+    assert missing.status_code == 422 and "worker_id" in missing.text
+    answer = client.post("/rollouts/admission", json={"sequences": 4, "worker_id": "0007"}).json()
+    assert answer["granted"] == 4 and q.leases.leases["0007"].unused_seqs == 4
+    assert client.post("/trainer/version", json={"version": 2}).status_code == 200
+    lower = client.post("/trainer/version", json={"version": 1})
+    assert lower.status_code == 409 and "recovered=true" in lower.json()["detail"]
+    jump = client.post("/trainer/version", json={"version": 10**6})
+    assert jump.status_code == 409 and "max_staleness + 1" in jump.json()["detail"]
+    huge = client.post("/trainer/version", json={"version": 10**30, "recovered": True})
+    assert huge.status_code == 422 and "version" in huge.text
+    back = client.post("/trainer/version", json={"version": 1, "recovered": True})
+    assert back.status_code == 200 and back.json()["policy_version"] == 1
+    q.store.close()
+
+
+@given(versions=st.lists(st.integers(0, 6), min_size=1, max_size=12), trainer_version=st.integers(0, 6),
+       max_staleness=st.integers(0, 3))
+@settings(max_examples=40, deadline=None)
+def test_the_simulator_drops_by_the_queues_rule(versions: list[int], trainer_version: int,
+                                                max_staleness: int) -> None:
+    """One drop rule (core.staleness.oldest_fresh_version): the simulator's buffer and the real
+    queue drop the same groups."""
+    import dataclasses
+    import tempfile
+
+    from slurm_elastic.sim.engine import Simulation
+    from tests.unit.test_simulate import short
+
+    trace = short()
+    sim = Simulation(dataclasses.replace(trace, queue=dataclasses.replace(
+        trace.queue, max_staleness=max_staleness, capacity_seqs=1000)))
+    with tempfile.TemporaryDirectory() as tmp:
+        q = make(Path(tmp), max_staleness=max_staleness, batch_size=1000)
+        for i, version in enumerate(versions):
+            submit(q, f"g{i}", n=2, version=version)
+            sim.buffer.append((version, 2))
+            sim.queued_seqs += 2
+        q.set_version(trainer_version, recovered=True)
+        sim.version = trainer_version
+        assert q.pull() is None
+        assert sim._drop_stale() == q.stats()["dropped_stale_sequences"]
+        assert sim.queued_seqs == q.stats()["queued_sequences"]
+        q.store.close()

@@ -218,3 +218,69 @@ StalenessVsAReaL.TestCase.settings = settings(
     max_examples=300, stateful_step_count=50, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 test_staleness_matches_areal = StalenessVsAReaL.TestCase
+
+
+CHILD = """
+import json, sys, time
+from pathlib import Path
+from slurm_elastic.rollouts.queue import QueueConfig, RolloutQueue
+from slurm_elastic.rollouts.store import RolloutStore
+q = RolloutQueue(RolloutStore(Path(sys.argv[1])), QueueConfig(**json.loads(sys.argv[2])), clock=lambda: 1000.0)
+def submit(group_id, worker, n, version):
+    q.submit(group_id, worker, n, version, json.dumps({"id": group_id}).encode())
+q.set_version(3, recovered=True)
+assert q.admit(8, "0001") == 8 and q.admit(4, "0002") == 4  # 0002 dies mid-rollout
+for i in range(4):
+    submit(f"a{i}", "0001", 2, 3)
+assert q.pull() is not None  # 4 handed out, never acknowledged
+assert q.admit(6, "0001") == 6
+submit("b", "0001", 2, 3)  # 4 of 0001's admission still running
+submit("c", "0003", 2, 3)  # never admitted
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("after_s", [10, TTL_S + 1])
+def test_a_controller_killed_with_groups_buffered_and_admissions_in_flight(tmp_path: Path, after_s: int) -> None:
+    """kill -9 of a process that owns the queue; the queue opened again holds AReaL's counts
+    (with the dead worker's lease still held inside the TTL, released after it)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    config = {"batch_size": 4, "max_staleness": 4, "max_concurrent": 100, "admission_ttl_s": TTL_S}
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path / "rollouts.sqlite"), json.dumps(config)],
+                             stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parents[2])
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+    trainer = Trainer()
+    areal = AReaLStalenessManager(trainer, 100, 4, 4)
+    trainer.version = 3
+    areal.on_version_recovered(3)
+    for _ in range(8 + 4 + 6):
+        areal.on_rollout_enqueued()
+        areal.on_rollout_submitted()
+    for _ in range(8 + 2):
+        areal.on_rollout_accepted()  # 0001's groups a0..a3 and b
+    for _ in range(2):  # c: not admitted, started and finished at once
+        areal.on_rollout_enqueued()
+        areal.on_rollout_submitted()
+        areal.on_rollout_accepted()
+    if after_s > TTL_S:
+        for _ in range(4 + 4):  # 0002's lease and the rest of 0001's
+            areal.on_rollout_rejected()
+    clock = Clock()
+    clock.t = 1000.0 + after_s
+    queue = RolloutQueue(RolloutStore(tmp_path / "rollouts.sqlite"), QueueConfig(**config), clock=clock)  # type: ignore[arg-type]
+    try:
+        stats = queue.stats()
+        assert (stats["staleness_capacity"], stats["running_rollouts"], queue.staleness.accepted) == (
+            max(0, areal.get_capacity()), areal.rollout_stat.running, areal.rollout_stat.accepted)
+        assert stats["unacked_batches"] == 1 and stats["queued_sequences"] == 8 and stats["policy_version"] == 3
+    finally:
+        queue.store.close()
