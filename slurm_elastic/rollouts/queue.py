@@ -114,7 +114,9 @@ class RolloutQueue:
         self.staleness = StalenessManager(config.batch_size, config.max_staleness, config.max_concurrent)
         self.leases = AdmissionLeases(self.staleness, config.admission_ttl_s)
         self._last_seq = 0  # the highest arrival number accounted for in the staleness counts
-        self._persist_lock = threading.Lock()  # snapshots reach the store in the order they were taken
+        self._persist_lock = threading.Lock()  # one snapshot write at a time, each newer than the last
+        self._changes = 0  # staleness changes made (admissions, versions) ...
+        self._durable_changes = 0  # ... and how many of them the stored snapshot holds
         self._recover()
 
     def _recover(self) -> None:
@@ -178,18 +180,29 @@ class RolloutQueue:
     def admit(self, n_seqs: int, worker_id: str) -> int:
         """The capacity gate: how many of ``n_seqs`` ``worker_id`` may start now (staleness and
         concurrency); they are its lease, recorded durably before this returns."""
-        with self._persist_lock:
+        with self._lock:
+            granted = self.leases.grant(worker_id, n_seqs, self.clock())
+            self._changes += bool(granted)
+            wanted = self._changes
+        try:
+            self._persist(wanted)
+        except BaseException:
             with self._lock:
-                granted = self.leases.grant(worker_id, n_seqs, self.clock())
-                snapshot = self._snapshot() if granted else ""
-            if snapshot:
-                try:
-                    self.store.set_meta(STALENESS_KEY, snapshot)
-                except BaseException:
-                    with self._lock:
-                        self.leases.revoke(worker_id, granted)
-                    raise
+                self.leases.revoke(worker_id, granted)
+                self._changes += 1
+            raise
         return granted
+
+    def _persist(self, wanted: int) -> None:
+        """Make the staleness counts durable up to change ``wanted``: a write of the counts as
+        they are now, unless one already holds them (concurrent admissions share one write)."""
+        with self._persist_lock:
+            if self._durable_changes >= wanted:
+                return
+            with self._lock:
+                snapshot, changes = self._snapshot(), self._changes
+            self.store.set_meta(STALENESS_KEY, snapshot)
+            self._durable_changes = changes
 
     def expire_admissions(self) -> None:
         """Release leases past the admission TTL (the controller's tick calls this)."""
@@ -350,14 +363,14 @@ class RolloutQueue:
         max_staleness + 1 past it, else :class:`VersionRefused`. ``recovered``: the trainer resumed
         from a checkpoint at ``version``; the accepted count is anchored there, plus what is
         still buffered (it will be trained on first)."""
-        with self._persist_lock:
-            with self._lock:
-                if recovered:
-                    self.staleness.on_version_recovered(version, self._buffered_seqs())
-                else:
-                    self.staleness.on_version(version)
-                snapshot = self._snapshot()
-            self.store.set_meta(STALENESS_KEY, snapshot)
+        with self._lock:
+            if recovered:
+                self.staleness.on_version_recovered(version, self._buffered_seqs())
+            else:
+                self.staleness.on_version(version)
+            self._changes += 1
+            wanted = self._changes
+        self._persist(wanted)
 
     # ---- numbers -----------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:

@@ -197,3 +197,31 @@ def test_the_simulator_drops_by_the_queues_rule(versions: list[int], trainer_ver
         assert sim._drop_stale() == q.stats()["dropped_stale_sequences"]
         assert sim.queued_seqs == q.stats()["queued_sequences"]
         q.store.close()
+
+
+def test_concurrent_admissions_share_writes_and_all_survive_a_restart(tmp_path: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    q = make(tmp_path, max_staleness=100)
+    with ThreadPoolExecutor(16) as pool:
+        granted = sum(pool.map(lambda i: q.admit(1, f"{i % 8:04d}"), range(200)))
+    assert granted == 200 and q.staleness.running == 200
+    q = restart(q, tmp_path)
+    assert q.staleness.running == 200 and sum(held.unused_seqs for held in q.leases.leases.values()) == 200
+
+
+def test_an_admission_that_cannot_be_recorded_is_taken_back(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    q = make(tmp_path)
+    q.admit(4, "0001")
+
+    def full_disk(key: str, value: str) -> None:
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(q.store, "set_meta", full_disk)
+    with pytest.raises(OSError):
+        q.admit(4, "0002")
+    assert q.staleness.running == 4 and "0002" not in q.leases.leases
+    monkeypatch.undo()
+    q = restart(q, tmp_path)
+    assert q.staleness.running == 4
