@@ -182,7 +182,9 @@ class RolloutQueue:
         concurrency); they are its lease, recorded durably before this returns."""
         with self._lock:
             granted = self.leases.grant(worker_id, n_seqs, self.clock())
-            self._changes += bool(granted)
+            if not granted:
+                return 0
+            self._changes += 1
             wanted = self._changes
         try:
             self._persist(wanted)
@@ -250,8 +252,9 @@ class RolloutQueue:
                     self._append(StoredGroup(seq, group_id, worker_id, n_seqs, version, len(payload)))
                     self.in_use = True
                     self._last_seq = max(self._last_seq, seq)
-                    self.leases.accept(worker_id, n_seqs, self.clock())
-                    self._accepts.add(self.clock(), n_seqs)
+                    now_s = self.clock()
+                    self.leases.accept(worker_id, n_seqs, now_s)
+                    self._accepts.add(now_s, n_seqs)
             then(seq is not None, error)
 
         try:

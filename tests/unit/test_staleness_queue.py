@@ -141,18 +141,22 @@ def test_a_store_from_before_snapshots_is_read_as_a_recovery(tmp_path: Path) -> 
     assert q.stats()["policy_version"] == 7 and capacity(q) == (16 - 4, 0)
 
 
-def test_the_routes_lease_per_worker_and_refuse_bad_versions(tmp_path: Path) -> None:
-    from fastapi.testclient import TestClient
-
+def app_over(q: RolloutQueue, tmp: Path):  # type: ignore[no-untyped-def]
     from slurm_elastic.controller.app import create_controller_app
     from slurm_elastic.controller.config import parse_config
     from slurm_elastic.controller.runtime import Controller
     from slurm_elastic.slurm.cli_backend import SlurmCli
 
     config = parse_config({"agent": {"enabled": False}, "autoscaler": {"min_workers": 0}})
-    controller = Controller(config, 1, SlurmCli(timeout_s=5), tmp_path, gpus_by_node={"node1": (0,)})
+    controller = Controller(config, 1, SlurmCli(timeout_s=5), tmp, gpus_by_node={"node1": (0,)})
+    return create_controller_app(controller, "t", q)
+
+
+def test_the_routes_lease_per_worker_and_refuse_bad_versions(tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
     q = make(tmp_path)
-    client = TestClient(create_controller_app(controller, "t", q), headers={"Authorization": "Bearer t"})
+    client = TestClient(app_over(q, tmp_path), headers={"Authorization": "Bearer t"})
     missing = client.post("/rollouts/admission", json={"sequences": 4})
     assert missing.status_code == 422 and "worker_id" in missing.text
     answer = client.post("/rollouts/admission", json={"sequences": 4, "worker_id": "0007"}).json()
@@ -225,3 +229,24 @@ def test_an_admission_that_cannot_be_recorded_is_taken_back(tmp_path: Path,
     monkeypatch.undo()
     q = restart(q, tmp_path)
     assert q.staleness.running == 4
+
+
+def test_the_worker_sdk_asks_for_its_own_lease_and_its_submit_uses_it(tmp_path: Path) -> None:
+    from slurm_elastic.controller.serve import ApiServer
+    from slurm_elastic.worker import RolloutWorker, StepContext
+
+    q = make(tmp_path)
+    server = ApiServer(app_over(q, tmp_path), "127.0.0.1")
+    server.start()
+    try:
+        ctx = StepContext(worker_id="0007", controller_url=server.url, token="t", heartbeat_interval_s=60,
+                          drain_signal="USR1", node="node1", gpus=(0,), step_id="3", job_id="1")
+        worker = RolloutWorker(ctx)
+        assert worker.admit(4) == 4 and q.leases.leases["0007"].unused_seqs == 4
+        worker.submit({"id": "sdk-1", "policy_version": 0, "group_size": 4,
+                       "sequences": [{"tokens": [1, 2], "score": 1.0}] * 4})
+        assert q.leases.leases == {} and capacity(q) == (16 - 4, 0)
+        worker.close()
+    finally:
+        server.stop()
+        q.store.close()

@@ -19,6 +19,7 @@ capacity, ``running`` and ``accepted`` agree, where our documented extensions (d
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -214,8 +215,9 @@ class StalenessVsAReaL(RuleBasedStateMachine):
         assert ours == theirs
 
 
+EXAMPLES = int(os.environ.get("SLURM_ELASTIC_AREAL_EXAMPLES", "300"))  # more for a long run
 StalenessVsAReaL.TestCase.settings = settings(
-    max_examples=300, stateful_step_count=50, deadline=None,
+    max_examples=EXAMPLES, stateful_step_count=50, deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 test_staleness_matches_areal = StalenessVsAReaL.TestCase
 
@@ -245,7 +247,6 @@ time.sleep(600)
 def test_a_controller_killed_with_groups_buffered_and_admissions_in_flight(tmp_path: Path, after_s: int) -> None:
     """kill -9 of a process that owns the queue; the queue opened again holds AReaL's counts
     (with the dead worker's lease still held inside the TTL, released after it)."""
-    import os
     import signal
     import subprocess
     import sys
