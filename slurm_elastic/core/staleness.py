@@ -17,7 +17,9 @@ own lease only; a lease not used within ``ttl_s`` of its worker's last admission
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from typing import Any
 
 MAX_VERSION = 2**63 - 1  # what the store's index holds (a signed 64-bit integer)
 
@@ -191,3 +193,43 @@ class AdmissionLeases:
             self.leases[worker_id] = lease
         else:
             self.leases.pop(worker_id, None)
+
+
+@dataclass(frozen=True)
+class StalenessSnapshot:
+    """What the queue stores so that its counts survive a restart exactly: the version, the
+    accepted count plus the dropped total (a sum only arrivals move), the leases, and the
+    arrival number of the last group accounted for. Groups that arrived after it, and the
+    dropped total, are the store's to tell at the restart (:meth:`restore`)."""
+
+    version: int
+    gross_seqs: int
+    at_seq: int
+    leases: dict[str, Lease]
+
+    @classmethod
+    def take(cls, leases: AdmissionLeases, dropped_seqs: int, at_seq: int) -> StalenessSnapshot:
+        staleness = leases.staleness
+        return cls(staleness.version, staleness.accepted + dropped_seqs, at_seq, dict(leases.leases))
+
+    def restore(self, leases: AdmissionLeases, arrived_seqs: dict[str, int], dropped_seqs: int) -> None:
+        """Set ``leases`` and its manager to the counts after ``arrived_seqs`` (per worker, the
+        groups after ``at_seq``) arrived, with ``dropped_seqs`` dropped in all."""
+        leases.staleness.version = self.version
+        leases.staleness.accepted = self.gross_seqs + sum(arrived_seqs.values()) - dropped_seqs
+        leases.restore(self.leases, arrived_seqs)
+
+    def to_json(self) -> str:
+        return json.dumps({"version": self.version, "gross_seqs": self.gross_seqs, "at_seq": self.at_seq,
+                           "leases": {w: [h.unused_seqs, h.granted_at_s] for w, h in self.leases.items()}},
+                          separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> StalenessSnapshot:
+        """Raises ValueError for anything but what :meth:`to_json` writes."""
+        try:
+            data: Any = json.loads(text)
+            leases = {str(w): Lease(int(n), float(t)) for w, (n, t) in data["leases"].items()}
+            return cls(int(data["version"]), int(data["gross_seqs"]), int(data["at_seq"]), leases)
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"not a staleness snapshot: {exc}") from None

@@ -15,7 +15,6 @@ answered; groups accepted and dropped since are read back from the store at open
 from __future__ import annotations
 
 import collections
-import json
 import threading
 import time
 import uuid
@@ -27,8 +26,8 @@ from typing import Any
 from slurm_elastic.core.rates import WindowRate
 from slurm_elastic.core.staleness import (
     AdmissionLeases,
-    Lease,
     StalenessManager,
+    StalenessSnapshot,
     VersionRefused,
     oldest_fresh_version,
 )
@@ -134,40 +133,27 @@ class RolloutQueue:
     def _recover_staleness(self) -> None:
         """The staleness counts as they were at the last snapshot, moved on by what the store
         accepted since (groups past the snapshot's arrival number) and what it dropped."""
-        raw = self.store.get_meta(STALENESS_KEY)
+        raw, old_version = self.store.get_meta(STALENESS_KEY), self.store.get_meta("version")
         try:
-            saved = json.loads(raw) if raw else None
-            at_seq = int(saved["at_seq"]) if saved else 0
-            last_seq, arrived = self.store.arrived_since(at_seq)
-            version, gross = 0, 0  # a new store: every group it holds was accepted here
-            leases: dict[str, Lease] = {}
-            if saved:
-                version, gross = int(saved["version"]), int(saved["gross_seqs"])
-                leases = {str(w): Lease(int(n), float(t)) for w, (n, t) in saved["leases"].items()}
-            elif self.store.get_meta("version"):  # from before snapshots: as if the trainer recovered now
-                version = int(self.store.get_meta("version"))
-                gross = version * self.config.batch_size + self._buffered_seqs() + self.dropped_stale_seqs
-                arrived = {}
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            saved = StalenessSnapshot.from_json(raw) if raw else StalenessSnapshot(0, 0, 0, {})  # 0: a new store
+            if old_version and not raw:  # from before snapshots: as if the trainer recovered now
+                saved = StalenessSnapshot(int(old_version), 0, 0, {})
+        except ValueError as exc:
             raise StateFileError(f"rollout store {self.store.path}: unreadable staleness snapshot {raw!r} "
                                  f"({exc})") from None
-        self.staleness.version = version
-        self.staleness.accepted = gross + sum(arrived.values()) - self.dropped_stale_seqs
-        self.leases.restore(leases, arrived)
+        self._last_seq, arrived = self.store.arrived_since(saved.at_seq)
+        saved.restore(self.leases, arrived, self.dropped_stale_seqs)
+        if old_version and not raw:
+            self.staleness.on_version_recovered(saved.version, self._buffered_seqs())
         self.leases.expire(self.clock())
-        self._last_seq = last_seq
 
     def _buffered_seqs(self) -> int:
         """Sequences the trainer will still get: queued, or handed out and not acknowledged."""
         return self._queued_seqs + sum(g.n_seqs for groups in self._handed.values() for g in groups)
 
     def _snapshot(self) -> str:
-        """The staleness counts as the store keeps them (lock held; see :meth:`_recover_staleness`)."""
-        return json.dumps({
-            "version": self.staleness.version, "at_seq": self._last_seq,
-            "gross_seqs": self.staleness.accepted + self.dropped_stale_seqs,
-            "leases": {w: [held.unused_seqs, held.granted_at_s] for w, held in self.leases.leases.items()},
-        }, separators=(",", ":"))
+        """The staleness counts as the store keeps them (lock held)."""
+        return StalenessSnapshot.take(self.leases, self.dropped_stale_seqs, self._last_seq).to_json()
 
     def _append(self, group: StoredGroup) -> None:
         self._queue.append(group)

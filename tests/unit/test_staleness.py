@@ -8,6 +8,7 @@ from slurm_elastic.core.staleness import (
     AdmissionLeases,
     Lease,
     StalenessManager,
+    StalenessSnapshot,
     VersionRefused,
     oldest_fresh_version,
 )
@@ -127,3 +128,26 @@ def test_restored_leases_lose_what_their_workers_handed_over_since() -> None:
 
 def test_the_drop_rule() -> None:
     assert oldest_fresh_version(10, 2) == 8 and oldest_fresh_version(0, 4) == -4
+
+
+def test_a_snapshot_restores_the_counts_moved_on_by_what_arrived_and_was_dropped() -> None:
+    m = StalenessManager(batch_size=8, max_staleness=1, max_concurrent=100)
+    leases = AdmissionLeases(m, ttl_s=60.0)
+    leases.grant("a", 6, now_s=0.0)
+    leases.accept("a", 2, now_s=1.0)
+    m.on_version(1)
+    saved = StalenessSnapshot.from_json(StalenessSnapshot.take(leases, dropped_seqs=4, at_seq=10).to_json())
+    leases.accept("a", 3, now_s=2.0)  # after the snapshot: group 11 (3 of a's) and 12 (4, unadmitted)
+    leases.accept("b", 4, now_s=2.0)
+    m.on_dropped(2)  # and 2 more dropped
+    again = AdmissionLeases(StalenessManager(batch_size=8, max_staleness=1, max_concurrent=100), ttl_s=60.0)
+    saved.restore(again, {"a": 3, "b": 4}, dropped_seqs=6)
+    counts = [(s.version, s.accepted, s.running, s.capacity()) for s in (again.staleness, m)]
+    assert counts[0] == counts[1] and again.leases == leases.leases  # (the rejected/submitted tallies restart)
+
+
+@pytest.mark.parametrize("text", ["", "[]", "{}", '{"version":1,"gross_seqs":0,"at_seq":0,"leases":{"a":[1]}}',
+                                  '{"version":"x","gross_seqs":0,"at_seq":0,"leases":{}}'])
+def test_a_damaged_snapshot_is_a_value_error(text: str) -> None:
+    with pytest.raises(ValueError):
+        StalenessSnapshot.from_json(text)

@@ -250,3 +250,13 @@ def test_the_worker_sdk_asks_for_its_own_lease_and_its_submit_uses_it(tmp_path: 
     finally:
         server.stop()
         q.store.close()
+
+
+def test_a_damaged_snapshot_stops_the_queue_with_a_clear_error(tmp_path: Path) -> None:
+    from slurm_elastic.errors import StateFileError
+
+    q = make(tmp_path)
+    q.store.set_meta("staleness", '{"version": "x"}')
+    q.store.close()
+    with pytest.raises(StateFileError, match="staleness snapshot"):
+        make(tmp_path)
