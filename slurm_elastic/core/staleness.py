@@ -13,6 +13,7 @@ docs/queue.md ("Staleness: AReaL's rule and ours").
 
 Admissions are leases held per worker (:class:`AdmissionLeases`): a worker's submit uses its
 own lease only; a lease not used within ``ttl_s`` of its worker's last admission is released.
+:class:`StalenessSnapshot` is what a restart needs to find the same counts again.
 """
 
 from __future__ import annotations
