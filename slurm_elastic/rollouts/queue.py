@@ -83,7 +83,15 @@ class QueueConfig:
             elif isinstance(value, bool) or not isinstance(value, int) or value < (0 if key == "max_staleness" else 1):
                 raise ConfigError(f"{prefix}.{key}: must be a positive integer")
             values[key] = value
-        return cls(**values)
+        config = cls(**values)
+        if config.capacity_seqs < config.batch_size:
+            raise ConfigError(f"{prefix}.capacity_seqs ({config.capacity_seqs}) is below {prefix}.batch_size "
+                              f"({config.batch_size}): the buffer could never hold a whole batch")
+        if config.capacity_bytes < config.max_group_bytes:
+            raise ConfigError(f"{prefix}.capacity_bytes ({config.capacity_bytes}) is below "
+                              f"{prefix}.max_group_bytes ({config.max_group_bytes}): a group under the size "
+                              "limit could never be accepted")
+        return config
 
 
 class RolloutQueue:
