@@ -9,7 +9,9 @@
         trainer.publish_version(step)            # frees staleness capacity for the workers
 
 After resuming from a checkpoint at version V, call ``publish_version(V, recovered=True)``: the
-staleness capacity is then one window, not inflated by V. A batch that was handed out but never
+staleness capacity is then one window less what is still buffered, not inflated by V. A plain
+publish may not go below the current version nor more than ``max_staleness + 1`` past it (an
+``ApiError`` with status 409 that names ``recovered=true``). A batch that was handed out but never
 acknowledged (the trainer or the controller died) is handed out again with the same id, so a
 trainer that remembers acknowledged ids processes every rollout exactly once.
 
@@ -128,6 +130,9 @@ class Trainer:
         self.acked.add(batch.batch_id)
 
     def publish_version(self, version: int, recovered: bool = False) -> dict[str, Any]:
+        """The new policy version (``recovered=True`` after resuming from a checkpoint at it);
+        answers the version and the staleness capacity. Raises ApiError (409) for a plain
+        publish lower than the current version or more than ``max_staleness + 1`` past it."""
         result: dict[str, Any] = self._retry(lambda: self.client.set_version(version, recovered))
         return result
 

@@ -54,6 +54,7 @@ def queue_pressure(controller: Controller, queue: RolloutQueue) -> dict[str, Any
 
     None of them until the queue is in use: a job of inference servers with no trainer must not
     look like a starving trainer."""
+    queue.expire_admissions()  # once a tick: a dead worker's lease stops holding capacity
     if not queue.in_use:
         return {}
     q = queue.stats()

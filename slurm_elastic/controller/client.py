@@ -110,9 +110,10 @@ class ControlClient:
             result: dict[str, Any] = response.json()
             return result
 
-    def admit(self, sequences: int) -> dict[str, Any]:
-        """Ask to start rollouts (the staleness gate); answers how many may start now."""
-        return self._call("POST", "/rollouts/admission", {"sequences": sequences})
+    def admit(self, sequences: int, worker_id: str) -> dict[str, Any]:
+        """Ask to start rollouts (the staleness gate); answers how many may start now. What is
+        granted is ``worker_id``'s lease: its submits use it."""
+        return self._call("POST", "/rollouts/admission", {"sequences": sequences, "worker_id": worker_id})
 
     # trainer
     def trainer_register(self, trainer_id: str = "trainer") -> dict[str, Any]:
@@ -135,6 +136,8 @@ class ControlClient:
         return self._call("POST", f"/trainer/batch/{batch_id}/ack")
 
     def set_version(self, version: int, recovered: bool = False) -> dict[str, Any]:
+        """Publish the trainer's policy version; ApiError 409 for a plain publish lower than the
+        current one or more than max_staleness + 1 past it (``recovered=True`` after a resume)."""
         return self._call("POST", "/trainer/version", {"version": version, "recovered": recovered})
 
     def global_status(self) -> dict[str, Any]:

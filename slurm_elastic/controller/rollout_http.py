@@ -24,6 +24,7 @@ from starlette.types import Receive, Scope, Send
 from slurm_elastic.controller.guard import Headers, RequestGuard, send_answer
 from slurm_elastic.controller.http import INT64_MAX, WORKER_ID
 from slurm_elastic.controller.runtime import Controller
+from slurm_elastic.core.staleness import MAX_VERSION, VersionRefused
 from slurm_elastic.errors import StateFileError
 from slurm_elastic.rollouts.queue import QueueFull, RolloutQueue, UnknownBatchError
 from slurm_elastic.rollouts.store import StoreUnavailableError
@@ -125,6 +126,7 @@ def finite_json(value: Any) -> bool:
 class Admission(BaseModel):
     model_config = ConfigDict(extra="forbid")
     sequences: int = Field(ge=1, le=100_000)
+    worker_id: str = Field(pattern=WORKER_ID, description="the lease is this worker's: only its submits use it")
 
 
 class TrainerHello(BaseModel):
@@ -134,8 +136,8 @@ class TrainerHello(BaseModel):
 
 class VersionUpdate(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    version: int = Field(ge=0)
-    recovered: bool = False
+    version: int = Field(ge=0, le=MAX_VERSION)
+    recovered: bool = Field(False, description="the trainer resumed from a checkpoint at this version")
 
 
 def inline_schema(model: type[BaseModel]) -> dict[str, Any]:
@@ -291,7 +293,7 @@ def rollout_router(controller: Controller, queue: RolloutQueue) -> APIRouter:
 
     @router.post("/rollouts/admission", tags=["rollouts"])
     def admission(body: Admission) -> dict[str, Any]:
-        granted = queue.admit(body.sequences)
+        granted = queue.admit(body.sequences, body.worker_id)
         stats = queue.stats()
         return {"granted": granted, "staleness_capacity": stats["staleness_capacity"],
                 "policy_version": stats["policy_version"]}
@@ -328,9 +330,14 @@ def rollout_router(controller: Controller, queue: RolloutQueue) -> APIRouter:
         except StoreUnavailableError as exc:
             return _unavailable(exc)
 
-    @router.post("/trainer/version", tags=["trainer"])
+    @router.post("/trainer/version", tags=["trainer"], responses={
+        409: {"description": "a plain publish lower than the current version, or more than max_staleness + 1 "
+                             "past it: publish with recovered=true after a checkpoint resume"}})
     def version(body: VersionUpdate) -> dict[str, Any]:
-        queue.set_version(body.version, recovered=body.recovered)
+        try:
+            queue.set_version(body.version, recovered=body.recovered)
+        except VersionRefused as exc:
+            raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
         return {"policy_version": queue.stats()["policy_version"],
                 "staleness_capacity": queue.stats()["staleness_capacity"]}
 

@@ -3,18 +3,42 @@
     capacity = min(max_concurrent - running,
                    (max_staleness + version + 1) * batch_size - (accepted + running))
 
-``version`` is the trainer's policy version; ``accepted`` counts rollouts accepted into the
-buffer since the count was last anchored, ``running`` those admitted and not yet finished. After
-the trainer resumes from a checkpoint at version V, ``on_version_recovered(V)`` anchors
-``accepted`` at V * batch_size, so the capacity is (max_staleness + 1) * batch_size - running,
-not inflated by V (the bug AReaL fixed after recovery). Counts are in sequences.
+``version`` is the trainer's policy version; ``accepted`` counts sequences accepted into the
+buffer (less those dropped as stale), ``running`` those admitted and not yet handed over. After
+the trainer resumes from a checkpoint at version V, ``on_version_recovered(V, buffered)``
+anchors ``accepted`` at V * batch_size plus what is still buffered, so the capacity is
+(max_staleness + 1) * batch_size - buffered - running, not inflated by V (the bug AReaL fixed
+after recovery). Counts are in sequences. Where this differs from AReaL's class is listed in
+docs/queue.md ("Staleness: AReaL's rule and ours").
+
+Admissions are leases held per worker (:class:`AdmissionLeases`): a worker's submit uses its
+own lease only; a lease not used within ``ttl_s`` of its worker's last admission is released.
+:class:`StalenessSnapshot` is what a restart needs to find the same counts again.
 """
 
 from __future__ import annotations
 
-import collections
+import json
 from dataclasses import dataclass, field
 from typing import Any
+
+MAX_VERSION = 2**63 - 1  # what the store's index holds (a signed 64-bit integer)
+
+
+class VersionRefused(ValueError):
+    """A plain version publish that would go backwards or jump past the bound."""
+
+
+def oldest_fresh_version(version: int, max_staleness: int) -> int:
+    """The oldest policy version a rollout may have and still be trained on at ``version``;
+    older ones are dropped (the queue and the simulator both drop by this rule)."""
+    return version - max_staleness
+
+
+def max_version_step(max_staleness: int) -> int:
+    """How far one plain publish may move the version: one past what makes every buffered
+    rollout stale at once. A bigger jump is a resume from a checkpoint (``recovered``)."""
+    return max_staleness + 1
 
 
 @dataclass
@@ -45,64 +69,168 @@ class StalenessManager:
 
     def on_accepted(self, n: int = 1) -> None:
         """n running rollouts finished and were accepted into the buffer."""
-        self.running = max(0, self.running - n)
+        self.running -= n
+        self.accepted += n
+
+    def on_accepted_unadmitted(self, n: int = 1) -> None:
+        """n rollouts were accepted that no open admission covered (none asked, or its lease
+        expired): they hold capacity from now on, and take nothing from ``running``."""
         self.accepted += n
 
     def on_rejected(self, n: int = 1) -> None:
-        """n running rollouts finished but were not accepted (dropped, failed, too stale)."""
-        self.running = max(0, self.running - n)
+        """n admitted rollouts will not be handed over (their lease expired or was revoked)."""
+        self.running -= n
         self.rejected += n
 
     def on_dropped(self, n: int = 1) -> None:
         """n accepted rollouts were dropped from the buffer (too stale): they will never be consumed."""
-        self.accepted = max(0, self.accepted - n)
+        self.accepted -= n
         self.rejected += n
 
+    def check_version(self, version: int) -> None:
+        """Raise :class:`VersionRefused` unless a plain publish of ``version`` is allowed: not
+        lower than the current one, at most :func:`max_version_step` past it."""
+        if not 0 <= version <= MAX_VERSION:
+            raise VersionRefused(f"policy version {version} is outside 0..{MAX_VERSION}")
+        if version < self.version:
+            raise VersionRefused(
+                f"policy version {version} is lower than the current {self.version}; a trainer that "
+                f"resumed from a checkpoint publishes its version with recovered=true")
+        step = max_version_step(self.max_staleness)
+        if version - self.version > step:
+            raise VersionRefused(
+                f"policy version {version} jumps {version - self.version} past the current {self.version}; "
+                f"a plain publish may advance at most max_staleness + 1 = {step} (more would drop every "
+                f"buffered rollout as stale); a trainer that resumed from a checkpoint at {version} "
+                f"publishes it with recovered=true")
+
     def on_version(self, version: int) -> None:
-        """The trainer published a new policy version."""
-        self.version = max(self.version, version)
-
-    def on_version_recovered(self, version: int) -> None:
-        """The trainer resumed from a checkpoint at ``version``: anchor the accepted count to it."""
+        """The trainer published a new policy version (checked by :meth:`check_version`)."""
+        self.check_version(version)
         self.version = version
-        self.accepted = version * self.batch_size
 
-    def to_state(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+    def on_version_recovered(self, version: int, buffered_seqs: int = 0) -> None:
+        """The trainer resumed from a checkpoint at ``version`` while ``buffered_seqs`` sequences
+        (queued, or handed out and not acknowledged) wait for it: anchor the accepted count."""
+        if not 0 <= version <= MAX_VERSION:
+            raise VersionRefused(f"policy version {version} is outside 0..{MAX_VERSION}")
+        self.version = version
+        self.accepted = version * self.batch_size + buffered_seqs
 
-    @classmethod
-    def from_state(cls, state: dict[str, Any]) -> StalenessManager:
-        return cls(**{k: int(v) for k, v in state.items() if k in cls.__dataclass_fields__})
+
+@dataclass(frozen=True)
+class Lease:
+    """A worker's admitted sequences not yet handed over, and when it was last admitted."""
+
+    unused_seqs: int
+    granted_at_s: float
 
 
 @dataclass
-class AdmissionGrants:
-    """Admissions handed out and not yet used by a submit. One a worker never uses (it drained or
-    crashed) stops holding staleness capacity after ``ttl_s``. Used by the queue and the simulator."""
+class AdmissionLeases:
+    """Admissions handed out and not yet used, per worker. A submit uses its own worker's lease
+    only; what it brings beyond that lease is accepted as unadmitted. A lease not used within
+    ``ttl_s`` of its worker's last admission (the worker drained or died) is released. Used by
+    the queue and the simulator."""
 
     staleness: StalenessManager
     ttl_s: float
-    _open: collections.deque[list[float]] = field(default_factory=collections.deque)  # [granted at, unused]
+    leases: dict[str, Lease] = field(default_factory=dict)
 
-    def grant(self, wanted: int, now_s: float) -> int:
-        """How many of ``wanted`` sequences may start now; those are counted as running."""
+    def grant(self, worker_id: str, wanted: int, now_s: float) -> int:
+        """How many of ``wanted`` sequences ``worker_id`` may start now; those are counted as running."""
         self.expire(now_s)
         granted = max(0, min(wanted, self.staleness.capacity()))
         if granted:
             self.staleness.on_submitted(granted)
-            self._open.append([now_s, float(granted)])
+            held = self.leases.get(worker_id)
+            self.leases[worker_id] = Lease((held.unused_seqs if held else 0) + granted, now_s)
         return granted
 
-    def use(self, n_seqs: int) -> None:
-        """A submit of ``n_seqs`` used the oldest open admissions."""
-        while n_seqs > 0 and self._open:
-            take = min(n_seqs, int(self._open[0][1]))
-            self._open[0][1] -= take
-            n_seqs -= take
-            if self._open[0][1] <= 0:
-                self._open.popleft()
+    def revoke(self, worker_id: str, n_seqs: int) -> None:
+        """Take back ``n_seqs`` just granted to ``worker_id`` (the grant could not be recorded)."""
+        held = self.leases.get(worker_id)
+        if held is None:
+            return
+        taken = min(n_seqs, held.unused_seqs)
+        self.staleness.on_rejected(taken)
+        self._set(worker_id, Lease(held.unused_seqs - taken, held.granted_at_s))
 
-    def expire(self, now_s: float) -> None:
-        while self._open and now_s - self._open[0][0] > self.ttl_s:
-            _t, unused = self._open.popleft()
-            self.staleness.on_rejected(int(unused))
+    def accept(self, worker_id: str, n_seqs: int, now_s: float) -> int:
+        """``worker_id`` handed over ``n_seqs`` sequences; returns how many its lease covered
+        (none once the lease is older than ``ttl_s``: it is released first)."""
+        held = self.leases.get(worker_id)
+        if held is not None and now_s - held.granted_at_s > self.ttl_s:
+            self.staleness.on_rejected(self.leases.pop(worker_id).unused_seqs)
+            held = None
+        used = min(n_seqs, held.unused_seqs) if held else 0
+        if used:
+            assert held is not None
+            self.staleness.on_accepted(used)
+            self._set(worker_id, Lease(held.unused_seqs - used, held.granted_at_s))
+        if n_seqs > used:
+            self.staleness.on_accepted_unadmitted(n_seqs - used)
+        return used
+
+    def expire(self, now_s: float) -> int:
+        """Release every lease older than ``ttl_s``; returns the sequences released."""
+        released = 0
+        for worker_id in [w for w, held in self.leases.items() if now_s - held.granted_at_s > self.ttl_s]:
+            released += self.leases.pop(worker_id).unused_seqs
+        if released:
+            self.staleness.on_rejected(released)
+        return released
+
+    def restore(self, saved: dict[str, Lease], arrived_seqs: dict[str, int]) -> None:
+        """After a restart: the leases as saved, less what each worker handed over since
+        (``arrived_seqs``); ``running`` is what they hold."""
+        self.leases = {}
+        for worker_id, held in saved.items():
+            self._set(worker_id, Lease(max(0, held.unused_seqs - arrived_seqs.get(worker_id, 0)), held.granted_at_s))
+        self.staleness.running = sum(held.unused_seqs for held in self.leases.values())
+
+    def _set(self, worker_id: str, lease: Lease) -> None:
+        if lease.unused_seqs > 0:
+            self.leases[worker_id] = lease
+        else:
+            self.leases.pop(worker_id, None)
+
+
+@dataclass(frozen=True)
+class StalenessSnapshot:
+    """What the queue stores so that its counts survive a restart exactly: the version, the
+    accepted count plus the dropped total (a sum only arrivals move), the leases, and the
+    arrival number of the last group accounted for. Groups that arrived after it, and the
+    dropped total, are the store's to tell at the restart (:meth:`restore`)."""
+
+    version: int
+    gross_seqs: int
+    at_seq: int
+    leases: dict[str, Lease]
+
+    @classmethod
+    def take(cls, leases: AdmissionLeases, dropped_seqs: int, at_seq: int) -> StalenessSnapshot:
+        staleness = leases.staleness
+        return cls(staleness.version, staleness.accepted + dropped_seqs, at_seq, dict(leases.leases))
+
+    def restore(self, leases: AdmissionLeases, arrived_seqs: dict[str, int], dropped_seqs: int) -> None:
+        """Set ``leases`` and its manager to the counts after ``arrived_seqs`` (per worker, the
+        groups after ``at_seq``) arrived, with ``dropped_seqs`` dropped in all."""
+        leases.staleness.version = self.version
+        leases.staleness.accepted = self.gross_seqs + sum(arrived_seqs.values()) - dropped_seqs
+        leases.restore(self.leases, arrived_seqs)
+
+    def to_json(self) -> str:
+        return json.dumps({"version": self.version, "gross_seqs": self.gross_seqs, "at_seq": self.at_seq,
+                           "leases": {w: [h.unused_seqs, h.granted_at_s] for w, h in self.leases.items()}},
+                          separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> StalenessSnapshot:
+        """Raises ValueError for anything but what :meth:`to_json` writes."""
+        try:
+            data: Any = json.loads(text)
+            leases = {str(w): Lease(int(n), float(t)) for w, (n, t) in data["leases"].items()}
+            return cls(int(data["version"]), int(data["gross_seqs"]), int(data["at_seq"]), leases)
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"not a staleness snapshot: {exc}") from None

@@ -207,6 +207,13 @@ class StoreIndex:
             return {int(r[0]) for r in self.db.execute("SELECT seq FROM groups WHERE seq BETWEEN ? AND ?",
                                                        (first, last))}
 
+    def arrived_since(self, seq: int) -> tuple[int, dict[str, int]]:
+        with self.lock:
+            last = self.db.execute("SELECT COALESCE(MAX(seq), 0) FROM groups").fetchone()[0]
+            rows = self.db.execute("SELECT worker_id, SUM(n_seqs) FROM groups WHERE seq > ? GROUP BY worker_id",
+                                   (seq,))
+            return int(last), {str(w): int(n) for w, n in rows}
+
     def get_meta(self, key: str, default: str) -> str:
         with self.lock:
             row = self.db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()

@@ -5,6 +5,11 @@ trainer pulls batches of exactly ``batch_size`` sequences made of whole groups (
 however long the queue); groups older than the staleness bound when the trainer pulls are
 dropped and counted. Batches are acknowledged by the trainer; unacknowledged ones are handed
 out again (same id, same content) after a restart of the trainer or of the controller.
+
+The staleness counts survive a controller restart exactly: every admission and version change
+writes a small snapshot to the store's meta table (the version, the accepted count plus the
+dropped total, the leases, and the arrival number they are current up to) before it is
+answered; groups accepted and dropped since are read back from the store at open.
 """
 
 from __future__ import annotations
@@ -19,11 +24,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from slurm_elastic.core.rates import WindowRate
-from slurm_elastic.core.staleness import AdmissionGrants, StalenessManager
-from slurm_elastic.errors import SlurmElasticError
+from slurm_elastic.core.staleness import (
+    AdmissionLeases,
+    StalenessManager,
+    StalenessSnapshot,
+    VersionRefused,
+    oldest_fresh_version,
+)
+from slurm_elastic.errors import SlurmElasticError, StateFileError
 from slurm_elastic.rollouts.store import LostGroup, RolloutStore, StoredGroup, Then, settle
 
 RATE_WINDOW_S = 60.0
+STALENESS_KEY = "staleness"  # the store meta key of the staleness snapshot
+__all__ = ["QueueConfig", "QueueFull", "RolloutQueue", "UnknownBatchError", "VersionRefused"]
 
 
 class QueueFull(SlurmElasticError):
@@ -108,10 +121,12 @@ class RolloutQueue:
         self.in_use = False  # a trainer registered or pulled, or rollouts arrived: the buffer means something
         self._pulls = WindowRate(RATE_WINDOW_S)
         self._accepts = WindowRate(RATE_WINDOW_S)
-        version = int(store.get_meta("version", "0"))
         self.staleness = StalenessManager(config.batch_size, config.max_staleness, config.max_concurrent)
-        self.staleness.on_version_recovered(version)  # after a restart: bounded, not inflated
-        self._grants = AdmissionGrants(self.staleness, config.admission_ttl_s)
+        self.leases = AdmissionLeases(self.staleness, config.admission_ttl_s)
+        self._last_seq = 0  # the highest arrival number accounted for in the staleness counts
+        self._persist_lock = threading.Lock()  # one snapshot write at a time, each newer than the last
+        self._changes = 0  # staleness changes made (admissions, versions) ...
+        self._durable_changes = 0  # ... and how many of them the stored snapshot holds
         self._recover()
 
     def _recover(self) -> None:
@@ -127,6 +142,37 @@ class RolloutQueue:
         self._lost_unreported = [g.id for g in self.store.lost_at_open]
         self.delivered_seqs = counts.get("delivered", 0)
         self.dropped_stale_seqs = counts.get("dropped", 0)
+        self._recover_staleness()
+
+    def _recover_staleness(self) -> None:
+        """The staleness counts as they were at the last snapshot, moved on by what the store
+        accepted since (groups past the snapshot's arrival number) and what it dropped."""
+        raw, old_version = self.store.get_meta(STALENESS_KEY), self.store.get_meta("version")
+        try:
+            saved = StalenessSnapshot.from_json(raw) if raw else StalenessSnapshot(0, 0, 0, {})  # 0: a new store
+            if old_version and not raw:  # from before snapshots: as if the trainer recovered now
+                saved = StalenessSnapshot(int(old_version), 0, 0, {})
+        except ValueError as exc:
+            raise StateFileError(f"rollout store {self.store.path}: unreadable staleness snapshot {raw!r} "
+                                 f"({exc})") from None
+        self._last_seq, arrived = self.store.arrived_since(saved.at_seq)
+        saved.restore(self.leases, arrived, self._freed_seqs())
+        if old_version and not raw:
+            self.staleness.on_version_recovered(saved.version, self._buffered_seqs())
+        self.leases.expire(self.clock())
+
+    def _buffered_seqs(self) -> int:
+        """Sequences the trainer will still get: queued, or handed out and not acknowledged."""
+        return self._queued_seqs + sum(g.n_seqs for groups in self._handed.values() for g in groups)
+
+    def _snapshot(self) -> str:
+        """The staleness counts as the store keeps them (lock held)."""
+        return StalenessSnapshot.take(self.leases, self._freed_seqs(), self._last_seq).to_json()
+
+    def _freed_seqs(self) -> int:
+        """Accepted sequences that will never be consumed and so hold no capacity: dropped as
+        stale, or lost to a damaged record."""
+        return self.dropped_stale_seqs + self.lost_seqs
 
     def _append(self, group: StoredGroup) -> None:
         self._queue.append(group)
@@ -136,10 +182,39 @@ class RolloutQueue:
         self._queued_bytes += group.nbytes
 
     # ---- workers -----------------------------------------------------------------------------
-    def admit(self, n_seqs: int) -> int:
-        """The capacity gate: how many of ``n_seqs`` may start now (staleness and concurrency)."""
+    def admit(self, n_seqs: int, worker_id: str) -> int:
+        """The capacity gate: how many of ``n_seqs`` ``worker_id`` may start now (staleness and
+        concurrency); they are its lease, recorded durably before this returns."""
         with self._lock:
-            return self._grants.grant(n_seqs, self.clock())
+            granted = self.leases.grant(worker_id, n_seqs, self.clock())
+            if not granted:
+                return 0
+            self._changes += 1
+            wanted = self._changes
+        try:
+            self._persist(wanted)
+        except BaseException:
+            with self._lock:
+                self.leases.revoke(worker_id, granted)
+                self._changes += 1
+            raise
+        return granted
+
+    def _persist(self, wanted: int) -> None:
+        """Make the staleness counts durable up to change ``wanted``: a write of the counts as
+        they are now, unless one already holds them (concurrent admissions share one write)."""
+        with self._persist_lock:
+            if self._durable_changes >= wanted:
+                return
+            with self._lock:
+                snapshot, changes = self._snapshot(), self._changes
+            self.store.set_meta(STALENESS_KEY, snapshot)
+            self._durable_changes = changes
+
+    def expire_admissions(self) -> None:
+        """Release leases past the admission TTL (the controller's tick calls this)."""
+        with self._lock:
+            self.leases.expire(self.clock())
 
     def submit(self, group_id: str, worker_id: str, n_seqs: int, version: int, payload: bytes) -> bool:
         """Store a group durably; False if that id was already accepted (a retry). Raises QueueFull."""
@@ -181,9 +256,10 @@ class RolloutQueue:
                 if seq is not None:
                     self._append(StoredGroup(seq, group_id, worker_id, n_seqs, version, len(payload)))
                     self.in_use = True
-                    self.staleness.on_accepted(n_seqs)
-                    self._grants.use(n_seqs)
-                    self._accepts.add(self.clock(), n_seqs)
+                    self._last_seq = max(self._last_seq, seq)
+                    now_s = self.clock()
+                    self.leases.accept(worker_id, n_seqs, now_s)
+                    self._accepts.add(now_s, n_seqs)
             then(seq is not None, error)
 
         try:
@@ -324,7 +400,7 @@ class RolloutQueue:
     def _drop_stale(self) -> None:
         """Drop every queued group older than the bound, wherever it sits in the queue (by version:
         O(groups dropped + versions queued))."""
-        oldest_ok = self.staleness.version - self.config.max_staleness
+        oldest_ok = oldest_fresh_version(self.staleness.version, self.config.max_staleness)
         stale = [g for v in [v for v in self._by_version if v < oldest_ok] for g in self._by_version[v].values()]
         if stale:
             self.store.drop(g.id for g in stale)  # first: if the store cannot, nothing changes here
@@ -358,17 +434,24 @@ class RolloutQueue:
             return len(self._rehand)
 
     def set_version(self, version: int, recovered: bool = False) -> None:
+        """The trainer's policy version. Plain: not lower than the current one and at most
+        max_staleness + 1 past it, else :class:`VersionRefused`. ``recovered``: the trainer resumed
+        from a checkpoint at ``version``; the accepted count is anchored there, plus what is
+        still buffered (it will be trained on first)."""
         with self._lock:
             if recovered:
-                self.staleness.on_version_recovered(version)
+                self.staleness.on_version_recovered(version, self._buffered_seqs())
             else:
                 self.staleness.on_version(version)
-        self.store.set_meta("version", str(self.staleness.version))
+            self._changes += 1
+            wanted = self._changes
+        self._persist(wanted)
 
     # ---- numbers -----------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
         now_s = self.clock()
         with self._lock:
+            self.leases.expire(now_s)
             return {
                 "queued_sequences": self._queued_seqs, "queued_groups": len(self._ids),
                 "queued_bytes": self._queued_bytes, "capacity_sequences": self.config.capacity_seqs,

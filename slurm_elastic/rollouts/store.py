@@ -199,3 +199,8 @@ class RolloutStore(GroupCommits):
 
     def set_meta(self, key: str, value: str) -> None:
         self._index.set_meta(key, value)
+
+    def arrived_since(self, seq: int) -> tuple[int, dict[str, int]]:
+        """The highest arrival number stored, and the sequences per worker of the groups stored
+        after arrival ``seq`` (for the queue's staleness counts at a restart)."""
+        return self._index.arrived_since(seq)

@@ -44,7 +44,7 @@ from slurm_elastic.core.reconcile import (
     reconcile,
 )
 from slurm_elastic.core.scaling import Decision, PressureInputs, effective_setpoint_seqs
-from slurm_elastic.core.staleness import AdmissionGrants, StalenessManager
+from slurm_elastic.core.staleness import AdmissionLeases, StalenessManager, oldest_fresh_version
 from slurm_elastic.sim.policies import Policy, initial_workers, make_policy
 from slurm_elastic.sim.trace import Trace
 
@@ -143,7 +143,7 @@ class Simulation:
         self.next_number = 1
         self.buffer: collections.deque[tuple[int, int]] = collections.deque()  # (version, n_seqs)
         self.queued_seqs = 0
-        self.grants = AdmissionGrants(self.staleness, self.trace.queue.admission_ttl_s)
+        self.grants = AdmissionLeases(self.staleness, self.trace.queue.admission_ttl_s)
         self.pulls = WindowRate(RATE_WINDOW_S)
         self.accepts = WindowRate(RATE_WINDOW_S)
         self.busy = WindowRate(RATE_WINDOW_S)  # busy worker-seconds reported by heartbeats
@@ -325,7 +325,7 @@ class Simulation:
             self._exit(proc)
             return True
         group = self.trace.queue.group_size
-        proc.granted += self.grants.grant(group - proc.granted, self.now_s)
+        proc.granted += self.grants.grant(proc.worker_id, group - proc.granted, self.now_s)
         if proc.granted < group:
             self._wait(proc, "admit", self.admit_waiters)
             return False
@@ -363,8 +363,7 @@ class Simulation:
         self._stop_waiting(proc, self.submit_waiters)
         self.buffer.append((proc.version, group))
         self.queued_seqs += group
-        self.staleness.on_accepted(group)
-        self.grants.use(group)
+        self.grants.accept(proc.worker_id, group, self.now_s)
         self.accepts.add(self.now_s, group)
         self.counters["generated"] += group
         self.records[proc.worker_id].rollouts += 1
@@ -387,13 +386,7 @@ class Simulation:
         if self.trainer_busy:
             return
         q = self.trace.queue
-        oldest_ok = self.version - q.max_staleness
-        dropped = sum(n for version, n in self.buffer if version < oldest_ok)
-        if dropped:  # every stale group, wherever it sits (as the queue does)
-            self.buffer = collections.deque(g for g in self.buffer if g[0] >= oldest_ok)
-            self.queued_seqs -= dropped
-            self.counters["dropped"] += dropped
-            self.staleness.on_dropped(dropped)
+        if self._drop_stale():
             self._serve_admissions()
         if self.queued_seqs < q.batch_size:
             if self.trainer_waiting_since is None:
@@ -417,6 +410,18 @@ class Simulation:
         for worker_id in list(self.submit_waiters):
             if not self._try_submit(self.procs[worker_id]):
                 break
+
+    def _drop_stale(self) -> int:
+        """Drop every stale group, wherever it sits (the queue's rule, at the pull as there);
+        returns the sequences dropped."""
+        oldest_ok = oldest_fresh_version(self.version, self.trace.queue.max_staleness)
+        dropped = sum(n for version, n in self.buffer if version < oldest_ok)
+        if dropped:
+            self.buffer = collections.deque(g for g in self.buffer if g[0] >= oldest_ok)
+            self.queued_seqs -= dropped
+            self.counters["dropped"] += dropped
+            self.staleness.on_dropped(dropped)
+        return dropped
 
     def _trainer_done(self) -> None:
         self.trainer_busy = False

@@ -101,12 +101,15 @@ class RolloutWorker:
 
     def admit(self, sequences: int, wait: bool = True, poll_s: float = 0.2) -> int:
         """The staleness gate: block (unless ``wait`` is False) until ``sequences`` may start.
+        What is granted is this worker's lease: its next submits use it; unused, it is released
+        after the queue's ``admission_ttl_s``.
 
         While the controller is down (it restarts), this waits too; a drain ends the wait."""
         granted = 0
         while granted < sequences and not self.draining:
             wanted = sequences - granted
-            answer = self._through_outages(lambda: self.control.client.admit(wanted))  # noqa: B023 (called at once)
+            answer = self._through_outages(
+                lambda: self.control.client.admit(wanted, self.ctx.worker_id))  # noqa: B023 (called at once)
             granted += int(answer["granted"]) if answer else 0
             if granted >= sequences or not wait:
                 break

@@ -148,6 +148,12 @@ def api_probes(rig: Rig) -> Iterator[Probe]:
                lambda: rig.post("/admin/cordon", {"node": "nowhere", "gpu": 99, "reason": "x"}), 404, "nowhere")
     yield _api(rig, "submit the queued group's id again (a retry)",
                lambda: rig.post("/rollouts", group("kept-1")), 200, '"accepted":false')
+    yield _api(rig, "publish policy version 10^30", lambda: rig.post("/trainer/version", {"version": 10**30}),
+               422, "version")
+    yield _api(rig, "publish policy version 1000000 (a jump; not `recovered`)",
+               lambda: rig.post("/trainer/version", {"version": 10**6}), 409, "recovered=true")
+    yield _api(rig, "ask admission without a `worker_id`",
+               lambda: rig.post("/rollouts/admission", {"sequences": 4}), 422, "worker_id")
     yield from hostile_client_probes(rig)
     yield from loose_submit_probes(rig)
 

@@ -103,7 +103,8 @@ def test_every_stale_group_is_dropped_wherever_it_sits(
     q = make(tmp_path, capacity_seqs=100)  # max_staleness 1
     for group_id, group_version in groups:
         submit(q, group_id, 4, version=group_version)
-    q.set_version(version)
+    for step in range(1, version + 1):
+        q.set_version(step)
     batch = q.pull()
     assert (None if batch is None else [json.loads(p)["id"] for p in batch[1]]) == handed
     stats = q.stats()
@@ -179,11 +180,11 @@ def test_trainer_restart_gets_unacked_batches_first(tmp_path: Path) -> None:
 
 def test_used_admissions_do_not_expire(tmp_path: Path) -> None:
     q = make(tmp_path, max_staleness=0, max_concurrent=1000, admission_ttl_s=60)
-    q.admit(8)
+    q.admit(8, "0001")
     submit(q, "a", 4)
     submit(q, "b", 4)
     q.clock.t += 61  # type: ignore[attr-defined]
-    assert q.admit(8) == 0  # both submitted: accepted, still inside the window until consumed
+    assert q.admit(8, "0001") == 0  # both submitted: accepted, still inside the window until consumed
 
 
 def test_version_survives_restart_and_recovery_is_bounded(tmp_path: Path) -> None:
@@ -197,14 +198,14 @@ def test_version_survives_restart_and_recovery_is_bounded(tmp_path: Path) -> Non
 
 def test_admission_gate(tmp_path: Path) -> None:
     q = make(tmp_path, max_staleness=0, max_concurrent=1000)
-    assert q.admit(5) == 5 and q.admit(5) == 3 and q.admit(1) == 0  # one window of 8
+    assert q.admit(5, "0001") == 5 and q.admit(5, "0001") == 3 and q.admit(1, "0001") == 0  # one window of 8
     submit(q, "a", 4)
     assert q.stats()["running_rollouts"] == 4
 
 
 def test_dropped_stale_groups_free_their_staleness_capacity(tmp_path: Path) -> None:
     q = make(tmp_path, capacity_seqs=100, max_staleness=0, max_concurrent=1000)
-    assert q.admit(8) == 8
+    assert q.admit(8, "0001") == 8
     submit(q, "a", 4, version=0)
     submit(q, "b", 4, version=0)
     assert q.stats()["staleness_capacity"] == 0
@@ -215,9 +216,9 @@ def test_dropped_stale_groups_free_their_staleness_capacity(tmp_path: Path) -> N
 
 def test_unused_admissions_expire(tmp_path: Path) -> None:
     q = make(tmp_path, max_staleness=0, max_concurrent=1000, admission_ttl_s=60)
-    assert q.admit(8) == 8 and q.admit(1) == 0
+    assert q.admit(8, "0001") == 8 and q.admit(1, "0001") == 0
     q.clock.t += 61  # type: ignore[attr-defined]  # the worker died without submitting
-    assert q.admit(8) == 8
+    assert q.admit(8, "0001") == 8
 
 
 def test_the_queue_is_in_use_once_a_trainer_or_rollouts_show_up(tmp_path: Path) -> None:

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from slurm_elastic.core.staleness import AdmissionGrants, StalenessManager
+from slurm_elastic.core.staleness import (
+    AdmissionLeases,
+    Lease,
+    StalenessManager,
+    StalenessSnapshot,
+    VersionRefused,
+    oldest_fresh_version,
+)
 
 
 def manager(**kw: int) -> StalenessManager:
@@ -56,24 +63,91 @@ def test_recovery_with_rollouts_in_flight_stays_bounded() -> None:
     assert m.capacity() == 12 - 3
 
 
-def test_state_round_trip() -> None:
-    m = manager()
-    m.on_submitted(5)
-    m.on_accepted(2)
-    m.on_version(3)
-    assert StalenessManager.from_state(m.to_state()) == m
-
-
 def test_bad_parameters() -> None:
     with pytest.raises(ValueError):
         StalenessManager(batch_size=0, max_staleness=1, max_concurrent=1)
 
 
-def test_unused_admissions_stop_holding_capacity_after_the_ttl() -> None:
-    manager = StalenessManager(batch_size=4, max_staleness=0, max_concurrent=100)
-    grants = AdmissionGrants(manager, ttl_s=10.0)
-    assert grants.grant(3, now_s=0.0) == 3 and grants.grant(3, now_s=1.0) == 1  # capacity 4
-    grants.use(2)  # a submit of 2 used the oldest admission in part
-    grants.expire(now_s=10.5)  # the first admission is past its ttl: its unused 1 is released
-    assert manager.capacity() == 1  # running 4 -> 3 (the queue, not the grants, moves used ones to accepted)
-    assert grants.grant(10, now_s=11.5) == 2  # the second admission's unused 1 expired too: running 2
+def test_recovery_counts_what_is_still_buffered() -> None:
+    m = manager()
+    m.on_version_recovered(10, buffered_seqs=8)  # 8 sequences wait for the trainer: they go first
+    assert m.capacity() == 12 - 8
+
+
+@pytest.mark.parametrize(("current", "new", "allowed"), [
+    (5, 5, True), (5, 6, True), (5, 8, True),  # the same (a retry), one step, max_staleness + 1 = 3
+    (5, 4, False), (5, 9, False), (0, 10**30, False), (0, 2**63, False),
+])
+def test_a_plain_publish_may_not_go_back_or_jump_past_the_bound(current: int, new: int, allowed: bool) -> None:
+    m = manager(version=current)
+    if allowed:
+        m.on_version(new)
+        assert m.version == new
+    else:
+        with pytest.raises(VersionRefused, match=r"recovered=true|outside"):
+            m.on_version(new)
+        assert m.version == current
+
+
+def test_a_recovered_publish_may_go_anywhere_the_store_can_hold() -> None:
+    m = manager(version=50)
+    m.on_version_recovered(3)
+    assert (m.version, m.accepted) == (3, 12)
+    with pytest.raises(VersionRefused):
+        m.on_version_recovered(2**63)
+
+
+def test_leases_are_per_worker_and_expire_after_the_ttl() -> None:
+    m = StalenessManager(batch_size=4, max_staleness=0, max_concurrent=100)
+    leases = AdmissionLeases(m, ttl_s=10.0)
+    assert leases.grant("a", 3, now_s=0.0) == 3 and leases.grant("b", 3, now_s=5.0) == 1  # capacity 4
+    assert leases.accept("b", 1, now_s=6.0) == 1  # b's submit uses b's lease, not a's older one
+    assert (m.running, m.accepted) == (3, 1)
+    leases.expire(now_s=10.5)  # a died: its 3 are released; b has nothing left open
+    assert (m.running, m.capacity(), leases.leases) == (0, 3, {})
+
+
+def test_a_late_or_unadmitted_result_never_takes_from_running_twice() -> None:
+    m = StalenessManager(batch_size=8, max_staleness=0, max_concurrent=100)
+    leases = AdmissionLeases(m, ttl_s=10.0)
+    leases.grant("a", 4, now_s=0.0)
+    leases.grant("b", 4, now_s=0.0)
+    assert leases.accept("c", 4, now_s=1.0) == 0  # nobody admitted c: accepted, running untouched
+    assert (m.running, m.accepted) == (8, 4)
+    assert leases.accept("a", 4, now_s=11.0) == 0  # a's result after its lease expired (released first)
+    leases.expire(now_s=11.0)
+    assert (m.running, m.accepted, m.capacity()) == (0, 8, 0)
+
+
+def test_restored_leases_lose_what_their_workers_handed_over_since() -> None:
+    m = StalenessManager(batch_size=8, max_staleness=1, max_concurrent=100)
+    leases = AdmissionLeases(m, ttl_s=10.0)
+    leases.restore({"a": Lease(4, 0.0), "b": Lease(4, 1.0)}, {"a": 4, "b": 1, "c": 8})
+    assert leases.leases == {"b": Lease(3, 1.0)} and m.running == 3
+
+
+def test_the_drop_rule() -> None:
+    assert oldest_fresh_version(10, 2) == 8 and oldest_fresh_version(0, 4) == -4
+
+
+def test_a_snapshot_restores_the_counts_moved_on_by_what_arrived_and_was_dropped() -> None:
+    m = StalenessManager(batch_size=8, max_staleness=1, max_concurrent=100)
+    leases = AdmissionLeases(m, ttl_s=60.0)
+    leases.grant("a", 6, now_s=0.0)
+    leases.accept("a", 2, now_s=1.0)
+    m.on_version(1)
+    saved = StalenessSnapshot.from_json(StalenessSnapshot.take(leases, dropped_seqs=4, at_seq=10).to_json())
+    leases.accept("a", 3, now_s=2.0)  # after the snapshot: group 11 (3 of a's) and 12 (4, unadmitted)
+    leases.accept("b", 4, now_s=2.0)
+    m.on_dropped(2)  # and 2 more dropped
+    again = AdmissionLeases(StalenessManager(batch_size=8, max_staleness=1, max_concurrent=100), ttl_s=60.0)
+    saved.restore(again, {"a": 3, "b": 4}, dropped_seqs=6)
+    counts = [(s.version, s.accepted, s.running, s.capacity()) for s in (again.staleness, m)]
+    assert counts[0] == counts[1] and again.leases == leases.leases  # (the rejected/submitted tallies restart)
+
+
+@pytest.mark.parametrize("text", ["", "[]", "{}", '{"version":1,"gross_seqs":0,"at_seq":0,"leases":{"a":[1]}}',
+                                  '{"version":"x","gross_seqs":0,"at_seq":0,"leases":{}}'])
+def test_a_damaged_snapshot_is_a_value_error(text: str) -> None:
+    with pytest.raises(ValueError):
+        StalenessSnapshot.from_json(text)

@@ -115,7 +115,8 @@ def test_a_stale_drop_on_a_full_disk_changes_nothing(small_disk: Path) -> None:
                      QueueConfig(batch_size=8, capacity_seqs=400, max_staleness=0))
     for i in range(4):
         assert submit(q, f"old{i}")
-    q.set_version(2)  # all four too stale now; the drop happens at the next pull
+    q.set_version(1)
+    q.set_version(2)  # all four too stale now (a plain publish steps at most max_staleness + 1); dropped at the next pull
     filler = fill(small_disk)
     with pytest.raises(StoreUnavailableError):
         q.pull()

@@ -1,0 +1,69 @@
+"""kill -9 of the live controller with groups buffered (queued and handed out), admissions in
+flight and a worker dead mid-rollout: the restarted controller reports the staleness capacity
+AReaL's own class gives for the same operations."""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+import pytest
+
+from tests.cluster.controller_harness import ControllerJob, wait_for
+from tests.cluster.test_queue_api import client, group
+from tests.unit.areal_reference import load_staleness_manager
+
+pytestmark = pytest.mark.cluster
+QUEUE = {"queue": {"batch_size": 8, "capacity_seqs": 400, "max_staleness": 3, "max_concurrent": 100}}
+
+
+class Trainer:
+    version = 0
+
+    def get_version(self) -> int:
+        return self.version
+
+
+@pytest.mark.parametrize("job", [QUEUE], indirect=True)
+def test_kill_9_keeps_the_staleness_counts_of_areals_class(job: ControllerJob) -> None:
+    trainer = Trainer()
+    areal = load_staleness_manager()(trainer, 100, 8, 3)
+
+    def started(n: int) -> None:
+        for _ in range(n):
+            areal.on_rollout_enqueued()
+            areal.on_rollout_submitted()
+
+    with client(job) as c:
+        assert c.set_version(2, recovered=True)["policy_version"] == 2
+        trainer.version = 2
+        areal.on_version_recovered(2)
+        assert c.admit(20, "0001")["granted"] == 20 and c.admit(4, "0002")["granted"] == 4  # 0002 dies
+        started(24)
+        for i in range(4):
+            c.submit_group({**group(f"k{i}"), "worker_id": "0001", "policy_version": 2})
+            for _ in range(4):
+                areal.on_rollout_accepted()
+        assert c.pull_batch() is not None  # 8 handed out, never acknowledged; 8 queued; 4 + 4 running
+        before: dict[str, Any] = c.global_status()["queue"]
+    expected = (max(0, areal.get_capacity()), areal.rollout_stat.running, 2)
+    assert expected == (8, 8, 2)  # (3 + 2 + 1) * 8 - (16 + 16) - 8
+    assert (before["staleness_capacity"], before["running_rollouts"], before["policy_version"]) == expected
+    pid = job.controller_pid()
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: job.controller_pid() != pid, 30, "a new controller")
+    after = wait_for(lambda: _status(job), 30, "the new controller's status")
+    assert (after["staleness_capacity"], after["running_rollouts"], after["policy_version"]) == expected
+    assert after["unacked_batches"] == 1 and after["queued_sequences"] == 8
+
+
+def _status(job: ControllerJob) -> dict[str, Any] | None:
+    from slurm_elastic.errors import SlurmElasticError
+
+    try:
+        with client(job) as c:
+            queue: dict[str, Any] = c.global_status()["queue"]
+            return queue
+    except (SlurmElasticError, OSError, KeyError):
+        return None
