@@ -36,6 +36,7 @@ from slurm_elastic.core.reconcile import (
     ReconcileConfig,
     reconcile,
 )
+from slurm_elastic.core.registration import registration_refusal
 from slurm_elastic.core.scaling import Autoscaler, AutoscalerConfig, PressureInputs
 from slurm_elastic.errors import SlurmElasticError, StateFileError
 from slurm_elastic.slurm.backend import SlurmBackend, StepSpec
@@ -96,6 +97,7 @@ class Controller:
         self.cordons = CordonBook(self.health_rules)
         self.agent_launched_s: dict[str, float] = {}
         self.foreign_gpus: dict[str, int] = {}  # GPUs held by the job's other steps (e.g. the trainer)
+        self.listed_worker_ids: frozenset[str] = frozenset()  # worker steps in Slurm's latest listing
         # versions keep increasing across controller restarts, so a router never mistakes a new
         # controller's set for the one it already has
         self.endpoints = EndpointBook(version=int(clock() * 1000))
@@ -209,8 +211,9 @@ class Controller:
             self.cordons.tick(now_s)
             health_drains = self._drain_unhealthy(now_s)
             cordoned = self.cordoned_gpus()
-            if steps is not None:
+            if steps is not None and observed is not None:
                 self.foreign_gpus = foreign_gpus_by_node(steps)
+                self.listed_worker_ids = frozenset(o.worker_id for o in observed)
             if observed is not None and self._seed_target_from_slurm:
                 self._seed_target(len(observed))
             allowed_slots, exclude = self.placement(cordoned, self.unknown_nodes(now_s))
@@ -422,10 +425,13 @@ class Controller:
 
     # ---- the control plane (called from the API) ---------------------------------------------
     def register_worker(self, worker_id: str, info: dict[str, Any]) -> dict[str, Any]:
-        """A worker step says where it landed; answers ``run`` or ``hold`` (a cordoned GPU)."""
+        """A worker step says where it landed; answers ``run`` or ``hold`` (a cordoned GPU).
+        UnknownWorkerError for an id this controller did not launch (nothing is recorded)."""
         with self.lock:
             now_s = self.clock()
             worker = self.workers.get(worker_id)
+            if refusal := registration_refusal(worker_id, worker, self.listed_worker_ids):
+                raise UnknownWorkerError(refusal)
             if worker is None or worker.state in (S.INACTIVE, S.FAILED, S.BACKOFF):
                 worker = Worker(worker_id=worker_id, launched_at_s=now_s)
                 worker.history.append((now_s, "", S.STARTING.value, "registered without a record: adopted"))
@@ -574,8 +580,9 @@ class Controller:
     def report_load(self, client_id: str, outstanding: dict[str, int], sent: int = 0, retried: int = 0,
                     failed: int = 0) -> dict[str, Any]:
         """A router's outstanding requests per worker; answers with the current version."""
-        with self.lock:
-            self.endpoints.report(client_id, outstanding, self.clock(), sent, retried, failed)
+        with self.lock:  # load on workers it does not know is not kept
+            known = {w: n for w, n in outstanding.items() if w in self.workers}
+            self.endpoints.report(client_id, known, self.clock(), sent, retried, failed)
             return {"version": self.endpoints.version}
 
     def status(self) -> dict[str, Any]:
