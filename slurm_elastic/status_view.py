@@ -102,6 +102,9 @@ def render_status(job_id: int, status: dict[str, Any] | None, slurm_steps: list[
     unknown = ctl.get("unknown_health_nodes") or []
     if unknown:
         lines.append(f"health unknown (agent silent, no new workers): {', '.join(unknown)}")
-    for err in (ctl.get("errors") or [])[-3:]:
+    notes = ctl.get("state_notes") or ([ctl["state_note"]] if ctl.get("state_note") else [])
+    lines += [f"saved state: {note}" for note in notes]
+    errors = [e for e in ctl.get("errors") or [] if not (notes and e.get("where") == "state")]  # shown above
+    for err in errors[-3:]:
         lines.append(f"recent error [{err.get('where')}]: {err.get('error')}")
     return "\n".join(lines) + "\n"

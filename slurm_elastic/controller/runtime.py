@@ -38,7 +38,7 @@ from slurm_elastic.core.reconcile import (
 )
 from slurm_elastic.core.registration import registration_refusal
 from slurm_elastic.core.scaling import Autoscaler, AutoscalerConfig, PressureInputs
-from slurm_elastic.errors import SlurmElasticError, StateFileError
+from slurm_elastic.errors import SlurmElasticError
 from slurm_elastic.slurm.backend import SlurmBackend, StepSpec
 from slurm_elastic.slurm.parse import StepInfo
 
@@ -118,52 +118,46 @@ class Controller:
         self._busy_s_seen: dict[str, float] = {}  # each worker's last reported busy_s
         self._busy_lock = threading.Lock()  # heartbeats add while a tick reads
         self.started_at_s = clock()
-        self.state_note = ""
+        self.state_notes: list[str] = []  # what loading the job's saved state could not keep, and why
         self.state_file = StateFile(state_dir / "state.json", job_id)
         self._saved_durable = ""  # the last written state without live fields, as JSON
         self._saved_at_s = float("-inf")  # time.monotonic() of the last write
-        # no saved state (first start, or a bad file moved aside): the first listing seeds the target
         self._seed_target_from_slurm = False
         self._load_state()
 
     # ---- persistence -----------------------------------------------------------------------
     def _load_state(self) -> None:
+        restored = self.state_file.load()
+        for note in restored.notes:
+            self.note_state(note)
+        self.workers = restored.workers
+        self.next_number = restored.next_number or self.next_number
+        self.target_workers = self.target_workers if restored.target_workers is None else restored.target_workers
+        self.manual_target, self.paused = restored.manual_target, restored.paused
+        self.wake_all_active = restored.wake_all_active
+        # no saved state or no saved target (first start, a bad file): the first listing seeds it
+        self._seed_target_from_slurm = not restored.found or restored.target_workers is None
         try:
-            state = self.state_file.load()
-        except StateFileError as exc:
-            moved = self.state_file.move_aside()
-            self.state_note = f"{exc}; moved to {moved.name} and rebuilt from Slurm's listing"
-            log.error("%s", self.state_note)
-            self._record_error("state", self.state_note)
-            self._seed_target_from_slurm = True
-            return
-        if not state:
-            self._seed_target_from_slurm = True
-            return
-        self.workers = {k: Worker.from_json(v) for k, v in state.get("workers", {}).items()}
-        self.next_number = int(state.get("next_number", 1))
-        self.target_workers = int(state.get("target_workers", self.target_workers))
-        self.manual_target = state.get("manual_target")
-        self.paused = bool(state.get("paused", False))
-        self.wake_all_active = bool(state.get("wake_all_active", False))
-        if "autoscaler" in state:
-            try:
-                self.autoscaler = Autoscaler.from_state(self.autoscaler.config, state["autoscaler"])
-            except (TypeError, ValueError) as exc:
-                self._record_error("state", f"autoscaler memory unreadable, starting fresh: {exc}")
-        if "cordons" in state:
-            try:
-                self.cordons = CordonBook.from_state(state["cordons"], self.health_rules)
-            except ValueError as exc:
-                self._record_error("state", f"cordon book unreadable, starting empty: {exc}")
+            if restored.autoscaler is not None:
+                self.autoscaler = Autoscaler.from_state(self.autoscaler.config, restored.autoscaler)
+            if restored.cordons is not None:
+                self.cordons = CordonBook.from_state(restored.cordons, self.health_rules)
+        except (TypeError, ValueError) as exc:
+            self.note_state(f"autoscaler memory or cordons unreadable, starting fresh: {exc}")
         now_s = self.clock()
         for worker in self.workers.values():  # nobody could heart-beat while no controller ran
             if worker.has_step:
                 worker.last_heartbeat_s = max(worker.last_heartbeat_s, now_s)
                 if worker.state is S.STARTING:
                     worker.launched_at_s = max(worker.launched_at_s, now_s)
-        if state:
+        if restored.found:
             log.info("restored state: %d worker records, target %d", len(self.workers), self.target_workers)
+
+    def note_state(self, note: str) -> None:
+        """Something about the job's saved state an operator should know: logged, kept for status."""
+        log.error("%s", note)
+        self.state_notes.append(note)
+        self._record_error("state", note)
 
     def _state(self) -> dict[str, Any]:
         live = {k: w.to_json() for k, w in self.workers.items() if w.state is not S.INACTIVE or
@@ -613,7 +607,8 @@ class Controller:
                 "unknown_health_nodes": sorted(self.unknown_nodes(now_s)),
                 "servers": self._servers_view(now_s) if self.is_server else None,
                 "errors": self.errors[-ERROR_LIMIT:],
-                "state_note": self.state_note,
+                "state_note": "; ".join(self.state_notes),
+                "state_notes": list(self.state_notes),
             }
 
     def tick_duration_summary(self) -> dict[str, float | int]:

@@ -59,7 +59,7 @@ def test_heartbeats_alone_do_not_rewrite_the_state_file(tmp_path: Path) -> None:
     assert path.stat().st_ino == written
     controller.scale(2)  # a durable change is written at once
     assert path.stat().st_ino != written
-    assert controller.state_file.load()["manual_target"] == 2
+    assert controller.state_file.load().manual_target == 2
 
 
 def test_live_fields_are_written_after_the_refresh_interval(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -68,4 +68,4 @@ def test_live_fields_are_written_after_the_refresh_interval(tmp_path: Path, monk
     controller.heartbeat("w1", {"rollouts": 7})
     monkeypatch.setattr(controller, "_saved_at_s", controller._saved_at_s - runtime.STATE_REFRESH_S)
     controller.save()
-    assert controller.state_file.load()["workers"]["w1"]["rollouts"] == 7
+    assert controller.state_file.load().workers["w1"].rollouts == 7
