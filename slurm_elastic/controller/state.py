@@ -24,19 +24,6 @@ STATE_FORMAT = "slurm-elastic-controller-state"
 STATE_VERSION = 1
 
 
-def default_state_root() -> Path:
-    """``$SLURM_ELASTIC_HOME`` or ``~/.slurm-elastic``: must be visible from every node of the job."""
-    root = os.environ.get("SLURM_ELASTIC_HOME")
-    return Path(root) if root else Path.home() / ".slurm-elastic"
-
-
-def job_state_dir(job_id: int, configured: str = "") -> Path:
-    """The job's state directory: the configured one (``{job_id}`` expanded) or ``<root>/jobs/<job id>``."""
-    if configured:
-        return Path(os.path.expanduser(configured.replace("{job_id}", str(job_id))))
-    return default_state_root() / "jobs" / str(job_id)
-
-
 class StateFile:
     """``state.json`` in the job's state directory."""
 

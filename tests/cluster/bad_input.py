@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 
 from slurm_elastic.devcluster.cluster import DevCluster, DevClusterSpec
+from slurm_elastic.slurm.cli_backend import SlurmCli
 from tests.cluster.controller_harness import (
     ControllerJob,
     locate_in,
@@ -223,6 +224,44 @@ def state_probes(rig: Rig) -> Iterator[Probe]:
                     f"queue {queued} seqs, bad file kept as {moved[-1] if moved else '?'}", ok)
 
 
+def identity_probe(cluster: DevCluster, tmp: Path) -> Probe:
+    """A new job whose state directory holds an earlier job's with the same id (ids restart after a
+    reinstall): that directory is moved aside whole and the job starts clean, with a note."""
+    old_note: dict[str, Any] = {}
+
+    def leave_an_earlier_jobs_dir(job_id: int) -> None:
+        state_dir = tmp / f"state-{job_id}"
+        state_dir.mkdir(parents=True)
+        (state_dir / "job.json").write_text(json.dumps({"format": "slurm-elastic-job", "cluster": cluster.spec.cluster_name,
+                                                        "job_id": job_id, "submit_time_s": 1_600_000_000}))
+        (state_dir / "token").write_text("the-earlier-jobs-token\n")
+        (state_dir / "state.json").write_text(json.dumps({
+            "format": "slurm-elastic-controller-state", "version": 1, "job_id": job_id,
+            "state": {"workers": {}, "next_number": 40, "target_workers": 3, "manual_target": 3, "paused": True,
+                      "wake_all_active": False}}))
+        old_note["files"] = sorted(p.name for p in state_dir.iterdir())
+
+    job = start_controller_job(cluster, tmp, nodes=1, gpus_per_node=1, autoscaler={"enable_elastic": False},
+                               before_start=leave_an_earlier_jobs_dir)
+    try:
+        status = job.status()
+        note = next((n for n in status["state_notes"] if "starts clean" in n), "")
+        aside = sorted(p for p in tmp.glob(f"state-{job.job_id}.stale-*"))
+        kept_old = bool(aside) and sorted(p.name for p in aside[0].iterdir()) == old_note["files"]
+        record = json.loads((job.state_dir / "job.json").read_text())
+        submit = SlurmCli().job_info(job.job_id).submit_time_s
+        table = cli("status", str(job.job_id))
+        clean = status["manual_target"] is None and not status["paused"] and job.worker_steps() == {}
+        ok = (bool(note) and kept_old and clean and record["submit_time_s"] == submit
+              and "saved state: state directory" in table.stdout and table.returncode == 0)
+        return Probe("state file", "a new job finds an earlier job's state directory under its id (ids restart "
+                     "after a reinstall; submit time differs)", f"starts clean and says: {short(note, 110)}",
+                     f"the earlier job's {len(old_note['files'])} files kept whole in {aside[0].name if aside else '?'}; "
+                     f"`status JOB` shows the note: {'yes' if 'saved state:' in table.stdout else 'NO'}", ok)
+    finally:
+        stop_controller_job(job)
+
+
 def _restarted(rig: Rig, old_pid: int) -> bool:
     try:
         new_pid = rig.job.controller_pid()
@@ -263,8 +302,8 @@ def slurm_probes(tmp: Path) -> Iterator[Probe]:
                                    controller={"slurm_timeout_s": 2.0}, autoscaler={"enable_elastic": False},
                                    workers={"initial_workers": 1, "heartbeat_grace_s": 60.0})
         home = tmp / "home"  # `status JOB` finds the state directory without asking Slurm
-        (home / "jobs").mkdir(parents=True, exist_ok=True)
-        (home / "jobs" / str(job.job_id)).symlink_to(job.state_dir)
+        (home / "jobs" / cluster.spec.cluster_name).mkdir(parents=True, exist_ok=True)
+        (home / "jobs" / cluster.spec.cluster_name / str(job.job_id)).symlink_to(job.state_dir)
         status_env = {"SLURM_ELASTIC_HOME": str(home)}
         try:
             job.active(1)
@@ -328,6 +367,7 @@ def run_all(cluster: DevCluster, tmp: Path) -> list[Probe]:
     finally:
         rig.close()
         stop_controller_job(job)
+    probes.append(identity_probe(cluster, tmp / "identity"))
     probes += slurm_probes(tmp / "scratch")
     return probes
 
