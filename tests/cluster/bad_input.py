@@ -142,6 +142,36 @@ def api_probes(rig: Rig) -> Iterator[Probe]:
                lambda: rig.post("/admin/cordon", {"node": "nowhere", "gpu": 99, "reason": "x"}), 404, "nowhere")
     yield _api(rig, "submit the queued group's id again (a retry)",
                lambda: rig.post("/rollouts", group("kept-1")), 200, '"accepted":false')
+    yield from growth_probes(rig)
+
+
+def growth_probes(rig: Rig) -> Iterator[Probe]:
+    """An authenticated client that registers made-up workers, floods load reports, or sends a
+    cordon reason with terminal escape codes."""
+    before = rig.snapshot()
+    workers = sorted(w["worker_id"] for w in rig.http.get("/controller/status", headers=rig.auth).json()["workers"])
+    codes = {rig.post(f"/workers/x{i:04d}/register", {"node": "node1", "gpus": [3], "step_id": "99"}).status_code
+             for i in range(300)}
+    for _ in range(3):  # ticks that would count them as crashes
+        ticks = rig.job.status()["ticks"]
+        wait_for(lambda t=ticks: rig.job.status()["ticks"] > t, 10, "a tick")  # type: ignore[misc]
+    status = rig.http.get("/controller/status", headers=rig.auth).json()
+    after = sorted(w["worker_id"] for w in status["workers"])
+    kept, same = rig.kept(before)
+    yield Probe("HTTP API", "register 300 worker ids the controller never launched", f"{sorted(codes)} each",
+                f"worker table {after} ({'unchanged' if after == workers else 'CHANGED'}), "
+                f"{len(status['cordoned_gpus'])} GPUs cordoned; {kept}",
+                codes == {404} and after == workers and not status["cordoned_gpus"] and same)
+    before = rig.snapshot()
+    codes = {rig.post("/endpoints/load", {"client_id": f"router-{i}", "outstanding": {"0001": 1}}).status_code
+             for i in range(2000)}
+    routers = rig.http.get("/endpoints", headers=rig.auth).json()["routers"]
+    kept, same = rig.kept(before)
+    yield Probe("HTTP API", "2000 load reports from new router ids", f"{sorted(codes)} each",
+                f"{routers} router reports kept (cap 256, 10 s each); {kept}", codes == {200} and routers <= 256 and same)
+    yield _api(rig, "cordon a GPU with terminal escape codes in the reason",
+               lambda: rig.post("/admin/cordon", {"node": "node1", "gpu": 0, "reason": "\x1b[2J\x1b[31mpwned"}),
+               422, "printable")
 
 
 def cli_probes(rig: Rig) -> Iterator[Probe]:
@@ -222,6 +252,38 @@ def state_probes(rig: Rig) -> Iterator[Probe]:
                     f"restart says: {short(note, 100)}",
                     f"same {len(before['steps'])} worker steps adopted, {relaunched} relaunched, "
                     f"queue {queued} seqs, bad file kept as {moved[-1] if moved else '?'}", ok)
+    yield wrong_types_probe(rig)
+
+
+def wrong_types_probe(rig: Rig) -> Probe:
+    """Valid JSON, wrong types: what validates is kept (the manual target), the rest is said."""
+    rig.post("/admin/scale", {"workers": 2}).raise_for_status()  # an operator's target to keep
+    rig.job.status()
+    ticks = rig.job.status()["ticks"]
+    wait_for(lambda: rig.job.status()["ticks"] > ticks + 1, 10, "the scale to be saved")
+    before = rig.snapshot()
+    old_pid = rig.job.controller_pid()
+    state_file = rig.job.state_dir / "state.json"
+    os.kill(old_pid, signal.SIGSTOP)
+    doc = json.loads(state_file.read_text())
+    first = sorted(doc["state"]["workers"])[0]
+    doc["state"]["workers"][first]["state"] = "ZOMBIE"
+    doc["state"].update(next_number="x", target_workers=None)
+    state_file.write_text(json.dumps(doc))
+    os.kill(old_pid, signal.SIGKILL)
+    wait_for(lambda: _restarted(rig, old_pid), 60, "the controller to restart")
+    wait_for(lambda: rig.snapshot()["steps"] == before["steps"], 30, "the same steps")
+    status = rig.http.get("/controller/status", headers=rig.auth).json()
+    notes = status["state_notes"]
+    after = rig.snapshot()
+    relaunched = sum(1 for name, step in before["steps"].items() if after["steps"].get(name) != step)
+    ok = (len(notes) >= 3 and status["manual_target"] == before["target"] and relaunched == 0
+          and after["queued"] == before["queued"] and not [e for e in status["errors"] if e["where"] == "tick"])
+    return Probe("state file", "kill -9 the controller, leave a state.json with an unknown worker state, "
+                 "`next_number: \"x\"`, `target_workers: null`",
+                 f"restart says ({len(notes)} notes): {short(notes[0] if notes else '', 90)}",
+                 f"manual target {status['manual_target']} kept, same {len(before['steps'])} worker steps adopted, "
+                 f"{relaunched} relaunched, queue {after['queued']} seqs, no failed tick", ok)
 
 
 def identity_probe(cluster: DevCluster, tmp: Path) -> Probe:
