@@ -122,7 +122,6 @@ class Controller:
         self.state_file = StateFile(state_dir / "state.json", job_id)
         self._saved_durable = ""  # the last written state without live fields, as JSON
         self._saved_at_s = float("-inf")  # time.monotonic() of the last write
-        self._seed_target_from_slurm = False
         self._load_state()
 
     # ---- persistence -----------------------------------------------------------------------
@@ -133,17 +132,14 @@ class Controller:
         self.workers = restored.workers
         self.next_number = restored.next_number or self.next_number
         self.target_workers = self.target_workers if restored.target_workers is None else restored.target_workers
-        self.manual_target, self.paused = restored.manual_target, restored.paused
-        self.wake_all_active = restored.wake_all_active
+        self.manual_target, self.paused, self.wake_all_active = (restored.manual_target, restored.paused,
+                                                                 restored.wake_all_active)
         # no saved state or no saved target (first start, a bad file): the first listing seeds it
         self._seed_target_from_slurm = not restored.found or restored.target_workers is None
-        try:
-            if restored.autoscaler is not None:
-                self.autoscaler = Autoscaler.from_state(self.autoscaler.config, restored.autoscaler)
-            if restored.cordons is not None:
-                self.cordons = CordonBook.from_state(restored.cordons, self.health_rules)
-        except (TypeError, ValueError) as exc:
-            self.note_state(f"autoscaler memory or cordons unreadable, starting fresh: {exc}")
+        if restored.autoscaler is not None:  # both validated when read
+            self.autoscaler = Autoscaler.from_state(self.autoscaler.config, restored.autoscaler)
+        if restored.cordons is not None:
+            self.cordons = CordonBook.from_state(restored.cordons, self.health_rules)
         now_s = self.clock()
         for worker in self.workers.values():  # nobody could heart-beat while no controller ran
             if worker.has_step:
@@ -419,8 +415,8 @@ class Controller:
 
     # ---- the control plane (called from the API) ---------------------------------------------
     def register_worker(self, worker_id: str, info: dict[str, Any]) -> dict[str, Any]:
-        """A worker step says where it landed; answers ``run`` or ``hold`` (a cordoned GPU).
-        UnknownWorkerError for an id this controller did not launch (nothing is recorded)."""
+        """A worker step says where it landed: ``run`` or ``hold`` (a cordoned GPU); UnknownWorkerError
+        (nothing recorded) for an id this controller did not launch."""
         with self.lock:
             now_s = self.clock()
             worker = self.workers.get(worker_id)
