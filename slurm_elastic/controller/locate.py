@@ -58,7 +58,7 @@ def locate(job_id: int, slurm: SlurmCli | None = None) -> JobHandle:
             job = None
         if job is not None:
             comment_dir = state_dir_from_comment(job.comment)
-            candidates += [d for d in (comment_dir, job_state_dir(job.cluster, job_id) if job.cluster else None)
+            candidates += [d for d in (comment_dir, job_state_dir(job.cluster, job_id))
                            if d is not None and d not in candidates]
     for state_dir in candidates:
         path = state_dir / CONTROLLER_FILE
