@@ -12,27 +12,38 @@ After resuming from a checkpoint at version V, call ``publish_version(V, recover
 staleness capacity is then one window, not inflated by V. A batch that was handed out but never
 acknowledged (the trainer or the controller died) is handed out again with the same id, so a
 trainer that remembers acknowledged ids processes every rollout exactly once.
+
+A group whose stored copy was found damaged is never delivered: the controller quarantines it
+and names it in the next batch (``lost_group_ids``). The trainer logs a warning, keeps the ids
+in ``Trainer.lost_group_ids`` and calls ``on_lost(ids)`` if given. A batch handed out again
+keeps its id without the groups lost since. While the controller's disk is full (503) the
+trainer waits and asks again.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from slurm_elastic.controller.client import ControlClient
 from slurm_elastic.controller.files import read_controller_url
-from slurm_elastic.errors import ConfigError, ControllerUnreachableError
+from slurm_elastic.errors import ApiError, ConfigError, ControllerUnreachableError
 from slurm_elastic.rollouts.wire import unpack_group
+
+log = logging.getLogger(__name__)
+UNAVAILABLE = 503  # the controller's store could not write (disk full): nothing changed, ask again
 
 
 @dataclass(frozen=True)
 class Batch:
     batch_id: str
     groups: list[dict[str, Any]]
+    lost_group_ids: tuple[str, ...] = ()  # quarantined since the previous batch: never delivered
 
     @property
     def sequences(self) -> int:
@@ -43,10 +54,12 @@ class Trainer:
     """Pulls batches, acknowledges them, publishes versions; follows the controller across restarts."""
 
     def __init__(self, url: str, token: str, state_dir: Path | None = None, trainer_id: str = "trainer",
-                 poll_s: float = 0.2) -> None:
+                 poll_s: float = 0.2, on_lost: Callable[[list[str]], None] | None = None) -> None:
         self.token, self.state_dir, self.trainer_id, self.poll_s = token, state_dir, trainer_id, poll_s
         self.client = ControlClient(url, token)
         self.acked: set[str] = set()
+        self.lost_group_ids: list[str] = []  # every group the controller reported lost
+        self.on_lost = on_lost
         self.info = self._retry(lambda: self.client.trainer_register(trainer_id))
 
     @classmethod
@@ -69,8 +82,8 @@ class Trainer:
         while True:
             try:
                 return call()
-            except ControllerUnreachableError:
-                if time.monotonic() > deadline:
+            except (ControllerUnreachableError, ApiError) as exc:
+                if time.monotonic() > deadline or (isinstance(exc, ApiError) and exc.status_code != UNAVAILABLE):
                     raise
                 url = read_controller_url(self.state_dir) if self.state_dir else ""
                 if url and url.rstrip("/") != self.client.url:
@@ -86,12 +99,22 @@ class Trainer:
             if got is None:
                 time.sleep(self.poll_s)
                 continue
+            lost = [str(g) for g in got.get("lost_group_ids") or []]
+            if lost:
+                self._lost(lost)
             if got["batch_id"] in self.acked:  # handed out again after a restart: already consumed
                 batch_id = got["batch_id"]
                 self._retry(lambda: self.client.ack_batch(batch_id))  # noqa: B023 (called at once)
                 continue
-            return Batch(got["batch_id"], [unpack_group(g) for g in got["groups"]])  # lists again
+            return Batch(got["batch_id"], [unpack_group(g) for g in got["groups"]], tuple(lost))  # lists again
         return None
+
+    def _lost(self, ids: list[str]) -> None:
+        log.warning("the controller lost %d rollout group(s), damaged on its disk and never delivered: %s",
+                    len(ids), ", ".join(ids))
+        self.lost_group_ids.extend(ids)
+        if self.on_lost is not None:
+            self.on_lost(ids)
 
     def batches(self) -> Iterator[Batch]:
         while True:

@@ -13,6 +13,7 @@ from fastapi import FastAPI
 from slurm_elastic import __version__
 from slurm_elastic.controller.config import ElasticConfig
 from slurm_elastic.controller.files import ensure_token, previous_port, publish
+from slurm_elastic.controller.guard import BODY_MAX_BYTES, RequestGuard
 from slurm_elastic.controller.http import control_router
 from slurm_elastic.controller.locate import COMMENT_PREFIX
 from slurm_elastic.controller.main import (
@@ -36,17 +37,19 @@ log = logging.getLogger(__name__)
 
 
 def create_controller_app(controller: Controller, token: str, queue: RolloutQueue | None = None) -> FastAPI:
-    """The controller's ASGI app: /healthz (open), the control plane and the rollout queue (token)."""
-    app = ControllerApp(title="slurm-elastic controller", version=__version__)
+    """The controller's ASGI app: /healthz (open), the control plane and the rollout queue (token,
+    checked with the body's size before any body is read)."""
+    submit_max_bytes = queue.config.max_group_bytes if queue is not None else BODY_MAX_BYTES
+    app = ControllerApp(RequestGuard(token, submit_max_bytes), title="slurm-elastic controller", version=__version__)
 
     @app.get("/healthz", tags=["status"])
     def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    app.include_router(control_router(controller, token))
+    app.include_router(control_router(controller))
     if queue is not None:
-        app.include_router(rollout_router(controller, queue, token))
-        app.submit_endpoint = SubmitEndpoint(queue, token)
+        app.include_router(rollout_router(controller, queue))
+        app.submit_endpoint = SubmitEndpoint(queue)
         controller.queue_pressure = lambda: queue_pressure(controller, queue)
     return app
 

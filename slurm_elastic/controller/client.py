@@ -8,12 +8,15 @@ any other error status becomes :class:`ApiError` with the controller's message.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from typing import Any
 
 import httpx
 
 from slurm_elastic.errors import ApiError, ControllerUnreachableError
+
+log = logging.getLogger(__name__)
 
 
 class UnknownOnControllerError(KeyError):
@@ -23,9 +26,10 @@ class UnknownOnControllerError(KeyError):
 class ControlClient:
     """Calls the controller at ``url`` with the job's bearer token."""
 
-    def __init__(self, url: str, token: str, timeout_s: float = 10.0) -> None:
+    def __init__(self, url: str, token: str, timeout_s: float = 10.0,
+                 transport: httpx.BaseTransport | None = None) -> None:
         self.url = url.rstrip("/")
-        self._http = httpx.Client(base_url=self.url, timeout=timeout_s,
+        self._http = httpx.Client(base_url=self.url, timeout=timeout_s, transport=transport,
                                   headers={"Authorization": f"Bearer {token}"})
 
     def close(self) -> None:
@@ -74,9 +78,12 @@ class ControlClient:
     # rollouts (workers)
     def submit_group(self, group: dict[str, Any] | bytes, max_wait_s: float = 3600.0,
                      sleep: Any = None) -> dict[str, Any]:
-        """Submit one scored group; on 429 wait ``Retry-After`` and try again (never drops it).
+        """Submit one scored group; never drops it while ``max_wait_s`` lasts. A full buffer (429)
+        or a server error (5xx: the store failed, a restart) is tried again after ``Retry-After``
+        (or a backoff of up to 10 s), as is a controller that does not answer; a refusal (4xx)
+        raises :class:`ApiError` at once.
 
-        A retry after a lost answer is safe: the group id makes the submit idempotent.
+        A resend is safe: the group id makes the submit idempotent.
         """
         body = group if isinstance(group, bytes) else json.dumps(group, separators=(",", ":")).encode()
         pause = sleep or time.sleep
@@ -91,11 +98,15 @@ class ControlClient:
                 pause(delay_s)
                 delay_s = min(10.0, delay_s * 2)
                 continue
-            if response.status_code == 429 and time.monotonic() < deadline:
-                pause(float(response.headers.get("retry-after", "1")))
+            code = response.status_code
+            if (code == 429 or code >= 500) and time.monotonic() < deadline:
+                if code >= 500:
+                    log.warning("submit of a rollout group answered %d (%s); trying again", code, _detail(response))
+                pause(_retry_after_s(response, 1.0 if code == 429 else delay_s))
+                delay_s = min(10.0, delay_s * 2) if code >= 500 else delay_s
                 continue
-            if response.status_code >= 400:
-                raise ApiError(response.status_code, _detail(response))
+            if code >= 400:
+                raise ApiError(code, _detail(response))
             result: dict[str, Any] = response.json()
             return result
 
@@ -157,6 +168,14 @@ class ControlClient:
 
     def uncordon(self, node: str, gpu: int) -> dict[str, Any]:
         return self._call("POST", "/admin/uncordon", {"node": node, "gpu": gpu})
+
+
+def _retry_after_s(response: httpx.Response, default_s: float) -> float:
+    """The answer's ``Retry-After`` in seconds (0 to 300), or ``default_s`` without a usable one."""
+    try:
+        return min(300.0, max(0.0, float(response.headers["retry-after"])))
+    except (KeyError, ValueError):
+        return default_s
 
 
 def _detail(response: httpx.Response) -> str:

@@ -8,23 +8,30 @@ concatenating the stored groups, so what a worker sent is what the trainer gets.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
+import logging
+import math
+import sqlite3
 import threading
 from typing import Annotated, Any, Generic, TypeVar
 
-from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, Response, status
+from fastapi import APIRouter, FastAPI, HTTPException, Request, Response, status
 from fastapi import Path as PathParam
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from starlette.types import Receive, Scope, Send
 
-from slurm_elastic.controller.http import WORKER_ID, bearer_auth
+from slurm_elastic.controller.guard import Headers, RequestGuard, send_answer
+from slurm_elastic.controller.http import INT64_MAX, WORKER_ID
 from slurm_elastic.controller.runtime import Controller
+from slurm_elastic.errors import StateFileError
 from slurm_elastic.rollouts.queue import QueueFull, RolloutQueue, UnknownBatchError
+from slurm_elastic.rollouts.store import StoreUnavailableError
 from slurm_elastic.rollouts.wire import check_mask_values, check_token_ids
 
 ID = r"^[A-Za-z0-9_.:-]{1,128}$"
+STORE_RETRY_AFTER_S = 2  # a submit the store failed to take: try again after this long
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
@@ -35,34 +42,39 @@ def _compact(what: str, max_bytes: int) -> Any:
 
 
 class Sequence(BaseModel):
-    """One scored sequence. The compact fields arrive as base64 text and are held decoded;
-    validate with ``model_validate_json`` (as the route does), which decodes them."""
+    """One scored sequence. Strict types (no numbers as strings, no booleans as numbers), finite
+    floats. The compact fields arrive as base64 text and are held decoded; validate with
+    ``model_validate_json`` (as the route does), which decodes them."""
 
-    model_config = ConfigDict(extra="forbid", val_json_bytes="base64", ser_json_bytes="base64")
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, val_json_bytes="base64",
+                              ser_json_bytes="base64")
     tokens: list[Annotated[int, Field(ge=0, lt=2**31)]] | None = Field(None, max_length=1_000_000)
     tokens_b64: bytes | None = _compact("token ids as little-endian int32", 4_000_000)
     mask: list[Annotated[int, Field(ge=0, le=1)]] | None = Field(None, max_length=1_000_000)
     mask_b64: bytes | None = _compact("loss mask as one byte (0 or 1) per token", 1_000_000)
     score: float
-    logprobs: list[float] | None = Field(None, max_length=1_000_000)
+    logprobs: list[float] | None = Field(None, max_length=1_000_000, description="one per token")
 
 
 class RolloutGroup(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
     id: str = Field(pattern=ID, description="unique per group: a retry with the same id is not stored twice")
     worker_id: str = Field(pattern=WORKER_ID)
-    policy_version: int = Field(ge=0)
+    policy_version: int = Field(ge=0, le=INT64_MAX)
     group_size: int = Field(ge=1, le=4096)
     sequences: list[Sequence] = Field(min_length=1, max_length=4096)
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    metadata: dict[str, Any] = Field(default_factory=dict, description="any JSON; numbers finite")
 
     @model_validator(mode="after")
     def _consistent(self) -> RolloutGroup:
         """One check per group (each call from the validator core costs): the group's size,
-        exactly one token form and at most one mask form per sequence, as many mask values as
-        tokens, then the compact fields' values for the whole group at once."""
+        exactly one token form and at most one mask form per sequence, as many mask values and
+        logprobs as tokens, finite numbers in the metadata, then the compact fields' values for
+        the whole group at once."""
         if len(self.sequences) != self.group_size:
             raise ValueError(f"group_size is {self.group_size} but {len(self.sequences)} sequences were sent")
+        if self.metadata and not finite_json(self.metadata):
+            raise ValueError("metadata holds a number that is not finite (NaN or infinite)")
         packed_tokens: list[tuple[int, bytes]] = []
         packed_masks: list[tuple[int, bytes]] = []
         for i, seq in enumerate(self.sequences):
@@ -76,6 +88,8 @@ class RolloutGroup(BaseModel):
                 raise ValueError(f"sequences[{i}]: give exactly one of tokens or tokens_b64")
             else:
                 n_tokens = len(tokens)
+            if seq.logprobs is not None and len(seq.logprobs) != n_tokens:
+                raise ValueError(f"sequences[{i}].logprobs: {len(seq.logprobs)} values for {n_tokens} tokens")
             if mask_b64 is not None:
                 if mask is not None:
                     raise ValueError(f"sequences[{i}]: give at most one of mask or mask_b64")
@@ -95,6 +109,17 @@ class RolloutGroup(BaseModel):
         if bad is not None:
             raise ValueError(f"sequences[{packed_masks[bad][0]}].mask_b64 holds a byte other than 0 or 1")
         return self
+
+
+def finite_json(value: Any) -> bool:
+    """Whether every number in a parsed JSON value is finite (JSON itself has no NaN or infinity)."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(finite_json(v) for v in value.values())
+    if isinstance(value, list):
+        return all(finite_json(v) for v in value)
+    return True
 
 
 class Admission(BaseModel):
@@ -131,7 +156,6 @@ def inline_schema(model: type[BaseModel]) -> dict[str, Any]:
     return dict(resolve(schema))
 
 
-Headers = list[tuple[bytes, bytes]]
 JSON = [(b"content-type", b"application/json")]
 
 
@@ -141,44 +165,23 @@ def _error(status_code: int, detail: Any, headers: Headers | None = None) -> tup
 
 
 class SubmitEndpoint:
-    """``POST /rollouts`` as a plain ASGI handler: token check (401/403), size limit (413),
-    validation from the raw bytes (422 naming the field), backpressure (429), then the group
-    commit. Answered in front of the framework (:class:`ControllerApp`) so the hot route skips
-    its per-request machinery; the FastAPI route with the same handler documents it in OpenAPI."""
+    """``POST /rollouts`` as a plain ASGI handler, after the token and size checks of the
+    :class:`RequestGuard`: validation from the raw bytes (422 naming the field, a group larger
+    than a batch included), backpressure (429), then the group commit (503 with Retry-After if
+    the store fails: nothing was stored). Answered in front of the framework
+    (:class:`ControllerApp`) so the hot route skips its per-request machinery; the FastAPI route
+    with the same handler documents it in OpenAPI."""
 
-    def __init__(self, queue: RolloutQueue, token: str) -> None:
+    def __init__(self, queue: RolloutQueue) -> None:
         self.queue = queue
-        self.token = token.encode()
-        self.limit = queue.config.max_group_bytes
 
-    def _too_big(self) -> tuple[int, bytes, Headers]:
-        return _error(413, f"rollout group over {self.limit} bytes")
-
-    async def answer(self, headers: Headers, receive: Receive) -> tuple[int, bytes, Headers]:
-        authorization = content_length = b""
-        for name, value in headers:
-            if name == b"authorization":
-                authorization = value
-            elif name == b"content-length":
-                content_length = value
-        scheme, _, token = authorization.partition(b" ")
-        if scheme.lower() != b"bearer" or not token.strip():
-            return _error(401, "missing bearer token", [(b"www-authenticate", b"Bearer")])
-        if not hmac.compare_digest(token.strip(), self.token):
-            return _error(403, "wrong token for this job")
-        if content_length.isdigit() and int(content_length) > self.limit:
-            return self._too_big()
+    async def answer(self, receive: Receive) -> tuple[int, bytes, Headers]:
         chunks: list[bytes] = []
-        received = 0
         while True:
             message = await receive()
             if message["type"] != "http.request":
                 return _error(400, "client went away")
-            chunk = message.get("body", b"")
-            chunks.append(chunk)
-            received += len(chunk)
-            if received > self.limit:
-                return self._too_big()
+            chunks.append(message.get("body", b""))
             if not message.get("more_body"):
                 break
         body = chunks[0] if len(chunks) == 1 else b"".join(chunks)  # one chunk: stored uncopied
@@ -187,14 +190,26 @@ class SubmitEndpoint:
         except ValidationError as exc:
             return _error(422, [{"loc": ["body", *e["loc"]], "msg": e["msg"], "type": e["type"]}
                                 for e in exc.errors(include_url=False, include_context=False, include_input=False)])
+        batch_size = self.queue.config.batch_size
+        if group.group_size > batch_size:
+            return _error(422, [{"loc": ["body", "group_size"], "type": "group_over_batch_size",
+                                 "msg": f"group_size (n_seqs) {group.group_size} is over the queue's batch_size "
+                                        f"{batch_size}: a batch is made of whole groups, so this group could "
+                                        "never be delivered"}])
         waiter: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         try:
             self.queue.submit_then(group.id, group.worker_id, group.group_size, group.policy_version, body,
                                    _Resolver(waiter))
+            stored = await waiter  # answered once its group commit is durable
         except QueueFull as exc:
             return _error(status.HTTP_429_TOO_MANY_REQUESTS, str(exc),
                           [(b"retry-after", str(max(1, round(exc.retry_after_s))).encode())])
-        stored = await waiter  # answered once its group commit is durable
+        except StoreUnavailableError as exc:  # not stored (disk full or failing): the worker resends
+            return _error(503, str(exc), [(b"retry-after", _retry_after(exc))])
+        except Exception as exc:  # the store failed this commit: nothing was stored, a retry is safe
+            log.warning("the rollout store did not take group %s: %s", group.id, exc)
+            return _error(status.HTTP_503_SERVICE_UNAVAILABLE, f"the rollout store did not take the group: {exc}",
+                          [(b"retry-after", str(STORE_RETRY_AFTER_S).encode())])
         return 200, b'{"accepted":true}' if stored else b'{"accepted":false}', JSON
 
 
@@ -224,35 +239,54 @@ class _Resolver(Generic[T]):
 
 
 class ControllerApp(FastAPI):
-    """The controller's FastAPI app, with ``POST /rollouts`` answered before the framework's
-    per-request machinery (telemetry hooks, middleware, routing): the hot route costs only its
-    own checks. The same handler is also a FastAPI route, so OpenAPI documents it."""
+    """The controller's FastAPI app. Every request passes its :class:`RequestGuard` first (the
+    token, then the body's size, before any body is read); ``POST /rollouts`` is then answered
+    before the framework's per-request machinery (telemetry hooks, middleware, routing), so the
+    hot route costs only its own checks. The same handler is also a FastAPI route, so OpenAPI
+    documents it."""
 
-    submit_endpoint: SubmitEndpoint | None = None
+    def __init__(self, guard: RequestGuard, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.guard = guard
+        self.submit_endpoint: SubmitEndpoint | None = None
+        for error in (StateFileError, sqlite3.Error, OSError):
+            self.add_exception_handler(error, _storage_failed)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        endpoint = self.submit_endpoint
-        if (endpoint is None or scope["type"] != "http" or scope["path"] != "/rollouts"
-                or scope["method"] != "POST"):
+        if scope["type"] != "http":
             await super().__call__(scope, receive, send)
             return
-        code, body, headers = await endpoint.answer(scope["headers"], receive)
-        await send({"type": "http.response.start", "status": code,
-                    "headers": [*headers, (b"content-length", str(len(body)).encode())]})
-        await send({"type": "http.response.body", "body": body})
+        passed = await self.guard(scope, receive, send)
+        if passed is None:
+            return
+        receive, send = passed
+        endpoint = self.submit_endpoint
+        if endpoint is None or scope["path"] != "/rollouts" or scope["method"] != "POST":
+            await super().__call__(scope, receive, send)
+            return
+        await send_answer(send, await endpoint.answer(receive))
 
 
-def rollout_router(controller: Controller, queue: RolloutQueue, token: str) -> APIRouter:
-    router = APIRouter(dependencies=[Depends(bearer_auth(token))])
-    endpoint = SubmitEndpoint(queue, token)
+async def _storage_failed(_request: Request, exc: Exception) -> Response:
+    """A route whose store or state file failed: 503 with Retry-After (the request changed nothing)."""
+    log.warning("storage failed under a request: %s", exc)
+    return Response(json.dumps({"detail": f"storage failed: {exc}"}), status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
+                    media_type="application/json", headers={"Retry-After": str(STORE_RETRY_AFTER_S)})
+
+
+def rollout_router(controller: Controller, queue: RolloutQueue) -> APIRouter:
+    """The queue's routes (the token is checked in front of them: :class:`ControllerApp`)."""
+    router = APIRouter()
+    endpoint = SubmitEndpoint(queue)
 
     @router.post("/rollouts", tags=["rollouts"], openapi_extra={
         "requestBody": {"required": True, "content": {"application/json": {"schema": inline_schema(RolloutGroup)}}}},
         responses={413: {"description": "group over the size limit"},
-                   429: {"description": "buffer full: retry after Retry-After seconds"}})
+                   429: {"description": "buffer full: retry after Retry-After seconds"},
+                   503: {"description": "the store did not take the group: retry after Retry-After seconds"}})
     async def submit(request: Request) -> Response:
         """Served by :class:`ControllerApp` before the framework; the same handler here."""
-        code, body, headers = await endpoint.answer(request.headers.raw, request.receive)
+        code, body, headers = await endpoint.answer(request.receive)
         return Response(body, status_code=code, headers={k.decode(): v.decode() for k, v in headers})
 
     @router.post("/rollouts/admission", tags=["rollouts"])
@@ -268,21 +302,31 @@ def rollout_router(controller: Controller, queue: RolloutQueue, token: str) -> A
         return {"trainer_id": body.trainer_id, "unacked_batches_handed_again": again,
                 "batch_size": queue.config.batch_size, "policy_version": queue.stats()["policy_version"]}
 
-    @router.post("/trainer/batch", tags=["trainer"])
+    @router.post("/trainer/batch", tags=["trainer"], responses={
+        503: {"description": "the store cannot record the hand-out (disk full): nothing changed, retry"}})
     def pull() -> Response:
-        batch = queue.pull()
+        """The next batch; ``lost_group_ids`` names the groups quarantined (damaged on disk,
+        never delivered) since the previous batch."""
+        try:
+            batch = queue.pull()
+        except StoreUnavailableError as exc:
+            return _unavailable(exc)
         if batch is None:
             return Response(status_code=status.HTTP_204_NO_CONTENT)
         batch_id, payloads = batch
-        body = b'{"batch_id":"' + batch_id.encode() + b'","groups":[' + b",".join(payloads) + b"]}"
+        lost = json.dumps(queue.take_lost_ids()).encode()
+        body = (b'{"batch_id":"' + batch_id.encode() + b'","groups":[' + b",".join(payloads)
+                + b'],"lost_group_ids":' + lost + b"}")
         return Response(body, media_type="application/json")
 
-    @router.post("/trainer/batch/{batch_id}/ack", tags=["trainer"])
-    def ack(batch_id: Annotated[str, PathParam(pattern=r"^[0-9a-f]{32}$")]) -> dict[str, Any]:
+    @router.post("/trainer/batch/{batch_id}/ack", tags=["trainer"], response_model=None)
+    def ack(batch_id: Annotated[str, PathParam(pattern=r"^[0-9a-f]{32}$")]) -> dict[str, Any] | Response:
         try:
             return {"batch_id": batch_id, "acked": queue.ack(batch_id)}
         except UnknownBatchError:
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"unknown batch {batch_id}") from None
+        except StoreUnavailableError as exc:
+            return _unavailable(exc)
 
     @router.post("/trainer/version", tags=["trainer"])
     def version(body: VersionUpdate) -> dict[str, Any]:
@@ -315,6 +359,15 @@ def rollout_router(controller: Controller, queue: RolloutQueue, token: str) -> A
     return router
 
 
+def _retry_after(exc: StoreUnavailableError) -> bytes:
+    return str(max(1, round(exc.retry_after_s))).encode()
+
+
+def _unavailable(exc: StoreUnavailableError) -> Response:
+    return Response(json.dumps({"detail": str(exc)}), status_code=503, media_type="application/json",
+                    headers={"retry-after": _retry_after(exc).decode()})
+
+
 def _registry(controller: Controller, queue: RolloutQueue) -> CollectorRegistry:
     """A fresh registry per scrape with the current values (cheap: a dozen gauges)."""
     registry = CollectorRegistry()
@@ -328,6 +381,8 @@ def _registry(controller: Controller, queue: RolloutQueue) -> CollectorRegistry:
         ("delivered_sequences_total", "Sequences acknowledged by the trainer", q["delivered_sequences"]),
         ("dropped_stale_sequences_total", "Sequences dropped as too stale", q["dropped_stale_sequences"]),
         ("refused_submits_total", "Submits refused with 429 (backpressure)", q["refused_submits"]),
+        ("lost_groups_total", "Groups quarantined: damaged in the payload log, never delivered", q["lost_groups"]),
+        ("lost_sequences_total", "Sequences in the groups quarantined as lost", q["lost_sequences"]),
         ("target_workers", "The worker count the controller steers to", ctl["target_workers"]),
         ("ticks_total", "Reconcile ticks done", ctl["ticks"]),
         ("heartbeats_total", "Worker heartbeats handled", ctl["heartbeats"]),

@@ -1,4 +1,6 @@
-"""Serve the controller's API: uvicorn in a background thread, on a socket bound up front."""
+"""Serve the controller's API: uvicorn in a background thread, on a socket bound up front, its
+connections capped below the open-files limit and idle or slow request heads cut off
+(:mod:`slurm_elastic.controller.connections`)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,17 @@ import uvicorn
 from fastapi import FastAPI
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from slurm_elastic.controller.connections import (
+    ConnectionBook,
+    connection_cap,
+    guarded,
+    raise_open_files_limit,
+)
+
 log = logging.getLogger(__name__)
+
+HEAD_TIMEOUT_S = 10.0  # a request head must arrive whole within this long of the connection waiting for it
+KEEP_ALIVE_S = 5  # an idle keep-alive connection is closed after this long
 
 
 def default_listen_host() -> str:
@@ -68,15 +80,23 @@ class HttpProtocol(HttpToolsProtocol):
 
 
 class ApiServer:
-    """uvicorn serving ``app`` on ``host:port`` (0 = any free port) in a daemon thread."""
+    """uvicorn serving ``app`` on ``host:port`` (0 = any free port) in a daemon thread.
 
-    def __init__(self, app: FastAPI, host: str, port: int = 0) -> None:
+    The process's soft open-files limit is raised to its hard limit, and client connections are
+    capped below it (``max_connections``, default :func:`connection_cap`), so that the
+    controller's own files (state, store) open however many clients connect."""
+
+    def __init__(self, app: FastAPI, host: str, port: int = 0, head_timeout_s: float = HEAD_TIMEOUT_S,
+                 max_connections: int | None = None) -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((host, port))
         self.host, self.port = host, int(self.sock.getsockname()[1])
+        self.connections = ConnectionBook(max_connections or connection_cap(raise_open_files_limit()),
+                                          head_timeout_s)
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
-                                timeout_graceful_shutdown=2, http=HttpProtocol,
+                                timeout_graceful_shutdown=2, http=guarded(HttpProtocol, self.connections),
+                                timeout_keep_alive=KEEP_ALIVE_S,
                                 proxy_headers=False)  # clients reach the controller directly, never via a proxy
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},

@@ -21,7 +21,7 @@ from typing import Any
 from slurm_elastic.core.rates import WindowRate
 from slurm_elastic.core.staleness import AdmissionGrants, StalenessManager
 from slurm_elastic.errors import SlurmElasticError
-from slurm_elastic.rollouts.store import RolloutStore, StoredGroup, Then, settle
+from slurm_elastic.rollouts.store import LostGroup, RolloutStore, StoredGroup, Then, settle
 
 RATE_WINDOW_S = 60.0
 
@@ -70,7 +70,15 @@ class QueueConfig:
             elif isinstance(value, bool) or not isinstance(value, int) or value < (0 if key == "max_staleness" else 1):
                 raise ConfigError(f"{prefix}.{key}: must be a positive integer")
             values[key] = value
-        return cls(**values)
+        config = cls(**values)
+        if config.capacity_seqs < config.batch_size:
+            raise ConfigError(f"{prefix}.capacity_seqs ({config.capacity_seqs}) is below {prefix}.batch_size "
+                              f"({config.batch_size}): the buffer could never hold a whole batch")
+        if config.capacity_bytes < config.max_group_bytes:
+            raise ConfigError(f"{prefix}.capacity_bytes ({config.capacity_bytes}) is below "
+                              f"{prefix}.max_group_bytes ({config.max_group_bytes}): a group under the size "
+                              "limit could never be accepted")
+        return config
 
 
 class RolloutQueue:
@@ -94,6 +102,9 @@ class RolloutQueue:
         self.delivered_seqs = 0
         self.dropped_stale_seqs = 0
         self.refused_submits = 0
+        self.lost_groups = 0  # quarantined: their records in the log were damaged
+        self.lost_seqs = 0
+        self._lost_unreported: list[str] = []  # lost group ids not yet told to the trainer
         self.in_use = False  # a trainer registered or pulled, or rollouts arrived: the buffer means something
         self._pulls = WindowRate(RATE_WINDOW_S)
         self._accepts = WindowRate(RATE_WINDOW_S)
@@ -111,6 +122,9 @@ class RolloutQueue:
             self._append(group)
         counts = self.store.counts()
         self.in_use = bool(counts)
+        lost = self.store.lost()
+        self.lost_groups, self.lost_seqs = len(lost), sum(g.n_seqs for g in lost)
+        self._lost_unreported = [g.id for g in self.store.lost_at_open]
         self.delivered_seqs = counts.get("delivered", 0)
         self.dropped_stale_seqs = counts.get("dropped", 0)
 
@@ -186,24 +200,90 @@ class RolloutQueue:
 
     # ---- trainer -----------------------------------------------------------------------------
     def pull(self) -> tuple[str, list[bytes]] | None:
-        """The next batch (id, group payloads) of exactly ``batch_size`` sequences, or None if not enough."""
+        """The next batch (id, group payloads) of exactly ``batch_size`` sequences, or None if
+        not enough. Every payload is checked first: a damaged group is quarantined (see
+        :meth:`take_lost_ids`) and the batch is made of others. A batch handed out again keeps
+        its id, without any of its groups lost since. StoreUnavailableError (disk full): nothing
+        changed, try again."""
         with self._lock:
             self.in_use = True
-            if self._rehand:
-                batch_id, _groups = self._rehand.popleft()
-                return batch_id, [p for _g, p in self.store.batch_payloads(batch_id)]
-            self._drop_stale()
-            chosen = self._pack()
-            if chosen is None:
-                return None
-            batch_id = uuid.uuid4().hex
-            for group in chosen:
-                self._forget(group)
-                self._queue.remove(group)  # found within the head + look-ahead: O(batch), not O(queue)
-            self._handed[batch_id] = chosen
-            self._pulls.add(self.clock(), self.config.batch_size)
-        payloads = self.store.hand_out(batch_id, [g.id for g in chosen], self.clock())
-        return batch_id, payloads
+            rehand = self._rehand.popleft() if self._rehand else None
+        if rehand is not None:
+            return self._hand_again(rehand[0])
+        while True:
+            with self._lock:
+                self._drop_stale()
+                chosen = self._pack()
+                if chosen is None:
+                    return None
+                for group in chosen:  # out of the queue while their hand-out is recorded
+                    self._forget(group)
+                    self._queue.remove(group)  # found within the head + look-ahead: O(batch), not O(queue)
+            try:
+                good, damaged = self.store.read_checked([g.id for g in chosen])
+                if damaged:
+                    self._lost(self.store.quarantine(damaged), queued=True)
+                    self._put_back([b.group for b, _p in good])
+                    continue  # pack again without them
+                batch_id = uuid.uuid4().hex
+                self.store.record_hand_out(batch_id, [g.id for g in chosen], self.clock())
+            except BaseException:
+                self._put_back(chosen)  # a failed pull changes nothing
+                raise
+            with self._lock:
+                self._handed[batch_id] = chosen
+                self._pulls.add(self.clock(), self.config.batch_size)
+            return batch_id, [p for _b, p in good]
+
+    def _hand_again(self, batch_id: str) -> tuple[str, list[bytes]] | None:
+        """An unacknowledged batch, again: its groups checked, the damaged ones quarantined."""
+        try:
+            good, damaged = self.store.batch_checked(batch_id)
+            if damaged:
+                self._lost(self.store.quarantine(damaged), queued=False)
+        except BaseException:
+            with self._lock:
+                if batch_id in self._handed:
+                    self._rehand.appendleft((batch_id, self._handed[batch_id]))
+            raise
+        if not good:  # every group of it lost: nothing left to hand out or acknowledge
+            self.ack(batch_id)
+            return self.pull()
+        return batch_id, [p for _b, p in good]
+
+    def _put_back(self, groups: list[StoredGroup]) -> None:
+        """Groups taken for a batch that was not recorded: queued again where they were
+        (arrival order; they were near the head)."""
+        with self._lock:
+            for group in sorted(groups, key=lambda g: g.seq, reverse=True):
+                at = 0
+                while at < len(self._queue) and self._queue[at].seq < group.seq:
+                    at += 1
+                self._queue.insert(at, group)
+                self._ids.add(group.id)
+                self._by_version.setdefault(group.version, {})[group.id] = group
+                self._queued_seqs += group.n_seqs
+                self._queued_bytes += group.nbytes
+
+    def _lost(self, lost: list[LostGroup], queued: bool) -> None:
+        """Groups quarantined: counted, to be told to the trainer, out of their batch; they
+        hold no staleness capacity (never consumed)."""
+        ids = {g.id for g in lost}
+        with self._lock:
+            self.lost_groups += len(lost)
+            self.lost_seqs += sum(g.n_seqs for g in lost)
+            self._lost_unreported += [g.id for g in lost]
+            if not queued:
+                for batch_id, groups in self._handed.items():
+                    if any(g.id in ids for g in groups):
+                        self._handed[batch_id] = [g for g in groups if g.id not in ids]
+            self.staleness.on_dropped(sum(g.n_seqs for g in lost))
+
+    def take_lost_ids(self) -> list[str]:
+        """Ids of the groups quarantined since the last call (for the trainer's next batch)."""
+        with self._lock:
+            ids, self._lost_unreported = self._lost_unreported, []
+            return ids
 
     def _pack(self) -> list[StoredGroup] | None:
         """Whole groups from the head summing to exactly batch_size (a bounded look-ahead).
@@ -246,13 +326,14 @@ class RolloutQueue:
         O(groups dropped + versions queued))."""
         oldest_ok = self.staleness.version - self.config.max_staleness
         stale = [g for v in [v for v in self._by_version if v < oldest_ok] for g in self._by_version[v].values()]
+        if stale:
+            self.store.drop(g.id for g in stale)  # first: if the store cannot, nothing changes here
         for group in stale:
             self._forget(group)
             self._dropped_ids.add(group.id)
         while self._queue and self._queue[0].id in self._dropped_ids:
             self._dropped_ids.discard(self._queue.popleft().id)
         if stale:
-            self.store.drop(g.id for g in stale)
             dropped = sum(g.n_seqs for g in stale)
             self.dropped_stale_seqs += dropped
             self.staleness.on_dropped(dropped)  # never consumed: they must not hold capacity
@@ -296,5 +377,6 @@ class RolloutQueue:
                 "max_staleness": self.config.max_staleness, "running_rollouts": self.staleness.running,
                 "delivered_sequences": self.delivered_seqs, "dropped_stale_sequences": self.dropped_stale_seqs,
                 "refused_submits": self.refused_submits, "unacked_batches": len(self._handed),
+                "lost_groups": self.lost_groups, "lost_sequences": self.lost_seqs,
                 "consumption_seqs_per_s": self._pulls.rate(now_s), "production_seqs_per_s": self._accepts.rate(now_s),
             }

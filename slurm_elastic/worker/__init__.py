@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from types import TracebackType
 from typing import Any
 
-from slurm_elastic.errors import ControllerUnreachableError, SlurmElasticError
+from slurm_elastic.errors import ApiError, ControllerUnreachableError, SlurmElasticError
 from slurm_elastic.rollouts.wire import pack_group
 from slurm_elastic.worker.context import StepContext
 from slurm_elastic.worker.control import FollowingControl
@@ -114,13 +114,21 @@ class RolloutWorker:
         return granted
 
     def submit(self, group: dict[str, Any]) -> dict[str, Any]:
-        """Hand a scored group to the controller's queue, durably. Waits while the buffer is full and
-        while the controller restarts; the group id makes a resend safe. Never drops the group.
+        """Hand a scored group to the controller's queue, durably. Waits while the buffer is full (429),
+        while the controller answers a server error (5xx: its store failed) and while it restarts;
+        the group id makes a resend safe. Never drops the group; a group the controller refuses
+        (4xx: invalid) raises :class:`~slurm_elastic.errors.ApiError`.
         Token ids and masks travel in the compact form (``tokens_b64``, ``mask_b64``); the trainer
         helper turns them back into lists."""
         body = pack_group({"worker_id": self.ctx.worker_id, **group})
         while True:
-            answer = self._through_outages(lambda: self.control.client.submit_group(body), give_up_on_drain=False)
+            try:
+                answer = self._through_outages(lambda: self.control.client.submit_group(body),
+                                               give_up_on_drain=False)
+            except ApiError as exc:  # 429 or 5xx for longer than the client waits: go on waiting
+                if exc.status_code != 429 and exc.status_code < 500:
+                    raise  # refused (4xx): resending the same group cannot help
+                continue
             if answer is not None:
                 return answer
 

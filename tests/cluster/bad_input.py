@@ -8,11 +8,17 @@ Used by tests/cluster/test_bad_input.py (every probe must hold) and bench/bench_
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import select
 import signal
+import socket
+import sqlite3
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -20,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 
 from slurm_elastic.devcluster.cluster import DevCluster, DevClusterSpec
 from slurm_elastic.slurm.cli_backend import SlurmCli
@@ -142,7 +149,127 @@ def api_probes(rig: Rig) -> Iterator[Probe]:
                lambda: rig.post("/admin/cordon", {"node": "nowhere", "gpu": 99, "reason": "x"}), 404, "nowhere")
     yield _api(rig, "submit the queued group's id again (a retry)",
                lambda: rig.post("/rollouts", group("kept-1")), 200, '"accepted":false')
+    yield from hostile_client_probes(rig)
+    yield from loose_submit_probes(rig)
     yield from growth_probes(rig)
+
+
+def _address(url: str) -> tuple[str, int]:
+    host, port = url.removeprefix("http://").split(":")
+    return host, int(port)
+
+
+def _huge_body_without_token(rig: Rig, path: str, total_bytes: int) -> tuple[bytes, int]:
+    """POST ``total_bytes`` of body without a token (the head and 1 MB, a wait for an early
+    answer, then the rest): the answer's status line and the MB sent before it."""
+    chunk = b"x" * 2**20
+    with socket.create_connection(_address(rig.url), timeout=60) as conn:
+        conn.sendall(f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-length: {total_bytes}\r\n\r\n".encode()
+                     + chunk)
+        sent, answer = len(chunk), b""
+        try:
+            if select.select([conn], [], [], 10)[0]:
+                answer = conn.recv(65536)
+            while sent < total_bytes and not answer:
+                conn.sendall(chunk)
+                sent += len(chunk)
+            answer = answer or conn.recv(65536)
+        except OSError:
+            pass
+    return answer.split(b"\r\n", 1)[0], sent // 2**20
+
+
+def hostile_client_probes(rig: Rig) -> Iterator[Probe]:
+    """A client without the token: big bodies, bad JSON, a request head that never ends."""
+    before = rig.snapshot()
+    rss_before = _controller_rss(rig)
+    answers: list[tuple[bytes, int]] = []
+    threads = [threading.Thread(target=lambda p=path: answers.append(_huge_body_without_token(rig, p, 100 * 2**20)))
+               for path in ("/rollouts", "/agent/report", "/admin/scale")]
+    for thread in threads:
+        thread.start()
+    healthz_ms: list[float] = []
+    while any(t.is_alive() for t in threads):
+        started = time.monotonic()
+        rig.http.get("/healthz").raise_for_status()
+        healthz_ms.append((time.monotonic() - started) * 1000)
+    for thread in threads:
+        thread.join()
+    growth_mb = (_controller_rss(rig) - rss_before) / 2**20
+    kept, same = rig.kept(before)
+    codes = sorted({a[0].decode(errors="replace").removeprefix("HTTP/1.1 ") for a in answers})
+    yield Probe("HTTP API", "three 100 MB bodies at once without a token (submit, agent report, scale)",
+                f"{', '.join(codes)} after {max(a[1] for a in answers)} MB sent; controller memory "
+                f"{growth_mb:+.0f} MB; /healthz meanwhile: max {max(healthz_ms, default=0):.0f} ms",
+                kept, same and codes == ["401 Unauthorized"] and growth_mb < 20)
+    yield _api(rig, "submit a body that is not JSON, without a token",
+               lambda: rig.post("/rollouts", content=b"{not json", headers={}), 401)
+    yield _api(rig, "scale with a body that is not JSON, without a token",
+               lambda: rig.post("/admin/scale", content=b"{not json", headers={}), 401)
+    before = rig.snapshot()
+    started = time.monotonic()
+    closed_after_s = -1.0
+    with socket.create_connection(_address(rig.url), timeout=60) as conn:
+        conn.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\n")
+        try:
+            while time.monotonic() - started < 40:
+                conn.sendall(b"x-slow: a\r\n")  # a header line a second, never the end of the head
+                if select.select([conn], [], [], 1.0)[0] and conn.recv(1024) == b"":
+                    break
+            closed_after_s = time.monotonic() - started
+        except OSError:
+            closed_after_s = time.monotonic() - started
+    kept, same = rig.kept(before)
+    yield Probe("HTTP API", "a request head sent a line a second, never finished (slowloris)",
+                f"connection closed after {closed_after_s:.0f} s", kept, same and 0 < closed_after_s < 30)
+
+
+def _controller_rss(rig: Rig) -> int:
+    return int(psutil.Process(rig.job.controller_pid()).memory_info().rss)
+
+
+def _seq(**fields: Any) -> dict[str, Any]:
+    return {"tokens": [1, 2, 3, 4], "mask": [1, 1, 1, 1], "score": 0.5, **fields}
+
+
+def _raw_group(gid: str, sequence: str) -> bytes:
+    """A group of 4 whose last sequence is ``sequence`` as written (JSON text, NaN and all)."""
+    good = json.dumps(_seq())
+    head = f'{{"id":"{gid}","worker_id":"0001","policy_version":0,"group_size":4,"sequences":['
+    return (head + ",".join([good, good, good, sequence]) + "]}").encode()
+
+
+def loose_submit_probes(rig: Rig) -> Iterator[Probe]:
+    """Submits with values the trainer must never see, and one bad group among good ones."""
+    seq = json.dumps(_seq())
+    for tried, sequence, named in (
+            ("score `NaN`", seq.replace("0.5", "NaN"), "score"),
+            ("score `1e999`", seq.replace("0.5", "1e999"), "score"),
+            ("score `\"1e3\"` (a string)", seq.replace("0.5", '"1e3"'), "score"),
+            ("tokens as strings", seq.replace("[1, 2, 3, 4], \"mask", '["1", "2", "3", "4"], "mask'), "tokens"),
+            ("tokens as booleans", seq.replace("[1, 2, 3, 4], \"mask", '[true, true, false, true], "mask'),
+             "tokens"),
+            ("5 logprobs for 4 tokens", json.dumps(_seq(logprobs=[-1.0] * 5)), "logprobs")):
+        yield _api(rig, f"submit a sequence with {tried}",
+                   lambda s=sequence: rig.post("/rollouts", content=_raw_group("loose", s)), 422, named)
+    yield _api(rig, f"submit a group of 9 sequences (batch_size {QUEUE['batch_size']})",
+               lambda: rig.post("/rollouts", group("nine", 9)), 422, "batch_size")
+    before = rig.snapshot()
+    bodies = [{**group(f"mixed-{i}"), "policy_version": 2**63 if i == 1 else 0} for i in range(3)]
+
+    async def at_once() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=rig.url, headers=rig.auth, timeout=30) as http:
+            return list(await asyncio.gather(*(http.post("/rollouts", json=b) for b in bodies)))
+
+    answers = asyncio.run(at_once())
+    after = rig.snapshot()
+    stored = after["queued"] - before["queued"]
+    others_same = {k: v for k, v in after.items() if k != "queued"} == {k: v for k, v in before.items() if k != "queued"}
+    codes = [a.status_code for a in answers]
+    yield Probe("HTTP API", "three submits at once, one with `policy_version` 2^63",
+                f"{codes[1]} {short(answers[1].text, 70)}; the other two: {codes[0]}, {codes[2]}",
+                f"the two good groups stored ({stored} seqs more), steps and target unchanged",
+                codes == [200, 422, 200] and "policy_version" in answers[1].text and stored == 8 and others_same)
 
 
 def growth_probes(rig: Rig) -> Iterator[Probe]:
@@ -226,6 +353,11 @@ def config_probes(rig: Rig, tmp: Path) -> Iterator[Probe]:
     yield Probe("config", "controller for a job Slurm does not know (SLURM_JOB_ID=999999)",
                 f"exit {result.returncode}: {error_line(result)}", "nothing started",
                 result.returncode == 1 and "999999" in result.stderr)
+    bad.write_text("[queue]\nbatch_size = 8\ncapacity_seqs = 4\n")
+    result = cli("controller", "--config", str(bad), env={"SLURM_JOB_ID": str(rig.job.job_id)})
+    yield Probe("config", "controller with `[queue] capacity_seqs = 4` below `batch_size = 8`",
+                f"exit {result.returncode}: {error_line(result)}", "refused before touching Slurm or the state dir",
+                result.returncode == 1 and "capacity_seqs" in result.stderr and "batch_size" in result.stderr)
 
 
 def state_probes(rig: Rig) -> Iterator[Probe]:
@@ -414,6 +546,74 @@ def slurm_probes(tmp: Path) -> Iterator[Probe]:
                 "nothing to lose", missing.returncode == 1 and "PATH" in missing.stderr)
 
 
+def _flip_a_byte(state_dir: Path, group_id: str) -> None:
+    """Damage a stored group's body on disk (one bit of one byte)."""
+    with sqlite3.connect(f"file:{state_dir / 'rollouts.sqlite'}?mode=ro", uri=True) as db:
+        segment, offset = db.execute("SELECT segment, body_offset FROM groups WHERE id=?", (group_id,)).fetchone()
+    with open(state_dir / "rollouts.segments" / f"{segment:08d}.log", "r+b") as f:
+        f.seek(offset + 20)
+        byte = f.read(1)
+        f.seek(offset + 20)
+        f.write(bytes([byte[0] ^ 1]))
+
+
+def _syncer_of(pid: int) -> int | None:
+    """The rollout store's syncer process started by ``pid``."""
+    for proc in Path("/proc").iterdir():
+        try:
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            if ppid == pid and b"rollouts.syncer" in (proc / "cmdline").read_bytes():
+                return int(proc.name)
+        except (OSError, ValueError, IndexError):
+            continue
+    return None
+
+
+def storage_probes(rig: Rig) -> Iterator[Probe]:
+    before = rig.snapshot()
+    for gid in ("dmg-1", "fill-1"):
+        rig.post("/rollouts", group(gid)).raise_for_status()
+    _flip_a_byte(rig.job.state_dir, "dmg-1")
+    pulled = rig.post("/trainer/batch")
+    batch = pulled.json() if pulled.status_code == 200 else {}
+    ids = [g["id"] for g in batch.get("groups", [])]
+    acked = rig.post(f"/trainer/batch/{batch['batch_id']}/ack").status_code if batch else 0
+    rig.post("/rollouts", group("kept-2")).raise_for_status()  # one group of 4 waiting again, as before
+    lost = rig.http.get("/global-status", headers=rig.auth).json()["queue"]["lost_groups"]
+    kept, same = rig.kept(before)
+    yield Probe("storage", "flip a byte in a queued group's record in the payload log, then pull a batch",
+                f"{pulled.status_code}: groups {ids}, lost_group_ids {batch.get('lost_group_ids')}; "
+                f"`/global-status` queue.lost_groups {lost}",
+                f"{kept} (the damaged group never delivered, the others once)",
+                pulled.status_code == 200 and ids == ["kept-1", "fill-1"] and batch.get("lost_group_ids") == ["dmg-1"]
+                and acked == 200 and lost == 1 and same)
+
+    before = rig.snapshot()
+    old_pid = rig.job.controller_pid()
+    syncer_pid = _syncer_of(old_pid)
+    if syncer_pid is None:
+        yield Probe("storage", "kill -9 the controller while its syncer is stopped", "no syncer found", "", False)
+        return
+    os.kill(syncer_pid, signal.SIGSTOP)  # a commit stalled on a slow disk
+    os.kill(old_pid, signal.SIGKILL)
+    log = rig.job.tmp / "job.out"
+    line = ""
+    try:
+        wait_for(lambda: f"syncer pid {syncer_pid}" in log.read_text(), 60, "the new controller to wait")
+        line = next(ln for ln in log.read_text().splitlines() if f"syncer pid {syncer_pid}" in ln)
+        serving_meanwhile = _restarted(rig, old_pid)
+    finally:
+        os.kill(syncer_pid, signal.SIGCONT)
+    wait_for(lambda: _restarted(rig, old_pid), 60, "the controller to restart")
+    wait_for(lambda steps=before["steps"]: rig.snapshot()["steps"] == steps, 30, "the same steps")  # type: ignore[misc]
+    kept, same = rig.kept(before)
+    yield Probe("storage", "kill -9 the controller while its syncer is stopped (SIGSTOP), as on a hung disk",
+                f"the new controller waits: `{short(line[line.find('waiting for'):], 100)}`; it serves once the old "
+                "syncer is continued and exits",
+                f"{kept}; nothing written while the old syncer lived",
+                bool(line) and not serving_meanwhile and same)
+
+
 def run_all(cluster: DevCluster, tmp: Path) -> list[Probe]:
     """Every probe, in a fresh controller job on ``cluster`` and a scratch cluster of its own."""
     probes: list[Probe] = []
@@ -426,6 +626,7 @@ def run_all(cluster: DevCluster, tmp: Path) -> list[Probe]:
         probes += cli_probes(rig)
         probes += config_probes(rig, tmp)
         probes += state_probes(rig)
+        probes += storage_probes(rig)
     finally:
         rig.close()
         stop_controller_job(job)

@@ -45,10 +45,10 @@ def test_api_never_answers_5xx(case: schemathesis.Case) -> None:
 
 
 @pytest.mark.parametrize("header", [None, "Bearer wrong", "Basic abc", "Bearer"])
-def test_every_route_but_healthz_needs_the_token(header: str | None) -> None:
+def test_every_route_but_healthz_needs_the_token(header: str | None, tmp_path: Path) -> None:
     from fastapi.testclient import TestClient
 
-    client = TestClient(make_app(APP_DIR))
+    client = TestClient(make_app(tmp_path))  # a store of its own: the fuzzed app holds APP_DIR's
     headers = {"Authorization": header} if header else {}
     for route in client.app.routes:  # type: ignore[attr-defined]
         path = getattr(route, "path", "")

@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from slurm_elastic.errors import StateFileError
-from slurm_elastic.rollouts import store as store_module
+from slurm_elastic.rollouts import commits
 from slurm_elastic.rollouts.segments import (
     BLOCK_BYTES,
     HEADER,
@@ -241,7 +241,7 @@ def test_staged_records_once_sealed_are_the_records_encoded_whole(lead: int) -> 
 
 
 def test_a_group_bigger_than_a_commit_goes_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(store_module, "COMMIT_BYTES", 4096)
+    monkeypatch.setattr(commits, "COMMIT_BYTES", 4096)
     store = RolloutStore(tmp_path / "q.sqlite")
     assert store._syncer is None
     insert(store, "small")

@@ -16,8 +16,6 @@ from slurm_elastic.rollouts.queue import QueueConfig, RolloutQueue
 from slurm_elastic.rollouts.store import RolloutStore
 from slurm_elastic.rollouts.wire import pack_group
 
-TOKEN = "t0ken"
-
 
 def body(group_id: str) -> bytes:
     group = {"id": group_id, "worker_id": "0001", "policy_version": 0, "group_size": 2,
@@ -27,13 +25,12 @@ def body(group_id: str) -> bytes:
 
 def test_submits_leave_no_reference_cycles(tmp_path: Path) -> None:
     queue = RolloutQueue(RolloutStore(tmp_path / "q.sqlite"), QueueConfig(batch_size=2, capacity_seqs=1000))
-    endpoint = SubmitEndpoint(queue, TOKEN)
-    headers = [(b"authorization", f"Bearer {TOKEN}".encode())]
+    endpoint = SubmitEndpoint(queue)
 
     async def submit(group_id: str) -> tuple[int, bytes]:
         async def receive() -> Message:
             return {"type": "http.request", "body": body(group_id), "more_body": False}
-        code, answer, _headers = await endpoint.answer(headers, receive)
+        code, answer, _headers = await endpoint.answer(receive)
         return code, answer
 
     async def scenario() -> list[tuple[int, bytes]]:

@@ -1,0 +1,176 @@
+"""Limits on the API's connections, below the HTTP server: how many may be open, and how long
+and how large a request head may be.
+
+A connection waiting for a request head (just opened, or after a response) must deliver the
+whole head within ``head_timeout_s`` and ``head_max_bytes``, or it is closed: a client that
+sends a head a byte at a time, or never sends one, holds no descriptor for long. At most
+``max_connections`` are open; one more closes the longest-waiting connection that has no request
+in progress, or is itself closed at once if every connection is busy. The cap is kept below the
+process's open-files limit so that the controller's own files always open.
+
+:func:`guarded` wraps any asyncio protocol class (uvicorn's ``http=`` setting takes one); it
+sees only the asyncio ``Protocol`` and ``Transport`` interfaces.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import resource
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+HEAD_END = b"\r\n\r\n"
+RESERVED_FDS = 128  # descriptors kept for the controller itself: store, state files, Slurm commands
+MAX_CONNECTIONS = 4096
+
+
+def raise_open_files_limit() -> int:
+    """Raise this process's soft limit on open files to its hard limit; returns the soft limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
+
+
+def connection_cap(open_files_limit: int) -> int:
+    """How many client connections fit under ``open_files_limit`` with the controller's reserve."""
+    return max(8, min(MAX_CONNECTIONS, open_files_limit - RESERVED_FDS))
+
+
+@dataclass
+class ConnectionBook:
+    """The open connections of one server; those waiting for a head in the order they started waiting."""
+
+    max_connections: int
+    head_timeout_s: float
+    head_max_bytes: int = 64 * 1024
+    open: set[GuardedConnection] = field(default_factory=set)
+    waiting: dict[GuardedConnection, None] = field(default_factory=dict)  # insertion order: oldest first
+    refused: int = 0  # connections closed at once: every open one was busy
+    evicted: int = 0  # waiting connections closed to make room
+
+    def admit(self, connection: GuardedConnection) -> bool:
+        if len(self.open) >= self.max_connections:
+            if not self.waiting:
+                self.refused += 1
+                return False
+            oldest = next(iter(self.waiting))
+            self.forget(oldest)
+            self.evicted += 1
+            oldest.abort()
+        self.open.add(connection)
+        return True
+
+    def forget(self, connection: GuardedConnection) -> None:
+        self.open.discard(connection)
+        self.waiting.pop(connection, None)
+
+
+class GuardedConnection(asyncio.Protocol):
+    """One connection: the wrapped protocol, under its book's limits."""
+
+    book: ConnectionBook
+    inner_class: Callable[..., asyncio.Protocol]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.inner = self.inner_class(*args, **kwargs)
+        self.transport: asyncio.Transport | None = None
+        self._deadline: asyncio.TimerHandle | None = None
+        self._lost = False
+        self._head_bytes = 0
+        self._tail = b""  # the last bytes seen while waiting for a head (an end split across reads)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport = cast(asyncio.Transport, transport)
+        if not self.book.admit(self):
+            transport.abort()
+            return
+        self.transport = transport
+        self._wait_for_head()
+        self.inner.connection_made(cast(asyncio.Transport, _WatchedTransport(transport, self._wait_for_head)))
+
+    def _wait_for_head(self) -> None:
+        """From now on a request head must arrive whole within the limits."""
+        if self.transport is None or self._lost or self in self.book.waiting:
+            return
+        self.book.waiting[self] = None
+        self._head_bytes, self._tail = 0, b""
+        self._deadline = asyncio.get_running_loop().call_later(self.book.head_timeout_s, self._head_overdue)
+
+    def _head_overdue(self) -> None:
+        """No whole head in time: closed, unless a response is still leaving (then it waits on)."""
+        if self.transport is not None and self.transport.get_write_buffer_size():
+            self._deadline = asyncio.get_running_loop().call_later(self.book.head_timeout_s, self._head_overdue)
+        else:
+            self.abort()
+
+    def data_received(self, data: bytes) -> None:
+        if self in self.book.waiting:
+            if HEAD_END in data or HEAD_END in self._tail + data[:len(HEAD_END) - 1]:
+                self._head_arrived()
+            else:
+                self._head_bytes += len(data)
+                if self._head_bytes > self.book.head_max_bytes:
+                    self.abort()
+                    return
+                self._tail = (self._tail + data[-(len(HEAD_END) - 1):])[-(len(HEAD_END) - 1):]
+        self.inner.data_received(data)
+
+    def _head_arrived(self) -> None:
+        self.book.waiting.pop(self, None)
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def abort(self) -> None:
+        """Close at once (the descriptor is freed now); the wrapped protocol hears connection_lost."""
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lost = True
+        self._head_arrived()
+        self.book.forget(self)
+        if self.transport is not None:
+            self.inner.connection_lost(exc)
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received() if self.transport is not None else None
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
+
+
+def guarded(inner_class: Callable[..., asyncio.Protocol], book: ConnectionBook) -> type[GuardedConnection]:
+    """A protocol class that runs ``inner_class`` under ``book``'s limits."""
+    return type("GuardedHttpConnection", (GuardedConnection,), {"book": book, "inner_class": inner_class})
+
+
+class _WatchedTransport:
+    """A transport that calls ``on_write`` when the protocol writes (a response leaves: the
+    connection waits for its next request head). Everything else is the wrapped transport's."""
+
+    __slots__ = ("_on_write", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, on_write: Callable[[], None]) -> None:
+        self._transport = transport
+        self._on_write = on_write
+
+    def write(self, data: bytes) -> None:
+        self._transport.write(data)
+        self._on_write()
+
+    def writelines(self, parts: Any) -> None:
+        self._transport.writelines(parts)
+        self._on_write()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)

@@ -1,0 +1,271 @@
+"""The rollout store's index: one row per group in SQLite (WAL mode), beside the payload log.
+
+A row says who sent the group, its size and version, its state (queued -> handed -> delivered,
+or dropped as too stale, or lost: its record in the log was damaged) and where its body is in
+the log. Batches and their acknowledgements, lost groups (why, when) and a few settings
+(``meta``) live here too. Every method is one transaction under the store's lock; SQLite and
+OS errors come out as :class:`StoreUnavailableError` (the disk is full or failing: try again).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from slurm_elastic.errors import StateFileError
+
+SYNCHRONOUS = {"always": "FULL", "os": "NORMAL", "off": "OFF"}
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS groups (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT UNIQUE NOT NULL,
+    worker_id TEXT NOT NULL,
+    n_seqs INTEGER NOT NULL,
+    version INTEGER NOT NULL,
+    nbytes INTEGER NOT NULL,
+    payload BLOB NOT NULL,
+    state TEXT NOT NULL DEFAULT 'queued',
+    batch_id TEXT,
+    segment INTEGER,
+    body_offset INTEGER
+);
+CREATE INDEX IF NOT EXISTS groups_state ON groups(state, seq);
+CREATE TABLE IF NOT EXISTS batches (
+    id TEXT PRIMARY KEY,
+    created_s REAL NOT NULL,
+    acked INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS lost (
+    id TEXT PRIMARY KEY,
+    reason TEXT NOT NULL,
+    lost_s REAL NOT NULL
+);
+"""
+LIVE_STATES = "('queued', 'handed')"
+ROW = "seq, id, worker_id, n_seqs, version, nbytes"
+WHERE_BODY = "segment, body_offset, payload"
+
+
+class StoreUnavailableError(StateFileError):
+    """The store could not write (disk full, I/O error): nothing changed; try again after
+    ``retry_after_s``."""
+
+    def __init__(self, message: str, retry_after_s: float = 2.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class StoredGroup(NamedTuple):
+    """A queued group's record in memory (a tuple of atoms: the garbage collector skips it)."""
+
+    seq: int
+    id: str
+    worker_id: str
+    n_seqs: int
+    version: int
+    nbytes: int
+
+
+class GroupBody(NamedTuple):
+    """Where a group's body is: in the log (segment, offset) or, in a store from before the
+    log, in its row (``payload``)."""
+
+    group: StoredGroup
+    segment: int | None
+    body_offset: int | None
+    payload: bytes
+
+
+class LostGroup(NamedTuple):
+    """A group whose record was damaged: quarantined, never delivered."""
+
+    id: str
+    worker_id: str
+    n_seqs: int
+    version: int
+    batch_id: str | None
+    reason: str
+    lost_s: float
+
+
+class StoreIndex:
+    """The SQLite side of the store. Thread-safe: one connection behind a lock."""
+
+    def __init__(self, path: Path, fsync: str) -> None:
+        self.path = path
+        self.lock = threading.Lock()
+        try:
+            self.db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute(f"PRAGMA synchronous={SYNCHRONOUS[fsync]}")
+            self.db.execute("PRAGMA busy_timeout=30000")  # the syncer writes index rows too
+            self.fresh = self.db.execute("SELECT 1 FROM sqlite_master WHERE name='groups'").fetchone() is None
+        except sqlite3.DatabaseError as exc:
+            raise StateFileError(f"rollout store {path} is unusable: {exc}") from None
+
+    def create_schema(self) -> None:
+        """The tables, made or brought up to date (after :attr:`fresh` was looked at)."""
+        try:
+            self.db.executescript(SCHEMA)
+            columns = {r[1] for r in self.db.execute("PRAGMA table_info(groups)")}
+            for column in sorted({"segment", "body_offset"} - columns):  # a store from before the payload log
+                self.db.execute(f"ALTER TABLE groups ADD COLUMN {column} INTEGER")
+        except sqlite3.DatabaseError as exc:
+            raise StateFileError(f"rollout store {self.path} is unusable: {exc}") from None
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction (lock held); rolled back whole on any error."""
+        with self.lock:
+            try:
+                self.db.execute("BEGIN IMMEDIATE")
+                yield self.db
+                self.db.execute("COMMIT")
+            except (sqlite3.Error, OSError) as exc:
+                self._rollback()
+                raise StoreUnavailableError(f"rollout store {self.path}: {exc}") from None
+            except BaseException:
+                self._rollback()
+                raise
+
+    def _rollback(self) -> None:
+        if self.db.in_transaction:  # SQLite may have rolled back already (disk full)
+            with suppress(sqlite3.Error):
+                self.db.execute("ROLLBACK")
+
+    def close(self) -> None:
+        with self.lock:
+            self.db.close()
+
+    # ---- reads ------------------------------------------------------------------------------
+    def last_row(self) -> tuple[int, int | None, int | None, int] | None:
+        """The newest row's arrival number, segment, body offset and size."""
+        with self.lock:
+            row = self.db.execute(
+                "SELECT seq, segment, body_offset, nbytes FROM groups ORDER BY seq DESC LIMIT 1").fetchone()
+        return None if row is None else (int(row[0]), row[1], row[2], int(row[3]))
+
+    def live_per_segment(self) -> dict[int, int]:
+        with self.lock:
+            return dict(self.db.execute(f"SELECT segment, COUNT(*) FROM groups WHERE state IN {LIVE_STATES} "
+                                        "AND segment IS NOT NULL GROUP BY segment"))
+
+    def live_bodies(self) -> list[GroupBody]:
+        """Every queued or handed group's body location, in arrival order (to verify at open)."""
+        with self.lock:
+            rows = list(self.db.execute(f"SELECT {ROW}, {WHERE_BODY} FROM groups "
+                                        f"WHERE state IN {LIVE_STATES} ORDER BY seq"))
+        return [_body(r) for r in rows]
+
+    def bodies(self, group_ids: list[str]) -> list[GroupBody]:
+        with self.lock:
+            rows = {r[1]: r for r in self.db.execute(
+                f"SELECT {ROW}, {WHERE_BODY} FROM groups WHERE id IN ({','.join('?' * len(group_ids))})",
+                group_ids)}
+        return [_body(rows[g]) for g in group_ids]
+
+    def batch_bodies(self, batch_id: str) -> list[GroupBody]:
+        """A batch's groups (lost ones left out), in arrival order."""
+        with self.lock:
+            rows = list(self.db.execute(f"SELECT {ROW}, {WHERE_BODY} FROM groups "
+                                        "WHERE batch_id=? AND state != 'lost' ORDER BY seq", (batch_id,)))
+        return [_body(r) for r in rows]
+
+    def queued(self) -> list[StoredGroup]:
+        with self.lock:
+            rows = self.db.execute(f"SELECT {ROW} FROM groups WHERE state='queued' ORDER BY seq")
+            return [StoredGroup(*r) for r in rows]
+
+    def unacked_batches(self) -> list[tuple[str, list[StoredGroup]]]:
+        with self.lock:
+            batches = [r[0] for r in self.db.execute("SELECT id FROM batches WHERE acked=0 ORDER BY created_s")]
+            out = []
+            for batch_id in batches:
+                rows = self.db.execute(f"SELECT {ROW} FROM groups WHERE batch_id=? AND state != 'lost' "
+                                       "ORDER BY seq", (batch_id,))
+                out.append((batch_id, [StoredGroup(*r) for r in rows]))
+            return out
+
+    def counts(self) -> dict[str, int]:
+        with self.lock:
+            return {state: int(n) for state, n in
+                    self.db.execute("SELECT state, COALESCE(SUM(n_seqs), 0) FROM groups GROUP BY state")}
+
+    def lost(self) -> list[LostGroup]:
+        with self.lock:
+            rows = self.db.execute("SELECT g.id, g.worker_id, g.n_seqs, g.version, g.batch_id, l.reason, l.lost_s "
+                                   "FROM lost l JOIN groups g ON g.id = l.id ORDER BY l.lost_s, g.seq")
+            return [LostGroup(*r) for r in rows]
+
+    def stored_seqs(self, first: int, last: int) -> set[int]:
+        with self.lock:
+            return {int(r[0]) for r in self.db.execute("SELECT seq FROM groups WHERE seq BETWEEN ? AND ?",
+                                                       (first, last))}
+
+    def get_meta(self, key: str, default: str) -> str:
+        with self.lock:
+            row = self.db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+            return str(row[0]) if row else default
+
+    # ---- writes (each one transaction) ------------------------------------------------------
+    def insert_recovered(self, rows: Sequence[tuple[object, ...]], sql: str) -> None:
+        with self.transaction() as db:
+            for row in rows:
+                db.execute(sql, row)
+
+    def hand_out(self, batch_id: str, group_ids: list[str], now_s: float) -> None:
+        with self.transaction() as db:
+            db.execute("INSERT INTO batches (id, created_s) VALUES (?, ?)", (batch_id, now_s))
+            db.executemany("UPDATE groups SET state='handed', batch_id=? WHERE id=?",
+                           [(batch_id, g) for g in group_ids])
+
+    def ack(self, batch_id: str) -> tuple[bool | None, list[tuple[int, int]]]:
+        """Mark a batch delivered: (None: unknown batch, False: acknowledged already, True) and
+        the groups it frees per segment."""
+        with self.transaction() as db:
+            row = db.execute("SELECT acked FROM batches WHERE id=?", (batch_id,)).fetchone()
+            if row is None or row[0]:
+                return (None if row is None else False), []
+            db.execute("UPDATE batches SET acked=1 WHERE id=?", (batch_id,))
+            freed = list(db.execute("SELECT segment, COUNT(*) FROM groups WHERE batch_id=? AND state='handed' "
+                                    "AND segment IS NOT NULL GROUP BY segment", (batch_id,)))
+            db.execute("UPDATE groups SET state='delivered', payload=X'' WHERE batch_id=? AND state='handed'",
+                       (batch_id,))
+        return True, freed
+
+    def drop(self, group_ids: Iterable[str]) -> list[tuple[int, int]]:
+        ids = list(group_ids)
+        with self.transaction() as db:
+            freed = list(db.execute(
+                f"SELECT segment, COUNT(*) FROM groups WHERE id IN ({','.join('?' * len(ids))}) "
+                f"AND state IN {LIVE_STATES} AND segment IS NOT NULL GROUP BY segment", ids))
+            db.executemany("UPDATE groups SET state='dropped', payload=X'' WHERE id=?", [(g,) for g in ids])
+        return freed
+
+    def quarantine(self, damaged: list[tuple[GroupBody, str]], now_s: float) -> list[tuple[int, int]]:
+        """Record groups as lost (their rows stay, state ``lost``, the reason in ``lost``)."""
+        with self.transaction() as db:
+            db.executemany("INSERT OR IGNORE INTO lost (id, reason, lost_s) VALUES (?, ?, ?)",
+                           [(b.group.id, reason, now_s) for b, reason in damaged])
+            db.executemany("UPDATE groups SET state='lost', payload=X'' WHERE id=?",
+                           [(b.group.id,) for b, _r in damaged])
+        freed: dict[int, int] = {}
+        for b, _r in damaged:
+            if b.segment is not None:
+                freed[b.segment] = freed.get(b.segment, 0) + 1
+        return list(freed.items())
+
+    def set_meta(self, key: str, value: str) -> None:
+        with self.transaction() as db:
+            db.execute("INSERT INTO meta (key, value) VALUES (?, ?) "
+                       "ON CONFLICT(key) DO UPDATE SET value=excluded.value", (key, value))
+
+
+def _body(row: Any) -> GroupBody:
+    """A row of ``ROW, WHERE_BODY``."""
+    return GroupBody(StoredGroup(*row[:6]), row[6], row[7], row[8])

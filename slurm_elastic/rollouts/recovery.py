@@ -1,0 +1,136 @@
+"""Opening the rollout store safely: one writer at a time, no log without its index, every
+record read back checked.
+
+- **One writer.** The process that writes the payload log holds an exclusive ``flock`` on
+  ``<store>.lock`` in the state directory; its syncer inherits the lock, so the lock outlives a
+  killed controller for as long as its syncer still lives (a slow commit on a slow disk). A new
+  store waits for it (bounded) and then fails naming the holders, rather than writing where an
+  old syncer may still write. The lock file holds the holders' pids (for that message only).
+- **No log without its index.** The index is what knows which groups were delivered; a log
+  without it would hand every group in it out again. So a missing or empty index beside a log
+  that holds records is refused, with what to do.
+- **Checked reads.** A group's body is read with its record's header and head, rebuilt from the
+  index row, so a read checks that the record is that group's and its CRC holds.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import time
+from pathlib import Path
+
+from slurm_elastic.errors import StateFileError
+from slurm_elastic.rollouts import syncer
+from slurm_elastic.rollouts.index import GroupBody, StoreIndex
+from slurm_elastic.rollouts.segments import SegmentLog, group_head, json_str
+
+log = logging.getLogger(__name__)
+LOCK_POLL_S = 0.05
+
+
+def lock_path(path: Path) -> Path:
+    return path.with_name(path.stem + ".lock")
+
+
+def take_writer_lock(path: Path, wait_s: float) -> int:
+    """Hold the store's writer lock (an open descriptor); waits up to ``wait_s`` for a holder
+    to go, then raises StateFileError naming it."""
+    where = lock_path(path)
+    try:
+        fd = os.open(where, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise StateFileError(f"rollout store lock {where}: {exc}") from None
+    deadline = time.monotonic() + wait_s
+    waiting = False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            holders = describe_holders(where)
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                raise StateFileError(
+                    f"rollout store {path} is in use by {holders} (waited {wait_s:g} s for its lock {where}): "
+                    "stop that process (an earlier controller of this job, or its syncer) and start again"
+                ) from None
+            if not waiting:
+                log.warning("rollout store %s: waiting for %s to let go of its payload log", path, holders)
+                waiting = True
+            time.sleep(LOCK_POLL_S)
+    note_holders(fd, syncer_pid=None)
+    return fd
+
+
+def note_holders(fd: int, syncer_pid: int | None) -> None:
+    """Write who holds the lock into the lock file (read only to name them in an error; a
+    full disk that refuses it costs nothing else)."""
+    text = f"controller pid {os.getpid()}\n" + (f"syncer pid {syncer_pid}\n" if syncer_pid else "")
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, text.encode(), 0)
+    except OSError as exc:
+        log.warning("could not note the holders of the rollout store's lock: %s", exc)
+
+
+def describe_holders(where: Path) -> str:
+    try:
+        lines = where.read_text().splitlines()
+    except OSError:
+        lines = []
+    names = []
+    for line in lines:
+        role, _, pid = line.rpartition(" ")
+        if pid.isdigit():
+            names.append(f"{role} {pid}" + ("" if _alive(int(pid)) else " (gone)"))
+    return ", ".join(names) or "another process"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def refuse_log_without_index(path: Path, what: str, log_dir: Path) -> None:
+    """StateFileError if the log beside an index that ``what`` ("is missing", "holds no
+    index") holds records."""
+    segments = [p for p in log_dir.glob("*.log") if p.stem.isdigit() and p.stat().st_size > 0] \
+        if log_dir.is_dir() else []
+    if segments:
+        raise StateFileError(
+            f"rollout store index {path} {what}, but its payload log {log_dir} holds records "
+            f"({len(segments)} segment(s)): without the index every group in the log, delivered or not, would "
+            f"be handed out again. Restore {path.name} (with its -wal file) if you have it; or, to start with an "
+            f"empty queue and give those groups up, move {log_dir} aside")
+
+
+def index_log_tail(index: StoreIndex, segments: SegmentLog) -> int:
+    """Index what the log holds past the index (after a crash or power loss); the highest
+    arrival number now known."""
+    last = index.last_row()
+    max_seq = last[0] if last else 0
+    segment, offset = (int(last[1]), int(last[2] or 0) + last[3]) if last and last[1] is not None else (0, 0)
+    found = [(n, r) for n, r in segments.records_after(segment, offset) if int(r.head["seq"]) > max_seq]
+    if found:
+        rows = [(r.head["seq"], r.head["id"], r.head["worker_id"], r.head["n_seqs"], r.head["version"],
+                 r.body_bytes, n, r.body_offset) for n, r in found]
+        index.insert_recovered(rows, syncer.insert_rows_sql(1))
+        max_seq = max(max_seq, *(int(r.head["seq"]) for _n, r in found))
+    return max_seq
+
+
+def read_body(segments: SegmentLog, body: GroupBody) -> bytes:
+    """A group's body, checked (DamagedRecordError if not); a store from before the log keeps
+    bodies in their rows, unchecked."""
+    if body.segment is None or body.body_offset is None:
+        return body.payload
+    g = body.group
+    head = group_head(g.seq, json_str(g.id), json_str(g.worker_id), g.n_seqs, g.version)
+    return segments.read_checked(body.segment, body.body_offset, g.nbytes, head)

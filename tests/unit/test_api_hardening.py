@@ -1,0 +1,230 @@
+"""The controller's real HTTP server under attack from a client without the token: every route
+checks the token and the body size before reading a body, a slow request head is closed,
+connections are capped below the open-files limit so the controller's own writes go on.
+
+Each test runs the server as the controller runs it (``ApiServer``), in a process of its own
+(tests/unit/served_api.py) so that its memory and its open-files limit are its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import resource
+import select
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+from slurm_elastic.controller.connections import ConnectionBook, guarded
+
+TOKEN = "hardening-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@contextlib.contextmanager
+def served(tmp: Path, *options: str) -> Iterator[tuple[str, psutil.Process]]:
+    process = subprocess.Popen([sys.executable, "-m", "tests.unit.served_api", str(tmp), TOKEN, *options],
+                               cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None
+        url = process.stdout.readline().strip()
+        assert url.startswith("http://"), "the server did not start"
+        yield url, psutil.Process(process.pid)
+    finally:
+        assert process.stdin is not None
+        process.stdin.close()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def address(url: str) -> tuple[str, int]:
+    host, port = url.removeprefix("http://").split(":")
+    return host, int(port)
+
+
+def send_huge_body(url: str, path: str, total_bytes: int, answers: list[bytes]) -> None:
+    """POST ``total_bytes`` of body without a token: the head and 1 MB, a wait for an early answer,
+    then the rest as fast as the server takes it (a server that reads it all answers at the end)."""
+    chunk = b"x" * 2**20
+    with socket.create_connection(address(url), timeout=60) as conn:
+        conn.sendall(f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                     f"content-length: {total_bytes}\r\n\r\n".encode() + chunk)
+        sent = len(chunk)
+        answer = b""
+        try:
+            if select.select([conn], [], [], 10)[0]:
+                answer = conn.recv(65536)
+            while sent < total_bytes and not answer:
+                conn.sendall(chunk)
+                sent += len(chunk)
+            answer = answer or conn.recv(65536)
+        except OSError:
+            pass  # the server closed the connection under us
+        answers.append(answer.split(b"\r\n", 1)[0] + b" after %d MB" % (sent // 2**20))
+
+
+def raw_status(url: str, request: bytes) -> bytes:
+    with socket.create_connection(address(url), timeout=30) as conn:
+        conn.sendall(request)
+        return conn.recv(65536).split(b"\r\n", 1)[0]
+
+
+def test_a_100_mb_body_without_a_token_is_refused_unread_and_healthz_stays_responsive(tmp_path: Path) -> None:
+    with served(tmp_path) as (url, server), httpx.Client(base_url=url, timeout=10) as http:
+            assert http.get("/healthz").status_code == 200
+            rss_before = server.memory_info().rss
+            answers: list[bytes] = []
+            attackers = [threading.Thread(target=send_huge_body, args=(url, path, 100 * 2**20, answers))
+                         for path in ("/agent/report", "/rollouts", "/admin/scale")]
+            for thread in attackers:
+                thread.start()
+            healthz_s: list[float] = []
+            while any(t.is_alive() for t in attackers):
+                started = time.monotonic()
+                assert http.get("/healthz").status_code == 200
+                healthz_s.append(time.monotonic() - started)
+            for thread in attackers:
+                thread.join()
+            growth_mb = (server.memory_info().rss - rss_before) / 2**20
+            print(f"\nanswers {answers}; RSS growth {growth_mb:.1f} MB; /healthz during the attack: "
+                  f"{len(healthz_s)} calls, max {max(healthz_s, default=0) * 1000:.1f} ms")
+            assert all(a.startswith(b"HTTP/1.1 401 ") for a in answers), answers
+            assert growth_mb < 8, f"the server grew by {growth_mb:.0f} MB reading bodies it should refuse unread"
+            for path in ("/agent/report", "/rollouts", "/admin/scale", "/workers/0001/register"):
+                assert http.post(path, content=b"{not json").status_code == 401, path  # 401 whatever the body
+                assert http.post(path, content=b"{not json", headers={"Authorization": "Bearer no"}).status_code == 403
+            over_cap = raw_status(url, f"POST /admin/scale HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {TOKEN}\r\n"
+                                       f"content-length: {10**9}\r\n\r\n{{}}".encode())
+            assert over_cap.startswith(b"HTTP/1.1 413 "), over_cap  # refused from its Content-Length, unread
+            chunked = http.post("/admin/scale", content=iter([b" " * 2**19] * 4 + [b"{}"]), headers=AUTH)
+            assert chunked.status_code == 413  # a chunked body is counted as it streams in
+            assert http.post("/admin/scale", json={"workers": 0}, headers=AUTH).status_code == 200
+
+
+def test_a_slow_request_head_and_an_idle_connection_are_closed(tmp_path: Path) -> None:
+    with served(tmp_path, "--head-timeout-s", "0.5") as (url, _server), \
+            socket.create_connection(address(url), timeout=30) as idle, \
+            socket.create_connection(address(url), timeout=30) as slow:
+            closed_by_server = False
+            give_up = time.monotonic() + 20
+            for byte in b"GET /healthz HTTP/1.1\r\nhost: x\r\nx-padding: " + b"a" * 1000:
+                try:
+                    slow.sendall(bytes([byte]))
+                except OSError:
+                    closed_by_server = True
+                    break
+                if select.select([slow], [], [], 0.05)[0]:
+                    closed_by_server = slow.recv(1024) == b""
+                    break
+                assert time.monotonic() < give_up
+            assert closed_by_server, "a head sent a byte at a time was never cut off"
+            assert idle.recv(1024) == b""  # a connection that never sends a request is closed too
+
+
+def test_connections_over_the_cap_are_closed_and_the_controller_still_writes_its_state(tmp_path: Path) -> None:
+    nofile = 256
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 2 * nofile:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4 * nofile), hard))
+    with served(tmp_path, "--nofile", str(nofile)) as (url, server):
+        idle = []
+        try:
+            for _ in range(nofile + 150):
+                idle.append(socket.create_connection(address(url), timeout=10))
+            time.sleep(0.5)
+            with httpx.Client(base_url=url, timeout=10) as http:
+                scaled = http.post("/admin/scale", json={"workers": 3}, headers=AUTH)
+                assert scaled.status_code == 200, scaled.text
+            open_fds = server.num_fds()
+            closed = sum(1 for conn in idle if _closed(conn))
+            print(f"\nopen files in the server {open_fds} (limit {nofile}); idle connections closed {closed} "
+                  f"of {len(idle)}")
+            assert open_fds < nofile
+            assert closed >= len(idle) - nofile
+            assert '"manual_target": 3' in (tmp_path / "state.json").read_text().replace('":3', '": 3')
+        finally:
+            for conn in idle:
+                conn.close()
+
+
+def _closed(conn: socket.socket) -> bool:
+    try:
+        return bool(select.select([conn], [], [], 0)[0]) and conn.recv(1, socket.MSG_PEEK) == b""
+    except OSError:
+        return True
+
+
+class _Transport:
+    """A transport that records what happens to it; its write buffer is what the test says."""
+
+    def __init__(self) -> None:
+        self.aborted = False
+        self.buffered = 0
+
+    def abort(self) -> None:
+        self.aborted = True
+
+    def is_closing(self) -> bool:
+        return self.aborted
+
+    def get_write_buffer_size(self) -> int:
+        return self.buffered
+
+    def write(self, data: bytes) -> None:
+        self.buffered += len(data)
+
+
+class _Inner(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.transport: Any = None
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
+
+def test_a_response_still_leaving_is_not_cut_off_and_the_cap_closes_the_longest_idle() -> None:
+    async def scenario() -> None:
+        book = ConnectionBook(max_connections=2, head_timeout_s=0.05)
+        protocol = guarded(_Inner, book)
+        first, second = protocol(), protocol()
+        sockets = [_Transport(), _Transport()]
+        first.connection_made(sockets[0])  # type: ignore[arg-type]
+        first.data_received(b"GET /trainer/batch HTTP/1.1\r\nhost: x\r")
+        first.data_received(b"\n\r\n")  # the head's end split across reads
+        second.connection_made(sockets[1])  # type: ignore[arg-type]
+        assert list(book.waiting) == [second]
+        first.inner.transport.write(b"a big batch the client reads slowly")  # type: ignore[attr-defined]
+        await asyncio.sleep(0.2)
+        assert not sockets[0].aborted and sockets[1].aborted  # still leaving: waits; never sent a head: closed
+        second.connection_lost(None)
+        sockets[0].buffered = 0
+        await asyncio.sleep(0.1)
+        assert sockets[0].aborted  # sent, and no next head in time
+        first.connection_lost(None)
+        assert not book.open and not book.waiting
+        book.head_timeout_s = 60
+        fresh = [protocol(), protocol(), protocol()]
+        sockets = [_Transport(), _Transport(), _Transport()]
+        for conn, sock in zip(fresh, sockets, strict=True):
+            conn.connection_made(sock)  # type: ignore[arg-type]
+        assert sockets[0].aborted and book.evicted == 1 and book.open == set(fresh[1:])
+        fresh[1].data_received(b"GET / HTTP/1.1\r\n\r\n")
+        fresh[2].data_received(b"GET / HTTP/1.1\r\n\r\n")
+        busy = _Transport()
+        protocol().connection_made(busy)  # type: ignore[arg-type]
+        assert busy.aborted and book.refused == 1  # every open connection busy: the new one is closed
+
+    asyncio.run(scenario())

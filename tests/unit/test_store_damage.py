@@ -1,0 +1,167 @@
+"""A damaged payload log, on the real store on disk: a flipped byte, a truncated or deleted
+segment, a lost index. Damaged groups are quarantined (recorded as lost, counted, reported),
+never handed out; a lost index with a log beside it is refused."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from slurm_elastic.errors import StateFileError
+from slurm_elastic.rollouts.queue import QueueConfig, RolloutQueue
+from slurm_elastic.rollouts.store import RolloutStore
+
+
+def body(group_id: str, size: int = 200) -> bytes:
+    return json.dumps({"id": group_id, "group_size": 4, "pad": "x" * size}).encode()
+
+
+def ids(payloads: list[bytes]) -> list[str]:
+    return [json.loads(p)["id"] for p in payloads]  # every payload handed out is the JSON sent
+
+
+def where(tmp: Path, group_id: str) -> tuple[Path, int, int]:
+    """The segment file holding ``group_id``'s body, the body's offset and size."""
+    with sqlite3.connect(tmp / "q.sqlite") as db:
+        segment, offset, nbytes = db.execute("SELECT segment, body_offset, nbytes FROM groups WHERE id=?",
+                                             (group_id,)).fetchone()
+    return tmp / "q.segments" / f"{segment:08d}.log", offset, nbytes
+
+
+def flip_byte(tmp: Path, group_id: str, at: int = 10) -> None:
+    path, offset, _n = where(tmp, group_id)
+    data = bytearray(path.read_bytes())
+    data[offset + at] ^= 0x01  # e.g. a digit of a token id: still valid JSON, wrong content
+    path.write_bytes(bytes(data))
+
+
+def filled(tmp: Path, names: list[str], segment_bytes: int = 64 * 1024 * 1024) -> RolloutStore:
+    store = RolloutStore(tmp / "q.sqlite", segment_bytes=segment_bytes)
+    for name in names:
+        assert store.insert(name, "0007", 4, 3, body(name)) is not None
+    return store
+
+
+def queue_over(tmp: Path, names: list[str]) -> RolloutQueue:
+    store = filled(tmp, names)
+    return RolloutQueue(store, QueueConfig(batch_size=8, capacity_seqs=100))
+
+
+def test_a_flipped_byte_is_never_handed_out_and_the_group_is_recorded_lost(tmp_path: Path) -> None:
+    store = filled(tmp_path, ["a", "b", "c"])
+    flip_byte(tmp_path, "b")
+    payloads = store.hand_out("b1", ["a", "b", "c"], 1.0)
+    assert ids(payloads) == ["a", "c"]
+    (lost,) = store.lost()
+    assert (lost.id, lost.worker_id, lost.version, lost.n_seqs) == ("b", "0007", 3, 4)
+    assert "checksum" in lost.reason
+    assert store.counts().get("lost") == 4
+    store.close()
+    again = RolloutStore(tmp_path / "q.sqlite")  # recorded durably
+    assert [g.id for g in again.lost()] == ["b"] and [g for g, _ in again.batch_payloads("b1")] == ["a", "c"]
+    again.close()
+
+
+def test_a_pull_skips_a_damaged_group_keeps_batches_exact_and_reports_it(tmp_path: Path) -> None:
+    q = queue_over(tmp_path, ["a", "b", "c", "d"])
+    flip_byte(tmp_path, "b")
+    batch = q.pull()
+    assert batch is not None and ids(batch[1]) == ["a", "c"]  # exactly batch_size, without b
+    assert q.take_lost_ids() == ["b"] and q.take_lost_ids() == []
+    stats = q.stats()
+    assert (stats["lost_groups"], stats["lost_sequences"], stats["queued_sequences"]) == (1, 4, 4)
+    assert q.ack(batch[0]) and q.stats()["delivered_sequences"] == 8
+    assert q.pull() is None  # d alone is not a batch; b is gone for good
+    q.store.close()
+
+
+def test_a_rehanded_batch_with_a_damaged_group_keeps_its_id_without_the_group(tmp_path: Path) -> None:
+    q = queue_over(tmp_path, ["a", "b"])
+    first = q.pull()
+    assert first is not None and q.trainer_restarted() == 1
+    flip_byte(tmp_path, "b", at=3)
+    again = q.pull()
+    assert again is not None and again[0] == first[0] and ids(again[1]) == ["a"]
+    assert q.take_lost_ids() == ["b"]
+    assert q.ack(first[0]) and q.stats()["delivered_sequences"] == 4  # b was never delivered
+    assert q.stats()["lost_sequences"] == 4
+    q.store.close()
+
+
+def test_damage_found_at_open_is_quarantined_before_anything_is_handed_out(tmp_path: Path) -> None:
+    filled(tmp_path, ["a", "b", "c"]).close()
+    flip_byte(tmp_path, "c", at=0)
+    q = RolloutQueue(RolloutStore(tmp_path / "q.sqlite"), QueueConfig(batch_size=8, capacity_seqs=100))
+    assert [g.id for g in q.store.queued()] == ["a", "b"] and q.stats()["queued_sequences"] == 8
+    assert q.take_lost_ids() == ["c"] and "checksum" in q.store.lost()[0].reason
+    batch = q.pull()
+    assert batch is not None and ids(batch[1]) == ["a", "b"]
+    q.store.close()
+
+
+def test_a_truncated_segment_loses_only_what_was_cut_and_new_groups_stay_readable(tmp_path: Path) -> None:
+    filled(tmp_path, [f"g{i}" for i in range(6)]).close()
+    path, offset, _n = where(tmp_path, "g3")
+    with open(path, "r+b") as f:
+        f.truncate(offset + 5)  # g3 cut in its body; g4, g5 gone
+    store = RolloutStore(tmp_path / "q.sqlite")
+    assert [g.id for g in store.queued()] == ["g0", "g1", "g2"]
+    assert sorted(g.id for g in store.lost()) == ["g3", "g4", "g5"]
+    for name in ["n0", "n1"]:
+        assert store.insert(name, "0007", 4, 3, body(name)) is not None
+    store.close()
+    again = RolloutStore(tmp_path / "q.sqlite")  # the new groups were not written where the old ones were
+    assert ids(again.hand_out("b", [g.id for g in again.queued()], 1.0)) == ["g0", "g1", "g2", "n0", "n1"]
+    again.close()
+
+
+def test_a_deleted_segment_loses_its_groups_only(tmp_path: Path) -> None:
+    store = filled(tmp_path, [f"g{i}" for i in range(12)], segment_bytes=1024)
+    assert len(store.log.numbers()) >= 3
+    store.close()
+    first, _o, _n = where(tmp_path, "g0")
+    gone = {g for g in [f"g{i}" for i in range(12)] if where(tmp_path, g)[0] == first}
+    first.unlink()
+    again = RolloutStore(tmp_path / "q.sqlite", segment_bytes=1024)
+    assert {g.id for g in again.lost()} == gone and "missing" in again.lost()[0].reason
+    left = [g.id for g in again.queued()]
+    assert ids(again.hand_out("b", left, 1.0)) == [f"g{i}" for i in range(12) if f"g{i}" not in gone]
+    again.close()
+
+
+def test_a_lost_index_beside_a_log_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    store = filled(tmp_path, ["a", "b"])
+    store.hand_out("b1", ["a", "b"], 1.0)
+    assert store.ack("b1")
+    store.close()
+    for suffix in ("", "-wal", "-shm"):
+        (tmp_path / f"q.sqlite{suffix}").unlink(missing_ok=True)
+    with pytest.raises(StateFileError, match=r"q\.sqlite is missing.*move .*q\.segments aside"):
+        RolloutStore(tmp_path / "q.sqlite")
+    (tmp_path / "q.sqlite").write_bytes(b"")  # an empty index is no better
+    with pytest.raises(StateFileError, match="holds no index"):
+        RolloutStore(tmp_path / "q.sqlite")
+    (tmp_path / "q.segments").rename(tmp_path / "q.segments.old")  # what the message says to do
+    fresh = RolloutStore(tmp_path / "q.sqlite")
+    assert fresh.queued() == [] and fresh.insert("c", "0007", 4, 3, body("c")) is not None
+    fresh.close()
+
+
+def test_groups_stored_after_a_lost_segment_are_found_again_if_their_index_rows_are_lost(tmp_path: Path) -> None:
+    filled(tmp_path, ["a", "b", "c"]).close()
+    (segment,) = (tmp_path / "q.segments").glob("*.log")
+    segment.unlink()  # the segment being appended to, gone
+    store = RolloutStore(tmp_path / "q.sqlite")
+    assert sorted(g.id for g in store.lost()) == ["a", "b", "c"]
+    for name in ["n0", "n1"]:
+        assert store.insert(name, "0007", 4, 3, body(name)) is not None
+    store.close()
+    with sqlite3.connect(tmp_path / "q.sqlite") as db:  # a power cut took their index rows
+        db.execute("DELETE FROM groups WHERE id IN ('n0', 'n1')")
+    again = RolloutStore(tmp_path / "q.sqlite")
+    assert [g.id for g in again.queued()] == ["n0", "n1"]  # found in the log past the lost ones
+    assert ids(again.hand_out("b", ["n0", "n1"], 1.0)) == ["n0", "n1"]
+    again.close()
