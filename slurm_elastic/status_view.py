@@ -1,8 +1,30 @@
-"""Render a job's status (the controller's ``/global-status`` JSON) as a table a person reads at a glance."""
+"""Render a job's status (the controller's ``/global-status`` JSON) as a table a person reads at a glance.
+
+Every string that reaches the terminal is printable: control and format characters from clients,
+operators or a state file (terminal escape codes, newlines, bidi overrides) are shown escaped.
+"""
 
 from __future__ import annotations
 
 from typing import Any
+
+
+def printable(text: str) -> str:
+    """``text`` with every control or format character shown as its escape (``\\x1b``, ``\\u202e``)."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
+
+
+def _printable_tree(value: Any) -> Any:
+    """``value`` with every string in it (keys too) made :func:`printable`."""
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, dict):
+        return {printable(k) if isinstance(k, str) else k: _printable_tree(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_printable_tree(v) for v in value]
+    return value
 
 
 def _age(seconds: Any) -> str:
@@ -35,6 +57,7 @@ def _since(since_s: Any, now_s: float) -> str:
 def render_status(job_id: int, status: dict[str, Any] | None, slurm_steps: list[dict[str, Any]] | None = None,
                   unreachable: str = "", now_s: float | None = None) -> str:
     """The status table. With ``status`` None (controller down) it shows what Slurm reports."""
+    status, slurm_steps, unreachable = _printable_tree(status), _printable_tree(slurm_steps), printable(unreachable)
     lines = [f"job {job_id}"]
     if status is None:
         lines.append(f"controller: UNREACHABLE ({unreachable})" if unreachable else "controller: UNREACHABLE")
@@ -79,6 +102,9 @@ def render_status(job_id: int, status: dict[str, Any] | None, slurm_steps: list[
     unknown = ctl.get("unknown_health_nodes") or []
     if unknown:
         lines.append(f"health unknown (agent silent, no new workers): {', '.join(unknown)}")
-    for err in (ctl.get("errors") or [])[-3:]:
+    notes = ctl.get("state_notes") or ([ctl["state_note"]] if ctl.get("state_note") else [])
+    lines += [f"saved state: {note}" for note in notes]
+    errors = [e for e in ctl.get("errors") or [] if not (notes and e.get("where") == "state")]  # shown above
+    for err in errors[-3:]:
         lines.append(f"recent error [{err.get('where')}]: {err.get('error')}")
     return "\n".join(lines) + "\n"

@@ -16,16 +16,22 @@ from slurm_elastic.controller.files import ensure_token, previous_port, publish
 from slurm_elastic.controller.guard import BODY_MAX_BYTES, RequestGuard
 from slurm_elastic.controller.http import control_router
 from slurm_elastic.controller.locate import COMMENT_PREFIX
-from slurm_elastic.controller.main import build_controller, install_stop_handlers, job_id_from_env
+from slurm_elastic.controller.main import (
+    build_controller,
+    install_stop_handlers,
+    job_id_from_env,
+    open_state_dir,
+    running_job,
+)
 from slurm_elastic.controller.rollout_http import ControllerApp, SubmitEndpoint, rollout_router
 from slurm_elastic.controller.runtime import Controller
 from slurm_elastic.controller.serve import ApiServer, default_listen_host
-from slurm_elastic.controller.state import job_state_dir
 from slurm_elastic.core.rates import per_worker_rate
 from slurm_elastic.errors import SlurmError
 from slurm_elastic.rollouts.queue import QueueConfig, RolloutQueue
 from slurm_elastic.rollouts.store import RolloutStore
 from slurm_elastic.slurm.cli_backend import set_job_comment
+from slurm_elastic.slurm.pyslurm_backend import select_backend
 
 log = logging.getLogger(__name__)
 
@@ -89,11 +95,15 @@ def settle_heap() -> None:
 def run_controller(config: ElasticConfig, stop: threading.Event) -> None:
     """Run until ``stop`` is set (SIGTERM/SIGINT set it). Worker steps keep running afterwards."""
     job_id = job_id_from_env()
-    state_dir = job_state_dir(job_id, config.controller.state_dir)
-    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    backend = select_backend(config.controller.slurm_backend)
+    job = running_job(backend, job_id)
+    claimed = open_state_dir(config, job)  # before anything in it is read: it must be this job's
+    state_dir = claimed.path
     token, token_file = ensure_token(state_dir)
     install_stop_handlers(stop)
-    ctl = build_controller(config, job_id, token_file=token_file)
+    ctl = build_controller(config, job, backend, state_dir, token_file=token_file)
+    if claimed.note:
+        ctl.note_state(claimed.note)
     queue = open_queue(config, state_dir)
     host = config.controller.listen_host or default_listen_host()
     server = ApiServer(create_controller_app(ctl, token, queue), host,

@@ -30,7 +30,7 @@ class ControllerSection(_Section):
     """Where the controller keeps its state and how often it reconciles."""
 
     tick_interval_s: float = Field(2.0, gt=0, le=600, description="Seconds between reconcile ticks.")
-    state_dir: str = Field("", description="State directory; default ~/.slurm-elastic/jobs/<job id>.")
+    state_dir: str = Field("", description="State directory; default ~/.slurm-elastic/jobs/<cluster>/<job id>; {cluster} and {job_id} are filled in.")
     listen_host: str = Field("", description="Address to serve the API on; default: this host's name.")
     listen_port: int = Field(0, ge=0, le=65535, description="API port; 0 picks a free one.")
     slurm_backend: Literal["auto", "cli", "pyslurm"] = Field("auto", description="How to talk to Slurm.")

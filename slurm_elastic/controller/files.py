@@ -14,10 +14,27 @@ import time
 from pathlib import Path
 from typing import Any
 
-from slurm_elastic.controller.state import write_json_atomic
-
 TOKEN_FILE = "token"
 CONTROLLER_FILE = "controller.json"
+
+
+def write_json_atomic(path: Path, data: dict[str, Any], mode: int = 0o600, indent: int | None = 1) -> None:
+    """Write ``data`` so that readers see the old or the new file, never half of one.
+
+    ``indent=None`` writes one line with the C encoder (several times faster for large files).
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(data, indent=indent, sort_keys=True))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def ensure_token(state_dir: Path) -> tuple[str, Path]:

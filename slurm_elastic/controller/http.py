@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 from fastapi import Path as PathParam
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from slurm_elastic.controller.runtime import Controller, UnknownWorkerError
 from slurm_elastic.errors import TransitionError
@@ -55,10 +55,17 @@ class ScaleRequest(_Body):
     workers: int = Field(ge=0, le=100_000)
 
 
+def _printable(text: str) -> str:
+    """Refuse control and format characters (terminal escapes, newlines) in text shown to operators."""
+    if not text.isprintable():
+        raise ValueError("must be printable text (no control characters, newlines or escape codes)")
+    return text
+
+
 class GpuRef(_Body):
-    node: str = Field(min_length=1, max_length=256)
+    node: str = Field(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9._-]+$")  # a Slurm node name
     gpu: int = Field(ge=0, le=1024)
-    reason: str = Field("", max_length=512)
+    reason: Annotated[str, AfterValidator(_printable)] = Field("", max_length=256)
 
 
 def control_router(controller: Controller) -> APIRouter:
@@ -70,7 +77,10 @@ def control_router(controller: Controller) -> APIRouter:
 
     @router.post("/workers/{worker_id}/register", tags=["workers"])
     def register(worker_id: Annotated[str, PathParam(pattern=WORKER_ID)], body: Registration) -> dict[str, Any]:
-        return controller.register_worker(worker_id, body.model_dump())
+        try:
+            return controller.register_worker(worker_id, body.model_dump())
+        except UnknownWorkerError as exc:
+            raise unknown(exc) from None
 
     @router.post("/workers/{worker_id}/heartbeat", tags=["workers"])
     def heartbeat(worker_id: Annotated[str, PathParam(pattern=WORKER_ID)], body: Heartbeat) -> dict[str, Any]:

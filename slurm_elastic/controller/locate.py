@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from slurm_elastic.controller.files import CONTROLLER_FILE, TOKEN_FILE
-from slurm_elastic.controller.state import job_state_dir
+from slurm_elastic.controller.job_dir import job_state_dir
 from slurm_elastic.errors import ControllerUnreachableError, SlurmError
 from slurm_elastic.slurm.cli_backend import SlurmCli
 
@@ -30,16 +32,34 @@ def state_dir_from_comment(comment: str) -> Path | None:
     return None
 
 
+def local_cluster_name() -> str:
+    """This cluster's name without asking slurmctld: the job's environment, else ClusterName in
+    the local slurm.conf ('' if neither says; a configless node has no local slurm.conf)."""
+    name = os.environ.get("SLURM_CLUSTER_NAME", "")
+    if name:
+        return name
+    try:
+        text = Path(os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf")).read_text(errors="replace")
+    except OSError:
+        return ""
+    match = re.search(r"^\s*ClusterName\s*=\s*(\S+)", text, re.MULTILINE | re.IGNORECASE)
+    return match.group(1) if match else ""
+
+
 def locate(job_id: int, slurm: SlurmCli | None = None) -> JobHandle:
-    """The job's controller as published in its state directory (default place, else the job comment)."""
-    candidates = [job_state_dir(job_id)]
-    if not (candidates[0] / CONTROLLER_FILE).exists():
+    """The job's controller as published in its state directory: the default place for this
+    cluster, else what Slurm says (the job's cluster and the state directory in its comment)."""
+    cluster = local_cluster_name()
+    candidates = [job_state_dir(cluster, job_id)] if cluster else []
+    if not any((c / CONTROLLER_FILE).exists() for c in candidates):
         try:
-            comment_dir = state_dir_from_comment((slurm or SlurmCli()).job_info(job_id).comment)
+            job = (slurm or SlurmCli()).job_info(job_id)
         except SlurmError:
-            comment_dir = None
-        if comment_dir is not None:
-            candidates.append(comment_dir)
+            job = None
+        if job is not None:
+            comment_dir = state_dir_from_comment(job.comment)
+            candidates += [d for d in (comment_dir, job_state_dir(job.cluster, job_id))
+                           if d is not None and d not in candidates]
     for state_dir in candidates:
         path = state_dir / CONTROLLER_FILE
         try:
@@ -53,5 +73,5 @@ def locate(job_id: int, slurm: SlurmCli | None = None) -> JobHandle:
             raise ControllerUnreachableError(f"{path} is not a controller file")
         return JobHandle(job_id, state_dir, str(info["url"]), token, info)
     raise ControllerUnreachableError(
-        f"no controller found for job {job_id} (looked in {', '.join(str(c) for c in candidates)})"
+        f"no controller found for job {job_id} (looked in {', '.join(str(c) for c in candidates) or 'no place'})"
     )

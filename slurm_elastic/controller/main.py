@@ -9,10 +9,12 @@ import threading
 from pathlib import Path
 
 from slurm_elastic.controller.config import ElasticConfig
+from slurm_elastic.controller.job_dir import ClaimedDir, claim_state_dir, job_state_dir
 from slurm_elastic.controller.runtime import Controller
-from slurm_elastic.controller.state import job_state_dir
+from slurm_elastic.core.job_identity import JobIdentity
 from slurm_elastic.errors import ConfigError, SlurmError
-from slurm_elastic.slurm.pyslurm_backend import select_backend
+from slurm_elastic.slurm.backend import SlurmBackend
+from slurm_elastic.slurm.parse import JobInfo
 
 log = logging.getLogger(__name__)
 
@@ -28,23 +30,40 @@ def job_id_from_env() -> int:
     return int(value)
 
 
-def build_controller(config: ElasticConfig, job_id: int, controller_url: str = "",
-                     token_file: Path | None = None) -> Controller:
-    """A controller for ``job_id``: the job must be running; its GPUs come from Slurm (or the config)."""
-    backend = select_backend(config.controller.slurm_backend)
+def running_job(backend: SlurmBackend, job_id: int) -> JobInfo:
+    """The allocation as Slurm describes it; SlurmError unless it is running."""
     job = backend.job_info(job_id)
     if not job.is_running:
         raise SlurmError(f"job {job_id} is {job.state}, not RUNNING")
+    return job
+
+
+def job_identity(job: JobInfo) -> JobIdentity:
+    """Who the job is: its cluster (from Slurm, else the job's environment), id, submit time."""
+    cluster = job.cluster or os.environ.get("SLURM_CLUSTER_NAME", "")
+    return JobIdentity(cluster, job.job_id, job.submit_time_s, job.restart_count, job.user_name)
+
+
+def open_state_dir(config: ElasticConfig, job: JobInfo) -> ClaimedDir:
+    """The job's state directory, made this job's (another job's is moved aside, with a note)."""
+    identity = job_identity(job)
+    claimed = claim_state_dir(job_state_dir(identity.cluster, job.job_id, config.controller.state_dir), identity)
+    (claimed.path / "logs").mkdir(exist_ok=True)
+    if claimed.note:
+        log.error("%s", claimed.note)
+    return claimed
+
+
+def build_controller(config: ElasticConfig, job: JobInfo, backend: SlurmBackend, state_dir: Path,
+                     controller_url: str = "", token_file: Path | None = None) -> Controller:
+    """A controller for the running ``job``: its GPUs come from Slurm (or the config)."""
     gpus_by_node = dict(job.gpus_by_node)
     if config.controller.gpus_per_node or not gpus_by_node:
         per_node = config.controller.gpus_per_node
         gpus_by_node = {node: tuple(range(per_node)) for node in job.nodes}
-    state_dir = job_state_dir(job_id, config.controller.state_dir)
-    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    (state_dir / "logs").mkdir(exist_ok=True)
-    log.info("job %d: nodes %s, GPUs %s, state in %s, backend %s", job_id, ",".join(job.nodes),
+    log.info("job %d: nodes %s, GPUs %s, state in %s, backend %s", job.job_id, ",".join(job.nodes),
              gpus_by_node, state_dir, backend.name)
-    return Controller(config, job_id, backend, state_dir, gpus_by_node=gpus_by_node,
+    return Controller(config, job.job_id, backend, state_dir, gpus_by_node=gpus_by_node,
                       controller_url=controller_url, token_file=token_file)
 
 

@@ -36,8 +36,9 @@ from slurm_elastic.core.reconcile import (
     ReconcileConfig,
     reconcile,
 )
+from slurm_elastic.core.registration import registration_refusal
 from slurm_elastic.core.scaling import Autoscaler, AutoscalerConfig, PressureInputs
-from slurm_elastic.errors import SlurmElasticError, StateFileError
+from slurm_elastic.errors import SlurmElasticError
 from slurm_elastic.slurm.backend import SlurmBackend, StepSpec
 from slurm_elastic.slurm.parse import StepInfo
 
@@ -96,6 +97,7 @@ class Controller:
         self.cordons = CordonBook(self.health_rules)
         self.agent_launched_s: dict[str, float] = {}
         self.foreign_gpus: dict[str, int] = {}  # GPUs held by the job's other steps (e.g. the trainer)
+        self.listed_worker_ids: frozenset[str] = frozenset()  # worker steps in Slurm's latest listing
         # versions keep increasing across controller restarts, so a router never mistakes a new
         # controller's set for the one it already has
         self.endpoints = EndpointBook(version=int(clock() * 1000))
@@ -116,52 +118,42 @@ class Controller:
         self._busy_s_seen: dict[str, float] = {}  # each worker's last reported busy_s
         self._busy_lock = threading.Lock()  # heartbeats add while a tick reads
         self.started_at_s = clock()
-        self.state_note = ""
+        self.state_notes: list[str] = []  # what loading the job's saved state could not keep, and why
         self.state_file = StateFile(state_dir / "state.json", job_id)
         self._saved_durable = ""  # the last written state without live fields, as JSON
         self._saved_at_s = float("-inf")  # time.monotonic() of the last write
-        # no saved state (first start, or a bad file moved aside): the first listing seeds the target
-        self._seed_target_from_slurm = False
         self._load_state()
 
     # ---- persistence -----------------------------------------------------------------------
     def _load_state(self) -> None:
-        try:
-            state = self.state_file.load()
-        except StateFileError as exc:
-            moved = self.state_file.move_aside()
-            self.state_note = f"{exc}; moved to {moved.name} and rebuilt from Slurm's listing"
-            log.error("%s", self.state_note)
-            self._record_error("state", self.state_note)
-            self._seed_target_from_slurm = True
-            return
-        if not state:
-            self._seed_target_from_slurm = True
-            return
-        self.workers = {k: Worker.from_json(v) for k, v in state.get("workers", {}).items()}
-        self.next_number = int(state.get("next_number", 1))
-        self.target_workers = int(state.get("target_workers", self.target_workers))
-        self.manual_target = state.get("manual_target")
-        self.paused = bool(state.get("paused", False))
-        self.wake_all_active = bool(state.get("wake_all_active", False))
-        if "autoscaler" in state:
-            try:
-                self.autoscaler = Autoscaler.from_state(self.autoscaler.config, state["autoscaler"])
-            except (TypeError, ValueError) as exc:
-                self._record_error("state", f"autoscaler memory unreadable, starting fresh: {exc}")
-        if "cordons" in state:
-            try:
-                self.cordons = CordonBook.from_state(state["cordons"], self.health_rules)
-            except ValueError as exc:
-                self._record_error("state", f"cordon book unreadable, starting empty: {exc}")
+        restored = self.state_file.load()
+        for note in restored.notes:
+            self.note_state(note)
+        self.workers = restored.workers
+        self.next_number = restored.next_number or self.next_number
+        self.target_workers = self.target_workers if restored.target_workers is None else restored.target_workers
+        self.manual_target, self.paused, self.wake_all_active = (restored.manual_target, restored.paused,
+                                                                 restored.wake_all_active)
+        # no saved state or no saved target (first start, a bad file): the first listing seeds it
+        self._seed_target_from_slurm = not restored.found or restored.target_workers is None
+        if restored.autoscaler is not None:  # both validated when read
+            self.autoscaler = Autoscaler.from_state(self.autoscaler.config, restored.autoscaler)
+        if restored.cordons is not None:
+            self.cordons = CordonBook.from_state(restored.cordons, self.health_rules)
         now_s = self.clock()
         for worker in self.workers.values():  # nobody could heart-beat while no controller ran
             if worker.has_step:
                 worker.last_heartbeat_s = max(worker.last_heartbeat_s, now_s)
                 if worker.state is S.STARTING:
                     worker.launched_at_s = max(worker.launched_at_s, now_s)
-        if state:
+        if restored.found:
             log.info("restored state: %d worker records, target %d", len(self.workers), self.target_workers)
+
+    def note_state(self, note: str) -> None:
+        """Something about the job's saved state an operator should know: logged, kept for status."""
+        log.error("%s", note)
+        self.state_notes.append(note)
+        self._record_error("state", note)
 
     def _state(self) -> dict[str, Any]:
         live = {k: w.to_json() for k, w in self.workers.items() if w.state is not S.INACTIVE or
@@ -209,8 +201,9 @@ class Controller:
             self.cordons.tick(now_s)
             health_drains = self._drain_unhealthy(now_s)
             cordoned = self.cordoned_gpus()
-            if steps is not None:
+            if steps is not None and observed is not None:
                 self.foreign_gpus = foreign_gpus_by_node(steps)
+                self.listed_worker_ids = frozenset(o.worker_id for o in observed)
             if observed is not None and self._seed_target_from_slurm:
                 self._seed_target(len(observed))
             allowed_slots, exclude = self.placement(cordoned, self.unknown_nodes(now_s))
@@ -422,10 +415,13 @@ class Controller:
 
     # ---- the control plane (called from the API) ---------------------------------------------
     def register_worker(self, worker_id: str, info: dict[str, Any]) -> dict[str, Any]:
-        """A worker step says where it landed; answers ``run`` or ``hold`` (a cordoned GPU)."""
+        """A worker step says where it landed: ``run`` or ``hold`` (a cordoned GPU); UnknownWorkerError
+        (nothing recorded) for an id this controller did not launch."""
         with self.lock:
             now_s = self.clock()
             worker = self.workers.get(worker_id)
+            if refusal := registration_refusal(worker_id, worker, self.listed_worker_ids):
+                raise UnknownWorkerError(refusal)
             if worker is None or worker.state in (S.INACTIVE, S.FAILED, S.BACKOFF):
                 worker = Worker(worker_id=worker_id, launched_at_s=now_s)
                 worker.history.append((now_s, "", S.STARTING.value, "registered without a record: adopted"))
@@ -574,8 +570,9 @@ class Controller:
     def report_load(self, client_id: str, outstanding: dict[str, int], sent: int = 0, retried: int = 0,
                     failed: int = 0) -> dict[str, Any]:
         """A router's outstanding requests per worker; answers with the current version."""
-        with self.lock:
-            self.endpoints.report(client_id, outstanding, self.clock(), sent, retried, failed)
+        with self.lock:  # load on workers it does not know is not kept
+            known = {w: n for w, n in outstanding.items() if w in self.workers}
+            self.endpoints.report(client_id, known, self.clock(), sent, retried, failed)
             return {"version": self.endpoints.version}
 
     def status(self) -> dict[str, Any]:
@@ -606,7 +603,8 @@ class Controller:
                 "unknown_health_nodes": sorted(self.unknown_nodes(now_s)),
                 "servers": self._servers_view(now_s) if self.is_server else None,
                 "errors": self.errors[-ERROR_LIMIT:],
-                "state_note": self.state_note,
+                "state_note": "; ".join(self.state_notes),
+                "state_notes": list(self.state_notes),
             }
 
     def tick_duration_summary(self) -> dict[str, float | int]:

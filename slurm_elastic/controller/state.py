@@ -2,54 +2,26 @@
 
 Slurm is the source of truth for what runs; this file keeps what it cannot: worker records and
 their history, cordons, the autoscaler's memory, manual overrides. Written atomically (write,
-fsync, rename). A corrupt or foreign file is an error that names the file; the controller then
-moves it aside and rebuilds from Slurm's listing, so running workers are never lost.
+fsync, rename). Loading validates it (controller/state_model.py): a file that cannot be this
+job's state is moved aside, one that is partly bad keeps what validates; either way the notes say
+what happened, and running workers are adopted from Slurm's listing, so none is ever lost.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from slurm_elastic.errors import StateFileError
+from slurm_elastic.controller.files import write_json_atomic
+from slurm_elastic.controller.state_model import RestoredState, restore_state
 
 STATE_FORMAT = "slurm-elastic-controller-state"
 STATE_VERSION = 1
-
-
-def default_state_root() -> Path:
-    """``$SLURM_ELASTIC_HOME`` or ``~/.slurm-elastic``: must be visible from every node of the job."""
-    root = os.environ.get("SLURM_ELASTIC_HOME")
-    return Path(root) if root else Path.home() / ".slurm-elastic"
-
-
-def job_state_dir(job_id: int, configured: str = "") -> Path:
-    """The job's state directory: the configured one (``{job_id}`` expanded) or ``<root>/jobs/<job id>``."""
-    if configured:
-        return Path(os.path.expanduser(configured.replace("{job_id}", str(job_id))))
-    return default_state_root() / "jobs" / str(job_id)
-
-
-def write_json_atomic(path: Path, data: dict[str, Any], mode: int = 0o600, indent: int | None = 1) -> None:
-    """Write ``data`` so that readers see the old or the new file, never half of one.
-
-    ``indent=None`` writes one line with the C encoder (several times faster for large files).
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(data, indent=indent, sort_keys=True))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 class StateFile:
@@ -59,35 +31,67 @@ class StateFile:
         self.path = path
         self.job_id = job_id
 
-    def load(self) -> dict[str, Any]:
-        """The saved state, ``{}`` if none; StateFileError if corrupt or another job's."""
+    def load(self) -> RestoredState:
+        """The saved state, validated (an empty one if there is no file).
+
+        A file that cannot be this job's state at all (not JSON, not ours, another job's, no state
+        object) is moved aside and said in a note. Otherwise every section and record that
+        validates is kept, the rest is noted, and the file as it was is kept beside it. A file
+        from a newer version is read the same way, for the fields this version knows.
+        """
         try:
             text = self.path.read_text()
         except FileNotFoundError:
-            return {}
-        except OSError as exc:
-            raise StateFileError(f"cannot read state file {self.path}: {exc}") from None
+            return RestoredState()
+        except (OSError, UnicodeDecodeError) as exc:
+            return self._unreadable(f"cannot read state file {self.path}: {exc}")
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise StateFileError(f"state file {self.path} is corrupt (not JSON: {exc})") from None
+            return self._unreadable(f"state file {self.path} is corrupt (not JSON: {exc})")
         if not isinstance(data, dict) or data.get("format") != STATE_FORMAT:
-            raise StateFileError(f"state file {self.path} is not a slurm-elastic controller state file")
-        if data.get("version") != STATE_VERSION:
-            raise StateFileError(f"state file {self.path} has version {data.get('version')!r}, expected {STATE_VERSION}")
-        if data.get("job_id") != self.job_id:
-            raise StateFileError(f"state file {self.path} belongs to job {data.get('job_id')}, not {self.job_id}")
-        body = data.get("state")
+            return self._unreadable(f"state file {self.path} is not a slurm-elastic controller state file")
+        version, job_id, body = data.get("version"), data.get("job_id"), data.get("state")
+        if type(job_id) is not int or job_id != self.job_id:
+            return self._unreadable(f"state file {self.path} belongs to job {job_id!r}, not {self.job_id}")
+        if type(version) is not int or version < 1:
+            return self._unreadable(f"state file {self.path} has version {version!r}, expected {STATE_VERSION}")
         if not isinstance(body, dict):
-            raise StateFileError(f"state file {self.path} has no state object")
-        return body
+            return self._unreadable(f"state file {self.path} has no state object")
+        restored = restore_state(body)
+        notes = list(restored.notes)
+        if version > STATE_VERSION:
+            notes.insert(0, f"state file version {version} is newer than this controller's ({STATE_VERSION}): "
+                            "read what this version knows")
+        if notes:
+            kept = self._keep_copy("newer" if version > STATE_VERSION else "partial")
+            notes = [f"{self.path.name}: {n}" for n in notes] + [f"the file as it was is kept as {kept.name}"]
+        return replace(restored, notes=tuple(notes), found=True)
 
     def save(self, state: dict[str, Any]) -> None:
         write_json_atomic(self.path, {"format": STATE_FORMAT, "version": STATE_VERSION,
                                       "job_id": self.job_id, "saved_at": time.time(), "state": state}, indent=None)
 
+    def _unreadable(self, why: str) -> RestoredState:
+        moved = self.move_aside()
+        return RestoredState(notes=(f"{why}; moved to {moved.name} and rebuilt from Slurm's listing",), dropped=True)
+
+    def _aside(self, kind: str) -> Path:
+        stamp = int(time.time())
+        target = self.path.with_name(f"{self.path.name}.{kind}-{stamp}")
+        n = 1
+        while target.exists():
+            n += 1
+            target = self.path.with_name(f"{self.path.name}.{kind}-{stamp}-{n}")
+        return target
+
     def move_aside(self) -> Path:
         """Rename a bad file out of the way (kept for inspection); returns its new path."""
-        target = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
+        target = self._aside("corrupt")
         os.replace(self.path, target)
+        return target
+
+    def _keep_copy(self, kind: str) -> Path:
+        target = self._aside(kind)
+        shutil.copy2(self.path, target)
         return target

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+MAX_LOAD_CLIENTS = 256  # routers whose reports are kept at once (the oldest report goes first)
+
 
 @dataclass(frozen=True)
 class Endpoint:
@@ -33,6 +35,7 @@ class EndpointBook:
     """The routable set (versioned) and the load on it."""
 
     report_ttl_s: float = 10.0
+    max_clients: int = MAX_LOAD_CLIENTS
     version: int = 0
     endpoints: dict[str, Endpoint] = field(default_factory=dict)
     _reports: dict[str, _ClientReport] = field(default_factory=dict)
@@ -48,13 +51,16 @@ class EndpointBook:
 
     def report(self, client_id: str, outstanding: dict[str, int], now_s: float, sent: int = 0,
                retried: int = 0, failed: int = 0) -> None:
-        """A router's current outstanding requests per worker (and its running totals)."""
+        """A router's current outstanding requests per worker (and its running totals).
+
+        Reports older than ``report_ttl_s`` are dropped, and at most ``max_clients`` are kept."""
+        self._reports.pop(client_id, None)  # re-inserted last: the dict stays in report order
         self._reports[client_id] = _ClientReport(now_s, {k: max(0, int(v)) for k, v in outstanding.items()},
                                                  sent, retried, failed)
+        self._reports = prune_reports(self._reports, now_s, self.report_ttl_s, self.max_clients)
 
     def _fresh(self, now_s: float) -> list[_ClientReport]:
-        for client_id in [c for c, r in self._reports.items() if now_s - r.at_s > self.report_ttl_s]:
-            del self._reports[client_id]
+        self._reports = prune_reports(self._reports, now_s, self.report_ttl_s, self.max_clients)
         return list(self._reports.values())
 
     def outstanding(self, worker_id: str, now_s: float) -> int:
@@ -81,3 +87,13 @@ class EndpointBook:
             "requests_retried": sum(r.retried for r in fresh),
             "requests_failed": sum(r.failed for r in fresh),
         }
+
+
+def prune_reports(reports: dict[str, _ClientReport], now_s: float, ttl_s: float,
+                  max_clients: int) -> dict[str, _ClientReport]:
+    """The reports at most ``ttl_s`` old, the newest ``max_clients`` of them (``reports`` is in
+    report order, oldest first); ``reports`` itself when nothing goes."""
+    if len(reports) <= max_clients and all(now_s - r.at_s <= ttl_s for r in reports.values()):
+        return reports
+    fresh = [(c, r) for c, r in reports.items() if now_s - r.at_s <= ttl_s]
+    return dict(fresh[-max_clients:] if max_clients > 0 else [])

@@ -49,6 +49,9 @@ class JobInfo:
     user_name: str
     partition: str
     gpus_by_node: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    cluster: str = ""  # the cluster's name (ClusterName)
+    submit_time_s: int = 0  # when Slurm took the job (epoch s; a requeue sets it anew); 0 if unknown
+    restart_count: int = 0  # how often Slurm requeued the job
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -177,10 +180,20 @@ def parse_jobs_json(text: str) -> list[JobInfo]:
                 user_name=str(raw.get("user_name", "")),
                 partition=str(raw.get("partition", "")),
                 gpus_by_node=_gpus_by_node(raw),
+                cluster=str(raw.get("cluster", "")),
+                submit_time_s=_int(raw.get("submit_time")),
+                restart_count=_int(raw.get("restart_cnt")),
                 raw=raw,
             )
         )
     return jobs
+
+
+def _int(value: Any) -> int:
+    """An integer field of Slurm's JSON (22.05: a number; later: ``{"set": .., "number": ..}``); 0 if absent."""
+    if isinstance(value, dict):
+        value = value.get("number", 0) if value.get("set", True) else 0
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 _GRES_IDX = re.compile(r"gpu(?::[^:(]+)?:(\d+)\(IDX:([^)]*)\)")

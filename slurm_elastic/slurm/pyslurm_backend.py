@@ -97,7 +97,9 @@ class PySlurm:
             job_id=job_id, name=str(job.name or ""), state=str(job.state or ""),
             nodes=tuple(expand_hostlist(str(nodes or ""))), batch_host=str(getattr(job, "batch_host", "") or ""),
             comment=str(getattr(job, "comment", "") or ""), user_name=str(getattr(job, "user_name", "") or ""),
-            partition=str(getattr(job, "partition", "") or ""),
+            partition=str(getattr(job, "partition", "") or ""), cluster=str(getattr(job, "cluster", "") or ""),
+            submit_time_s=int(getattr(job, "submit_time", 0) or 0),
+            restart_count=int(getattr(job, "requeue_count", getattr(job, "restart_cnt", 0)) or 0),
         )
 
     def launch_step(self, spec: StepSpec, launcher_log: Path) -> int:

@@ -62,12 +62,13 @@ def free_port() -> int:
 
 
 def register_with_retry(register: Call, info: dict[str, Any], deadline_s: float, flags: Flags) -> dict[str, Any]:
-    """Register, retrying while the controller is unreachable (it may be restarting)."""
+    """Register, retrying while the controller is unreachable (it may be restarting) or does not
+    know this worker yet (a restarted controller knows it once it has listed the job's steps)."""
     delay_s = 0.2
     while True:
         try:
             return register(info)
-        except ControllerUnreachableError:
+        except (ControllerUnreachableError, KeyError):
             if time.monotonic() > deadline_s or flags.terminate.is_set():
                 raise
             time.sleep(delay_s)

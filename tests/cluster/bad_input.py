@@ -29,6 +29,7 @@ import httpx
 import psutil
 
 from slurm_elastic.devcluster.cluster import DevCluster, DevClusterSpec
+from slurm_elastic.slurm.cli_backend import SlurmCli
 from tests.cluster.controller_harness import (
     ControllerJob,
     locate_in,
@@ -156,6 +157,7 @@ def api_probes(rig: Rig) -> Iterator[Probe]:
                lambda: rig.post("/rollouts/admission", {"sequences": 4}), 422, "worker_id")
     yield from hostile_client_probes(rig)
     yield from loose_submit_probes(rig)
+    yield from growth_probes(rig)
 
 
 def _address(url: str) -> tuple[str, int]:
@@ -276,6 +278,35 @@ def loose_submit_probes(rig: Rig) -> Iterator[Probe]:
                 codes == [200, 422, 200] and "policy_version" in answers[1].text and stored == 8 and others_same)
 
 
+def growth_probes(rig: Rig) -> Iterator[Probe]:
+    """An authenticated client that registers made-up workers, floods load reports, or sends a
+    cordon reason with terminal escape codes."""
+    before = rig.snapshot()
+    workers = sorted(w["worker_id"] for w in rig.http.get("/controller/status", headers=rig.auth).json()["workers"])
+    codes = {rig.post(f"/workers/x{i:04d}/register", {"node": "node1", "gpus": [3], "step_id": "99"}).status_code
+             for i in range(300)}
+    for _ in range(3):  # ticks that would count them as crashes
+        ticks = rig.job.status()["ticks"]
+        wait_for(lambda t=ticks: rig.job.status()["ticks"] > t, 10, "a tick")  # type: ignore[misc]
+    status = rig.http.get("/controller/status", headers=rig.auth).json()
+    after = sorted(w["worker_id"] for w in status["workers"])
+    kept, same = rig.kept(before)
+    yield Probe("HTTP API", "register 300 worker ids the controller never launched", f"{sorted(codes)} each",
+                f"worker table {after} ({'unchanged' if after == workers else 'CHANGED'}), "
+                f"{len(status['cordoned_gpus'])} GPUs cordoned; {kept}",
+                codes == {404} and after == workers and not status["cordoned_gpus"] and same)
+    before = rig.snapshot()
+    codes = {rig.post("/endpoints/load", {"client_id": f"router-{i}", "outstanding": {"0001": 1}}).status_code
+             for i in range(2000)}
+    routers = rig.http.get("/endpoints", headers=rig.auth).json()["routers"]
+    kept, same = rig.kept(before)
+    yield Probe("HTTP API", "2000 load reports from new router ids", f"{sorted(codes)} each",
+                f"{routers} router reports kept (cap 256, 10 s each); {kept}", codes == {200} and routers <= 256 and same)
+    yield _api(rig, "cordon a GPU with terminal escape codes in the reason",
+               lambda: rig.post("/admin/cordon", {"node": "node1", "gpu": 0, "reason": "\x1b[2J\x1b[31mpwned"}),
+               422, "printable")
+
+
 def cli_probes(rig: Rig) -> Iterator[Probe]:
     result = cli("status", "999999")
     yield Probe("CLI", "`slurm-elastic status 999999` (no such job)", f"exit {result.returncode}: {error_line(result)}",
@@ -359,6 +390,76 @@ def state_probes(rig: Rig) -> Iterator[Probe]:
                     f"restart says: {short(note, 100)}",
                     f"same {len(before['steps'])} worker steps adopted, {relaunched} relaunched, "
                     f"queue {queued} seqs, bad file kept as {moved[-1] if moved else '?'}", ok)
+    yield wrong_types_probe(rig)
+
+
+def wrong_types_probe(rig: Rig) -> Probe:
+    """Valid JSON, wrong types: what validates is kept (the manual target), the rest is said."""
+    rig.post("/admin/scale", {"workers": 2}).raise_for_status()  # an operator's target to keep
+    rig.job.status()
+    ticks = rig.job.status()["ticks"]
+    wait_for(lambda: rig.job.status()["ticks"] > ticks + 1, 10, "the scale to be saved")
+    before = rig.snapshot()
+    old_pid = rig.job.controller_pid()
+    state_file = rig.job.state_dir / "state.json"
+    os.kill(old_pid, signal.SIGSTOP)
+    doc = json.loads(state_file.read_text())
+    first = sorted(doc["state"]["workers"])[0]
+    doc["state"]["workers"][first]["state"] = "ZOMBIE"
+    doc["state"].update(next_number="x", target_workers=None)
+    state_file.write_text(json.dumps(doc))
+    os.kill(old_pid, signal.SIGKILL)
+    wait_for(lambda: _restarted(rig, old_pid), 60, "the controller to restart")
+    wait_for(lambda: rig.snapshot()["steps"] == before["steps"], 30, "the same steps")
+    status = rig.http.get("/controller/status", headers=rig.auth).json()
+    notes = status["state_notes"]
+    after = rig.snapshot()
+    relaunched = sum(1 for name, step in before["steps"].items() if after["steps"].get(name) != step)
+    ok = (len(notes) >= 3 and status["manual_target"] == before["target"] and relaunched == 0
+          and after["queued"] == before["queued"] and not [e for e in status["errors"] if e["where"] == "tick"])
+    return Probe("state file", "kill -9 the controller, leave a state.json with an unknown worker state, "
+                 "`next_number: \"x\"`, `target_workers: null`",
+                 f"restart says ({len(notes)} notes): {short(notes[0] if notes else '', 90)}",
+                 f"manual target {status['manual_target']} kept, same {len(before['steps'])} worker steps adopted, "
+                 f"{relaunched} relaunched, queue {after['queued']} seqs, no failed tick", ok)
+
+
+def identity_probe(cluster: DevCluster, tmp: Path) -> Probe:
+    """A new job whose state directory holds an earlier job's with the same id (ids restart after a
+    reinstall): that directory is moved aside whole and the job starts clean, with a note."""
+    old_note: dict[str, Any] = {}
+
+    def leave_an_earlier_jobs_dir(job_id: int) -> None:
+        state_dir = tmp / f"state-{job_id}"
+        state_dir.mkdir(parents=True)
+        (state_dir / "job.json").write_text(json.dumps({"format": "slurm-elastic-job", "cluster": cluster.spec.cluster_name,
+                                                        "job_id": job_id, "submit_time_s": 1_600_000_000}))
+        (state_dir / "token").write_text("the-earlier-jobs-token\n")
+        (state_dir / "state.json").write_text(json.dumps({
+            "format": "slurm-elastic-controller-state", "version": 1, "job_id": job_id,
+            "state": {"workers": {}, "next_number": 40, "target_workers": 3, "manual_target": 3, "paused": True,
+                      "wake_all_active": False}}))
+        old_note["files"] = sorted(p.name for p in state_dir.iterdir())
+
+    job = start_controller_job(cluster, tmp, nodes=1, gpus_per_node=1, autoscaler={"enable_elastic": False},
+                               before_start=leave_an_earlier_jobs_dir)
+    try:
+        status = job.status()
+        note = next((n for n in status["state_notes"] if "starts clean" in n), "")
+        aside = sorted(p for p in tmp.glob(f"state-{job.job_id}.stale-*"))
+        kept_old = bool(aside) and sorted(p.name for p in aside[0].iterdir()) == old_note["files"]
+        record = json.loads((job.state_dir / "job.json").read_text())
+        submit = SlurmCli().job_info(job.job_id).submit_time_s
+        table = cli("status", str(job.job_id))
+        clean = status["manual_target"] is None and not status["paused"] and job.worker_steps() == {}
+        ok = (bool(note) and kept_old and clean and record["submit_time_s"] == submit
+              and "saved state: state directory" in table.stdout and table.returncode == 0)
+        return Probe("state file", "a new job finds an earlier job's state directory under its id (ids restart "
+                     "after a reinstall; submit time differs)", f"starts clean and says: {short(note, 110)}",
+                     f"the earlier job's {len(old_note['files'])} files kept whole in {aside[0].name if aside else '?'}; "
+                     f"`status JOB` shows the note: {'yes' if 'saved state:' in table.stdout else 'NO'}", ok)
+    finally:
+        stop_controller_job(job)
 
 
 def _restarted(rig: Rig, old_pid: int) -> bool:
@@ -401,8 +502,8 @@ def slurm_probes(tmp: Path) -> Iterator[Probe]:
                                    controller={"slurm_timeout_s": 2.0}, autoscaler={"enable_elastic": False},
                                    workers={"initial_workers": 1, "heartbeat_grace_s": 60.0})
         home = tmp / "home"  # `status JOB` finds the state directory without asking Slurm
-        (home / "jobs").mkdir(parents=True, exist_ok=True)
-        (home / "jobs" / str(job.job_id)).symlink_to(job.state_dir)
+        (home / "jobs" / cluster.spec.cluster_name).mkdir(parents=True, exist_ok=True)
+        (home / "jobs" / cluster.spec.cluster_name / str(job.job_id)).symlink_to(job.state_dir)
         status_env = {"SLURM_ELASTIC_HOME": str(home)}
         try:
             job.active(1)
@@ -535,6 +636,7 @@ def run_all(cluster: DevCluster, tmp: Path) -> list[Probe]:
     finally:
         rig.close()
         stop_controller_job(job)
+    probes.append(identity_probe(cluster, tmp / "identity"))
     probes += slurm_probes(tmp / "scratch")
     return probes
 

@@ -95,8 +95,11 @@ def start_controller_job(cluster: DevCluster, tmp: Path, *, workers: dict[str, A
                          queue: dict[str, Any] | None = None,
                          controller: dict[str, Any] | None = None,
                          nodes: int = 2,
-                         gpus_per_node: int = 4) -> ControllerJob:
-    """Submit a job (default: 2 nodes, all 8 fake GPUs) running the controller; wait until it answers."""
+                         gpus_per_node: int = 4,
+                         before_start: Callable[[int], None] | None = None) -> ControllerJob:
+    """Submit a job (default: 2 nodes, all 8 fake GPUs) running the controller; wait until it answers.
+
+    ``before_start(job_id)`` runs while the job is held, before it can start."""
     w = {"command": [sys.executable, str(FAKE_WORKER)], "initial_workers": 0, "heartbeat_interval_s": 0.3,
          "heartbeat_grace_s": 8.0, "drain_timeout_s": 8.0, "start_timeout_s": 30.0, "backoff_base_s": 1.0,
          "backoff_max_s": 8.0, **(workers or {})}
@@ -120,9 +123,13 @@ def start_controller_job(cluster: DevCluster, tmp: Path, *, workers: dict[str, A
         " && break; sleep 0.3; done\n"
     )
     tmp.mkdir(parents=True, exist_ok=True)
-    out = run_command(["sbatch", "--parsable", f"--nodes={nodes}", "--exclusive", f"--gres=gpu:{gpus_per_node}", "--mem=0",
-                       "--job-name=se-ctl-test", f"--output={tmp}/job.out", str(script)]).stdout
+    hold = ["--hold"] if before_start else []
+    out = run_command(["sbatch", "--parsable", *hold, f"--nodes={nodes}", "--exclusive", f"--gres=gpu:{gpus_per_node}",
+                       "--mem=0", "--job-name=se-ctl-test", f"--output={tmp}/job.out", str(script)]).stdout
     job = ControllerJob(int(out.strip().split(";")[0]), tmp, cluster)
+    if before_start:
+        before_start(job.job_id)
+        run_command(["scontrol", "release", str(job.job_id)])
 
     def answers() -> bool:
         try:

@@ -9,6 +9,8 @@ import pytest
 
 from slurm_elastic.controller.config import parse_config
 from slurm_elastic.controller.runtime import Controller
+from slurm_elastic.core.naming import worker_step_name
+from slurm_elastic.slurm.parse import StepInfo
 from tests.stub_backend import ListedSteps
 
 
@@ -22,8 +24,12 @@ class Clock:
 
 def controller_with_two_workers(tmp: Path, clock: Clock) -> Controller:
     config = parse_config({"agent": {"enabled": False}, "autoscaler": {"min_workers": 0}})
-    controller = Controller(config, 1, ListedSteps(), tmp, gpus_by_node={"node1": (0, 1)},  # type: ignore[arg-type]
+    steps = [StepInfo(1, str(gpu + 3), worker_step_name(wid), ("node1",), "0:01", "", "gres/gpu:1", 1)
+             for wid, gpu in (("0001", 0), ("0002", 1))]
+    controller = Controller(config, 1, ListedSteps(steps), tmp, gpus_by_node={"node1": (0, 1)},  # type: ignore[arg-type]
                             clock=clock)
+    controller.scale(2)
+    controller.tick()  # the two steps are listed: they are this controller's workers
     for wid, gpu in (("0001", 0), ("0002", 1)):
         controller.register_worker(wid, {"node": "node1", "gpus": [gpu], "step_id": gpu + 3})
     return controller

@@ -10,13 +10,19 @@ import pytest
 from slurm_elastic.controller import runtime
 from slurm_elastic.controller.config import parse_config
 from slurm_elastic.controller.runtime import Controller
+from slurm_elastic.core.naming import worker_step_name
+from slurm_elastic.slurm.parse import StepInfo
 from tests.stub_backend import ListedSteps
 
 
 def make_controller(tmp: Path) -> Controller:
     config = parse_config({"agent": {"enabled": False}, "autoscaler": {"min_workers": 0},
                            "controller": {"tick_interval_s": 0.01}})
-    return Controller(config, 1, ListedSteps(), tmp, gpus_by_node={"node1": (0, 1)})  # type: ignore[arg-type]
+    steps = [StepInfo(1, "3", worker_step_name("w1"), ("node1",), "0:01", "", "gres/gpu:1", 1)]
+    controller = Controller(config, 1, ListedSteps(steps), tmp, gpus_by_node={"node1": (0, 1)})  # type: ignore[arg-type]
+    controller.scale(1)
+    controller.tick()  # se-w-w1 is listed: w1 is this controller's worker
+    return controller
 
 
 def test_status_summarizes_recent_tick_durations(tmp_path: Path) -> None:
@@ -53,7 +59,7 @@ def test_heartbeats_alone_do_not_rewrite_the_state_file(tmp_path: Path) -> None:
     assert path.stat().st_ino == written
     controller.scale(2)  # a durable change is written at once
     assert path.stat().st_ino != written
-    assert controller.state_file.load()["manual_target"] == 2
+    assert controller.state_file.load().manual_target == 2
 
 
 def test_live_fields_are_written_after_the_refresh_interval(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -62,4 +68,4 @@ def test_live_fields_are_written_after_the_refresh_interval(tmp_path: Path, monk
     controller.heartbeat("w1", {"rollouts": 7})
     monkeypatch.setattr(controller, "_saved_at_s", controller._saved_at_s - runtime.STATE_REFRESH_S)
     controller.save()
-    assert controller.state_file.load()["workers"]["w1"]["rollouts"] == 7
+    assert controller.state_file.load().workers["w1"].rollouts == 7

@@ -28,3 +28,21 @@ def test_load_sums_fresh_reports_and_forgets_old_ones() -> None:
 
 def test_no_servers_no_ratio() -> None:
     assert EndpointBook().load_ratio(8, 0) is None
+
+
+def test_reports_are_pruned_by_age_and_capped_on_every_report() -> None:
+    book = EndpointBook(report_ttl_s=10, max_clients=3)
+    for i in range(10):
+        book.report(f"r{i}", {"0001": 1}, now_s=float(i))
+    assert book.view(9.0)["routers"] == 3  # the newest three: r7, r8, r9
+    assert book.outstanding("0001", 9.0) == 3
+    book.report("r7", {"0001": 1}, now_s=9.5)  # a router reporting again counts as new
+    book.report("late", {}, now_s=19.0)  # r8 (8.0) is now over 10 s old; r9, r7 and late stay
+    assert book.view(19.0)["routers"] == 3 and book.outstanding("0001", 19.0) == 2
+
+
+def test_prune_reports_keeps_what_is_fresh_and_within_the_cap() -> None:
+    book = EndpointBook(report_ttl_s=5, max_clients=100)
+    for i in range(20):
+        book.report(f"r{i}", {}, now_s=float(i))
+    assert book.view(19.0)["routers"] == 6  # 14..19: at most 5 s old

@@ -43,3 +43,23 @@ def test_controller_down_shows_slurm_steps() -> None:
 
 def test_missing_sections_do_not_break_the_table() -> None:
     assert "workers: none" in render_status(1, {"controller_url": "x"})
+
+
+def test_control_characters_from_clients_are_shown_escaped() -> None:
+    hostile = "\x1b]0;owned\x07\x1b[2J\x1b[31mred\nfake line\u202eedoc"
+    status = {**STATUS,
+              "workers": [{**STATUS["workers"][0], "worker_id": "w\x1b[1m", "node": "node\r1"}],  # type: ignore[index]
+              "cordoned_gpus": [{"node": "node\x1b[0m2", "gpu": 1, "source": "operator", "since_s": 940.0,
+                                 "reason": hostile}],
+              "errors": [{"where": "state\x1b", "error": "bad\x00file"}]}
+    text = render_status(7, status)
+    assert "\x1b" not in text and "\x07" not in text and "\r" not in text and "\x00" not in text
+    assert "\u202e" not in text
+    assert "\\x1b]0;owned\\x07\\x1b[2J\\x1b[31mred\\nfake line\\u202eedoc" in text
+    assert "w\\x1b[1m" in text and "node\\r1" in text and "recent error [state\\x1b]: bad\\x00file" in text
+    plain = {**status, "workers": STATUS["workers"][:1], "cordoned_gpus": STATUS["cordoned_gpus"],
+             "errors": STATUS["errors"]}
+    assert text.count("\n") == render_status(7, plain).count("\n")  # a newline in a value adds no line
+    down = render_status(7, None, [{"step_id": "1", "name": "se-w-\x1b[5m", "nodes": ["n\x1b"], "time_used": ""}],
+                         unreachable="refused\x1b[2J")
+    assert "\x1b" not in down and "refused\\x1b[2J" in down

@@ -1,0 +1,202 @@
+"""The state file's content as typed models, validated section by section and record by record.
+
+A state file is input like any other: it may be damaged, hand-edited or written by another
+version. What validates is kept; a bad worker record, cordon entry or section is dropped alone and
+named in a note (the controller logs the notes and shows them in ``status``), so one bad field
+never costs the operator's cordons or manual target.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    TypeAdapter,
+    ValidationError,
+)
+
+from slurm_elastic.core.health import CordonBook
+from slurm_elastic.core.lifecycle import Worker, WorkerState
+
+NOTE_IDS_SHOWN = 5  # worker ids named in one note; the rest are counted
+_WORKER_ID = re.compile(r"^[A-Za-z0-9_]{1,64}$")
+Time = StrictFloat | None
+Count = Annotated[StrictInt, Field(ge=0, le=2**31)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class WorkerRecord(_Model):
+    """One worker as :meth:`Worker.to_json` writes it."""
+
+    worker_id: Annotated[StrictStr, Field(pattern=_WORKER_ID.pattern)]
+    state: WorkerState
+    step_id: Annotated[StrictStr, Field(max_length=64)] = ""
+    node: Annotated[StrictStr, Field(max_length=256)] = ""
+    gpus: list[Annotated[StrictInt, Field(ge=0, le=1024)]] = Field(default_factory=list, max_length=64)
+    launched_at_s: StrictFloat = 0.0
+    last_heartbeat_s: StrictFloat = 0.0
+    drain_started_s: StrictFloat = 0.0
+    backoff_until_s: StrictFloat = 0.0
+    crash_count: Count = 0
+    launches: Count = 0
+    placeholder: StrictBool = False
+    busy: StrictBool = False
+    rollouts: Count = 0
+    endpoint: Annotated[StrictStr, Field(max_length=512)] = ""
+    kill_sent_s: StrictFloat = 0.0
+    failure_reason: StrictStr = ""
+    exit_code: StrictInt | None = None
+    drain_signaled: StrictBool = False
+    history: list[tuple[StrictFloat, StrictStr, StrictStr, StrictStr]] = Field(default_factory=list)
+
+    def to_worker(self) -> Worker:
+        data = self.model_dump()
+        data["gpus"] = tuple(data["gpus"])
+        data["history"] = [tuple(h) for h in data["history"]]
+        return Worker(**data)
+
+
+class AutoscalerMemory(_Model):
+    """The autoscaler's memory as :meth:`Autoscaler.to_state` writes it."""
+
+    integral: StrictFloat = 0.0
+    last_queued: StrictFloat | None = None
+    last_now_s: Time = None
+    votes_dir: Annotated[StrictInt, Field(ge=-1, le=1)] = 0
+    votes: Count = 0
+    direction_since_s: Time = None
+    last_up_s: Time = None
+    last_down_s: Time = None
+    window: list[tuple[StrictFloat, StrictFloat]] = Field(default_factory=list)
+    held_dir: Annotated[StrictInt, Field(ge=-1, le=1)] = 0
+
+
+Workers = Annotated[StrictInt, Field(ge=0, le=100_000)]
+SCALARS: dict[str, TypeAdapter[Any]] = {  # the state's single values, each validated on its own
+    "next_number": TypeAdapter(Annotated[StrictInt, Field(ge=1, le=2**31)]),
+    "target_workers": TypeAdapter(Workers),
+    "manual_target": TypeAdapter(Workers | None),
+    "paused": TypeAdapter(StrictBool),
+    "wake_all_active": TypeAdapter(StrictBool),
+}
+
+
+@dataclass(frozen=True)
+class RestoredState:
+    """What a state file gave back: typed, with a note for everything it could not."""
+
+    workers: dict[str, Worker] = field(default_factory=dict)
+    next_number: int | None = None
+    target_workers: int | None = None
+    manual_target: int | None = None
+    paused: bool = False
+    wake_all_active: bool = False
+    autoscaler: dict[str, Any] | None = None
+    cordons: dict[str, Any] | None = None
+    notes: tuple[str, ...] = ()
+    found: bool = False  # a state file of this job was read (else the first listing seeds the target)
+    dropped: bool = False  # something in the file was not kept
+
+
+def restore_state(body: dict[str, Any]) -> RestoredState:
+    """Validate the ``state`` object of a state file; what fails is left out and noted."""
+    notes: list[str] = []
+    workers = _workers(body.get("workers", {}), notes)
+    values: dict[str, Any] = {}
+    for name, adapter in SCALARS.items():
+        if name not in body:
+            continue
+        try:
+            values[name] = adapter.validate_python(body[name])
+        except ValidationError as exc:
+            notes.append(f"{name} {_shown(body[name])} is not valid ({_first_error(exc)}): not restored")
+    if "next_number" not in values and workers:
+        values["next_number"] = 1 + max((int(k) for k in workers if k.isdigit()), default=0)
+    autoscaler = None
+    if "autoscaler" in body:
+        try:
+            autoscaler = AutoscalerMemory.model_validate(body["autoscaler"]).model_dump()
+        except ValidationError as exc:
+            notes.append(f"autoscaler memory is not valid ({_first_error(exc)}): starting fresh")
+    cordons = _cordons(body["cordons"], notes) if "cordons" in body else None
+    return RestoredState(workers=workers, autoscaler=autoscaler, cordons=cordons, notes=tuple(notes),
+                         dropped=bool(notes), **values)
+
+
+def _workers(raw: Any, notes: list[str]) -> dict[str, Worker]:
+    if not isinstance(raw, dict):
+        notes.append(f"workers is not an object ({type(raw).__name__}): no worker record restored "
+                     "(running steps are adopted from Slurm's listing)")
+        return {}
+    kept: dict[str, Worker] = {}
+    bad: list[str] = []
+    why = ""
+    for key, value in raw.items():
+        try:
+            record = WorkerRecord.model_validate(value)
+            if record.worker_id != key:
+                raise ValueError(f"record of {record.worker_id!r} filed under {key!r}")
+            kept[key] = record.to_worker()
+        except (ValidationError, ValueError) as exc:
+            bad.append(str(key))
+            why = why or (_first_error(exc) if isinstance(exc, ValidationError) else str(exc))
+    if bad:
+        notes.append(f"dropped {len(bad)} unreadable worker record(s): {_named(bad)} (first: {why}); "
+                     "their steps, if running, are adopted from Slurm's listing")
+    return kept
+
+
+def _cordons(raw: Any, notes: list[str]) -> dict[str, Any] | None:
+    """The cordon book's state with every GPU entry that the book itself accepts."""
+    version = raw.get("version") if isinstance(raw, dict) else None
+    if version != CordonBook.STATE_VERSION:
+        notes.append(f"cordons: unknown format (version {_shown(version)}): no cordon restored")
+        return None
+    heard = raw.get("heard_s", {})
+    if not (isinstance(heard, dict) and all(isinstance(v, int | float) and not isinstance(v, bool)
+                                            for v in heard.values())):
+        notes.append("cordons: agents' last-heard times unreadable: not restored")
+        heard = {}
+    items = raw.get("gpus", [])
+    items = items if isinstance(items, list) else [items]
+    kept, bad = [], []
+    why = ""
+    for item in items:
+        try:
+            CordonBook.from_state({"version": version, "heard_s": {}, "gpus": [item]})
+            kept.append(item)
+        except (ValueError, TypeError) as exc:
+            bad.append(f"{item.get('node')}:{item.get('gpu')}" if isinstance(item, dict) else _shown(item))
+            why = why or str(exc)
+    if bad:
+        notes.append(f"cordons: dropped {len(bad)} unreadable GPU entr{'y' if len(bad) == 1 else 'ies'}: "
+                     f"{_named(bad)} (first: {why})")
+    return {"version": version, "heard_s": heard, "gpus": kept}
+
+
+def _named(items: list[str]) -> str:
+    shown = ", ".join(_shown(i) for i in items[:NOTE_IDS_SHOWN])
+    return shown + (f" and {len(items) - NOTE_IDS_SHOWN} more" if len(items) > NOTE_IDS_SHOWN else "")
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors(include_url=False)[0]
+    loc = ".".join(str(p) for p in err["loc"])
+    return f"{loc}: {err['msg']}" if loc else str(err["msg"])
+
+
+def _shown(value: Any, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

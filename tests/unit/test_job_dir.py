@@ -1,0 +1,107 @@
+"""The job's state directory is keyed by cluster and job id and records the job it belongs to;
+a directory of another job (an earlier job with the same id, one without a record) is moved
+aside and the job starts clean, with a note. On real directories."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from slurm_elastic.controller.job_dir import JOB_FILE, claim_state_dir, job_state_dir, read_identity
+from slurm_elastic.controller.locate import locate
+from slurm_elastic.core.job_identity import JobIdentity, identity_mismatch
+from slurm_elastic.slurm.parse import parse_jobs_json
+
+JOB = JobIdentity("dev", 17, 1_700_000_000, 0, "alice")
+DATA = Path(__file__).parent / "data"
+
+
+def old_job_dir(tmp: Path, identity: JobIdentity | None) -> Path:
+    """A directory an earlier job left: state, token, queue, and its job record (if any)."""
+    state_dir = tmp / "jobs" / "dev" / "17"
+    state_dir.mkdir(parents=True)
+    (state_dir / "state.json").write_text('{"old": true}')
+    (state_dir / "token").write_text("old-token\n")
+    (state_dir / "rollouts.sqlite").write_bytes(b"old groups")
+    if identity is not None:
+        (state_dir / JOB_FILE).write_text(json.dumps({"format": "slurm-elastic-job", **identity.to_json()}))
+    return state_dir
+
+
+def test_a_new_directory_records_its_job(tmp_path: Path) -> None:
+    claimed = claim_state_dir(tmp_path / "jobs" / "dev" / "17", JOB)
+    assert claimed.note == "" and read_identity(claimed.path) == JOB
+
+
+def test_the_same_job_keeps_its_directory(tmp_path: Path) -> None:
+    state_dir = old_job_dir(tmp_path, JOB)  # a restarted controller of the same job
+    claimed = claim_state_dir(state_dir, JOB)
+    assert claimed.note == "" and (state_dir / "token").read_text() == "old-token\n"
+
+
+def test_a_requeued_job_keeps_its_directory(tmp_path: Path) -> None:
+    state_dir = old_job_dir(tmp_path, JOB)
+    requeued = JobIdentity("dev", 17, JOB.submit_time_s + 600, 1, "alice")  # Slurm gives a new submit time
+    assert claim_state_dir(state_dir, requeued).note == ""
+    assert (state_dir / "rollouts.sqlite").exists() and read_identity(state_dir) == requeued
+
+
+@pytest.mark.parametrize(("recorded", "why"), [
+    (JobIdentity("dev", 17, 1_600_000_000, 0, "alice"), "submitted at 1600000000, not 1700000000"),
+    (JobIdentity("dev", 17, 1_600_000_000, 3, "alice"), "submitted at 1600000000"),  # more restarts: not a requeue
+    (JobIdentity("other", 17, 1_700_000_000, 0, "alice"), "cluster 'other', not 'dev'"),
+    (None, "no readable job record"),
+])
+def test_another_jobs_directory_is_moved_aside_and_the_job_starts_clean(
+        tmp_path: Path, recorded: JobIdentity | None, why: str) -> None:
+    state_dir = old_job_dir(tmp_path, recorded)
+    claimed = claim_state_dir(state_dir, JOB)
+    assert why in claimed.note and "this job starts clean" in claimed.note
+    aside = list(state_dir.parent.glob("17.stale-*"))
+    assert len(aside) == 1 and aside[0].name in claimed.note
+    assert (aside[0] / "rollouts.sqlite").read_bytes() == b"old groups"  # nothing of the old job is lost
+    assert sorted(p.name for p in state_dir.iterdir()) == [JOB_FILE] and read_identity(state_dir) == JOB
+
+
+def test_a_damaged_job_record_counts_as_none(tmp_path: Path) -> None:
+    state_dir = old_job_dir(tmp_path, None)
+    (state_dir / JOB_FILE).write_text('{"format": "slurm-elastic-job", "cluster": "dev", "job_id": "17"}')
+    assert "no readable job record" in claim_state_dir(state_dir, JOB).note
+
+
+def test_identity_rule() -> None:
+    assert identity_mismatch(JOB, JOB) == ""
+    assert identity_mismatch(JOB, JobIdentity("dev", 17, 0)) == ""  # Slurm did not say: the id decides
+    assert "job 17, not 18" in identity_mismatch(JOB, JobIdentity("dev", 18, JOB.submit_time_s))
+    later_other_user = JobIdentity("dev", 17, JOB.submit_time_s + 5, 1, "bob")
+    assert identity_mismatch(JOB, later_other_user)
+
+
+def test_the_directory_is_keyed_by_cluster_and_job_id(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURM_ELASTIC_HOME", str(tmp_path))
+    assert job_state_dir("dev", 17) == tmp_path / "jobs" / "dev" / "17"
+    assert job_state_dir("../etc", 17) == tmp_path / "jobs" / "_etc" / "17"
+    assert job_state_dir("dev", 17, "/scratch/{cluster}-{job_id}") == Path("/scratch/dev-17")
+
+
+def test_squeue_json_gives_the_identity() -> None:
+    job = parse_jobs_json((DATA / "squeue_job_22.05.json").read_text())[0]
+    assert (job.cluster, job.submit_time_s, job.restart_count) == ("dev", 1795356659, 0)
+
+
+def test_status_finds_the_directory_of_this_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURM_ELASTIC_HOME", str(tmp_path))
+    for cluster in ("dev", "other"):  # two clusters sharing a home directory, both with a job 17
+        state_dir = tmp_path / "jobs" / cluster / "17"
+        state_dir.mkdir(parents=True)
+        (state_dir / "controller.json").write_text(json.dumps({"url": f"http://{cluster}:1"}))
+        (state_dir / "token").write_text("t\n")
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("# a cluster\nClusterName=other\nSlurmctldHost=x\n")
+    monkeypatch.delenv("SLURM_CLUSTER_NAME", raising=False)
+    monkeypatch.setenv("SLURM_CONF", str(conf))
+    assert locate(17).url == "http://other:1"  # from slurm.conf: no call to Slurm
+    monkeypatch.setenv("SLURM_CLUSTER_NAME", "dev")  # inside a job step
+    assert locate(17).url == "http://dev:1"
