@@ -49,3 +49,16 @@ def test_slurm_conf_follows_the_slurm_version(version: list[int], unkillable: st
         **{**DevClusterSpec().to_json(), "nodes": []}, cgroup_plugin="cgroup/v1", slurm_version=version)
     assert f"UnkillableStepTimeout={unkillable}\n" in text
     assert ("MailProg=/bin/true" in text) == (version >= [24, 0])
+
+
+def test_up_with_a_prefix_that_is_no_slurm_install_is_a_clear_error(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from slurm_elastic.cli import main
+
+    result = CliRunner().invoke(main, ["devcluster", "up", "--slurm-prefix", str(tmp_path / "none"),
+                                       "--dir", str(tmp_path / "dc"), "--node-prefix", "x"])
+    assert result.exit_code != 0
+    expected = "is not a Slurm install" if os.geteuid() == 0 else "needs root"
+    assert expected in result.output + str(result.exception)
+    assert not (tmp_path / "dc").exists()  # nothing started, nothing written
