@@ -35,15 +35,22 @@ def devcluster() -> None:
               help="node1 listens here, node2 on the next port, ...")
 @click.option("--prolog", default="", help="Prolog= script for slurm.conf (admin hooks).")
 @click.option("--epilog", default="", help="Epilog= script for slurm.conf (admin hooks).")
+@click.option("--node-prefix", default="node", show_default=True,
+              help="Node names are PREFIX1, PREFIX2, ...; give a second cluster on this host its own.")
+@click.option("--cluster-name", default="dev", show_default=True, help="ClusterName= of slurm.conf.")
+@click.option("--slurm-prefix", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Run the Slurm installed under this prefix (PREFIX/sbin/slurmctld, PREFIX/bin/srun) "
+                   "instead of the one on PATH.")
 @click.option("--wait-s", default=60.0, show_default=True, help="How long to wait for nodes to be idle.")
 def up(directory: Path | None, nodes: int, gpus_per_node: int, cpus_per_node: int,
        memory_per_node_mb: int, ctld_port: int, node_base_port: int, prolog: str, epilog: str,
-       wait_s: float) -> None:
+       node_prefix: str, cluster_name: str, slurm_prefix: Path | None, wait_s: float) -> None:
     """Start the cluster (idempotent) and wait until every node is idle."""
     spec = DevClusterSpec(
         dir=directory or default_dir(), nodes=nodes, gpus_per_node=gpus_per_node,
         cpus_per_node=cpus_per_node, memory_per_node_mb=memory_per_node_mb, ctld_port=ctld_port,
-        node_base_port=node_base_port, prolog=prolog, epilog=epilog,
+        node_base_port=node_base_port, prolog=prolog, epilog=epilog, node_prefix=node_prefix,
+        cluster_name=cluster_name, slurm_prefix=str(slurm_prefix.resolve()) if slurm_prefix else "",
     )
     cluster = DevCluster(spec)
     cluster.up(wait_s=wait_s, progress=_progress)
@@ -78,5 +85,5 @@ def status(directory: Path | None, as_json: bool) -> None:
 @devcluster.command()
 @_dir_option
 def env(directory: Path | None) -> None:
-    """Print `export SLURM_CONF=...` for the shell: eval "$(slurm-elastic devcluster env)"."""
+    """Print `export SLURM_CONF=...` (and PATH for a --slurm-prefix cluster): eval "$(slurm-elastic devcluster env)"."""
     click.echo(DevCluster.at(directory or default_dir()).env_lines(), nl=False)

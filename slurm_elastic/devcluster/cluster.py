@@ -24,9 +24,11 @@ import psutil
 from slurm_elastic.devcluster.devices import live_char_devices, make_fake_gpus
 from slurm_elastic.errors import DevClusterError, SlurmError
 from slurm_elastic.resources import templates_dir
+from slurm_elastic.slurm.backend import parse_slurm_version
 from slurm_elastic.slurm.runner import require_binary, run_command
 
 SPEC_FILE = "devcluster.json"
+SBIN_PROGRAMS = frozenset({"slurmctld", "slurmd", "slurmstepd"})
 READY_NODE_STATES = {"idle", "mix", "mixed", "alloc", "allocated", "comp", "completing"}
 Progress = Callable[[str], None]
 
@@ -54,6 +56,7 @@ class DevClusterSpec:
     node_prefix: str = "node"  # distinct prefixes keep two clusters' cgroups apart on one host
     prolog: str = ""
     epilog: str = ""
+    slurm_prefix: str = ""  # a Slurm install (``PREFIX/sbin/slurmctld``, ``PREFIX/bin/srun``); "" uses PATH
 
     def node_names(self) -> list[str]:
         return [f"{self.node_prefix}{i + 1}" for i in range(self.nodes)]
@@ -98,12 +101,40 @@ class DevCluster:
     def conf_path(self) -> Path:
         return self.dir / "etc" / "slurm.conf"
 
+    def binary(self, name: str) -> str:
+        """The program ``name`` of this cluster's Slurm: from ``slurm_prefix`` if set, else PATH."""
+        if not self.spec.slurm_prefix:
+            return require_binary(name)
+        prefix = Path(self.spec.slurm_prefix)
+        path = prefix / ("sbin" if name in SBIN_PROGRAMS else "bin") / name
+        if not os.access(path, os.X_OK):
+            raise DevClusterError(f"{path} is missing: --slurm-prefix {prefix} is not a Slurm install "
+                                  "(configure --prefix=DIR && make install puts one there)")
+        return str(path)
+
+    def slurm_version(self) -> tuple[int, int]:
+        """(major, minor) of this cluster's Slurm, from ``slurmd -V`` (which needs no slurm.conf)."""
+        text = run_command([self.binary("slurmd"), "-V"], timeout_s=10).stdout
+        version = parse_slurm_version(text)
+        if version is None:
+            raise DevClusterError(f"cannot read the Slurm version from `slurmd -V`: {text.strip()!r}")
+        return version
+
     def env(self) -> dict[str, str]:
-        """Environment for Slurm clients talking to this cluster."""
-        return {**os.environ, "SLURM_CONF": str(self.conf_path)}
+        """Environment for Slurm clients talking to this cluster (its own Slurm first on PATH)."""
+        env = {**os.environ, "SLURM_CONF": str(self.conf_path)}
+        if self.spec.slurm_prefix:
+            env["PATH"] = os.pathsep.join([self._prefix_bin(), env.get("PATH", "")])
+        return env
 
     def env_lines(self) -> str:
-        return f"export SLURM_CONF={self.conf_path}\n"
+        lines = f"export SLURM_CONF={self.conf_path}\n"
+        if self.spec.slurm_prefix:
+            lines += f'export PATH="{self._prefix_bin()}:$PATH"\n'
+        return lines
+
+    def _prefix_bin(self) -> str:
+        return str(Path(self.spec.slurm_prefix).resolve() / "bin")
 
     def _pid_file(self, daemon: str) -> Path:
         return self.dir / "run" / f"{daemon}.pid"
@@ -134,7 +165,7 @@ class DevCluster:
 
     def node_states(self) -> dict[str, str]:
         """Node name -> Slurm state as sinfo reports it (``idle``, ``down*``, ...)."""
-        result = run_command(["sinfo", "-h", "-N", "-o", "%N %t"], env=self.env(), timeout_s=10)
+        result = run_command([self.binary("sinfo"), "-h", "-N", "-o", "%N %t"], env=self.env(), timeout_s=10)
         states: dict[str, str] = {}
         for line in result.stdout.splitlines():
             name, _, state = line.strip().partition(" ")
@@ -171,8 +202,8 @@ class DevCluster:
                 "the dev cluster needs root (it runs slurmd, creates device files and cgroups): "
                 "run it with sudo, or point slurm-elastic at an existing cluster instead"
             )
-        for binary in ("slurmctld", "slurmd", "sinfo", "srun", "squeue", "scancel", "sbatch"):
-            require_binary(binary)
+        for binary in ("slurmctld", "slurmd", "sinfo", "srun", "squeue", "scancel", "sbatch", "scontrol"):
+            self.binary(binary)
         running = self._recorded_spec()
         if (running is not None and DevClusterSpec.from_json(running).to_json() != self.spec.to_json()
                 and self.daemon_pid("slurmctld")):
@@ -187,11 +218,11 @@ class DevCluster:
         self._check_ports_free()
         if self.daemon_pid("slurmctld") is None:
             progress("starting slurmctld")
-            self._start(["slurmctld", "-i"], "slurmctld")
+            self._start([self.binary("slurmctld"), "-i"], "slurmctld")
         for node in self.spec.node_names():
             if self.daemon_pid(f"slurmd-{node}") is None:
                 progress(f"starting slurmd -N {node}")
-                self._start(["slurmd", "-N", node], f"slurmd-{node}")
+                self._start([self.binary("slurmd"), "-N", node], f"slurmd-{node}")
         self._wait_ready(wait_s, progress)
 
     def _recorded_spec(self) -> dict[str, object] | None:
@@ -217,6 +248,7 @@ class DevCluster:
             "dir": str(self.dir),
             "nodes": nodes,
             "cgroup_plugin": detect_cgroup_plugin(),
+            "slurm_version": list(self.slurm_version()),
         }
         env = jinja2.Environment(
             loader=jinja2.FileSystemLoader(str(templates_dir() / "devcluster")),
@@ -268,7 +300,7 @@ class DevCluster:
                 return
             for node in waiting:
                 if states.get(node, "").startswith(("down", "drain")):
-                    run_command(["scontrol", "update", f"NodeName={node}", "State=RESUME"],
+                    run_command([self.binary("scontrol"), "update", f"NodeName={node}", "State=RESUME"],
                                 env=self.env(), check=False)
             pending = ", ".join(f"{n}={states.get(n, '?')}" for n in waiting)
             progress(f"waiting for nodes: {pending}")
@@ -294,7 +326,7 @@ class DevCluster:
         pids = {d: self.daemon_pid(d) for d in self._daemons()}
         if pids["slurmctld"]:
             progress("cancelling jobs")
-            run_command(["scancel", "--quiet", "--full", "--partition", self.spec.partition],
+            run_command([self.binary("scancel"), "--quiet", "--full", "--partition", self.spec.partition],
                         env=self.env(), check=False, timeout_s=10)
             self._wait_no_jobs(min(wait_s, 15.0))
         procs: list[psutil.Process] = []
@@ -324,7 +356,7 @@ class DevCluster:
     def _wait_no_jobs(self, wait_s: float) -> None:
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
-            result = run_command(["squeue", "-h", "-o", "%i"], env=self.env(), check=False, timeout_s=10)
+            result = run_command([self.binary("squeue"), "-h", "-o", "%i"], env=self.env(), check=False, timeout_s=10)
             if result.returncode != 0 or not result.stdout.strip():
                 return
             time.sleep(0.5)

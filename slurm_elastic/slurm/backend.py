@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
+from slurm_elastic.errors import SlurmError
 from slurm_elastic.slurm.parse import JobInfo, StepInfo
 
 
@@ -63,7 +65,8 @@ class SlurmBackend(Protocol):
     name: str
 
     def list_steps(self, job_id: int) -> list[StepInfo]:
-        """All running steps of ``job_id`` (one batched call). Raises if the job is unknown."""
+        """All running steps of ``job_id`` (one batched call), each with its GPUs per node in
+        ``tres_per_node`` (``gres/gpu:N``); ``[]`` for an unknown job. Raises if Slurm does not answer."""
         ...
 
     def job_info(self, job_id: int) -> JobInfo:
@@ -75,9 +78,68 @@ class SlurmBackend(Protocol):
         ...
 
     def signal_step(self, job_id: int, step_id: str, signal_name: str) -> None:
-        """Send a signal (``USR1``, ``USR2``, ``TERM``...) to every task of a step."""
+        """Send a signal (``USR1``, ``USR2``, ``TERM``...) to every task of a step; a step that
+        has ended already is no error (the next listing shows it gone)."""
         ...
 
     def cancel_step(self, job_id: int, step_id: str) -> None:
-        """Cancel a step (SIGTERM, then SIGKILL after Slurm's KillWait)."""
+        """Cancel a step (SIGTERM, then SIGKILL after Slurm's KillWait); an ended step is no error."""
         ...
+
+
+def parse_slurm_version(text: str) -> tuple[int, int] | None:
+    """(major, minor) from ``slurm 25.11.7``, ``slurm-wlm 22.05.8``, ``25.11.2``; None if absent."""
+    match = re.search(r"\b(\d+)\.(\d+)(?:\.\d+)?\b", text)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+@dataclass(frozen=True)
+class PyslurmProbe:
+    """What a child process found of pyslurm: its version, slurmctld's, or why it failed."""
+
+    pyslurm_version: tuple[int, int] | None = None
+    controller_version: tuple[int, int] | None = None
+    gpu_tres_accounted: bool = False  # AccountingStorageTRES names gres/gpu: steps' GPUs readable
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class BackendChoice:
+    """Which backend to use, and why (logged)."""
+
+    name: Literal["cli", "pyslurm"]
+    reason: str
+    steps_through_api: bool = False
+
+
+def _dotted(version: tuple[int, int] | None) -> str:
+    return "unknown" if version is None else f"{version[0]}.{version[1]:02d}"
+
+
+def choose_backend(preference: str, slurm_version: tuple[int, int] | None,
+                   probe: PyslurmProbe) -> BackendChoice:
+    """The selection rule (pure). ``cli`` is the default; pyslurm is used (``auto``, or when asked
+    for) only if it imports, reaches slurmctld, and its MAJOR.MINOR equals both slurmctld's and
+    that of the Slurm commands on PATH (which launch the steps). Asking for ``pyslurm`` when it
+    does not qualify raises SlurmError with the reason."""
+    if preference not in ("auto", "cli", "pyslurm"):
+        raise SlurmError(f"unknown Slurm backend {preference!r}: choose auto, cli or pyslurm")
+    if preference == "cli":
+        return BackendChoice("cli", "as configured")
+    found, ctld = probe.pyslurm_version, probe.controller_version
+    if found is None:
+        why = f"pyslurm {probe.error or 'is not installed'}"
+    elif probe.error:
+        why = f"pyslurm {_dotted(found)} cannot reach slurmctld: {probe.error}"
+    elif ctld != found:
+        why = f"pyslurm {_dotted(found)} does not match slurmctld {_dotted(ctld)}"
+    elif slurm_version != found:
+        why = f"pyslurm {_dotted(found)} does not match the Slurm commands on PATH ({_dotted(slurm_version)})"
+    else:
+        steps = ("steps through the API" if probe.gpu_tres_accounted else
+                 "steps through squeue: Slurm does not account gres/gpu, so the API cannot see a step's GPUs")
+        return BackendChoice("pyslurm", f"pyslurm {_dotted(found)} matches Slurm; {steps}",
+                             steps_through_api=probe.gpu_tres_accounted)
+    if preference == "pyslurm":
+        raise SlurmError(f"the pyslurm backend was asked for, but {why}")
+    return BackendChoice("cli", why)

@@ -1,144 +1,281 @@
-"""Optional read/signal backend through pyslurm, used only when it matches the running Slurm.
+"""Optional backend through pyslurm (the Slurm C API), used only when it matches the running Slurm.
 
 pyslurm on PyPI binds to exactly one Slurm release (its MAJOR.MINOR is Slurm's). Importing it
 calls ``slurm_init()``, which *exits the whole process* when no configuration is reachable, so
-we (1) probe it in a subprocess first, and (2) import it with ``PYSLURM_DISABLE_AUTO_INIT=1``
-and initialise explicitly. Two upstream bugs are worked around: a step object that was not
-loaded silently drops ``send_signal`` (we always ``JobStep.load`` first), and per-step GPU
-indexes are not readable without slurmdbd (we do not read them from pyslurm). Launching steps
-always goes through ``srun`` (pyslurm has no step launch).
+the selection probes it in a child process first, and the backend imports it with
+``PYSLURM_DISABLE_AUTO_INIT=1`` and initialises it explicitly.
+
+What pyslurm cannot do, and what we do instead:
+- a step's GPUs: ``JobStep.tres_per_node`` is always None (pyslurm parses ``gres/gpu:1`` as
+  ``key=value`` and finds nothing), and the step's allocated TRES names ``gres/gpu`` only where
+  Slurm accounts it (``AccountingStorageTRES=gres/gpu``, which needs slurmdbd). Where it is
+  accounted, steps are listed through pyslurm alone; elsewhere the listing is one
+  ``squeue --steps`` call, so the trainer's GPUs are always counted.
+- a step that was not loaded drops ``send_signal`` silently: steps are always loaded first.
+- a step whose TRES has ``mem=0`` makes ``JobStep.tres`` raise TypeError: read as "no GPUs seen".
+- launching a step: always ``srun`` (pyslurm has no step launch).
+
+The conversions from pyslurm's values to our types are pure functions, tested on recorded values.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
-import re
 import subprocess
 import sys
+from collections.abc import Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from slurm_elastic.errors import SlurmError
-from slurm_elastic.slurm.backend import SlurmBackend, StepSpec
+from slurm_elastic.slurm.backend import (
+    PyslurmProbe,
+    SlurmBackend,
+    StepSpec,
+    choose_backend,
+    parse_slurm_version,
+)
 from slurm_elastic.slurm.cli_backend import SlurmCli
 from slurm_elastic.slurm.parse import JobInfo, StepInfo, expand_hostlist
 from slurm_elastic.slurm.runner import run_command
 
 log = logging.getLogger(__name__)
 
-_PROBE = (
-    "import os; os.environ['PYSLURM_DISABLE_AUTO_INIT'] = '1'; import pyslurm; "
-    "print(getattr(pyslurm, '__version__', '') or pyslurm.version())"
-)
+GPU_TRES = "gres/gpu"
+
+# Runs in a child process: a missing or broken pyslurm, or an unreachable slurmctld, can never
+# take the caller down. Prints one JSON line.
+_PROBE = """
+import json, os, sys
+os.environ["PYSLURM_DISABLE_AUTO_INIT"] = "1"
+out = {"pyslurm": "", "slurmctld": "", "gpu_tres_accounted": False, "error": ""}
+try:
+    import pyslurm
+    out["pyslurm"] = str(getattr(pyslurm, "__version__", ""))
+    pyslurm.api.slurm_init(os.environ.get("SLURM_CONF") or None)
+    config = pyslurm.slurmctld.Config.load()
+    out["slurmctld"] = str(config.version or "")
+    out["gpu_tres_accounted"] = "gres/gpu" in (config.accounting_storage_tres or [])
+except ImportError as exc:
+    out["error"] = "not installed (" + str(exc) + ")"
+except Exception as exc:
+    out["error"] = type(exc).__name__ + ": " + str(exc)
+print(json.dumps(out))
+"""
 
 
-def running_slurm_version() -> tuple[int, int] | None:
-    """(major, minor) of the Slurm on PATH, from ``scontrol --version`` (``slurm 22.05.8``)."""
+# ---- pure conversions (pyslurm values -> our types) ---------------------------------------------
+def parse_index_list(text: str) -> tuple[int, ...]:
+    """GPU indexes from pyslurm's layout string: ``0-1``, ``0,2-3``; ``()`` for none."""
+    indexes: list[int] = []
+    for part in str(text or "").split(","):
+        lo, _, hi = part.strip().partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()):
+            continue
+        indexes.extend(range(int(lo), int(hi or lo) + 1))
+    return tuple(sorted(set(indexes)))
+
+
+def gpus_by_node_from_layout(layout: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Node -> the job's GPU indexes there, from ``Job.get_resource_layout_per_node()``.
+
+    ``{'node1': {'gres': {'gpu': {'count': 2, 'indexes': '0-1'}}}}`` gives ``{'node1': (0, 1)}``;
+    typed GPUs (``gpu:a100``) count as GPUs; a node without GPUs maps to ``()``.
+    """
+    out: dict[str, tuple[int, ...]] = {}
+    for node, detail in layout.items():
+        gres = detail.get("gres") if isinstance(detail, Mapping) else None
+        indexes: set[int] = set()
+        for name, item in (gres or {}).items():
+            if (name == "gpu" or str(name).startswith("gpu:")) and isinstance(item, Mapping):
+                indexes.update(parse_index_list(str(item.get("indexes", ""))))
+        out[str(node)] = tuple(sorted(indexes))
+    return out
+
+
+def job_info_from_pyslurm(job_id: int, fields: Mapping[str, Any]) -> JobInfo:
+    """A JobInfo from a pyslurm Job's values (``state``, ``allocated_nodes``, ..., ``layout``)."""
+    nodes = fields.get("allocated_nodes")
+    node_list = list(nodes) if isinstance(nodes, (list, tuple)) else expand_hostlist(str(nodes or ""))
+    return JobInfo(
+        job_id=job_id, name=str(fields.get("name") or ""), state=str(fields.get("state") or ""),
+        nodes=tuple(node_list), batch_host=str(fields.get("batch_host") or ""),
+        comment=str(fields.get("comment") or ""), user_name=str(fields.get("user_name") or ""),
+        partition=str(fields.get("partition") or ""),
+        gpus_by_node=gpus_by_node_from_layout(fields.get("layout") or {}),
+        cluster=str(fields.get("cluster") or ""), submit_time_s=int(fields.get("submit_time") or 0),
+        restart_count=int(fields.get("requeue_count") or 0),
+    )
+
+
+def gpu_tres_per_node(gres_counts: Mapping[str, int], node_count: int) -> str:
+    """``gres/gpu:N`` per node from a step's allocated GRES counts, ``""`` when it holds no GPU.
+
+    Slurm lists both the total (``gpu``) and each type (``gpu:a100``); the total wins, else the
+    types are summed. Allocated TRES are for the whole step: divided evenly over its nodes.
+    """
+    total = gres_counts.get("gpu")
+    if total is None:
+        total = sum(n for name, n in gres_counts.items() if name.startswith("gpu:"))
+    per_node = int(total) // max(1, node_count)
+    return f"{GPU_TRES}:{per_node}" if per_node > 0 else ""
+
+
+def slurm_duration(seconds: int) -> str:
+    """Seconds as squeue prints a time (``%M``): ``0:07``, ``12:03``, ``1:02:03``, ``2-01:02:03``."""
+    days, rest = divmod(max(0, int(seconds)), 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}-{hours:02d}:{minutes:02d}:{secs:02d}"
+    if hours:
+        return f"{hours}:{minutes:02d}:{secs:02d}"
+    return f"{minutes}:{secs:02d}"
+
+
+def step_info_from_pyslurm(job_id: int, step_key: object, fields: Mapping[str, Any]) -> StepInfo:
+    """A StepInfo from a pyslurm JobStep's values; ``gres`` is its allocated GRES counts."""
+    nodes = fields.get("allocated_nodes")
+    node_list = tuple(nodes) if isinstance(nodes, (list, tuple)) else tuple(expand_hostlist(str(nodes or "")))
+    start = fields.get("start_time")
+    return StepInfo(
+        job_id=job_id, step_id=str(step_key), name=str(fields.get("name") or ""), nodes=node_list,
+        time_used=slurm_duration(int(fields.get("run_time") or 0)),
+        start_time=datetime.fromtimestamp(int(start)).strftime("%Y-%m-%dT%H:%M:%S") if start else "",
+        tres_per_node=gpu_tres_per_node(fields.get("gres") or {}, len(node_list)),
+        num_tasks=int(fields.get("ntasks") or 0),
+    )
+
+
+# ---- the backend ---------------------------------------------------------------------------------
+def _allocated_gres(step: Any) -> dict[str, int]:
+    """The step's allocated GRES counts; {} where pyslurm cannot parse its TRES (``mem=0``)."""
     try:
-        text = run_command(["scontrol", "--version"], timeout_s=10).stdout
-    except SlurmError:
-        return None
-    match = re.search(r"(\d+)\.(\d+)", text)
-    return (int(match.group(1)), int(match.group(2))) if match else None
+        tres = step.tres
+    except (TypeError, ValueError):
+        return {}
+    return {str(name): int(item.count or 0) for name, item in (tres.gres if tres else {}).items()}
 
 
-def probe_pyslurm_version(python: str = sys.executable) -> tuple[int, int] | None:
-    """pyslurm's (major, minor) if it imports in a child process, else None (never kills us)."""
-    try:
-        proc = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=20, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    match = re.match(r"(\d+)\.(\d+)", proc.stdout.strip())
-    if proc.returncode != 0 or not match:
-        return None
-    return int(match.group(1)), int(match.group(2))
+def _step_fields(step: Any) -> dict[str, Any]:
+    return {"name": step.name, "allocated_nodes": step.allocated_nodes, "ntasks": step.ntasks,
+            "start_time": step.start_time, "run_time": step.run_time, "gres": _allocated_gres(step)}
 
 
 class PySlurm:
-    """Reads and signals through pyslurm; launches through srun."""
+    """Jobs, signals and cancels through pyslurm; steps through pyslurm where Slurm accounts
+    their GPUs (else one ``squeue --steps``); launches through srun."""
 
     name = "pyslurm"
 
-    def __init__(self) -> None:
+    def __init__(self, conf_path: str | None = None, *, steps_through_api: bool | None = None) -> None:
         os.environ["PYSLURM_DISABLE_AUTO_INIT"] = "1"
         import pyslurm
 
-        init = getattr(getattr(pyslurm, "api", None), "slurm_init", None) or getattr(pyslurm, "slurm_init", None)
-        if init is not None:
-            init(os.environ.get("SLURM_CONF"))
+        pyslurm.api.slurm_init(conf_path or os.environ.get("SLURM_CONF") or None)
         self._pyslurm: Any = pyslurm
         self._cli = SlurmCli()
+        if steps_through_api is None:
+            accounted = pyslurm.slurmctld.Config.load().accounting_storage_tres or []
+            steps_through_api = GPU_TRES in accounted
+        self.steps_through_api = steps_through_api
 
     def list_steps(self, job_id: int) -> list[StepInfo]:
+        if not self.steps_through_api:
+            return self._cli.list_steps(job_id)
         try:
-            steps = self._pyslurm.JobSteps.load(job_id)
+            steps = self._pyslurm.JobSteps.load(int(job_id))
         except Exception as exc:  # pyslurm raises its own RPCError family
+            if "Invalid job id" in str(exc):
+                return []
             raise SlurmError(f"listing steps of job {job_id} failed: {exc}") from None
-        out = []
-        for step_id, step in steps.items():
-            nodes = step.allocated_nodes
-            node_list = tuple(nodes) if isinstance(nodes, list) else tuple(expand_hostlist(str(nodes or "")))
-            out.append(
-                StepInfo(
-                    job_id=job_id, step_id=str(step_id), name=str(step.name or ""), nodes=node_list,
-                    time_used="", start_time="", tres_per_node="", num_tasks=int(step.ntasks or 0),
-                )
-            )
-        return out
+        return [step_info_from_pyslurm(job_id, key, _step_fields(step)) for key, step in steps.items()]
 
     def job_info(self, job_id: int) -> JobInfo:
         try:
-            job = self._pyslurm.Job.load(job_id)
+            job = self._pyslurm.Job.load(int(job_id))
         except Exception as exc:
-            raise SlurmError(f"job {job_id} is unknown to Slurm: {exc}") from None
-        nodes = job.allocated_nodes
-        return JobInfo(
-            job_id=job_id, name=str(job.name or ""), state=str(job.state or ""),
-            nodes=tuple(expand_hostlist(str(nodes or ""))), batch_host=str(getattr(job, "batch_host", "") or ""),
-            comment=str(getattr(job, "comment", "") or ""), user_name=str(getattr(job, "user_name", "") or ""),
-            partition=str(getattr(job, "partition", "") or ""), cluster=str(getattr(job, "cluster", "") or ""),
-            submit_time_s=int(getattr(job, "submit_time", 0) or 0),
-            restart_count=int(getattr(job, "requeue_count", getattr(job, "restart_cnt", 0)) or 0),
-        )
+            raise SlurmError(f"job {job_id} is unknown to Slurm (finished long ago, or never existed): {exc}") from None
+        try:
+            layout = job.get_resource_layout_per_node() or {}
+        except Exception:  # a pending or finished job has no layout
+            layout = {}
+        fields = {key: getattr(job, key, None) for key in
+                  ("name", "state", "allocated_nodes", "batch_host", "comment", "user_name", "partition",
+                   "cluster", "submit_time", "requeue_count")}
+        return job_info_from_pyslurm(job_id, {**fields, "layout": layout})
 
     def launch_step(self, spec: StepSpec, launcher_log: Path) -> int:
         return self._cli.launch_step(spec, launcher_log)
 
     def signal_step(self, job_id: int, step_id: str, signal_name: str) -> None:
         step = self._load_step(job_id, step_id)  # an unloaded step object drops the signal
-        step.send_signal("SIG" + signal_name.upper().removeprefix("SIG"))
+        if step is not None:
+            step.send_signal("SIG" + signal_name.upper().removeprefix("SIG"))
 
     def cancel_step(self, job_id: int, step_id: str) -> None:
-        self._load_step(job_id, step_id).cancel()
+        step = self._load_step(job_id, step_id)
+        if step is not None:
+            step.cancel()
 
     def _load_step(self, job_id: int, step_id: str) -> Any:
+        """The loaded step, or None when it no longer exists (it ended: nothing to signal)."""
         key: int | str = int(step_id) if step_id.isdigit() else step_id
         try:
-            return self._pyslurm.JobStep.load(job_id, key)
+            return self._pyslurm.JobStep.load(int(job_id), key)
         except Exception as exc:
-            raise SlurmError(f"step {job_id}.{step_id} not found: {exc}") from None
+            if "not found" in str(exc) or "Invalid job id" in str(exc):
+                return None
+            raise SlurmError(f"loading step {job_id}.{step_id} failed: {exc}") from None
+
+
+# ---- selection ------------------------------------------------------------------------------------
+def running_slurm_version() -> tuple[int, int] | None:
+    """(major, minor) of the Slurm commands on PATH (``scontrol --version``), which launch the steps."""
+    try:
+        return parse_slurm_version(run_command(["scontrol", "--version"], timeout_s=10).stdout)
+    except SlurmError:
+        return None
+
+
+def probe_pyslurm(python: str = sys.executable, timeout_s: float = 30.0) -> PyslurmProbe:
+    """pyslurm's version and what it sees of slurmctld, found in a child process (never kills us)."""
+    try:
+        proc = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=timeout_s,
+                              check=False, env={**os.environ, "PYSLURM_DISABLE_AUTO_INIT": "1"})
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return PyslurmProbe(error=f"probe failed: {exc}")
+    try:
+        data = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        detail = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+        return PyslurmProbe(error=f"import failed: {detail}")
+    return PyslurmProbe(
+        pyslurm_version=parse_slurm_version(str(data.get("pyslurm", ""))),
+        controller_version=parse_slurm_version(str(data.get("slurmctld", ""))),
+        gpu_tres_accounted=bool(data.get("gpu_tres_accounted")),
+        error=str(data.get("error", "")),
+    )
 
 
 def select_backend(preference: str = "auto") -> SlurmBackend:
-    """``cli`` (the default everywhere), or ``pyslurm`` when asked for/auto and it matches Slurm."""
-    if preference not in ("auto", "cli", "pyslurm"):
-        raise SlurmError(f"unknown Slurm backend {preference!r}: choose auto, cli or pyslurm")
+    """``cli`` unless pyslurm matches the running Slurm (``auto``) or is asked for; logs why."""
     if preference == "cli":
         log.info("Slurm backend: cli (as configured)")
         return SlurmCli()
-    wanted = running_slurm_version()
-    found = probe_pyslurm_version()
-    if found is not None and wanted is not None and found == wanted:
+    choice = choose_backend(preference, running_slurm_version(), probe_pyslurm())
+    if choice.name == "pyslurm":
         try:
-            backend = PySlurm()
+            backend = PySlurm(steps_through_api=choice.steps_through_api)
         except Exception as exc:
-            log.warning("Slurm backend: cli (pyslurm %s.%s failed to initialise: %s)", *found, exc)
+            if preference == "pyslurm":
+                raise SlurmError(f"the pyslurm backend failed to initialise: {exc}") from None
+            log.warning("Slurm backend: cli (pyslurm failed to initialise: %s)", exc)
             return SlurmCli()
-        log.info("Slurm backend: pyslurm %s.%s (matches Slurm %s.%s)", *found, *wanted)
+        log.info("Slurm backend: pyslurm (%s)", choice.reason)
         return backend
-    why = "not installed" if found is None else f"pyslurm {found[0]}.{found[1]} does not match Slurm {wanted}"
-    if preference == "pyslurm":
-        raise SlurmError(f"the pyslurm backend was asked for, but {why}")
-    log.info("Slurm backend: cli (pyslurm %s)", why)
+    log.info("Slurm backend: cli (%s)", choice.reason)
     return SlurmCli()
