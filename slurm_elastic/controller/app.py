@@ -42,6 +42,7 @@ def create_controller_app(controller: Controller, token: str, queue: RolloutQueu
         app.include_router(rollout_router(controller, queue, token))
         app.submit_endpoint = SubmitEndpoint(queue, token)
         controller.queue_pressure = lambda: queue_pressure(controller, queue)
+        controller.queue_stats = queue.stats
     return app
 
 

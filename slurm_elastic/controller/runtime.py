@@ -105,6 +105,8 @@ class Controller:
             self.target_workers = self.autoscaler.config.min_workers
         # the rollout queue's numbers for the autoscaler (None: no queue in this controller)
         self.queue_pressure: Callable[[], dict[str, Any]] | None = None
+        # the rollout queue's own numbers for the status (None: no queue in this controller)
+        self.queue_stats: Callable[[], dict[str, Any]] | None = None
         self.last_decision: dict[str, Any] = {"action": "hold", "reason": "starting"}
         self.errors: list[dict[str, Any]] = []
         self._errors_lock = threading.Lock()
@@ -579,7 +581,8 @@ class Controller:
             return {"version": self.endpoints.version}
 
     def status(self) -> dict[str, Any]:
-        """Controller fields for /global-status and ``slurm-elastic status``."""
+        """Controller fields for /global-status and ``slurm-elastic status``, with the queue's numbers."""
+        queue = self.queue_stats() if self.queue_stats is not None else None  # outside our lock: the queue has its own
         with self.lock:
             now_s = self.clock()
             by_state = {s.value: 0 for s in WorkerState}
@@ -607,6 +610,7 @@ class Controller:
                 "servers": self._servers_view(now_s) if self.is_server else None,
                 "errors": self.errors[-ERROR_LIMIT:],
                 "state_note": self.state_note,
+                "queue": queue,
             }
 
     def tick_duration_summary(self) -> dict[str, float | int]:

@@ -43,3 +43,11 @@ def test_controller_down_shows_slurm_steps() -> None:
 
 def test_missing_sections_do_not_break_the_table() -> None:
     assert "workers: none" in render_status(1, {"controller_url": "x"})
+
+
+def test_buffer_line_from_the_queue_section() -> None:
+    queue = {"queued_sequences": 96, "capacity_sequences": 192, "staleness_capacity": 0, "policy_version": 31,
+             "delivered_sequences": 992}
+    text = render_status(7, {**STATUS, "queue": queue})
+    assert "buffer: 96/192 sequences  staleness capacity 0  trainer version 31  delivered 992\n" in text
+    assert "buffer:" not in render_status(7, {**STATUS, "queue": None})
