@@ -13,6 +13,7 @@ from slurm_elastic.controller.runtime import Controller
 from slurm_elastic.controller.state import job_state_dir
 from slurm_elastic.errors import ConfigError, SlurmError
 from slurm_elastic.slurm.pyslurm_backend import select_backend
+from slurm_elastic.slurm.runner import set_command_timeout
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,7 @@ def job_id_from_env() -> int:
 def build_controller(config: ElasticConfig, job_id: int, controller_url: str = "",
                      token_file: Path | None = None) -> Controller:
     """A controller for ``job_id``: the job must be running; its GPUs come from Slurm (or the config)."""
+    set_command_timeout(config.controller.slurm_timeout_s)
     backend = select_backend(config.controller.slurm_backend)
     job = backend.job_info(job_id)
     if not job.is_running:

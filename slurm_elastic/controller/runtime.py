@@ -624,7 +624,7 @@ class Controller:
                 "count": len(recent), "total_s": round(self.tick_total_s, 4)}
 
     def _servers_view(self, now_s: float) -> dict[str, Any]:
-        capacity = self.config.workers.requests_per_worker_capacity
+        capacity = self.autoscaler.config.requests_per_worker_capacity
         view = self.endpoints.view(now_s)
         view["load_ratio"] = self.endpoints.load_ratio(capacity, now_s)
         view["requests_per_worker_capacity"] = capacity
