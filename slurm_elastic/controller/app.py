@@ -16,6 +16,7 @@ from slurm_elastic.controller.files import ensure_token, previous_port, publish
 from slurm_elastic.controller.http import control_router
 from slurm_elastic.controller.locate import COMMENT_PREFIX
 from slurm_elastic.controller.main import build_controller, install_stop_handlers, job_id_from_env
+from slurm_elastic.controller.prolog_results import take_prolog_results
 from slurm_elastic.controller.rollout_http import ControllerApp, SubmitEndpoint, rollout_router
 from slurm_elastic.controller.runtime import Controller
 from slurm_elastic.controller.serve import ApiServer, default_listen_host
@@ -91,6 +92,7 @@ def run_controller(config: ElasticConfig, stop: threading.Event) -> None:
     token, token_file = ensure_token(state_dir)
     install_stop_handlers(stop)
     ctl = build_controller(config, job_id, token_file=token_file)
+    take_prolog_results(ctl, state_dir)
     queue = open_queue(config, state_dir)
     host = config.controller.listen_host or default_listen_host()
     server = ApiServer(create_controller_app(ctl, token, queue), host,
