@@ -49,6 +49,7 @@ from slurm_elastic.rollouts.wire import pack_group
 TOKENS = 512
 GROUP = 8
 BATCH_SEQS = 32
+EMPTY_BATCH_SEQS = 4096  # the load runs' servers: emptied in batches this large (a few acks, not thousands)
 TOKEN = "bench-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 CONCURRENCY = (1, 8, 32)
@@ -137,7 +138,7 @@ class Server:
         Ours: every batch pulled and acknowledged, as a trainer would."""
         if self.kind == "ours":
             left = httpx.post(self.url + "/bench/empty", headers=AUTH, timeout=600).json()["queued_sequences"]
-            if left >= BATCH_SEQS:
+            if left >= EMPTY_BATCH_SEQS:
                 raise SystemExit(f"{self.name}: {left} sequences still queued after emptying")
         if self.kind == "atropos":
             httpx.get(self.url + "/reset_data", timeout=30)
@@ -349,6 +350,9 @@ def main() -> None:
                 Server("ours, fsync always, JSON lists", "ours", [*ours, "--fsync", "always"], "lists")]
 
     servers = fresh()
+    for s in servers:  # the load runs pull nothing: a large batch makes emptying between runs quick
+        if s.kind == "ours":
+            s.argv = [*s.argv, "--batch-seqs", str(EMPTY_BATCH_SEQS)]
     try:
         for s in servers:
             s.start()
@@ -431,7 +435,8 @@ def report(loads: dict[tuple[str, int], list[LoadResult]], backlogs: dict[str, B
         "",
         f"Load generator: wrk, 1 thread, keep-alive, N connections; {args.runs} runs of {args.seconds:g} s per point, "
         "interleaved across servers, after one unrecorded warm-up run each; medians. Every run starts with "
-        "the server's queue empty (Atropos: GET /reset_data; ours: every batch pulled and acknowledged). CPU columns: % of one core used by the server process and by "
+        "the server's queue empty (Atropos: GET /reset_data; ours: every batch pulled and acknowledged, "
+        f"in batches of {EMPTY_BATCH_SEQS} sequences). CPU columns: % of one core used by the server process and by "
         "wrk during the run. Ours receives what the worker SDK sends (tokens_b64, mask_b64) unless the row says "
         "JSON lists (the same lists Atropos receives).",
         "",
