@@ -51,7 +51,11 @@ def take_prolog_results(controller: Controller, state_dir: Path, hooks: HookConf
     marker = state_dir / MARKER_FILE
     if marker.exists():
         return
-    config = hooks or load_hook_config()
+    try:
+        config = hooks or load_hook_config()
+    except (OSError, ValueError, TypeError) as exc:  # the admins' file: a bad one must not stop the job
+        log.warning("prolog results not read: the hooks config is unreadable: %s", exc)
+        return
     samples, problems = read_prolog_samples(config.node_state_dir, controller.job_id, controller.gpus_by_node)
     with controller.lock:
         changes = controller.cordons.record_prolog(samples, controller.clock())
