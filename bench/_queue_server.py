@@ -2,6 +2,10 @@
 
 Served as the controller serves it (``ApiServer``: uvicorn in a thread of the process), with a
 queue big enough for the benchmark's backlog. Runs until SIGTERM.
+
+One route more than the controller has, for the bench only: ``POST /bench/empty`` empties the
+queue the way a trainer does (every batch pulled and acknowledged, here in process), so the bench
+can start each run with an empty queue, as it does Atropos' (``GET /reset_data``).
 """
 
 from __future__ import annotations
@@ -15,8 +19,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from fastapi import Depends
+
 from slurm_elastic.controller.app import create_controller_app, settle_heap
 from slurm_elastic.controller.config import parse_config
+from slurm_elastic.controller.http import bearer_auth
 from slurm_elastic.controller.runtime import Controller
 from slurm_elastic.controller.serve import ApiServer
 from slurm_elastic.rollouts.queue import QueueConfig, RolloutQueue
@@ -29,14 +36,25 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--fsync", default="always", choices=["always", "os", "off"])
     parser.add_argument("--dir", default="", help="state directory (default: a new one under /tmp, on disk here)")
+    parser.add_argument("--batch-seqs", type=int, default=32, help="the trainer's batch (large: /bench/empty is quick)")
     args = parser.parse_args()
     state = Path(args.dir or tempfile.mkdtemp(prefix="se-ingest-"))
     controller = Controller(parse_config({"agent": {"enabled": False}}), 1, SlurmCli(), state,
                             gpus_by_node={"node1": (0,)})
     queue = RolloutQueue(RolloutStore(state / "q.sqlite", fsync=args.fsync),
-                         QueueConfig(batch_size=32, capacity_seqs=10**8, capacity_bytes=10**11,
+                         QueueConfig(batch_size=args.batch_seqs, capacity_seqs=10**8, capacity_bytes=10**11,
                                      max_staleness=10**6, max_concurrent=10**8))
-    server = ApiServer(create_controller_app(controller, "bench-token", queue), "127.0.0.1", args.port)
+    app = create_controller_app(controller, "bench-token", queue)
+
+    @app.post("/bench/empty", dependencies=[Depends(bearer_auth("bench-token"))])
+    def empty() -> dict[str, int]:
+        batches = 0
+        while (batch := queue.pull()) is not None:
+            queue.ack(batch[0])
+            batches += 1
+        return {"batches": batches, "queued_sequences": int(queue.stats()["queued_sequences"])}
+
+    server = ApiServer(app, "127.0.0.1", args.port)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     settle_heap()  # as run_controller does

@@ -11,10 +11,14 @@ and the server's are measured and reported. Groups are 8 sequences x 512 tokens 
 and a score. Atropos gets its JSON lists; ours gets what our worker SDK sends (``tokens_b64``,
 ``mask_b64``), plus one row with the same JSON lists for comparison.
 
+Every recorded run starts with both servers' queues empty: Atropos' by its ``GET /reset_data``,
+ours by pulling and acknowledging every batch (``POST /bench/empty`` of the bench's server).
+
 Reported (ratios ours / theirs, medians of runs interleaved across the servers): sequences/s
-and p50/p99 submit latency at 1, 8 and 32 connections, durability on (fsync always) and off;
-memory per queued sequence with a backlog; batch pull p50/p99 with that backlog; the latency
-of another request sent while batches are pulled.
+and p50/p99 submit latency at 1, 8 and 32 connections, durability on (fsync always) and off, and
+with the same JSON lists on both sides at 8 and 32; memory and disk per queued sequence with a
+backlog; batch pull p50/p99 with that backlog; the latency of another request sent while
+batches are pulled.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from slurm_elastic.rollouts.wire import pack_group
 TOKENS = 512
 GROUP = 8
 BATCH_SEQS = 32
+EMPTY_BATCH_SEQS = 4096  # the load runs' servers: emptied in batches this large (a few acks, not thousands)
 TOKEN = "bench-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 CONCURRENCY = (1, 8, 32)
@@ -129,7 +134,12 @@ class Server:
         return self
 
     def reset(self) -> None:
-        """Atropos: an empty queue (it keeps everything in memory) and a registered trainer."""
+        """An empty queue. Atropos: emptied (it keeps everything in memory), a trainer registered.
+        Ours: every batch pulled and acknowledged, as a trainer would."""
+        if self.kind == "ours":
+            left = httpx.post(self.url + "/bench/empty", headers=AUTH, timeout=600).json()["queued_sequences"]
+            if left >= EMPTY_BATCH_SEQS:
+                raise SystemExit(f"{self.name}: {left} sequences still queued after emptying")
         if self.kind == "atropos":
             httpx.get(self.url + "/reset_data", timeout=30)
             httpx.post(self.url + "/register", timeout=30, json={
@@ -151,6 +161,12 @@ class Server:
 
     def rss_mb(self) -> float:
         return sum(float(p.memory_info().rss) for p in self.processes()) / 2**20
+
+    def disk_bytes(self) -> int:
+        """Disk the server's queue takes (blocks allocated under its state directory; Atropos: none)."""
+        if not self.state_dir:
+            return 0
+        return sum(p.stat().st_blocks * 512 for p in Path(self.state_dir).rglob("*") if p.is_file())
 
     def queued_groups(self) -> int:
         if self.kind == "ours":
@@ -220,7 +236,7 @@ def throughput(servers: list[Server], wrk: Wrk, runs: int, seconds: float) -> di
     for connections in CONCURRENCY:
         for _ in range(runs):
             for server in servers:
-                if server.body == "lists" and connections != 8:
+                if server.body == "lists" and connections == 1:
                     continue
                 results.setdefault((server.name, connections), []).append(wrk.run(server, connections, seconds))
                 server.reset()
@@ -232,6 +248,7 @@ class BacklogResult:
     queued_groups: int
     kb_per_seq: float
     rss_mb: float
+    disk_kb_per_seq: float
     pulls_ms: list[float]
     probe_ms: list[float]  # another request's latency while the pulls run
     timed_out: bool
@@ -257,11 +274,11 @@ def fill(server: Server, wrk: Wrk, groups: int) -> None:
 
 def backlog(server: Server, wrk: Wrk, groups: int, pulls: int) -> BacklogResult:
     """Queue ``groups`` groups into a fresh server, then time batch pulls while a probe runs."""
-    rss0 = server.rss_mb()
+    rss0, disk0 = server.rss_mb(), server.disk_bytes()
     fill(server, wrk, groups)
     queued = server.queued_groups()
     time.sleep(1.0)
-    rss1 = server.rss_mb()
+    rss1, disk1 = server.rss_mb(), server.disk_bytes()
     probe_ms: list[float] = []
     pulling = threading.Event()
     done = threading.Event()
@@ -298,7 +315,8 @@ def backlog(server: Server, wrk: Wrk, groups: int, pulls: int) -> BacklogResult:
     done.set()
     prober.join(timeout=PULL_WAIT_S + 10)
     per_seq_kb = (rss1 - rss0) * 1024 / max(1, queued * GROUP)
-    return BacklogResult(queued, per_seq_kb, rss1, pulls_ms, probe_ms, timed_out)
+    disk_kb = (disk1 - disk0) / 1024 / max(1, queued * GROUP)
+    return BacklogResult(queued, per_seq_kb, rss1, disk_kb, pulls_ms, probe_ms, timed_out)
 
 
 def ratio(ours: float, theirs: float) -> str:
@@ -332,6 +350,9 @@ def main() -> None:
                 Server("ours, fsync always, JSON lists", "ours", [*ours, "--fsync", "always"], "lists")]
 
     servers = fresh()
+    for s in servers:  # the load runs pull nothing: a large batch makes emptying between runs quick
+        if s.kind == "ours":
+            s.argv = [*s.argv, "--batch-seqs", str(EMPTY_BATCH_SEQS)]
     try:
         for s in servers:
             s.start()
@@ -355,12 +376,15 @@ def headline(loads: dict[tuple[str, int], list[LoadResult]],
     def rate(name: str, connections: int) -> float:
         return median([r.seqs_per_s for r in loads[(name, connections)]])
     theirs, mine = backlogs["Atropos"], backlogs["ours, fsync always"]
-    rows = [(f"rollout ingest, 8 x 512-token groups, {c} connections, fsync always (vs Atropos' server)",
-             f"{rate('ours, fsync always', c):,.0f} seq/s", f"{rate('Atropos', c):,.0f} seq/s",
-             f"{rate('ours, fsync always', c) / rate('Atropos', c):.1f}x") for c in (8, 32)]
+    forms = [("ours, fsync always", "ours: SDK form (tokens_b64, mask_b64), Atropos: JSON lists"),
+             ("ours, fsync always, JSON lists", "JSON lists on both sides")]
+    rows = [(f"rollout ingest, 8 x 512-token groups, {c} connections, fsync always, {words} (vs Atropos' server)",
+             f"{rate(name, c):,.0f} seq/s", f"{rate('Atropos', c):,.0f} seq/s",
+             f"{rate(name, c) / rate('Atropos', c):.1f}x") for name, words in forms for c in (8, 32)]
     rows += [
-        (f"memory per queued sequence ({mine.queued_groups:,} groups queued)", f"{mine.kb_per_seq:.3f} KB",
-         f"{theirs.kb_per_seq:.1f} KB", f"{mine.kb_per_seq / theirs.kb_per_seq:.4f}x" if theirs.kb_per_seq else ""),
+        (f"memory (RSS) / disk per queued sequence ({mine.queued_groups:,} groups queued; ours with its syncer process)",
+         f"{mine.kb_per_seq:.3f} KB / {mine.disk_kb_per_seq:.1f} KB", f"{theirs.kb_per_seq:.1f} KB / none (memory only)",
+         f"RSS {mine.kb_per_seq / theirs.kb_per_seq:.4f}x" if theirs.kb_per_seq else ""),
         (f"batch pull with {mine.queued_groups:,} groups queued: first / p99",
          f"{mine.pulls_ms[0]:,.1f} / {percentile(mine.pulls_ms, 99):,.1f} ms",
          f"{theirs.pulls_ms[0]:,.1f} / {percentile(theirs.pulls_ms, 99):,.1f} ms", ""),
@@ -395,6 +419,7 @@ def report(loads: dict[tuple[str, int], list[LoadResult]], backlogs: dict[str, B
         f"| server memory (RSS) with the backlog | {theirs.rss_mb:,.0f} MB | {mine.rss_mb:,.0f} MB | |",
         f"| memory per queued sequence | {theirs.kb_per_seq:.1f} KB | {mine.kb_per_seq:.3f} KB | "
         f"{mine.kb_per_seq / theirs.kb_per_seq if theirs.kb_per_seq else float('nan'):.4f}x |",
+        f"| disk per queued sequence (payload log and index) | none (memory only) | {mine.disk_kb_per_seq:.2f} KB | |",
         f"| first batch pull | {theirs.pulls_ms[0]:,.1f} ms | {mine.pulls_ms[0]:,.1f} ms | |",
         f"| batch pull p50 ({len(mine.pulls_ms)} pulls) | {pull_cell(theirs, 50)} | {pull_cell(mine, 50)} | |",
         f"| batch pull p99 | {pull_cell(theirs, 99)} | {pull_cell(mine, 99)} | |",
@@ -409,7 +434,9 @@ def report(loads: dict[tuple[str, int], list[LoadResult]], backlogs: dict[str, B
         f"{cpu} cores shared by server and load generator",
         "",
         f"Load generator: wrk, 1 thread, keep-alive, N connections; {args.runs} runs of {args.seconds:g} s per point, "
-        "interleaved across servers, after one unrecorded warm-up run each; medians. CPU columns: % of one core used by the server process and by "
+        "interleaved across servers, after one unrecorded warm-up run each; medians. Every run starts with "
+        "the server's queue empty (Atropos: GET /reset_data; ours: every batch pulled and acknowledged, "
+        f"in batches of {EMPTY_BATCH_SEQS} sequences). CPU columns: % of one core used by the server process and by "
         "wrk during the run. Ours receives what the worker SDK sends (tokens_b64, mask_b64) unless the row says "
         "JSON lists (the same lists Atropos receives).",
         "",

@@ -73,13 +73,14 @@ def render_status(job_id: int, status: dict[str, Any] | None, slurm_steps: list[
     mode = "wake-all" if ctl.get("wake_all") else "paused" if ctl.get("paused") else "autoscaling"
     lines.append(f"target: {ctl.get('target_workers', '?')} workers ({mode})  last decision: "
                  f"{decision.get('action', '-')}: {decision.get('reason', '-')}")
-    queue = status.get("queue") or {}
+    queue = ctl.get("queue") or status.get("queue") or {}
     if queue:
         lines.append(
             f"buffer: {queue.get('queued_sequences', '?')}/{queue.get('capacity_sequences', '?')} sequences"
             f"  staleness capacity {queue.get('staleness_capacity', '?')}"
-            f"  trainer version {queue.get('policy_version', queue.get('current_step', '?'))}"
-            f"  delivered {queue.get('delivered_sequences', queue.get('total_processed', '?'))}"
+            f"  trainer version {queue.get('policy_version', '?')}"
+            f"  delivered {queue.get('delivered_sequences', '?')}"
+            + (f"  LOST {queue['lost_groups']} groups (damaged records)" if queue.get("lost_groups") else "")
         )
     by_state = ctl.get("workers_by_state") or {}
     counts = "  ".join(f"{k.lower()} {v}" for k, v in by_state.items() if v)

@@ -185,7 +185,7 @@ def cordon(job_id: int, gpu_ref: str, reason: str) -> None:
 @click.argument("gpu_ref", metavar="NODE:GPU")
 @click.option("--reason", default="", help="Why (logged).")
 def uncordon(job_id: int, gpu_ref: str, reason: str) -> None:
-    """Lift an operator's (or a crash) cordon; health cordons lift themselves after a healthy period."""
+    """Lift an operator's, crash, prolog or pre-flight cordon; health cordons lift themselves after a healthy period."""
     node, gpu = _gpu(gpu_ref)
     click.echo(json.dumps(_call(job_id, "uncordon", node, gpu)))
 

@@ -22,7 +22,9 @@ from slurm_elastic.controller.main import (
     job_id_from_env,
     open_state_dir,
     running_job,
+    slurm_backend,
 )
+from slurm_elastic.controller.prolog_results import take_prolog_results
 from slurm_elastic.controller.rollout_http import ControllerApp, SubmitEndpoint, rollout_router
 from slurm_elastic.controller.runtime import Controller
 from slurm_elastic.controller.serve import ApiServer, default_listen_host
@@ -31,7 +33,6 @@ from slurm_elastic.errors import SlurmError
 from slurm_elastic.rollouts.queue import QueueConfig, RolloutQueue
 from slurm_elastic.rollouts.store import RolloutStore
 from slurm_elastic.slurm.cli_backend import set_job_comment
-from slurm_elastic.slurm.pyslurm_backend import select_backend
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,7 @@ def create_controller_app(controller: Controller, token: str, queue: RolloutQueu
         app.include_router(rollout_router(controller, queue))
         app.submit_endpoint = SubmitEndpoint(queue)
         controller.queue_pressure = lambda: queue_pressure(controller, queue)
+        controller.queue_stats = queue.stats
     return app
 
 
@@ -95,7 +97,7 @@ def settle_heap() -> None:
 def run_controller(config: ElasticConfig, stop: threading.Event) -> None:
     """Run until ``stop`` is set (SIGTERM/SIGINT set it). Worker steps keep running afterwards."""
     job_id = job_id_from_env()
-    backend = select_backend(config.controller.slurm_backend)
+    backend = slurm_backend(config)
     job = running_job(backend, job_id)
     claimed = open_state_dir(config, job)  # before anything in it is read: it must be this job's
     state_dir = claimed.path
@@ -104,6 +106,7 @@ def run_controller(config: ElasticConfig, stop: threading.Event) -> None:
     ctl = build_controller(config, job, backend, state_dir, token_file=token_file)
     if claimed.note:
         ctl.note_state(claimed.note)
+    take_prolog_results(ctl, state_dir)
     queue = open_queue(config, state_dir)
     host = config.controller.listen_host or default_listen_host()
     server = ApiServer(create_controller_app(ctl, token, queue), host,

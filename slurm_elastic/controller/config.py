@@ -34,7 +34,8 @@ class ControllerSection(_Section):
     listen_host: str = Field("", description="Address to serve the API on; default: this host's name.")
     listen_port: int = Field(0, ge=0, le=65535, description="API port; 0 picks a free one.")
     slurm_backend: Literal["auto", "cli", "pyslurm"] = Field("auto", description="How to talk to Slurm.")
-    slurm_timeout_s: float = Field(30.0, gt=0, description="Timeout of one Slurm command.")
+    slurm_timeout_s: float = Field(30.0, gt=0, description="Timeout of one Slurm command the controller runs "
+                                   "(squeue, scancel, scontrol, sdiag); worker srun steps are not timed.")
     gpus_per_node: int = Field(0, ge=0, description="GPUs per node of the allocation; 0 reads it from Slurm.")
 
 
@@ -59,7 +60,6 @@ class WorkersSection(_Section):
     backoff_base_s: float = Field(5.0, gt=0, description="First crash-loop backoff; doubles per crash.")
     backoff_max_s: float = Field(300.0, gt=0, description="Longest crash-loop backoff.")
     readiness_path: str = Field("", description="Servers: HTTP path that answers 200 when ready; empty: a TCP connect.")
-    requests_per_worker_capacity: float = Field(8.0, gt=0, description="Servers: requests one server handles at once (load ratio).")
     server_drain_grace_s: float = Field(1.0, ge=0, description="Servers: after leaving discovery, wait at least this long (routers catch up) before signalling.")
     gpu_memory_mb: int = Field(0, ge=0, description="Pre-flight: free memory a worker needs on its GPU; 0 skips the check.")
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment for worker steps.")
@@ -112,8 +112,18 @@ class ElasticConfig(_Section):
     health: dict[str, Any] = Field(default_factory=dict)
 
 
+# keys that belong to another table: refused with the key that does the job
+MOVED_KEYS: dict[tuple[str, str], str] = {
+    ("workers", "requests_per_worker_capacity"): "autoscaler.requests_per_worker_capacity",
+}
+
+
 def parse_config(data: dict[str, Any], source: str = "config") -> ElasticConfig:
     """Validate a parsed TOML document; errors name the key."""
+    for (section, key), instead in MOVED_KEYS.items():
+        table = data.get(section)
+        if isinstance(table, dict) and key in table:
+            raise ConfigError(f"{source}: {section}.{key}: not a [{section}] key; set {instead}")
     try:
         config = ElasticConfig.model_validate(data)
     except ValidationError as exc:
@@ -171,7 +181,9 @@ REFERENCE_HEADER = """# Configuration reference (`elastic.toml`)
 Generated from the schema in `slurm_elastic/controller/config.py` by
 `python -m slurm_elastic.controller.config`; a test fails when this file and the schema differ.
 The `[autoscaler]`, `[queue]` and `[health]` tables are documented in their own pages
-([autoscaler.md](autoscaler.md), [gpu-health.md](gpu-health.md)).
+([autoscaler.md](autoscaler.md), [queue.md](queue.md), [gpu-health.md](gpu-health.md)).
+A key in the wrong table is refused with the key that does the job
+(`workers.requests_per_worker_capacity`: set `autoscaler.requests_per_worker_capacity`).
 
 """
 

@@ -15,6 +15,8 @@ from slurm_elastic.core.job_identity import JobIdentity
 from slurm_elastic.errors import ConfigError, SlurmError
 from slurm_elastic.slurm.backend import SlurmBackend
 from slurm_elastic.slurm.parse import JobInfo
+from slurm_elastic.slurm.pyslurm_backend import select_backend
+from slurm_elastic.slurm.runner import set_command_timeout
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +30,12 @@ def job_id_from_env() -> int:
             "your batch script (see examples/elastic_rl.sbatch) or inside salloc"
         )
     return int(value)
+
+
+def slurm_backend(config: ElasticConfig) -> SlurmBackend:
+    """The Slurm backend the config asks for, its commands bounded by ``controller.slurm_timeout_s``."""
+    set_command_timeout(config.controller.slurm_timeout_s)
+    return select_backend(config.controller.slurm_backend)
 
 
 def running_job(backend: SlurmBackend, job_id: int) -> JobInfo:

@@ -343,8 +343,8 @@ def rollout_router(controller: Controller, queue: RolloutQueue) -> APIRouter:
 
     @router.get("/global-status", tags=["status"])
     def global_status() -> dict[str, Any]:
-        q = queue.stats()
         ctl = controller.status()
+        q = ctl["queue"] or queue.stats()
         return {
             "current_step": q["policy_version"], "queue_size": q["queued_sequences"],
             "total_processed": q["delivered_sequences"],

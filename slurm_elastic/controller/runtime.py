@@ -107,6 +107,8 @@ class Controller:
             self.target_workers = self.autoscaler.config.min_workers
         # the rollout queue's numbers for the autoscaler (None: no queue in this controller)
         self.queue_pressure: Callable[[], dict[str, Any]] | None = None
+        # the rollout queue's own numbers for the status (None: no queue in this controller)
+        self.queue_stats: Callable[[], dict[str, Any]] | None = None
         self.last_decision: dict[str, Any] = {"action": "hold", "reason": "starting"}
         self.errors: list[dict[str, Any]] = []
         self._errors_lock = threading.Lock()
@@ -576,7 +578,8 @@ class Controller:
             return {"version": self.endpoints.version}
 
     def status(self) -> dict[str, Any]:
-        """Controller fields for /global-status and ``slurm-elastic status``."""
+        """Controller fields for /global-status and ``slurm-elastic status``, with the queue's numbers."""
+        queue = self.queue_stats() if self.queue_stats is not None else None  # outside our lock: the queue has its own
         with self.lock:
             now_s = self.clock()
             by_state = {s.value: 0 for s in WorkerState}
@@ -605,6 +608,7 @@ class Controller:
                 "errors": self.errors[-ERROR_LIMIT:],
                 "state_note": "; ".join(self.state_notes),
                 "state_notes": list(self.state_notes),
+                "queue": queue,
             }
 
     def tick_duration_summary(self) -> dict[str, float | int]:
@@ -618,7 +622,7 @@ class Controller:
                 "count": len(recent), "total_s": round(self.tick_total_s, 4)}
 
     def _servers_view(self, now_s: float) -> dict[str, Any]:
-        capacity = self.config.workers.requests_per_worker_capacity
+        capacity = self.autoscaler.config.requests_per_worker_capacity
         view = self.endpoints.view(now_s)
         view["load_ratio"] = self.endpoints.load_ratio(capacity, now_s)
         view["requests_per_worker_capacity"] = capacity

@@ -20,7 +20,7 @@ from slurm_elastic.errors import ConfigError
 GpuKey = tuple[str, int]
 """``(node, gpu index as Slurm numbers it)``."""
 
-CordonSource = Literal["health", "crash", "operator", "preflight"]
+CordonSource = Literal["health", "prolog", "crash", "operator", "preflight"]
 
 CLOCK_EVENT_FLAGS: tuple[str, ...] = (
     "idle",
@@ -45,7 +45,8 @@ DEFAULT_CORDON_CLOCK_EVENTS: frozenset[str] = frozenset(
 load), ``idle``, ``applications_clocks``, ``sync_boost``, ``display_clock`` and
 ``board_limit`` are normal operation and never cordon by default."""
 
-_SOURCE_PRECEDENCE: tuple[CordonSource, ...] = ("operator", "health", "crash", "preflight")
+_SOURCE_PRECEDENCE: tuple[CordonSource, ...] = ("operator", "health", "prolog", "crash", "preflight")
+_WATCHED: tuple[CordonSource, ...] = ("health", "prolog")  # lifted by the healthy period of the agent's samples
 
 
 # --------------------------------------------------------------------------- samples
@@ -354,9 +355,11 @@ class CordonBook:
     """Cordon state per GPU: which GPUs get no new worker, why, and since when.
 
     Sources: ``health`` (from samples, lifted after ``healthy_period_s`` of continuous
-    healthy samples), ``crash`` (repeated worker crashes; lifted by an operator or after
-    ``crash_cordon_s``), ``operator`` (by hand; only an operator lifts it) and ``preflight``
-    (not enough free memory at launch; lifted when a later sample shows enough).
+    healthy samples), ``prolog`` (the node's prolog sampled the GPU before the job and the job's
+    rules judge that sample unhealthy; lifted like a health cordon), ``crash`` (repeated worker
+    crashes; lifted by an operator or after ``crash_cordon_s``), ``operator`` (by hand; only an
+    operator lifts it) and ``preflight`` (not enough free memory at launch; lifted when a later
+    sample shows enough).
     Times passed in are the controller's clock, not the agents'.
     """
 
@@ -399,6 +402,19 @@ class CordonBook:
             return self._expire(now_s)
         return self.observe(report.gpus, now_s)
 
+    def record_prolog(self, samples: Iterable[GpuSample], now_s: float) -> list[CordonChange]:
+        """Judge the prologs' samples (taken before the job) with these rules; cordon what fails.
+        They do not count as hearing a node: only its agent does."""
+        changes = []
+        for s in samples:
+            reasons = evaluate(s, self.rules)
+            g = self._gpu(s.node, s.index)
+            if reasons and "prolog" not in g.entries:
+                reason = "before the job: " + ", ".join(reasons)
+                g.entries["prolog"] = CordonEntry(reason, now_s, "prolog")
+                changes.append(CordonChange(s.node, s.index, "cordon", "prolog", reason))
+        return changes
+
     def node_heard(self, node: str, now_s: float) -> None:
         """Mark a node's agent as heard (``observe`` does this for nodes it sees)."""
         self._heard_s[node] = now_s
@@ -434,7 +450,7 @@ class CordonBook:
         return CordonChange(node, gpu, "cordon", "operator", entry.reason)
 
     def uncordon_manual(self, node: str, gpu: int, now_s: float) -> list[CordonChange]:
-        """Lift operator, crash and pre-flight cordons (and forget counted crashes).
+        """Lift operator, prolog, crash and pre-flight cordons (and forget counted crashes).
 
         A health cordon stays: it lifts by itself after the healthy period.
         """
@@ -442,7 +458,7 @@ class CordonBook:
         if g is None:
             return []
         changes = []
-        for source in ("operator", "crash", "preflight"):
+        for source in ("operator", "prolog", "crash", "preflight"):
             entry = g.entries.pop(source, None)
             if entry is not None:
                 changes.append(CordonChange(node, gpu, "uncordon", entry.source, "by operator"))
@@ -596,16 +612,18 @@ class CordonBook:
             elif old.reason != reason:
                 g.entries["health"] = replace(old, reason=reason)
             return changes
-        if "health" not in g.entries:
+        watched = [source for source in _WATCHED if source in g.entries]
+        if not watched:
             g.healthy_since_s = None
             return changes
         if g.healthy_since_s is None or (gap_s is not None and gap_s > self.rules.agent_silence_s):
             g.healthy_since_s = now_s
         if now_s - g.healthy_since_s >= self.rules.healthy_period_s:
-            del g.entries["health"]
             g.healthy_since_s = None
             period = f"healthy for {self.rules.healthy_period_s:g}s"
-            changes.append(CordonChange(s.node, s.index, "uncordon", "health", period))
+            for source in watched:
+                del g.entries[source]
+                changes.append(CordonChange(s.node, s.index, "uncordon", source, period))
         return changes
 
     def _expire(self, now_s: float) -> list[CordonChange]:

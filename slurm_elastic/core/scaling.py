@@ -49,12 +49,17 @@ VERL_ALIASES: dict[str, str] = {
     "min_workers": "min_workers",
     "max_workers": "max_workers",
     "requests_per_worker_capacity": "requests_per_worker_capacity",
-    "monitoring_interval": "monitoring_interval_s",
-    "drain_timeout": "drain_timeout_s",
     "scale_up_cooldown": "scale_up_cooldown_s",
     "scale_down_cooldown": "scale_down_cooldown_s",
     "min_stable_period": "min_stable_period_s",
     "enable_elastic": "enabled",
+}
+# verl's names of knobs another key holds here: refused, naming that key
+REFUSED_KEYS: dict[str, str] = {
+    "monitoring_interval": "the autoscaler decides every tick: set controller.tick_interval_s",
+    "monitoring_interval_s": "the autoscaler decides every tick: set controller.tick_interval_s",
+    "drain_timeout": "set workers.drain_timeout_s",
+    "drain_timeout_s": "set workers.drain_timeout_s",
 }
 
 
@@ -82,8 +87,6 @@ class AutoscalerConfig:
     requests_per_worker_capacity: float = 8.0
     scale_up_threshold: float = 0.8
     scale_down_threshold: float = 0.5
-    monitoring_interval_s: float = 0.0  # verl's knob; 0 = the controller's tick
-    drain_timeout_s: float = 0.0  # verl's knob; 0 = workers.drain_timeout_s
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], prefix: str = "autoscaler") -> AutoscalerConfig:
@@ -91,6 +94,8 @@ class AutoscalerConfig:
         known = {f.name: f for f in fields(cls)}
         values: dict[str, Any] = {}
         for key, value in data.items():
+            if key in REFUSED_KEYS:
+                raise ConfigError(f"{prefix}.{key}: not an [autoscaler] key here; {REFUSED_KEYS[key]}")
             name = VERL_ALIASES.get(key, key)
             if name not in known:
                 raise ConfigError(f"{prefix}.{key}: unknown key")

@@ -1,6 +1,9 @@
 """``slurm-elastic-prolog``: before a job, check the node's GPUs and record their health.
 
-Writes ``<node_state_dir>/<job id>/gpu-health.json`` (readable by the job's user). In strict mode
+Writes ``<node_state_dir>/<job id>/gpu-health-<node>.json`` (readable by the job's user): the raw
+samples, which the job's controller judges with the job's ``[health]`` rules at start (it cannot
+know them here: the prolog runs as root before the job), and a verdict by the default rules for a
+person reading the file. In strict mode
 a *definitively* bad GPU (lost, uncorrectable ECC errors, failed row remapping) fails the prolog
 so that Slurm drains the node. Anything else, including a bug here or NVML missing, is logged
 and the prolog succeeds: a prolog that fails by accident drains a healthy node.
@@ -34,6 +37,11 @@ def definitively_bad(sample: GpuSample) -> str:
     return ""
 
 
+def result_file_name(node: str) -> str:
+    """The prolog's result for one node (one file per node: a shared node_state_dir holds them all)."""
+    return f"gpu-health-{node}.json"
+
+
 def run(config: HookConfig) -> int:
     from slurm_elastic.gpu.agent import build_report, make_source
 
@@ -53,9 +61,9 @@ def run(config: HookConfig) -> int:
     bad = {str(s.index): why for s in report.gpus if (why := definitively_bad(s))}
     directory = job_dir(config, job_id)
     directory.mkdir(parents=True, exist_ok=True, mode=0o755)
-    path = directory / "gpu-health.json"
+    path = directory / result_file_name(node)
     path.write_text(json.dumps({"job_id": job_id, "node": node, "checked_at_s": time.time(),
-                                "report": report.to_dict(), "unhealthy": verdicts, "definitively_bad": bad},
+                                "report": report.to_dict(), "unhealthy_by_default_rules": verdicts, "definitively_bad": bad},
                                indent=1))
     uid = int(os.environ.get("SLURM_JOB_UID", "-1"))
     if uid >= 0:

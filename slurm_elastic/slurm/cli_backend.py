@@ -33,8 +33,8 @@ class SlurmCli:
 
     name = "cli"
 
-    def __init__(self, timeout_s: float = 30.0) -> None:
-        self.timeout_s = timeout_s
+    def __init__(self, timeout_s: float | None = None) -> None:
+        self.timeout_s = timeout_s  # None: the runner's command timeout (controller.slurm_timeout_s)
 
     def list_steps(self, job_id: int) -> list[StepInfo]:
         result = run_command(
@@ -85,6 +85,6 @@ class SlurmCli:
         return parse_sdiag_rpc_counts(run_command(["sdiag"], timeout_s=self.timeout_s).stdout)
 
 
-def set_job_comment(job_id: int, comment: str, timeout_s: float = 30.0) -> None:
+def set_job_comment(job_id: int, comment: str, timeout_s: float | None = None) -> None:
     """Record ``comment`` on the job (how the CLI finds a job's state directory from its id)."""
     run_command(["scontrol", "update", f"JobId={int(job_id)}", f"Comment={comment}"], timeout_s=timeout_s)

@@ -24,6 +24,7 @@ from slurm_elastic.errors import SlurmCommandError, SlurmNotInstalledError, Slur
 log = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 30.0
+_timeout_s = DEFAULT_TIMEOUT_S  # what run_command waits when not told: the controller sets controller.slurm_timeout_s
 
 _APT_PACKAGE_OF = {
     "slurmctld": "slurmctld",
@@ -62,6 +63,19 @@ def _count(program: str) -> None:
         _counts[Path(program).name] += 1
 
 
+def set_command_timeout(timeout_s: float) -> None:
+    """The timeout of every command run without an explicit one, from now on (this process)."""
+    global _timeout_s
+    if not timeout_s > 0:
+        raise ValueError(f"a command timeout must be > 0 s, not {timeout_s!r}")
+    _timeout_s = float(timeout_s)
+
+
+def command_timeout_s() -> float:
+    """The timeout a command gets when its caller names none."""
+    return _timeout_s
+
+
 def require_binary(name: str) -> str:
     """The full path of ``name``, or an error that says which Debian package provides it."""
     path = shutil.which(name)
@@ -77,12 +91,14 @@ def require_binary(name: str) -> str:
 def run_command(
     argv: Sequence[str],
     *,
-    timeout_s: float = DEFAULT_TIMEOUT_S,
+    timeout_s: float | None = None,
     env: Mapping[str, str] | None = None,
     check: bool = True,
 ) -> CommandResult:
-    """Run ``argv`` to completion; raise on a non-zero exit (if ``check``), a timeout, or a missing binary."""
+    """Run ``argv`` to completion; raise on a non-zero exit (if ``check``), a timeout (``timeout_s``,
+    else :func:`command_timeout_s`), or a missing binary."""
     argv = list(argv)
+    timeout_s = _timeout_s if timeout_s is None else timeout_s
     require_binary(argv[0])
     _count(argv[0])
     log.debug("run: %s", " ".join(argv))

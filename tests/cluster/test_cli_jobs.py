@@ -41,6 +41,27 @@ def test_status_table_and_json(job: ControllerJob) -> None:
     assert doc["controller"]["workers_by_state"]["ACTIVE"] == 2
 
 
+@pytest.mark.parametrize("job", [{"queue": {"batch_size": 8, "capacity_seqs": 32, "max_staleness": 1}}], indirect=True)
+def test_status_shows_the_live_queues_buffer_line(job: ControllerJob) -> None:
+    """The buffer line README shows, from a live controller's queue (submitted, pulled, acked for real)."""
+    with job.client() as c:
+        c.set_version(3)
+        for k in range(3):
+            c.submit_group({"id": f"g{k}", "worker_id": "0001", "policy_version": 3, "group_size": 4,
+                            "sequences": [{"tokens": [1, 2, 3], "score": 0.5} for _ in range(4)]})
+        batch = c.pull_batch()
+        assert batch is not None
+        c.ack_batch(batch["batch_id"])
+    doc = json.loads(cli("status", str(job.job_id), "--json")[1])
+    queue = doc["controller"]["queue"]
+    assert (queue["queued_sequences"], queue["capacity_sequences"], queue["policy_version"],
+            queue["delivered_sequences"]) == (4, 32, 3, 8)
+    code, out = cli("status", str(job.job_id))
+    assert code == 0, out
+    assert (f"buffer: 4/32 sequences  staleness capacity {queue['staleness_capacity']}  trainer version 3"
+            "  delivered 8\n") in out
+
+
 def test_wake_all_pause_resume_drain_cordon(job: ControllerJob) -> None:
     assert cli("wake-all", str(job.job_id))[0] == 0
     job.active(8)

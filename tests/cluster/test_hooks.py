@@ -14,7 +14,7 @@ import pytest
 
 from slurm_elastic.devcluster.cluster import DevCluster, DevClusterSpec
 from slurm_elastic.slurm.runner import run_command
-from tests.cluster.controller_harness import wait_for
+from tests.cluster.controller_harness import start_controller_job, stop_controller_job, wait_for
 
 pytestmark = pytest.mark.cluster
 REPO = Path(__file__).resolve().parents[2]
@@ -76,9 +76,9 @@ def test_prolog_records_health_and_epilog_kills_only_this_jobs_leftovers(hooked:
     (tmp / "drill.toml").write_text(LOST_GPU)  # not strict: the job runs anyway
     job = submit(cluster)
     wait_for(lambda: state_of(job) == "RUNNING")
-    health = json.loads(wait_for(lambda: next((tmp / "node-state").glob(f"{job}/gpu-health.json"), None)).read_text())
+    health = json.loads(wait_for(lambda: next((tmp / "node-state").glob(f"{job}/gpu-health-hk1.json"), None)).read_text())
     assert health["node"] == "hk1" and health["definitively_bad"] == {"1": "GPU lost"}
-    assert health["unhealthy"]["1"] and health["unhealthy"]["0"] == []
+    assert health["unhealthy_by_default_rules"]["1"] and health["unhealthy_by_default_rules"]["0"] == []
     mine, other = leaked(job), leaked(job + 1000)
     try:
         run_command(["scancel", str(job)])
@@ -91,6 +91,28 @@ def test_prolog_records_health_and_epilog_kills_only_this_jobs_leftovers(hooked:
     finally:
         other.kill()
         mine.kill()
+
+
+def test_the_controller_cordons_what_the_prolog_found_by_the_jobs_rules(hooked: tuple[DevCluster, Path],
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """80 C passes the default rules (87 C) but not this job's (70 C): the prolog's sample, judged by
+    the controller with the job's [health], cordons hk1:1 by "prolog" before any worker goes there."""
+    cluster, tmp = hooked
+    (tmp / "drill.toml").write_text('[[fault]]\nnode = "hk1"\ngpu = 1\ntemperature_c = 80\n')
+    monkeypatch.setenv("SLURM_ELASTIC_HOOKS_CONFIG", str(tmp / "hooks.toml"))  # the batch script inherits it
+    job = start_controller_job(cluster, tmp / "ctl", nodes=1, gpus_per_node=2, health={"max_temperature_c": 70.0})
+    try:
+        prolog = json.loads(next((tmp / "node-state").glob(f"{job.job_id}/gpu-health-hk1.json")).read_text())
+        assert prolog["unhealthy_by_default_rules"] == {"0": [], "1": []}
+        cordons = job.status()["cordoned_gpus"]
+        assert [(c["node"], c["gpu"], c["source"], c["reason"]) for c in cordons] == [
+            ("hk1", 1, "prolog", "before the job: temperature_c=80>70")]
+        with job.client() as c:
+            c.wake_all()
+        status = job.active(1, timeout_s=40)  # one worker, on the GPU that passed
+        assert [(w["node"], w["gpus"]) for w in status["workers"] if not w["placeholder"]] == [("hk1", [0])]
+    finally:
+        stop_controller_job(job)
 
 
 def test_strict_prolog_drains_the_node_on_a_definitively_bad_gpu(hooked: tuple[DevCluster, Path]) -> None:

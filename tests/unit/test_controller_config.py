@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -39,10 +40,12 @@ def test_command_string_is_split_like_a_shell() -> None:
         ({"workers": {"drain_timeout_s": -1}}, "workers.drain_timeout_s: Input should be greater than 0"),
         ({"controller": {"tick_interval_s": 0}}, "controller.tick_interval_s: Input should be greater than 0"),
         ({"agent": {"source": "magic"}}, "agent.source"),
+        ({"workers": {"requests_per_worker_capacity": 4}},
+         "workers.requests_per_worker_capacity: not a [workers] key; set autoscaler.requests_per_worker_capacity"),
     ],
 )
 def test_errors_name_the_key(data: dict[str, object], message: str) -> None:
-    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+    with pytest.raises(ConfigError, match=re.escape(message)):
         parse_config(data)
 
 

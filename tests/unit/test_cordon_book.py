@@ -203,3 +203,20 @@ def test_state_round_trip_through_json() -> None:
 def test_bad_state_raises(bad: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         CordonBook.from_state(bad)
+
+
+def test_prolog_samples_are_judged_with_the_jobs_rules_and_lift_after_a_healthy_period() -> None:
+    book = CordonBook(HealthRules(max_temperature_c=70.0, healthy_period_s=100.0, agent_silence_s=1000.0))
+    warm = gpu(1, temperature_c=80.0)  # healthy by the default rules (87 C), not by this job's
+    changes = book.record_prolog([gpu(0), warm], 0.0)
+    assert [(c.gpu, c.action, c.source) for c in changes] == [(1, "cordon", "prolog")]
+    entry = book.cordoned()[("n1", 1)]
+    assert entry.source == "prolog" and entry.reason == "before the job: temperature_c=80>70"
+    assert book.unknown_nodes(0.0, nodes=["n1"]) == {"n1"}  # only the agent counts as hearing a node
+    assert book.record_prolog([warm], 5.0) == []  # read twice: one cordon
+    assert CordonBook.from_state(json.loads(json.dumps(book.to_state())), book.rules).cordoned() == book.cordoned()
+    book.observe([gpu(0), gpu(1)], 10.0)  # the agent finds it cool now
+    assert ("n1", 1) in book.cordoned()
+    changes = book.observe([gpu(0), gpu(1)], 110.0)
+    assert [(c.gpu, c.action, c.source) for c in changes] == [(1, "uncordon", "prolog")]
+    assert book.cordoned() == {}

@@ -150,10 +150,18 @@ def test_server_load_source_and_how_sources_combine() -> None:
 def test_verl_knob_names_are_accepted() -> None:
     cfg = AutoscalerConfig.from_mapping({"min_workers": 2, "max_workers": 8, "scale_up_cooldown": 30.0,
                                          "scale_down_cooldown": 60, "min_stable_period": 10.0,
-                                         "enable_elastic": True, "monitoring_interval": 5.0,
-                                         "requests_per_worker_capacity": 10, "drain_timeout": 30.0,
+                                         "enable_elastic": True, "requests_per_worker_capacity": 10,
                                          "scale_up_threshold": 0.8, "scale_down_threshold": 0.4})
     assert (cfg.scale_up_cooldown_s, cfg.min_stable_period_s, cfg.enabled) == (30.0, 10.0, True)
+
+
+@pytest.mark.parametrize(("key", "instead"), [
+    ("monitoring_interval", "controller.tick_interval_s"), ("monitoring_interval_s", "controller.tick_interval_s"),
+    ("drain_timeout", "workers.drain_timeout_s"), ("drain_timeout_s", "workers.drain_timeout_s"),
+])
+def test_verl_knobs_another_key_holds_are_refused_naming_that_key(key: str, instead: str) -> None:
+    with pytest.raises(ConfigError, match=rf"autoscaler\.{key}: .*{instead}"):
+        AutoscalerConfig.from_mapping({key: 5.0})
 
 
 @pytest.mark.parametrize(("data", "message"), [

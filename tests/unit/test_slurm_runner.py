@@ -92,3 +92,19 @@ def test_detached_children_are_reaped_by_one_shared_thread(tmp_path: Path) -> No
     assert runner._reaper.pending() == 0
     zombies = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() == psutil.STATUS_ZOMBIE]
     assert zombies == []
+
+
+def test_controller_slurm_timeout_s_is_the_timeout_of_its_slurm_commands(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hung ``squeue`` (a script that sleeps) is cut off after the configured timeout, not the default 30 s."""
+    from slurm_elastic.controller.config import parse_config
+    from slurm_elastic.controller.main import running_job, slurm_backend
+
+    monkeypatch.setattr(runner, "_timeout_s", runner.DEFAULT_TIMEOUT_S)  # restored after the test
+    (tmp_path / "squeue").write_text("#!/bin/sh\nexec sleep 20\n")
+    (tmp_path / "squeue").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    config = parse_config({"controller": {"slurm_timeout_s": 0.3, "slurm_backend": "cli"}})
+    with pytest.raises(SlurmTimeoutError, match=r"timed out after 0\.3 s"):
+        running_job(slurm_backend(config), 12345)
+    assert runner.command_timeout_s() == 0.3

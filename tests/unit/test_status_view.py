@@ -63,3 +63,13 @@ def test_control_characters_from_clients_are_shown_escaped() -> None:
     down = render_status(7, None, [{"step_id": "1", "name": "se-w-\x1b[5m", "nodes": ["n\x1b"], "time_used": ""}],
                          unreachable="refused\x1b[2J")
     assert "\x1b" not in down and "refused\\x1b[2J" in down
+
+
+def test_buffer_line_from_the_queue_section() -> None:
+    queue = {"queued_sequences": 96, "capacity_sequences": 192, "staleness_capacity": 0, "policy_version": 31,
+             "delivered_sequences": 992}
+    text = render_status(7, {**STATUS, "queue": queue})
+    assert "buffer: 96/192 sequences  staleness capacity 0  trainer version 31  delivered 992\n" in text
+    assert "buffer:" not in render_status(7, {**STATUS, "queue": None})
+    lost = render_status(7, {**STATUS, "queue": {**queue, "lost_groups": 2}})
+    assert "delivered 992  LOST 2 groups (damaged records)\n" in lost
