@@ -575,23 +575,39 @@ def _syncer_of(pid: int) -> int | None:
     return None
 
 
+def _empty_queue(rig: Rig) -> None:
+    """Pull and acknowledge until fewer than a batch wait, then take the rest out with fillers."""
+    for _ in range(100):
+        pulled = rig.post("/trainer/batch")
+        if pulled.status_code != 200:
+            break
+        rig.post(f"/trainer/batch/{pulled.json()['batch_id']}/ack").raise_for_status()
+    waiting = rig.snapshot()["queued"]
+    if waiting:  # fewer than a batch: fill up to one and pull it
+        rig.post("/rollouts", group("filler-0", QUEUE["batch_size"] - waiting)).raise_for_status()
+        batch = rig.post("/trainer/batch").json()
+        rig.post(f"/trainer/batch/{batch['batch_id']}/ack").raise_for_status()
+
+
 def storage_probes(rig: Rig) -> Iterator[Probe]:
     before = rig.snapshot()
-    for gid in ("dmg-1", "fill-1"):
+    _empty_queue(rig)  # whatever earlier probes left queued: this probe's batch is its own groups
+    for gid in ("fill-0", "dmg-1", "fill-1"):
         rig.post("/rollouts", group(gid)).raise_for_status()
     _flip_a_byte(rig.job.state_dir, "dmg-1")
     pulled = rig.post("/trainer/batch")
     batch = pulled.json() if pulled.status_code == 200 else {}
     ids = [g["id"] for g in batch.get("groups", [])]
     acked = rig.post(f"/trainer/batch/{batch['batch_id']}/ack").status_code if batch else 0
-    rig.post("/rollouts", group("kept-2")).raise_for_status()  # one group of 4 waiting again, as before
+    for i in range(before["queued"] // 4):  # as much waiting again as before
+        rig.post("/rollouts", group(f"kept-again-{i}")).raise_for_status()
     lost = rig.http.get("/global-status", headers=rig.auth).json()["queue"]["lost_groups"]
     kept, same = rig.kept(before)
     yield Probe("storage", "flip a byte in a queued group's record in the payload log, then pull a batch",
                 f"{pulled.status_code}: groups {ids}, lost_group_ids {batch.get('lost_group_ids')}; "
                 f"`/global-status` queue.lost_groups {lost}",
                 f"{kept} (the damaged group never delivered, the others once)",
-                pulled.status_code == 200 and ids == ["kept-1", "fill-1"] and batch.get("lost_group_ids") == ["dmg-1"]
+                pulled.status_code == 200 and ids == ["fill-0", "fill-1"] and batch.get("lost_group_ids") == ["dmg-1"]
                 and acked == 200 and lost == 1 and same)
 
     before = rig.snapshot()
