@@ -197,7 +197,7 @@ def hostile_client_probes(rig: Rig) -> Iterator[Probe]:
     healthz_ms: list[float] = []
     while any(t.is_alive() for t in threads):
         started = time.monotonic()
-        rig.http.get("/healthz").raise_for_status()
+        rig.http.get("/healthz", headers=rig.auth).raise_for_status()
         healthz_ms.append((time.monotonic() - started) * 1000)
     for thread in threads:
         thread.join()
