@@ -642,7 +642,7 @@ class Controller:
             "node": worker.node, "gpus": list(worker.gpus), "age_s": round(now_s - worker.launched_at_s, 1),
             "rollouts": worker.rollouts, "busy": worker.busy, "placeholder": worker.placeholder,
             "last_heartbeat_age_s": round(now_s - worker.last_heartbeat_s, 1), "crash_count": worker.crash_count,
-            "launches": worker.launches, "endpoint": worker.endpoint,
+            "launches": worker.launches, "endpoint": worker.endpoint, "liveness_failures": worker.liveness_failures,
             "outstanding_requests": self.endpoints.outstanding(worker.worker_id, now_s) if self.is_server else None,
             "history": [list(h) for h in worker.history[-10:]],
         }
