@@ -158,6 +158,7 @@ def api_probes(rig: Rig) -> Iterator[Probe]:
     yield from hostile_client_probes(rig)
     yield from loose_submit_probes(rig)
     yield from growth_probes(rig)
+    yield from liveness_probes(rig)
 
 
 def _address(url: str) -> tuple[str, int]:
@@ -305,6 +306,15 @@ def growth_probes(rig: Rig) -> Iterator[Probe]:
     yield _api(rig, "cordon a GPU with terminal escape codes in the reason",
                lambda: rig.post("/admin/cordon", {"node": "node1", "gpu": 0, "reason": "\x1b[2J\x1b[31mpwned"}),
                422, "printable")
+
+
+def liveness_probes(rig: Rig) -> Iterator[Probe]:
+    """Heartbeats that claim failed liveness probes: a bad count is refused, and in a rollout job
+    (liveness probes are for servers) a count drains nothing."""
+    yield _api(rig, "heartbeat with `liveness_failures: -1`",
+               lambda: rig.post("/workers/0001/heartbeat", {"liveness_failures": -1}), 422, "liveness_failures")
+    yield _api(rig, "a rollout worker's heartbeat with `liveness_failures: 1000` (liveness is for servers)",
+               lambda: rig.post("/workers/0001/heartbeat", {"liveness_failures": 1000}), 200, '"drain":false')
 
 
 def cli_probes(rig: Rig) -> Iterator[Probe]:
