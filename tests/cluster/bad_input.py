@@ -475,7 +475,7 @@ def identity_probe(cluster: DevCluster, tmp: Path) -> Probe:
 def _restarted(rig: Rig, old_pid: int) -> bool:
     try:
         new_pid = rig.job.controller_pid()
-        return new_pid != old_pid and rig.http.get("/healthz").status_code == 200
+        return new_pid != old_pid and rig.http.get("/healthz", headers=rig.auth).status_code == 200
     except (OSError, ValueError, httpx.HTTPError):
         return False
 
