@@ -56,7 +56,7 @@ def test_confirmations_in_a_row() -> None:
     actions = [scaler.decide(inputs(queued=0), t).action for t in (1, 2, 3)]
     assert actions == ["hold", "hold", "scale_up"]
     scaler.decide(inputs(queued=640), 4)  # a vote the other way resets the count
-    assert scaler.decide(inputs(queued=0), 5).reason.startswith("up vote 1/3")
+    assert scaler.decide(inputs(queued=0), 5).reason.startswith("hold: up vote 1/3")
 
 
 @pytest.mark.parametrize(("queued", "cooldown_field"), [(0, "scale_up_cooldown_s"), (640, "scale_down_cooldown_s")])
@@ -225,7 +225,7 @@ def test_a_buffer_at_the_staleness_room_reads_as_a_surplus() -> None:
     # queued the old setpoint read "starving", the room (1.5 x 32 - 16 = 32) reads a surplus
     x = inputs(queued=48, active=8, consumption=4.0, max_staleness=2, in_flight_seqs=16.0)
     target, action, reason = decide(FAST, x)
-    assert action == "scale_down" and target < 8 and "setpoint 32" in reason
+    assert action == "scale_down" and target < 8 and "32 aimed for" in reason
 
 
 def test_the_integral_does_not_grow_while_a_cooldown_holds_the_move_back() -> None:
@@ -236,3 +236,43 @@ def test_the_integral_does_not_grow_while_a_cooldown_holds_the_move_back() -> No
     for t in range(10, 300, 10):  # the buffer stays above the setpoint; the cooldown holds the move
         assert scaler.decide(inputs(queued=640, active=9), float(t)).action == "hold"
     assert scaler.integral == before  # no windup to overshoot with once the cooldown ends
+
+
+STARVING = "although the trainer waits for rollouts"
+
+
+def test_a_hold_while_the_trainer_starves_names_the_cooldown_and_the_time_left() -> None:
+    scaler = Autoscaler(dataclasses.replace(FAST, scale_up_cooldown_s=30.0, max_step_up=1))
+    assert scaler.decide(inputs(queued=0), 0.0).action == "scale_up"
+    held = scaler.decide(inputs(queued=0, active=5), 18.0)
+    assert held.action == "hold"
+    assert held.reason.startswith(f"hold: cooldown after scale-up (12 s left of scale_up_cooldown_s 30 s) {STARVING}")
+
+
+@pytest.mark.parametrize(("cfg", "x", "words"), [
+    # recommends ~4.4 for 4: the deadband, named with its width
+    (dataclasses.replace(FAST, deadband_workers=0.5), inputs(queued=60, consumption=4.3),
+     f"within the deadband (0.5 worker) of the current 4 {STARVING}"),
+    (dataclasses.replace(FAST, confirmations=2), inputs(queued=0),
+     f"waiting for 2 readings in a row that ask for more workers (confirmations) {STARVING}"),
+    (dataclasses.replace(FAST, min_stable_period_s=10.0), inputs(queued=0),
+     f"not stable yet, it has held 0 s of the 10 s required (min_stable_period_s) {STARVING}"),
+    (dataclasses.replace(FAST, max_workers=4), inputs(queued=0), f"at the ceiling, max_workers (4) {STARVING}"),
+    (FAST, inputs(queued=0, allowed_slots=4), f"at the ceiling, the usable GPU slots (4) {STARVING}"),
+])
+def test_every_hold_while_the_trainer_starves_says_why_in_words(cfg: AutoscalerConfig, x: PressureInputs,
+                                                                words: str) -> None:
+    target, action, reason = decide(cfg, x)
+    assert (target, action) == (4, "hold")
+    assert reason.startswith("hold: ") and words in reason
+    assert "trainer starving: the buffer holds" in reason  # and the pressure itself, in numbers
+
+
+def test_a_hold_with_a_surplus_does_not_claim_the_trainer_waits() -> None:
+    _t, action, reason = decide(dataclasses.replace(FAST, confirmations=2), inputs(queued=640))
+    assert action == "hold" and "down vote 1/2" in reason and STARVING not in reason
+
+
+def test_a_capped_step_names_the_cap() -> None:
+    _t, action, reason = decide(dataclasses.replace(FAST, max_step_up=2), inputs(queued=0, active=1))
+    assert action == "scale_up" and "step capped at max_step_up 2" in reason
