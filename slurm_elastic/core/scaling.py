@@ -40,6 +40,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from slurm_elastic.core.startup import startup_recommendation
 from slurm_elastic.errors import ConfigError
 
 # verl's ElasticConfig names -> ours (docs/autoscaler.md explains each)
@@ -84,6 +85,8 @@ class AutoscalerConfig:
     max_step_up: int = 4
     max_step_down: int = 2
     integral_limit_seqs_s: float = 1e6
+    startup_trainer_step_s: float = 0.0  # a trainer step's time, known before it is measured; 0: unknown
+    startup_worker_seqs_per_s: float = 0.0  # one busy worker's production before it is measured; 0: unknown
     requests_per_worker_capacity: float = 8.0
     scale_up_threshold: float = 0.8
     scale_down_threshold: float = 0.5
@@ -190,6 +193,7 @@ class Autoscaler:
     last_down_s: float = -math.inf
     window: list[tuple[float, float]] = field(default_factory=list)
     held_dir: int = 0  # +1/-1: the last decision held back a move that way (conditional integration)
+    startup_step: bool = False  # this decision is the start-up step (no votes, stable period or step cap)
 
     def decide(self, x: PressureInputs, now_s: float) -> Decision:
         """One decision; its reason names, in plain words, the pressure and whatever term, bound,
@@ -197,6 +201,7 @@ class Autoscaler:
         cfg = self.config
         current = x.workers_starting + x.workers_active  # draining workers are not capacity
         ceiling = max(cfg.min_workers, min(cfg.max_workers, x.allowed_slots + 0))
+        self.startup_step = False
         rec, why, terms = self._recommend(x, now_s, current)
         rec_load, why_load = self._recommend_load(x, current)
         if rec_load is not None and (rec is None or rec_load > rec):
@@ -235,13 +240,13 @@ class Autoscaler:
         word = "up" if direction > 0 else "down"
         more = "more" if direction > 0 else "fewer"
         self.held_dir = direction  # until the move is made in full below
-        if self.votes < cfg.confirmations:
+        if self.votes < cfg.confirmations and not self.startup_step:
             return Decision(steady, "hold", f"hold: {word} vote {self.votes}/{cfg.confirmations}, waiting for "
                             f"{cfg.confirmations} readings in a row that ask for {more} workers (confirmations)"
                             f"{despite}; {why}", rec, *terms)
         assert self.direction_since_s is not None
         held_s = now_s - self.direction_since_s
-        if held_s < cfg.min_stable_period_s:
+        if held_s < cfg.min_stable_period_s and not self.startup_step:
             return Decision(steady, "hold", f"hold: the call for {more} workers is not stable yet, it has held "
                             f"{held_s:.0f} s of the {cfg.min_stable_period_s:g} s required (min_stable_period_s)"
                             f"{despite}; {why}", rec, *terms)
@@ -251,6 +256,8 @@ class Autoscaler:
             return Decision(steady, "hold", f"hold: cooldown after scale-{word} ({cooldown - (now_s - last):.0f} s "
                             f"left of scale_{word}_cooldown_s {cooldown:g} s){despite}; {why}", rec, *terms)
         limit_step = cfg.max_step_up if direction > 0 else cfg.max_step_down
+        if self.startup_step:
+            limit_step = max(limit_step, math.ceil(abs(delta)))
         step = min(abs(delta), limit_step)
         target = current + direction * max(1, math.floor(step + 1e-9))
         if direction > 0:
@@ -287,11 +294,12 @@ class Autoscaler:
             self.integral = min(self.integral, 0.0)
             return current - 1, f"buffer full ({x.queued_seqs:.0f}/{x.buffer_capacity_seqs:.0f}): fewer workers", (
                 error, None, None, None)
+        start = startup_recommendation(cfg, x, current, setpoint)
+        if start is not None:
+            self.startup_step = True
+            return start[0], start[1], (error, None, None, None)
         rate = x.per_worker_seqs_per_s
         if rate is None or not math.isfinite(rate) or rate <= 0:
-            if error > 0:
-                return current + 1, f"no production rate yet; buffer {x.queued_seqs:.0f} < setpoint {setpoint:.0f}", (
-                    error, None, None, None)
             return None, "no production rate measured yet: holding", (error, None, None, None)
         p = cfg.kp * error
         d = -cfg.kd * d_queued

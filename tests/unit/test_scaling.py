@@ -126,9 +126,9 @@ def test_no_buffer_measurement_holds(queued: float | None) -> None:
     assert (target, action) == (4, "hold") and "no buffer measurement" in reason
 
 
-def test_no_rate_measured_yet_bootstraps_one_at_a_time() -> None:
+def test_no_rate_measured_yet_starts_the_ramp() -> None:
     target, action, reason = decide(FAST, inputs(queued=0, rate=None, active=0))
-    assert (target, action) == (1, "scale_up") and "no production rate yet" in reason
+    assert (target, action) == (1, "scale_up") and "start-up" in reason
     target, action, reason = decide(FAST, inputs(queued=640, rate=math.nan))
     assert (target, action) == (4, "hold") and "no production rate" in reason
 
@@ -200,7 +200,7 @@ def test_deadband(deadband: float, consumption: float, expected_action: str) -> 
     (PressureInputs(queued_seqs=0, batch_size=0, workers_active=4), "hold", "no buffer measurement"),  # empty
     (inputs(queued=64, consumption=math.nan), "scale_down", "feed-forward 0.00"),  # NaN consumption: no feed-forward
     (inputs(queued=64, consumption=None), "scale_down", "feed-forward 0.00"),
-    (inputs(queued=0, rate=math.inf), "scale_up", "no production rate yet"),  # an infinite rate is not a rate
+    (inputs(queued=0, rate=math.inf), "scale_up", "start-up: a worker's production not measured"),  # inf is no rate
 ])
 def test_unmeasured_inputs_are_explicit(x: PressureInputs, expected_action: str, phrase: str) -> None:
     _target, action, reason = decide(FAST, x)
@@ -276,3 +276,36 @@ def test_a_hold_with_a_surplus_does_not_claim_the_trainer_waits() -> None:
 def test_a_capped_step_names_the_cap() -> None:
     _t, action, reason = decide(dataclasses.replace(FAST, max_step_up=2), inputs(queued=0, active=1))
     assert action == "scale_up" and "step capped at max_step_up 2" in reason
+
+
+SLOW = dataclasses.replace(FAST, confirmations=2, min_stable_period_s=10.0, scale_up_cooldown_s=30.0, max_step_up=1)
+
+
+def test_start_up_doubles_at_once_then_once_per_cooldown_until_the_rates_are_measured() -> None:
+    scaler = Autoscaler(SLOW)
+    first = scaler.decide(inputs(queued=0, active=2, rate=None, consumption=None), 2.0)
+    assert (first.target_workers, first.action) == (4, "scale_up")  # no votes, no stable period, no step cap
+    assert "doubling 2 -> 4" in first.reason
+    held = scaler.decide(inputs(queued=0, active=4, rate=0.8, consumption=None), 20.0)
+    assert held.action == "hold" and "cooldown after scale-up" in held.reason
+    second = scaler.decide(inputs(queued=8, active=4, rate=0.8, consumption=None), 32.0)
+    assert (second.target_workers, "the trainer's demand not measured") == (8, "the trainer's demand not measured")
+    measured = scaler.decide(inputs(queued=8, active=8, rate=0.8, consumption=6.4), 70.0)
+    assert "start-up" not in measured.reason and "feed-forward" in measured.reason
+
+
+def test_start_up_sizes_the_first_step_from_the_known_demand_and_production() -> None:
+    cfg = dataclasses.replace(SLOW, startup_trainer_step_s=10.0, startup_worker_seqs_per_s=0.8)
+    d = Autoscaler(cfg).decide(inputs(queued=0, active=1, rate=None, consumption=None), 2.0)
+    # demand 32 seqs / 10 s = 3.2 seqs/s; 0.8 per worker -> 4 workers in one step
+    assert (d.target_workers, d.action) == (4, "scale_up")
+    assert "needs 3.20 seqs/s (startup_trainer_step_s)" in d.reason and "(startup_worker_seqs_per_s)" in d.reason
+
+
+def test_start_up_is_held_to_the_staleness_room_and_stops_at_the_setpoint() -> None:
+    # max_staleness 1: (1 + 1) x 32 - 8 queued = 56 seqs may be out before a pull; 4 workers hold 32: 8 each
+    x = inputs(queued=8, active=4, rate=None, consumption=None, max_staleness=1, in_flight_seqs=32.0)
+    d = Autoscaler(dataclasses.replace(FAST, max_step_up=1)).decide(x, 2.0)
+    assert d.target_workers == 7 and "held to 7 by the staleness room" in d.reason
+    full = Autoscaler(FAST).decide(inputs(queued=640, active=4, rate=None, consumption=None), 2.0)
+    assert full.action != "scale_up" and "start-up" not in full.reason
