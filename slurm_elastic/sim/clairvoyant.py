@@ -43,7 +43,7 @@ def _idle_over(base: Simulation, workers: int, until_s: float) -> float:
 def _set(sim: Simulation, workers: int) -> None:
     assert isinstance(sim.policy, ScheduledPolicy)
     sim.policy.workers = workers
-    sim._reconcile(workers, None)  # act now, not at the next tick
+    sim.act_now(workers)
 
 
 def clairvoyant_schedule(trace: Trace, seed: int, interval_s: float = 120.0, slack_fraction: float = 0.0,

@@ -175,6 +175,10 @@ class Simulation:
         self._trainer_try_pull()
         self._at(self.trace.cluster.tick_interval_s, "tick")
 
+    def act_now(self, workers: int) -> None:
+        """Reconcile to ``workers`` at once, not at the next tick (a schedule set from outside)."""
+        self._reconcile(workers, None)
+
     def trainer_idle_s(self) -> float:
         """Seconds the trainer has waited for a full batch so far, a wait in progress included."""
         waiting = 0.0 if self.trainer_waiting_since is None else self.now_s - self.trainer_waiting_since
