@@ -40,6 +40,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from slurm_elastic.core.startup import startup_recommendation
 from slurm_elastic.errors import ConfigError
 
 # verl's ElasticConfig names -> ours (docs/autoscaler.md explains each)
@@ -84,6 +85,8 @@ class AutoscalerConfig:
     max_step_up: int = 4
     max_step_down: int = 2
     integral_limit_seqs_s: float = 1e6
+    startup_trainer_step_s: float = 0.0  # a trainer step's time, known before it is measured; 0: unknown
+    startup_worker_seqs_per_s: float = 0.0  # one busy worker's production before it is measured; 0: unknown
     requests_per_worker_capacity: float = 8.0
     scale_up_threshold: float = 0.8
     scale_down_threshold: float = 0.5
@@ -157,6 +160,13 @@ class Decision:
         return {k: v for k, v in self.__dict__.items()}
 
 
+def _pressure_words(queued_seqs: float, setpoint_seqs: float) -> str:
+    """The buffer against its setpoint, as a user reads it."""
+    if queued_seqs < setpoint_seqs:
+        return f"trainer starving: the buffer holds {queued_seqs:.0f} of the {setpoint_seqs:.0f} seqs aimed for"
+    return f"buffer above setpoint: {queued_seqs:.0f} seqs buffered, {setpoint_seqs:.0f} aimed for"
+
+
 def effective_setpoint_seqs(cfg: AutoscalerConfig, x: PressureInputs) -> float:
     """The buffer level aimed for [sequences]: setpoint_batches·batch_size, lowered to what the
     staleness bound lets the buffer hold while ``in_flight_seqs`` are generating, but not below half
@@ -183,19 +193,31 @@ class Autoscaler:
     last_down_s: float = -math.inf
     window: list[tuple[float, float]] = field(default_factory=list)
     held_dir: int = 0  # +1/-1: the last decision held back a move that way (conditional integration)
+    startup_step: bool = False  # this decision is the start-up step (no votes, stable period or step cap)
 
     def decide(self, x: PressureInputs, now_s: float) -> Decision:
+        """One decision; its reason names, in plain words, the pressure and whatever term, bound,
+        vote, period or cooldown made it (a hold while the trainer waits says why it holds)."""
         cfg = self.config
         current = x.workers_starting + x.workers_active  # draining workers are not capacity
         ceiling = max(cfg.min_workers, min(cfg.max_workers, x.allowed_slots + 0))
+        self.startup_step = False
         rec, why, terms = self._recommend(x, now_s, current)
         rec_load, why_load = self._recommend_load(x, current)
         if rec_load is not None and (rec is None or rec_load > rec):
             rec, why = rec_load, why_load
         if rec is None:
             return self._hold(current, ceiling, why, terms)
+        starving = terms[0] is not None and terms[0] > 0
+        despite = " although the trainer waits for rollouts" if starving else ""
         steady = min(max(current, cfg.min_workers), ceiling)  # what a hold keeps: within the bounds
         bounded = min(max(rec, cfg.min_workers), ceiling)
+        if rec > ceiling and current <= ceiling and abs(bounded - current) <= cfg.deadband_workers:
+            limit = (f"max_workers ({cfg.max_workers})" if cfg.max_workers <= x.allowed_slots
+                     else f"the usable GPU slots ({x.allowed_slots})")
+            self.votes, self.votes_dir, self.direction_since_s = 0, 0, None
+            self.held_dir = 1
+            return Decision(steady, "hold", f"hold: at the ceiling, {limit}{despite}; {why}", rec, *terms)
         self.window.append((now_s, bounded))
         self.window = [(t, r) for t, r in self.window if now_s - t <= cfg.stabilization_window_s]
         window_held = False
@@ -203,37 +225,47 @@ class Autoscaler:
             highest = max(r for _t, r in self.window)
             if highest > bounded:
                 bounded, window_held = min(float(current), highest), True
-                why += f"; stabilization window keeps {bounded:.1f} (highest recent recommendation {highest:.1f})"
+                why += (f"; the stabilization window ({cfg.stabilization_window_s:g} s) keeps {bounded:.1f} "
+                        f"(highest recent recommendation {highest:.1f})")
         delta = bounded - current
         self.held_dir = -1 if window_held else 0
         if abs(delta) <= cfg.deadband_workers:
             self.votes, self.votes_dir, self.direction_since_s = 0, 0, None
-            return Decision(steady, "hold", f"within deadband ({bounded:.2f} vs {current}): {why}", rec, *terms)
+            return Decision(steady, "hold", f"hold: {bounded:.1f} workers wanted is within the deadband "
+                            f"({cfg.deadband_workers:g} worker) of the current {current}{despite}; {why}", rec, *terms)
         direction = 1 if delta > 0 else -1
         if direction != self.votes_dir:
             self.votes_dir, self.votes, self.direction_since_s = direction, 0, now_s
         self.votes += 1
         word = "up" if direction > 0 else "down"
+        more = "more" if direction > 0 else "fewer"
         self.held_dir = direction  # until the move is made in full below
-        if self.votes < cfg.confirmations:
-            return Decision(steady, "hold", f"{word} vote {self.votes}/{cfg.confirmations}: {why}", rec, *terms)
+        if self.votes < cfg.confirmations and not self.startup_step:
+            return Decision(steady, "hold", f"hold: {word} vote {self.votes}/{cfg.confirmations}, waiting for "
+                            f"{cfg.confirmations} readings in a row that ask for {more} workers (confirmations)"
+                            f"{despite}; {why}", rec, *terms)
         assert self.direction_since_s is not None
-        if now_s - self.direction_since_s < cfg.min_stable_period_s:
-            return Decision(steady, "hold", f"{word} not stable for min_stable_period "
-                            f"{cfg.min_stable_period_s:g} s yet: {why}", rec, *terms)
+        held_s = now_s - self.direction_since_s
+        if held_s < cfg.min_stable_period_s and not self.startup_step:
+            return Decision(steady, "hold", f"hold: the call for {more} workers is not stable yet, it has held "
+                            f"{held_s:.0f} s of the {cfg.min_stable_period_s:g} s required (min_stable_period_s)"
+                            f"{despite}; {why}", rec, *terms)
         last, cooldown = (self.last_up_s, cfg.scale_up_cooldown_s) if direction > 0 else (
             self.last_down_s, cfg.scale_down_cooldown_s)
         if now_s - last < cooldown:
-            return Decision(steady, "hold", f"scale-{word} cooldown ({now_s - last:.0f}/{cooldown:g} s): {why}",
-                            rec, *terms)
-        step = min(abs(delta), cfg.max_step_up if direction > 0 else cfg.max_step_down)
+            return Decision(steady, "hold", f"hold: cooldown after scale-{word} ({cooldown - (now_s - last):.0f} s "
+                            f"left of scale_{word}_cooldown_s {cooldown:g} s){despite}; {why}", rec, *terms)
+        limit_step = cfg.max_step_up if direction > 0 else cfg.max_step_down
+        if self.startup_step:
+            limit_step = max(limit_step, math.ceil(abs(delta)))
+        step = min(abs(delta), limit_step)
         target = current + direction * max(1, math.floor(step + 1e-9))
         if direction > 0:
             self.last_up_s = now_s
         else:
             self.last_down_s = now_s
         self.votes = 0
-        capped = " (step capped)" if step < abs(delta) else ""
+        capped = f" (step capped at max_step_{word} {limit_step})" if step < abs(delta) else ""
         if not capped and not window_held:
             self.held_dir = 0
         return Decision(target, f"scale_{word}", f"{why}{capped}", rec, *terms)
@@ -262,11 +294,12 @@ class Autoscaler:
             self.integral = min(self.integral, 0.0)
             return current - 1, f"buffer full ({x.queued_seqs:.0f}/{x.buffer_capacity_seqs:.0f}): fewer workers", (
                 error, None, None, None)
+        start = startup_recommendation(cfg, x, current, setpoint)
+        if start is not None:
+            self.startup_step = True
+            return start[0], start[1], (error, None, None, None)
         rate = x.per_worker_seqs_per_s
         if rate is None or not math.isfinite(rate) or rate <= 0:
-            if error > 0:
-                return current + 1, f"no production rate yet; buffer {x.queued_seqs:.0f} < setpoint {setpoint:.0f}", (
-                    error, None, None, None)
             return None, "no production rate measured yet: holding", (error, None, None, None)
         p = cfg.kp * error
         d = -cfg.kd * d_queued
@@ -281,9 +314,8 @@ class Autoscaler:
             self.integral = max(-cfg.integral_limit_seqs_s, min(cfg.integral_limit_seqs_s, self.integral + error * dt))
         i = cfg.ki * self.integral
         rec = feed_forward + (p + i + d) / (rate * cfg.horizon_s)
-        starving = "trainer starving" if error > 0 else "buffer above setpoint"
-        why = (f"{starving}: buffer {x.queued_seqs:.0f} vs setpoint {setpoint:.0f} seqs; "
-               f"feed-forward {feed_forward:.2f} + P {p:.0f} I {i:.0f} D {d:.0f} -> {rec:.2f} workers")
+        why = (f"{_pressure_words(x.queued_seqs, setpoint)}; feed-forward {feed_forward:.2f} + "
+               f"P {p:.0f} I {i:.0f} D {d:.0f} -> {rec:.2f} workers")
         return rec, why, (error, p, i, d)
 
     def _recommend_load(self, x: PressureInputs, current: int) -> tuple[float | None, str]:

@@ -163,18 +163,36 @@ class Simulation:
         heapq.heappush(self._events, (t_s, self._seq, kind, worker_id, epoch))
 
     def run(self) -> SimResult:
-        trace = self.trace
-        for failure in trace.failures:
+        self.start(initial_workers(self.policy_name, self.trace))
+        self.advance(self.trace.duration_s)
+        return self._finish()
+
+    def start(self, workers: int) -> None:
+        """t = 0: launch ``workers``, the trainer waits for its first batch, the ticks begin."""
+        for failure in self.trace.failures:
             self._at(failure.at_s, "fail", str(failure.workers))
-        self._reconcile(initial_workers(self.policy_name, trace), None)
+        self._reconcile(workers, None)
         self._trainer_try_pull()
-        self._at(trace.cluster.tick_interval_s, "tick")
-        while self._events and self._events[0][0] <= trace.duration_s:
+        self._at(self.trace.cluster.tick_interval_s, "tick")
+
+    def act_now(self, workers: int) -> None:
+        """Reconcile to ``workers`` at once, not at the next tick (a schedule set from outside)."""
+        self._reconcile(workers, None)
+
+    def trainer_idle_s(self) -> float:
+        """Seconds the trainer has waited for a full batch so far, a wait in progress included."""
+        waiting = 0.0 if self.trainer_waiting_since is None else self.now_s - self.trainer_waiting_since
+        return self.counters["trainer_idle_s"] + waiting
+
+    def advance(self, until_s: float) -> None:
+        """Handle every event up to ``until_s`` (at most the trace's end); the clock ends there."""
+        until_s = min(until_s, self.trace.duration_s)
+        while self._events and self._events[0][0] <= until_s:
             t_s, _seq, kind, worker_id, epoch = heapq.heappop(self._events)
             self.now_s = t_s
             if kind == "tick":
                 self._tick()
-                self._at(t_s + trace.cluster.tick_interval_s, "tick")
+                self._at(t_s + self.trace.cluster.tick_interval_s, "tick")
             elif kind == "trainer_done":
                 self._trainer_done()
             elif kind == "fail":
@@ -183,6 +201,10 @@ class Simulation:
                 proc = self.procs.get(worker_id)
                 if proc is not None and proc.epoch == epoch:
                     self._worker_event(proc, kind)
+        self.now_s = max(self.now_s, until_s)
+
+    def finish(self) -> SimResult:
+        """The metrics at the trace's end (call once, after :meth:`advance` to the end)."""
         return self._finish()
 
     def _finish(self) -> SimResult:

@@ -56,7 +56,7 @@ def test_confirmations_in_a_row() -> None:
     actions = [scaler.decide(inputs(queued=0), t).action for t in (1, 2, 3)]
     assert actions == ["hold", "hold", "scale_up"]
     scaler.decide(inputs(queued=640), 4)  # a vote the other way resets the count
-    assert scaler.decide(inputs(queued=0), 5).reason.startswith("up vote 1/3")
+    assert scaler.decide(inputs(queued=0), 5).reason.startswith("hold: up vote 1/3")
 
 
 @pytest.mark.parametrize(("queued", "cooldown_field"), [(0, "scale_up_cooldown_s"), (640, "scale_down_cooldown_s")])
@@ -126,9 +126,9 @@ def test_no_buffer_measurement_holds(queued: float | None) -> None:
     assert (target, action) == (4, "hold") and "no buffer measurement" in reason
 
 
-def test_no_rate_measured_yet_bootstraps_one_at_a_time() -> None:
+def test_no_rate_measured_yet_starts_the_ramp() -> None:
     target, action, reason = decide(FAST, inputs(queued=0, rate=None, active=0))
-    assert (target, action) == (1, "scale_up") and "no production rate yet" in reason
+    assert (target, action) == (1, "scale_up") and "start-up" in reason
     target, action, reason = decide(FAST, inputs(queued=640, rate=math.nan))
     assert (target, action) == (4, "hold") and "no production rate" in reason
 
@@ -200,7 +200,7 @@ def test_deadband(deadband: float, consumption: float, expected_action: str) -> 
     (PressureInputs(queued_seqs=0, batch_size=0, workers_active=4), "hold", "no buffer measurement"),  # empty
     (inputs(queued=64, consumption=math.nan), "scale_down", "feed-forward 0.00"),  # NaN consumption: no feed-forward
     (inputs(queued=64, consumption=None), "scale_down", "feed-forward 0.00"),
-    (inputs(queued=0, rate=math.inf), "scale_up", "no production rate yet"),  # an infinite rate is not a rate
+    (inputs(queued=0, rate=math.inf), "scale_up", "start-up: a worker's production not measured"),  # inf is no rate
 ])
 def test_unmeasured_inputs_are_explicit(x: PressureInputs, expected_action: str, phrase: str) -> None:
     _target, action, reason = decide(FAST, x)
@@ -225,7 +225,7 @@ def test_a_buffer_at_the_staleness_room_reads_as_a_surplus() -> None:
     # queued the old setpoint read "starving", the room (1.5 x 32 - 16 = 32) reads a surplus
     x = inputs(queued=48, active=8, consumption=4.0, max_staleness=2, in_flight_seqs=16.0)
     target, action, reason = decide(FAST, x)
-    assert action == "scale_down" and target < 8 and "setpoint 32" in reason
+    assert action == "scale_down" and target < 8 and "32 aimed for" in reason
 
 
 def test_the_integral_does_not_grow_while_a_cooldown_holds_the_move_back() -> None:
@@ -236,3 +236,76 @@ def test_the_integral_does_not_grow_while_a_cooldown_holds_the_move_back() -> No
     for t in range(10, 300, 10):  # the buffer stays above the setpoint; the cooldown holds the move
         assert scaler.decide(inputs(queued=640, active=9), float(t)).action == "hold"
     assert scaler.integral == before  # no windup to overshoot with once the cooldown ends
+
+
+STARVING = "although the trainer waits for rollouts"
+
+
+def test_a_hold_while_the_trainer_starves_names_the_cooldown_and_the_time_left() -> None:
+    scaler = Autoscaler(dataclasses.replace(FAST, scale_up_cooldown_s=30.0, max_step_up=1))
+    assert scaler.decide(inputs(queued=0), 0.0).action == "scale_up"
+    held = scaler.decide(inputs(queued=0, active=5), 18.0)
+    assert held.action == "hold"
+    assert held.reason.startswith(f"hold: cooldown after scale-up (12 s left of scale_up_cooldown_s 30 s) {STARVING}")
+
+
+@pytest.mark.parametrize(("cfg", "x", "words"), [
+    # recommends ~4.4 for 4: the deadband, named with its width
+    (dataclasses.replace(FAST, deadband_workers=0.5), inputs(queued=60, consumption=4.3),
+     f"within the deadband (0.5 worker) of the current 4 {STARVING}"),
+    (dataclasses.replace(FAST, confirmations=2), inputs(queued=0),
+     f"waiting for 2 readings in a row that ask for more workers (confirmations) {STARVING}"),
+    (dataclasses.replace(FAST, min_stable_period_s=10.0), inputs(queued=0),
+     f"not stable yet, it has held 0 s of the 10 s required (min_stable_period_s) {STARVING}"),
+    (dataclasses.replace(FAST, max_workers=4), inputs(queued=0), f"at the ceiling, max_workers (4) {STARVING}"),
+    (FAST, inputs(queued=0, allowed_slots=4), f"at the ceiling, the usable GPU slots (4) {STARVING}"),
+])
+def test_every_hold_while_the_trainer_starves_says_why_in_words(cfg: AutoscalerConfig, x: PressureInputs,
+                                                                words: str) -> None:
+    target, action, reason = decide(cfg, x)
+    assert (target, action) == (4, "hold")
+    assert reason.startswith("hold: ") and words in reason
+    assert "trainer starving: the buffer holds" in reason  # and the pressure itself, in numbers
+
+
+def test_a_hold_with_a_surplus_does_not_claim_the_trainer_waits() -> None:
+    _t, action, reason = decide(dataclasses.replace(FAST, confirmations=2), inputs(queued=640))
+    assert action == "hold" and "down vote 1/2" in reason and STARVING not in reason
+
+
+def test_a_capped_step_names_the_cap() -> None:
+    _t, action, reason = decide(dataclasses.replace(FAST, max_step_up=2), inputs(queued=0, active=1))
+    assert action == "scale_up" and "step capped at max_step_up 2" in reason
+
+
+SLOW = dataclasses.replace(FAST, confirmations=2, min_stable_period_s=10.0, scale_up_cooldown_s=30.0, max_step_up=1)
+
+
+def test_start_up_doubles_at_once_then_once_per_cooldown_until_the_rates_are_measured() -> None:
+    scaler = Autoscaler(SLOW)
+    first = scaler.decide(inputs(queued=0, active=2, rate=None, consumption=None), 2.0)
+    assert (first.target_workers, first.action) == (4, "scale_up")  # no votes, no stable period, no step cap
+    assert "doubling 2 -> 4" in first.reason
+    held = scaler.decide(inputs(queued=0, active=4, rate=0.8, consumption=None), 20.0)
+    assert held.action == "hold" and "cooldown after scale-up" in held.reason
+    second = scaler.decide(inputs(queued=8, active=4, rate=0.8, consumption=None), 32.0)
+    assert (second.target_workers, "the trainer's demand not measured") == (8, "the trainer's demand not measured")
+    measured = scaler.decide(inputs(queued=8, active=8, rate=0.8, consumption=6.4), 70.0)
+    assert "start-up" not in measured.reason and "feed-forward" in measured.reason
+
+
+def test_start_up_sizes_the_first_step_from_the_known_demand_and_production() -> None:
+    cfg = dataclasses.replace(SLOW, startup_trainer_step_s=10.0, startup_worker_seqs_per_s=0.8)
+    d = Autoscaler(cfg).decide(inputs(queued=0, active=1, rate=None, consumption=None), 2.0)
+    # demand 32 seqs / 10 s = 3.2 seqs/s; 0.8 per worker -> 4 workers in one step
+    assert (d.target_workers, d.action) == (4, "scale_up")
+    assert "needs 3.20 seqs/s (startup_trainer_step_s)" in d.reason and "(startup_worker_seqs_per_s)" in d.reason
+
+
+def test_start_up_is_held_to_the_staleness_room_and_stops_at_the_setpoint() -> None:
+    # max_staleness 1: (1 + 1) x 32 - 8 queued = 56 seqs may be out before a pull; 4 workers hold 32: 8 each
+    x = inputs(queued=8, active=4, rate=None, consumption=None, max_staleness=1, in_flight_seqs=32.0)
+    d = Autoscaler(dataclasses.replace(FAST, max_step_up=1)).decide(x, 2.0)
+    assert d.target_workers == 7 and "held to 7 by the staleness room" in d.reason
+    full = Autoscaler(FAST).decide(inputs(queued=640, active=4, rate=None, consumption=None), 2.0)
+    assert full.action != "scale_up" and "start-up" not in full.reason

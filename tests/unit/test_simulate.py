@@ -13,6 +13,7 @@ from slurm_elastic.cli import main
 from slurm_elastic.core.scaling import Decision, PressureInputs
 from slurm_elastic.errors import ConfigError
 from slurm_elastic.sim.engine import ScaleEvent, Simulation, count_reversals, simulate
+from slurm_elastic.sim.output import load_trace
 from slurm_elastic.sim.policies import POLICIES, DeoPolicy, ThresholdPolicy
 from slurm_elastic.sim.trace import Failure, Trace, parse_trace
 
@@ -105,7 +106,7 @@ def test_baselines_directions() -> None:
     assert threshold.decide(starving, 20).target_workers == 4  # +1, never more
 
 
-@pytest.mark.parametrize("name", ["steady", "bursty", "phase_shift", "failures"])
+@pytest.mark.parametrize("name", ["steady", "bursty", "phase_shift", "failures", "ramp", "speedup_bursts"])
 def test_example_traces_parse(name: str) -> None:
     trace = parse_trace((TRACES / f"{name}.toml").read_text())
     assert trace.name == name and trace.duration_s > 0
@@ -148,3 +149,9 @@ def test_cli_reports_a_bad_trace_in_one_line(tmp_path: Path) -> None:
     trace.write_text("[queue]\nbatch_size = 0\n")
     result = CliRunner().invoke(main, ["simulate", str(trace), "--out", str(tmp_path), "--no-plot"])
     assert result.exit_code == 1 and "queue.batch_size: must be > 0" in result.output
+
+
+def test_start_up_ramp_feeds_the_trainer_sooner_than_one_worker_at_a_time() -> None:
+    trace = dataclasses.replace(load_trace(TRACES / "steady.toml"), duration_s=200.0)
+    idle_s = trace.duration_s * simulate(trace, "ours", 0).metrics["trainer_idle_fraction"]
+    assert idle_s < 70.0  # one worker at a time idled ~100 s of the first 200; static-max ~31 s
