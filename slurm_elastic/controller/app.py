@@ -11,11 +11,11 @@ from typing import Any
 from fastapi import FastAPI
 
 from slurm_elastic import __version__
+from slurm_elastic.client.locate import COMMENT_PREFIX
 from slurm_elastic.controller.config import ElasticConfig
 from slurm_elastic.controller.files import ensure_token, previous_port, publish
 from slurm_elastic.controller.guard import BODY_MAX_BYTES, RequestGuard
 from slurm_elastic.controller.http import control_router
-from slurm_elastic.controller.locate import COMMENT_PREFIX
 from slurm_elastic.controller.main import (
     build_controller,
     install_stop_handlers,

@@ -8,8 +8,9 @@ import signal
 import threading
 from pathlib import Path
 
+from slurm_elastic.client.files import job_state_dir
 from slurm_elastic.controller.config import ElasticConfig
-from slurm_elastic.controller.job_dir import ClaimedDir, claim_state_dir, job_state_dir
+from slurm_elastic.controller.job_dir import ClaimedDir, claim_state_dir
 from slurm_elastic.controller.runtime import Controller
 from slurm_elastic.core.job_identity import JobIdentity
 from slurm_elastic.errors import ConfigError, SlurmError

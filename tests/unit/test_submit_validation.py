@@ -151,7 +151,7 @@ def test_a_store_failure_answers_503_with_retry_after(tmp_path: Path) -> None:
 
 
 def test_the_sdk_resends_the_same_group_through_server_errors_and_a_full_buffer() -> None:
-    from slurm_elastic.controller.client import ControlClient
+    from slurm_elastic.client.control import ControlClient
 
     answers = iter([httpx.Response(503, headers={"retry-after": "2"}, json={"detail": "store"}),
                     httpx.Response(502, text="bad gateway"), httpx.Response(504, text="timeout"),
