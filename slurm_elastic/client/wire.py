@@ -1,14 +1,18 @@
 """The request bodies the controller's routes accept, shared by the routes and the clients.
 
-Each model refuses unknown keys and bounds every number.
+Each model refuses unknown keys and bounds every number; :class:`AgentReportBody` also turns a
+node agent's report into the core's frozen :class:`~slurm_elastic.core.health.AgentReport`
+(and back, for the agent that posts it).
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+import dataclasses
+from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from slurm_elastic.core.health import AgentReport, GpuSample
 from slurm_elastic.core.staleness import MAX_VERSION
 
 WORKER_ID = r"^[A-Za-z0-9_]{1,64}$"
@@ -86,3 +90,72 @@ class TrainerHello(_Body):
 class VersionUpdate(_Body):
     version: int = Field(ge=0, le=MAX_VERSION)
     recovered: bool = Field(False, description="the trainer resumed from a checkpoint at this version")
+
+
+# --------------------------------------------------------------------------- node agents
+
+
+class GpuSampleBody(BaseModel):
+    """One GPU's reading (:class:`~slurm_elastic.core.health.GpuSample`). Strict: no numbers as
+    strings, no booleans as numbers; ``null`` means the agent could not read the field."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    node: str = Field(min_length=1)
+    index: int = Field(ge=0)
+    uuid: str = ""
+    pci_bus_id: str | None = None
+    temperature_c: float | None = None
+    clock_event_reasons: list[str] | None = None
+    memory_used_mb: int | None = None
+    memory_total_mb: int | None = None
+    utilization_pct: float | None = None
+    power_w: float | None = None
+    ecc_uncorrectable_volatile: int | None = None
+    ecc_uncorrectable_aggregate: int | None = None
+    retired_pages_pending: bool | None = None
+    remapped_rows_pending: bool | None = None
+    remapped_rows_failure: bool | None = None
+    lost: bool = False
+    errors: list[str] = Field(default_factory=list)
+
+    def to_core(self) -> GpuSample:
+        fields = self.model_dump()
+        reasons = self.clock_event_reasons
+        return GpuSample(**{**fields, "clock_event_reasons": None if reasons is None else frozenset(reasons)})
+
+
+class AgentReportBody(BaseModel):
+    """What a node agent posts: ``{node, sampled_at_s, source, gpus: [...], errors}``; every
+    sample names the report's node. Keys of the report besides these are ignored."""
+
+    model_config = ConfigDict(extra="ignore", strict=True, frozen=True)
+    node: str = Field(min_length=1)
+    sampled_at_s: float
+    source: str = ""
+    gpus: list[GpuSampleBody]
+    errors: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _one_node(self) -> AgentReportBody:
+        for sample in self.gpus:
+            if sample.node != self.node:
+                raise ValueError(f"gpus: gpu {sample.index} names node {sample.node!r}, not {self.node!r}")
+        return self
+
+    def to_core(self) -> AgentReport:
+        return AgentReport(self.node, self.sampled_at_s, self.source, [g.to_core() for g in self.gpus],
+                           list(self.errors))
+
+
+def sample_json(sample: GpuSample) -> dict[str, Any]:
+    """``sample`` as the JSON its body parses (reasons sorted, so reports are stable)."""
+    fields = {f.name: getattr(sample, f.name) for f in dataclasses.fields(sample)}
+    reasons = sample.clock_event_reasons
+    return {**fields, "clock_event_reasons": None if reasons is None else sorted(reasons),
+            "errors": list(sample.errors)}
+
+
+def report_json(report: AgentReport) -> dict[str, Any]:
+    """``report`` as the JSON :class:`AgentReportBody` parses."""
+    return {"node": report.node, "sampled_at_s": report.sampled_at_s, "source": report.source,
+            "gpus": [sample_json(g) for g in report.gpus], "errors": list(report.errors)}

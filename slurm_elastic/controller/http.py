@@ -13,6 +13,7 @@ from fastapi import Path as PathParam
 
 from slurm_elastic.client.wire import (
     WORKER_ID,
+    AgentReportBody,
     GpuRef,
     Heartbeat,
     LoadReport,
@@ -45,13 +46,11 @@ def control_router(controller: Controller) -> APIRouter:
             raise unknown(exc) from None
 
     @router.post("/agent/report", tags=["health"])
-    def agent_report(report: dict[str, Any]) -> dict[str, Any]:
+    def agent_report(report: AgentReportBody) -> dict[str, Any]:
         try:
-            return controller.report_gpu_health(report)
+            return controller.report_gpu_health(report.to_core())
         except UnknownWorkerError as exc:
             raise unknown(exc) from None
-        except (ValueError, TypeError) as exc:
-            raise HTTPException(422, f"bad agent report: {exc}") from None
 
     @router.get("/endpoints", tags=["servers"])
     async def endpoints(request: Request, response: Response,

@@ -22,8 +22,9 @@ from typing import Any
 
 from slurm_elastic.controller.config import ElasticConfig
 from slurm_elastic.controller.state import StateFile
+from slurm_elastic.core.cordons import CordonBook
 from slurm_elastic.core.endpoints import Endpoint, EndpointBook
-from slurm_elastic.core.health import AgentReport, CordonBook, HealthRules
+from slurm_elastic.core.health import AgentReport
 from slurm_elastic.core.lifecycle import Worker, WorkerState, transition
 from slurm_elastic.core.naming import AGENT_PREFIX, worker_id_of_step, worker_step_name
 from slurm_elastic.core.rates import WindowRate
@@ -93,7 +94,7 @@ class Controller:
         self.manual_target: int | None = None
         self.paused = False
         self.wake_all_active = False
-        self.health_rules = HealthRules.from_mapping(config.health)
+        self.health_rules = config.health.rules()
         self.cordons = CordonBook(self.health_rules)
         self.agent_launched_s: dict[str, float] = {}
         self.foreign_gpus: dict[str, int] = {}  # GPUs held by the job's other steps (e.g. the trainer)
@@ -549,9 +550,8 @@ class Controller:
             return {"node": node, "gpu": gpu, "cordoned": still is not None,
                     "reason": still.reason if still else ""}
 
-    def report_gpu_health(self, report: dict[str, Any]) -> dict[str, Any]:
-        """A node agent's telemetry. Raises ValueError for a malformed report (the API answers 422)."""
-        parsed = AgentReport.from_dict(report)
+    def report_gpu_health(self, parsed: AgentReport) -> dict[str, Any]:
+        """A node agent's telemetry (validated by the route)."""
         if parsed.node not in self.gpus_by_node:
             raise UnknownWorkerError(f"node {parsed.node} is not part of job {self.job_id}")
         with self.lock:
