@@ -216,8 +216,8 @@ def test_the_controller_route_takes_the_agents_report_and_refuses_a_bad_one_nami
     from slurm_elastic.slurm.cli_backend import SlurmCli
 
     config = parse_config({"agent": {"enabled": False}, "autoscaler": {"min_workers": 0}})
-    controller = Controller(config, 1, SlurmCli(timeout_s=5), tmp_path, gpus_by_node={"node1": (0, 1)})
     queue = RolloutQueue(RolloutStore(tmp_path / "q.sqlite"), QueueConfig())
+    controller = Controller(config, 1, SlurmCli(timeout_s=5), tmp_path, gpus_by_node={"node1": (0, 1)}, queue=queue)
     client = TestClient(create_controller_app(controller, "t", queue), headers={"Authorization": "Bearer t"})
     report = report_json(build_report(InjectionSource("node1", drill_file(tmp_path), env={}), "node1", 5.0))
     answer = client.post("/agent/report", json=report)
