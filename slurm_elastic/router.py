@@ -10,7 +10,8 @@ The router keeps the set of routable servers fresh with a long-poll on the contr
 hammering: one open request per router, answered when the set changes), sends each request to
 the server with the fewest outstanding requests (or, with ``key``, to the same server while it
 stays routable), never to a draining or dead one, retries idempotent requests on another server
-when one dies, and reports its outstanding requests per server to the controller, which uses
+when one dies or does not answer within ``request_timeout_s`` (a hung engine), ejects such a server
+for ``eject_s`` (doubling while it keeps failing, up to ``max_eject_s``), and reports its outstanding requests per server to the controller, which uses
 them to drain servers safely and to scale on load. A controller restart does not interrupt
 routing: the last known set stays in use until the new controller answers.
 """
@@ -35,7 +36,13 @@ from slurm_elastic.client.files import read_controller_url
 from slurm_elastic.errors import ControllerUnreachableError, SlurmElasticError
 
 log = logging.getLogger(__name__)
-DEAD_RETRY_S = 5.0
+EJECT_S = 5.0  # a server that failed a request gets none for this long; doubles per failure in a row
+MAX_EJECT_S = 60.0
+
+
+def eject_penalty_s(failures_in_a_row: int, eject_s: float, max_eject_s: float) -> float:
+    """How long a server that failed ``failures_in_a_row`` requests in a row gets no requests."""
+    return float(min(max_eject_s, eject_s * 2 ** max(0, failures_in_a_row - 1)))
 
 
 class RoutingError(SlurmElasticError):
@@ -47,12 +54,14 @@ class Router:
 
     def __init__(self, controller_url: str, token: str, *, state_dir: Path | None = None,
                  client_id: str | None = None, report_interval_s: float = 0.5, poll_wait_s: float = 20.0,
-                 request_timeout_s: float = 300.0) -> None:
+                 request_timeout_s: float = 300.0, eject_s: float = EJECT_S,
+                 max_eject_s: float = MAX_EJECT_S) -> None:
         self.token = token
         self.state_dir = state_dir
         self.client_id = client_id or f"{os.uname().nodename}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.report_interval_s = report_interval_s
         self.poll_wait_s = poll_wait_s
+        self.eject_s, self.max_eject_s = eject_s, max_eject_s
         self._control = ControlClient(controller_url, token)
         self._http = httpx.Client(timeout=request_timeout_s)
         self._lock = threading.Lock()
@@ -62,6 +71,7 @@ class Router:
         self._outstanding: Counter[str] = Counter()
         self._sent_to: Counter[str] = Counter()
         self._dead_until: dict[str, float] = {}
+        self._failures_in_a_row: Counter[str] = Counter()
         self.sent = self.retried = self.failed = 0
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._discover_loop, name="router-discovery", daemon=True),
@@ -100,6 +110,8 @@ class Router:
                     self._version = int(view["version"])
                     self._endpoints = {e["worker_id"]: str(e["url"]).rstrip("/") for e in view["endpoints"]}
                     self._dead_until = {w: t for w, t in self._dead_until.items() if w in self._endpoints}
+                    self._failures_in_a_row = Counter({w: n for w, n in self._failures_in_a_row.items()
+                                                       if w in self._endpoints})
                     self._changed.notify_all()
 
     def _follow_controller(self) -> None:
@@ -139,7 +151,8 @@ class Router:
 
     def request(self, method: str, path: str, *, key: str | None = None, idempotent: bool = True,
                 max_attempts: int = 3, **kwargs: Any) -> httpx.Response:
-        """Send to one server; on a dead server retry an idempotent request on another."""
+        """Send to one server; on a dead or hung one (no answer within the request timeout) eject
+        it for a while and retry an idempotent request on another."""
         tried: set[str] = set()
         last_error: Exception | None = None
         for _attempt in range(max_attempts):
@@ -149,11 +162,13 @@ class Router:
                 self._sent_to[worker] += 1
                 self.sent += 1
             try:
-                return self._http.request(method, url + path, **kwargs)
-            except httpx.TransportError as exc:
-                last_error = exc
+                reply = self._http.request(method, url + path, **kwargs)
                 with self._lock:
-                    self._dead_until[worker] = time.monotonic() + DEAD_RETRY_S
+                    self._failures_in_a_row.pop(worker, None)
+                return reply
+            except httpx.TransportError as exc:  # timeouts included
+                last_error = exc
+                self._eject(worker)
                 tried.add(worker)
                 if not idempotent:
                     break
@@ -166,6 +181,13 @@ class Router:
         with self._lock:
             self.failed += 1
         raise RoutingError(f"{method} {path} failed on {sorted(tried)}: {last_error}")
+
+    def _eject(self, worker: str) -> None:
+        """No requests to ``worker`` for eject_s, doubled for each failure in a row, at most max_eject_s."""
+        with self._lock:
+            self._failures_in_a_row[worker] += 1
+            penalty_s = eject_penalty_s(self._failures_in_a_row[worker], self.eject_s, self.max_eject_s)
+            self._dead_until[worker] = time.monotonic() + penalty_s
 
     # ---- load reports ------------------------------------------------------------------------
     def _report_loop(self) -> None:
@@ -183,7 +205,9 @@ class Router:
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
+            now = time.monotonic()
             return {"sent": self.sent, "retried": self.retried, "failed": self.failed,
+                    "ejected": sorted(w for w, t in self._dead_until.items() if t > now),
                     "outstanding": dict(self._outstanding), "endpoints": len(self._endpoints)}
 
     def close(self) -> None:

@@ -45,6 +45,7 @@ class Heartbeat(_Body):
     child_pid: Count | None = None
     placeholder: bool | None = None
     outstanding_requests: Count | None = None
+    liveness_failures: Count | None = None  # servers: failed liveness probes in a row
 
 
 class LoadReport(_Body):

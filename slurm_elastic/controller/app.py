@@ -36,13 +36,15 @@ log = logging.getLogger(__name__)
 
 
 def create_controller_app(controller: Controller, token: str, queue: RolloutQueue | None = None) -> FastAPI:
-    """The controller's ASGI app: /healthz (open), the control plane and the rollout queue (token,
-    checked with the body's size before any body is read). ``queue`` is the one ``controller`` was
-    built with (its numbers drive the autoscaler)."""
+    """The controller's ASGI app: /healthz, the control plane, the rollout queue and the schema
+    (/openapi.json), every route behind the job's token, checked with the body's size before any
+    body is read. No interactive docs pages (they would be the only unauthenticated routes).
+    ``queue`` is the one ``controller`` was built with (its numbers drive the autoscaler)."""
     if queue is not None and controller.queue is not queue:
         raise ValueError("the routes would serve another queue than the controller reads: build the controller with queue=")
     submit_max_bytes = queue.config.max_group_bytes if queue is not None else BODY_MAX_BYTES
-    app = ControllerApp(RequestGuard(token, submit_max_bytes), title="slurm-elastic controller", version=__version__)
+    app = ControllerApp(RequestGuard(token, submit_max_bytes), title="slurm-elastic controller", version=__version__,
+                        docs_url=None, redoc_url=None)
 
     @app.get("/healthz", tags=["status"])
     def healthz() -> dict[str, str]:

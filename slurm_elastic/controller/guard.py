@@ -16,7 +16,6 @@ from starlette.types import Message, Receive, Scope, Send
 
 Headers = list[tuple[bytes, bytes]]
 
-OPEN_PATHS = frozenset({"/healthz", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})  # GET/HEAD only
 BODY_MAX_BYTES = 1 << 20  # every route but the rollout submit
 SUBMIT_PATH = "/rollouts"
 
@@ -47,8 +46,6 @@ class RequestGuard:
 
     def check(self, scope: Scope) -> tuple[tuple[int, bytes, Headers] | None, bool]:
         """(the refusal, or None; whether the body must be counted as it arrives: chunked)."""
-        if scope["path"] in OPEN_PATHS and scope["method"] in ("GET", "HEAD"):
-            return None, True
         authorization = content_length = b""
         chunked = False
         for name, value in scope["headers"]:

@@ -22,10 +22,12 @@ from typing import Any
 
 from slurm_elastic.controller.config import ElasticConfig
 from slurm_elastic.controller.state import StateFile
+from slurm_elastic.controller.worker_env import worker_settings_env
 from slurm_elastic.core.cordons import CordonBook
 from slurm_elastic.core.endpoints import Endpoint, EndpointBook
 from slurm_elastic.core.health import AgentReport
 from slurm_elastic.core.lifecycle import Worker, WorkerState, transition
+from slurm_elastic.core.liveness import drain_not_live
 from slurm_elastic.core.naming import AGENT_PREFIX, worker_id_of_step, worker_step_name
 from slurm_elastic.core.pressure import QueueFeed, pressure_inputs
 from slurm_elastic.core.rates import WindowRate
@@ -89,6 +91,7 @@ class Controller:
         self.reconcile_config = ReconcileConfig(
             drain_timeout_s=w.drain_timeout_s, heartbeat_grace_s=w.heartbeat_grace_s,
             start_timeout_s=w.start_timeout_s, backoff_base_s=w.backoff_base_s, backoff_max_s=w.backoff_max_s,
+            liveness_failure_threshold=w.liveness_failure_threshold if w.kind == "server" else 0,
         )
         self.workers: dict[str, Worker] = {}
         self.next_number = 1
@@ -457,6 +460,11 @@ class Controller:
                 worker.exit_code = int(info["exit_code"])
             if "outstanding_requests" in info:
                 worker.busy = int(info["outstanding_requests"]) > 0
+            if "liveness_failures" in info:
+                worker.liveness_failures = int(info["liveness_failures"])
+                if drain_not_live([worker], self.reconcile_config.liveness_failure_threshold,
+                                  worker.last_heartbeat_s):
+                    self._publish_endpoints()  # out of discovery now; the tick sends the drain signal
             drain = worker.state is S.DRAINING and not worker.placeholder and (
                 not self.is_server or worker.drain_signaled)
             # a record still STARTING (e.g. restored from before its registration was saved): ask again
@@ -617,7 +625,7 @@ class Controller:
             "node": worker.node, "gpus": list(worker.gpus), "age_s": round(now_s - worker.launched_at_s, 1),
             "rollouts": worker.rollouts, "busy": worker.busy, "placeholder": worker.placeholder,
             "last_heartbeat_age_s": round(now_s - worker.last_heartbeat_s, 1), "crash_count": worker.crash_count,
-            "launches": worker.launches, "endpoint": worker.endpoint,
+            "launches": worker.launches, "endpoint": worker.endpoint, "liveness_failures": worker.liveness_failures,
             "outstanding_requests": self.endpoints.outstanding(worker.worker_id, now_s) if self.is_server else None,
             "history": [list(h) for h in worker.history[-10:]],
         }
@@ -633,11 +641,7 @@ class Controller:
             "SLURM_ELASTIC_CONTROLLER_URL": self.controller_url,
             "SLURM_ELASTIC_WORKER_ID": worker_id,
             "SLURM_ELASTIC_STATE_DIR": str(self.state_dir),
-            "SLURM_ELASTIC_HEARTBEAT_INTERVAL_S": str(w.heartbeat_interval_s),
-            "SLURM_ELASTIC_DRAIN_SIGNAL": w.drain_signal,
-            "SLURM_ELASTIC_WORKER_KIND": w.kind,
-            "SLURM_ELASTIC_READINESS_PATH": w.readiness_path,
-            "SLURM_ELASTIC_START_TIMEOUT_S": str(w.start_timeout_s),
+            **worker_settings_env(w),
         }
         if self.token_file is not None:
             env["SLURM_ELASTIC_TOKEN_FILE"] = str(self.token_file)

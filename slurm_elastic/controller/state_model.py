@@ -59,6 +59,7 @@ class WorkerRecord(_Model):
     failure_reason: StrictStr = ""
     exit_code: StrictInt | None = None
     drain_signaled: StrictBool = False
+    liveness_failures: Count = 0
     history: list[tuple[StrictFloat, StrictStr, StrictStr, StrictStr]] = Field(default_factory=list)
 
     def to_worker(self) -> Worker:

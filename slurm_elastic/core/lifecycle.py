@@ -58,6 +58,7 @@ class Worker:
     failure_reason: str = ""  # set when the controller kills it for cause (e.g. lost heartbeat)
     exit_code: int | None = None  # reported by the worker wrapper as it exits
     drain_signaled: bool = False  # servers: the drain signal waits until nothing is in flight
+    liveness_failures: int = 0  # servers: failed liveness probes in a row, as the wrapper reports them
     history: list[tuple[float, str, str, str]] = field(default_factory=list)
 
     @property

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from slurm_elastic.core.lifecycle import Worker, WorkerState, transition
+from slurm_elastic.core.liveness import drain_not_live
 from slurm_elastic.core.naming import format_worker_id
 
 S = WorkerState
@@ -31,6 +32,7 @@ class ReconcileConfig:
     backoff_base_s: float = 5.0
     backoff_max_s: float = 300.0
     kill_resend_s: float = 30.0  # re-send a cancel that did not take
+    liveness_failure_threshold: int = 0  # servers: failed liveness probes in a row that drain one; 0: off
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,9 @@ def reconcile(
     by_id = {o.worker_id: o for o in observed}
     _adopt_and_refresh(workers, by_id, now_s, plan)
     _handle_vanished(workers, by_id, cfg, now_s, plan)
+    for worker in drain_not_live(workers.values(), cfg.liveness_failure_threshold, now_s):
+        if worker.step_id:
+            plan.actions.append(Drain(worker.worker_id, worker.step_id))
     _enforce_heartbeats_and_timeouts(workers, cfg, cordoned, now_s, plan)
     _scale(workers, desired, allowed_slots, exclude_nodes, cfg, cordoned, now_s, plan)
     return plan
@@ -211,6 +216,7 @@ def _launch(worker: Worker, exclude_nodes: tuple[str, ...], now_s: float, reason
     worker.launched_at_s = now_s
     worker.last_heartbeat_s = now_s
     worker.step_id, worker.node, worker.gpus = "", "", ()
+    worker.liveness_failures = 0
     worker.launches += 1
     plan.actions.append(Launch(worker.worker_id, exclude_nodes))
 

@@ -28,6 +28,10 @@ class StepContext:
     kind: str = "rollout"
     readiness_path: str = ""
     start_timeout_s: float = 120.0
+    liveness_path: str = ""
+    liveness_interval_s: float = 5.0
+    liveness_timeout_s: float = 5.0
+    liveness_failure_threshold: int = 0  # 0: no liveness probes
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> StepContext:
@@ -57,6 +61,10 @@ class StepContext:
             kind=env.get("SLURM_ELASTIC_WORKER_KIND", "rollout"),
             readiness_path=env.get("SLURM_ELASTIC_READINESS_PATH", ""),
             start_timeout_s=float(env.get("SLURM_ELASTIC_START_TIMEOUT_S", "120")),
+            liveness_path=env.get("SLURM_ELASTIC_LIVENESS_PATH", ""),
+            liveness_interval_s=float(env.get("SLURM_ELASTIC_LIVENESS_INTERVAL_S", "5")),
+            liveness_timeout_s=float(env.get("SLURM_ELASTIC_LIVENESS_TIMEOUT_S", "5")),
+            liveness_failure_threshold=int(env.get("SLURM_ELASTIC_LIVENESS_FAILURE_THRESHOLD", "0")),
         )
 
     def registration(self) -> dict[str, object]:

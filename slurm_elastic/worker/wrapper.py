@@ -23,6 +23,7 @@ from typing import Any
 
 from slurm_elastic.errors import ControllerUnreachableError, SlurmElasticError
 from slurm_elastic.worker.context import StepContext, node_address
+from slurm_elastic.worker.liveness import LivenessProbe, probe_server
 
 log = logging.getLogger(__name__)
 
@@ -77,15 +78,7 @@ def register_with_retry(register: Call, info: dict[str, Any], deadline_s: float,
 
 def is_ready(port: int, http_path: str, timeout_s: float = 1.0) -> bool:
     """Readiness of a server on this node: an HTTP 2xx on ``http_path``, or a TCP connect."""
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
-            if not http_path:
-                return True
-            sock.sendall(f"GET {http_path} HTTP/1.0\r\nHost: localhost\r\n\r\n".encode())
-            status_line = sock.recv(64).split(b"\r\n", 1)[0].split()
-            return len(status_line) >= 2 and status_line[1].startswith(b"2")
-    except OSError:
-        return False
+    return probe_server(port, http_path, timeout_s)
 
 
 def run_wrapped(
@@ -119,9 +112,13 @@ def run_wrapped(
     next_beat = 0.0
     ready = ctx.kind != "server"
     ready_deadline = time.monotonic() + ctx.start_timeout_s
+    liveness: LivenessProbe | None = None
+    reported_failures = 0
     while True:
         code = child.poll()
         if code is not None:
+            if liveness is not None:
+                liveness.stop()
             _final(heartbeat, code)
             return code
         if not ready and is_ready(port, ctx.readiness_path):
@@ -133,6 +130,8 @@ def run_wrapped(
             except SlurmElasticError as exc:
                 log.warning("could not report readiness: %s", exc)
                 ready = False
+            else:
+                liveness = _start_liveness(ctx, port)
         elif not ready and time.monotonic() > ready_deadline:
             log.error("worker %s: server not ready after %g s; stopping it", ctx.worker_id, ctx.start_timeout_s)
             child.terminate()
@@ -141,9 +140,13 @@ def run_wrapped(
             child.send_signal(signal.SIGTERM)
             flags.terminate.clear()
         now = time.monotonic()
-        if now >= next_beat:
-            next_beat = now + interval_s
-            reply = _beat(ctx, register, heartbeat, {"child_pid": child.pid}, info)
+        failures = liveness.failures if liveness is not None else 0
+        if now >= next_beat or failures != reported_failures:  # a probe's verdict goes out at once
+            next_beat, reported_failures = now + interval_s, failures
+            payload: dict[str, Any] = {"child_pid": child.pid}
+            if liveness is not None:
+                payload["liveness_failures"] = failures
+            reply = _beat(ctx, register, heartbeat, payload, info)
             if reply.get("drain"):
                 flags.drain.set()  # the controller wants a drain, whether or not a signal came
         if flags.drain.is_set() and not forwarded:
@@ -151,6 +154,14 @@ def run_wrapped(
             child.send_signal(getattr(signal, f"SIG{ctx.drain_signal}"))
             forwarded = True
         time.sleep(0.05)
+
+
+def _start_liveness(ctx: StepContext, port: int) -> LivenessProbe | None:
+    """Probe a ready server from now on (servers with a failure threshold only)."""
+    if ctx.kind != "server" or ctx.liveness_failure_threshold <= 0:
+        return None
+    return LivenessProbe(port, ctx.liveness_path, ctx.liveness_interval_s, ctx.liveness_timeout_s,
+                         name=ctx.worker_id).start()
 
 
 def _hold(ctx: StepContext, register: Call, heartbeat: Call, flags: Flags) -> int:

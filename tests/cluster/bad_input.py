@@ -158,6 +158,7 @@ def api_probes(rig: Rig) -> Iterator[Probe]:
     yield from hostile_client_probes(rig)
     yield from loose_submit_probes(rig)
     yield from growth_probes(rig)
+    yield from liveness_probes(rig)
 
 
 def _address(url: str) -> tuple[str, int]:
@@ -197,7 +198,7 @@ def hostile_client_probes(rig: Rig) -> Iterator[Probe]:
     healthz_ms: list[float] = []
     while any(t.is_alive() for t in threads):
         started = time.monotonic()
-        rig.http.get("/healthz").raise_for_status()
+        rig.http.get("/healthz", headers=rig.auth).raise_for_status()
         healthz_ms.append((time.monotonic() - started) * 1000)
     for thread in threads:
         thread.join()
@@ -305,6 +306,15 @@ def growth_probes(rig: Rig) -> Iterator[Probe]:
     yield _api(rig, "cordon a GPU with terminal escape codes in the reason",
                lambda: rig.post("/admin/cordon", {"node": "node1", "gpu": 0, "reason": "\x1b[2J\x1b[31mpwned"}),
                422, "printable")
+
+
+def liveness_probes(rig: Rig) -> Iterator[Probe]:
+    """Heartbeats that claim failed liveness probes: a bad count is refused, and in a rollout job
+    (liveness probes are for servers) a count drains nothing."""
+    yield _api(rig, "heartbeat with `liveness_failures: -1`",
+               lambda: rig.post("/workers/0001/heartbeat", {"liveness_failures": -1}), 422, "liveness_failures")
+    yield _api(rig, "a rollout worker's heartbeat with `liveness_failures: 1000` (liveness is for servers)",
+               lambda: rig.post("/workers/0001/heartbeat", {"liveness_failures": 1000}), 200, '"drain":false')
 
 
 def cli_probes(rig: Rig) -> Iterator[Probe]:
@@ -465,7 +475,7 @@ def identity_probe(cluster: DevCluster, tmp: Path) -> Probe:
 def _restarted(rig: Rig, old_pid: int) -> bool:
     try:
         new_pid = rig.job.controller_pid()
-        return new_pid != old_pid and rig.http.get("/healthz").status_code == 200
+        return new_pid != old_pid and rig.http.get("/healthz", headers=rig.auth).status_code == 200
     except (OSError, ValueError, httpx.HTTPError):
         return False
 

@@ -1,7 +1,9 @@
 """A small HTTP "inference server" worker: POST /generate sleeps GEN_S (fake generation).
 
 usage: fake_server.py PORT. GET /health answers 200. On the drain signal it stops once no
-request is in flight and exits 0. Appends events to $FAKE_WORKER_LOG.
+request is in flight and exits 0. On SIGUSR2 it hangs as a hung engine does: it still accepts
+connections, never answers another request (health included, in flight or new), and ignores the
+drain signal. Appends events to $FAKE_WORKER_LOG.
 """
 
 import json
@@ -19,6 +21,7 @@ log_path = os.environ.get("FAKE_WORKER_LOG", "/dev/null")
 lock = threading.Lock()
 in_flight = 0
 draining = threading.Event()
+hung = threading.Event()
 
 
 def event(kind: str, **extra: object) -> None:
@@ -31,6 +34,8 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
     def do_GET(self) -> None:
+        if hung.is_set():
+            threading.Event().wait()
         self.send_response(200 if self.path == "/health" else 404)
         self.end_headers()
 
@@ -41,6 +46,8 @@ class Handler(BaseHTTPRequestHandler):
             in_flight += 1
         event("request_begin", id=body.get("id"), draining=draining.is_set())
         time.sleep(float(body.get("gen_s", gen_s)))
+        if hung.is_set():
+            threading.Event().wait()
         reply = json.dumps({"worker": worker_id, "id": body.get("id")}).encode()
         self.send_response(200)
         self.send_header("content-type", "application/json")
@@ -54,13 +61,18 @@ class Handler(BaseHTTPRequestHandler):
 
 server = ThreadingHTTPServer(("0.0.0.0", port), Handler)
 signal.signal(signal.SIGUSR1, lambda *_: draining.set())
+signal.signal(signal.SIGUSR2, lambda *_: hung.set())
 threading.Thread(target=server.serve_forever, daemon=True).start()
 event("start", port=port, pid=os.getpid())
+hung_logged = False
 while True:
     time.sleep(0.05)
     with lock:
         idle = in_flight == 0
-    if draining.is_set() and idle:
+    if hung.is_set() and not hung_logged:
+        hung_logged = True
+        event("hung")
+    if draining.is_set() and idle and not hung.is_set():
         event("drained")
         server.shutdown()
         sys.exit(0)

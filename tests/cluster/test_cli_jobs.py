@@ -45,7 +45,8 @@ def test_status_table_and_json(job: ControllerJob) -> None:
 def test_status_shows_the_live_queues_buffer_line(job: ControllerJob) -> None:
     """The buffer line README shows, from a live controller's queue (submitted, pulled, acked for real)."""
     with job.client() as c:
-        c.set_version(3)
+        for version in (1, 2, 3):  # a plain publish steps at most max_staleness + 1
+            c.set_version(version)
         for k in range(3):
             c.submit_group({"id": f"g{k}", "worker_id": "0001", "policy_version": 3, "group_size": 4,
                             "sequences": [{"tokens": [1, 2, 3], "score": 0.5} for _ in range(4)]})
@@ -106,7 +107,8 @@ def test_status_with_the_controller_down_shows_slurm_steps(job: ControllerJob) -
 
 def test_api_requires_the_jobs_token(job: ControllerJob) -> None:
     url = json.loads((job.state_dir / "controller.json").read_text())["url"]
-    assert httpx.get(f"{url}/healthz").status_code == 200
+    assert httpx.get(f"{url}/healthz").status_code == 401
+    assert httpx.get(f"{url}/openapi.json").status_code == 401
     assert httpx.get(f"{url}/controller/status").status_code == 401
     assert httpx.post(f"{url}/admin/scale", json={"workers": 5}).status_code == 401
     wrong = {"Authorization": "Bearer not-the-token"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -169,3 +170,39 @@ def test_load_rises_servers_added_load_falls_servers_drained(job: ControllerJob,
     assert all(ok for _w, _t, ok in load.results)  # nothing lost through the scale-up and the scale-down
     drained = {e["worker"] for e in job.events() if e["event"] == "drained"}
     assert len(drained) == 3
+
+
+LIVENESS = {**SERVERS, "workers": {**SERVERS["workers"], "liveness_failure_threshold": 2, "liveness_interval_s": 0.5,
+                                   "liveness_timeout_s": 0.5, "drain_timeout_s": 3.0}}
+
+
+@pytest.mark.parametrize("job", [LIVENESS], indirect=True)
+def test_hung_server_leaves_discovery_is_replaced_and_no_request_is_lost(job: ControllerJob) -> None:
+    with job.client() as c:
+        c.scale(2)
+    job.active(2)
+    url, token = locate_in(job.state_dir, job.job_id)
+    with Router(url, token, state_dir=job.state_dir, report_interval_s=0.2, poll_wait_s=5.0,
+                request_timeout_s=2.0) as router:
+        router.wait_for_endpoints(2, timeout_s=30)
+        victim = next(e for e in job.events() if e["event"] == "start" and e["worker"] == "0002")
+        with Load(router, threads=4, gen_s=0.3) as load:
+            time.sleep(1.0)
+            os.kill(victim["pid"], signal.SIGUSR2)  # accepts connections, never answers again
+            hung_at = time.monotonic()
+            wait_for(lambda: "0002" not in router.endpoints(), 20, "the hung server out of discovery")
+            out_s = time.monotonic() - hung_at
+            wait_for(lambda: "0003" in router.endpoints(), 30, "its replacement routable")
+            print(f"hung -> out of discovery {out_s:.2f} s, -> replacement routable {time.monotonic() - hung_at:.2f} s")
+            time.sleep(1.0)  # requests go on over the old good server and the replacement
+        stats = router.stats()
+    assert load.results and all(ok for _w, _t, ok in load.results)  # none lost
+    assert stats["failed"] == 0 and stats["retried"] >= 1  # what was in flight on the hung one went elsewhere
+    assert {w for w, _t, _ok in load.results} >= {"0001", "0003"}
+    status = job.active(2, timeout_s=30)  # drained (cancelled after the drain timeout: it ignores the signal)
+    assert sorted(w["worker_id"] for w in status["workers"]) == ["0001", "0003"]
+    record = json.loads((job.state_dir / "state.json").read_text())["state"]["workers"]["0002"]
+    reasons = [h[3] for h in record["history"]]
+    assert any("not live: 2 failed liveness probes in a row (threshold 2)" in r for r in reasons), reasons
+    assert record["state"] == "INACTIVE"
+    assert [e["event"] for e in job.events() if e["worker"] == "0002" and e["event"] in ("hung", "drained")] == ["hung"]

@@ -84,7 +84,7 @@ def raw_status(url: str, request: bytes) -> bytes:
 
 def test_a_100_mb_body_without_a_token_is_refused_unread_and_healthz_stays_responsive(tmp_path: Path) -> None:
     with served(tmp_path) as (url, server), httpx.Client(base_url=url, timeout=10) as http:
-            assert http.get("/healthz").status_code == 200
+            assert http.get("/healthz", headers=AUTH).status_code == 200
             rss_before = server.memory_info().rss
             answers: list[bytes] = []
             attackers = [threading.Thread(target=send_huge_body, args=(url, path, 100 * 2**20, answers))
@@ -94,7 +94,7 @@ def test_a_100_mb_body_without_a_token_is_refused_unread_and_healthz_stays_respo
             healthz_s: list[float] = []
             while any(t.is_alive() for t in attackers):
                 started = time.monotonic()
-                assert http.get("/healthz").status_code == 200
+                assert http.get("/healthz", headers=AUTH).status_code == 200
                 healthz_s.append(time.monotonic() - started)
             for thread in attackers:
                 thread.join()
