@@ -39,11 +39,11 @@ def main() -> None:
     parser.add_argument("--batch-seqs", type=int, default=32, help="the trainer's batch (large: /bench/empty is quick)")
     args = parser.parse_args()
     state = Path(args.dir or tempfile.mkdtemp(prefix="se-ingest-"))
-    controller = Controller(parse_config({"agent": {"enabled": False}}), 1, SlurmCli(), state,
-                            gpus_by_node={"node1": (0,)})
     queue = RolloutQueue(RolloutStore(state / "q.sqlite", fsync=args.fsync),
                          QueueConfig(batch_size=args.batch_seqs, capacity_seqs=10**8, capacity_bytes=10**11,
                                      max_staleness=10**6, max_concurrent=10**8))
+    controller = Controller(parse_config({"agent": {"enabled": False}}), 1, SlurmCli(), state,
+                            gpus_by_node={"node1": (0,)}, queue=queue)
     app = create_controller_app(controller, "bench-token", queue)
 
     @app.post("/bench/empty", dependencies=[Depends(bearer_auth("bench-token"))])

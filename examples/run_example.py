@@ -79,14 +79,14 @@ def main() -> int:
 
 
 def _state_dir(job_id: int) -> str:
-    from slurm_elastic.controller.locate import locate
+    from slurm_elastic.client.locate import locate
 
     return str(locate(job_id).state_dir)
 
 
 def _queue(job_id: int) -> dict[str, Any]:
-    from slurm_elastic.controller.client import ControlClient
-    from slurm_elastic.controller.locate import locate
+    from slurm_elastic.client.control import ControlClient
+    from slurm_elastic.client.locate import locate
     from slurm_elastic.errors import SlurmElasticError
 
     try:

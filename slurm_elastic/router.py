@@ -31,8 +31,8 @@ from typing import Any
 
 import httpx
 
-from slurm_elastic.controller.client import ControlClient
-from slurm_elastic.controller.files import read_controller_url
+from slurm_elastic.client.control import ControlClient
+from slurm_elastic.client.files import read_controller_url
 from slurm_elastic.errors import ControllerUnreachableError, SlurmElasticError
 
 log = logging.getLogger(__name__)

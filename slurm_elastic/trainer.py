@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slurm_elastic.controller.client import ControlClient
-from slurm_elastic.controller.files import read_controller_url
+from slurm_elastic.client.control import ControlClient
+from slurm_elastic.client.files import read_controller_url
 from slurm_elastic.errors import ApiError, ConfigError, ControllerUnreachableError
 from slurm_elastic.rollouts.wire import unpack_group
 
@@ -70,7 +70,7 @@ class Trainer:
         state = os.environ.get("SLURM_ELASTIC_STATE_DIR", "")
         job_id = os.environ.get("SLURM_JOB_ID", "")
         if not state and job_id.isdigit():
-            from slurm_elastic.controller.locate import locate
+            from slurm_elastic.client.locate import locate
 
             state = str(locate(int(job_id)).state_dir)
         url = os.environ.get("SLURM_ELASTIC_CONTROLLER_URL", "") or (read_controller_url(Path(state)) if state else "")

@@ -53,6 +53,7 @@ def agent(
     print_only: bool,
 ) -> None:
     """Sample this node's GPUs and report them to the controller."""
+    from slurm_elastic.client.wire import report_json
     from slurm_elastic.gpu.agent import Agent, ReportPoster, build_report, make_source, node_name
 
     node = node or node_name()
@@ -62,7 +63,7 @@ def agent(
             report = build_report(src, node, time.time())
         finally:
             src.close()
-        click.echo(json.dumps(report.to_dict(), indent=2))
+        click.echo(json.dumps(report_json(report), indent=2))
         return
     if not controller_url:
         raise ConfigError("--controller-url (or SLURM_ELASTIC_CONTROLLER_URL) is required")

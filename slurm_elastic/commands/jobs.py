@@ -12,8 +12,8 @@ from typing import Any
 
 import click
 
-from slurm_elastic.controller.client import ControlClient, UnknownOnControllerError
-from slurm_elastic.controller.locate import JobHandle, locate
+from slurm_elastic.client.control import ControlClient, UnknownOnControllerError
+from slurm_elastic.client.locate import JobHandle, locate
 from slurm_elastic.core.health import parse_gpu_ref
 from slurm_elastic.errors import (
     ControllerUnreachableError,

@@ -6,16 +6,15 @@ import gc
 import logging
 import threading
 from pathlib import Path
-from typing import Any
 
 from fastapi import FastAPI
 
 from slurm_elastic import __version__
+from slurm_elastic.client.locate import COMMENT_PREFIX
 from slurm_elastic.controller.config import ElasticConfig
 from slurm_elastic.controller.files import ensure_token, previous_port, publish
 from slurm_elastic.controller.guard import BODY_MAX_BYTES, RequestGuard
 from slurm_elastic.controller.http import control_router
-from slurm_elastic.controller.locate import COMMENT_PREFIX
 from slurm_elastic.controller.main import (
     build_controller,
     install_stop_handlers,
@@ -28,7 +27,6 @@ from slurm_elastic.controller.prolog_results import take_prolog_results
 from slurm_elastic.controller.rollout_http import ControllerApp, SubmitEndpoint, rollout_router
 from slurm_elastic.controller.runtime import Controller
 from slurm_elastic.controller.serve import ApiServer, default_listen_host
-from slurm_elastic.core.rates import per_worker_rate
 from slurm_elastic.errors import SlurmError
 from slurm_elastic.rollouts.queue import QueueConfig, RolloutQueue
 from slurm_elastic.rollouts.store import RolloutStore
@@ -40,7 +38,10 @@ log = logging.getLogger(__name__)
 def create_controller_app(controller: Controller, token: str, queue: RolloutQueue | None = None) -> FastAPI:
     """The controller's ASGI app: /healthz, the control plane, the rollout queue and the schema
     (/openapi.json), every route behind the job's token, checked with the body's size before any
-    body is read. No interactive docs pages (they would be the only unauthenticated routes)."""
+    body is read. No interactive docs pages (they would be the only unauthenticated routes).
+    ``queue`` is the one ``controller`` was built with (its numbers drive the autoscaler)."""
+    if queue is not None and controller.queue is not queue:
+        raise ValueError("the routes would serve another queue than the controller reads: build the controller with queue=")
     submit_max_bytes = queue.config.max_group_bytes if queue is not None else BODY_MAX_BYTES
     app = ControllerApp(RequestGuard(token, submit_max_bytes), title="slurm-elastic controller", version=__version__,
                         docs_url=None, redoc_url=None)
@@ -53,30 +54,7 @@ def create_controller_app(controller: Controller, token: str, queue: RolloutQueu
     if queue is not None:
         app.include_router(rollout_router(controller, queue))
         app.submit_endpoint = SubmitEndpoint(queue)
-        controller.queue_pressure = lambda: queue_pressure(controller, queue)
-        controller.queue_stats = queue.stats
     return app
-
-
-def queue_pressure(controller: Controller, queue: RolloutQueue) -> dict[str, Any]:
-    """The queue's numbers as the autoscaler takes them (production per busy worker: the queue's
-    production over the busy worker-seconds the workers report; per ACTIVE worker without them).
-
-    None of them until the queue is in use: a job of inference servers with no trainer must not
-    look like a starving trainer."""
-    queue.expire_admissions()  # once a tick: a dead worker's lease stops holding capacity
-    if not queue.in_use:
-        return {}
-    q = queue.stats()
-    active = max(1, sum(1 for w in controller.workers.values() if w.state.value == "ACTIVE" and not w.placeholder))
-    busy_workers = controller.busy_workers(controller.clock())
-    return {
-        "queued_seqs": q["queued_sequences"], "batch_size": q["batch_size"],
-        "consumption_seqs_per_s": q["consumption_seqs_per_s"],
-        "per_worker_seqs_per_s": per_worker_rate(q["production_seqs_per_s"], busy_workers, active),
-        "in_flight_seqs": q["running_rollouts"], "max_staleness": q["max_staleness"],
-        "staleness_capacity_seqs": q["staleness_capacity"], "buffer_capacity_seqs": q["capacity_sequences"],
-    }
 
 
 def open_queue(config: ElasticConfig, state_dir: Path) -> RolloutQueue:
@@ -105,11 +83,11 @@ def run_controller(config: ElasticConfig, stop: threading.Event) -> None:
     state_dir = claimed.path
     token, token_file = ensure_token(state_dir)
     install_stop_handlers(stop)
-    ctl = build_controller(config, job, backend, state_dir, token_file=token_file)
+    queue = open_queue(config, state_dir)
+    ctl = build_controller(config, job, backend, state_dir, token_file=token_file, queue=queue)
     if claimed.note:
         ctl.note_state(claimed.note)
     take_prolog_results(ctl, state_dir)
-    queue = open_queue(config, state_dir)
     host = config.controller.listen_host or default_listen_host()
     server = ApiServer(create_controller_app(ctl, token, queue), host,
                        config.controller.listen_port or previous_port(state_dir, host))

@@ -1,8 +1,9 @@
 """``elastic.toml``: the controller's configuration, validated, with units in every key name.
 
 Unknown keys and bad values are errors that name the key (``workers.gpus_per_worker: ...``).
-The ``[autoscaler]``, ``[queue]`` and ``[health]`` tables are validated by their own modules, at
-load time too, so a bad value is refused before anything touches Slurm.
+``[health]`` becomes the core's :class:`~slurm_elastic.core.health.HealthRules` here; the
+``[autoscaler]`` and ``[queue]`` tables are validated by their own modules, at load time too, so a
+bad value is refused before anything touches Slurm.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from slurm_elastic.core.health import CLOCK_EVENT_FLAGS, HealthRules
 from slurm_elastic.errors import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -104,6 +106,36 @@ class JobSection(_Section):
         return shlex.split(value) if isinstance(value, str) else value
 
 
+_RULES = HealthRules()  # the one place the [health] defaults live
+
+
+class HealthSection(_Section):
+    """GPU health rules (docs/gpu-health.md). Strict: no numbers as strings, no booleans as numbers."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+    max_temperature_c: float = Field(_RULES.max_temperature_c, ge=0)
+    cordon_clock_events: list[str] = Field(sorted(_RULES.cordon_clock_events))
+    max_ecc_uncorrectable_volatile: int = Field(_RULES.max_ecc_uncorrectable_volatile, ge=0)
+    cordon_on_unreadable: bool = _RULES.cordon_on_unreadable
+    healthy_period_s: float = Field(_RULES.healthy_period_s, ge=0)
+    on_unhealthy: Literal["drain", "keep"] = _RULES.on_unhealthy
+    crash_threshold: int = Field(_RULES.crash_threshold, ge=1)
+    crash_window_s: float = Field(_RULES.crash_window_s, ge=0)
+    crash_cordon_s: float = Field(_RULES.crash_cordon_s, ge=0)
+    agent_silence_s: float = Field(_RULES.agent_silence_s, ge=0)
+
+    @field_validator("cordon_clock_events")
+    @classmethod
+    def _known_clock_events(cls, value: list[str]) -> list[str]:
+        unknown = sorted(set(value) - set(CLOCK_EVENT_FLAGS))
+        if unknown:
+            raise ValueError(f"unknown clock event {unknown[0]!r} (known: {', '.join(CLOCK_EVENT_FLAGS)})")
+        return value
+
+    def rules(self) -> HealthRules:
+        return HealthRules(**{**self.model_dump(), "cordon_clock_events": frozenset(self.cordon_clock_events)})
+
+
 class ElasticConfig(_Section):
     """The whole file."""
 
@@ -113,7 +145,7 @@ class ElasticConfig(_Section):
     job: JobSection = JobSection()
     autoscaler: dict[str, Any] = Field(default_factory=dict)
     queue: dict[str, Any] = Field(default_factory=dict)
-    health: dict[str, Any] = Field(default_factory=dict)
+    health: HealthSection = HealthSection()
 
 
 # keys that belong to another table: refused with the key that does the job
@@ -142,15 +174,13 @@ def parse_config(data: dict[str, Any], source: str = "config") -> ElasticConfig:
 
 
 def _validate_policy_tables(config: ElasticConfig, source: str) -> None:
-    """Check ``[autoscaler]``, ``[queue]`` and ``[health]`` with their own validators, now."""
-    from slurm_elastic.core.health import HealthRules
+    """Check ``[autoscaler]`` and ``[queue]`` with their own validators, now."""
     from slurm_elastic.core.scaling import AutoscalerConfig
     from slurm_elastic.rollouts.queue import QueueConfig
 
     try:
         AutoscalerConfig.from_mapping(config.autoscaler)
         QueueConfig.from_mapping(config.queue)
-        HealthRules.from_mapping(config.health)
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
 

@@ -1,4 +1,4 @@
-"""The files a controller publishes in the job's state directory (stdlib only: workers import this).
+"""The files a controller publishes in the job's state directory (the readers: :mod:`slurm_elastic.client.files`).
 
 ``token`` (0600, reused across controller restarts so running workers keep working) and
 ``controller.json`` (url, pid, host), written atomically.
@@ -14,8 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-TOKEN_FILE = "token"
-CONTROLLER_FILE = "controller.json"
+from slurm_elastic.client.files import CONTROLLER_FILE, TOKEN_FILE
 
 
 def write_json_atomic(path: Path, data: dict[str, Any], mode: int = 0o600, indent: int | None = 1) -> None:
@@ -69,14 +68,6 @@ def previous_port(state_dir: Path, host: str) -> int:
         except OSError:
             return 0
     return port
-
-
-def read_controller_url(state_dir: Path) -> str:
-    """The URL in ``controller.json`` ('' if none)."""
-    try:
-        return str(json.loads((state_dir / CONTROLLER_FILE).read_text()).get("url", ""))
-    except (OSError, ValueError, AttributeError):
-        return ""
 
 
 def publish(state_dir: Path, url: str, job_id: int, extra: dict[str, Any] | None = None) -> None:

@@ -10,63 +10,18 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 from fastapi import Path as PathParam
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from slurm_elastic.client.wire import (
+    WORKER_ID,
+    AgentReportBody,
+    GpuRef,
+    Heartbeat,
+    LoadReport,
+    Registration,
+    ScaleRequest,
+)
 from slurm_elastic.controller.runtime import Controller, UnknownWorkerError
 from slurm_elastic.errors import TransitionError
-
-WORKER_ID = r"^[A-Za-z0-9_]{1,64}$"
-INT64_MAX = 2**63 - 1  # what the store (SQLite) and the state file's readers hold
-Count = Annotated[int, Field(ge=0, le=INT64_MAX)]
-
-
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class Registration(_Body):
-    node: str = Field(min_length=1, max_length=256)
-    gpus: list[Annotated[int, Field(ge=0, le=1024)]] = Field(default_factory=list, max_length=64)
-    step_id: str = Field("", max_length=64)
-    pid: Count = 0
-    endpoint: str = Field("", max_length=512)
-    ready: bool = True
-
-
-class Heartbeat(_Body):
-    busy: bool | None = None
-    rollouts: Count | None = None
-    busy_s: float | None = Field(None, ge=0, le=1e9, allow_inf_nan=False)  # seconds inside rollouts so far
-    exit_code: int | None = Field(None, ge=-255, le=255)
-    child_pid: Count | None = None
-    placeholder: bool | None = None
-    outstanding_requests: Count | None = None
-    liveness_failures: Count | None = None  # servers: failed liveness probes in a row
-
-
-class LoadReport(_Body):
-    client_id: str = Field(min_length=1, max_length=128)
-    outstanding: dict[str, Annotated[int, Field(ge=0, le=1_000_000)]] = Field(default_factory=dict, max_length=10_000)
-    sent: Count = 0
-    retried: Count = 0
-    failed: Count = 0
-
-
-class ScaleRequest(_Body):
-    workers: int = Field(ge=0, le=100_000)
-
-
-def _printable(text: str) -> str:
-    """Refuse control and format characters (terminal escapes, newlines) in text shown to operators."""
-    if not text.isprintable():
-        raise ValueError("must be printable text (no control characters, newlines or escape codes)")
-    return text
-
-
-class GpuRef(_Body):
-    node: str = Field(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9._-]+$")  # a Slurm node name
-    gpu: int = Field(ge=0, le=1024)
-    reason: Annotated[str, AfterValidator(_printable)] = Field("", max_length=256)
 
 
 def control_router(controller: Controller) -> APIRouter:
@@ -91,13 +46,11 @@ def control_router(controller: Controller) -> APIRouter:
             raise unknown(exc) from None
 
     @router.post("/agent/report", tags=["health"])
-    def agent_report(report: dict[str, Any]) -> dict[str, Any]:
+    def agent_report(report: AgentReportBody) -> dict[str, Any]:
         try:
-            return controller.report_gpu_health(report)
+            return controller.report_gpu_health(report.to_core())
         except UnknownWorkerError as exc:
             raise unknown(exc) from None
-        except (ValueError, TypeError) as exc:
-            raise HTTPException(422, f"bad agent report: {exc}") from None
 
     @router.get("/endpoints", tags=["servers"])
     async def endpoints(request: Request, response: Response,

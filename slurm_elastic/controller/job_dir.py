@@ -1,8 +1,6 @@
-"""The job's state directory: where it is, and that it is this job's.
+"""The job's state directory is this job's (where it is: :func:`slurm_elastic.client.files.job_state_dir`).
 
-``<root>/jobs/<cluster>/<job id>`` by default (``$SLURM_ELASTIC_HOME`` or ``~/.slurm-elastic``),
-or ``controller.state_dir`` with ``{cluster}`` and ``{job_id}`` filled in. The directory records
-the job it belongs to in ``job.json`` (cluster, job id, submit time, restart count, user). A
+The directory records the job it belongs to in ``job.json`` (cluster, job id, submit time, restart count, user). A
 controller that finds a directory of another job there (an earlier job with the same id, one
 left without a record) moves the whole directory aside and starts clean, with a note.
 """
@@ -11,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,25 +20,6 @@ from slurm_elastic.core.job_identity import JobIdentity, identity_mismatch
 
 JOB_FILE = "job.json"
 JOB_FORMAT = "slurm-elastic-job"
-
-
-def default_state_root() -> Path:
-    """``$SLURM_ELASTIC_HOME`` or ``~/.slurm-elastic``: must be visible from every node of the job."""
-    root = os.environ.get("SLURM_ELASTIC_HOME")
-    return Path(root) if root else Path.home() / ".slurm-elastic"
-
-
-def path_part(name: str) -> str:
-    """``name`` as one safe path component (a cluster name from Slurm is one already)."""
-    return re.sub(r"[^A-Za-z0-9._-]", "_", name).lstrip(".") or "unknown-cluster"
-
-
-def job_state_dir(cluster: str, job_id: int, configured: str = "") -> Path:
-    """The configured directory (``{cluster}``, ``{job_id}`` filled in) or ``<root>/jobs/<cluster>/<job id>``."""
-    if configured:
-        return Path(os.path.expanduser(configured.replace("{job_id}", str(job_id))
-                                       .replace("{cluster}", path_part(cluster))))
-    return default_state_root() / "jobs" / path_part(cluster) / str(job_id)
 
 
 class _JobRecord(BaseModel):

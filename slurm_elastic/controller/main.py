@@ -8,10 +8,12 @@ import signal
 import threading
 from pathlib import Path
 
+from slurm_elastic.client.files import job_state_dir
 from slurm_elastic.controller.config import ElasticConfig
-from slurm_elastic.controller.job_dir import ClaimedDir, claim_state_dir, job_state_dir
+from slurm_elastic.controller.job_dir import ClaimedDir, claim_state_dir
 from slurm_elastic.controller.runtime import Controller
 from slurm_elastic.core.job_identity import JobIdentity
+from slurm_elastic.core.pressure import QueueFeed
 from slurm_elastic.errors import ConfigError, SlurmError
 from slurm_elastic.slurm.backend import SlurmBackend
 from slurm_elastic.slurm.parse import JobInfo
@@ -63,7 +65,8 @@ def open_state_dir(config: ElasticConfig, job: JobInfo) -> ClaimedDir:
 
 
 def build_controller(config: ElasticConfig, job: JobInfo, backend: SlurmBackend, state_dir: Path,
-                     controller_url: str = "", token_file: Path | None = None) -> Controller:
+                     controller_url: str = "", token_file: Path | None = None,
+                     queue: QueueFeed | None = None) -> Controller:
     """A controller for the running ``job``: its GPUs come from Slurm (or the config)."""
     gpus_by_node = dict(job.gpus_by_node)
     if config.controller.gpus_per_node or not gpus_by_node:
@@ -72,7 +75,7 @@ def build_controller(config: ElasticConfig, job: JobInfo, backend: SlurmBackend,
     log.info("job %d: nodes %s, GPUs %s, state in %s, backend %s", job.job_id, ",".join(job.nodes),
              gpus_by_node, state_dir, backend.name)
     return Controller(config, job.job_id, backend, state_dir, gpus_by_node=gpus_by_node,
-                      controller_url=controller_url, token_file=token_file)
+                      controller_url=controller_url, token_file=token_file, queue=queue)
 
 
 def install_stop_handlers(stop: threading.Event) -> None:

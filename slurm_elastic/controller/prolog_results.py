@@ -14,8 +14,9 @@ import logging
 from collections.abc import Iterable
 from pathlib import Path
 
+from slurm_elastic.client.wire import AgentReportBody
 from slurm_elastic.controller.runtime import Controller
-from slurm_elastic.core.health import AgentReport, GpuSample
+from slurm_elastic.core.health import GpuSample
 from slurm_elastic.hooks.common import HookConfig, load_hook_config
 from slurm_elastic.hooks.prolog import result_file_name
 
@@ -32,7 +33,7 @@ def read_prolog_samples(node_state_dir: Path, job_id: int, nodes: Iterable[str])
     for node in sorted(nodes):
         path = directory / result_file_name(node)
         try:
-            report = AgentReport.from_dict(json.loads(path.read_text())["report"])
+            report = AgentReportBody.model_validate(json.loads(path.read_text())["report"]).to_core()
         except FileNotFoundError:
             problems.append(f"{node}: no prolog result ({path})")
             continue

@@ -21,16 +21,22 @@ from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from starlette.types import Receive, Scope, Send
 
+from slurm_elastic.client.wire import (
+    ID,
+    INT64_MAX,
+    WORKER_ID,
+    Admission,
+    TrainerHello,
+    VersionUpdate,
+)
 from slurm_elastic.controller.guard import Headers, RequestGuard, send_answer
-from slurm_elastic.controller.http import INT64_MAX, WORKER_ID
 from slurm_elastic.controller.runtime import Controller
-from slurm_elastic.core.staleness import MAX_VERSION, VersionRefused
+from slurm_elastic.core.staleness import VersionRefused
 from slurm_elastic.errors import StateFileError
 from slurm_elastic.rollouts.queue import QueueFull, RolloutQueue, UnknownBatchError
 from slurm_elastic.rollouts.store import StoreUnavailableError
 from slurm_elastic.rollouts.wire import check_mask_values, check_token_ids
 
-ID = r"^[A-Za-z0-9_.:-]{1,128}$"
 STORE_RETRY_AFTER_S = 2  # a submit the store failed to take: try again after this long
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -121,23 +127,6 @@ def finite_json(value: Any) -> bool:
     if isinstance(value, list):
         return all(finite_json(v) for v in value)
     return True
-
-
-class Admission(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    sequences: int = Field(ge=1, le=100_000)
-    worker_id: str = Field(pattern=WORKER_ID, description="the lease is this worker's: only its submits use it")
-
-
-class TrainerHello(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    trainer_id: str = Field("trainer", pattern=ID)
-
-
-class VersionUpdate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    version: int = Field(ge=0, le=MAX_VERSION)
-    recovered: bool = Field(False, description="the trainer resumed from a checkpoint at this version")
 
 
 def inline_schema(model: type[BaseModel]) -> dict[str, Any]:

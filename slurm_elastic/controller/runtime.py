@@ -14,7 +14,7 @@ import statistics
 import sys
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -23,11 +23,13 @@ from typing import Any
 from slurm_elastic.controller.config import ElasticConfig
 from slurm_elastic.controller.state import StateFile
 from slurm_elastic.controller.worker_env import worker_settings_env
+from slurm_elastic.core.cordons import CordonBook
 from slurm_elastic.core.endpoints import Endpoint, EndpointBook
-from slurm_elastic.core.health import AgentReport, CordonBook, HealthRules
+from slurm_elastic.core.health import AgentReport
 from slurm_elastic.core.lifecycle import Worker, WorkerState, transition
 from slurm_elastic.core.liveness import drain_not_live
 from slurm_elastic.core.naming import AGENT_PREFIX, worker_id_of_step, worker_step_name
+from slurm_elastic.core.pressure import QueueFeed, pressure_inputs
 from slurm_elastic.core.rates import WindowRate
 from slurm_elastic.core.reconcile import (
     Cancel,
@@ -74,6 +76,7 @@ class Controller:
         controller_url: str = "",
         token_file: Path | None = None,
         clock: Callable[[], float] = time.time,
+        queue: QueueFeed | None = None,
     ) -> None:
         self.config = config
         self.job_id = job_id
@@ -96,7 +99,7 @@ class Controller:
         self.manual_target: int | None = None
         self.paused = False
         self.wake_all_active = False
-        self.health_rules = HealthRules.from_mapping(config.health)
+        self.health_rules = config.health.rules()
         self.cordons = CordonBook(self.health_rules)
         self.agent_launched_s: dict[str, float] = {}
         self.foreign_gpus: dict[str, int] = {}  # GPUs held by the job's other steps (e.g. the trainer)
@@ -108,10 +111,7 @@ class Controller:
         self.autoscaler = Autoscaler(AutoscalerConfig.from_mapping(config.autoscaler))
         if w.initial_workers < 0:
             self.target_workers = self.autoscaler.config.min_workers
-        # the rollout queue's numbers for the autoscaler (None: no queue in this controller)
-        self.queue_pressure: Callable[[], dict[str, Any]] | None = None
-        # the rollout queue's own numbers for the status (None: no queue in this controller)
-        self.queue_stats: Callable[[], dict[str, Any]] | None = None
+        self.queue = queue  # the rollout queue's numbers, for the autoscaler and the status (None: no queue)
         self.last_decision: dict[str, Any] = {"action": "hold", "reason": "starting"}
         self.errors: list[dict[str, Any]] = []
         self._errors_lock = threading.Lock()
@@ -390,26 +390,10 @@ class Controller:
 
     def pressure_inputs(self, allowed_slots: int, now_s: float) -> PressureInputs:
         """What the autoscaler sees: the queue's numbers, server load, workers by state."""
-        counts = {s: 0 for s in WorkerState}
-        for worker in self.workers.values():
-            if not worker.placeholder:
-                counts[worker.state] += 1
-        queue = self.queue_pressure() if self.queue_pressure is not None else {}
-        return PressureInputs(
-            queued_seqs=queue.get("queued_seqs"),
-            batch_size=int(queue.get("batch_size", 0)),
-            consumption_seqs_per_s=queue.get("consumption_seqs_per_s"),
-            per_worker_seqs_per_s=queue.get("per_worker_seqs_per_s"),
-            in_flight_seqs=queue.get("in_flight_seqs"),
-            max_staleness=queue.get("max_staleness"),
-            staleness_capacity_seqs=queue.get("staleness_capacity_seqs"),
-            buffer_capacity_seqs=queue.get("buffer_capacity_seqs"),
-            workers_starting=counts[S.STARTING] + counts[S.BACKOFF],
-            workers_active=counts[S.ACTIVE],
-            workers_draining=counts[S.DRAINING],
-            allowed_slots=allowed_slots,
-            outstanding_requests=self.endpoints.total_outstanding(now_s) if self.is_server else None,
-        )
+        counts = Counter(w.state for w in self.workers.values() if not w.placeholder)
+        snapshot = self.queue.snapshot() if self.queue is not None else None
+        return pressure_inputs(snapshot, counts, self.busy_workers(now_s) if snapshot else None, allowed_slots,
+                               self.endpoints.total_outstanding(now_s) if self.is_server else None)
 
     def on_crash(self, worker_id: str, node: str, gpus: tuple[int, ...], reason: str, now_s: float) -> None:
         """A worker died on (node, gpus): counted per GPU; repeated crashes cordon it."""
@@ -557,9 +541,8 @@ class Controller:
             return {"node": node, "gpu": gpu, "cordoned": still is not None,
                     "reason": still.reason if still else ""}
 
-    def report_gpu_health(self, report: dict[str, Any]) -> dict[str, Any]:
-        """A node agent's telemetry. Raises ValueError for a malformed report (the API answers 422)."""
-        parsed = AgentReport.from_dict(report)
+    def report_gpu_health(self, parsed: AgentReport) -> dict[str, Any]:
+        """A node agent's telemetry (validated by the route)."""
         if parsed.node not in self.gpus_by_node:
             raise UnknownWorkerError(f"node {parsed.node} is not part of job {self.job_id}")
         with self.lock:
@@ -587,7 +570,7 @@ class Controller:
 
     def status(self) -> dict[str, Any]:
         """Controller fields for /global-status and ``slurm-elastic status``, with the queue's numbers."""
-        queue = self.queue_stats() if self.queue_stats is not None else None  # outside our lock: the queue has its own
+        queue = self.queue.stats() if self.queue is not None else None  # outside our lock: the queue has its own
         with self.lock:
             now_s = self.clock()
             by_state = {s.value: 0 for s in WorkerState}

@@ -24,7 +24,7 @@ from pydantic import (
     ValidationError,
 )
 
-from slurm_elastic.core.health import CordonBook
+from slurm_elastic.core.cordons import CordonBook
 from slurm_elastic.core.lifecycle import Worker, WorkerState
 
 NOTE_IDS_SHOWN = 5  # worker ids named in one note; the rest are counted

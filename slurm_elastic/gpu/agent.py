@@ -21,6 +21,7 @@ from typing import Literal
 
 import httpx
 
+from slurm_elastic.client.wire import report_json
 from slurm_elastic.core.health import AgentReport
 from slurm_elastic.errors import ApiError, ConfigError, ControllerUnreachableError, TelemetryError
 from slurm_elastic.gpu.injection import InjectionSource
@@ -123,7 +124,7 @@ class ReportPoster:
     def post(self, report: AgentReport) -> None:
         headers = {"Authorization": f"Bearer {self.token()}"}
         try:
-            resp = self._client.post(self.url, json=report.to_dict(), headers=headers)
+            resp = self._client.post(self.url, json=report_json(report), headers=headers)
         except httpx.HTTPError as exc:
             raise ControllerUnreachableError(f"{self.url}: {exc!r}") from exc
         if resp.status_code >= 400:

@@ -16,6 +16,7 @@ import os
 import sys
 import time
 
+from slurm_elastic.client.wire import report_json
 from slurm_elastic.core.health import GpuSample, HealthRules, evaluate
 from slurm_elastic.hooks.common import (
     STRICT_BAD_GPU_EXIT,
@@ -63,7 +64,7 @@ def run(config: HookConfig) -> int:
     directory.mkdir(parents=True, exist_ok=True, mode=0o755)
     path = directory / result_file_name(node)
     path.write_text(json.dumps({"job_id": job_id, "node": node, "checked_at_s": time.time(),
-                                "report": report.to_dict(), "unhealthy_by_default_rules": verdicts, "definitively_bad": bad},
+                                "report": report_json(report), "unhealthy_by_default_rules": verdicts, "definitively_bad": bad},
                                indent=1))
     uid = int(os.environ.get("SLURM_JOB_UID", "-1"))
     if uid >= 0:

@@ -23,6 +23,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
+from slurm_elastic.core.pressure import QueueSnapshot
 from slurm_elastic.core.rates import WindowRate
 from slurm_elastic.core.staleness import (
     AdmissionLeases,
@@ -448,6 +449,18 @@ class RolloutQueue:
         self._persist(wanted)
 
     # ---- numbers -----------------------------------------------------------------------------
+    def snapshot(self) -> QueueSnapshot | None:
+        """What the autoscaler takes (None until the queue is in use); releases expired leases."""
+        now_s = self.clock()
+        with self._lock:
+            self.leases.expire(now_s)
+            if not self.in_use:
+                return None
+            return QueueSnapshot(
+                self._queued_seqs, self.config.batch_size, self._pulls.rate(now_s), self._accepts.rate(now_s),
+                self.staleness.running, self.config.max_staleness, self.staleness.capacity(),
+                self.config.capacity_seqs)
+
     def stats(self) -> dict[str, Any]:
         now_s = self.clock()
         with self._lock:

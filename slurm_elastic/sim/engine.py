@@ -235,7 +235,7 @@ class Simulation:
 
     # ---- the controller ----------------------------------------------------------------------
     def pressure_inputs(self) -> PressureInputs:
-        """What the controller hands the policy (controller.runtime + controller.app.queue_pressure)."""
+        """What the controller hands the policy (as core.pressure.pressure_inputs builds it)."""
         counts = collections.Counter(w.state for w in self.records.values() if not w.placeholder)
         active = counts[S.ACTIVE]
         return PressureInputs(

@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from slurm_elastic.controller.client import ControlClient
-from slurm_elastic.controller.files import read_controller_url
+from slurm_elastic.client.control import ControlClient
+from slurm_elastic.client.files import read_controller_url
 from slurm_elastic.errors import ControllerUnreachableError
 
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import psutil
 
-from slurm_elastic.controller.client import ControlClient
+from slurm_elastic.client.control import ControlClient
 from slurm_elastic.devcluster.cluster import DevCluster
 from slurm_elastic.errors import ControllerUnreachableError, SlurmElasticError
 from slurm_elastic.slurm.cli_backend import SlurmCli

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slurm_elastic.controller.client import ControlClient
+from slurm_elastic.client.control import ControlClient
 from slurm_elastic.devcluster.cluster import DevCluster
 from slurm_elastic.errors import ControllerUnreachableError
 from slurm_elastic.slurm.cli_backend import SlurmCli

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from slurm_elastic.controller.client import ControlClient
+from slurm_elastic.client.control import ControlClient
 from slurm_elastic.errors import ApiError
 from slurm_elastic.trainer import Trainer
 from tests.cluster.controller_harness import ControllerJob, locate_in, wait_for

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from slurm_elastic.client.wire import sample_json
 from slurm_elastic.core.health import CLOCK_EVENT_FLAGS, HealthRules, evaluate
 from slurm_elastic.gpu.nvml import NvmlSource
 
@@ -31,7 +32,7 @@ def test_reads_every_gpu(nvml_source: NvmlSource) -> None:
     reading = nvml_source.sample(0.0)
     print(
         json.dumps(
-            {"gpus": [g.to_dict() for g in reading.gpus], "errors": reading.errors}, indent=1
+            {"gpus": [sample_json(g) for g in reading.gpus], "errors": reading.errors}, indent=1
         )
     )
     assert reading.gpus, "NVML initialised but showed no GPU"
@@ -44,7 +45,7 @@ def test_reads_every_gpu(nvml_source: NvmlSource) -> None:
         assert all(r in CLOCK_EVENT_FLAGS for r in g.clock_event_reasons), g.clock_event_reasons
         assert g.power_w is None or 0 <= g.power_w < 2000
         # a GPU idling in a test should not be cordoned
-        assert evaluate(g, HealthRules()) == [], (g.index, g.to_dict())
+        assert evaluate(g, HealthRules()) == [], (g.index, sample_json(g))
 
 
 def test_indexes_follow_nvml_order(nvml_source: NvmlSource) -> None:

@@ -31,10 +31,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.nofile:
         resource.setrlimit(resource.RLIMIT_NOFILE, (args.nofile, args.nofile))
-    controller = Controller(parse_config({"agent": {"enabled": False}, "autoscaler": {"min_workers": 0}}), 1,
-                            SlurmCli(timeout_s=5), args.state_dir, gpus_by_node={"node1": (0, 1, 2, 3)})
     queue = RolloutQueue(RolloutStore(args.state_dir / "q.sqlite", fsync="off"),
                          QueueConfig(batch_size=args.batch_size, capacity_seqs=4096))
+    controller = Controller(parse_config({"agent": {"enabled": False}, "autoscaler": {"min_workers": 0}}), 1,
+                            SlurmCli(timeout_s=5), args.state_dir, gpus_by_node={"node1": (0, 1, 2, 3)}, queue=queue)
     options = {} if args.head_timeout_s is None else {"head_timeout_s": args.head_timeout_s}
     server = ApiServer(create_controller_app(controller, args.token, queue), "127.0.0.1", **options)
     server.start()

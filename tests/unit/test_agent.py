@@ -14,7 +14,8 @@ import pytest
 from click.testing import CliRunner
 
 from slurm_elastic.cli import main
-from slurm_elastic.core.health import AgentReport, CordonBook
+from slurm_elastic.client.wire import AgentReportBody
+from slurm_elastic.core.cordons import CordonBook
 from slurm_elastic.gpu.agent import Agent, AutoSource, ReportPoster, build_report, make_source
 from slurm_elastic.gpu.injection import InjectionSource
 from slurm_elastic.gpu.nvml import NvmlSource
@@ -84,7 +85,7 @@ def test_agent_posts_report_with_bearer_token(
     assert agent.run_once() is True
     [req] = server.received  # type: ignore[attr-defined]
     assert req["path"] == "/agent/report" and req["auth"] == "Bearer s3cret"
-    report = AgentReport.from_dict(req["body"])
+    report = AgentReportBody.model_validate(req["body"]).to_core()
     assert (report.node, report.sampled_at_s, report.source) == ("node1", 500.0, "inject")
     # the controller side: the throttled GPU gets cordoned and drained
     book = CordonBook()
@@ -201,3 +202,33 @@ def test_cli_print_and_once(server: ThreadingHTTPServer, token_file: Path, tmp_p
     assert res.exit_code == 1
     res = runner.invoke(main, [*args, "--token-file", str(token_file)])
     assert res.exit_code == 1 and "--controller-url" in res.output
+
+
+def test_the_controller_route_takes_the_agents_report_and_refuses_a_bad_one_naming_the_field(tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from slurm_elastic.client.wire import report_json
+    from slurm_elastic.controller.app import create_controller_app
+    from slurm_elastic.controller.config import parse_config
+    from slurm_elastic.controller.runtime import Controller
+    from slurm_elastic.rollouts.queue import QueueConfig, RolloutQueue
+    from slurm_elastic.rollouts.store import RolloutStore
+    from slurm_elastic.slurm.cli_backend import SlurmCli
+
+    config = parse_config({"agent": {"enabled": False}, "autoscaler": {"min_workers": 0}})
+    queue = RolloutQueue(RolloutStore(tmp_path / "q.sqlite"), QueueConfig())
+    controller = Controller(config, 1, SlurmCli(timeout_s=5), tmp_path, gpus_by_node={"node1": (0, 1)}, queue=queue)
+    client = TestClient(create_controller_app(controller, "t", queue), headers={"Authorization": "Bearer t"})
+    report = report_json(build_report(InjectionSource("node1", drill_file(tmp_path), env={}), "node1", 5.0))
+    answer = client.post("/agent/report", json=report)
+    assert answer.status_code == 200 and [c["gpu"] for c in answer.json()["changes"]] == [1]
+    assert set(controller.cordoned_gpus()) == {("node1", 1)}
+    for field, value in (("lost", "no"), ("index", -1), ("temperature_c", "hot"), ("bogus", 1)):
+        bad = {**report, "gpus": [{**report["gpus"][0], field: value}]}
+        refused = client.post("/agent/report", json=bad)
+        assert refused.status_code == 422 and field in refused.text, (field, refused.text)
+    other_node = {**report, "gpus": [{**report["gpus"][0], "node": "node2"}]}
+    refused = client.post("/agent/report", json=other_node)
+    assert refused.status_code == 422 and "names node 'node2'" in refused.text
+    assert client.post("/agent/report", json={**report, "node": "node9", "gpus": []}).status_code == 404
+    queue.store.close()

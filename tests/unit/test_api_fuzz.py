@@ -25,9 +25,9 @@ TOKEN = "fuzz-token"
 
 def make_app(tmp: Path):  # type: ignore[no-untyped-def]
     config = parse_config({"agent": {"enabled": False}, "autoscaler": {"min_workers": 0}})
-    controller = Controller(config, 1, SlurmCli(timeout_s=5), tmp, gpus_by_node={"node1": (0, 1, 2, 3)})
     queue = RolloutQueue(RolloutStore(tmp / "q.sqlite"), QueueConfig(batch_size=8, capacity_seqs=64,
                                                                       max_group_bytes=100_000))
+    controller = Controller(config, 1, SlurmCli(timeout_s=5), tmp, gpus_by_node={"node1": (0, 1, 2, 3)}, queue=queue)
     return create_controller_app(controller, TOKEN, queue)
 
 

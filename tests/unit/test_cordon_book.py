@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from slurm_elastic.core.health import AgentReport, CordonBook, GpuSample, HealthRules
+from slurm_elastic.core.cordons import CordonBook
+from slurm_elastic.core.health import AgentReport, GpuSample, HealthRules
 
 RULES = HealthRules(healthy_period_s=100.0, agent_silence_s=30.0, crash_cordon_s=1000.0)
 
@@ -107,10 +108,10 @@ def test_operator_cordon_survives_health_cycle_and_wins_precedence() -> None:
     book.cordon_manual("n1", 0, "maintenance", 0.0)
     book.observe([gpu(0, **HOT)], 1.0)
     assert book.cordoned()[("n1", 0)].source == "operator"
-    assert [e.source for e in book.entries("n1", 0)] == ["operator", "health"]
+    assert [e["source"] for e in book.to_state()["gpus"][0]["entries"]] == ["health", "operator"]
     for t in range(10, 140, 20):
         book.observe([gpu(0)], float(t))
-    assert [e.source for e in book.entries("n1", 0)] == ["operator"]
+    assert [e["source"] for e in book.to_state()["gpus"][0]["entries"]] == ["operator"]
 
 
 def test_uncordon_manual_leaves_health_cordon() -> None:
@@ -166,19 +167,13 @@ def test_preflight_cordon_lifts_when_memory_is_free() -> None:
     assert (lift.action, lift.source) == ("uncordon", "preflight")
 
 
-def test_unknown_nodes_and_schedulable() -> None:
+def test_unknown_nodes() -> None:
     book = CordonBook(RULES)
     book.observe([gpu(0, node="n1"), gpu(0, node="n2")], 0.0)
-    book.node_heard("n2", 40.0)
+    book.observe([gpu(0, node="n2")], 40.0)
     assert book.unknown_nodes(45.0) == {"n1"}
     assert book.unknown_nodes(45.0, silence_s=100.0) == set()
     assert book.unknown_nodes(45.0, nodes=["n1", "n2", "n3"]) == {"n1", "n3"}
-    assert book.schedulable("n2", 0, 45.0) == (True, "")
-    ok, why = book.schedulable("n1", 0, 45.0)
-    assert not ok and "unknown" in why
-    assert book.schedulable("n2", 5, 45.0)[0] is False
-    book.cordon_manual("n2", 0, "x", 45.0)
-    assert book.schedulable("n2", 0, 45.0) == (False, "cordoned (operator): x")
 
 
 def test_state_round_trip_through_json() -> None:

@@ -1,9 +1,11 @@
-"""Health rules: each cordon reason, each do-not-cordon reason, and the config parser."""
+"""Health rules: each cordon reason, each do-not-cordon reason, the ``[health]`` table and the agent report's wire form."""
 
 from __future__ import annotations
 
 import pytest
 
+from slurm_elastic.client.wire import AgentReportBody, GpuSampleBody, report_json, sample_json
+from slurm_elastic.controller.config import parse_config
 from slurm_elastic.core.health import (
     CLOCK_EVENT_FLAGS,
     AgentReport,
@@ -95,8 +97,12 @@ def test_temperature_at_threshold_is_healthy() -> None:
     assert evaluate(healthy(temperature_c=87.0), RULES) == []
 
 
-def test_rules_from_mapping_and_defaults() -> None:
-    r = HealthRules.from_mapping(
+def rules_of(table: dict[str, object]) -> HealthRules:
+    return parse_config({"health": table}).health.rules()
+
+
+def test_rules_from_the_health_table_and_defaults() -> None:
+    r = rules_of(
         {
             "max_temperature_c": 80,
             "healthy_period_s": 60,
@@ -111,7 +117,7 @@ def test_rules_from_mapping_and_defaults() -> None:
     assert r.on_unhealthy == "keep" and r.crash_threshold == 5
     assert r.cordon_clock_events == frozenset({"hw_slowdown", "sw_power_cap"})
     assert evaluate(healthy(clock_event_reasons=frozenset({"sw_power_cap"})), r) == ["sw_power_cap"]
-    assert HealthRules.from_mapping({}) == HealthRules()
+    assert rules_of({}) == HealthRules()
     assert set(HealthRules().cordon_clock_events) <= set(CLOCK_EVENT_FLAGS)
 
 
@@ -130,16 +136,16 @@ def test_rules_from_mapping_and_defaults() -> None:
         ({"max_temperature_c": True}, "health.max_temperature_c"),
     ],
 )
-def test_rules_from_mapping_names_bad_key(table: dict[str, object], key: str) -> None:
+def test_the_health_table_names_a_bad_key(table: dict[str, object], key: str) -> None:
     with pytest.raises(ConfigError, match=key):
-        HealthRules.from_mapping(table)
+        rules_of(table)
 
 
 def test_sample_and_report_round_trip() -> None:
     s = healthy(clock_event_reasons=frozenset({"idle", "sw_power_cap"}), errors=["power_w: x"])
-    assert GpuSample.from_dict(s.to_dict()) == s
+    assert GpuSampleBody.model_validate(sample_json(s)).to_core() == s
     rep = AgentReport("n1", 12.5, "nvml", [s], ["note"])
-    assert AgentReport.from_dict(rep.to_dict()) == rep
+    assert AgentReportBody.model_validate(report_json(rep)).to_core() == rep
 
 
 @pytest.mark.parametrize(
@@ -155,7 +161,7 @@ def test_sample_and_report_round_trip() -> None:
 )
 def test_bad_reports_raise_value_error(bad: dict[str, object]) -> None:
     with pytest.raises(ValueError):
-        AgentReport.from_dict(bad)
+        AgentReportBody.model_validate(bad)
 
 
 def test_parse_gpu_ref() -> None:

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from slurm_elastic.controller.job_dir import JOB_FILE, claim_state_dir, job_state_dir, read_identity
-from slurm_elastic.controller.locate import locate
+from slurm_elastic.client.files import job_state_dir
+from slurm_elastic.client.locate import locate
+from slurm_elastic.controller.job_dir import JOB_FILE, claim_state_dir, read_identity
 from slurm_elastic.core.job_identity import JobIdentity, identity_mismatch
 from slurm_elastic.slurm.parse import parse_jobs_json
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from slurm_elastic.client.wire import report_json
 from slurm_elastic.controller.config import parse_config
 from slurm_elastic.controller.prolog_results import MARKER_FILE, take_prolog_results
 from slurm_elastic.controller.runtime import Controller
@@ -24,7 +25,7 @@ def write_result(node_dir: Path, node: str, temperatures: list[float]) -> None:
     gpus = [GpuSample(node=node, index=i, uuid=f"GPU-{node}-{i}", temperature_c=t, clock_event_reasons=frozenset(),
                       memory_used_mb=0, memory_total_mb=1000) for i, t in enumerate(temperatures)]
     (node_dir / "7").mkdir(parents=True, exist_ok=True)
-    report = AgentReport(node, 0.0, "inject", gpus, []).to_dict()
+    report = report_json(AgentReport(node, 0.0, "inject", gpus, []))
     (node_dir / "7" / f"gpu-health-{node}.json").write_text(json.dumps({"report": report}))
 
 

@@ -264,3 +264,18 @@ def test_submits_waiting_for_their_commit_count_against_the_bound(tmp_path: Path
     with pytest.raises(QueueFull):
         q.submit_later("over", "0001", 4, 0, payload("over"))
     assert all(f.result() for f in waiting) and q.stats()["queued_sequences"] == 16
+
+
+def test_the_snapshot_is_none_until_the_queue_is_in_use_then_carries_its_numbers(tmp_path: Path) -> None:
+    q = make(tmp_path, capacity_seqs=100)
+    assert q.snapshot() is None
+    submit(q, "a", 4)
+    assert q.admit(3, "0002") == 3
+    snap = q.snapshot()
+    stats = q.stats()
+    assert snap is not None
+    assert (snap.queued_seqs, snap.batch_size, snap.in_flight_seqs, snap.buffer_capacity_seqs) == (
+        stats["queued_sequences"], 8, 3, 100)
+    assert (snap.max_staleness, snap.staleness_capacity_seqs) == (1, stats["staleness_capacity"])
+    assert snap.production_seqs_per_s == stats["production_seqs_per_s"]
+    q.store.close()

@@ -148,7 +148,7 @@ def app_over(q: RolloutQueue, tmp: Path):  # type: ignore[no-untyped-def]
     from slurm_elastic.slurm.cli_backend import SlurmCli
 
     config = parse_config({"agent": {"enabled": False}, "autoscaler": {"min_workers": 0}})
-    controller = Controller(config, 1, SlurmCli(timeout_s=5), tmp, gpus_by_node={"node1": (0,)})
+    controller = Controller(config, 1, SlurmCli(timeout_s=5), tmp, gpus_by_node={"node1": (0,)}, queue=q)
     return create_controller_app(controller, "t", q)
 
 
@@ -260,3 +260,25 @@ def test_a_damaged_snapshot_stops_the_queue_with_a_clear_error(tmp_path: Path) -
     q.store.close()
     with pytest.raises(StateFileError, match="staleness snapshot"):
         make(tmp_path)
+
+
+def test_the_controller_reads_the_queue_it_was_built_with_and_the_routes_serve_that_one(tmp_path: Path) -> None:
+    from slurm_elastic.controller.app import create_controller_app
+    from slurm_elastic.controller.config import parse_config
+    from slurm_elastic.controller.runtime import Controller
+    from slurm_elastic.slurm.cli_backend import SlurmCli
+
+    q = make(tmp_path)
+    config = parse_config({"agent": {"enabled": False}, "autoscaler": {"min_workers": 0}})
+    controller = Controller(config, 1, SlurmCli(timeout_s=5), tmp_path, gpus_by_node={"node1": (0,)}, queue=q)
+    assert controller.pressure_inputs(4, CLOCK()).queued_seqs is None  # not in use yet
+    submit(q, "g1", n=4)
+    seen = controller.pressure_inputs(4, CLOCK())
+    assert (seen.queued_seqs, seen.batch_size, seen.buffer_capacity_seqs) == (4, 8, 1000)
+    assert controller.status()["queue"]["queued_sequences"] == 4
+    (tmp_path / "other").mkdir()
+    other = make(tmp_path / "other")
+    with pytest.raises(ValueError, match="another queue"):
+        create_controller_app(controller, "t", other)
+    q.store.close()
+    other.store.close()

@@ -35,8 +35,9 @@ def group(gid: str) -> dict[str, object]:
 class Served:
     def __init__(self, state: Path) -> None:
         config = parse_config({"agent": {"enabled": False}, "autoscaler": {"min_workers": 0}})
-        controller = Controller(config, 1, SlurmCli(timeout_s=5), state, gpus_by_node={"node1": (0, 1)})
         self.queue = RolloutQueue(RolloutStore(state / "q.sqlite"), QueueConfig(batch_size=8, capacity_seqs=400))
+        controller = Controller(config, 1, SlurmCli(timeout_s=5), state, gpus_by_node={"node1": (0, 1)},
+                                queue=self.queue)
         self.server = ApiServer(create_controller_app(controller, TOKEN, self.queue), "127.0.0.1")
         self.server.start()
         self.http = httpx.Client(base_url=self.server.url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)

@@ -30,10 +30,10 @@ BATCH_SIZE = 8
 
 class Served:
     def __init__(self, tmp: Path) -> None:
-        controller = Controller(parse_config({"agent": {"enabled": False}}), 1, SlurmCli(timeout_s=5), tmp,
-                                gpus_by_node={"node1": (0,)})
         self.queue = RolloutQueue(RolloutStore(tmp / "q.sqlite", fsync="off"),
                                   QueueConfig(batch_size=BATCH_SIZE, capacity_seqs=4096))
+        controller = Controller(parse_config({"agent": {"enabled": False}}), 1, SlurmCli(timeout_s=5), tmp,
+                                gpus_by_node={"node1": (0,)}, queue=self.queue)
         self.server = ApiServer(create_controller_app(controller, TOKEN, self.queue), "127.0.0.1")
         self.server.start()
         self.url = self.server.url
@@ -151,7 +151,7 @@ def test_a_store_failure_answers_503_with_retry_after(tmp_path: Path) -> None:
 
 
 def test_the_sdk_resends_the_same_group_through_server_errors_and_a_full_buffer() -> None:
-    from slurm_elastic.controller.client import ControlClient
+    from slurm_elastic.client.control import ControlClient
 
     answers = iter([httpx.Response(503, headers={"retry-after": "2"}, json={"detail": "store"}),
                     httpx.Response(502, text="bad gateway"), httpx.Response(504, text="timeout"),

@@ -9,8 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slurm_elastic.controller.files import CONTROLLER_FILE, TOKEN_FILE
-from slurm_elastic.controller.job_dir import job_state_dir
+from slurm_elastic.client.files import CONTROLLER_FILE, TOKEN_FILE, job_state_dir
 from slurm_elastic.errors import ControllerUnreachableError, SlurmError
 from slurm_elastic.slurm.cli_backend import SlurmCli
 

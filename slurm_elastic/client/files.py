@@ -1,0 +1,43 @@
+"""Where a job's controller publishes itself, read from the client side (stdlib only).
+
+The job's state directory is ``<root>/jobs/<cluster>/<job id>`` by default (``$SLURM_ELASTIC_HOME``
+or ``~/.slurm-elastic``), or ``controller.state_dir`` with ``{cluster}`` and ``{job_id}`` filled in.
+In it: ``token`` (the job's bearer token, 0600) and ``controller.json`` (url, pid, host).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+TOKEN_FILE = "token"
+CONTROLLER_FILE = "controller.json"
+
+
+def default_state_root() -> Path:
+    """``$SLURM_ELASTIC_HOME`` or ``~/.slurm-elastic``: must be visible from every node of the job."""
+    root = os.environ.get("SLURM_ELASTIC_HOME")
+    return Path(root) if root else Path.home() / ".slurm-elastic"
+
+
+def path_part(name: str) -> str:
+    """``name`` as one safe path component (a cluster name from Slurm is one already)."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name).lstrip(".") or "unknown-cluster"
+
+
+def job_state_dir(cluster: str, job_id: int, configured: str = "") -> Path:
+    """The configured directory (``{cluster}``, ``{job_id}`` filled in) or ``<root>/jobs/<cluster>/<job id>``."""
+    if configured:
+        return Path(os.path.expanduser(configured.replace("{job_id}", str(job_id))
+                                       .replace("{cluster}", path_part(cluster))))
+    return default_state_root() / "jobs" / path_part(cluster) / str(job_id)
+
+
+def read_controller_url(state_dir: Path) -> str:
+    """The URL in ``controller.json`` ('' if none)."""
+    try:
+        return str(json.loads((state_dir / CONTROLLER_FILE).read_text()).get("url", ""))
+    except (OSError, ValueError, AttributeError):
+        return ""

@@ -1,0 +1,162 @@
+"""The request bodies the controller's routes accept, shared by the routes and the clients.
+
+Each model refuses unknown keys and bounds every number; :class:`AgentReportBody` also turns a
+node agent's report into the core's frozen :class:`~slurm_elastic.core.health.AgentReport`
+(and back, for the agent that posts it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+from slurm_elastic.core.health import AgentReport, GpuSample
+from slurm_elastic.core.staleness import MAX_VERSION
+
+WORKER_ID = r"^[A-Za-z0-9_]{1,64}$"
+ID = r"^[A-Za-z0-9_.:-]{1,128}$"
+INT64_MAX = 2**63 - 1  # what the store (SQLite) and the state file's readers hold
+Count = Annotated[int, Field(ge=0, le=INT64_MAX)]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# --------------------------------------------------------------------------- workers and routers
+
+
+class Registration(_Body):
+    node: str = Field(min_length=1, max_length=256)
+    gpus: list[Annotated[int, Field(ge=0, le=1024)]] = Field(default_factory=list, max_length=64)
+    step_id: str = Field("", max_length=64)
+    pid: Count = 0
+    endpoint: str = Field("", max_length=512)
+    ready: bool = True
+
+
+class Heartbeat(_Body):
+    busy: bool | None = None
+    rollouts: Count | None = None
+    busy_s: float | None = Field(None, ge=0, le=1e9, allow_inf_nan=False)  # seconds inside rollouts so far
+    exit_code: int | None = Field(None, ge=-255, le=255)
+    child_pid: Count | None = None
+    placeholder: bool | None = None
+    outstanding_requests: Count | None = None
+    liveness_failures: Count | None = None  # servers: failed liveness probes in a row
+
+
+class LoadReport(_Body):
+    client_id: str = Field(min_length=1, max_length=128)
+    outstanding: dict[str, Annotated[int, Field(ge=0, le=1_000_000)]] = Field(default_factory=dict, max_length=10_000)
+    sent: Count = 0
+    retried: Count = 0
+    failed: Count = 0
+
+
+# --------------------------------------------------------------------------- operators
+
+
+class ScaleRequest(_Body):
+    workers: int = Field(ge=0, le=100_000)
+
+
+def _printable(text: str) -> str:
+    """Refuse control and format characters (terminal escapes, newlines) in text shown to operators."""
+    if not text.isprintable():
+        raise ValueError("must be printable text (no control characters, newlines or escape codes)")
+    return text
+
+
+class GpuRef(_Body):
+    node: str = Field(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9._-]+$")  # a Slurm node name
+    gpu: int = Field(ge=0, le=1024)
+    reason: Annotated[str, AfterValidator(_printable)] = Field("", max_length=256)
+
+
+# --------------------------------------------------------------------------- the rollout queue and trainer
+
+
+class Admission(_Body):
+    sequences: int = Field(ge=1, le=100_000)
+    worker_id: str = Field(pattern=WORKER_ID, description="the lease is this worker's: only its submits use it")
+
+
+class TrainerHello(_Body):
+    trainer_id: str = Field("trainer", pattern=ID)
+
+
+class VersionUpdate(_Body):
+    version: int = Field(ge=0, le=MAX_VERSION)
+    recovered: bool = Field(False, description="the trainer resumed from a checkpoint at this version")
+
+
+# --------------------------------------------------------------------------- node agents
+
+
+class GpuSampleBody(BaseModel):
+    """One GPU's reading (:class:`~slurm_elastic.core.health.GpuSample`). Strict: no numbers as
+    strings, no booleans as numbers; ``null`` means the agent could not read the field."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    node: str = Field(min_length=1)
+    index: int = Field(ge=0)
+    uuid: str = ""
+    pci_bus_id: str | None = None
+    temperature_c: float | None = None
+    clock_event_reasons: list[str] | None = None
+    memory_used_mb: int | None = None
+    memory_total_mb: int | None = None
+    utilization_pct: float | None = None
+    power_w: float | None = None
+    ecc_uncorrectable_volatile: int | None = None
+    ecc_uncorrectable_aggregate: int | None = None
+    retired_pages_pending: bool | None = None
+    remapped_rows_pending: bool | None = None
+    remapped_rows_failure: bool | None = None
+    lost: bool = False
+    errors: list[str] = Field(default_factory=list)
+
+    def to_core(self) -> GpuSample:
+        fields = self.model_dump()
+        reasons = self.clock_event_reasons
+        return GpuSample(**{**fields, "clock_event_reasons": None if reasons is None else frozenset(reasons)})
+
+
+class AgentReportBody(BaseModel):
+    """What a node agent posts: ``{node, sampled_at_s, source, gpus: [...], errors}``; every
+    sample names the report's node. Keys of the report besides these are ignored."""
+
+    model_config = ConfigDict(extra="ignore", strict=True, frozen=True)
+    node: str = Field(min_length=1)
+    sampled_at_s: float
+    source: str = ""
+    gpus: list[GpuSampleBody]
+    errors: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _one_node(self) -> AgentReportBody:
+        for sample in self.gpus:
+            if sample.node != self.node:
+                raise ValueError(f"gpus: gpu {sample.index} names node {sample.node!r}, not {self.node!r}")
+        return self
+
+    def to_core(self) -> AgentReport:
+        return AgentReport(self.node, self.sampled_at_s, self.source, [g.to_core() for g in self.gpus],
+                           list(self.errors))
+
+
+def sample_json(sample: GpuSample) -> dict[str, Any]:
+    """``sample`` as the JSON its body parses (reasons sorted, so reports are stable)."""
+    fields = {f.name: getattr(sample, f.name) for f in dataclasses.fields(sample)}
+    reasons = sample.clock_event_reasons
+    return {**fields, "clock_event_reasons": None if reasons is None else sorted(reasons),
+            "errors": list(sample.errors)}
+
+
+def report_json(report: AgentReport) -> dict[str, Any]:
+    """``report`` as the JSON :class:`AgentReportBody` parses."""
+    return {"node": report.node, "sampled_at_s": report.sampled_at_s, "source": report.source,
+            "gpus": [sample_json(g) for g in report.gpus], "errors": list(report.errors)}

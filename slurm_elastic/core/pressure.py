@@ -1,0 +1,64 @@
+"""The rollout queue's numbers as the autoscaler takes them (pure).
+
+The queue produces a typed :class:`QueueSnapshot`; :func:`pressure_inputs` turns it, with the
+workers' counts, into the autoscaler's :class:`~slurm_elastic.core.scaling.PressureInputs`.
+The controller gets its queue as a :class:`QueueFeed` when it is built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+from slurm_elastic.core.lifecycle import WorkerState
+from slurm_elastic.core.rates import per_worker_rate
+from slurm_elastic.core.scaling import PressureInputs
+
+
+@dataclass(frozen=True)
+class QueueSnapshot:
+    """The queue at one moment: sequences (``_seqs``) and rates per second (None: nothing measured yet)."""
+
+    queued_seqs: int
+    batch_size: int
+    consumption_seqs_per_s: float | None
+    production_seqs_per_s: float | None
+    in_flight_seqs: int  # admitted, not yet submitted (the staleness manager's running)
+    max_staleness: int
+    staleness_capacity_seqs: int
+    buffer_capacity_seqs: int
+
+
+class QueueFeed(Protocol):
+    """What the controller reads from its rollout queue."""
+
+    def snapshot(self) -> QueueSnapshot | None:
+        """The numbers now; None until the queue is in use (a job of inference servers with no
+        trainer must not look like a starving trainer)."""
+
+    def stats(self) -> dict[str, Any]:
+        """Every number of the queue, for the status."""
+
+
+def pressure_inputs(queue: QueueSnapshot | None, workers: Mapping[WorkerState, int], busy_workers: float | None,
+                    allowed_slots: int, outstanding_requests: int | None = None) -> PressureInputs:
+    """What the autoscaler sees. ``workers``: workers by state (placeholders not counted);
+    ``busy_workers``: workers generating on average over the window (None: not reported), which
+    makes production per worker the production per *busy* worker."""
+    active = workers.get(WorkerState.ACTIVE, 0)
+    idle = PressureInputs(
+        queued_seqs=None, batch_size=0,
+        workers_starting=workers.get(WorkerState.STARTING, 0) + workers.get(WorkerState.BACKOFF, 0),
+        workers_active=active, workers_draining=workers.get(WorkerState.DRAINING, 0),
+        allowed_slots=allowed_slots, outstanding_requests=outstanding_requests,
+    )
+    if queue is None:
+        return idle
+    return replace(
+        idle, queued_seqs=queue.queued_seqs, batch_size=queue.batch_size,
+        consumption_seqs_per_s=queue.consumption_seqs_per_s,
+        per_worker_seqs_per_s=per_worker_rate(queue.production_seqs_per_s, busy_workers, active),
+        in_flight_seqs=queue.in_flight_seqs, max_staleness=queue.max_staleness,
+        staleness_capacity_seqs=queue.staleness_capacity_seqs, buffer_capacity_seqs=queue.buffer_capacity_seqs,
+    )
