@@ -409,6 +409,7 @@ def wrong_types_probe(rig: Rig) -> Probe:
     rig.job.status()
     ticks = rig.job.status()["ticks"]
     wait_for(lambda: rig.job.status()["ticks"] > ticks + 1, 10, "the scale to be saved")
+    wait_for(lambda: _settled(rig, 2), 60, "two ACTIVE workers and no other worker step")
     before = rig.snapshot()
     old_pid = rig.job.controller_pid()
     state_file = rig.job.state_dir / "state.json"
@@ -420,7 +421,12 @@ def wrong_types_probe(rig: Rig) -> Probe:
     state_file.write_text(json.dumps(doc))
     os.kill(old_pid, signal.SIGKILL)
     wait_for(lambda: _restarted(rig, old_pid), 60, "the controller to restart")
-    wait_for(lambda: rig.snapshot()["steps"] == before["steps"], 30, "the same steps")
+    try:
+        wait_for(lambda: rig.snapshot()["steps"] == before["steps"], 60, "the same steps")
+    except AssertionError as exc:
+        workers = [(w["worker_id"], w["state"]) for w in rig.job.status()["workers"]]
+        raise AssertionError(f"{exc}: before {before['steps']}, now {rig.snapshot()['steps']}, "
+                             f"workers {workers}") from None
     status = rig.http.get("/controller/status", headers=rig.auth).json()
     notes = status["state_notes"]
     after = rig.snapshot()
@@ -470,6 +476,12 @@ def identity_probe(cluster: DevCluster, tmp: Path) -> Probe:
                      f"`status JOB` shows the note: {'yes' if 'saved state:' in table.stdout else 'NO'}", ok)
     finally:
         stop_controller_job(job)
+
+
+def _settled(rig: Rig, workers: int) -> bool:
+    """``workers`` ACTIVE workers, and no other worker step left in Slurm."""
+    active = [w for w in rig.job.status()["workers"] if w["state"] == "ACTIVE" and not w.get("placeholder")]
+    return len(active) == workers and len(rig.job.worker_steps()) == workers
 
 
 def _restarted(rig: Rig, old_pid: int) -> bool:
