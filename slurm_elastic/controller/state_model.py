@@ -82,6 +82,7 @@ class AutoscalerMemory(_Model):
     last_down_s: Time = None
     window: list[tuple[StrictFloat, StrictFloat]] = Field(default_factory=list)
     held_dir: Annotated[StrictInt, Field(ge=-1, le=1)] = 0
+    ramped: StrictBool = True
 
 
 Workers = Annotated[StrictInt, Field(ge=0, le=100_000)]

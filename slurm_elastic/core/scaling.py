@@ -40,7 +40,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from slurm_elastic.core.startup import startup_recommendation
+from slurm_elastic.core.startup import measured, startup_recommendation
 from slurm_elastic.errors import ConfigError
 
 # verl's ElasticConfig names -> ours (docs/autoscaler.md explains each)
@@ -194,6 +194,7 @@ class Autoscaler:
     window: list[tuple[float, float]] = field(default_factory=list)
     held_dir: int = 0  # +1/-1: the last decision held back a move that way (conditional integration)
     startup_step: bool = False  # this decision is the start-up step (no votes, stable period or step cap)
+    ramped: bool = False  # the rates were measured once: the start-up ramp is over for this job (kept across restarts)
 
     def decide(self, x: PressureInputs, now_s: float) -> Decision:
         """One decision; its reason names, in plain words, the pressure and whatever term, bound,
@@ -294,7 +295,8 @@ class Autoscaler:
             self.integral = min(self.integral, 0.0)
             return current - 1, f"buffer full ({x.queued_seqs:.0f}/{x.buffer_capacity_seqs:.0f}): fewer workers", (
                 error, None, None, None)
-        start = startup_recommendation(cfg, x, current, setpoint)
+        self.ramped = self.ramped or measured(x)
+        start = None if self.ramped else startup_recommendation(cfg, x, current, setpoint)
         if start is not None:
             self.startup_step = True
             return start[0], start[1], (error, None, None, None)
@@ -336,7 +338,7 @@ class Autoscaler:
                 "votes_dir": self.votes_dir, "votes": self.votes, "direction_since_s": self.direction_since_s,
                 "last_up_s": None if math.isinf(self.last_up_s) else self.last_up_s,
                 "last_down_s": None if math.isinf(self.last_down_s) else self.last_down_s,
-                "window": [list(w) for w in self.window], "held_dir": self.held_dir}
+                "window": [list(w) for w in self.window], "held_dir": self.held_dir, "ramped": self.ramped}
 
     @classmethod
     def from_state(cls, config: AutoscalerConfig, state: Mapping[str, Any]) -> Autoscaler:
@@ -352,4 +354,5 @@ class Autoscaler:
         scaler.last_down_s = -math.inf if down is None else float(down)
         scaler.window = [(float(t), float(r)) for t, r in state.get("window", [])]
         scaler.held_dir = int(state.get("held_dir", 0))
+        scaler.ramped = bool(state.get("ramped", True))  # saved before the ramp existed: a running job
         return scaler

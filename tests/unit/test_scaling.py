@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 
 import pytest
@@ -292,6 +293,17 @@ def test_start_up_doubles_at_once_then_once_per_cooldown_until_the_rates_are_mea
     assert (second.target_workers, "the trainer's demand not measured") == (8, "the trainer's demand not measured")
     measured = scaler.decide(inputs(queued=8, active=8, rate=0.8, consumption=6.4), 70.0)
     assert "start-up" not in measured.reason and "feed-forward" in measured.reason
+
+
+def test_start_up_ramp_ends_for_the_job_once_measured_and_a_restart_does_not_start_it_again() -> None:
+    scaler = Autoscaler(SLOW)
+    scaler.decide(inputs(queued=8, active=8, rate=0.8, consumption=6.4), 2.0)  # the rates measured once
+    restarted = Autoscaler.from_state(SLOW, json.loads(json.dumps(scaler.to_state())))  # as state.json keeps it
+    after = restarted.decide(inputs(queued=0, active=8, rate=None, consumption=None), 100.0)  # rates lost
+    assert after.action == "hold" and "start-up" not in after.reason  # no doubling of a running pool
+    mid_ramp = Autoscaler.from_state(SLOW, Autoscaler(SLOW).to_state())  # killed before any measurement
+    assert "doubling 2 -> 4" in mid_ramp.decide(inputs(queued=0, active=2, rate=None, consumption=None), 2.0).reason
+    assert Autoscaler.from_state(SLOW, {}).ramped  # memory saved before the ramp existed: a running job
 
 
 def test_start_up_sizes_the_first_step_from_the_known_demand_and_production() -> None:
