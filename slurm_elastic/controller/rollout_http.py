@@ -195,12 +195,10 @@ class SubmitEndpoint:
         except QueueFull as exc:
             return _error(status.HTTP_429_TOO_MANY_REQUESTS, str(exc),
                           [(b"retry-after", str(max(1, round(exc.retry_after_s))).encode())])
-        except StoreUnavailableError as exc:  # not stored (disk full or failing): the worker resends
-            return _error(503, str(exc), [(b"retry-after", _retry_after(exc))])
         except Exception as exc:  # the store failed this commit: nothing was stored, a retry is safe
             log.warning("the rollout store did not take group %s: %s", group.id, exc)
             return _error(status.HTTP_503_SERVICE_UNAVAILABLE, f"the rollout store did not take the group: {exc}",
-                          [(b"retry-after", str(STORE_RETRY_AFTER_S).encode())])
+                          [(b"retry-after", _retry_after(exc).encode())])
         return 200, b'{"accepted":true}' if stored else b'{"accepted":false}', JSON
 
 
@@ -262,7 +260,7 @@ async def _storage_failed(_request: Request, exc: Exception) -> Response:
     """A route whose store or state file failed: 503 with Retry-After (the request changed nothing)."""
     log.warning("storage failed under a request: %s", exc)
     return Response(json.dumps({"detail": f"storage failed: {exc}"}), status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
-                    media_type="application/json", headers={"Retry-After": str(STORE_RETRY_AFTER_S)})
+                    media_type="application/json", headers={"Retry-After": _retry_after(exc)})
 
 
 def rollout_router(controller: Controller, queue: RolloutQueue) -> APIRouter:
@@ -298,10 +296,7 @@ def rollout_router(controller: Controller, queue: RolloutQueue) -> APIRouter:
     def pull() -> Response:
         """The next batch; ``lost_group_ids`` names the groups quarantined (damaged on disk,
         never delivered) since the previous batch."""
-        try:
-            batch = queue.pull()
-        except StoreUnavailableError as exc:
-            return _unavailable(exc)
+        batch = queue.pull()  # StoreUnavailableError: 503 with Retry-After (_storage_failed)
         if batch is None:
             return Response(status_code=status.HTTP_204_NO_CONTENT)
         batch_id, payloads = batch
@@ -310,14 +305,12 @@ def rollout_router(controller: Controller, queue: RolloutQueue) -> APIRouter:
                 + b'],"lost_group_ids":' + lost + b"}")
         return Response(body, media_type="application/json")
 
-    @router.post("/trainer/batch/{batch_id}/ack", tags=["trainer"], response_model=None)
-    def ack(batch_id: Annotated[str, PathParam(pattern=r"^[0-9a-f]{32}$")]) -> dict[str, Any] | Response:
+    @router.post("/trainer/batch/{batch_id}/ack", tags=["trainer"])
+    def ack(batch_id: Annotated[str, PathParam(pattern=r"^[0-9a-f]{32}$")]) -> dict[str, Any]:
         try:
             return {"batch_id": batch_id, "acked": queue.ack(batch_id)}
         except UnknownBatchError:
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"unknown batch {batch_id}") from None
-        except StoreUnavailableError as exc:
-            return _unavailable(exc)
 
     @router.post("/trainer/version", tags=["trainer"], responses={
         409: {"description": "a plain publish lower than the current version, or more than max_staleness + 1 "
@@ -355,13 +348,11 @@ def rollout_router(controller: Controller, queue: RolloutQueue) -> APIRouter:
     return router
 
 
-def _retry_after(exc: StoreUnavailableError) -> bytes:
-    return str(max(1, round(exc.retry_after_s))).encode()
-
-
-def _unavailable(exc: StoreUnavailableError) -> Response:
-    return Response(json.dumps({"detail": str(exc)}), status_code=503, media_type="application/json",
-                    headers={"retry-after": _retry_after(exc).decode()})
+def _retry_after(exc: BaseException) -> str:
+    """Seconds a client waits before trying again after a storage failure: the store's own hint
+    (:class:`StoreUnavailableError`), else ``STORE_RETRY_AFTER_S``."""
+    hint = exc.retry_after_s if isinstance(exc, StoreUnavailableError) else STORE_RETRY_AFTER_S
+    return str(max(1, round(hint)))
 
 
 def _registry(controller: Controller, queue: RolloutQueue) -> CollectorRegistry:
