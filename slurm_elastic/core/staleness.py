@@ -30,9 +30,14 @@ class VersionRefused(ValueError):
 
 
 def oldest_fresh_version(version: int, max_staleness: int) -> int:
-    """The oldest policy version a rollout may have and still be trained on at ``version``;
-    older ones are dropped (the queue and the simulator both drop by this rule)."""
+    """The oldest policy version a rollout may have and still be trained on at ``version``."""
     return version - max_staleness
+
+
+def is_stale(rollout_version: int, version: int, max_staleness: int) -> bool:
+    """Whether a rollout generated at ``rollout_version`` is too old to train on at ``version``:
+    the drop rule, the same for the queue and the simulator."""
+    return rollout_version < oldest_fresh_version(version, max_staleness)
 
 
 def max_version_step(max_staleness: int) -> int:
