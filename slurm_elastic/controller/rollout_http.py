@@ -205,8 +205,8 @@ class _Resolver(Generic[T]):
     """A :data:`Then` that settles ``waiter`` on its loop, without a cross-thread wake-up when
     called on the loop's own thread (the store's group commits are, on the loop that serves
     the submits). An object, not a closure: a closure that names itself is a reference cycle,
-    and one per submit left the cyclic collector ~45,000 objects to trace every few hundred
-    milliseconds (10-40 ms pauses of the event loop under load)."""
+    which only the cyclic collector frees, and one per submit would keep that collector tracing
+    them on the event loop."""
 
     __slots__ = ("loop", "loop_thread", "waiter")
 

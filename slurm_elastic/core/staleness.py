@@ -7,8 +7,8 @@
 buffer (less those dropped as stale), ``running`` those admitted and not yet handed over. After
 the trainer resumes from a checkpoint at version V, ``on_version_recovered(V, buffered)``
 anchors ``accepted`` at V * batch_size plus what is still buffered, so the capacity is
-(max_staleness + 1) * batch_size - buffered - running, not inflated by V (the bug AReaL fixed
-after recovery). Counts are in sequences. Where this differs from AReaL's class is listed in
+(max_staleness + 1) * batch_size - buffered - running, not inflated by V (AReaL's class
+anchors at V * batch_size too, with the buffer taken as empty). Counts are in sequences. Where this differs from AReaL's class is listed in
 docs/queue.md ("Staleness: AReaL's rule and ours").
 
 Admissions are leases held per worker (:class:`AdmissionLeases`): a worker's submit uses its
