@@ -25,9 +25,12 @@ class ObservedStep:
     job_id: int = 0  # the Slurm job the step belongs to; 0: the controller's own job
 
 
+DRAIN_TIMEOUT_S = 120.0  # the one default: a draining worker is cancelled after this
+
+
 @dataclass(frozen=True)
 class ReconcileConfig:
-    drain_timeout_s: float = 120.0
+    drain_timeout_s: float = DRAIN_TIMEOUT_S
     heartbeat_grace_s: float = 60.0
     start_timeout_s: float = 120.0  # launched -> registered, else the launch failed
     backoff_base_s: float = 5.0
