@@ -9,9 +9,9 @@ from typing import Any
 
 from slurm_elastic.controller.base import ControllerBase
 from slurm_elastic.core.health import AgentReport
-from slurm_elastic.core.lifecycle import Worker, WorkerState, transition
+from slurm_elastic.core.lifecycle import Worker, WorkerState
 from slurm_elastic.core.liveness import drain_not_live
-from slurm_elastic.core.registration import registration_refusal
+from slurm_elastic.core.registration import admit, registration_refusal
 from slurm_elastic.core.tick import operator_drain
 
 log = logging.getLogger(__name__)
@@ -50,16 +50,7 @@ class ControlPlane(ControllerBase):
                     ok, why = cordons.preflight_ok(worker.node, gpu, need_mb)
                     if not ok:
                         cordons.record_preflight_failure(worker.node, gpu, need_mb, why, now_s)
-            cordoned = cordons.cordoned()
-            hit = [g for g in worker.gpus if (worker.node, g) in cordoned]
-            ready = bool(info.get("ready", True))
-            if worker.state is S.STARTING and (hit or ready):
-                worker.placeholder = bool(hit)
-                where = f"{worker.node} GPU {list(worker.gpus)}"
-                reason = (f"landed on cordoned GPU {worker.node}:{hit[0]}: holding it as a placeholder" if hit
-                          else f"ready at {worker.endpoint} on {where}" if worker.endpoint
-                          else f"registered on {where}")
-                transition(worker, S.ACTIVE, now_s, reason)
+            admit(worker, cordons.cordoned(), bool(info.get("ready", True)), now_s)
             self._publish_endpoints()
             self.save()
             action = "hold" if worker.placeholder else ("drain" if worker.state is S.DRAINING else "run")
