@@ -16,6 +16,8 @@ from typing import Any, Literal, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from slurm_elastic.core.health import CLOCK_EVENT_FLAGS, HealthRules
+from slurm_elastic.core.reconcile import DRAIN_TIMEOUT_S
+from slurm_elastic.core.signals import DEFAULT_DRAIN_SIGNAL, DrainSignal
 from slurm_elastic.errors import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -54,8 +56,8 @@ class WorkersSection(_Section):
     cpus_per_worker: int = Field(1, ge=1, description="CPUs per worker step (--cpus-per-task).")
     mem_per_worker_mb: int = Field(0, ge=0, description="Memory per worker step in MB; 0: Slurm's default.")
     initial_workers: int = Field(-1, ge=-1, description="Workers at start; -1: the autoscaler's minimum.")
-    drain_signal: Literal["USR1", "USR2", "TERM", "INT"] = Field("USR1", description="Signal that asks a worker to drain.")
-    drain_timeout_s: float = Field(120.0, gt=0, description="After this, a draining worker is cancelled.")
+    drain_signal: DrainSignal = Field(DEFAULT_DRAIN_SIGNAL, description="Signal that asks a worker to drain.")
+    drain_timeout_s: float = Field(DRAIN_TIMEOUT_S, gt=0, description="After this, a draining worker is cancelled.")
     heartbeat_interval_s: float = Field(5.0, gt=0, description="How often workers heart-beat.")
     heartbeat_grace_s: float = Field(60.0, gt=0, description="Silence after which a worker is killed and replaced.")
     start_timeout_s: float = Field(120.0, gt=0, description="Launch to registration, else the launch failed.")

@@ -39,8 +39,7 @@ class Flags:
     signals_seen: list[int] = field(default_factory=list)
 
 
-def install_handlers(flags: Flags, drain_signal: str) -> None:
-    drain_signum = getattr(signal, f"SIG{drain_signal}")
+def install_handlers(flags: Flags, drain_signum: int) -> None:
 
     def on_drain(signum: int, _frame: object) -> None:
         flags.signals_seen.append(signum)
@@ -151,7 +150,7 @@ def run_wrapped(
                 flags.drain.set()  # the controller wants a drain, whether or not a signal came
         if flags.drain.is_set() and not forwarded:
             log.info("worker %s: draining; forwarding SIG%s to the worker command", ctx.worker_id, ctx.drain_signal)
-            child.send_signal(getattr(signal, f"SIG{ctx.drain_signal}"))
+            child.send_signal(ctx.drain_signum)
             forwarded = True
         time.sleep(0.05)
 
