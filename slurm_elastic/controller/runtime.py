@@ -22,6 +22,12 @@ from typing import Any
 
 from slurm_elastic.controller.config import ElasticConfig
 from slurm_elastic.controller.state import StateFile
+from slurm_elastic.controller.weights import (
+    WeightsRecord,
+    latest_weights,
+    restore_weights,
+    weights_book,
+)
 from slurm_elastic.controller.worker_env import worker_settings_env
 from slurm_elastic.core.cordons import CordonBook
 from slurm_elastic.core.endpoints import Endpoint, EndpointBook
@@ -128,6 +134,11 @@ class Controller:
         self._saved_durable = ""  # the last written state without live fields, as JSON
         self._saved_at_s = float("-inf")  # time.monotonic() of the last write
         self._load_state()
+        # -- weights follow the trainer (controller/weights.py): the latest published weights, durable
+        self.weights_record = WeightsRecord(state_dir)
+        self.weights = weights_book(config.weights, enforced=self.is_server)
+        self.weights_wake: threading.Event | None = None  # set by a running WeightsPusher
+        restore_weights(self)
 
     # ---- persistence -----------------------------------------------------------------------
     def _load_state(self) -> None:
@@ -245,11 +256,16 @@ class Controller:
         return due
 
     def _publish_endpoints(self) -> None:
-        """The routable set: ACTIVE server workers with an endpoint (never draining or placeholders)."""
+        """The routable set: ACTIVE server workers with an endpoint (never draining or placeholders),
+        and (weights hook) only servers the weights book lets in: at the latest published weights."""
+        latest = self.weights.latest
         self.endpoints.publish([
-            Endpoint(w.worker_id, w.endpoint, w.node, w.gpus) for w in self.workers.values()
+            Endpoint(w.worker_id, w.endpoint, w.node, w.gpus, w.weights_version) for w in self.workers.values()
             if w.state is S.ACTIVE and w.endpoint and not w.placeholder
-        ])
+            and self.weights.routable(w.worker_id, w.weights_version)  # weights hook
+        ], latest.version if latest is not None else None)
+
+    publish_endpoints = _publish_endpoints  # weights hook: the pusher republishes after an update
 
     def _drain_unhealthy(self, now_s: float) -> list[Drain]:
         """Drain workers on GPUs that became unhealthy (if the rules say drain). Level-triggered."""
@@ -419,6 +435,8 @@ class Controller:
             worker.gpus = tuple(int(g) for g in info.get("gpus", worker.gpus))
             worker.step_id = str(info.get("step_id", worker.step_id) or worker.step_id)
             worker.endpoint = str(info.get("endpoint", worker.endpoint) or "")
+            if worker.state is S.STARTING:  # weights hook: the published version the server started with
+                worker.weights_version = info.get("weights_version")
             worker.last_heartbeat_s = now_s
             need_mb = self.config.workers.gpu_memory_mb
             if need_mb and worker.state is S.STARTING:
@@ -438,8 +456,10 @@ class Controller:
                 transition(worker, S.ACTIVE, now_s, reason)
             self._publish_endpoints()
             self.save()
+            if self.weights_wake is not None and worker.endpoint:  # weights hook: update it before discovery
+                self.weights_wake.set()
             action = "hold" if worker.placeholder else ("drain" if worker.state is S.DRAINING else "run")
-            return {"worker_id": worker_id, "action": action,
+            return {"worker_id": worker_id, "action": action, "weights": latest_weights(self.weights),
                     "heartbeat_interval_s": self.config.workers.heartbeat_interval_s}
 
     def heartbeat(self, worker_id: str, info: dict[str, Any]) -> dict[str, Any]:
@@ -555,10 +575,10 @@ class Controller:
         if gpu not in self.gpus_by_node.get(node, ()):
             raise UnknownWorkerError(f"{node}:{gpu} is not a GPU of job {self.job_id}")
 
-    def endpoints_view(self) -> dict[str, Any]:
+    def endpoints_view(self, latest_weights_only: bool = False) -> dict[str, Any]:
         """The routable servers (version, endpoints with their load) for discovery."""
         with self.lock:
-            return self.endpoints.view(self.clock())
+            return self.endpoints.view(self.clock(), latest_weights_only)
 
     def report_load(self, client_id: str, outstanding: dict[str, int], sent: int = 0, retried: int = 0,
                     failed: int = 0) -> dict[str, Any]:
@@ -596,6 +616,7 @@ class Controller:
                 "cordoned_gpus": [{"node": n, "gpu": g, **v} for (n, g), v in sorted(self.cordoned_gpus().items())],
                 "unknown_health_nodes": sorted(self.unknown_nodes(now_s)),
                 "servers": self._servers_view(now_s) if self.is_server else None,
+                "weights": self.weights.view(),
                 "errors": self.errors[-ERROR_LIMIT:],
                 "state_note": "; ".join(self.state_notes),
                 "state_notes": list(self.state_notes),
@@ -627,6 +648,7 @@ class Controller:
             "last_heartbeat_age_s": round(now_s - worker.last_heartbeat_s, 1), "crash_count": worker.crash_count,
             "launches": worker.launches, "endpoint": worker.endpoint, "liveness_failures": worker.liveness_failures,
             "outstanding_requests": self.endpoints.outstanding(worker.worker_id, now_s) if self.is_server else None,
+            "weights_version": worker.weights_version, **self.weights.server_view(worker.worker_id),
             "history": [list(h) for h in worker.history[-10:]],
         }
 
