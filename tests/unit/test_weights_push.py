@@ -253,3 +253,38 @@ def test_a_publish_refused_by_the_staleness_rules_records_no_weights(job_factory
     assert refused.value.status_code == 409
     assert job.client.status()["weights"]["version"] == 3
     assert WorkerState.ACTIVE.value == "ACTIVE"
+
+
+def test_the_weights_table_is_checked_when_loaded_and_the_example_server_job_is_valid() -> None:
+    from slurm_elastic.controller.config import load_config
+    from slurm_elastic.errors import ConfigError
+
+    for table, why in [({"update": "http"}, "needs a path starting with /"),
+                       ({"update": "command"}, "needs a command"),
+                       ({"update": "sglang", "path": "/x"}, "is a preset"),
+                       ({"update": "reload"}, "weights.update"),
+                       ({"timeout_s": 0}, "weights.timeout_s")]:
+        with pytest.raises(ConfigError, match=why):
+            parse_config({"weights": table})
+    example = load_config(Path(__file__).resolve().parents[2] / "examples" / "server.toml")
+    assert example.workers.kind == "server" and example.weights.update == "sglang"
+
+
+def test_an_http_template_and_a_command_hook_fill_their_placeholders(tmp_path: Path, engines: Engines) -> None:
+    from slurm_elastic.controller.weights import UpdateHook
+    from slurm_elastic.core.weights import PublishedWeights, UpdateOrder
+
+    fake = FakeEngine("sglang", worker_id="0001")
+    url = engines.start(fake)
+    order = UpdateOrder("0001", url, PublishedWeights(9, "/ckpt/{x}/9"), 1)
+    http = UpdateHook(parse_config({"weights": {"update": "http", "path": "/update_weights_from_disk",
+                                                "body": {"model_path": "{path}", "weight_version": "v{version}"}}}).weights)
+    assert http(order) == "" and fake.updates == [{"path": "/ckpt/{x}/9", "version": "v9"}]
+    out = tmp_path / "hook.out"
+    command = UpdateHook(parse_config({"weights": {"update": "command", "command": [
+        "sh", "-c", f"echo {{worker_id}} {{url}} {{version}} {{path}} > {out}"]}}).weights)
+    assert command(order) == "" and out.read_text().split() == ["0001", url, "9", "/ckpt/{x}/9"]
+    failing = UpdateHook(parse_config({"weights": {"update": "command", "command": ["false"]}}).weights)
+    assert "false" in failing(order)
+    for hook in (http, command, failing):
+        hook.close()
