@@ -12,7 +12,8 @@ vLLM (OpenAI server with ``VLLM_SERVER_DEV_MODE=1``): ``GET /health``; ``POST /c
 Both: ``POST /generate`` answers ``{"worker", "id", "weights_path"}`` (what it runs now).
 
 ``update``: ``ok``; ``fail`` (every update fails as the engine reports a failed load); ``hang``
-(an update is accepted and never answered; health still answers). Events go to $FAKE_WORKER_LOG.
+(an update is accepted and never answered; health still answers); $FAKE_UPDATE_FAILS_ON: worker ids
+(comma-separated) whose updates fail. Events go to $FAKE_WORKER_LOG.
 
     python tests/fake_engines.py sglang|vllm PORT [--update ok|fail|hang] [--model PATH]
 """
@@ -142,8 +143,10 @@ def main() -> None:
     parser.add_argument("--update", choices=["ok", "fail", "hang"], default=os.environ.get("FAKE_UPDATE", "ok"))
     parser.add_argument("--model", default="base")
     args = parser.parse_args()
-    engine = FakeEngine(args.engine, args.update, args.model, os.environ.get("SLURM_ELASTIC_WORKER_ID", "?"),
-                        os.environ.get("FAKE_WORKER_LOG", ""))
+    worker_id = os.environ.get("SLURM_ELASTIC_WORKER_ID", "?")
+    failing = os.environ.get("FAKE_UPDATE_FAILS_ON", "").split(",")  # worker ids whose updates fail
+    update = "fail" if worker_id in failing else args.update
+    engine = FakeEngine(args.engine, update, args.model, worker_id, os.environ.get("FAKE_WORKER_LOG", ""))
     server = make_server(engine, args.port, "0.0.0.0")
     stop = threading.Event()
     signal.signal(signal.SIGUSR1, lambda *_: stop.set())  # the drain signal: stop serving

@@ -4,6 +4,7 @@ added mid-run loads the latest weights before its first request."""
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -61,3 +62,31 @@ def test_publishes_reach_every_server_and_a_new_server_loads_the_latest_before_i
     old = [e for e in job.events() if e["worker"] in ("0001", "0002") and e["event"] == "loaded"]
     assert sorted((e["worker"], e["version"]) for e in old) == [("0001", "1"), ("0001", "2"), ("0002", "1"),
                                                                  ("0002", "2")]
+
+
+FAILING = {**ENGINES, "weights": {**ENGINES["weights"], "max_failures": 2},
+           "worker_env": {"FAKE_UPDATE_FAILS_ON": "0002"}}
+
+
+@pytest.mark.parametrize("job", [FAILING], indirect=True)
+def test_a_server_that_fails_its_updates_leaves_discovery_and_is_replaced(job: ControllerJob) -> None:
+    with job.client() as c:
+        c.scale(2)
+    job.active(2)
+    url, token = locate_in(job.state_dir, job.job_id)
+    trainer = Trainer(url, token, job.state_dir)
+    try:
+        with Router(url, token, state_dir=job.state_dir, poll_wait_s=5.0) as router:
+            router.wait_for_endpoints(2, timeout_s=30)
+            trainer.publish_version(1, weights="/ckpt/step-1")
+            wait_for(lambda: set(router.endpoints()) == {"0001"}, UPDATE_TIMEOUT_S, "the failing server out of discovery")
+            wait_for(lambda: set(router.endpoints()) == {"0001", "0003"}, 40, "its replacement routable")
+    finally:
+        trainer.close()
+    status = job.active(2)
+    assert {w["worker_id"]: w["weights_version"] for w in status["workers"]} == {"0001": 1, "0003": 1}
+    failed = [e for e in job.events() if e["worker"] == "0002" and e["event"] == "update"]
+    assert len(failed) == 2  # max_failures
+    record = json.loads((job.state_dir / "state.json").read_text())["state"]["workers"]["0002"]
+    assert any(h[3].startswith("weights update to version 1 failed 2 times in a row: HTTP 400")
+               for h in record["history"]), record["history"]
