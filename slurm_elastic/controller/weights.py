@@ -160,14 +160,17 @@ class WeightsPusher:
         self.pushed = self.failed = 0
 
     def start(self) -> WeightsPusher:
+        """Run beside the loop (not at all where nothing is pushed: no servers or no update hook)."""
         self.controller.weights_wake = self.wake  # registrations and publishes wake the pusher at once
-        self._thread.start()
+        if self.controller.weights.enforced:
+            self._thread.start()
         return self
 
     def stop(self) -> None:
         self._stop.set()
         self.wake.set()
-        self._thread.join(timeout=5)
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._hook.close()
 
