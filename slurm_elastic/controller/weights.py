@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import json
 import logging
+import queue
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -155,24 +155,28 @@ class WeightsPusher:
         self.hook = hook or self._hook
         self.wake = threading.Event()
         self._stop = threading.Event()
-        self._pool = ThreadPoolExecutor(max_workers=self.config.parallel, thread_name_prefix="weights")
-        self._thread = threading.Thread(target=self._loop, name="weights-pusher", daemon=True)
+        self._orders: queue.SimpleQueue[UpdateOrder | None] = queue.SimpleQueue()
+        # daemon threads: an update hung until its timeout never holds up the controller's exit
+        self._threads = [threading.Thread(target=self._loop, name="weights-pusher", daemon=True)] + [
+            threading.Thread(target=self._send_loop, name=f"weights-{i}", daemon=True)
+            for i in range(self.config.parallel)]
         self.pushed = self.failed = 0
 
     def start(self) -> WeightsPusher:
         """Run beside the loop (not at all where nothing is pushed: no servers or no update hook)."""
         self.controller.weights_wake = self.wake  # registrations and publishes wake the pusher at once
         if self.controller.weights.enforced:
-            self._thread.start()
+            for thread in self._threads:
+                thread.start()
         return self
 
     def stop(self) -> None:
         self._stop.set()
         self.wake.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=5)
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        self._hook.close()
+        for _thread in self._threads[1:]:
+            self._orders.put(None)
+        if self._threads[0].is_alive():
+            self._threads[0].join(timeout=5)
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -180,9 +184,13 @@ class WeightsPusher:
             self.wake.clear()
             try:
                 for order in self.due():
-                    self._pool.submit(self._push, order)
+                    self._orders.put(order)
             except Exception:  # the pusher never dies on one bad round
                 log.exception("weights pusher round failed")
+
+    def _send_loop(self) -> None:
+        while (order := self._orders.get()) is not None and not self._stop.is_set():
+            self._push(order)
 
     def due(self) -> list[UpdateOrder]:
         """The updates to send now (the book marks them in flight)."""
@@ -199,7 +207,8 @@ class WeightsPusher:
             error = self.hook(order)
         except Exception as exc:  # a hook that raises failed its update
             error = f"{type(exc).__name__}: {exc}"
-        self.record(order, error)
+        if not self._stop.is_set():  # a stopped controller records nothing more
+            self.record(order, error)
 
     def record(self, order: UpdateOrder, error: str) -> None:
         """The outcome of ``order``: the server's version, out of discovery until a retry succeeds,
