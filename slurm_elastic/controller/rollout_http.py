@@ -11,7 +11,6 @@ import asyncio
 import json
 import logging
 import math
-import sqlite3
 import threading
 from typing import Annotated, Any, Generic, TypeVar
 
@@ -35,7 +34,7 @@ from slurm_elastic.controller.weights import publish_weights
 from slurm_elastic.core.staleness import VersionRefused
 from slurm_elastic.errors import StateFileError
 from slurm_elastic.rollouts.queue import QueueFull, RolloutQueue, UnknownBatchError
-from slurm_elastic.rollouts.store import StoreUnavailableError
+from slurm_elastic.rollouts.storage import StoreUnavailableError
 from slurm_elastic.rollouts.wire import check_mask_values, check_token_ids
 
 STORE_RETRY_AFTER_S = 2  # a submit the store failed to take: try again after this long
@@ -207,8 +206,8 @@ class _Resolver(Generic[T]):
     """A :data:`Then` that settles ``waiter`` on its loop, without a cross-thread wake-up when
     called on the loop's own thread (the store's group commits are, on the loop that serves
     the submits). An object, not a closure: a closure that names itself is a reference cycle,
-    and one per submit left the cyclic collector ~45,000 objects to trace every few hundred
-    milliseconds (10-40 ms pauses of the event loop under load)."""
+    which only the cyclic collector frees, and one per submit would keep that collector tracing
+    them on the event loop."""
 
     __slots__ = ("loop", "loop_thread", "waiter")
 
@@ -239,7 +238,7 @@ class ControllerApp(FastAPI):
         super().__init__(**kwargs)
         self.guard = guard
         self.submit_endpoint: SubmitEndpoint | None = None
-        for error in (StateFileError, sqlite3.Error, OSError):
+        for error in (StateFileError, OSError):
             self.add_exception_handler(error, _storage_failed)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
