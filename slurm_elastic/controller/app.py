@@ -27,6 +27,7 @@ from slurm_elastic.controller.prolog_results import take_prolog_results
 from slurm_elastic.controller.rollout_http import ControllerApp, SubmitEndpoint, rollout_router
 from slurm_elastic.controller.runtime import Controller
 from slurm_elastic.controller.serve import ApiServer, default_listen_host
+from slurm_elastic.controller.weights import WeightsPusher
 from slurm_elastic.errors import SlurmError
 from slurm_elastic.rollouts.queue import QueueConfig, RolloutQueue
 from slurm_elastic.rollouts.store import RolloutStore
@@ -92,6 +93,7 @@ def run_controller(config: ElasticConfig, stop: threading.Event) -> None:
     server = ApiServer(create_controller_app(ctl, token, queue), host,
                        config.controller.listen_port or previous_port(state_dir, host))
     settle_heap()
+    pusher = WeightsPusher(ctl).start()
     server.start()
     ctl.controller_url = server.url
     publish(state_dir, server.url, job_id)
@@ -104,6 +106,7 @@ def run_controller(config: ElasticConfig, stop: threading.Event) -> None:
         ctl.run_forever(stop)
     finally:
         ctl.save()
+        pusher.stop()
         server.stop()
         queue.store.close()
         log.info("controller stopped; worker steps keep running and a new controller adopts them")

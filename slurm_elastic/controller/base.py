@@ -17,6 +17,7 @@ from typing import Any
 from slurm_elastic.controller.config import ElasticConfig
 from slurm_elastic.controller.state import StateFile
 from slurm_elastic.controller.step_specs import agent_step_spec, worker_step_spec
+from slurm_elastic.controller.weights import WeightsRecord, restore_weights, weights_book
 from slurm_elastic.core.cordons import CordonBook
 from slurm_elastic.core.endpoints import Endpoint, EndpointBook
 from slurm_elastic.core.lifecycle import Worker, WorkerState
@@ -103,6 +104,11 @@ class ControllerBase:
         self._saved_durable = ""  # the last written state without live fields, as JSON
         self._saved_at_s = float("-inf")  # time.monotonic() of the last write
         self._load_state()
+        # weights follow the trainer (controller/weights.py): the latest published weights, durable
+        self.weights_record = WeightsRecord(state_dir)
+        self.weights = weights_book(config.weights, enforced=self.is_server)
+        self.weights_wake: threading.Event | None = None  # set by a running WeightsPusher
+        restore_weights(self)
 
     # ---- the records, read-only views of the state the core decides over ----------------------
     @property
@@ -197,11 +203,16 @@ class ControllerBase:
 
     # ---- effects ---------------------------------------------------------------------------
     def _publish_endpoints(self) -> None:
-        """The routable set: ACTIVE server workers with an endpoint (never draining or placeholders)."""
+        """The routable set: ACTIVE server workers with an endpoint (never draining or placeholders)
+        that the weights book lets in (at the latest published weights)."""
+        latest = self.weights.latest
         self.endpoints.publish([
-            Endpoint(w.worker_id, w.endpoint, w.node, w.gpus) for w in self.state.workers.values()
+            Endpoint(w.worker_id, w.endpoint, w.node, w.gpus, w.weights_version) for w in self.state.workers.values()
             if w.state is S.ACTIVE and w.endpoint and not w.placeholder
-        ])
+            and self.weights.routable(w.worker_id, w.weights_version)
+        ], latest.version if latest is not None else None)
+
+    publish_endpoints = _publish_endpoints  # the weights pusher republishes after an update
 
     def _run_all(self, actions: list[TickAction]) -> None:
         """Launches return at once (detached srun); signals and cancels wait for scancel, so a

@@ -8,6 +8,7 @@ import logging
 from typing import Any
 
 from slurm_elastic.controller.base import ControllerBase
+from slurm_elastic.controller.weights import latest_weights
 from slurm_elastic.core.health import AgentReport
 from slurm_elastic.core.lifecycle import Worker, WorkerState
 from slurm_elastic.core.liveness import drain_not_live
@@ -42,6 +43,8 @@ class ControlPlane(ControllerBase):
             worker.gpus = tuple(int(g) for g in info.get("gpus", worker.gpus))
             worker.step_id = str(info.get("step_id", worker.step_id) or worker.step_id)
             worker.endpoint = str(info.get("endpoint", worker.endpoint) or "")
+            if worker.state is S.STARTING:  # the published weights version the server started with
+                worker.weights_version = info.get("weights_version")
             worker.last_heartbeat_s = now_s
             cordons = self.state.cordons
             need_mb = self.config.workers.gpu_memory_mb
@@ -53,8 +56,10 @@ class ControlPlane(ControllerBase):
             admit(worker, cordons.cordoned(), bool(info.get("ready", True)), now_s)
             self._publish_endpoints()
             self.save()
+            if self.weights_wake is not None and worker.endpoint:  # update it before it enters discovery
+                self.weights_wake.set()
             action = "hold" if worker.placeholder else ("drain" if worker.state is S.DRAINING else "run")
-            return {"worker_id": worker_id, "action": action,
+            return {"worker_id": worker_id, "action": action, "weights": latest_weights(self.weights),
                     "heartbeat_interval_s": self.config.workers.heartbeat_interval_s}
 
     def heartbeat(self, worker_id: str, info: dict[str, Any]) -> dict[str, Any]:
@@ -173,10 +178,10 @@ class ControlPlane(ControllerBase):
         if not any(gpu in a.gpus_by_node.get(node, ()) for a in self.allocations):
             raise UnknownWorkerError(f"{node}:{gpu} is not a GPU of job {self.job_id}")
 
-    def endpoints_view(self) -> dict[str, Any]:
+    def endpoints_view(self, latest_weights_only: bool = False) -> dict[str, Any]:
         """The routable servers (version, endpoints with their load) for discovery."""
         with self.lock:
-            return self.endpoints.view(self.clock())
+            return self.endpoints.view(self.clock(), latest_weights_only)
 
     def report_load(self, client_id: str, outstanding: dict[str, int], sent: int = 0, retried: int = 0,
                     failed: int = 0) -> dict[str, Any]:

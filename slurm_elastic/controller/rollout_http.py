@@ -30,6 +30,7 @@ from slurm_elastic.client.wire import (
 )
 from slurm_elastic.controller.guard import Headers, RequestGuard, send_answer
 from slurm_elastic.controller.runtime import Controller
+from slurm_elastic.controller.weights import publish_weights
 from slurm_elastic.core.staleness import VersionRefused
 from slurm_elastic.errors import StateFileError
 from slurm_elastic.rollouts.queue import QueueFull, RolloutQueue, UnknownBatchError
@@ -319,8 +320,9 @@ def rollout_router(controller: Controller, queue: RolloutQueue) -> APIRouter:
             queue.set_version(body.version, recovered=body.recovered)
         except VersionRefused as exc:
             raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
+        weights = None if body.weights is None else publish_weights(controller, body.version, body.weights)
         return {"policy_version": queue.stats()["policy_version"],
-                "staleness_capacity": queue.stats()["staleness_capacity"]}
+                "staleness_capacity": queue.stats()["staleness_capacity"], "weights": weights}
 
     @router.get("/global-status", tags=["status"])
     def global_status() -> dict[str, Any]:

@@ -61,6 +61,7 @@ class WorkerRecord(_Model):
     exit_code: StrictInt | None = None
     drain_signaled: StrictBool = False
     liveness_failures: Count = 0
+    weights_version: Count | None = None
     history: list[tuple[StrictFloat, StrictStr, StrictStr, StrictStr]] = Field(default_factory=list)
 
     def to_worker(self) -> Worker:

@@ -42,6 +42,7 @@ class StatusViews(ControllerBase):
                 "cordoned_gpus": [{"node": n, "gpu": g, **v} for (n, g), v in sorted(self.cordoned_gpus().items())],
                 "unknown_health_nodes": sorted(self.unknown_nodes(now_s)),
                 "servers": self._servers_view(now_s) if self.is_server else None,
+                "weights": self.weights.view(),
                 "errors": self.errors[-ERROR_LIMIT:],
                 "state_note": "; ".join(self.state_notes),
                 "state_notes": list(self.state_notes),
@@ -73,5 +74,6 @@ class StatusViews(ControllerBase):
             "last_heartbeat_age_s": round(now_s - worker.last_heartbeat_s, 1), "crash_count": worker.crash_count,
             "launches": worker.launches, "endpoint": worker.endpoint, "liveness_failures": worker.liveness_failures,
             "outstanding_requests": self.endpoints.outstanding(worker.worker_id, now_s) if self.is_server else None,
+            "weights_version": worker.weights_version, **self.weights.server_view(worker.worker_id),
             "history": [list(h) for h in worker.history[-10:]],
         }

@@ -60,6 +60,7 @@ class Worker:
     exit_code: int | None = None  # reported by the worker wrapper as it exits
     drain_signaled: bool = False  # servers: the drain signal waits until nothing is in flight
     liveness_failures: int = 0  # servers: failed liveness probes in a row, as the wrapper reports them
+    weights_version: int | None = None  # servers: the published weights version it runs (None: its own)
     history: list[tuple[float, str, str, str]] = field(default_factory=list)
 
     @property

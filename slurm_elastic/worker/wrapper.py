@@ -98,8 +98,7 @@ def run_wrapped(
         return _hold(ctx, register, heartbeat, flags)
     if answer.get("action") == "drain":
         return 0
-    argv = [part.replace("{port}", str(port)) for part in command]
-    env = {**os.environ, "SLURM_ELASTIC_PORT": str(port)}
+    argv, env, info = launch_with_weights(command, answer.get("weights"), port, info)
     try:
         child = subprocess.Popen(argv, env=env)
     except OSError as exc:
@@ -153,6 +152,26 @@ def run_wrapped(
             child.send_signal(ctx.drain_signum)
             forwarded = True
         time.sleep(0.05)
+
+
+def launch_with_weights(command: list[str], weights: dict[str, Any] | None, port: int,
+                        info: dict[str, Any]) -> tuple[list[str], dict[str, str], dict[str, Any]]:
+    """(argv, environment, registration) for the worker command. The latest published weights the
+    controller answered at registration fill ``{weights_path}`` and ``{weights_version}`` and the
+    environment (``SLURM_ELASTIC_WEIGHTS_PATH``, ``_VERSION``); a command that names
+    ``{weights_path}`` starts on them, so its ready registration reports that version (else the
+    controller updates the server through its hook before it enters discovery)."""
+    values = {"port": str(port), "weights_path": "", "weights_version": ""}
+    env = {**os.environ, "SLURM_ELASTIC_PORT": str(port)}
+    if weights:
+        values.update(weights_path=str(weights["ref"]), weights_version=str(int(weights["version"])))
+        env.update(SLURM_ELASTIC_WEIGHTS_PATH=values["weights_path"], SLURM_ELASTIC_WEIGHTS_VERSION=values["weights_version"])
+        if any("{weights_path}" in part for part in command):
+            info = {**info, "weights_version": int(weights["version"])}
+    argv = list(command)
+    for key, value in values.items():
+        argv = [part.replace("{" + key + "}", value) for part in argv]
+    return argv, env, info
 
 
 def _start_liveness(ctx: StepContext, port: int) -> LivenessProbe | None:
