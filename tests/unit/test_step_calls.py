@@ -1,0 +1,111 @@
+"""The step wrapper's stdlib client against the controller's real app and server: it registers and
+heart-beats, maps errors as the httpx client does, and survives a kept-alive connection that the
+server closed meanwhile. The wrapper's import path stays free of httpx."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from slurm_elastic.client.step_calls import StepControlClient
+from slurm_elastic.controller.app import create_controller_app
+from slurm_elastic.controller.config import parse_config
+from slurm_elastic.controller.runtime import Controller
+from slurm_elastic.controller.serve import ApiServer
+from slurm_elastic.errors import (
+    ApiError,
+    ConfigError,
+    ControllerUnreachableError,
+    UnknownOnControllerError,
+)
+from tests.stub_backend import ListedSteps
+
+TOKEN = "t0ken"
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """The controller's API with one launched worker: (url, worker id)."""
+    config = parse_config({"agent": {"enabled": False}, "autoscaler": {"min_workers": 0}})
+    controller = Controller(config, 1, ListedSteps(), tmp_path, gpus_by_node={"n1": (0, 1)})  # type: ignore[arg-type]
+    controller.scale(1)
+    controller.tick()
+    server = ApiServer(create_controller_app(controller, TOKEN), "127.0.0.1")
+    server.start()
+    try:
+        yield server.url, next(iter(controller.workers))
+    finally:
+        server.stop()
+
+
+def test_register_and_heartbeat_through_the_real_server(served: tuple[str, str]) -> None:
+    url, worker_id = served
+    client = StepControlClient(url, TOKEN)
+    try:
+        answer = client.register(worker_id, {"node": "n1", "gpus": [0], "step_id": "3", "ready": True})
+        assert answer["action"] == "run" and answer["worker_id"] == worker_id
+        for _ in range(3):  # the same kept-alive connection
+            assert client.heartbeat(worker_id, {"busy": True}) == {"drain": False, "hold": False, "register": False}
+        with pytest.raises(UnknownOnControllerError):
+            client.heartbeat("w_nobody", {})
+    finally:
+        client.close()
+
+
+def test_a_wrong_token_is_an_api_error_and_no_server_is_unreachable(served: tuple[str, str]) -> None:
+    url, worker_id = served
+    with pytest.raises(ApiError) as refused:
+        StepControlClient(url, "wrong").register(worker_id, {})
+    assert refused.value.status_code == 403
+    with pytest.raises(ControllerUnreachableError):
+        StepControlClient("http://127.0.0.1:9", TOKEN).heartbeat(worker_id, {})
+    with pytest.raises(ConfigError):
+        StepControlClient("ftp://controller", TOKEN)
+
+
+class _OneRequestPerConnection(http.server.BaseHTTPRequestHandler):
+    """Answers with keep-alive allowed, then closes the connection anyway (an idle timeout)."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        body = json.dumps({"path": self.path}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+        self.close_connection = True
+
+    def log_message(self, *_args: object) -> None:
+        pass
+
+
+def test_a_connection_closed_by_the_server_is_opened_again() -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _OneRequestPerConnection)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    client = StepControlClient(f"http://127.0.0.1:{server.server_address[1]}/prefix", TOKEN)
+    try:
+        for _ in range(3):
+            assert client.heartbeat("w-1", {}) == {"path": "/prefix/workers/w-1/heartbeat"}
+    finally:
+        client.close()
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_wrapper_path_imports_no_httpx() -> None:
+    code = ("import sys, slurm_elastic.cli, slurm_elastic.commands.controller, slurm_elastic.client.step_calls, "
+            "slurm_elastic.worker.wrapper; print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('httpx', 'pydantic', 'fastapi', 'rich', 'jinja2')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
