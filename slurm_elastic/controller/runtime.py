@@ -116,6 +116,7 @@ class Controller:
         self.errors: list[dict[str, Any]] = []
         self._errors_lock = threading.Lock()
         self.ticks = 0
+        self._wake = threading.Event()  # set by requests that change the target: the loop ticks at once
         self.tick_durations_s: deque[float] = deque(maxlen=TICK_WINDOW)
         self.tick_total_s = 0.0
         self.heartbeats = 0
@@ -336,9 +337,17 @@ class Controller:
                 and self.endpoints.outstanding(worker.worker_id, now_s) == 0)
 
     def run_forever(self, stop: threading.Event) -> None:
-        """Tick every ``tick_interval_s`` until ``stop`` is set."""
+        """Tick every ``tick_interval_s``, and at once after a request that changes the target
+        (:meth:`wake_loop`), until ``stop`` is set."""
         interval_s = self.config.controller.tick_interval_s
+
+        def wake_on_stop() -> None:
+            stop.wait()
+            self._wake.set()
+
+        threading.Thread(target=wake_on_stop, name="stop-wakes-loop", daemon=True).start()
         while not stop.is_set():
+            self._wake.clear()
             started = time.monotonic()
             try:
                 self.tick()
@@ -348,7 +357,11 @@ class Controller:
             with self.lock:
                 self.tick_durations_s.append(time.monotonic() - started)
                 self.tick_total_s += self.tick_durations_s[-1]
-            stop.wait(max(0.0, interval_s - (time.monotonic() - started)))
+            self._wake.wait(max(0.0, interval_s - (time.monotonic() - started)))
+
+    def wake_loop(self) -> None:
+        """Run the next tick now rather than at the interval (a new target is acted on at once)."""
+        self._wake.set()
 
     # ---- decisions ---------------------------------------------------------------------------
     def cordoned_gpus(self) -> dict[tuple[str, int], dict[str, Any]]:
@@ -490,6 +503,7 @@ class Controller:
         with self.lock:
             self.manual_target, self.wake_all_active, self.paused = max(0, int(n)), False, True
             self.save()
+            self.wake_loop()
             return {"target_workers": self.manual_target, "paused": True}
 
     def pause(self) -> dict[str, Any]:
@@ -502,12 +516,14 @@ class Controller:
         with self.lock:
             self.paused, self.manual_target, self.wake_all_active = False, None, False
             self.save()
+            self.wake_loop()
             return {"paused": False}
 
     def wake_all(self) -> dict[str, Any]:
         with self.lock:
             self.wake_all_active, self.manual_target, self.paused = True, None, True
             self.save()
+            self.wake_loop()
             return {"wake_all": True}
 
     def drain(self, worker_id: str) -> dict[str, Any]:
