@@ -109,7 +109,7 @@ def run_wrapped(
         return 127
     forwarded = False
     interval_s = float(answer.get("heartbeat_interval_s", ctx.heartbeat_interval_s))
-    next_beat = 0.0
+    next_beat = time.monotonic() + interval_s  # the registration just now was the first sign of life
     ready = ctx.kind != "server"
     ready_deadline = time.monotonic() + ctx.start_timeout_s
     liveness: LivenessProbe | None = None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -31,8 +32,8 @@ TOKEN = "t0ken"
 
 
 @pytest.fixture
-def served(tmp_path: Path) -> Iterator[tuple[str, str]]:
-    """The controller's API with one launched worker: (url, worker id)."""
+def served(tmp_path: Path) -> Iterator[tuple[str, str, Controller]]:
+    """The controller's API with one launched worker: (url, worker id, the controller)."""
     config = parse_config({"agent": {"enabled": False}, "autoscaler": {"min_workers": 0}})
     controller = Controller(config, 1, ListedSteps(), tmp_path, gpus_by_node={"n1": (0, 1)})  # type: ignore[arg-type]
     controller.scale(1)
@@ -40,13 +41,13 @@ def served(tmp_path: Path) -> Iterator[tuple[str, str]]:
     server = ApiServer(create_controller_app(controller, TOKEN), "127.0.0.1")
     server.start()
     try:
-        yield server.url, next(iter(controller.workers))
+        yield server.url, next(iter(controller.workers)), controller
     finally:
         server.stop()
 
 
-def test_register_and_heartbeat_through_the_real_server(served: tuple[str, str]) -> None:
-    url, worker_id = served
+def test_register_and_heartbeat_through_the_real_server(served: tuple[str, str, Controller]) -> None:
+    url, worker_id, _controller = served
     client = StepControlClient(url, TOKEN)
     try:
         answer = client.register(worker_id, {"node": "n1", "gpus": [0], "step_id": "3", "ready": True})
@@ -59,8 +60,8 @@ def test_register_and_heartbeat_through_the_real_server(served: tuple[str, str])
         client.close()
 
 
-def test_a_wrong_token_is_an_api_error_and_no_server_is_unreachable(served: tuple[str, str]) -> None:
-    url, worker_id = served
+def test_a_wrong_token_is_an_api_error_and_no_server_is_unreachable(served: tuple[str, str, Controller]) -> None:
+    url, worker_id, _controller = served
     with pytest.raises(ApiError) as refused:
         StepControlClient(url, "wrong").register(worker_id, {})
     assert refused.value.status_code == 403
@@ -103,9 +104,24 @@ def test_a_connection_closed_by_the_server_is_opened_again() -> None:
         server.server_close()
 
 
-def test_the_wrapper_path_imports_no_httpx() -> None:
-    code = ("import sys, slurm_elastic.cli, slurm_elastic.commands.controller, slurm_elastic.client.step_calls, "
-            "slurm_elastic.worker.wrapper; print(sorted(m for m in sys.modules if m.split('.')[0] in "
-            "('httpx', 'pydantic', 'fastapi', 'rich', 'jinja2')))")
+def test_the_step_entry_imports_no_httpx_or_click() -> None:
+    code = ("import sys, slurm_elastic.worker.step; print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('httpx', 'pydantic', 'fastapi', 'rich', 'jinja2', 'click')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_a_step_started_as_the_controller_starts_it_registers_and_reports_its_exit(
+        served: tuple[str, str, Controller], tmp_path: Path) -> None:
+    url, worker_id, controller = served
+    env = {**os.environ, "SLURM_ELASTIC_WORKER_ID": worker_id, "SLURM_ELASTIC_CONTROLLER_URL": url,
+           "SLURM_ELASTIC_TOKEN": TOKEN, "SLURMD_NODENAME": "n1", "SLURM_STEP_GPUS": "0", "SLURM_STEP_ID": "3"}
+    done = subprocess.run([sys.executable, "-m", "slurm_elastic", "worker", "--", sys.executable, "-c",
+                           "raise SystemExit(7)"], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 7, done.stderr
+    worker = controller.workers[worker_id]
+    assert worker.exit_code == 7 and worker.step_id == "3" and worker.history[-1][2] == "ACTIVE"
+    bad = subprocess.run([sys.executable, "-m", "slurm_elastic", "worker", "--", "true"],
+                         env={k: v for k, v in env.items() if k != "SLURM_ELASTIC_WORKER_ID"},
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and bad.stderr.startswith("slurm-elastic: error: not started by a slurm-elastic")
