@@ -1,9 +1,11 @@
 """The step wrapper's stdlib client against the controller's real app and server: it registers and
 heart-beats, maps errors as the httpx client does, and survives a kept-alive connection that the
-server closed meanwhile. The wrapper's import path stays free of httpx."""
+server closed meanwhile. The wrapper's import path stays free of httpx. Heartbeats the app's fast
+path cannot answer (bad body, unknown worker, the lock held by a tick) get the route's answers."""
 
 from __future__ import annotations
 
+import http.client
 import http.server
 import json
 import os
@@ -12,11 +14,14 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
 from slurm_elastic.client.step_calls import StepControlClient
 from slurm_elastic.controller.app import create_controller_app
+from slurm_elastic.controller.beats import HeartbeatEndpoint
 from slurm_elastic.controller.config import parse_config
 from slurm_elastic.controller.runtime import Controller
 from slurm_elastic.controller.serve import ApiServer
@@ -125,3 +130,44 @@ def test_a_step_started_as_the_controller_starts_it_registers_and_reports_its_ex
                          env={k: v for k, v in env.items() if k != "SLURM_ELASTIC_WORKER_ID"},
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 1 and bad.stderr.startswith("slurm-elastic: error: not started by a slurm-elastic")
+
+
+def _post(url: str, path: str, body: bytes) -> tuple[int, Any]:
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=30)
+    try:
+        conn.request("POST", path, body=body, headers={"Authorization": f"Bearer {TOKEN}",
+                                                     "Content-Type": "application/json"})
+        response = conn.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        conn.close()
+
+
+def test_heartbeats_the_fast_path_cannot_answer_get_the_routes_answers(served: tuple[str, str, Controller]) -> None:
+    url, worker_id, controller = served
+    controller.register_worker(worker_id, {"node": "n1", "gpus": [0], "step_id": "3"})
+    endpoint = HeartbeatEndpoint(controller)
+    assert endpoint.answer(worker_id, b'{"busy":true}') is not None  # answered at once
+    code, answer = _post(url, f"/workers/{worker_id}/heartbeat", b'{"busy":"sometimes"}')
+    assert code == 422 and answer["detail"][0]["loc"] == ["body", "busy"]
+    code, answer = _post(url, "/workers/w_nobody/heartbeat", b"{}")
+    assert code == 404 and "w_nobody" in answer["detail"]
+    held = threading.Event()
+    release = threading.Event()
+
+    def hold_the_lock() -> None:  # as a tick does
+        with controller.lock:
+            held.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold_the_lock)
+    holder.start()
+    held.wait(30)
+    assert endpoint.answer(worker_id, b"{}") is None  # the route answers, waiting in a thread
+    before = controller.heartbeats
+    threading.Timer(0.2, release.set).start()
+    code, answer = _post(url, f"/workers/{worker_id}/heartbeat", b'{"rollouts":4}')
+    holder.join()
+    assert code == 200 and answer == {"drain": False, "hold": False, "register": False}
+    assert controller.heartbeats == before + 1 and controller.workers[worker_id].rollouts == 4
