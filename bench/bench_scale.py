@@ -291,7 +291,7 @@ def report(windows: list[Window], drain_s: float, window_s: float, floor: tuple[
         f"## Controller scale (dev cluster: {NODES} nodes x {GPUS_PER_NODE} fake GPUs, Slurm 22.05, 2 shared cores)",
         "",
         f"Tick interval {TICK_S} s, heartbeat interval {HEARTBEAT_S} s, steady window {window_s:g} s per size "
-        "(CPU: median of 5 sub-windows). Growth: value at the largest size / value at 8 workers.",
+        f"(CPU: median of 5 sub-windows). Growth: value at the largest size / value at {base.workers} workers.",
         "",
         "| figure | " + " | ".join(cols) + f" | growth {base.workers} -> {last.workers} |",
         "|---|" + "---|" * (len(windows) + 1),
