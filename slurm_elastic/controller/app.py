@@ -70,8 +70,8 @@ YOUNG_GC_THRESHOLD = 50_000  # container allocations between young collections (
 def settle_heap() -> None:
     """After start-up: what was built lives as long as the process, so it is frozen out of every
     collection; and young collections run far less often (a submit allocates a few hundred
-    short-lived objects, which reference counting frees; collecting every 700 took ~7% of the
-    API thread under load)."""
+    short-lived objects, which reference counting frees, so frequent collections find little
+    to collect and cost the API thread time)."""
     gc.freeze()
     gc.set_threshold(YOUNG_GC_THRESHOLD, *gc.get_threshold()[1:])
 

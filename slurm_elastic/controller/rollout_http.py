@@ -11,7 +11,6 @@ import asyncio
 import json
 import logging
 import math
-import sqlite3
 import threading
 from typing import Annotated, Any, Generic, TypeVar
 
@@ -35,7 +34,7 @@ from slurm_elastic.controller.runtime import Controller
 from slurm_elastic.core.staleness import VersionRefused
 from slurm_elastic.errors import StateFileError
 from slurm_elastic.rollouts.queue import QueueFull, RolloutQueue, UnknownBatchError
-from slurm_elastic.rollouts.store import StoreUnavailableError
+from slurm_elastic.rollouts.storage import StoreUnavailableError
 from slurm_elastic.rollouts.wire import check_mask_values, check_token_ids
 
 STORE_RETRY_AFTER_S = 2  # a submit the store failed to take: try again after this long
@@ -207,8 +206,8 @@ class _Resolver(Generic[T]):
     """A :data:`Then` that settles ``waiter`` on its loop, without a cross-thread wake-up when
     called on the loop's own thread (the store's group commits are, on the loop that serves
     the submits). An object, not a closure: a closure that names itself is a reference cycle,
-    and one per submit left the cyclic collector ~45,000 objects to trace every few hundred
-    milliseconds (10-40 ms pauses of the event loop under load)."""
+    which only the cyclic collector frees, and one per submit would keep that collector tracing
+    them on the event loop."""
 
     __slots__ = ("loop", "loop_thread", "waiter")
 
@@ -232,15 +231,15 @@ class ControllerApp(FastAPI):
     """The controller's FastAPI app. Every request passes its :class:`RequestGuard` first (the
     token, then the body's size, before any body is read); ``POST /rollouts`` is then answered
     before the framework's per-request machinery (telemetry hooks, middleware, routing), so the
-    hot route costs only its own checks; so are heartbeats when they can be (:mod:`.beats`). The same handler is also a FastAPI route, so OpenAPI
-    documents it."""
+    hot route costs only its own checks (the same handler is also a FastAPI route, so OpenAPI
+    documents it); so are heartbeats when they can be (:mod:`.beats`)."""
 
     def __init__(self, guard: RequestGuard, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.guard = guard
         self.submit_endpoint: SubmitEndpoint | None = None
         self.heartbeat_endpoint: HeartbeatEndpoint | None = None
-        for error in (StateFileError, sqlite3.Error, OSError):
+        for error in (StateFileError, OSError):
             self.add_exception_handler(error, _storage_failed)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
