@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 from slurm_elastic.core.cordons import CordonBook, CordonChange
 from slurm_elastic.core.lifecycle import Worker, WorkerState, begin_drain
@@ -29,7 +29,7 @@ from slurm_elastic.core.reconcile import (
     ReconcileConfig,
     reconcile,
 )
-from slurm_elastic.core.scaling import Autoscaler, PressureInputs
+from slurm_elastic.core.scaling import Autoscaler, Decision, PressureInputs
 
 S = WorkerState
 AGENT_RELAUNCH_S = 30.0
@@ -59,6 +59,13 @@ class Observation:
     total_outstanding: int | None = None  # servers: all requests in flight; None for other workers
 
 
+class ScalingPolicy(Protocol):
+    """What decides the worker count from the autoscaler's inputs: the :class:`Autoscaler`, or a
+    baseline the simulator compares it with."""
+
+    def decide(self, x: PressureInputs, now_s: float) -> Decision: ...
+
+
 @dataclass
 class ControlState:
     """What the controller decides over and saves between ticks."""
@@ -76,6 +83,7 @@ class ControlState:
     agent_launched_s: dict[str, float] = field(default_factory=dict)
     foreign_gpus: Mapping[int, Mapping[str, int]] = field(default_factory=dict)
     listed_worker_ids: frozenset[str] = frozenset()  # worker steps in Slurm's latest listing
+    policy: ScalingPolicy | None = None  # decides instead of the autoscaler (the simulator's baselines)
 
 
 @dataclass(frozen=True)
@@ -152,7 +160,8 @@ def desired_workers(state: ControlState, obs: Observation, allowed_slots: int, c
     elif not state.autoscaler.config.enabled:
         state.last_decision = {"action": "hold", "reason": "autoscaler disabled (enable_elastic = false)"}
     else:
-        decision = state.autoscaler.decide(autoscaler_inputs(state, obs, allowed_slots, cfg), now_s)
+        policy = state.autoscaler if state.policy is None else state.policy
+        decision = policy.decide(autoscaler_inputs(state, obs, allowed_slots, cfg), now_s)
         state.target_workers = decision.target_workers
         state.last_decision = decision.to_dict()
     return state.target_workers
