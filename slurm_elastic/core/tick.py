@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from slurm_elastic.core.cordons import CordonBook, CordonChange
+from slurm_elastic.core.defaults import SERVER_DRAIN_GRACE_S
 from slurm_elastic.core.lifecycle import Worker, WorkerState, begin_drain
 from slurm_elastic.core.placement import Allocation, Slots, placement
 from slurm_elastic.core.pressure import QueueSnapshot, pressure_inputs
@@ -40,7 +41,7 @@ class TickConfig:
     reconcile: ReconcileConfig
     gpus_per_worker: int = 1
     is_server: bool = False  # inference servers: out of discovery first, the drain signal later
-    server_drain_grace_s: float = 0.0
+    server_drain_grace_s: float = SERVER_DRAIN_GRACE_S
     agents: bool = False  # one health agent step per node
     agent_relaunch_s: float = AGENT_RELAUNCH_S
 
