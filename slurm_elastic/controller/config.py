@@ -38,7 +38,7 @@ class ControllerSection(_Section):
     listen_host: str = Field("", description="Address to serve the API on; default: this host's name.")
     listen_port: int = Field(0, ge=0, le=65535, description="API port; 0 picks a free one.")
     slurm_backend: Literal["auto", "cli", "pyslurm"] = Field("auto", description="How to talk to Slurm.")
-    slurm_timeout_s: float = Field(30.0, gt=0, description="Timeout of one Slurm command the controller runs "
+    slurm_timeout_s: float = Field(d.SLURM_TIMEOUT_S, gt=0, description="Timeout of one Slurm command the controller runs "
                                    "(squeue, scancel, scontrol, sdiag); worker srun steps are not timed.")
     gpus_per_node: int = Field(0, ge=0, description="GPUs per node of the allocation; 0 reads it from Slurm.")
 

@@ -5,6 +5,7 @@ written once, here."""
 from __future__ import annotations
 
 TICK_INTERVAL_S = 2.0  # between two controller ticks
+SLURM_TIMEOUT_S = 30.0  # one Slurm command the controller runs (squeue, scancel, scontrol, sdiag)
 HEARTBEAT_INTERVAL_S = 5.0  # between two heartbeats of a worker
 HEARTBEAT_GRACE_S = 60.0  # a worker silent this long is killed and replaced
 START_TIMEOUT_S = 120.0  # launch to registration, else the launch failed
