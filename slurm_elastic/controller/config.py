@@ -15,8 +15,8 @@ from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from slurm_elastic.core import defaults as d
 from slurm_elastic.core.health import CLOCK_EVENT_FLAGS, HealthRules
-from slurm_elastic.core.reconcile import DRAIN_TIMEOUT_S
 from slurm_elastic.core.signals import DEFAULT_DRAIN_SIGNAL, DrainSignal
 from slurm_elastic.errors import ConfigError
 
@@ -33,12 +33,12 @@ class _Section(BaseModel):
 class ControllerSection(_Section):
     """Where the controller keeps its state and how often it reconciles."""
 
-    tick_interval_s: float = Field(2.0, gt=0, le=600, description="Seconds between reconcile ticks.")
+    tick_interval_s: float = Field(d.TICK_INTERVAL_S, gt=0, le=600, description="Seconds between reconcile ticks.")
     state_dir: str = Field("", description="State directory; default ~/.slurm-elastic/jobs/<cluster>/<job id>; {cluster} and {job_id} are filled in.")
     listen_host: str = Field("", description="Address to serve the API on; default: this host's name.")
     listen_port: int = Field(0, ge=0, le=65535, description="API port; 0 picks a free one.")
     slurm_backend: Literal["auto", "cli", "pyslurm"] = Field("auto", description="How to talk to Slurm.")
-    slurm_timeout_s: float = Field(30.0, gt=0, description="Timeout of one Slurm command the controller runs "
+    slurm_timeout_s: float = Field(d.SLURM_TIMEOUT_S, gt=0, description="Timeout of one Slurm command the controller runs "
                                    "(squeue, scancel, scontrol, sdiag); worker srun steps are not timed.")
     gpus_per_node: int = Field(0, ge=0, description="GPUs per node of the allocation; 0 reads it from Slurm.")
 
@@ -58,18 +58,18 @@ class WorkersSection(_Section):
     mem_per_worker_mb: int = Field(0, ge=0, description="Memory per worker step in MB; 0: Slurm's default.")
     initial_workers: int = Field(-1, ge=-1, description="Workers at start; -1: the autoscaler's minimum.")
     drain_signal: DrainSignal = Field(DEFAULT_DRAIN_SIGNAL, description="Signal that asks a worker to drain.")
-    drain_timeout_s: float = Field(DRAIN_TIMEOUT_S, gt=0, description="After this, a draining worker is cancelled.")
-    heartbeat_interval_s: float = Field(5.0, gt=0, description="How often workers heart-beat.")
-    heartbeat_grace_s: float = Field(60.0, gt=0, description="Silence after which a worker is killed and replaced.")
-    start_timeout_s: float = Field(120.0, gt=0, description="Launch to registration, else the launch failed.")
-    backoff_base_s: float = Field(5.0, gt=0, description="First crash-loop backoff; doubles per crash.")
-    backoff_max_s: float = Field(300.0, gt=0, description="Longest crash-loop backoff.")
+    drain_timeout_s: float = Field(d.DRAIN_TIMEOUT_S, gt=0, description="After this, a draining worker is cancelled.")
+    heartbeat_interval_s: float = Field(d.HEARTBEAT_INTERVAL_S, gt=0, description="How often workers heart-beat.")
+    heartbeat_grace_s: float = Field(d.HEARTBEAT_GRACE_S, gt=0, description="Silence after which a worker is killed and replaced.")
+    start_timeout_s: float = Field(d.START_TIMEOUT_S, gt=0, description="Launch to registration, else the launch failed.")
+    backoff_base_s: float = Field(d.BACKOFF_BASE_S, gt=0, description="First crash-loop backoff; doubles per crash.")
+    backoff_max_s: float = Field(d.BACKOFF_MAX_S, gt=0, description="Longest crash-loop backoff.")
     readiness_path: str = Field("", description="Servers: HTTP path that answers 200 when ready; empty: a TCP connect.")
     liveness_path: str = Field("", description="Servers: HTTP path probed after ready (2xx: live); empty: readiness_path (empty too: a TCP connect).")
-    liveness_interval_s: float = Field(5.0, gt=0, le=3600, description="Servers: seconds between liveness probes after ready.")
-    liveness_timeout_s: float = Field(5.0, gt=0, le=3600, description="Servers: a liveness probe not answered within this fails.")
+    liveness_interval_s: float = Field(d.LIVENESS_INTERVAL_S, gt=0, le=3600, description="Servers: seconds between liveness probes after ready.")
+    liveness_timeout_s: float = Field(d.LIVENESS_TIMEOUT_S, gt=0, le=3600, description="Servers: a liveness probe not answered within this fails.")
     liveness_failure_threshold: int = Field(3, ge=0, le=1000, description="Servers: failed probes in a row after which the server leaves discovery, drains and is replaced; 0: no liveness probes.")
-    server_drain_grace_s: float = Field(1.0, ge=0, description="Servers: after leaving discovery, wait at least this long (routers catch up) before signalling.")
+    server_drain_grace_s: float = Field(d.SERVER_DRAIN_GRACE_S, ge=0, description="Servers: after leaving discovery, wait at least this long (routers catch up) before signalling.")
     gpu_memory_mb: int = Field(0, ge=0, description="Pre-flight: free memory a worker needs on its GPU; 0 skips the check.")
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment for worker steps.")
 
@@ -101,8 +101,8 @@ class WeightsSection(_Section):
     command: list[str] = Field(default_factory=list, description="update = command: run on the controller's "
                                "host per server; placeholders {url}, {version}, {path}, {worker_id}; exit 0: loaded.")
     timeout_s: float = Field(300.0, gt=0, le=86400, description="One update's limit; a server not done by then failed it.")
-    max_failures: int = Field(3, ge=1, le=100, description="Failed updates in a row after which a server is drained and replaced.")
-    retry_backoff_s: float = Field(5.0, ge=0, le=3600, description="Wait before retrying a failed update; doubles per failure in a row.")
+    max_failures: int = Field(d.WEIGHTS_MAX_FAILURES, ge=1, le=100, description="Failed updates in a row after which a server is drained and replaced.")
+    retry_backoff_s: float = Field(d.WEIGHTS_RETRY_BACKOFF_S, ge=0, le=3600, description="Wait before retrying a failed update; doubles per failure in a row.")
     parallel: int = Field(16, ge=1, le=256, description="Updates sent at once.")
 
     @field_validator("command", mode="before")
@@ -128,7 +128,7 @@ class AgentSection(_Section):
     source: Literal["auto", "nvml", "inject"] = Field(
         "auto", description="NVML; the fault-injection file; or auto: NVML, and the file only on nodes without an NVIDIA driver.")
     inject_file: str = Field("", description="Fault-injection drill file (docs/gpu-health.md); default <state dir>/drill.toml.")
-    interval_s: float = Field(5.0, gt=0, description="Seconds between samples.")
+    interval_s: float = Field(d.AGENT_INTERVAL_S, gt=0, description="Seconds between samples.")
 
 
 class JobSection(_Section):

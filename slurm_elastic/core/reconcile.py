@@ -8,6 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from slurm_elastic.core.defaults import (
+    BACKOFF_BASE_S,
+    BACKOFF_MAX_S,
+    DRAIN_TIMEOUT_S,
+    HEARTBEAT_GRACE_S,
+    START_TIMEOUT_S,
+)
 from slurm_elastic.core.lifecycle import Worker, WorkerState, begin_drain, transition
 from slurm_elastic.core.liveness import drain_not_live
 from slurm_elastic.core.naming import format_worker_id
@@ -25,16 +32,13 @@ class ObservedStep:
     job_id: int = 0  # the Slurm job the step belongs to; 0: the controller's own job
 
 
-DRAIN_TIMEOUT_S = 120.0  # the one default: a draining worker is cancelled after this
-
-
 @dataclass(frozen=True)
 class ReconcileConfig:
     drain_timeout_s: float = DRAIN_TIMEOUT_S
-    heartbeat_grace_s: float = 60.0
-    start_timeout_s: float = 120.0  # launched -> registered, else the launch failed
-    backoff_base_s: float = 5.0
-    backoff_max_s: float = 300.0
+    heartbeat_grace_s: float = HEARTBEAT_GRACE_S
+    start_timeout_s: float = START_TIMEOUT_S  # launched -> registered, else the launch failed
+    backoff_base_s: float = BACKOFF_BASE_S
+    backoff_max_s: float = BACKOFF_MAX_S
     kill_resend_s: float = 30.0  # re-send a cancel that did not take
     liveness_failure_threshold: int = 0  # servers: failed liveness probes in a row that drain one; 0: off
 

@@ -1,6 +1,6 @@
-"""The drain signal: its allowed names, its default, and the one normalisation (``sigusr1`` ->
-``USR1``) and conversion to a signal number, for the config, the worker's environment and the
-worker's handlers alike."""
+"""Signal names: the one normalisation (``sigusr1`` -> ``USR1``) of any signal sent to a step,
+and the drain signal's allowed names, default and signal number, for the config, the Slurm
+backends, the worker's environment and the worker's handlers alike."""
 
 from __future__ import annotations
 
@@ -14,9 +14,16 @@ DRAIN_SIGNALS: tuple[str, ...] = get_args(DrainSignal)
 DEFAULT_DRAIN_SIGNAL: DrainSignal = "USR1"
 
 
+def signal_name(raw: str) -> str | None:
+    """``raw`` as Slurm and the config name a signal (upper case, no ``SIG``: ``sigstop`` ->
+    ``STOP``); None when there is no such signal."""
+    name = raw.strip().upper().removeprefix("SIG")
+    return name if name.isalnum() and f"SIG{name}" in signal.Signals.__members__ else None
+
+
 def drain_signal_name(raw: str) -> DrainSignal:
     """``raw`` as the name the config, Slurm and the worker use (upper case, no ``SIG``)."""
-    name = raw.strip().upper().removeprefix("SIG")
+    name = signal_name(raw)
     if name not in DRAIN_SIGNALS:
         raise ConfigError(f"drain signal {raw!r} is not one of {', '.join(DRAIN_SIGNALS)}")
     return cast(DrainSignal, name)

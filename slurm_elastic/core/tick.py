@@ -14,9 +14,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 from slurm_elastic.core.cordons import CordonBook, CordonChange
+from slurm_elastic.core.defaults import SERVER_DRAIN_GRACE_S
 from slurm_elastic.core.lifecycle import Worker, WorkerState, begin_drain
 from slurm_elastic.core.placement import Allocation, Slots, placement
 from slurm_elastic.core.pressure import QueueSnapshot, pressure_inputs
@@ -29,7 +30,7 @@ from slurm_elastic.core.reconcile import (
     ReconcileConfig,
     reconcile,
 )
-from slurm_elastic.core.scaling import Autoscaler, PressureInputs
+from slurm_elastic.core.scaling import Autoscaler, Decision, PressureInputs
 
 S = WorkerState
 AGENT_RELAUNCH_S = 30.0
@@ -40,7 +41,7 @@ class TickConfig:
     reconcile: ReconcileConfig
     gpus_per_worker: int = 1
     is_server: bool = False  # inference servers: out of discovery first, the drain signal later
-    server_drain_grace_s: float = 0.0
+    server_drain_grace_s: float = SERVER_DRAIN_GRACE_S
     agents: bool = False  # one health agent step per node
     agent_relaunch_s: float = AGENT_RELAUNCH_S
 
@@ -57,6 +58,13 @@ class Observation:
     busy_workers: float | None = None  # workers generating on average (None: not reported)
     outstanding_by_worker: Mapping[str, int] = field(default_factory=dict)  # servers: requests in flight
     total_outstanding: int | None = None  # servers: all requests in flight; None for other workers
+
+
+class ScalingPolicy(Protocol):
+    """What decides the worker count from the autoscaler's inputs: the :class:`Autoscaler`, or a
+    baseline the simulator compares it with."""
+
+    def decide(self, x: PressureInputs, now_s: float) -> Decision: ...
 
 
 @dataclass
@@ -76,6 +84,7 @@ class ControlState:
     agent_launched_s: dict[str, float] = field(default_factory=dict)
     foreign_gpus: Mapping[int, Mapping[str, int]] = field(default_factory=dict)
     listed_worker_ids: frozenset[str] = frozenset()  # worker steps in Slurm's latest listing
+    policy: ScalingPolicy | None = None  # decides instead of the autoscaler (the simulator's baselines)
 
 
 @dataclass(frozen=True)
@@ -152,7 +161,8 @@ def desired_workers(state: ControlState, obs: Observation, allowed_slots: int, c
     elif not state.autoscaler.config.enabled:
         state.last_decision = {"action": "hold", "reason": "autoscaler disabled (enable_elastic = false)"}
     else:
-        decision = state.autoscaler.decide(autoscaler_inputs(state, obs, allowed_slots, cfg), now_s)
+        policy = state.autoscaler if state.policy is None else state.policy
+        decision = policy.decide(autoscaler_inputs(state, obs, allowed_slots, cfg), now_s)
         state.target_workers = decision.target_workers
         state.last_decision = decision.to_dict()
     return state.target_workers

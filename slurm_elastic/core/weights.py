@@ -14,6 +14,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from slurm_elastic.core.defaults import WEIGHTS_MAX_FAILURES, WEIGHTS_RETRY_BACKOFF_S
+
 
 @dataclass(frozen=True)
 class PublishedWeights:
@@ -62,8 +64,8 @@ class WeightsBook:
     hook configured): versions are recorded and shown, but every server is routable."""
 
     enforced: bool = True
-    max_failures: int = 3
-    retry_backoff_s: float = 5.0
+    max_failures: int = WEIGHTS_MAX_FAILURES
+    retry_backoff_s: float = WEIGHTS_RETRY_BACKOFF_S
     latest: PublishedWeights | None = None
     _updates: dict[str, _Updates] = field(default_factory=dict)
     _joined: set[str] = field(default_factory=set)  # were in discovery: at the latest, or before any publish

@@ -22,6 +22,7 @@ from typing import Literal
 import httpx
 
 from slurm_elastic.client.wire import report_json
+from slurm_elastic.core.defaults import AGENT_INTERVAL_S, AGENT_MAX_BACKOFF_S
 from slurm_elastic.core.health import AgentReport
 from slurm_elastic.errors import ApiError, ConfigError, ControllerUnreachableError, TelemetryError
 from slurm_elastic.gpu.injection import InjectionSource
@@ -142,8 +143,8 @@ class Agent:
     source: TelemetrySource
     poster: ReportPoster
     node: str
-    interval_s: float = 5.0
-    max_backoff_s: float = 60.0
+    interval_s: float = AGENT_INTERVAL_S
+    max_backoff_s: float = AGENT_MAX_BACKOFF_S
     clock: Callable[[], float] = time.time
     wait: Callable[[float], bool] | None = None
 

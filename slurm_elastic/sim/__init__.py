@@ -1,4 +1,4 @@
-"""The trace simulator: replays a workload through the real autoscaler and reconcile code.
+"""The trace simulator: replays a workload through the controller's own tick.
 
 ``trace``, ``policies`` and ``engine`` are pure (simulated clock, no I/O); ``output`` writes the
 summary and draws the timeline.

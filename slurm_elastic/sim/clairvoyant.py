@@ -42,8 +42,8 @@ def _idle_over(base: Simulation, workers: int, until_s: float) -> float:
 
 
 def _set(sim: Simulation, workers: int) -> None:
-    assert isinstance(sim.policy, ScheduledPolicy)
-    sim.policy.workers = workers
+    assert isinstance(sim.seat.policy, ScheduledPolicy)
+    sim.seat.policy.workers = workers
     sim.act_now(workers)
 
 
@@ -54,7 +54,7 @@ def clairvoyant_schedule(trace: Trace, seed: int, interval_s: float = 120.0, sla
     low = trace.autoscaler.min_workers
     sim = Simulation(trace, "static-max", seed)
     sim.policy_name = f"clairvoyant (slack {slack_fraction:g})"
-    sim.policy = ScheduledPolicy(top)
+    sim.seat.policy = ScheduledPolicy(top)
     schedule: list[tuple[float, int]] = []
     start_s = 0.0
     first = True
@@ -62,7 +62,7 @@ def clairvoyant_schedule(trace: Trace, seed: int, interval_s: float = 120.0, sla
         end_s = min(trace.duration_s, start_s + interval_s * (1 + lookahead))
         base = copy.deepcopy(sim)
         if first:  # t = 0: launch the chosen count itself
-            base.policy = ScheduledPolicy(top)
+            base.seat.policy = ScheduledPolicy(top)
         allowed = _idle_trial(base, top, end_s, first) + slack_fraction * (end_s - start_s)
         lo, hi = low, top  # the fewest workers within the allowance (idle falls as workers grow)
         while lo < hi:
@@ -74,7 +74,7 @@ def clairvoyant_schedule(trace: Trace, seed: int, interval_s: float = 120.0, sla
         schedule.append((start_s, lo))
         if first:
             sim.start(lo)
-            sim.policy = ScheduledPolicy(lo)
+            sim.seat.policy = ScheduledPolicy(lo)
             first = False
         else:
             _set(sim, lo)
@@ -87,7 +87,7 @@ def _idle_trial(base: Simulation, workers: int, until_s: float, first: bool) -> 
     if not first:
         return _idle_over(base, workers, until_s)
     trial = copy.deepcopy(base)
-    trial.policy = ScheduledPolicy(workers)
+    trial.seat.policy = ScheduledPolicy(workers)
     trial.start(workers)
     trial.advance(until_s)
     return trial.trainer_idle_s()

@@ -1,13 +1,13 @@
 """The trace simulator: a discrete-event replay of a workload through the real control code.
 
 Pure: a simulated clock, seeded RNG streams, no I/O. What runs is the controller's own code:
-the policy (:mod:`slurm_elastic.core.scaling` or a baseline), the level-triggered
-:func:`~slurm_elastic.core.reconcile.reconcile` (launch, drain order, crash-loop backoff, drain
-timeout), the :class:`~slurm_elastic.core.staleness.StalenessManager` with its drop rule
-(:func:`~slurm_elastic.core.staleness.is_stale`) and the autoscaler's inputs
-(:func:`~slurm_elastic.core.pressure.pressure_inputs` over a
-:class:`~slurm_elastic.core.pressure.QueueSnapshot`, as the controller builds them). What is
-modelled:
+each tick is :func:`~slurm_elastic.core.tick.tick` on an
+:class:`~slurm_elastic.core.tick.Observation` of the simulated steps, the queue's
+:class:`~slurm_elastic.core.pressure.QueueSnapshot` and the workers' busy time, so the worker
+count (the policy: :mod:`slurm_elastic.core.scaling` or a baseline, in the autoscaler's seat),
+launches, drain order, crash-loop backoff, crash cordons and drain timeouts are the
+controller's; the :class:`~slurm_elastic.core.staleness.StalenessManager` with its drop rule
+(:func:`~slurm_elastic.core.staleness.is_stale`) is the queue's. What is modelled:
 
 - a worker step is STARTING for ``startup_s`` (launch -> registration), then ACTIVE; it loads
   its model for ``warmup_s``, then loops: ask admission for a group (the staleness gate, AReaL's
@@ -18,7 +18,9 @@ modelled:
   version + 1; every group older than ``max_staleness`` versions is dropped at the pull.
 - the controller ticks every ``tick_interval_s``: it measures consumption and production over the
   queue's 60 s window and the workers' busy time (seconds inside a rollout, which the SDK reports
-  in heartbeats; here at every tick), asks the policy, reconciles, and acts.
+  in heartbeats; here at every tick), runs the tick and acts: cancels and drains first, then
+  launches (a slot freed this tick is reused at once). One node, ``gpu_slots`` GPUs; Slurm's
+  GPU choice is the lowest free GPU that is not cordoned.
 - failures kill running steps (their rollout in flight is lost; its admission is released only
   by the admission TTL, as in the queue); the controller sees the step gone at its next tick and
   relaunches after the crash-loop backoff.
@@ -34,25 +36,30 @@ import heapq
 import random
 from dataclasses import dataclass
 
+from slurm_elastic.core.cordons import CordonBook
 from slurm_elastic.core.lifecycle import Worker, WorkerState, transition
-from slurm_elastic.core.pressure import QueueSnapshot, pressure_inputs
+from slurm_elastic.core.placement import Allocation
+from slurm_elastic.core.pressure import QueueSnapshot
 from slurm_elastic.core.rates import WindowRate
-from slurm_elastic.core.reconcile import (
-    Cancel,
-    Drain,
-    Launch,
-    ObservedStep,
-    ReconcileConfig,
-    reconcile,
-)
-from slurm_elastic.core.scaling import Decision, PressureInputs, effective_setpoint_seqs
+from slurm_elastic.core.reconcile import Cancel, Drain, Launch, ObservedStep, ReconcileConfig
+from slurm_elastic.core.scaling import Autoscaler, Decision, effective_setpoint_seqs
 from slurm_elastic.core.staleness import AdmissionLeases, StalenessManager, is_stale
-from slurm_elastic.sim.policies import Policy, initial_workers, make_policy
+from slurm_elastic.core.tick import (
+    ControlState,
+    Observation,
+    TickAction,
+    TickConfig,
+    autoscaler_inputs,
+    tick,
+)
+from slurm_elastic.sim.policies import PolicySeat, initial_workers, make_policy
 from slurm_elastic.sim.results import Sample, ScaleEvent, SimResult, count_reversals, run_metrics
 from slurm_elastic.sim.trace import Trace
 
 S = WorkerState
 RATE_WINDOW_S = 60.0  # the rollout queue's measuring window (slurm_elastic.rollouts.queue)
+NODE = "sim"  # the one simulated node
+EXECUTION_ORDER = {Cancel: 0, Drain: 1, Launch: 2}  # a tick's actions: cancels and drains, then launches
 
 
 @dataclass
@@ -79,20 +86,21 @@ class Simulation:
     def __init__(self, trace: Trace, policy: str = "ours", seed: int | None = None) -> None:
         self.trace, self.policy_name = trace, policy
         self.seed = trace.seed if seed is None else seed
-        self.policy: Policy = make_policy(policy, trace)
+        self.seat = PolicySeat(make_policy(policy, trace))
         self.rollout_rng = random.Random(self.seed * 7919 + 1)
         self.trainer_rng = random.Random(self.seed * 7919 + 2)
         self.failure_rng = random.Random(self.seed * 7919 + 3)
         q, c = trace.queue, trace.cluster
-        self.rcfg = ReconcileConfig(drain_timeout_s=c.drain_timeout_s, heartbeat_grace_s=c.heartbeat_grace_s,
-                                    backoff_base_s=c.backoff_base_s, backoff_max_s=c.backoff_max_s)
+        self.tick_cfg = TickConfig(ReconcileConfig(c.drain_timeout_s, c.heartbeat_grace_s,
+                                                   backoff_base_s=c.backoff_base_s, backoff_max_s=c.backoff_max_s))
+        self.allocations = (Allocation(0, {NODE: tuple(range(c.gpu_slots))}),)
+        self.state = ControlState(Autoscaler(trace.autoscaler), CordonBook(), policy=self.seat)
         self.staleness = StalenessManager(q.batch_size, q.max_staleness, q.max_concurrent)
         self.now_s = 0.0
         self._events: list[tuple[float, int, str, str, int]] = []
         self._seq = 0
-        self.records: dict[str, Worker] = {}
+        self.records: dict[str, Worker] = self.state.workers
         self.procs: dict[str, _Proc] = {}
-        self.next_number = 1
         self.buffer: collections.deque[tuple[int, int]] = collections.deque()  # (version, n_seqs)
         self.queued_seqs = 0
         self.grants = AdmissionLeases(self.staleness, self.trace.queue.admission_ttl_s)
@@ -123,13 +131,15 @@ class Simulation:
         """t = 0: launch ``workers``, the trainer waits for its first batch, the ticks begin."""
         for failure in self.trace.failures:
             self._at(failure.at_s, "fail", str(failure.workers))
-        self._reconcile(workers, None)
+        self.act_now(workers)
         self._trainer_try_pull()
         self._at(self.trace.cluster.tick_interval_s, "tick")
 
     def act_now(self, workers: int) -> None:
-        """Reconcile to ``workers`` at once, not at the next tick (a schedule set from outside)."""
-        self._reconcile(workers, None)
+        """Tick at once with ``workers`` as the operator's target (a schedule set from outside)."""
+        self.state.manual_target = workers
+        self._control()
+        self.state.manual_target = None
 
     def trainer_idle_s(self) -> float:
         """Seconds the trainer has waited for a full batch so far, a wait in progress included."""
@@ -174,10 +184,10 @@ class Simulation:
         return QueueSnapshot(self.queued_seqs, q.batch_size, self.pulls.rate(self.now_s), self.accepts.rate(self.now_s),
                              self.staleness.running, q.max_staleness, self.staleness.capacity(), q.capacity_seqs)
 
-    def pressure_inputs(self) -> PressureInputs:
-        """What the controller hands the policy, built by the controller's own function."""
-        counts = collections.Counter(w.state for w in self.records.values() if not w.placeholder)
-        return pressure_inputs(self.queue_snapshot(), counts, self.busy.rate(self.now_s), self.trace.cluster.gpu_slots)
+    def observe(self) -> Observation:
+        """What the controller sees: every simulated step, the queue, the workers' busy time."""
+        steps = tuple(ObservedStep(p.worker_id, p.worker_id, NODE) for p in self.procs.values())
+        return Observation(steps, queue=self.queue_snapshot(), busy_workers=self.busy.rate(self.now_s))
 
     def _tick(self) -> None:
         self.grants.expire(self.now_s)
@@ -194,41 +204,38 @@ class Simulation:
             if record.state is S.DRAINING and not proc.drain:  # the heartbeat reply says "drain"
                 self._drain(proc)
         self.busy.add(self.now_s, busy_s)
-        x = self.pressure_inputs()
-        decision = self.policy.decide(x, self.now_s)
-        self._reconcile(decision.target_workers, decision)
+        before = sum(1 for w in self.records.values() if w.counts_as_capacity)
+        self.seat.inputs = self.seat.decision = None
+        obs = self._control()
+        x = self.seat.inputs or autoscaler_inputs(self.state, obs, self.trace.cluster.gpu_slots, self.tick_cfg)
+        decision = self.seat.decision or Decision(self.state.target_workers, "hold", "")
+        if decision.action in ("scale_up", "scale_down") and decision.target_workers != before:
+            self.scale_events.append(ScaleEvent(self.now_s, decision.action, before, decision.target_workers,
+                                                decision.reason))
         setpoint = effective_setpoint_seqs(self.trace.autoscaler, x)
         self.samples.append(Sample(self.now_s, x.queued_seqs or 0.0, setpoint, x.buffer_capacity_seqs or 0.0,
                                    x.staleness_capacity_seqs or 0.0, x.workers_starting, x.workers_active,
                                    x.workers_draining, decision.target_workers, decision.action, self.version))
 
-    def _reconcile(self, desired: int, decision: Decision | None) -> None:
-        observed = [ObservedStep(p.worker_id, p.worker_id, "sim") for p in self.procs.values()]
-        before = sum(1 for w in self.records.values() if w.counts_as_capacity)
-        plan = reconcile(self.records, observed, desired, self.trace.cluster.gpu_slots, (), frozenset(),
-                         self.rcfg, self.now_s, self.next_number)
-        self.next_number = plan.next_number
-        if decision is not None and decision.action in ("scale_up", "scale_down") and decision.target_workers != before:
-            self.scale_events.append(ScaleEvent(self.now_s, decision.action, before, decision.target_workers,
-                                                decision.reason))
-        for action in plan.actions:
+    def _control(self) -> Observation:
+        """One controller tick on what it observes now; its actions run at once."""
+        obs = self.observe()
+        result = tick(obs, self.state, self.tick_cfg, self.allocations, self.now_s)
+        for action in sorted(result.actions, key=_execution_rank):
             if isinstance(action, Launch):
                 self._launch(action.worker_id)
-            elif isinstance(action, Drain):
-                proc = self.procs.get(action.worker_id)
-                if proc is not None:
-                    self._drain(proc)
-            elif isinstance(action, Cancel):
-                proc = self.procs.get(action.worker_id)
-                if proc is not None:
-                    self._exit(proc, killed=True)
+            elif isinstance(action, (Drain, Cancel)) and (proc := self.procs.get(action.worker_id)):
+                self._drain(proc) if isinstance(action, Drain) else self._exit(proc, killed=True)
         for worker_id in [w for w, r in self.records.items() if r.state is S.INACTIVE and w not in self.procs]:
             del self.records[worker_id]
+        return obs
 
     # ---- worker steps ------------------------------------------------------------------------
     def _launch(self, worker_id: str) -> None:
         used = {p.slot for p in self.procs.values()}
-        slot = next(s for s in range(self.trace.cluster.gpu_slots) if s not in used)
+        free = [s for s in range(self.trace.cluster.gpu_slots) if s not in used]
+        cordoned = self.state.cordons.cordoned()
+        slot = next((s for s in free if (NODE, s) not in cordoned), free[0])
         proc = _Proc(worker_id, slot, self.now_s)
         self.procs[worker_id] = proc
         self.counters["launches"] += 1
@@ -242,7 +249,7 @@ class Simulation:
             proc.registered = True
             record = self.records.get(proc.worker_id)
             if record is not None and record.state is S.STARTING:
-                record.node, record.gpus, record.last_heartbeat_s = "sim", (proc.slot,), self.now_s
+                record.node, record.gpus, record.last_heartbeat_s = NODE, (proc.slot,), self.now_s
                 transition(record, S.ACTIVE, self.now_s, f"registered on slot {proc.slot}")
             if proc.drain or record is None or record.state is S.DRAINING:
                 self._exit(proc)  # the registration answer says "drain"
@@ -383,6 +390,10 @@ class Simulation:
         self.staleness.on_version(self.version)
         self._serve_admissions()
         self._trainer_try_pull()
+
+
+def _execution_rank(action: TickAction) -> int:
+    return EXECUTION_ORDER.get(type(action), len(EXECUTION_ORDER))
 
 
 def simulate(trace: Trace, policy: str = "ours", seed: int | None = None) -> SimResult:

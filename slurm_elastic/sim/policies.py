@@ -16,16 +16,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Protocol
 
 from slurm_elastic.core.scaling import Autoscaler, AutoscalerConfig, Decision, PressureInputs
+from slurm_elastic.core.tick import ScalingPolicy
 from slurm_elastic.sim.trace import Trace
 
 POLICIES = ("ours", "static-max", "static-mid", "threshold", "deo")
-
-
-class Policy(Protocol):
-    def decide(self, x: PressureInputs, now_s: float) -> Decision: ...
+Policy = ScalingPolicy
 
 
 def _bounds(cfg: AutoscalerConfig, x: PressureInputs) -> tuple[int, int]:
@@ -104,6 +101,20 @@ class DeoPolicy:
         target = min(max(current + round(self.kp_workers_per_batch * error_batches), low), high)
         action = "hold" if target == current else ("scale_up" if target > current else "scale_down")
         return Decision(target, action, f"pressure error {error_batches:.2f} batches")
+
+
+@dataclass
+class PolicySeat:
+    """The autoscaler's seat in the simulated controller: the run's policy decides there, and the
+    inputs it saw and its decision are kept for the tick's sample."""
+
+    policy: Policy
+    inputs: PressureInputs | None = None
+    decision: Decision | None = None
+
+    def decide(self, x: PressureInputs, now_s: float) -> Decision:
+        self.inputs, self.decision = x, self.policy.decide(x, now_s)
+        return self.decision
 
 
 def make_policy(name: str, trace: Trace) -> Policy:

@@ -14,7 +14,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
-from slurm_elastic.core.reconcile import DRAIN_TIMEOUT_S
+from slurm_elastic.core.defaults import (
+    BACKOFF_BASE_S,
+    BACKOFF_MAX_S,
+    DRAIN_TIMEOUT_S,
+    HEARTBEAT_GRACE_S,
+    TICK_INTERVAL_S,
+)
 from slurm_elastic.core.scaling import AutoscalerConfig
 from slurm_elastic.errors import ConfigError
 
@@ -32,11 +38,11 @@ class ClusterSpec:
     initial_workers: int = 2  # launched at t = 0 by the adaptive policies
     startup_s: float = 1.0  # launch -> registered (STARTING -> ACTIVE); must stay below heartbeat_grace_s
     warmup_s: float = 0.0  # registered -> first rollout (model loading; ACTIVE but producing nothing)
-    tick_interval_s: float = 2.0  # the controller's reconcile tick
+    tick_interval_s: float = TICK_INTERVAL_S  # the controller's tick
     drain_timeout_s: float = DRAIN_TIMEOUT_S  # a draining worker is cancelled after this
-    backoff_base_s: float = 5.0  # crash-loop backoff before a relaunch (doubles per crash of that worker)
-    backoff_max_s: float = 300.0
-    heartbeat_grace_s: float = 60.0
+    backoff_base_s: float = BACKOFF_BASE_S  # crash-loop backoff before a relaunch (doubles per crash of that worker)
+    backoff_max_s: float = BACKOFF_MAX_S
+    heartbeat_grace_s: float = HEARTBEAT_GRACE_S
 
 
 @dataclass(frozen=True)

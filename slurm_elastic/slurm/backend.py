@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
+from slurm_elastic.core.signals import signal_name
 from slurm_elastic.errors import SlurmError
 from slurm_elastic.slurm.parse import JobInfo, StepInfo
 
@@ -143,3 +144,11 @@ def choose_backend(preference: str, slurm_version: tuple[int, int] | None,
     if preference == "pyslurm":
         raise SlurmError(f"the pyslurm backend was asked for, but {why}")
     return BackendChoice("cli", why)
+
+
+def step_signal_name(raw: str) -> str:
+    """A signal for ``signal_step`` (``USR1``, ``sigstop``...) as Slurm names it; SlurmError if unknown."""
+    name = signal_name(raw)
+    if name is None:
+        raise SlurmError(f"not a signal name: {raw!r}")
+    return name

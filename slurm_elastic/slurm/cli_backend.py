@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from pathlib import Path
 
 from slurm_elastic.errors import SlurmCommandError, SlurmError
-from slurm_elastic.slurm.backend import StepSpec, build_srun_argv
+from slurm_elastic.slurm.backend import StepSpec, build_srun_argv, step_signal_name
 from slurm_elastic.slurm.parse import (
     STEP_FORMAT,
     JobInfo,
@@ -21,7 +20,6 @@ from slurm_elastic.slurm.runner import run_command, spawn_detached
 
 log = logging.getLogger(__name__)
 
-_SIGNAL_NAME = re.compile(r"^(SIG)?[A-Z0-9]+$")
 
 
 class SlurmCli:
@@ -60,15 +58,13 @@ class SlurmCli:
         return spawn_detached(build_srun_argv(spec), log_path=launcher_log, env=env)
 
     def signal_step(self, job_id: int, step_id: str, signal_name: str) -> None:
-        signal_name = signal_name.upper()
-        if not _SIGNAL_NAME.match(signal_name):
-            raise SlurmError(f"not a signal name: {signal_name!r}")
+        name = step_signal_name(signal_name)
         # scancel 22.05 exits 225 ("Invalid job id specified") after delivering a signal to a
         # step, and 0 for a step that does not exist: its exit code says nothing here. Delivery
         # is confirmed by the next listing (the step drains and ends), so only a failure to run
         # scancel at all is an error.
         result = run_command(
-            ["scancel", f"--signal={signal_name.removeprefix('SIG')}", f"{int(job_id)}.{step_id}"],
+            ["scancel", f"--signal={name}", f"{int(job_id)}.{step_id}"],
             timeout_s=self.timeout_s,
             check=False,
         )

@@ -37,6 +37,7 @@ from slurm_elastic.slurm.backend import (
     StepSpec,
     choose_backend,
     parse_slurm_version,
+    step_signal_name,
 )
 from slurm_elastic.slurm.cli_backend import SlurmCli
 from slurm_elastic.slurm.parse import JobInfo, StepInfo, expand_hostlist
@@ -212,9 +213,10 @@ class PySlurm:
         return self._cli.launch_step(spec, launcher_log)
 
     def signal_step(self, job_id: int, step_id: str, signal_name: str) -> None:
+        name = step_signal_name(signal_name)
         step = self._load_step(job_id, step_id)  # an unloaded step object drops the signal
         if step is not None:
-            step.send_signal("SIG" + signal_name.upper().removeprefix("SIG"))
+            step.send_signal(f"SIG{name}")
 
     def cancel_step(self, job_id: int, step_id: str) -> None:
         step = self._load_step(job_id, step_id)

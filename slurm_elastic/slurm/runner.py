@@ -19,11 +19,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from slurm_elastic.core.defaults import SLURM_TIMEOUT_S
 from slurm_elastic.errors import SlurmCommandError, SlurmNotInstalledError, SlurmTimeoutError
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TIMEOUT_S = 30.0
+DEFAULT_TIMEOUT_S = SLURM_TIMEOUT_S
 _timeout_s = DEFAULT_TIMEOUT_S  # what run_command waits when not told: the controller sets controller.slurm_timeout_s
 
 _APT_PACKAGE_OF = {

@@ -9,6 +9,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from slurm_elastic.core.defaults import (
+    HEARTBEAT_INTERVAL_S,
+    LIVENESS_INTERVAL_S,
+    LIVENESS_TIMEOUT_S,
+    START_TIMEOUT_S,
+)
 from slurm_elastic.core.signals import DEFAULT_DRAIN_SIGNAL, drain_signal_name, drain_signal_number
 from slurm_elastic.errors import ConfigError
 
@@ -29,10 +35,10 @@ class StepContext:
     state_dir: Path | None = None
     kind: str = "rollout"
     readiness_path: str = ""
-    start_timeout_s: float = 120.0
+    start_timeout_s: float = START_TIMEOUT_S
     liveness_path: str = ""
-    liveness_interval_s: float = 5.0
-    liveness_timeout_s: float = 5.0
+    liveness_interval_s: float = LIVENESS_INTERVAL_S
+    liveness_timeout_s: float = LIVENESS_TIMEOUT_S
     liveness_failure_threshold: int = 0  # 0: no liveness probes
 
     @property
@@ -57,7 +63,7 @@ class StepContext:
             worker_id=env["SLURM_ELASTIC_WORKER_ID"],
             controller_url=env["SLURM_ELASTIC_CONTROLLER_URL"].rstrip("/"),
             token=token,
-            heartbeat_interval_s=float(env.get("SLURM_ELASTIC_HEARTBEAT_INTERVAL_S", "5")),
+            heartbeat_interval_s=float(env.get("SLURM_ELASTIC_HEARTBEAT_INTERVAL_S", HEARTBEAT_INTERVAL_S)),
             drain_signal=drain_signal_name(env.get("SLURM_ELASTIC_DRAIN_SIGNAL", DEFAULT_DRAIN_SIGNAL)),
             node=env.get("SLURMD_NODENAME") or socket.gethostname(),
             gpus=gpus,
@@ -66,10 +72,10 @@ class StepContext:
             state_dir=Path(env["SLURM_ELASTIC_STATE_DIR"]) if env.get("SLURM_ELASTIC_STATE_DIR") else None,
             kind=env.get("SLURM_ELASTIC_WORKER_KIND", "rollout"),
             readiness_path=env.get("SLURM_ELASTIC_READINESS_PATH", ""),
-            start_timeout_s=float(env.get("SLURM_ELASTIC_START_TIMEOUT_S", "120")),
+            start_timeout_s=float(env.get("SLURM_ELASTIC_START_TIMEOUT_S", START_TIMEOUT_S)),
             liveness_path=env.get("SLURM_ELASTIC_LIVENESS_PATH", ""),
-            liveness_interval_s=float(env.get("SLURM_ELASTIC_LIVENESS_INTERVAL_S", "5")),
-            liveness_timeout_s=float(env.get("SLURM_ELASTIC_LIVENESS_TIMEOUT_S", "5")),
+            liveness_interval_s=float(env.get("SLURM_ELASTIC_LIVENESS_INTERVAL_S", LIVENESS_INTERVAL_S)),
+            liveness_timeout_s=float(env.get("SLURM_ELASTIC_LIVENESS_TIMEOUT_S", LIVENESS_TIMEOUT_S)),
             liveness_failure_threshold=int(env.get("SLURM_ELASTIC_LIVENESS_FAILURE_THRESHOLD", "0")),
         )
 

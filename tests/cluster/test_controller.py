@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import sys
-import time
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.cluster.controller_harness import ControllerJob, wait_for
+from slurm_elastic.devcluster.cluster import DevCluster
+from tests.cluster.controller_harness import (
+    ControllerJob,
+    start_controller_job,
+    stop_controller_job,
+    wait_for,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -36,25 +40,73 @@ def unfinished_rollouts(job: ControllerJob) -> dict[str, set[int]]:
     return {w: begun[w] - ended[w] for w in begun if begun[w] - ended[w]}
 
 
-def test_scale_0_6_2_5_pins_each_worker_to_its_own_gpu(job: ControllerJob) -> None:
-    with job.client() as c:
-        for target in (6, 2, 5):
-            c.scale(target)
-            status = job.active(target)
-            placed = [(w["node"], tuple(w["gpus"])) for w in status["workers"] if w["state"] == "ACTIVE"]
-            assert len(set(placed)) == target  # no two workers share a GPU
-    assert unfinished_rollouts_of_drained(job) == {}
-    for worker, starts in starts_by_worker(job).items():
-        for start in starts:  # Slurm's view (SLURM_STEP_GPUS) = the only device the step can open
-            assert [int(g) for g in start["gpus"].split(",")] == start["openable"], worker
-    active = [w for w in job.status()["workers"] if w["state"] == "ACTIVE"]
-    # a worker registers (ACTIVE) a moment before its command writes its start event
-    wait_for(lambda: all(w["worker_id"] in starts_by_worker(job) for w in active), 20, "start events")
-    for w in active:  # and the controller's view is Slurm's
-        last_start = starts_by_worker(job)[w["worker_id"]][-1]
-        assert (w["node"], w["gpus"]) == (last_start["node"], last_start["openable"])
-    steps = job.worker_steps()
-    assert len(steps) == 5
+@pytest.fixture(scope="class")
+def shared_job(devcluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControllerJob]:
+    """One controller job (default options) for the independent checks of :class:`TestOneJob`."""
+    started = start_controller_job(devcluster, tmp_path_factory.mktemp("shared-job"))
+    yield started
+    stop_controller_job(started)
+
+
+@pytest.fixture
+def job_at_rest(shared_job: ControllerJob) -> ControllerJob:
+    """The shared job with no worker and no cordon, as a fresh job starts."""
+    with shared_job.client() as c:
+        for gpu in shared_job.status()["cordoned_gpus"]:
+            c.uncordon(gpu["node"], gpu["gpu"])
+        c.scale(0)
+    shared_job.active(0)
+    wait_for(lambda: not shared_job.worker_steps(), 30, "every worker step to end")
+    return shared_job
+
+
+class TestOneJob:
+    """Checks that need nothing but a job with default options share one (each starts at rest)."""
+
+    def test_scale_0_6_2_5_pins_each_worker_to_its_own_gpu(self, job_at_rest: ControllerJob) -> None:
+        job = job_at_rest
+        with job.client() as c:
+            for target in (6, 2, 5):
+                c.scale(target)
+                status = job.active(target)
+                placed = [(w["node"], tuple(w["gpus"])) for w in status["workers"] if w["state"] == "ACTIVE"]
+                assert len(set(placed)) == target  # no two workers share a GPU
+        assert unfinished_rollouts_of_drained(job) == {}
+        for worker, starts in starts_by_worker(job).items():
+            for start in starts:  # Slurm's view (SLURM_STEP_GPUS) = the only device the step can open
+                assert [int(g) for g in start["gpus"].split(",")] == start["openable"], worker
+        active = [w for w in job.status()["workers"] if w["state"] == "ACTIVE"]
+        # a worker registers (ACTIVE) a moment before its command writes its start event
+        wait_for(lambda: all(w["worker_id"] in starts_by_worker(job) for w in active), 20, "start events")
+        for w in active:  # and the controller's view is Slurm's
+            last_start = starts_by_worker(job)[w["worker_id"]][-1]
+            assert (w["node"], w["gpus"]) == (last_start["node"], last_start["openable"])
+        steps = job.worker_steps()
+        assert len(steps) == 5
+
+    def test_cordoned_gpu_gets_no_worker_while_healthy_gpus_exist(self, job_at_rest: ControllerJob) -> None:
+        job = job_at_rest
+        with job.client() as c:
+            c.cordon("node1", 0, "test cordon")
+            c.cordon("node2", 3, "test cordon")
+            c.scale(6)
+            status = job.active(6)
+        real = [(w["node"], w["gpus"][0]) for w in status["workers"] if w["state"] == "ACTIVE" and not w["placeholder"]]
+        assert ("node1", 0) not in real and ("node2", 3) not in real
+        assert len(set(real)) == 6  # the six healthy GPUs
+
+    def test_one_squeue_per_tick(self, job_at_rest: ControllerJob) -> None:
+        job = job_at_rest
+        with job.client() as c:
+            c.scale(4)
+            job.active(4)
+        before = job.status()["ticks"]
+        slurmctld_before = _step_info_rpcs()
+        wait_for(lambda: job.status()["ticks"] - before >= 6, 30, "six ticks")  # polling status adds no listing
+        ticks = job.status()["ticks"] - before
+        rpcs = _step_info_rpcs() - slurmctld_before
+        # every tick lists steps once; status calls and agents add none (agents are off here)
+        assert ticks >= 6 and rpcs <= ticks + 1, (ticks, rpcs)
 
 
 def unfinished_rollouts_of_drained(job: ControllerJob) -> dict[str, set[int]]:
@@ -88,71 +140,6 @@ def test_worker_that_ignores_the_drain_is_cancelled_at_the_timeout(job: Controll
     assert not any(e["event"] == "drained" for e in job.events())  # it never drained by itself
     assert job.worker_steps() == {}
     assert status["workers_by_state"]["FAILED"] == 0
-
-
-def test_kill_9_of_the_controller_mid_scale_up_relaunches_nothing(job: ControllerJob) -> None:
-    with job.client() as c:
-        c.scale(3)
-        job.active(3)
-        c.scale(7)
-    time.sleep(0.4)  # mid scale-up: some launched, some not yet
-    old_pid = job.controller_pid()
-    os.kill(old_pid, signal.SIGKILL)
-    wait_for(lambda: (job.state_dir / "controller.json").exists() and job.controller_pid() != old_pid, 30,
-             "a new controller")
-    status = job.active(7, timeout_s=60)
-    time.sleep(3.0)  # longer than a heartbeat interval x several: nobody is killed for silence
-    status = job.status()
-    steps = job.worker_steps()
-    ids = sorted(w["worker_id"] for w in status["workers"] if w["state"] == "ACTIVE")
-    assert len(ids) == len(set(ids)) == 7
-    assert sorted(steps) == sorted(f"se-w-{i}" for i in ids)  # no orphaned or duplicate steps
-    assert all(w["launches"] == 1 for w in status["workers"] if w["state"] == "ACTIVE")
-    assert all(len(starts) == 1 for starts in starts_by_worker(job).values())  # zero relaunches
-
-
-@pytest.mark.parametrize("job", [{"worker_env": {"CRASH": "1"},
-                                  "health": {"crash_threshold": 3, "crash_window_s": 600}}], indirect=True)
-def test_crash_loop_backs_off_exponentially_and_cordons_the_gpu(job: ControllerJob) -> None:
-    with job.client() as c:
-        c.scale(1)
-
-        def cordoned() -> list[dict[str, Any]]:
-            return [g for g in job.status()["cordoned_gpus"] if g["source"] == "crash"]
-        wait_for(cordoned, 60, "a crash cordon")
-    status = job.status()
-    worker = next(w for w in status["workers"] if w["crash_count"] >= 3)
-    backoffs = [float(h[3].split()[2]) for h in worker["history"] if h[2] == "BACKOFF"]
-    assert backoffs[:3] == [1.0, 2.0, 4.0]  # exponential crash-loop backoff
-    assert "worker crashes" in cordoned_reason(status)
-
-
-def cordoned_reason(status: dict[str, Any]) -> str:
-    return " ".join(g["reason"] for g in status["cordoned_gpus"])
-
-
-def test_cordoned_gpu_gets_no_worker_while_healthy_gpus_exist(job: ControllerJob) -> None:
-    with job.client() as c:
-        c.cordon("node1", 0, "test cordon")
-        c.cordon("node2", 3, "test cordon")
-        c.scale(6)
-        status = job.active(6)
-    real = [(w["node"], w["gpus"][0]) for w in status["workers"] if w["state"] == "ACTIVE" and not w["placeholder"]]
-    assert ("node1", 0) not in real and ("node2", 3) not in real
-    assert len(set(real)) == 6  # the six healthy GPUs
-
-
-def test_one_squeue_per_tick(job: ControllerJob) -> None:
-    with job.client() as c:
-        c.scale(4)
-        job.active(4)
-    before = job.status()["ticks"]
-    slurmctld_before = _step_info_rpcs()
-    time.sleep(3.0)
-    ticks = job.status()["ticks"] - before
-    rpcs = _step_info_rpcs() - slurmctld_before
-    # every tick lists steps once; status calls and agents add none (agents are off here)
-    assert ticks > 3 and rpcs <= ticks + 1, (ticks, rpcs)
 
 
 def _step_info_rpcs() -> int:

@@ -28,7 +28,7 @@ SERVERS = {"workers": {"kind": "server", "command": [sys.executable, FAKE_SERVER
 @pytest.fixture
 def router(job: ControllerJob) -> Iterator[Router]:
     url, token = locate_in(job.state_dir, job.job_id)
-    with Router(url, token, state_dir=job.state_dir, report_interval_s=0.2, poll_wait_s=5.0) as r:
+    with Router(url, token, state_dir=job.state_dir, report_interval_s=0.2, poll_wait_s=1.0) as r:
         yield r
 
 
@@ -182,7 +182,7 @@ def test_hung_server_leaves_discovery_is_replaced_and_no_request_is_lost(job: Co
         c.scale(2)
     job.active(2)
     url, token = locate_in(job.state_dir, job.job_id)
-    with Router(url, token, state_dir=job.state_dir, report_interval_s=0.2, poll_wait_s=5.0,
+    with Router(url, token, state_dir=job.state_dir, report_interval_s=0.2, poll_wait_s=1.0,
                 request_timeout_s=2.0) as router:
         router.wait_for_endpoints(2, timeout_s=30)
         victim = next(e for e in job.events() if e["event"] == "start" and e["worker"] == "0002")

@@ -41,7 +41,7 @@ def test_publishes_reach_every_server_and_a_new_server_loads_the_latest_before_i
         trainer.publish_version(1, weights="/ckpt/step-1")
         wait_for(lambda: versions(job) == {"0001": 1, "0002": 1}, UPDATE_TIMEOUT_S, "both servers at version 1")
         print(f"publish -> every server updated: {time.monotonic() - published_at:.2f} s")
-        with Router(url, token, state_dir=job.state_dir, report_interval_s=0.2, poll_wait_s=5.0) as router, \
+        with Router(url, token, state_dir=job.state_dir, report_interval_s=0.2, poll_wait_s=1.0) as router, \
                 Load(router, threads=3, gen_s=0.0):
             router.wait_for_endpoints(2, timeout_s=30)
             trainer.publish_version(2, weights="/ckpt/step-2")
@@ -76,7 +76,7 @@ def test_a_server_that_fails_its_updates_leaves_discovery_and_is_replaced(job: C
     url, token = locate_in(job.state_dir, job.job_id)
     trainer = Trainer(url, token, job.state_dir)
     try:
-        with Router(url, token, state_dir=job.state_dir, poll_wait_s=5.0) as router:
+        with Router(url, token, state_dir=job.state_dir, poll_wait_s=1.0) as router:
             router.wait_for_endpoints(2, timeout_s=30)
             trainer.publish_version(1, weights="/ckpt/step-1")
             wait_for(lambda: set(router.endpoints()) == {"0001"}, UPDATE_TIMEOUT_S, "the failing server out of discovery")

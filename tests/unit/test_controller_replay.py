@@ -5,7 +5,9 @@ lists the recorded steps and records the actions; the clock is passed in."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
+from typing import Any
 
 from slurm_elastic.controller.config import parse_config
 from slurm_elastic.controller.runtime import Controller
@@ -58,10 +60,11 @@ class Clock:
         return self.now_s
 
 
-def make(tmp: Path, steps: list[StepInfo], clock: Clock) -> tuple[Controller, Recorded]:
+def make(tmp: Path, steps: list[StepInfo], clock: Clock, backoff_base_s: float = 5.0,
+         health: dict[str, Any] | None = None) -> tuple[Controller, Recorded]:
     """A controller of the recorded job; the autoscaler is off (the target: seeded, or the operator's)."""
     config = parse_config({"agent": {"enabled": False}, "autoscaler": {"min_workers": 0, "enable_elastic": False},
-                           "workers": {"backoff_base_s": 5.0}})
+                           "workers": {"backoff_base_s": backoff_base_s}, "health": health or {}})
     backend = Recorded(steps)
     controller = Controller(config, JOB_ID, backend, tmp,  # type: ignore[arg-type]
                             gpus_by_node={n: (0, 1, 2, 3) for n in NODES}, clock=clock)
@@ -191,3 +194,61 @@ def test_a_pending_worker_step_is_not_listed_and_counts_as_starting_until_the_st
     controller.tick()
     assert (worker.state, worker.crash_count) == (S.BACKOFF, 1)
     assert worker.history[-2][3] == "step never appeared in Slurm"
+
+
+def test_a_controller_killed_mid_scale_up_waits_for_the_launched_steps_and_relaunches_nothing(tmp_path: Path) -> None:
+    """kill -9 once a scale-up's launches are saved, before Slurm lists their steps: the next
+    controller counts them as starting, takes their steps when listed, and launches nothing."""
+    clock = Clock()
+    controller, backend = make(tmp_path, RUNNING, clock)
+    controller.tick()
+    register_all(controller, RUNNING)
+    controller.scale(5)
+    controller.tick()
+    assert [s.name for s in backend.launched] == ["se-w-0004", "se-w-0005"]
+    clock.now_s += 1.0
+    again, backend2 = make(tmp_path, RUNNING, clock)  # the new steps are not listed yet
+    again.tick()
+    assert backend2.launched == [] and backend2.cancelled == []
+    worker_step = next(s for s in RUNNING if s.name == "se-w-0002")  # on node2, where GPUs are free
+    started = [dataclasses.replace(worker_step, step_id=str(10 + i), name=f"se-w-{w}")
+               for i, w in enumerate(("0004", "0005"))]
+    backend2.steps = [*RUNNING, *started]
+    clock.now_s += 1.0
+    again.tick()
+    for gpu, step in enumerate(started, start=1):  # 0002 holds node2's GPU 0
+        again.register_worker(step.name.removeprefix("se-w-"), {"node": step.nodes[0], "gpus": [gpu],
+                                                                "step_id": step.step_id})
+    clock.now_s += 1.0
+    again.tick()
+    assert backend2.launched == [] and backend2.cancelled == [] and backend2.signalled == []
+    assert {w: (r.state, r.launches) for w, r in again.workers.items()} == {
+        "0001": (S.ACTIVE, 0), "0002": (S.ACTIVE, 0), "0003": (S.ACTIVE, 0), "0004": (S.ACTIVE, 1),
+        "0005": (S.ACTIVE, 1)}
+    assert [again.workers[w].step_id for w in ("0004", "0005")] == ["10", "11"]
+
+
+def test_a_crash_loop_backs_off_exponentially_and_cordons_the_gpu(tmp_path: Path) -> None:
+    clock = Clock()
+    controller, backend = make(tmp_path, RUNNING, clock, backoff_base_s=1.0,
+                               health={"crash_threshold": 3, "crash_window_s": 600.0})
+    controller.tick()
+    register_all(controller, RUNNING)
+    worker = controller.workers["0002"]
+    gpu = (worker.node, worker.gpus[0])
+    for crash in range(1, 4):
+        backend.steps = listing("vanished")  # its command exits: the step is gone
+        controller.tick()
+        assert (worker.state, worker.crash_count) == (S.BACKOFF, crash)
+        clock.now_s = worker.backoff_until_s
+        result = controller.tick()
+        assert [a.worker_id for a in result.actions if isinstance(a, Launch)] == ["0002"]
+        backend.steps = RUNNING
+        controller.tick()
+        if crash < 3:
+            controller.register_worker("0002", {"node": gpu[0], "gpus": [gpu[1]], "step_id": step_of("0002")})
+    backoffs = [float(h[3].split()[2]) for h in worker.history if h[2] == "BACKOFF"]
+    assert backoffs == [1.0, 2.0, 4.0]
+    entry = controller.state.cordons.cordoned()[gpu]
+    assert entry.source == "crash" and "3 worker crashes" in entry.reason
+    assert sum(s.slots for s in controller.tick().slots) == 5  # the cordoned GPU is out of placement

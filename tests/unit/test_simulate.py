@@ -72,6 +72,16 @@ def test_failed_workers_are_relaunched_after_backoff() -> None:
     assert all(s.active == 6 for s in after)  # back at full strength
 
 
+def test_the_controllers_tick_cordons_a_gpu_its_workers_keep_crashing_on() -> None:
+    one_gpu = short(cluster=dataclasses.replace(short().cluster, gpu_slots=1, initial_workers=1),
+                    failures=tuple(Failure(at_s=t, workers=1) for t in (50, 100, 150)))
+    sim = Simulation(one_gpu, "static-max", 1)
+    result = sim.run()
+    assert result.metrics["worker_failures"] == 3 and result.metrics["launches"] == 3
+    assert ("sim", 0) in sim.state.cordons.cordoned()  # three crashes within the window: no relaunch
+    assert all(s.active == 0 for s in result.samples if s.t_s > 160)  # its relaunch waits in BACKOFF
+
+
 def test_static_policy_never_scales_and_start_up_shows_as_starting() -> None:
     result = simulate(short(), "static-mid", 0)
     assert result.metrics["scale_actions"] == 0 and result.metrics["mean_workers"] == pytest.approx(3, abs=0.05)

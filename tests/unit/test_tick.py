@@ -6,7 +6,7 @@ from slurm_elastic.core.cordons import CordonBook
 from slurm_elastic.core.lifecycle import Worker, WorkerState
 from slurm_elastic.core.placement import Allocation, placement
 from slurm_elastic.core.reconcile import Cancel, Drain, Launch, ObservedStep, ReconcileConfig
-from slurm_elastic.core.scaling import Autoscaler, AutoscalerConfig
+from slurm_elastic.core.scaling import Autoscaler, AutoscalerConfig, Decision, PressureInputs
 from slurm_elastic.core.tick import ControlState, Observation, TickConfig, tick
 
 S = WorkerState
@@ -55,3 +55,17 @@ def test_a_server_gets_its_drain_signal_once_nothing_is_in_flight_and_the_grace_
     idle = Observation(steps=obs.steps, outstanding_by_worker={"0001": 0})
     assert tick(idle, st, cfg, (OWN,), 6.0).actions == [Drain("0001", "4", 0)]
     assert tick(idle, st, cfg, (OWN,), 7.0).actions == []  # once
+
+
+def test_a_policy_in_the_autoscalers_seat_decides_the_count_from_the_autoscalers_inputs() -> None:
+    seen: list[PressureInputs] = []
+
+    class Fixed:
+        def decide(self, x: PressureInputs, now_s: float) -> Decision:
+            seen.append(x)
+            return Decision(3, "scale_up", "fixed")
+
+    st = ControlState(autoscaler=Autoscaler(AutoscalerConfig()), cordons=CordonBook(), policy=Fixed())
+    result = tick(Observation(steps=()), st, CFG, (OWN, OTHER), 0.0)
+    assert result.desired == 3 and len([a for a in result.actions if isinstance(a, Launch)]) == 3
+    assert seen[0].allowed_slots == 5 and st.last_decision["reason"] == "fixed"

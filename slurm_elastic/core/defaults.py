@@ -1,0 +1,21 @@
+"""The defaults of settings that several layers read -- the config schema, the core's
+dataclasses, the worker's environment, the simulator's traces, command-line options -- each
+written once, here."""
+
+from __future__ import annotations
+
+TICK_INTERVAL_S = 2.0  # between two controller ticks
+SLURM_TIMEOUT_S = 30.0  # one Slurm command the controller runs (squeue, scancel, scontrol, sdiag)
+HEARTBEAT_INTERVAL_S = 5.0  # between two heartbeats of a worker
+HEARTBEAT_GRACE_S = 60.0  # a worker silent this long is killed and replaced
+START_TIMEOUT_S = 120.0  # launch to registration, else the launch failed
+DRAIN_TIMEOUT_S = 120.0  # a draining worker is cancelled after this
+BACKOFF_BASE_S = 5.0  # the first crash-loop backoff; doubles per crash
+BACKOFF_MAX_S = 300.0  # the longest crash-loop backoff
+SERVER_DRAIN_GRACE_S = 1.0  # servers: out of discovery at least this long before the drain signal
+LIVENESS_INTERVAL_S = 5.0  # servers: between two liveness probes
+LIVENESS_TIMEOUT_S = 5.0  # servers: a probe not answered within this fails
+AGENT_INTERVAL_S = 5.0  # between two GPU samples of a health agent
+AGENT_MAX_BACKOFF_S = 60.0  # a health agent's longest wait after failed reports
+WEIGHTS_MAX_FAILURES = 3  # failed weight updates in a row that drain a server
+WEIGHTS_RETRY_BACKOFF_S = 5.0  # before retrying a failed weight update; doubles per failure
