@@ -15,7 +15,7 @@ from slurm_elastic.controller.step_specs import foreign_gpus_by_node
 from slurm_elastic.controller.views import StatusViews
 from slurm_elastic.core.cordons import CordonChange
 from slurm_elastic.core.naming import AGENT_PREFIX, worker_id_of_step
-from slurm_elastic.core.reconcile import Crashed, ObservedStep
+from slurm_elastic.core.reconcile import Crashed, Launch, ObservedStep
 from slurm_elastic.core.scaling import PressureInputs
 from slurm_elastic.core.tick import Observation, TickResult, autoscaler_inputs, autoscales, tick
 from slurm_elastic.errors import SlurmElasticError
@@ -69,6 +69,8 @@ class Controller(ControlPlane, StatusViews):
                     log.warning("cordoned %s:%d: %s", event.node, event.gpu, event.reason)
                 else:
                     log.warning("%s", event.message)
+            if any(isinstance(a, Launch) for a in result.actions):
+                self.save()  # write-ahead: a controller killed mid-launch leaves records its successor waits for
             self._run_all(result.actions)
             self._publish_endpoints()
             self.save()

@@ -9,6 +9,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from slurm_elastic.controller.config import parse_config
 from slurm_elastic.controller.runtime import Controller
 from slurm_elastic.core.health import AgentReport, GpuSample
@@ -226,6 +228,34 @@ def test_a_controller_killed_mid_scale_up_waits_for_the_launched_steps_and_relau
         "0001": (S.ACTIVE, 0), "0002": (S.ACTIVE, 0), "0003": (S.ACTIVE, 0), "0004": (S.ACTIVE, 1),
         "0005": (S.ACTIVE, 1)}
     assert [again.workers[w].step_id for w in ("0004", "0005")] == ["10", "11"]
+
+
+class Killed(BaseException):
+    """The controller's process dies (kill -9) in the middle of an action."""
+
+
+def test_a_controller_killed_while_its_launches_run_has_saved_them_first(tmp_path: Path) -> None:
+    """Launches are written to the state file before srun runs: a kill -9 after the first srun
+    of a scale-up leaves records the next controller waits for, so no worker id is launched twice."""
+    clock = Clock()
+    controller, backend = make(tmp_path, RUNNING, clock)
+    controller.tick()
+    register_all(controller, RUNNING)
+    controller.scale(5)
+
+    def die_after_one(spec: StepSpec, launcher_log: Path) -> int:
+        backend.launched.append(spec)
+        raise Killed
+
+    backend.launch_step = die_after_one  # type: ignore[method-assign]
+    with pytest.raises(Killed):
+        controller.tick()
+    assert [s.name for s in backend.launched] == ["se-w-0004"]
+    clock.now_s += 1.0
+    again, backend2 = make(tmp_path, RUNNING, clock)  # se-w-0004 is not listed yet
+    again.tick()
+    assert backend2.launched == [] and backend2.cancelled == []
+    assert {w: again.workers[w].state for w in ("0004", "0005")} == {"0004": S.STARTING, "0005": S.STARTING}
 
 
 def test_a_crash_loop_backs_off_exponentially_and_cordons_the_gpu(tmp_path: Path) -> None:
