@@ -95,3 +95,18 @@ def test_2_gpu_servers_take_a_pair_of_gpus_each_two_per_node(job: ControllerJob)
         assert len(status["servers"]["endpoints"]) == 4
         c.scale(0)
         job.active(0)
+
+
+@pytest.mark.parametrize("job", [servers(8)], indirect=True)
+def test_a_cordon_on_the_second_node_keeps_the_8_gpu_server_off_until_lifted(job: ControllerJob) -> None:
+    with job.client() as c:
+        c.cordon("node2", 1, "fan noise")
+        c.scale(1)
+        ticks = job.status()["ticks"]
+        wait_for(lambda: job.status()["ticks"] >= ticks + 5, 20, "five ticks")
+        assert job.status()["workers"] == [] and job.worker_steps() == {}  # no slot: node2 has 3 usable GPUs
+        c.uncordon("node2", 1)
+        worker = job.active(1)["workers"][0]
+        assert sorted(worker["nodes"]) == ["node1", "node2"]
+        c.scale(0)
+        job.active(0)
