@@ -110,3 +110,23 @@ def test_a_cordon_on_the_second_node_keeps_the_8_gpu_server_off_until_lifted(job
         assert sorted(worker["nodes"]) == ["node1", "node2"]
         c.scale(0)
         job.active(0)
+
+
+@pytest.mark.parametrize("job", [servers(8)], indirect=True)
+def test_kill_9_of_the_controller_reattaches_the_2_node_step_without_a_relaunch(job: ControllerJob) -> None:
+    with job.client() as c:
+        c.scale(1)
+        job.active(1)
+    wait_for(lambda: job.status()["workers"][0]["node_gpus"], 20, "rank 1's GPUs")
+    job.status()  # the report is saved with the record
+    steps = job.worker_steps()
+    old_pid = job.controller_pid()
+    os.kill(old_pid, signal.SIGKILL)
+    wait_for(lambda: job.controller_pid() != old_pid, 30, "a new controller")
+    worker = job.active(1, timeout_s=40)["workers"][0]
+    assert sorted(worker["nodes"]) == ["node1", "node2"] and worker["launches"] == 1
+    assert sorted(worker["node_gpus"].get(worker["nodes"][1], [])) == [0, 1, 2, 3]
+    assert job.worker_steps() == steps and len(by_event(job, "start")) == 2  # same step, nothing relaunched
+    with job.client() as c:
+        c.scale(0)
+        job.active(0)
