@@ -39,6 +39,17 @@ def _age(seconds: Any) -> str:
     return f"{s / 3600:.1f}h"
 
 
+def _nodes_and_gpus(worker: dict[str, Any]) -> tuple[str, str]:
+    """The NODE and GPU cells: every node of the step, and each node's GPUs joined by ``+`` (``?``:
+    that node's task has not reported them yet)."""
+    node = str(worker.get("node") or "")
+    nodes = [n for n in worker.get("nodes") or [] if n] or ([node] if node else [])
+    per_node = worker.get("node_gpus") or {}
+    cells = [",".join(str(g) for g in (worker.get("gpus", []) if n == node else per_node.get(n, ["?"])))
+             for n in nodes] or [",".join(str(g) for g in worker.get("gpus", []))]
+    return ",".join(nodes) or "-", "+".join(cells) or "-"
+
+
 def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
     line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
@@ -105,9 +116,9 @@ def render_status(job_id: int, status: dict[str, Any] | None, slurm_steps: list[
     rows = []
     show_weights = bool(weights) or any(w.get("weights_version") is not None for w in ctl.get("workers", []))
     for w in ctl.get("workers", []):
-        gpus = ",".join(str(g) for g in w.get("gpus", [])) or "-"
+        nodes, gpus = _nodes_and_gpus(w)
         state = w.get("state", "?") + (" (placeholder)" if w.get("placeholder") else "")
-        rows.append([str(w.get("worker_id", "")), str(w.get("step_id") or "-"), str(w.get("node") or "-"), gpus,
+        rows.append([str(w.get("worker_id", "")), str(w.get("step_id") or "-"), nodes, gpus,
                      state, _age(w.get("age_s")), str(w.get("rollouts", 0)), _age(w.get("last_heartbeat_age_s"))]
                     + ([_weights_cell(w)] if show_weights else []))
     if rows:

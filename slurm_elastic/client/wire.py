@@ -35,6 +35,8 @@ class Registration(_Body):
     pid: Count = 0
     endpoint: str = Field("", max_length=512)
     ready: bool = True
+    rank: int = Field(0, ge=0, le=65535, description="the task's rank in a multi-node step (SLURM_PROCID); "
+                      "above 0 only reports the node and GPUs it holds")
     weights_version: int | None = Field(None, ge=0, le=MAX_VERSION,
                                         description="servers: the published weights version the engine started with")
 

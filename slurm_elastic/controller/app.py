@@ -18,6 +18,7 @@ from slurm_elastic.controller.guard import BODY_MAX_BYTES, RequestGuard
 from slurm_elastic.controller.http import control_router
 from slurm_elastic.controller.main import (
     build_controller,
+    check_worker_shape,
     install_stop_handlers,
     job_id_from_env,
     open_state_dir,
@@ -82,6 +83,7 @@ def run_controller(config: ElasticConfig, stop: threading.Event) -> None:
     job_id = job_id_from_env()
     backend = slurm_backend(config)
     job = running_job(backend, job_id)
+    check_worker_shape(config, job)
     claimed = open_state_dir(config, job)  # before anything in it is read: it must be this job's
     state_dir = claimed.path
     token, token_file = ensure_token(state_dir)

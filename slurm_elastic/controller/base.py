@@ -26,6 +26,7 @@ from slurm_elastic.core.pressure import QueueFeed
 from slurm_elastic.core.rates import WindowRate
 from slurm_elastic.core.reconcile import Cancel, Drain, Launch, ReconcileConfig
 from slurm_elastic.core.scaling import Autoscaler, AutoscalerConfig
+from slurm_elastic.core.shape import shape_for_allocation
 from slurm_elastic.core.tick import ControlState, LaunchAgent, TickAction, TickConfig
 from slurm_elastic.errors import SlurmElasticError
 from slurm_elastic.slurm.backend import SlurmBackend
@@ -71,12 +72,15 @@ class ControllerBase:
         self.lock = threading.RLock()
         w = config.workers
         self.is_server = w.kind == "server"
+        # one worker step's nodes and GPUs on each (ConfigError if the job's nodes cannot hold it)
+        self.shape = shape_for_allocation(w.gpus_per_worker, w.nodes_per_worker, w.tasks_per_node,
+                                          dict(self.allocations[0].gpus_by_node))
         self.tick_config = TickConfig(
             reconcile=ReconcileConfig(
                 drain_timeout_s=w.drain_timeout_s, heartbeat_grace_s=w.heartbeat_grace_s,
                 start_timeout_s=w.start_timeout_s, backoff_base_s=w.backoff_base_s, backoff_max_s=w.backoff_max_s,
                 liveness_failure_threshold=w.liveness_failure_threshold if self.is_server else 0),
-            gpus_per_worker=w.gpus_per_worker, is_server=self.is_server,
+            gpus_per_worker=self.shape.gpus, nodes_per_worker=self.shape.nodes, is_server=self.is_server,
             server_drain_grace_s=w.server_drain_grace_s, agents=config.agent.enabled,
         )
         self.health_rules = config.health.rules()
@@ -248,7 +252,7 @@ class ControllerBase:
             if isinstance(action, Launch):
                 spec = worker_step_spec(self.config, job_id, action.worker_id, action.exclude_nodes,
                                         controller_url=self.controller_url, state_dir=self.state_dir,
-                                        token_file=self.token_file)
+                                        token_file=self.token_file, shape=self.shape)
                 self.backend.launch_step(spec, self.state_dir / "logs" / "srun" / f"{action.worker_id}.log")
             elif isinstance(action, Drain):
                 self.backend.signal_step(job_id, action.step_id, self.config.workers.drain_signal)

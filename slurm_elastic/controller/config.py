@@ -49,11 +49,17 @@ class WorkersSection(_Section):
     command: list[str] = Field(
         default_factory=list,
         description="Worker command; a string is split like a shell would. Placeholders: {worker_id}, "
-        "{gpus}, {controller_url}, {job_id}, {state_dir}, {port}, {weights_path}, {weights_version} (servers: the "
+        "{gpus} (in all), {nodes} (of one worker's step), {controller_url}, {job_id}, {state_dir}, {port}, {weights_path}, {weights_version} (servers: the "
         "latest published weights at launch).",
     )
     kind: Literal["rollout", "server"] = Field("rollout", description="Rollout loop or inference server.")
-    gpus_per_worker: int = Field(1, ge=0, le=64, description="GPUs per worker step (--gres=gpu:N).")
+    gpus_per_worker: int = Field(1, ge=0, le=64, description="GPUs per worker in all (--gres=gpu:N on one node); above "
+                                 "a node's GPUs: one step over whole nodes (docs/servers.md).")
+    nodes_per_worker: int = Field(0, ge=0, le=64, description="Nodes one worker step spans (--nodes), each with "
+                                  "gpus_per_worker / nodes_per_worker GPUs; 0: 1, or whole nodes when gpus_per_worker "
+                                  "is above a node's GPUs.")
+    tasks_per_node: int = Field(1, ge=1, le=256, description="Tasks of a worker step on each of its nodes "
+                                "(--ntasks-per-node); task 0 registers, the others run the command beside it.")
     cpus_per_worker: int = Field(1, ge=1, description="CPUs per worker step (--cpus-per-task).")
     mem_per_worker_mb: int = Field(0, ge=0, description="Memory per worker step in MB; 0: Slurm's default.")
     initial_workers: int = Field(-1, ge=-1, description="Workers at start; -1: the autoscaler's minimum.")
@@ -216,7 +222,23 @@ def parse_config(data: dict[str, Any], source: str = "config") -> ElasticConfig:
             problems.append(f"{key}: {problem}")
         raise ConfigError(f"{source}: " + "; ".join(problems)) from None
     _validate_policy_tables(config, source)
+    _validate_worker_shape(config, source)
     return config
+
+
+def _validate_worker_shape(config: ElasticConfig, source: str) -> None:
+    """``gpus_per_worker`` over whole nodes, against the GPUs per node the file states (the
+    controller checks the real allocation again at start)."""
+    from slurm_elastic.core.shape import worker_shape
+
+    w, job = config.workers, config.job
+    node_gpus = config.controller.gpus_per_node or (job.gpus_per_node if "gpus_per_node" in job.model_fields_set else 0)
+    where = ("controller.gpus_per_node" if config.controller.gpus_per_node else "job.gpus_per_node") + f" = {node_gpus}"
+    try:
+        worker_shape(w.gpus_per_worker, w.nodes_per_worker, node_gpus, tasks_per_node=w.tasks_per_node,
+                     nodes_in_job=job.nodes if "nodes" in job.model_fields_set else 0, where=f"nodes of {where}")
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
 
 
 def _validate_policy_tables(config: ElasticConfig, source: str) -> None:

@@ -35,6 +35,8 @@ class ControlPlane(ControllerBase):
             worker = workers.get(worker_id)
             if refusal := registration_refusal(worker_id, worker, self.state.listed_worker_ids):
                 raise UnknownWorkerError(refusal)
+            if int(info.get("rank") or 0) > 0:
+                return self._register_rank(worker_id, worker, info)
             if worker is None or worker.state in (S.INACTIVE, S.FAILED, S.BACKOFF):
                 worker = Worker(worker_id=worker_id, launched_at_s=now_s)
                 worker.history.append((now_s, "", S.STARTING.value, "registered without a record: adopted"))
@@ -61,6 +63,20 @@ class ControlPlane(ControllerBase):
             action = "hold" if worker.placeholder else ("drain" if worker.state is S.DRAINING else "run")
             return {"worker_id": worker_id, "action": action, "weights": latest_weights(self.weights),
                     "heartbeat_interval_s": self.config.workers.heartbeat_interval_s}
+
+    def _register_rank(self, worker_id: str, worker: Worker | None, info: dict[str, Any]) -> dict[str, Any]:
+        """Another task of a multi-node worker's step says which node and GPUs it holds; it is not a
+        worker of its own. Until the record exists (a restart adopts the step) it is asked to retry."""
+        if worker is None or not worker.has_step:
+            raise UnknownWorkerError(f"worker {worker_id}: no live record yet for its task {info.get('rank')}")
+        node = str(info.get("node", ""))
+        if node and node != worker.node:
+            worker.node_gpus[node] = tuple(int(g) for g in info.get("gpus", ()))
+            worker.nodes = worker.nodes if node in worker.nodes else (*worker.nodes, node)
+        self.save()
+        action = "hold" if worker.placeholder else ("drain" if worker.state is S.DRAINING else "run")
+        return {"worker_id": worker_id, "action": action, "weights": latest_weights(self.weights),
+                "heartbeat_interval_s": self.config.workers.heartbeat_interval_s}
 
     def heartbeat(self, worker_id: str, info: dict[str, Any]) -> dict[str, Any]:
         """Liveness (and busy/rollout counts) from a worker; answers whether it should drain."""

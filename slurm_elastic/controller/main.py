@@ -14,6 +14,7 @@ from slurm_elastic.controller.job_dir import ClaimedDir, claim_state_dir
 from slurm_elastic.controller.runtime import Controller
 from slurm_elastic.core.job_identity import JobIdentity
 from slurm_elastic.core.pressure import QueueFeed
+from slurm_elastic.core.shape import shape_for_allocation
 from slurm_elastic.errors import ConfigError, SlurmError
 from slurm_elastic.slurm.backend import SlurmBackend
 from slurm_elastic.slurm.parse import JobInfo
@@ -64,14 +65,26 @@ def open_state_dir(config: ElasticConfig, job: JobInfo) -> ClaimedDir:
     return claimed
 
 
-def build_controller(config: ElasticConfig, job: JobInfo, backend: SlurmBackend, state_dir: Path,
-                     controller_url: str = "", token_file: Path | None = None,
-                     queue: QueueFeed | None = None) -> Controller:
-    """A controller for the running ``job``: its GPUs come from Slurm (or the config)."""
+def allocation_gpus(config: ElasticConfig, job: JobInfo) -> dict[str, tuple[int, ...]]:
+    """The job's GPU indexes on each of its nodes: from Slurm, or ``controller.gpus_per_node``."""
     gpus_by_node = dict(job.gpus_by_node)
     if config.controller.gpus_per_node or not gpus_by_node:
         per_node = config.controller.gpus_per_node
         gpus_by_node = {node: tuple(range(per_node)) for node in job.nodes}
+    return gpus_by_node
+
+
+def check_worker_shape(config: ElasticConfig, job: JobInfo) -> None:
+    """ConfigError unless one worker step fits the job's nodes (checked before the state dir is opened)."""
+    w = config.workers
+    shape_for_allocation(w.gpus_per_worker, w.nodes_per_worker, w.tasks_per_node, allocation_gpus(config, job))
+
+
+def build_controller(config: ElasticConfig, job: JobInfo, backend: SlurmBackend, state_dir: Path,
+                     controller_url: str = "", token_file: Path | None = None,
+                     queue: QueueFeed | None = None) -> Controller:
+    """A controller for the running ``job``: its GPUs come from Slurm (or the config)."""
+    gpus_by_node = allocation_gpus(config, job)
     log.info("job %d: nodes %s, GPUs %s, state in %s, backend %s", job.job_id, ",".join(job.nodes),
              gpus_by_node, state_dir, backend.name)
     return Controller(config, job.job_id, backend, state_dir, gpus_by_node=gpus_by_node,

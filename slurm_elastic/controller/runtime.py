@@ -42,7 +42,7 @@ class Controller(ControlPlane, StatusViews):
         snapshot = self.queue.snapshot() if with_queue and self.queue is not None else None
         return Observation(
             steps=None if steps is None else tuple(
-                ObservedStep(wid, st.step_id, st.nodes[0] if st.nodes else "", self.job_id)
+                ObservedStep(wid, st.step_id, st.nodes[0] if st.nodes else "", self.job_id, st.nodes)
                 for st in steps if (wid := worker_id_of_step(st.name)) is not None),
             agent_nodes=frozenset() if steps is None else frozenset(
                 st.name.removeprefix(AGENT_PREFIX) for st in steps if st.name.startswith(AGENT_PREFIX)),

@@ -46,6 +46,9 @@ class WorkerRecord(_Model):
     step_id: Annotated[StrictStr, Field(max_length=64)] = ""
     node: Annotated[StrictStr, Field(max_length=256)] = ""
     gpus: list[Annotated[StrictInt, Field(ge=0, le=1024)]] = Field(default_factory=list, max_length=64)
+    nodes: list[Annotated[StrictStr, Field(max_length=256)]] = Field(default_factory=list, max_length=1024)
+    node_gpus: dict[Annotated[StrictStr, Field(max_length=256)],
+                    list[Annotated[StrictInt, Field(ge=0, le=1024)]]] = Field(default_factory=dict, max_length=1024)
     launched_at_s: StrictFloat = 0.0
     last_heartbeat_s: StrictFloat = 0.0
     drain_started_s: StrictFloat = 0.0
@@ -67,6 +70,8 @@ class WorkerRecord(_Model):
     def to_worker(self) -> Worker:
         data = self.model_dump()
         data["gpus"] = tuple(data["gpus"])
+        data["nodes"] = tuple(data["nodes"])
+        data["node_gpus"] = {n: tuple(g) for n, g in data["node_gpus"].items()}
         data["history"] = [tuple(h) for h in data["history"]]
         return Worker(**data)
 

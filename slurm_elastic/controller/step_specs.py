@@ -10,15 +10,20 @@ from pathlib import Path
 from slurm_elastic.controller.config import ElasticConfig
 from slurm_elastic.controller.worker_env import worker_settings_env
 from slurm_elastic.core.naming import AGENT_PREFIX, worker_id_of_step, worker_step_name
+from slurm_elastic.core.shape import WorkerShape
 from slurm_elastic.slurm.backend import StepSpec
 from slurm_elastic.slurm.parse import StepInfo
 
 
 def worker_step_spec(config: ElasticConfig, job_id: int, worker_id: str, exclude: tuple[str, ...], *,
-                     controller_url: str, state_dir: Path, token_file: Path | None) -> StepSpec:
-    """One worker step in job ``job_id``: the worker wrapper around the configured command."""
+                     controller_url: str, state_dir: Path, token_file: Path | None,
+                     shape: WorkerShape | None = None) -> StepSpec:
+    """One worker step in job ``job_id``: the worker wrapper around the configured command, on
+    ``shape.nodes`` nodes (one endpoint: task 0's) with ``shape.gpus_per_node`` GPUs on each."""
     w = config.workers
-    values = {"worker_id": worker_id, "gpus": str(w.gpus_per_worker), "controller_url": controller_url,
+    shape = shape or WorkerShape(1, w.gpus_per_worker, w.tasks_per_node)
+    values = {"worker_id": worker_id, "gpus": str(w.gpus_per_worker), "nodes": str(shape.nodes),
+              "controller_url": controller_url,
               "job_id": str(job_id), "state_dir": str(state_dir)}
     command = [_render(part, values) for part in w.command]
     env = {
@@ -34,8 +39,8 @@ def worker_step_spec(config: ElasticConfig, job_id: int, worker_id: str, exclude
         job_id=job_id, name=worker_step_name(worker_id),
         argv=(sys.executable, "-m", "slurm_elastic", "worker", "--", *command),
         output_path=state_dir / "logs" / f"worker-{worker_id}.out",
-        gpus=w.gpus_per_worker, cpus=w.cpus_per_worker, mem_mb=w.mem_per_worker_mb,
-        exclude=exclude, env=env,
+        gpus=shape.gpus_per_node, cpus=w.cpus_per_worker, mem_mb=w.mem_per_worker_mb,
+        nodes=shape.nodes, tasks_per_node=shape.tasks_per_node, exclude=exclude, env=env,
     )
 
 

@@ -69,7 +69,8 @@ class StatusViews(ControllerBase):
     def _worker_view(self, worker: Worker, now_s: float) -> dict[str, Any]:
         return {
             "worker_id": worker.worker_id, "state": worker.state.value, "step_id": worker.step_id,
-            "node": worker.node, "gpus": list(worker.gpus), "age_s": round(now_s - worker.launched_at_s, 1),
+            "node": worker.node, "gpus": list(worker.gpus), "nodes": list(worker.all_nodes),
+            "node_gpus": {n: list(g) for n, g in worker.node_gpus.items()}, "age_s": round(now_s - worker.launched_at_s, 1),
             "rollouts": worker.rollouts, "busy": worker.busy, "placeholder": worker.placeholder,
             "last_heartbeat_age_s": round(now_s - worker.last_heartbeat_s, 1), "crash_count": worker.crash_count,
             "launches": worker.launches, "endpoint": worker.endpoint, "liveness_failures": worker.liveness_failures,

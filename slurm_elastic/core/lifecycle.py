@@ -8,6 +8,7 @@ Anything not in :data:`TRANSITIONS` is refused with :class:`TransitionError`.
 from __future__ import annotations
 
 import enum
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,8 +44,10 @@ class Worker:
     state: WorkerState = WorkerState.STARTING
     job_id: int = 0  # the Slurm job whose allocation holds its step; 0: the controller's own job
     step_id: str = ""  # Slurm step id once seen, e.g. "3"
-    node: str = ""
-    gpus: tuple[int, ...] = ()  # as Slurm numbers them on the node (SLURM_STEP_GPUS)
+    node: str = ""  # where its rank 0 runs (and its endpoint listens)
+    gpus: tuple[int, ...] = ()  # on ``node``, as Slurm numbers them there (SLURM_STEP_GPUS)
+    nodes: tuple[str, ...] = ()  # every node of its step as Slurm lists it; () or (node,): one node
+    node_gpus: dict[str, tuple[int, ...]] = field(default_factory=dict)  # GPUs on its other nodes, as their ranks report
     launched_at_s: float = 0.0
     last_heartbeat_s: float = 0.0
     drain_started_s: float = 0.0
@@ -79,10 +82,31 @@ class Worker:
     def has_step(self) -> bool:
         return self.state in (S.STARTING, S.ACTIVE, S.DRAINING)
 
+    @property
+    def all_nodes(self) -> tuple[str, ...]:
+        """Every node its step runs on, rank 0's first."""
+        rest = tuple(n for n in self.nodes if n != self.node)
+        return ((self.node,) if self.node else ()) + rest
+
+    @property
+    def gpu_keys(self) -> tuple[tuple[str, int], ...]:
+        """Every (node, GPU) it is known to hold: rank 0's and those its other ranks reported."""
+        keys = tuple((self.node, g) for g in self.gpus)
+        return keys + tuple((n, g) for n, gpus in self.node_gpus.items() if n != self.node for g in gpus)
+
+    def cordoned_gpus(self, cordoned: Collection[tuple[str, int]]) -> list[tuple[str, int]]:
+        """The cordoned GPUs that concern it: its own, and on another node of its step whose rank
+        has not reported its GPUs yet, any GPU of that node."""
+        unknown = set(self.all_nodes) - {self.node, *self.node_gpus}
+        mine = set(self.gpu_keys)
+        return sorted(k for k in cordoned if k in mine or k[0] in unknown)
+
     def to_json(self) -> dict[str, Any]:
         data = {k: v for k, v in self.__dict__.items()}
         data["state"] = self.state.value
         data["gpus"] = list(self.gpus)
+        data["nodes"] = list(self.nodes)
+        data["node_gpus"] = {n: list(g) for n, g in self.node_gpus.items()}
         data["history"] = [list(h) for h in self.history]
         return data
 
@@ -92,6 +116,8 @@ class Worker:
         kwargs = {k: v for k, v in data.items() if k in known}
         kwargs["state"] = WorkerState(kwargs.get("state", "STARTING"))
         kwargs["gpus"] = tuple(int(g) for g in kwargs.get("gpus", ()))
+        kwargs["nodes"] = tuple(str(n) for n in kwargs.get("nodes", ()))
+        kwargs["node_gpus"] = {str(n): tuple(int(g) for g in gs) for n, gs in kwargs.get("node_gpus", {}).items()}
         kwargs["history"] = [tuple(h) for h in kwargs.get("history", [])]
         return cls(**kwargs)
 

@@ -32,26 +32,40 @@ class Slots:
 
 
 def allocation_slots(allocation: Allocation, gpus_per_worker: int, cordoned: Collection[GpuKey],
-                     unknown_nodes: Collection[str] = (), foreign_gpus: Mapping[str, int] | None = None) -> Slots:
-    """Worker slots on the allocation's usable GPUs; a node with too few usable GPUs is excluded."""
+                     unknown_nodes: Collection[str] = (), foreign_gpus: Mapping[str, int] | None = None,
+                     nodes_per_worker: int = 1) -> Slots:
+    """Worker slots on the allocation's usable GPUs; a node with too few usable GPUs is excluded.
+    A worker over ``nodes_per_worker`` nodes takes ``gpus_per_worker / nodes_per_worker`` on each."""
     if gpus_per_worker == 0:
         return Slots(allocation.job_id, CPU_ONLY_SLOTS, ())
     foreign = foreign_gpus or {}
-    slots, exclude = 0, []
+    per_node = gpus_per_worker // nodes_per_worker
+    node_slots, exclude = [], []
     for node, gpus in allocation.gpus_by_node.items():
         usable = [] if node in unknown_nodes else [g for g in gpus if (node, g) not in cordoned]
         usable = usable[: max(0, len(usable) - foreign.get(node, 0))]
-        if len(usable) < gpus_per_worker:
+        if len(usable) < per_node:
             exclude.append(node)  # every GPU there is cordoned (or too few are left)
-        slots += len(usable) // gpus_per_worker
-    return Slots(allocation.job_id, slots, tuple(exclude))
+        node_slots.append(len(usable) // per_node)
+    return Slots(allocation.job_id, multi_node_slots(node_slots, nodes_per_worker), tuple(exclude))
+
+
+def multi_node_slots(node_slots: list[int], nodes_per_worker: int) -> int:
+    """How many workers of ``nodes_per_worker`` distinct nodes fit when node i holds ``node_slots[i]``
+    per-node shares: the largest W with sum(min(slots_i, W)) >= nodes_per_worker * W."""
+    if nodes_per_worker <= 1:
+        return sum(node_slots)
+    workers = sum(node_slots) // nodes_per_worker
+    while workers > 0 and sum(min(s, workers) for s in node_slots) < nodes_per_worker * workers:
+        workers -= 1
+    return workers
 
 
 def placement(allocations: tuple[Allocation, ...], gpus_per_worker: int, cordoned: Collection[GpuKey],
-              unknown_nodes: Collection[str] = (), foreign_gpus: Mapping[int, Mapping[str, int]] | None = None
-              ) -> tuple[Slots, ...]:
+              unknown_nodes: Collection[str] = (), foreign_gpus: Mapping[int, Mapping[str, int]] | None = None,
+              nodes_per_worker: int = 1) -> tuple[Slots, ...]:
     """Each allocation's slots, in the order given (launches fill them in that order).
     ``foreign_gpus``: per job id, the GPUs its non-worker steps hold on each node."""
     foreign = foreign_gpus or {}
-    return tuple(allocation_slots(a, gpus_per_worker, cordoned, unknown_nodes, foreign.get(a.job_id))
-                 for a in allocations)
+    return tuple(allocation_slots(a, gpus_per_worker, cordoned, unknown_nodes, foreign.get(a.job_id),
+                                  nodes_per_worker) for a in allocations)

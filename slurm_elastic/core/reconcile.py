@@ -28,8 +28,9 @@ class ObservedStep:
 
     worker_id: str
     step_id: str
-    node: str
+    node: str  # the step's first node (where rank 0 runs)
     job_id: int = 0  # the Slurm job the step belongs to; 0: the controller's own job
+    nodes: tuple[str, ...] = ()  # every node of the step (several for a multi-node worker)
 
 
 @dataclass(frozen=True)
@@ -67,12 +68,14 @@ class Cancel:
 
 @dataclass(frozen=True)
 class Crashed:
-    """An event, not an action: a worker died on (node, gpus); GPU health counts these."""
+    """An event, not an action: a worker died on (node, gpus); GPU health counts these on every
+    GPU of its step (``gpu_keys``: all its nodes'; Slurm does not say which node's task failed)."""
 
     worker_id: str
     node: str
     gpus: tuple[int, ...]
     reason: str
+    gpu_keys: tuple[tuple[str, int], ...] = ()
 
 
 Action = Launch | Drain | Cancel
@@ -126,7 +129,7 @@ def _adopt_and_refresh(workers: dict[str, Worker], by_id: dict[str, ObservedStep
             if worker is not None and worker.step_id == step.step_id:
                 continue  # the old step of a finished record is still winding down
             adopted = Worker(worker_id=worker_id, step_id=step.step_id, node=step.node, job_id=step.job_id,
-                             launched_at_s=now_s, last_heartbeat_s=now_s)
+                             nodes=step.nodes, launched_at_s=now_s, last_heartbeat_s=now_s)
             if worker is not None:
                 adopted.crash_count, adopted.launches = worker.crash_count, worker.launches
                 adopted.history = worker.history
@@ -134,6 +137,7 @@ def _adopt_and_refresh(workers: dict[str, Worker], by_id: dict[str, ObservedStep
             workers[worker_id] = adopted
             continue
         worker.step_id, worker.node = step.step_id, step.node
+        worker.nodes = step.nodes or worker.nodes
 
 
 def _handle_vanished(workers: dict[str, Worker], by_id: dict[str, ObservedStep], cfg: ReconcileConfig,
@@ -156,7 +160,7 @@ def _handle_vanished(workers: dict[str, Worker], by_id: dict[str, ObservedStep],
                 else "step ended unexpectedly")
             transition(worker, S.FAILED, now_s, reason)
             worker.crash_count += 1
-            plan.crashes.append(Crashed(worker.worker_id, worker.node, worker.gpus, reason))
+            plan.crashes.append(Crashed(worker.worker_id, worker.node, worker.gpus, reason, worker.gpu_keys))
             worker.backoff_until_s = now_s + backoff_s(worker.crash_count, cfg)
             transition(worker, S.BACKOFF, now_s, f"crash-loop backoff {backoff_s(worker.crash_count, cfg):g} s")
         worker.step_id, worker.kill_sent_s, worker.failure_reason, worker.exit_code = "", 0.0, "", None
@@ -176,7 +180,7 @@ def _enforce_heartbeats_and_timeouts(workers: dict[str, Worker], cfg: ReconcileC
         elif worker.state is S.DRAINING and now_s - worker.drain_started_s >= cfg.drain_timeout_s:
             if not worker.kill_sent_s or now_s - worker.kill_sent_s >= cfg.kill_resend_s:
                 _kill(worker, f"drain timeout {cfg.drain_timeout_s:g} s reached", now_s, plan)
-        elif (worker.placeholder and not any((worker.node, g) in cordoned for g in worker.gpus)
+        elif (worker.placeholder and not worker.cordoned_gpus(cordoned)
               and (not worker.kill_sent_s or now_s - worker.kill_sent_s >= cfg.kill_resend_s)):
             _kill(worker, "GPU uncordoned: releasing placeholder", now_s, plan)
 
@@ -189,8 +193,7 @@ def _kill(worker: Worker, reason: str, now_s: float, plan: Plan) -> None:
 def _scale(workers: dict[str, Worker], desired: int, allowed_slots: int, exclude_nodes: tuple[str, ...],
            cfg: ReconcileConfig, cordoned: frozenset[tuple[str, int]], now_s: float, plan: Plan) -> None:
     capacity = [w for w in workers.values() if w.counts_as_capacity]
-    holding = [w for w in workers.values() if w.has_step and not w.placeholder
-               and not any((w.node, g) in cordoned for g in w.gpus)]
+    holding = [w for w in workers.values() if w.has_step and not w.placeholder and not w.cordoned_gpus(cordoned)]
     free_slots = max(0, allowed_slots - len(holding))
     if len(capacity) > desired:
         drainable = [w for w in capacity if w.state is not S.DRAINING]
@@ -223,7 +226,7 @@ def _launch(worker: Worker, exclude_nodes: tuple[str, ...], now_s: float, reason
         transition(worker, S.STARTING, now_s, reason)
     worker.launched_at_s = now_s
     worker.last_heartbeat_s = now_s
-    worker.step_id, worker.node, worker.gpus = "", "", ()
+    worker.step_id, worker.node, worker.gpus, worker.nodes, worker.node_gpus = "", "", (), (), {}
     worker.liveness_failures = 0
     worker.launches += 1
     plan.actions.append(Launch(worker.worker_id, exclude_nodes))

@@ -27,12 +27,13 @@ def admit(worker: Worker, cordoned: Collection[tuple[str, int]], ready: bool, no
     """A STARTING worker that registered (and is ready, or landed on a cordoned GPU) turns ACTIVE;
     on a cordoned GPU it is a placeholder: it holds the GPU so Slurm cannot hand it out, and never
     counts as a worker (the target launches one in its place)."""
-    hit = [g for g in worker.gpus if (worker.node, g) in cordoned]
+    hit = worker.cordoned_gpus(cordoned)
     if worker.state is not WorkerState.STARTING or not (hit or ready):
         return
     worker.placeholder = bool(hit)
-    where = f"{worker.node} GPU {list(worker.gpus)}"
-    reason = (f"landed on cordoned GPU {worker.node}:{hit[0]}: holding it as a placeholder" if hit
+    where = f"{worker.node} GPU {list(worker.gpus)}" + (
+        f" (+ {', '.join(worker.all_nodes[1:])})" if len(worker.all_nodes) > 1 else "")
+    reason = (f"landed on cordoned GPU {hit[0][0]}:{hit[0][1]}: holding it as a placeholder" if hit
               else f"ready at {worker.endpoint} on {where}" if worker.endpoint
               else f"registered on {where}")
     transition(worker, WorkerState.ACTIVE, now_s, reason)

@@ -39,7 +39,8 @@ AGENT_RELAUNCH_S = 30.0
 @dataclass(frozen=True)
 class TickConfig:
     reconcile: ReconcileConfig
-    gpus_per_worker: int = 1
+    gpus_per_worker: int = 1  # in all, over all its nodes
+    nodes_per_worker: int = 1  # a worker's step spans this many nodes (gpus_per_worker / it on each)
     is_server: bool = False  # inference servers: out of discovery first, the drain signal later
     server_drain_grace_s: float = SERVER_DRAIN_GRACE_S
     agents: bool = False  # one health agent step per node
@@ -127,7 +128,8 @@ def tick(obs: Observation, state: ControlState, cfg: TickConfig, allocations: tu
             _seed_target(state, len(obs.steps), result)
     unknown = (state.cordons.unknown_nodes(now_s, nodes=[n for a in allocations for n in a.gpus_by_node])
                if cfg.agents else set())
-    result.slots = placement(allocations, cfg.gpus_per_worker, cordoned, unknown, state.foreign_gpus)
+    result.slots = placement(allocations, cfg.gpus_per_worker, cordoned, unknown, state.foreign_gpus,
+                             cfg.nodes_per_worker)
     allowed = sum(s.slots for s in result.slots)
     result.desired = desired_workers(state, obs, allowed, cfg, now_s)
     exclude = result.slots[0].exclude_nodes if result.slots else ()
@@ -136,8 +138,8 @@ def tick(obs: Observation, state: ControlState, cfg: TickConfig, allocations: tu
     state.next_number = plan.next_number
     for crash in plan.crashes:
         result.events.append(crash)
-        for gpu in crash.gpus:  # repeated crashes on a GPU cordon it
-            result.events.extend(state.cordons.record_crash(crash.node, gpu, now_s))
+        for node, gpu in crash.gpu_keys or [(crash.node, g) for g in crash.gpus]:  # repeated crashes cordon a GPU
+            result.events.extend(state.cordons.record_crash(node, gpu, now_s))
     launches = [a for a in plan.actions if isinstance(a, Launch)]
     result.actions.extend(_place(launches, state, result.slots, cordoned))
     result.actions.extend(a for a in plan.actions if isinstance(a, Cancel))
@@ -212,10 +214,10 @@ def _drain_unhealthy(state: ControlState, now_s: float) -> list[Worker]:
     targets = state.cordons.drain_targets()
     drained = []
     for worker in state.workers.values():
-        hit = [g for g in worker.gpus if (worker.node, g) in targets]
+        hit = worker.cordoned_gpus(targets)
         if hit and worker.state in (S.ACTIVE, S.STARTING) and not worker.placeholder:
-            entry = state.cordons.cordoned().get((worker.node, hit[0]))
-            begin_drain(worker, now_s, f"GPU {worker.node}:{hit[0]} unhealthy: {entry.reason if entry else 'cordoned'}")
+            entry = state.cordons.cordoned().get(hit[0])
+            begin_drain(worker, now_s, f"GPU {hit[0][0]}:{hit[0][1]} unhealthy: {entry.reason if entry else 'cordoned'}")
             drained.append(worker)
     return drained
 
@@ -237,8 +239,7 @@ def _place(launches: list[Launch], state: ControlState, slots: tuple[Slots, ...]
     launching = {a.worker_id for a in launches}
     free = {s.job_id: s.slots for s in slots}
     for w in state.workers.values():
-        if (w.has_step and not w.placeholder and w.worker_id not in launching
-                and not any((w.node, g) in cordoned for g in w.gpus)):
+        if w.has_step and not w.placeholder and w.worker_id not in launching and not w.cordoned_gpus(cordoned):
             job = w.job_id or slots[0].job_id
             free[job] = free.get(job, 0) - 1
     placed = []

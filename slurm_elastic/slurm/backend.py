@@ -21,8 +21,10 @@ class StepSpec:
     name: str
     argv: tuple[str, ...]
     output_path: Path
-    gpus: int = 1
-    cpus: int = 1
+    gpus: int = 1  # per node
+    cpus: int = 1  # per task
+    nodes: int = 1
+    tasks_per_node: int = 1
     mem_mb: int = 0  # 0: no explicit --mem (the partition's default per CPU applies)
     nodelist: tuple[str, ...] = ()
     exclude: tuple[str, ...] = ()
@@ -37,14 +39,16 @@ def build_srun_argv(spec: StepSpec) -> list[str]:
         "srun",
         f"--jobid={spec.job_id}",
         f"--job-name={spec.name}",
-        "--nodes=1",
-        "--ntasks=1",
+        f"--nodes={spec.nodes}",
+        f"--ntasks={spec.nodes * spec.tasks_per_node}",
         f"--cpus-per-task={spec.cpus}",
         "--overlap" if spec.overlap else "--exact",
         "--input=none",
         f"--output={spec.output_path}",
         "--kill-on-bad-exit=1",
     ]
+    if spec.nodes > 1 or spec.tasks_per_node > 1:
+        argv.append(f"--ntasks-per-node={spec.tasks_per_node}")
     if spec.gpus:
         argv.append(f"--gres=gpu:{spec.gpus}")
     if spec.mem_mb:

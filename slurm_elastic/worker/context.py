@@ -40,6 +40,7 @@ class StepContext:
     liveness_interval_s: float = LIVENESS_INTERVAL_S
     liveness_timeout_s: float = LIVENESS_TIMEOUT_S
     liveness_failure_threshold: int = 0  # 0: no liveness probes
+    rank: int = 0  # the task's rank in its step (SLURM_PROCID); only rank 0 registers as the worker
 
     @property
     def drain_signum(self) -> signal.Signals:
@@ -77,11 +78,15 @@ class StepContext:
             liveness_interval_s=float(env.get("SLURM_ELASTIC_LIVENESS_INTERVAL_S", LIVENESS_INTERVAL_S)),
             liveness_timeout_s=float(env.get("SLURM_ELASTIC_LIVENESS_TIMEOUT_S", LIVENESS_TIMEOUT_S)),
             liveness_failure_threshold=int(env.get("SLURM_ELASTIC_LIVENESS_FAILURE_THRESHOLD", "0")),
+            rank=int(env.get("SLURM_PROCID", "0") or 0),
         )
 
     def registration(self) -> dict[str, object]:
-        return {"node": self.node, "gpus": list(self.gpus), "step_id": self.step_id, "pid": os.getpid(),
-                "ready": self.kind != "server"}
+        info: dict[str, object] = {"node": self.node, "gpus": list(self.gpus), "step_id": self.step_id,
+                                   "pid": os.getpid(), "ready": self.kind != "server"}
+        if self.rank:
+            info["rank"] = self.rank
+        return info
 
 
 def node_address() -> str:

@@ -6,6 +6,11 @@ heart-beats for it, and makes sure CMD learns about a drain: ``scancel --signal`
 the step's task process (this wrapper), so the wrapper forwards the drain signal to CMD, once,
 whether it came as a signal or as the controller's answer to a heartbeat (a lost signal). When
 CMD exits, the wrapper reports the exit code and exits with it.
+
+In a multi-node step every task runs this wrapper; only task 0 (``SLURM_PROCID`` 0) is the worker
+(registration, heartbeats, readiness, the endpoint). The others report their node and GPUs once
+(:func:`run_secondary`), run CMD beside it, forward the drain signal (``scancel --signal`` reaches
+every task of the step) and exit with CMD's code.
 """
 
 from __future__ import annotations
@@ -95,6 +100,8 @@ def run_wrapped(
 ) -> int:
     """Register, then run ``command`` (or hold as a placeholder) until it exits; returns its exit code."""
     flags = flags or Flags()
+    if ctx.rank > 0:
+        return run_secondary(command, ctx, register, flags, register_timeout_s)
     port = free_port()
     info = {**ctx.registration(), "endpoint": ""}
     answer = register_with_retry(register, info, time.monotonic() + register_timeout_s, flags)
@@ -175,6 +182,33 @@ def _supervise(child: subprocess.Popen[bytes], ctx: StepContext, register: Call,
         elif liveness is not None:
             sleep_s = min(sleep_s, LIVENESS_POLL_S)
         wakeup.wait(sleep_s)
+
+
+def run_secondary(command: list[str], ctx: StepContext, register: Call, flags: Flags,
+                  register_timeout_s: float = 300.0) -> int:
+    """A task above rank 0 of a multi-node step: report where it is, run CMD, forward a drain or
+    a SIGTERM to it, exit with its code (no heartbeats: rank 0 speaks for the step)."""
+    answer = register_with_retry(register, ctx.registration(), time.monotonic() + register_timeout_s, flags)
+    if answer.get("action") in ("hold", "drain"):  # a placeholder's other nodes only hold their GPUs
+        while not flags.terminate.is_set() and not flags.drain.is_set():
+            flags.terminate.wait(0.2)
+        return 0
+    argv, env, _ = launch_with_weights(command, answer.get("weights"), free_port(), {})
+    try:
+        child = subprocess.Popen(argv, env=env)
+    except OSError as exc:
+        log.error("cannot start worker command %s: %s", argv[0], exc)
+        return 127
+    forwarded = False
+    while (code := child.poll()) is None:
+        if flags.terminate.is_set():
+            child.send_signal(signal.SIGTERM)
+            flags.terminate.clear()
+        if flags.drain.is_set() and not forwarded:
+            child.send_signal(ctx.drain_signum)
+            forwarded = True
+        time.sleep(0.05)
+    return code
 
 
 def launch_with_weights(command: list[str], weights: dict[str, Any] | None, port: int,

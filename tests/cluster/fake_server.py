@@ -18,6 +18,8 @@ port = int(sys.argv[1])
 worker_id = os.environ.get("SLURM_ELASTIC_WORKER_ID", "?")
 gen_s = float(os.environ.get("GEN_S", "0.2"))
 log_path = os.environ.get("FAKE_WORKER_LOG", "/dev/null")
+rank = int(os.environ.get("SLURM_PROCID", "0"))  # a multi-node step runs one per node
+node = os.environ.get("SLURMD_NODENAME", "")
 lock = threading.Lock()
 in_flight = 0
 draining = threading.Event()
@@ -26,7 +28,8 @@ hung = threading.Event()
 
 def event(kind: str, **extra: object) -> None:
     with lock, open(log_path, "a") as f:
-        f.write(json.dumps({"worker": worker_id, "event": kind, "t": time.time(), **extra}) + "\n")
+        f.write(json.dumps({"worker": worker_id, "event": kind, "t": time.time(), "rank": rank, "node": node,
+                            **extra}) + "\n")
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -63,7 +66,7 @@ server = ThreadingHTTPServer(("0.0.0.0", port), Handler)
 signal.signal(signal.SIGUSR1, lambda *_: draining.set())
 signal.signal(signal.SIGUSR2, lambda *_: hung.set())
 threading.Thread(target=server.serve_forever, daemon=True).start()
-event("start", port=port, pid=os.getpid())
+event("start", port=port, pid=os.getpid(), gpus=os.environ.get("SLURM_STEP_GPUS", ""))
 hung_logged = False
 while True:
     time.sleep(0.05)
