@@ -9,12 +9,12 @@ import click
 
 from slurm_elastic import __version__
 from slurm_elastic.commands import COMMANDS, load_command
-from slurm_elastic.errors import SlurmElasticError
+from slurm_elastic.errors import EXIT_CONFIG, ConfigError, SlurmElasticError
 
 
 class _Group(click.Group):
     """Loads each sub-command when it is used (see ``slurm_elastic.commands``) and turns our own
-    errors into a one-line message and exit code 1, not a traceback."""
+    errors into a one-line message and exit code 1 (78 for a configuration error), not a traceback."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(COMMANDS)
@@ -27,7 +27,7 @@ class _Group(click.Group):
             return super().invoke(ctx)
         except SlurmElasticError as exc:
             click.echo(f"slurm-elastic: error: {exc}", err=True)
-            sys.exit(1)
+            sys.exit(EXIT_CONFIG if isinstance(exc, ConfigError) else 1)
 
 
 @click.group(cls=_Group)

@@ -6,6 +6,8 @@ boundary, so callers catch one small documented family.
 
 from __future__ import annotations
 
+EXIT_CONFIG = 78  # sysexits' EX_CONFIG: a configuration error; the batch script does not restart the controller
+
 
 class SlurmElasticError(Exception):
     """Base of every error slurm-elastic raises on purpose."""

@@ -29,6 +29,7 @@ import httpx
 import psutil
 
 from slurm_elastic.devcluster.cluster import DevCluster, DevClusterSpec
+from slurm_elastic.errors import EXIT_CONFIG
 from slurm_elastic.slurm.cli_backend import SlurmCli
 from tests.cluster.controller_harness import (
     ControllerJob,
@@ -357,23 +358,23 @@ def config_probes(rig: Rig, tmp: Path) -> Iterator[Probe]:
     result = cli("controller", "--config", str(bad), env={"SLURM_JOB_ID": str(rig.job.job_id)})
     yield Probe("config", "controller with `max_workers = \"lots\"`, `heartbeat_grace_s = \"soon\"`",
                 f"exit {result.returncode}: {error_line(result)}", "refused before touching Slurm or the state dir",
-                result.returncode == 1 and "heartbeat_grace_s" in result.stderr)
+                result.returncode == EXIT_CONFIG and "heartbeat_grace_s" in result.stderr)
     bad.write_text('[autoscaler]\nmax_workers = "lots"\n')
     result = cli("controller", "--config", str(bad), env={"SLURM_JOB_ID": str(rig.job.job_id)})
     yield Probe("config", "controller with `[autoscaler] max_workers = \"lots\"`",
                 f"exit {result.returncode}: {error_line(result)}", "refused before touching Slurm or the state dir",
-                result.returncode == 1 and "autoscaler.max_workers" in result.stderr)
+                result.returncode == EXIT_CONFIG and "autoscaler.max_workers" in result.stderr)
     bad.write_text("[workers\ncommand = ")
     result = cli("controller", "--config", str(bad), env={"SLURM_JOB_ID": str(rig.job.job_id)})
     yield Probe("config", "controller with a file that is not TOML", f"exit {result.returncode}: {error_line(result)}",
-                "refused before touching Slurm", result.returncode == 1 and "not valid TOML" in result.stderr)
+                "refused before touching Slurm", result.returncode == EXIT_CONFIG and "not valid TOML" in result.stderr)
     good = rig.job.tmp / "elastic.toml"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_JOB")}
     outside = subprocess.run([sys.executable, "-m", "slurm_elastic", "controller", "--config", str(good)],
                              capture_output=True, text=True, timeout=60, env=env)
     yield Probe("config", "controller started outside an allocation (no SLURM_JOB_ID)",
                 f"exit {outside.returncode}: {error_line(outside)}", "nothing started",
-                outside.returncode == 1 and "SLURM_JOB_ID" in outside.stderr)
+                outside.returncode == EXIT_CONFIG and "SLURM_JOB_ID" in outside.stderr)
     result = cli("controller", "--config", str(good), env={"SLURM_JOB_ID": "999999"})
     yield Probe("config", "controller for a job Slurm does not know (SLURM_JOB_ID=999999)",
                 f"exit {result.returncode}: {error_line(result)}", "nothing started",
@@ -382,12 +383,12 @@ def config_probes(rig: Rig, tmp: Path) -> Iterator[Probe]:
     result = cli("controller", "--config", str(bad), env={"SLURM_JOB_ID": str(rig.job.job_id)})
     yield Probe("config", "controller with `[queue] capacity_seqs = 4` below `batch_size = 8`",
                 f"exit {result.returncode}: {error_line(result)}", "refused before touching Slurm or the state dir",
-                result.returncode == 1 and "capacity_seqs" in result.stderr and "batch_size" in result.stderr)
+                result.returncode == EXIT_CONFIG and "capacity_seqs" in result.stderr and "batch_size" in result.stderr)
     bad.write_text("[workers]\ngpus_per_worker = 6\n")  # the job's nodes have 4 GPUs each
     result = cli("controller", "--config", str(bad), env={"SLURM_JOB_ID": str(rig.job.job_id)})
     yield Probe("config", "controller with `gpus_per_worker = 6` in a job of 4-GPU nodes",
                 f"exit {result.returncode}: {error_line(result)}", "refused before the state dir is opened",
-                result.returncode == 1 and "gpus_per_worker = 6" in result.stderr and "4 GPUs" in result.stderr)
+                result.returncode == EXIT_CONFIG and "gpus_per_worker = 6" in result.stderr and "4 GPUs" in result.stderr)
 
 
 def state_probes(rig: Rig) -> Iterator[Probe]:

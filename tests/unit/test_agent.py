@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from slurm_elastic.cli import main
 from slurm_elastic.client.wire import AgentReportBody
 from slurm_elastic.core.cordons import CordonBook
+from slurm_elastic.errors import EXIT_CONFIG
 from slurm_elastic.gpu.agent import Agent, AutoSource, ReportPoster, build_report, make_source
 from slurm_elastic.gpu.injection import InjectionSource
 from slurm_elastic.gpu.nvml import NvmlSource
@@ -201,7 +202,7 @@ def test_cli_print_and_once(server: ThreadingHTTPServer, token_file: Path, tmp_p
     )
     assert res.exit_code == 1
     res = runner.invoke(main, [*args, "--token-file", str(token_file)])
-    assert res.exit_code == 1 and "--controller-url" in res.output
+    assert res.exit_code == EXIT_CONFIG and "--controller-url" in res.output
 
 
 def test_the_controller_route_takes_the_agents_report_and_refuses_a_bad_one_naming_the_field(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -40,3 +41,27 @@ def test_shell_quoting_of_arguments() -> None:
     config = parse_config({"job": {"trainer_command": ["python", "t.py", "--name", "a b; rm -rf /"]}})
     assert "python t.py --name 'a b; rm -rf /'" in render_sbatch(config, "my config.toml")
     assert "CONFIG='my config.toml'" in render_sbatch(config, "my config.toml")
+
+
+def test_a_configuration_error_ends_the_job_instead_of_restarting_the_controller(tmp_path: Path) -> None:
+    """The rendered script with stand-ins for slurm-elastic and srun: a controller that exits 78
+    (a configuration error) is started once and the script ends before the trainer step."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls"
+    (bin_dir / "slurm-elastic").write_text(
+        f'#!/bin/bash\necho "$1" >> {calls}\n'
+        'case "$1" in controller) echo "slurm-elastic: error: bad key" >&2; exit 78 ;;\n'
+        '  wait-ready) exec sleep 5 </dev/null >/dev/null 2>&1 ;; esac\n')
+    (bin_dir / "srun").write_text(f'#!/bin/bash\necho srun >> {calls}\n')
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    script = tmp_path / "job.sbatch"
+    script.write_text(render_sbatch(load_config(DATA / "minimal.toml"), "minimal.toml"))
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "7", "TMPDIR": str(tmp_path)}
+    result = subprocess.run(["bash", str(script)], env=env, cwd=tmp_path, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode != 0
+    assert "configuration is refused" in result.stderr
+    assert calls.read_text().split() == ["controller", "wait-ready"] or calls.read_text().split() == [
+        "wait-ready", "controller"]

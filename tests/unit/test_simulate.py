@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from slurm_elastic.cli import main
 from slurm_elastic.core.scaling import Decision, PressureInputs
-from slurm_elastic.errors import ConfigError
+from slurm_elastic.errors import EXIT_CONFIG, ConfigError
 from slurm_elastic.sim.engine import Simulation, simulate
 from slurm_elastic.sim.output import load_trace
 from slurm_elastic.sim.policies import POLICIES, DeoPolicy, ThresholdPolicy
@@ -160,7 +160,7 @@ def test_cli_reports_a_bad_trace_in_one_line(tmp_path: Path) -> None:
     trace = tmp_path / "bad.toml"
     trace.write_text("[queue]\nbatch_size = 0\n")
     result = CliRunner().invoke(main, ["simulate", str(trace), "--out", str(tmp_path), "--no-plot"])
-    assert result.exit_code == 1 and "queue.batch_size: must be > 0" in result.output
+    assert result.exit_code == EXIT_CONFIG and "queue.batch_size: must be > 0" in result.output
 
 
 def test_start_up_ramp_feeds_the_trainer_sooner_than_one_worker_at_a_time() -> None:
