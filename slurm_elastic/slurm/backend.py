@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Literal, Protocol
 
 from slurm_elastic.errors import SlurmError
-from slurm_elastic.slurm.parse import JobInfo, StepInfo
+from slurm_elastic.slurm.parse import JobInfo, QueuedJob, StepInfo
 
 
 @dataclass(frozen=True)
@@ -84,6 +84,21 @@ class SlurmBackend(Protocol):
 
     def cancel_step(self, job_id: int, step_id: str) -> None:
         """Cancel a step (SIGTERM, then SIGKILL after Slurm's KillWait); an ended step is no error."""
+        ...
+
+    def submit_batch(self, script: Path) -> int:
+        """Submit a batch script (its options in ``#SBATCH`` lines); returns the new job's id.
+        Raises SlurmCommandError with sbatch's message if Slurm refuses it."""
+        ...
+
+    def list_jobs_named(self, name: str, user: str | None = None) -> list[QueuedJob]:
+        """The jobs of ``user`` (None: this user) named ``name`` that Slurm still lists (pending,
+        running, completing), with state, nodes, GPUs per node, pending reason and (expected) start.
+        One call."""
+        ...
+
+    def cancel_job(self, job_id: int) -> None:
+        """Cancel a whole job, pending or running; an ended or unknown job is no error."""
         ...
 
 

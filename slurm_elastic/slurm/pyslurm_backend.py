@@ -13,7 +13,8 @@ What pyslurm cannot do, and what we do instead:
   ``squeue --steps`` call, so the trainer's GPUs are always counted.
 - a step that was not loaded drops ``send_signal`` silently: steps are always loaded first.
 - a step whose TRES has ``mem=0`` makes ``JobStep.tres`` raise TypeError: read as "no GPUs seen".
-- launching a step: always ``srun`` (pyslurm has no step launch).
+- launching a step: always ``srun`` (pyslurm has no step launch); burst jobs: ``sbatch``,
+  ``squeue`` and ``scancel`` (a rendered script's ``#SBATCH`` lines are not pyslurm's to read).
 
 The conversions from pyslurm's values to our types are pure functions, tested on recorded values.
 """
@@ -39,7 +40,7 @@ from slurm_elastic.slurm.backend import (
     parse_slurm_version,
 )
 from slurm_elastic.slurm.cli_backend import SlurmCli
-from slurm_elastic.slurm.parse import JobInfo, StepInfo, expand_hostlist
+from slurm_elastic.slurm.parse import JobInfo, QueuedJob, StepInfo, expand_hostlist
 from slurm_elastic.slurm.runner import run_command
 
 log = logging.getLogger(__name__)
@@ -220,6 +221,17 @@ class PySlurm:
         step = self._load_step(job_id, step_id)
         if step is not None:
             step.cancel()
+
+    # Burst jobs go through the CLI: they are rendered batch scripts whose options are #SBATCH
+    # lines, which pyslurm's JobSubmitDescription does not read.
+    def submit_batch(self, script: Path) -> int:
+        return self._cli.submit_batch(script)
+
+    def list_jobs_named(self, name: str, user: str | None = None) -> list[QueuedJob]:
+        return self._cli.list_jobs_named(name, user)
+
+    def cancel_job(self, job_id: int) -> None:
+        self._cli.cancel_job(job_id)
 
     def _load_step(self, job_id: int, step_id: str) -> Any:
         """The loaded step, or None when it no longer exists (it ended: nothing to signal)."""

@@ -32,6 +32,7 @@ class StepContext:
     liveness_interval_s: float = 5.0
     liveness_timeout_s: float = 5.0
     liveness_failure_threshold: int = 0  # 0: no liveness probes
+    term_drains: bool = False  # a step of a burst job: its first SIGTERM (preemption) is a drain
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> StepContext:
@@ -65,6 +66,7 @@ class StepContext:
             liveness_interval_s=float(env.get("SLURM_ELASTIC_LIVENESS_INTERVAL_S", "5")),
             liveness_timeout_s=float(env.get("SLURM_ELASTIC_LIVENESS_TIMEOUT_S", "5")),
             liveness_failure_threshold=int(env.get("SLURM_ELASTIC_LIVENESS_FAILURE_THRESHOLD", "0")),
+            term_drains=env.get("SLURM_ELASTIC_TERM_DRAINS", "") == "1",
         )
 
     def registration(self) -> dict[str, object]:
