@@ -23,9 +23,11 @@ from slurm_elastic.core.burst import (
     burst_job_comment,
     burst_job_name,
     burst_phase,
+    parent_of_comment,
 )
 from slurm_elastic.render import render_burst_script
 from slurm_elastic.slurm.backend import SlurmBackend
+from slurm_elastic.slurm.cli_backend import set_job_comment
 from slurm_elastic.slurm.parse import QueuedJob
 
 log = logging.getLogger(__name__)
@@ -83,12 +85,19 @@ class BurstJobs:
 
     def listed(self) -> list[QueuedJob]:
         """This parent's burst jobs Slurm still lists (name and comment both match). One squeue call."""
-        comment = burst_job_comment(self.parent_job_id)
-        return [j for j in self.backend.list_jobs_named(self.name) if j.comment == comment]
+        return [j for j in self.backend.list_jobs_named(self.name) if parent_of_comment(j.comment) == self.parent_job_id]
 
     def cancel(self, job_id: int) -> None:
         log.info("cancelling burst job %d of job %d", job_id, self.parent_job_id)
         self.backend.cancel_job(job_id)
+
+    def mark_released(self, job_id: int, released: bool) -> None:
+        """Record in the job's comment that it is being emptied (or is needed again)."""
+        set_job_comment(job_id, burst_job_comment(self.parent_job_id, released))
+
+    def gpus_by_node(self, job_id: int) -> dict[str, tuple[int, ...]]:
+        """The GPU indexes a running burst job holds on each node."""
+        return dict(self.backend.job_info(job_id).gpus_by_node)
 
 
 def core_jobs(listed: list[QueuedJob], slots_per_job: int, workers_by_job: Mapping[int, int],

@@ -33,17 +33,25 @@ def burst_job_name(parent_job_id: int) -> str:
     return f"{BURST_NAME_PREFIX}{int(parent_job_id)}"
 
 
-def burst_job_comment(parent_job_id: int) -> str:
-    """The Slurm comment of ``parent_job_id``'s burst jobs (how they are told apart from look-alikes)."""
-    return f"{BURST_COMMENT_PREFIX}{int(parent_job_id)}"
+RELEASED_MARK = " released"
+
+
+def burst_job_comment(parent_job_id: int, released: bool = False) -> str:
+    """The Slurm comment of ``parent_job_id``'s burst jobs (how they are told apart from look-alikes);
+    a job being emptied says so (the mark lives in Slurm, so a restarted controller knows it)."""
+    return f"{BURST_COMMENT_PREFIX}{int(parent_job_id)}{RELEASED_MARK if released else ''}"
 
 
 def parent_of_comment(comment: str) -> int | None:
     """The parent job id a burst job's comment names, or None for any other comment."""
     if not comment.startswith(BURST_COMMENT_PREFIX):
         return None
-    rest = comment.removeprefix(BURST_COMMENT_PREFIX).strip()
+    rest = comment.removeprefix(BURST_COMMENT_PREFIX).removesuffix(RELEASED_MARK).strip()
     return int(rest) if rest.isdigit() else None
+
+
+def is_released_comment(comment: str) -> bool:
+    return parent_of_comment(comment) is not None and comment.endswith(RELEASED_MARK)
 
 
 def burst_phase(slurm_state: str) -> BurstPhase:

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from slurm_elastic.controller.burst_jobs import BurstJobs
+from slurm_elastic.controller.burst_jobs import BurstJobs, burst_policy
+from slurm_elastic.controller.burst_manager import BurstManager
 from slurm_elastic.controller.config import parse_config
 from slurm_elastic.devcluster.cluster import DevCluster
 from slurm_elastic.slurm.cli_backend import SlurmCli
@@ -81,3 +82,39 @@ def test_a_burst_job_ends_itself_when_the_controller_does_not_answer(devcluster:
     finally:
         jobs.cancel(burst)
     jobs.cancel(burst)  # an ended job: no error
+
+
+def test_the_manager_submits_releases_through_slurm_is_adopted_after_a_restart_and_stops(
+        devcluster: DevCluster, slurm: SlurmCli, tmp_path: Path) -> None:
+    config = parse_config({"burst": {"max_jobs": 2, "gpus_per_job": 2, "submit_cooldown_s": 0,
+                                     "partition": devcluster.spec.preempt_partition,
+                                     "controller_unreachable_grace_s": 600}})
+
+    def manager() -> BurstManager:
+        made = BurstManager(BurstJobs(slurm, config, 888888, tmp_path / "state"), burst_policy(config), 1)
+        made.observe()
+        return made
+    first = manager()
+    try:
+        assert first.step(target_workers=7, allocation_slots=4, workers_by_job={}, draining_by_job={}, now_s=0).submit == 2
+        wait_for(lambda: [j.state for j in manager().listed] == ["RUNNING", "RUNNING"], 30, "both burst jobs to run")
+        restarted = manager()  # a new controller: adopts both, submits nothing
+        assert restarted.step(target_workers=7, allocation_slots=4, workers_by_job={}, draining_by_job={},
+                              now_s=1).submit == 0
+        gpus = restarted.running_gpus()
+        assert sorted(gpus) == sorted(j.job_id for j in restarted.listed)
+        assert all(sum(len(g) for g in by_node.values()) == 2 for by_node in gpus.values())
+        a, b = sorted(gpus)
+        decision = restarted.step(target_workers=6, allocation_slots=4, workers_by_job={a: 2, b: 1},
+                                  draining_by_job={}, now_s=2)
+        assert decision.release == (b,) and decision.cancel == ()
+        again = manager()  # the mark is in Slurm: another restart knows b is being emptied
+        assert again.releasing == {b}
+        assert [r["state"] for r in again.status_rows({a: 2})] == ["RUNNING", "RELEASING"]
+        assert again.step(target_workers=6, allocation_slots=4, workers_by_job={a: 2}, draining_by_job={},
+                          now_s=3).cancel == (b,)
+        wait_for(lambda: gone(b), 30, f"burst job {b} to end")
+        assert manager().stop() == [a]
+        wait_for(lambda: gone(a), 30, f"burst job {a} to end")
+    finally:
+        manager().stop()

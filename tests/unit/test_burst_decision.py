@@ -15,6 +15,7 @@ from slurm_elastic.core.burst import (
     burst_job_name,
     burst_phase,
     decide_burst,
+    is_released_comment,
     lost_jobs,
     parent_of_comment,
 )
@@ -110,6 +111,8 @@ def test_names_and_comments_tie_a_burst_job_to_its_parent() -> None:
     assert parent_of_comment(burst_job_comment(42)) == 42
     assert parent_of_comment("slurm-elastic:/some/state/dir") is None
     assert parent_of_comment("slurm-elastic burst parent=4x") is None
+    assert parent_of_comment(burst_job_comment(42, released=True)) == 42
+    assert is_released_comment(burst_job_comment(42, released=True)) and not is_released_comment(burst_job_comment(42))
     assert [burst_phase(s) for s in ("PENDING", "RUNNING", "COMPLETING", "PREEMPTED", "TIMEOUT")] == [
         "PENDING", "RUNNING", "ENDED", "ENDED", "ENDED"]
 

@@ -171,3 +171,20 @@ def test_the_epilog_cancels_burst_jobs_only_for_a_slurm_elastic_job_and_on_its_f
     assert not owns_burst_jobs({**ours, "SLURMD_NODENAME": "node2"})
     assert not owns_burst_jobs({**ours, "SLURM_JOB_COMMENT": "", "SLURMD_NODENAME": "node1"})
     assert owns_burst_jobs({"SLURM_JOB_COMMENT": "slurm-elastic:/s", "SLURMD_NODENAME": "x"})  # no node list: every node
+
+
+def test_status_shows_burst_jobs_and_the_job_of_each_worker() -> None:
+    from slurm_elastic.status_view import render_status
+
+    status = {"controller": {
+        "workers": [{"worker_id": "0001", "job_id": 7, "step_id": "3", "node": "node1", "gpus": [0], "state": "ACTIVE"},
+                    {"worker_id": "0002", "job_id": 9, "step_id": "0", "node": "node2", "gpus": [1], "state": "ACTIVE"}],
+        "burst": {"gpu_s_held": 120.0, "gpu_s_used": 60.0, "submitted": 2, "lost": 1},
+        "burst_jobs": [{"job_id": 9, "state": "RUNNING", "nodes": ["node2"], "gpus": 2, "workers": 1, "pending_reason": ""},
+                       {"job_id": 10, "state": "PENDING", "nodes": [], "gpus": 2, "workers": 0,
+                        "pending_reason": "Resources"}]}}
+    text = render_status(7, status)
+    assert "WORKER  JOB  STEP" in text and "0002    9    0" in text
+    assert "burst jobs: 2  held 120 GPU-s, used 60  submitted 2  lost 1" in text
+    assert "10   PENDING  -      2     0        Resources" in text
+    assert "JOB" not in render_status(7, {"controller": {"workers": status["controller"]["workers"][:1]}})
