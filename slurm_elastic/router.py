@@ -12,7 +12,13 @@ the server with the fewest outstanding requests (or, with ``key``, to the same s
 stays routable), never to a draining or dead one, retries idempotent requests on another server
 when one dies or does not answer within ``request_timeout_s`` (a hung engine), ejects such a server
 for ``eject_s`` (doubling while it keeps failing, up to ``max_eject_s``), and reports its outstanding requests per server to the controller, which uses
-them to drain servers safely and to scale on load. A controller restart does not interrupt
+them to drain servers safely and to scale on load.
+
+Every answer says which published weights the server that gave it runs
+(``reply.extensions["weights_version"]``, None before any publish): submit the rollout with that
+as its ``policy_version``, so staleness counts from what the server actually ran. With
+``latest_weights_only=True`` the router sends only to servers at the latest published weights
+(while a publish is being pushed, servers still on the previous version get nothing). A controller restart does not interrupt
 routing: the last known set stays in use until the new controller answers.
 """
 
@@ -55,18 +61,20 @@ class Router:
     def __init__(self, controller_url: str, token: str, *, state_dir: Path | None = None,
                  client_id: str | None = None, report_interval_s: float = 0.5, poll_wait_s: float = 20.0,
                  request_timeout_s: float = 300.0, eject_s: float = EJECT_S,
-                 max_eject_s: float = MAX_EJECT_S) -> None:
+                 max_eject_s: float = MAX_EJECT_S, latest_weights_only: bool = False) -> None:
         self.token = token
         self.state_dir = state_dir
         self.client_id = client_id or f"{os.uname().nodename}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.report_interval_s = report_interval_s
         self.poll_wait_s = poll_wait_s
         self.eject_s, self.max_eject_s = eject_s, max_eject_s
+        self.latest_weights_only = latest_weights_only
         self._control = ControlClient(controller_url, token)
         self._http = httpx.Client(timeout=request_timeout_s)
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._endpoints: dict[str, str] = {}
+        self._weights: dict[str, int | None] = {}  # the published weights version each server runs
         self._version = -1
         self._outstanding: Counter[str] = Counter()
         self._sent_to: Counter[str] = Counter()
@@ -97,7 +105,7 @@ class Router:
         delay_s = 0.2
         while not self._stop.is_set():
             try:
-                view = self._control.endpoints(self._version, self.poll_wait_s)
+                view = self._control.endpoints(self._version, self.poll_wait_s, self.latest_weights_only)
                 delay_s = 0.2
             except (ControllerUnreachableError, SlurmElasticError, KeyError) as exc:
                 log.debug("discovery: %s (keeping %d known endpoints)", exc, len(self._endpoints))
@@ -109,6 +117,7 @@ class Router:
                 if view["version"] != self._version:
                     self._version = int(view["version"])
                     self._endpoints = {e["worker_id"]: str(e["url"]).rstrip("/") for e in view["endpoints"]}
+                    self._weights = {e["worker_id"]: e.get("weights_version") for e in view["endpoints"]}
                     self._dead_until = {w: t for w, t in self._dead_until.items() if w in self._endpoints}
                     self._failures_in_a_row = Counter({w: n for w, n in self._failures_in_a_row.items()
                                                        if w in self._endpoints})
@@ -161,10 +170,12 @@ class Router:
                 self._outstanding[worker] += 1
                 self._sent_to[worker] += 1
                 self.sent += 1
+                weights_version = self._weights.get(worker)  # as sent: the older one if it updates meanwhile
             try:
                 reply = self._http.request(method, url + path, **kwargs)
                 with self._lock:
                     self._failures_in_a_row.pop(worker, None)
+                reply.extensions = {**reply.extensions, "worker_id": worker, "weights_version": weights_version}
                 return reply
             except httpx.TransportError as exc:  # timeouts included
                 last_error = exc

@@ -54,6 +54,17 @@ def _since(since_s: Any, now_s: float) -> str:
         return "-"
 
 
+def _weights_cell(worker: dict[str, Any]) -> str:
+    """A server's weights version, the one it is being updated to, and failed updates in a row."""
+    version = worker.get("weights_version")
+    cell = "-" if version is None else str(version)
+    if worker.get("weights_updating_to") is not None:
+        cell += f" -> {worker['weights_updating_to']}"
+    if worker.get("weights_update_failures"):
+        cell += f" ({worker['weights_update_failures']} failed)"
+    return cell
+
+
 def render_status(job_id: int, status: dict[str, Any] | None, slurm_steps: list[dict[str, Any]] | None = None,
                   unreachable: str = "", now_s: float | None = None) -> str:
     """The status table. With ``status`` None (controller down) it shows what Slurm reports."""
@@ -82,21 +93,29 @@ def render_status(job_id: int, status: dict[str, Any] | None, slurm_steps: list[
             f"  delivered {queue.get('delivered_sequences', '?')}"
             + (f"  LOST {queue['lost_groups']} groups (damaged records)" if queue.get("lost_groups") else "")
         )
+    weights = ctl.get("weights")
+    if weights:
+        workers = [w for w in ctl.get("workers", []) if w.get("state") == "ACTIVE" and w.get("endpoint")]
+        at_latest = sum(1 for w in workers if w.get("weights_version") == weights.get("version"))
+        lines.append(f"weights: version {weights.get('version')} ({weights.get('ref')})  servers at it: "
+                     f"{at_latest}/{len(workers)}" + ("" if weights.get("enforced") else "  (no update hook)"))
     by_state = ctl.get("workers_by_state") or {}
     counts = "  ".join(f"{k.lower()} {v}" for k, v in by_state.items() if v)
     lines.append(f"workers: {counts or 'none'}")
     rows = []
     workers = ctl.get("workers", [])
     in_burst = any(w.get("job_id") not in (None, job_id) for w in workers)  # a JOB column only when it says something
+    show_weights = bool(weights) or any(w.get("weights_version") is not None for w in workers)
     for w in workers:
         gpus = ",".join(str(g) for g in w.get("gpus", [])) or "-"
         state = w.get("state", "?") + (" (placeholder)" if w.get("placeholder") else "")
         rows.append([str(w.get("worker_id", "")), *([str(w.get("job_id") or "-")] if in_burst else []),
                      str(w.get("step_id") or "-"), str(w.get("node") or "-"), gpus,
-                     state, _age(w.get("age_s")), str(w.get("rollouts", 0)), _age(w.get("last_heartbeat_age_s"))])
+                     state, _age(w.get("age_s")), str(w.get("rollouts", 0)), _age(w.get("last_heartbeat_age_s"))]
+                    + ([_weights_cell(w)] if show_weights else []))
     if rows:
         headers = ["WORKER", *(["JOB"] if in_burst else []), "STEP", "NODE", "GPU", "STATE", "AGE", "ROLLOUTS", "HEARTBEAT"]
-        lines += ["  " + r for r in _table(headers, rows)]
+        lines += ["  " + r for r in _table(headers + (["WEIGHTS"] if show_weights else []), rows)]
     lines += _burst_lines(ctl)
     cordons = ctl.get("cordoned_gpus") or []
     if cordons:

@@ -7,6 +7,7 @@
         update_policy(batch.groups)
         trainer.ack(batch)                       # only now are these rollouts "delivered"
         trainer.publish_version(step)            # frees staleness capacity for the workers
+        # server workers: trainer.publish_version(step, weights="/shared/ckpt/step-N") pushes them too
 
 After resuming from a checkpoint at version V, call ``publish_version(V, recovered=True)``: the
 staleness capacity is then one window less what is still buffered, not inflated by V. A plain
@@ -129,11 +130,14 @@ class Trainer:
         self._retry(lambda: self.client.ack_batch(batch.batch_id))
         self.acked.add(batch.batch_id)
 
-    def publish_version(self, version: int, recovered: bool = False) -> dict[str, Any]:
+    def publish_version(self, version: int, recovered: bool = False, weights: str | None = None) -> dict[str, Any]:
         """The new policy version (``recovered=True`` after resuming from a checkpoint at it);
-        answers the version and the staleness capacity. Raises ApiError (409) for a plain
-        publish lower than the current version or more than ``max_staleness + 1`` past it."""
-        result: dict[str, Any] = self._retry(lambda: self.client.set_version(version, recovered))
+        answers the version and the staleness capacity. ``weights``: where this version's weights
+        are (a path on the shared filesystem, or an engine-specific reference); the controller
+        keeps it and pushes it to every server worker (docs/servers.md). Raises ApiError (409) for
+        a plain publish lower than the current version or more than ``max_staleness + 1`` past
+        it, (422) for ``weights`` empty, over 4096 characters or with control characters."""
+        result: dict[str, Any] = self._retry(lambda: self.client.set_version(version, recovered, weights))
         return result
 
     def status(self) -> dict[str, Any]:

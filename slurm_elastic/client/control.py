@@ -65,9 +65,11 @@ class ControlClient:
         return self._call("POST", f"/workers/{worker_id}/heartbeat", info)
 
     # servers
-    def endpoints(self, version: int = -1, wait_s: float = 0.0) -> dict[str, Any]:
-        """Routable servers; with ``version`` and ``wait_s``, a long-poll for a change."""
-        return self._call("GET", f"/endpoints?version={int(version)}&wait_s={float(wait_s)}",
+    def endpoints(self, version: int = -1, wait_s: float = 0.0, latest_weights_only: bool = False) -> dict[str, Any]:
+        """Routable servers; with ``version`` and ``wait_s``, a long-poll for a change;
+        ``latest_weights_only``: only servers at the latest published weights."""
+        weights = "&weights=latest" if latest_weights_only else ""
+        return self._call("GET", f"/endpoints?version={int(version)}&wait_s={float(wait_s)}{weights}",
                           timeout_s=float(wait_s) + 10.0)
 
     def report_load(self, client_id: str, outstanding: dict[str, int], sent: int = 0, retried: int = 0,
@@ -135,10 +137,14 @@ class ControlClient:
     def ack_batch(self, batch_id: str) -> dict[str, Any]:
         return self._call("POST", f"/trainer/batch/{batch_id}/ack")
 
-    def set_version(self, version: int, recovered: bool = False) -> dict[str, Any]:
-        """Publish the trainer's policy version; ApiError 409 for a plain publish lower than the
-        current one or more than max_staleness + 1 past it (``recovered=True`` after a resume)."""
-        return self._call("POST", "/trainer/version", {"version": version, "recovered": recovered})
+    def set_version(self, version: int, recovered: bool = False, weights: str | None = None) -> dict[str, Any]:
+        """Publish the trainer's policy version (with where its weights are, for server workers);
+        ApiError 409 for a plain publish lower than the current one or more than max_staleness + 1
+        past it (``recovered=True`` after a resume), 422 for a malformed ``weights``."""
+        body: dict[str, Any] = {"version": version, "recovered": recovered}
+        if weights is not None:
+            body["weights"] = weights
+        return self._call("POST", "/trainer/version", body)
 
     def global_status(self) -> dict[str, Any]:
         return self._call("GET", "/global-status")

@@ -35,6 +35,8 @@ class Registration(_Body):
     pid: Count = 0
     endpoint: str = Field("", max_length=512)
     ready: bool = True
+    weights_version: int | None = Field(None, ge=0, le=MAX_VERSION,
+                                        description="servers: the published weights version the engine started with")
 
 
 class Heartbeat(_Body):
@@ -91,6 +93,9 @@ class TrainerHello(_Body):
 class VersionUpdate(_Body):
     version: int = Field(ge=0, le=MAX_VERSION)
     recovered: bool = Field(False, description="the trainer resumed from a checkpoint at this version")
+    weights: Annotated[str, Field(min_length=1, max_length=4096), AfterValidator(_printable)] | None = Field(
+        None, description="where this version's weights are: a path on the shared filesystem or an engine-specific "
+                    "reference; pushed to every server worker")
 
 
 # --------------------------------------------------------------------------- node agents

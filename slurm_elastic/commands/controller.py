@@ -33,7 +33,7 @@ def worker(command: tuple[str, ...]) -> None:
 
     ctx = StepContext.from_env()
     flags = Flags()
-    install_handlers(flags, ctx.drain_signal, term_drains=ctx.term_drains)
+    install_handlers(flags, ctx.drain_signum, term_drains=ctx.term_drains)
     control = FollowingControl(ctx.worker_id, ctx.controller_url, ctx.token, ctx.state_dir)
     try:
         code = run_wrapped(list(command), ctx, control.register, control.heartbeat, flags=flags)

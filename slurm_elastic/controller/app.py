@@ -27,6 +27,7 @@ from slurm_elastic.controller.prolog_results import take_prolog_results
 from slurm_elastic.controller.rollout_http import ControllerApp, SubmitEndpoint, rollout_router
 from slurm_elastic.controller.runtime import Controller
 from slurm_elastic.controller.serve import ApiServer, default_listen_host
+from slurm_elastic.controller.weights import WeightsPusher
 from slurm_elastic.errors import SlurmError
 from slurm_elastic.rollouts.queue import QueueConfig, RolloutQueue
 from slurm_elastic.rollouts.store import RolloutStore
@@ -68,8 +69,8 @@ YOUNG_GC_THRESHOLD = 50_000  # container allocations between young collections (
 def settle_heap() -> None:
     """After start-up: what was built lives as long as the process, so it is frozen out of every
     collection; and young collections run far less often (a submit allocates a few hundred
-    short-lived objects, which reference counting frees; collecting every 700 took ~7% of the
-    API thread under load)."""
+    short-lived objects, which reference counting frees, so frequent collections find little
+    to collect and cost the API thread time)."""
     gc.freeze()
     gc.set_threshold(YOUNG_GC_THRESHOLD, *gc.get_threshold()[1:])
 
@@ -92,6 +93,7 @@ def run_controller(config: ElasticConfig, stop: threading.Event) -> None:
     server = ApiServer(create_controller_app(ctl, token, queue), host,
                        config.controller.listen_port or previous_port(state_dir, host))
     settle_heap()
+    pusher = WeightsPusher(ctl).start()
     server.start()
     ctl.controller_url = server.url
     publish(state_dir, server.url, job_id)
@@ -104,6 +106,7 @@ def run_controller(config: ElasticConfig, stop: threading.Event) -> None:
         ctl.run_forever(stop)
     finally:
         ctl.save()
+        pusher.stop()
         server.stop()
         queue.store.close()
         log.info("controller stopped; worker steps keep running and a new controller adopts them")

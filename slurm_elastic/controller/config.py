@@ -16,6 +16,8 @@ from typing import Any, Literal, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from slurm_elastic.core.health import CLOCK_EVENT_FLAGS, HealthRules
+from slurm_elastic.core.reconcile import DRAIN_TIMEOUT_S
+from slurm_elastic.core.signals import DEFAULT_DRAIN_SIGNAL, DrainSignal
 from slurm_elastic.errors import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -47,15 +49,16 @@ class WorkersSection(_Section):
     command: list[str] = Field(
         default_factory=list,
         description="Worker command; a string is split like a shell would. Placeholders: {worker_id}, "
-        "{gpus}, {controller_url}, {job_id}, {state_dir}, {port}.",
+        "{gpus}, {controller_url}, {job_id}, {state_dir}, {port}, {weights_path}, {weights_version} (servers: the "
+        "latest published weights at launch).",
     )
     kind: Literal["rollout", "server"] = Field("rollout", description="Rollout loop or inference server.")
     gpus_per_worker: int = Field(1, ge=0, le=64, description="GPUs per worker step (--gres=gpu:N).")
     cpus_per_worker: int = Field(1, ge=1, description="CPUs per worker step (--cpus-per-task).")
     mem_per_worker_mb: int = Field(0, ge=0, description="Memory per worker step in MB; 0: Slurm's default.")
     initial_workers: int = Field(-1, ge=-1, description="Workers at start; -1: the autoscaler's minimum.")
-    drain_signal: Literal["USR1", "USR2", "TERM", "INT"] = Field("USR1", description="Signal that asks a worker to drain.")
-    drain_timeout_s: float = Field(120.0, gt=0, description="After this, a draining worker is cancelled.")
+    drain_signal: DrainSignal = Field(DEFAULT_DRAIN_SIGNAL, description="Signal that asks a worker to drain.")
+    drain_timeout_s: float = Field(DRAIN_TIMEOUT_S, gt=0, description="After this, a draining worker is cancelled.")
     heartbeat_interval_s: float = Field(5.0, gt=0, description="How often workers heart-beat.")
     heartbeat_grace_s: float = Field(60.0, gt=0, description="Silence after which a worker is killed and replaced.")
     start_timeout_s: float = Field(120.0, gt=0, description="Launch to registration, else the launch failed.")
@@ -74,6 +77,48 @@ class WorkersSection(_Section):
     @classmethod
     def _split_command(cls, value: Any) -> Any:
         return shlex.split(value) if isinstance(value, str) else value
+
+
+# the update hooks of [weights] presets: (method, path, JSON body); {version} and {path} are filled in
+WEIGHTS_PRESETS: dict[str, tuple[str, str, dict[str, Any]]] = {
+    # SGLang's native server (v0.5+: weight_version): UpdateWeightFromDiskReqInput
+    "sglang": ("POST", "/update_weights_from_disk", {"model_path": "{path}", "weight_version": "{version}"}),
+    # vLLM's OpenAI server started with VLLM_SERVER_DEV_MODE=1: the worker's reload_weights
+    "vllm": ("POST", "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": "{path}"}}),
+}
+
+
+class WeightsSection(_Section):
+    """Servers: how the trainer's published weights reach every server (docs/servers.md)."""
+
+    update: Literal["none", "sglang", "vllm", "http", "command"] = Field(
+        "none", description="How a server loads new weights: a preset (sglang, vllm), an HTTP request (http: "
+        "method, path, body) or a command (command); none: versions are shown, nothing is pushed.")
+    method: Literal["POST", "PUT"] = Field("POST", description="update = http: the request's method.")
+    path: str = Field("", description="update = http: the request's path on the server, e.g. /reload.")
+    body: dict[str, Any] = Field(default_factory=dict, description="update = http: the JSON body; "
+                                 "{version} and {path} in its strings are replaced.")
+    command: list[str] = Field(default_factory=list, description="update = command: run on the controller's "
+                               "host per server; placeholders {url}, {version}, {path}, {worker_id}; exit 0: loaded.")
+    timeout_s: float = Field(300.0, gt=0, le=86400, description="One update's limit; a server not done by then failed it.")
+    max_failures: int = Field(3, ge=1, le=100, description="Failed updates in a row after which a server is drained and replaced.")
+    retry_backoff_s: float = Field(5.0, ge=0, le=3600, description="Wait before retrying a failed update; doubles per failure in a row.")
+    parallel: int = Field(16, ge=1, le=256, description="Updates sent at once.")
+
+    @field_validator("command", mode="before")
+    @classmethod
+    def _split_command(cls, value: Any) -> Any:
+        return shlex.split(value) if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _complete(self) -> WeightsSection:
+        if self.update == "http" and not self.path.startswith("/"):
+            raise ValueError("update = 'http' needs a path starting with /")
+        if self.update == "command" and not self.command:
+            raise ValueError("update = 'command' needs a command")
+        if self.update in WEIGHTS_PRESETS and (self.path or self.body):
+            raise ValueError(f"update = {self.update!r} is a preset: path and body are its own (use update = 'http')")
+        return self
 
 
 class AgentSection(_Section):
@@ -170,6 +215,7 @@ class ElasticConfig(_Section):
     controller: ControllerSection = ControllerSection()
     workers: WorkersSection = WorkersSection()
     agent: AgentSection = AgentSection()
+    weights: WeightsSection = WeightsSection()
     job: JobSection = JobSection()
     autoscaler: dict[str, Any] = Field(default_factory=dict)
     queue: dict[str, Any] = Field(default_factory=dict)
@@ -240,10 +286,10 @@ def load_config(path: Path) -> ElasticConfig:
 
 
 def config_reference_markdown() -> str:
-    """A markdown table of every key of [controller], [workers], [agent], [job] and [burst], generated from the schema."""
+    """A markdown table of every key of [controller], [workers], [agent], [weights], [job] and [burst], from the schema."""
     rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
     for section, model in (("controller", ControllerSection), ("workers", WorkersSection), ("agent", AgentSection),
-                           ("job", JobSection), ("burst", BurstSection)):
+                           ("weights", WeightsSection), ("job", JobSection), ("burst", BurstSection)):
         for name, field in model.model_fields.items():
             default = field.default_factory() if field.default_factory else field.default  # type: ignore[call-arg]
             choices = get_args(field.annotation) if get_origin(field.annotation) is Literal else ()

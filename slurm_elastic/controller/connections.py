@@ -9,7 +9,8 @@ in progress, or is itself closed at once if every connection is busy. The cap is
 process's open-files limit so that the controller's own files always open.
 
 :func:`guarded` wraps any asyncio protocol class (uvicorn's ``http=`` setting takes one); it
-sees only the asyncio ``Protocol`` and ``Transport`` interfaces.
+sees only the asyncio ``Protocol`` and ``Transport`` interfaces. The transport it hands the
+wrapped protocol also sends a response's head together with its body (:class:`_InnerTransport`).
 """
 
 from __future__ import annotations
@@ -92,7 +93,8 @@ class GuardedConnection(asyncio.Protocol):
             return
         self.transport = transport
         self._wait_for_head()
-        self.inner.connection_made(cast(asyncio.Transport, _WatchedTransport(transport, self._wait_for_head)))
+        inner_transport = _InnerTransport(transport, asyncio.get_running_loop(), self._wait_for_head)
+        self.inner.connection_made(cast(asyncio.Transport, inner_transport))
 
     def _wait_for_head(self) -> None:
         """From now on a request head must arrive whole within the limits."""
@@ -154,23 +156,49 @@ def guarded(inner_class: Callable[..., asyncio.Protocol], book: ConnectionBook) 
     return type("GuardedHttpConnection", (GuardedConnection,), {"book": book, "inner_class": inner_class})
 
 
-class _WatchedTransport:
-    """A transport that calls ``on_write`` when the protocol writes (a response leaves: the
-    connection waits for its next request head). Everything else is the wrapped transport's."""
+class _InnerTransport:
+    """The transport the wrapped protocol writes to. It calls ``on_write`` when bytes leave (a
+    response is going out: the connection waits for its next request head), and holds a response
+    head (bytes ending in a blank line) back until the next write, its body, so that both leave
+    in one ``writev``: one TCP segment and one wake-up of the client for a small answer, where
+    an HTTP server that writes head and body apart would cost two. A head with no body follows
+    at the end of the loop turn. Everything else is the wrapped transport's."""
 
-    __slots__ = ("_on_write", "_transport")
+    __slots__ = ("_head", "_loop", "_on_write", "_transport")
 
-    def __init__(self, transport: asyncio.Transport, on_write: Callable[[], None]) -> None:
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop,
+                 on_write: Callable[[], None]) -> None:
         self._transport = transport
+        self._loop = loop
         self._on_write = on_write
+        self._head: bytes | None = None
 
     def write(self, data: bytes) -> None:
-        self._transport.write(data)
+        head, self._head = self._head, None
+        if head is not None:
+            self._transport.writelines([head, data])
+        elif data.endswith(HEAD_END):  # a head (or a body that ends like one: it leaves a turn later)
+            self._head = data
+            self._loop.call_soon(self._flush)
+            return
+        else:
+            self._transport.write(data)
         self._on_write()
 
     def writelines(self, parts: Any) -> None:
-        self._transport.writelines(parts)
+        head, self._head = self._head, None
+        self._transport.writelines([head, *parts] if head is not None else parts)
         self._on_write()
+
+    def _flush(self) -> None:
+        head, self._head = self._head, None
+        if head is not None and not self._transport.is_closing():
+            self._transport.write(head)
+            self._on_write()
+
+    def close(self) -> None:
+        self._flush()
+        self._transport.close()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)

@@ -20,7 +20,7 @@ from slurm_elastic.client.files import CONTROLLER_FILE, TOKEN_FILE
 def write_json_atomic(path: Path, data: dict[str, Any], mode: int = 0o600, indent: int | None = 1) -> None:
     """Write ``data`` so that readers see the old or the new file, never half of one.
 
-    ``indent=None`` writes one line with the C encoder (several times faster for large files).
+    ``indent=None`` writes one line, with the C encoder (the one to use for large files).
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")

@@ -6,7 +6,7 @@ before any body is read (:mod:`slurm_elastic.controller.guard`).
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 from fastapi import Path as PathParam
@@ -55,14 +55,17 @@ def control_router(controller: Controller) -> APIRouter:
     @router.get("/endpoints", tags=["servers"])
     async def endpoints(request: Request, response: Response,
                         version: Annotated[int, Query(ge=-1)] = -1,
-                        wait_s: Annotated[float, Query(ge=0, le=60)] = 0.0) -> Any:
+                        wait_s: Annotated[float, Query(ge=0, le=60)] = 0.0,
+                        weights: Literal["any", "latest"] = "any") -> Any:
         """Routable servers. Long-poll: returns when the set is no longer ``version`` (or after ``wait_s``).
-        ETag is the version; ``If-None-Match`` with the current one answers 304."""
+        ETag is the version; ``If-None-Match`` with the current one answers 304. ``weights=latest``:
+        only servers at the latest published weights."""
         deadline = asyncio.get_running_loop().time() + wait_s
-        view = controller.endpoints_view()
+        latest_only = weights == "latest"
+        view = controller.endpoints_view(latest_only)
         while view["version"] == version and asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(0.05)
-            view = controller.endpoints_view()
+            view = controller.endpoints_view(latest_only)
         etag = f'"{view["version"]}"'
         if request.headers.get("if-none-match") == etag:
             return Response(status_code=status.HTTP_304_NOT_MODIFIED, headers={"ETag": etag})

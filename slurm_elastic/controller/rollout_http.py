@@ -11,7 +11,6 @@ import asyncio
 import json
 import logging
 import math
-import sqlite3
 import threading
 from typing import Annotated, Any, Generic, TypeVar
 
@@ -31,10 +30,11 @@ from slurm_elastic.client.wire import (
 )
 from slurm_elastic.controller.guard import Headers, RequestGuard, send_answer
 from slurm_elastic.controller.runtime import Controller
+from slurm_elastic.controller.weights import publish_weights
 from slurm_elastic.core.staleness import VersionRefused
 from slurm_elastic.errors import StateFileError
 from slurm_elastic.rollouts.queue import QueueFull, RolloutQueue, UnknownBatchError
-from slurm_elastic.rollouts.store import StoreUnavailableError
+from slurm_elastic.rollouts.storage import StoreUnavailableError
 from slurm_elastic.rollouts.wire import check_mask_values, check_token_ids
 
 STORE_RETRY_AFTER_S = 2  # a submit the store failed to take: try again after this long
@@ -206,8 +206,8 @@ class _Resolver(Generic[T]):
     """A :data:`Then` that settles ``waiter`` on its loop, without a cross-thread wake-up when
     called on the loop's own thread (the store's group commits are, on the loop that serves
     the submits). An object, not a closure: a closure that names itself is a reference cycle,
-    and one per submit left the cyclic collector ~45,000 objects to trace every few hundred
-    milliseconds (10-40 ms pauses of the event loop under load)."""
+    which only the cyclic collector frees, and one per submit would keep that collector tracing
+    them on the event loop."""
 
     __slots__ = ("loop", "loop_thread", "waiter")
 
@@ -238,7 +238,7 @@ class ControllerApp(FastAPI):
         super().__init__(**kwargs)
         self.guard = guard
         self.submit_endpoint: SubmitEndpoint | None = None
-        for error in (StateFileError, sqlite3.Error, OSError):
+        for error in (StateFileError, OSError):
             self.add_exception_handler(error, _storage_failed)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -320,8 +320,9 @@ def rollout_router(controller: Controller, queue: RolloutQueue) -> APIRouter:
             queue.set_version(body.version, recovered=body.recovered)
         except VersionRefused as exc:
             raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
+        weights = None if body.weights is None else publish_weights(controller, body.version, body.weights)
         return {"policy_version": queue.stats()["policy_version"],
-                "staleness_capacity": queue.stats()["staleness_capacity"]}
+                "staleness_capacity": queue.stats()["staleness_capacity"], "weights": weights}
 
     @router.get("/global-status", tags=["status"])
     def global_status() -> dict[str, Any]:

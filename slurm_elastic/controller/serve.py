@@ -1,6 +1,17 @@
 """Serve the controller's API: uvicorn in a background thread, on a socket bound up front, its
 connections capped below the open-files limit and idle or slow request heads cut off
-(:mod:`slurm_elastic.controller.connections`)."""
+(:mod:`slurm_elastic.controller.connections`).
+
+Built on uvicorn's public settings only: ``http=`` takes an asyncio protocol class, and the one
+given is :class:`~slurm_elastic.controller.connections.GuardedConnection` holding the
+implementation uvicorn names ``"httptools"`` (:func:`http_protocol_class`). uvicorn's own limits
+do not cover these cases: ``timeout_keep_alive`` times only the wait after a response, and the
+first byte of the next head stops it (a connection that never sends a request, or sends its head
+a byte at a time, is never cut off), ``limit_concurrency``
+answers 503 once a head has been parsed and keeps the connection's descriptor, and
+``h11_max_incomplete_event_size`` holds only for the pure-Python h11 implementation. The token
+and the body's size are checked in the ASGI app, before routing
+(:class:`~slurm_elastic.controller.guard.RequestGuard`)."""
 
 from __future__ import annotations
 
@@ -9,11 +20,11 @@ import logging
 import socket
 import threading
 import time
-from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.config import HTTP_PROTOCOLS
+from uvicorn.importer import import_from_string
 
 from slurm_elastic.controller.connections import (
     ConnectionBook,
@@ -26,6 +37,7 @@ log = logging.getLogger(__name__)
 
 HEAD_TIMEOUT_S = 10.0  # a request head must arrive whole within this long of the connection waiting for it
 KEEP_ALIVE_S = 5  # an idle keep-alive connection is closed after this long
+HTTP_IMPLEMENTATION = "httptools"  # uvicorn's HTTP/1.1 implementation on httptools (C)
 
 
 def default_listen_host() -> str:
@@ -36,47 +48,15 @@ def default_listen_host() -> str:
         return "127.0.0.1"
 
 
-class _HeadWithBody:
-    """A transport that holds a response head back until the next write (its body) and sends
-    both in one ``writev``; a head with no body follows it at the end of the loop turn. uvicorn
-    writes a response's head and its body separately: two sends, two TCP segments and two
-    wake-ups of the client for a 17-byte answer. Everything else is the wrapped transport's."""
-
-    __slots__ = ("_head", "_loop", "_transport")
-
-    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
-        self._transport = transport
-        self._loop = loop
-        self._head: bytes | None = None
-
-    def write(self, data: bytes) -> None:
-        head, self._head = self._head, None
-        if head is not None:
-            self._transport.writelines([head, data])
-        elif data.endswith(b"\r\n\r\n"):  # a head (or a body that ends like one: one turn later)
-            self._head = data
-            self._loop.call_soon(self._flush)
-        else:
-            self._transport.write(data)
-
-    def _flush(self) -> None:
-        head, self._head = self._head, None
-        if head is not None and not self._transport.is_closing():
-            self._transport.write(head)
-
-    def close(self) -> None:
-        self._flush()
-        self._transport.close()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
-
-
-class HttpProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol, sending a response's head and body in one go (:class:`_HeadWithBody`)."""
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(_HeadWithBody(transport, self.loop))  # type: ignore[arg-type]
+def http_protocol_class(name: str = HTTP_IMPLEMENTATION) -> type[asyncio.Protocol]:
+    """The asyncio protocol class uvicorn runs for its setting ``http=name``, found in uvicorn's
+    own table of implementations. It is wrapped (:func:`~slurm_elastic.controller.connections.guarded`),
+    not subclassed: it is constructed with the arguments uvicorn passes and spoken to only
+    through asyncio's Protocol and Transport interfaces."""
+    protocol = import_from_string(HTTP_PROTOCOLS[name])
+    if not (isinstance(protocol, type) and issubclass(protocol, asyncio.Protocol)):
+        raise TypeError(f"uvicorn's http={name!r} is {protocol!r}, not an asyncio protocol class")
+    return protocol
 
 
 class ApiServer:
@@ -95,7 +75,7 @@ class ApiServer:
         self.connections = ConnectionBook(max_connections or connection_cap(raise_open_files_limit()),
                                           head_timeout_s)
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
-                                timeout_graceful_shutdown=2, http=guarded(HttpProtocol, self.connections),
+                                timeout_graceful_shutdown=2, http=guarded(http_protocol_class(), self.connections),
                                 timeout_keep_alive=KEEP_ALIVE_S,
                                 proxy_headers=False)  # clients reach the controller directly, never via a proxy
         self.server = uvicorn.Server(config)

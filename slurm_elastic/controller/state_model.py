@@ -42,6 +42,7 @@ class WorkerRecord(_Model):
 
     worker_id: Annotated[StrictStr, Field(pattern=_WORKER_ID.pattern)]
     state: WorkerState
+    job_id: Annotated[StrictInt, Field(ge=0)] = 0
     step_id: Annotated[StrictStr, Field(max_length=64)] = ""
     node: Annotated[StrictStr, Field(max_length=256)] = ""
     gpus: list[Annotated[StrictInt, Field(ge=0, le=1024)]] = Field(default_factory=list, max_length=64)
@@ -60,6 +61,7 @@ class WorkerRecord(_Model):
     exit_code: StrictInt | None = None
     drain_signaled: StrictBool = False
     liveness_failures: Count = 0
+    weights_version: Count | None = None
     history: list[tuple[StrictFloat, StrictStr, StrictStr, StrictStr]] = Field(default_factory=list)
 
     def to_worker(self) -> Worker:

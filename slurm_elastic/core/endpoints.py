@@ -19,6 +19,7 @@ class Endpoint:
     url: str
     node: str
     gpus: tuple[int, ...]
+    weights_version: int | None = None  # the published weights it runs (None: what it started with)
 
 
 @dataclass
@@ -38,14 +39,15 @@ class EndpointBook:
     max_clients: int = MAX_LOAD_CLIENTS
     version: int = 0
     endpoints: dict[str, Endpoint] = field(default_factory=dict)
+    weights_version: int | None = None  # the latest published weights (None: none published)
     _reports: dict[str, _ClientReport] = field(default_factory=dict)
 
-    def publish(self, endpoints: list[Endpoint]) -> bool:
-        """Replace the routable set; True (and a new version) if it changed."""
+    def publish(self, endpoints: list[Endpoint], weights_version: int | None = None) -> bool:
+        """Replace the routable set (and the latest weights version); True (and a new version) if it changed."""
         new = {e.worker_id: e for e in endpoints}
-        if new == self.endpoints:
+        if new == self.endpoints and weights_version == self.weights_version:
             return False
-        self.endpoints = new
+        self.endpoints, self.weights_version = new, weights_version
         self.version += 1
         return True
 
@@ -75,13 +77,16 @@ class EndpointBook:
             return None
         return self.total_outstanding(now_s) / (len(self.endpoints) * capacity_per_server)
 
-    def view(self, now_s: float) -> dict[str, Any]:
+    def view(self, now_s: float, latest_weights_only: bool = False) -> dict[str, Any]:
+        """The set for discovery; ``latest_weights_only``: only servers at the latest published weights."""
         fresh = self._fresh(now_s)
         return {
             "version": self.version,
+            "weights_version": self.weights_version,
             "endpoints": [{"worker_id": e.worker_id, "url": e.url, "node": e.node, "gpus": list(e.gpus),
-                           "outstanding": self.outstanding(e.worker_id, now_s)}
-                          for e in sorted(self.endpoints.values(), key=lambda e: e.worker_id)],
+                           "weights_version": e.weights_version, "outstanding": self.outstanding(e.worker_id, now_s)}
+                          for e in sorted(self.endpoints.values(), key=lambda e: e.worker_id)
+                          if not latest_weights_only or e.weights_version == self.weights_version],
             "routers": len(fresh),
             "requests_sent": sum(r.sent for r in fresh),
             "requests_retried": sum(r.retried for r in fresh),

@@ -41,6 +41,7 @@ class Worker:
 
     worker_id: str
     state: WorkerState = WorkerState.STARTING
+    job_id: int = 0  # the Slurm job whose allocation holds its step; 0: the controller's own job
     step_id: str = ""  # Slurm step id once seen, e.g. "3"
     node: str = ""
     gpus: tuple[int, ...] = ()  # as Slurm numbers them on the node (SLURM_STEP_GPUS)
@@ -59,6 +60,7 @@ class Worker:
     exit_code: int | None = None  # reported by the worker wrapper as it exits
     drain_signaled: bool = False  # servers: the drain signal waits until nothing is in flight
     liveness_failures: int = 0  # servers: failed liveness probes in a row, as the wrapper reports them
+    weights_version: int | None = None  # servers: the published weights version it runs (None: its own)
     history: list[tuple[float, str, str, str]] = field(default_factory=list)
 
     @property
@@ -94,8 +96,24 @@ class Worker:
         return cls(**kwargs)
 
 
+def begin_drain(worker: Worker, now_s: float, reason: str, *, failure_reason: str = "") -> None:
+    """The one way into DRAINING: the drain clock starts now. ``failure_reason`` marks a kill for
+    cause (it keeps the worker's slot counted, so a replacement follows its exit)."""
+    if failure_reason:
+        worker.failure_reason = failure_reason
+    worker.drain_started_s = now_s
+    _enter(worker, WorkerState.DRAINING, now_s, reason)
+
+
 def transition(worker: Worker, to: WorkerState, now_s: float, reason: str) -> None:
-    """Move ``worker`` to ``to`` if the table allows it, recording when and why."""
+    """Move ``worker`` to ``to`` if the table allows it, recording when and why (DRAINING only
+    through :func:`begin_drain`)."""
+    if to is WorkerState.DRAINING and to in TRANSITIONS[worker.state]:
+        raise TransitionError(f"worker {worker.worker_id}: DRAINING is entered through begin_drain")
+    _enter(worker, to, now_s, reason)
+
+
+def _enter(worker: Worker, to: WorkerState, now_s: float, reason: str) -> None:
     if to not in TRANSITIONS[worker.state]:
         raise TransitionError(f"worker {worker.worker_id}: {worker.state.value} -> {to.value} is not allowed")
     worker.history.append((now_s, worker.state.value, to.value, reason))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from slurm_elastic.core.lifecycle import Worker, WorkerState, transition
+from slurm_elastic.core.lifecycle import Worker, WorkerState, begin_drain
 
 S = WorkerState
 
@@ -30,7 +30,6 @@ def drain_not_live(workers: Iterable[Worker], failure_threshold: int, now_s: flo
     drained = []
     for worker in workers:
         if reason := not_live_reason(worker, failure_threshold):
-            worker.drain_started_s = now_s
-            transition(worker, S.DRAINING, now_s, reason)
+            begin_drain(worker, now_s, reason)
             drained.append(worker)
     return drained

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from slurm_elastic.core.lifecycle import Worker, WorkerState, transition
+from slurm_elastic.core.lifecycle import Worker, WorkerState, begin_drain, transition
 from slurm_elastic.core.liveness import drain_not_live
 from slurm_elastic.core.naming import format_worker_id
 
@@ -22,11 +22,15 @@ class ObservedStep:
     worker_id: str
     step_id: str
     node: str
+    job_id: int = 0  # the Slurm job the step belongs to; 0: the controller's own job
+
+
+DRAIN_TIMEOUT_S = 120.0  # the one default: a draining worker is cancelled after this
 
 
 @dataclass(frozen=True)
 class ReconcileConfig:
-    drain_timeout_s: float = 120.0
+    drain_timeout_s: float = DRAIN_TIMEOUT_S
     heartbeat_grace_s: float = 60.0
     start_timeout_s: float = 120.0  # launched -> registered, else the launch failed
     backoff_base_s: float = 5.0
@@ -39,12 +43,14 @@ class ReconcileConfig:
 class Launch:
     worker_id: str
     exclude_nodes: tuple[str, ...]
+    job_id: int = 0  # the allocation to launch into; 0: the controller's own job
 
 
 @dataclass(frozen=True)
 class Drain:
     worker_id: str
     step_id: str
+    job_id: int = 0  # the job of the worker's step; 0: the controller's own job
 
 
 @dataclass(frozen=True)
@@ -52,6 +58,7 @@ class Cancel:
     worker_id: str
     step_id: str
     reason: str
+    job_id: int = 0  # the job of the worker's step; 0: the controller's own job
 
 
 @dataclass(frozen=True)
@@ -99,7 +106,7 @@ def reconcile(
     _handle_vanished(workers, by_id, cfg, now_s, plan)
     for worker in drain_not_live(workers.values(), cfg.liveness_failure_threshold, now_s):
         if worker.step_id:
-            plan.actions.append(Drain(worker.worker_id, worker.step_id))
+            plan.actions.append(Drain(worker.worker_id, worker.step_id, worker.job_id))
     _enforce_heartbeats_and_timeouts(workers, cfg, cordoned, now_s, plan)
     _scale(workers, desired, allowed_slots, exclude_nodes, cfg, cordoned, now_s, plan)
     return plan
@@ -114,7 +121,7 @@ def _adopt_and_refresh(workers: dict[str, Worker], by_id: dict[str, ObservedStep
         if worker is None or worker.state in (S.INACTIVE, S.FAILED, S.BACKOFF):
             if worker is not None and worker.step_id == step.step_id:
                 continue  # the old step of a finished record is still winding down
-            adopted = Worker(worker_id=worker_id, step_id=step.step_id, node=step.node,
+            adopted = Worker(worker_id=worker_id, step_id=step.step_id, node=step.node, job_id=step.job_id,
                              launched_at_s=now_s, last_heartbeat_s=now_s)
             if worker is not None:
                 adopted.crash_count, adopted.launches = worker.crash_count, worker.launches
@@ -160,9 +167,7 @@ def _enforce_heartbeats_and_timeouts(workers: dict[str, Worker], cfg: ReconcileC
         silent_s = now_s - worker.last_heartbeat_s
         if worker.state in (S.ACTIVE, S.STARTING) and not worker.placeholder and silent_s > cfg.heartbeat_grace_s:
             reason = f"no heartbeat for {silent_s:.0f} s (grace {cfg.heartbeat_grace_s:g} s)"
-            worker.failure_reason = reason
-            worker.drain_started_s = now_s
-            transition(worker, S.DRAINING, now_s, reason)
+            begin_drain(worker, now_s, reason, failure_reason=reason)
             _kill(worker, reason, now_s, plan)
         elif worker.state is S.DRAINING and now_s - worker.drain_started_s >= cfg.drain_timeout_s:
             if not worker.kill_sent_s or now_s - worker.kill_sent_s >= cfg.kill_resend_s:
@@ -174,7 +179,7 @@ def _enforce_heartbeats_and_timeouts(workers: dict[str, Worker], cfg: ReconcileC
 
 def _kill(worker: Worker, reason: str, now_s: float, plan: Plan) -> None:
     worker.kill_sent_s = now_s
-    plan.actions.append(Cancel(worker.worker_id, worker.step_id, reason))
+    plan.actions.append(Cancel(worker.worker_id, worker.step_id, reason, worker.job_id))
 
 
 def _scale(workers: dict[str, Worker], desired: int, allowed_slots: int, exclude_nodes: tuple[str, ...],
@@ -189,10 +194,9 @@ def _scale(workers: dict[str, Worker], desired: int, allowed_slots: int, exclude
             if worker.state is S.BACKOFF:
                 transition(worker, S.INACTIVE, now_s, "scale-down: relaunch cancelled")
             else:
-                worker.drain_started_s = now_s
-                transition(worker, S.DRAINING, now_s, f"scale-down to {desired}")
+                begin_drain(worker, now_s, f"scale-down to {desired}")
                 if worker.step_id:
-                    plan.actions.append(Drain(worker.worker_id, worker.step_id))
+                    plan.actions.append(Drain(worker.worker_id, worker.step_id, worker.job_id))
         return
     for worker in sorted((w for w in capacity if w.state is S.BACKOFF), key=lambda w: w.backoff_until_s):
         if worker.backoff_until_s <= now_s and free_slots > 0:

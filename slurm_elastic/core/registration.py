@@ -1,4 +1,4 @@
-"""Which worker ids may register: only workers this controller launched (pure).
+"""Which worker ids may register, and what a registration makes of the worker (pure).
 
 The controller names every worker step ``se-w-<id>`` and keeps a record of each launch; a worker
 whose step it adopted from Slurm's listing (after a restart without state) counts as launched too.
@@ -8,9 +8,9 @@ state file and the tick, and its step, never seen in Slurm, would count as a cra
 
 from __future__ import annotations
 
-from collections.abc import Set
+from collections.abc import Collection, Set
 
-from slurm_elastic.core.lifecycle import Worker
+from slurm_elastic.core.lifecycle import Worker, WorkerState, transition
 from slurm_elastic.core.naming import worker_step_name
 
 
@@ -21,3 +21,18 @@ def registration_refusal(worker_id: str, record: Worker | None, listed_ids: Set[
         return ""
     return (f"worker {worker_id} was not launched by this controller (no live record, and no step "
             f"{worker_step_name(worker_id)} in Slurm's listing)")
+
+
+def admit(worker: Worker, cordoned: Collection[tuple[str, int]], ready: bool, now_s: float) -> None:
+    """A STARTING worker that registered (and is ready, or landed on a cordoned GPU) turns ACTIVE;
+    on a cordoned GPU it is a placeholder: it holds the GPU so Slurm cannot hand it out, and never
+    counts as a worker (the target launches one in its place)."""
+    hit = [g for g in worker.gpus if (worker.node, g) in cordoned]
+    if worker.state is not WorkerState.STARTING or not (hit or ready):
+        return
+    worker.placeholder = bool(hit)
+    where = f"{worker.node} GPU {list(worker.gpus)}"
+    reason = (f"landed on cordoned GPU {worker.node}:{hit[0]}: holding it as a placeholder" if hit
+              else f"ready at {worker.endpoint} on {where}" if worker.endpoint
+              else f"registered on {where}")
+    transition(worker, WorkerState.ACTIVE, now_s, reason)

@@ -7,8 +7,8 @@
 buffer (less those dropped as stale), ``running`` those admitted and not yet handed over. After
 the trainer resumes from a checkpoint at version V, ``on_version_recovered(V, buffered)``
 anchors ``accepted`` at V * batch_size plus what is still buffered, so the capacity is
-(max_staleness + 1) * batch_size - buffered - running, not inflated by V (the bug AReaL fixed
-after recovery). Counts are in sequences. Where this differs from AReaL's class is listed in
+(max_staleness + 1) * batch_size - buffered - running, not inflated by V (AReaL's class
+anchors at V * batch_size too, with the buffer taken as empty). Counts are in sequences. Where this differs from AReaL's class is listed in
 docs/queue.md ("Staleness: AReaL's rule and ours").
 
 Admissions are leases held per worker (:class:`AdmissionLeases`): a worker's submit uses its
@@ -30,9 +30,14 @@ class VersionRefused(ValueError):
 
 
 def oldest_fresh_version(version: int, max_staleness: int) -> int:
-    """The oldest policy version a rollout may have and still be trained on at ``version``;
-    older ones are dropped (the queue and the simulator both drop by this rule)."""
+    """The oldest policy version a rollout may have and still be trained on at ``version``."""
     return version - max_staleness
+
+
+def is_stale(rollout_version: int, version: int, max_staleness: int) -> bool:
+    """Whether a rollout generated at ``rollout_version`` is too old to train on at ``version``:
+    the drop rule, the same for the queue and the simulator."""
+    return rollout_version < oldest_fresh_version(version, max_staleness)
 
 
 def max_version_step(max_staleness: int) -> int:

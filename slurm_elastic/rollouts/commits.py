@@ -18,15 +18,14 @@ import select
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple
 
 from slurm_elastic.errors import StateFileError
 from slurm_elastic.rollouts import syncer
-from slurm_elastic.rollouts.index import StoreIndex, StoreUnavailableError
+from slurm_elastic.rollouts.index import StoreIndex
 from slurm_elastic.rollouts.recovery import note_holders
 from slurm_elastic.rollouts.segments import (
     BLOCK_BYTES,
@@ -36,24 +35,11 @@ from slurm_elastic.rollouts.segments import (
     json_str,
     records_bytes,
 )
+from slurm_elastic.rollouts.storage import StoreUnavailableError, Then, settle
 
 ROWS_PER_COMMIT = 1024  # a bigger backlog goes in several commits
 COMMIT_BYTES = 8 * 1024 * 1024  # and so does a backlog of more bytes (a bigger group goes alone)
 PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
-T = TypeVar("T")
-Then = Callable[[T, BaseException | None], None]
-"""Called once with an outcome, or with the error that stood in its way (then the outcome is a
-placeholder). Lighter than a Future on the hot path: no lock, no condition."""
-
-
-def settle(future: Future[T] | asyncio.Future[T]) -> Then[T]:
-    """A :data:`Then` that settles ``future`` (on the calling thread)."""
-    def then(result: T, error: BaseException | None) -> None:
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(result)
-    return then
 
 
 class _PendingInsert(NamedTuple):
@@ -131,11 +117,11 @@ class GroupCommits:
                      payload: bytes) -> Future[int | None]:
         """Queue one group for the next group commit; the future resolves once it is durable."""
         done: Future[int | None] = Future()
-        self.insert_then(group_id, worker_id, n_seqs, version, payload, settle(done))
+        self.submit(group_id, worker_id, n_seqs, version, payload, settle(done))
         return done
 
-    def insert_then(self, group_id: str, worker_id: str, n_seqs: int, version: int, payload: bytes,
-                    then: Then[int | None]) -> None:
+    def submit(self, group_id: str, worker_id: str, n_seqs: int, version: int, payload: bytes,
+               then: Then[int | None]) -> None:
         """Queue one group for the next group commit; ``then`` hears its arrival number (None if
         that id is already stored) once it is durable, on the committing loop's thread."""
         item = _PendingInsert(group_id, worker_id, n_seqs, version, payload, then)

@@ -9,6 +9,7 @@ OS errors come out as :class:`StoreUnavailableError` (the disk is full or failin
 
 from __future__ import annotations
 
+import collections
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from slurm_elastic.errors import StateFileError
+from slurm_elastic.rollouts.storage import LostGroup, StoredGroup, StoreUnavailableError
 
 SYNCHRONOUS = {"always": "FULL", "os": "NORMAL", "off": "OFF"}
 SCHEMA = """
@@ -48,49 +50,15 @@ CREATE TABLE IF NOT EXISTS lost (
 """
 LIVE_STATES = "('queued', 'handed')"
 ROW = "seq, id, worker_id, n_seqs, version, nbytes"
-WHERE_BODY = "segment, body_offset, payload"
-
-
-class StoreUnavailableError(StateFileError):
-    """The store could not write (disk full, I/O error): nothing changed; try again after
-    ``retry_after_s``."""
-
-    def __init__(self, message: str, retry_after_s: float = 2.0) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
-
-
-class StoredGroup(NamedTuple):
-    """A queued group's record in memory (a tuple of atoms: the garbage collector skips it)."""
-
-    seq: int
-    id: str
-    worker_id: str
-    n_seqs: int
-    version: int
-    nbytes: int
+WHERE_BODY = "segment, body_offset"
 
 
 class GroupBody(NamedTuple):
-    """Where a group's body is: in the log (segment, offset) or, in a store from before the
-    log, in its row (``payload``)."""
+    """A group and where its body is in the log."""
 
     group: StoredGroup
-    segment: int | None
-    body_offset: int | None
-    payload: bytes
-
-
-class LostGroup(NamedTuple):
-    """A group whose record was damaged: quarantined, never delivered."""
-
-    id: str
-    worker_id: str
-    n_seqs: int
-    version: int
-    batch_id: str | None
-    reason: str
-    lost_s: float
+    segment: int
+    body_offset: int
 
 
 class StoreIndex:
@@ -109,12 +77,17 @@ class StoreIndex:
             raise StateFileError(f"rollout store {path} is unusable: {exc}") from None
 
     def create_schema(self) -> None:
-        """The tables, made or brought up to date (after :attr:`fresh` was looked at)."""
+        """The tables, made if missing (after :attr:`fresh` was looked at). A store whose rows
+        hold no place in the payload log is refused (a format this version does not read)."""
         try:
-            self.db.executescript(SCHEMA)
             columns = {r[1] for r in self.db.execute("PRAGMA table_info(groups)")}
-            for column in sorted({"segment", "body_offset"} - columns):  # a store from before the payload log
-                self.db.execute(f"ALTER TABLE groups ADD COLUMN {column} INTEGER")
+            if columns and (not {"segment", "body_offset"} <= columns or self.db.execute(
+                    f"SELECT 1 FROM groups WHERE state IN {LIVE_STATES} AND segment IS NULL LIMIT 1").fetchone()):
+                raise StateFileError(
+                    f"rollout store {self.path} keeps group bodies inside its index, a format this version does "
+                    "not read: let the trainer take every batch with the version that wrote it, or move the "
+                    "store aside to start with an empty queue")
+            self.db.executescript(SCHEMA)
         except sqlite3.DatabaseError as exc:
             raise StateFileError(f"rollout store {self.path} is unusable: {exc}") from None
 
@@ -133,6 +106,15 @@ class StoreIndex:
                 self._rollback()
                 raise
 
+    @contextmanager
+    def reading(self) -> Iterator[sqlite3.Connection]:
+        """One read (lock held); SQLite's errors come out as :class:`StoreUnavailableError`."""
+        with self.lock:
+            try:
+                yield self.db
+            except sqlite3.Error as exc:
+                raise StoreUnavailableError(f"rollout store {self.path}: {exc}") from None
+
     def _rollback(self) -> None:
         if self.db.in_transaction:  # SQLite may have rolled back already (disk full)
             with suppress(sqlite3.Error):
@@ -145,78 +127,78 @@ class StoreIndex:
     # ---- reads ------------------------------------------------------------------------------
     def last_row(self) -> tuple[int, int | None, int | None, int] | None:
         """The newest row's arrival number, segment, body offset and size."""
-        with self.lock:
-            row = self.db.execute(
+        with self.reading() as db:
+            row = db.execute(
                 "SELECT seq, segment, body_offset, nbytes FROM groups ORDER BY seq DESC LIMIT 1").fetchone()
         return None if row is None else (int(row[0]), row[1], row[2], int(row[3]))
 
     def live_per_segment(self) -> dict[int, int]:
-        with self.lock:
-            return dict(self.db.execute(f"SELECT segment, COUNT(*) FROM groups WHERE state IN {LIVE_STATES} "
-                                        "AND segment IS NOT NULL GROUP BY segment"))
+        with self.reading() as db:
+            return dict(db.execute(f"SELECT segment, COUNT(*) FROM groups WHERE state IN {LIVE_STATES} "
+                                        "GROUP BY segment"))
 
     def live_bodies(self) -> list[GroupBody]:
         """Every queued or handed group's body location, in arrival order (to verify at open)."""
-        with self.lock:
-            rows = list(self.db.execute(f"SELECT {ROW}, {WHERE_BODY} FROM groups "
+        with self.reading() as db:
+            rows = list(db.execute(f"SELECT {ROW}, {WHERE_BODY} FROM groups "
                                         f"WHERE state IN {LIVE_STATES} ORDER BY seq"))
         return [_body(r) for r in rows]
 
     def bodies(self, group_ids: list[str]) -> list[GroupBody]:
-        with self.lock:
-            rows = {r[1]: r for r in self.db.execute(
+        with self.reading() as db:
+            rows = {r[1]: r for r in db.execute(
                 f"SELECT {ROW}, {WHERE_BODY} FROM groups WHERE id IN ({','.join('?' * len(group_ids))})",
                 group_ids)}
         return [_body(rows[g]) for g in group_ids]
 
     def batch_bodies(self, batch_id: str) -> list[GroupBody]:
         """A batch's groups (lost ones left out), in arrival order."""
-        with self.lock:
-            rows = list(self.db.execute(f"SELECT {ROW}, {WHERE_BODY} FROM groups "
+        with self.reading() as db:
+            rows = list(db.execute(f"SELECT {ROW}, {WHERE_BODY} FROM groups "
                                         "WHERE batch_id=? AND state != 'lost' ORDER BY seq", (batch_id,)))
         return [_body(r) for r in rows]
 
     def queued(self) -> list[StoredGroup]:
-        with self.lock:
-            rows = self.db.execute(f"SELECT {ROW} FROM groups WHERE state='queued' ORDER BY seq")
+        with self.reading() as db:
+            rows = db.execute(f"SELECT {ROW} FROM groups WHERE state='queued' ORDER BY seq")
             return [StoredGroup(*r) for r in rows]
 
     def unacked_batches(self) -> list[tuple[str, list[StoredGroup]]]:
-        with self.lock:
-            batches = [r[0] for r in self.db.execute("SELECT id FROM batches WHERE acked=0 ORDER BY created_s")]
+        with self.reading() as db:
+            batches = [r[0] for r in db.execute("SELECT id FROM batches WHERE acked=0 ORDER BY created_s")]
             out = []
             for batch_id in batches:
-                rows = self.db.execute(f"SELECT {ROW} FROM groups WHERE batch_id=? AND state != 'lost' "
+                rows = db.execute(f"SELECT {ROW} FROM groups WHERE batch_id=? AND state != 'lost' "
                                        "ORDER BY seq", (batch_id,))
                 out.append((batch_id, [StoredGroup(*r) for r in rows]))
             return out
 
     def counts(self) -> dict[str, int]:
-        with self.lock:
+        with self.reading() as db:
             return {state: int(n) for state, n in
-                    self.db.execute("SELECT state, COALESCE(SUM(n_seqs), 0) FROM groups GROUP BY state")}
+                    db.execute("SELECT state, COALESCE(SUM(n_seqs), 0) FROM groups GROUP BY state")}
 
     def lost(self) -> list[LostGroup]:
-        with self.lock:
-            rows = self.db.execute("SELECT g.id, g.worker_id, g.n_seqs, g.version, g.batch_id, l.reason, l.lost_s "
+        with self.reading() as db:
+            rows = db.execute("SELECT g.id, g.worker_id, g.n_seqs, g.version, g.batch_id, l.reason, l.lost_s "
                                    "FROM lost l JOIN groups g ON g.id = l.id ORDER BY l.lost_s, g.seq")
             return [LostGroup(*r) for r in rows]
 
     def stored_seqs(self, first: int, last: int) -> set[int]:
-        with self.lock:
-            return {int(r[0]) for r in self.db.execute("SELECT seq FROM groups WHERE seq BETWEEN ? AND ?",
+        with self.reading() as db:
+            return {int(r[0]) for r in db.execute("SELECT seq FROM groups WHERE seq BETWEEN ? AND ?",
                                                        (first, last))}
 
     def arrived_since(self, seq: int) -> tuple[int, dict[str, int]]:
-        with self.lock:
-            last = self.db.execute("SELECT COALESCE(MAX(seq), 0) FROM groups").fetchone()[0]
-            rows = self.db.execute("SELECT worker_id, SUM(n_seqs) FROM groups WHERE seq > ? GROUP BY worker_id",
+        with self.reading() as db:
+            last = db.execute("SELECT COALESCE(MAX(seq), 0) FROM groups").fetchone()[0]
+            rows = db.execute("SELECT worker_id, SUM(n_seqs) FROM groups WHERE seq > ? GROUP BY worker_id",
                                    (seq,))
             return int(last), {str(w): int(n) for w, n in rows}
 
     def get_meta(self, key: str, default: str) -> str:
-        with self.lock:
-            row = self.db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        with self.reading() as db:
+            row = db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
             return str(row[0]) if row else default
 
     # ---- writes (each one transaction) ------------------------------------------------------
@@ -240,8 +222,8 @@ class StoreIndex:
                 return (None if row is None else False), []
             db.execute("UPDATE batches SET acked=1 WHERE id=?", (batch_id,))
             freed = list(db.execute("SELECT segment, COUNT(*) FROM groups WHERE batch_id=? AND state='handed' "
-                                    "AND segment IS NOT NULL GROUP BY segment", (batch_id,)))
-            db.execute("UPDATE groups SET state='delivered', payload=X'' WHERE batch_id=? AND state='handed'",
+                                    "GROUP BY segment", (batch_id,)))
+            db.execute("UPDATE groups SET state='delivered' WHERE batch_id=? AND state='handed'",
                        (batch_id,))
         return True, freed
 
@@ -250,8 +232,8 @@ class StoreIndex:
         with self.transaction() as db:
             freed = list(db.execute(
                 f"SELECT segment, COUNT(*) FROM groups WHERE id IN ({','.join('?' * len(ids))}) "
-                f"AND state IN {LIVE_STATES} AND segment IS NOT NULL GROUP BY segment", ids))
-            db.executemany("UPDATE groups SET state='dropped', payload=X'' WHERE id=?", [(g,) for g in ids])
+                f"AND state IN {LIVE_STATES} GROUP BY segment", ids))
+            db.executemany("UPDATE groups SET state='dropped' WHERE id=?", [(g,) for g in ids])
         return freed
 
     def quarantine(self, damaged: list[tuple[GroupBody, str]], now_s: float) -> list[tuple[int, int]]:
@@ -259,13 +241,9 @@ class StoreIndex:
         with self.transaction() as db:
             db.executemany("INSERT OR IGNORE INTO lost (id, reason, lost_s) VALUES (?, ?, ?)",
                            [(b.group.id, reason, now_s) for b, reason in damaged])
-            db.executemany("UPDATE groups SET state='lost', payload=X'' WHERE id=?",
+            db.executemany("UPDATE groups SET state='lost' WHERE id=?",
                            [(b.group.id,) for b, _r in damaged])
-        freed: dict[int, int] = {}
-        for b, _r in damaged:
-            if b.segment is not None:
-                freed[b.segment] = freed.get(b.segment, 0) + 1
-        return list(freed.items())
+        return list(collections.Counter(b.segment for b, _r in damaged).items())
 
     def set_meta(self, key: str, value: str) -> None:
         with self.transaction() as db:
@@ -275,4 +253,4 @@ class StoreIndex:
 
 def _body(row: Any) -> GroupBody:
     """A row of ``ROW, WHERE_BODY``."""
-    return GroupBody(StoredGroup(*row[:6]), row[6], row[7], row[8])
+    return GroupBody(StoredGroup(*row[:6]), row[6], row[7])

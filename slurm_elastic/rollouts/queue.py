@@ -6,10 +6,9 @@ however long the queue); groups older than the staleness bound when the trainer 
 dropped and counted. Batches are acknowledged by the trainer; unacknowledged ones are handed
 out again (same id, same content) after a restart of the trainer or of the controller.
 
-The staleness counts survive a controller restart exactly: every admission and version change
-writes a small snapshot to the store's meta table (the version, the accepted count plus the
-dropped total, the leases, and the arrival number they are current up to) before it is
-answered; groups accepted and dropped since are read back from the store at open.
+The queue keeps its groups through a :class:`~slurm_elastic.rollouts.storage.RolloutStorage`
+and its staleness counts in a :class:`~slurm_elastic.rollouts.admissions.StalenessBook`; both
+survive a controller restart exactly.
 """
 
 from __future__ import annotations
@@ -20,23 +19,17 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Any
 
 from slurm_elastic.core.pressure import QueueSnapshot
 from slurm_elastic.core.rates import WindowRate
-from slurm_elastic.core.staleness import (
-    AdmissionLeases,
-    StalenessManager,
-    StalenessSnapshot,
-    VersionRefused,
-    oldest_fresh_version,
-)
-from slurm_elastic.errors import SlurmElasticError, StateFileError
-from slurm_elastic.rollouts.store import LostGroup, RolloutStore, StoredGroup, Then, settle
+from slurm_elastic.core.staleness import AdmissionLeases, StalenessManager, VersionRefused, is_stale
+from slurm_elastic.errors import SlurmElasticError
+from slurm_elastic.rollouts.admissions import StalenessBook
+from slurm_elastic.rollouts.config import QueueConfig
+from slurm_elastic.rollouts.storage import LostGroup, RolloutStorage, StoredGroup, Then, settle
 
 RATE_WINDOW_S = 60.0
-STALENESS_KEY = "staleness"  # the store meta key of the staleness snapshot
 __all__ = ["QueueConfig", "QueueFull", "RolloutQueue", "UnknownBatchError", "VersionRefused"]
 
 
@@ -52,53 +45,10 @@ class UnknownBatchError(KeyError):
     """An ack named a batch the queue never handed out."""
 
 
-@dataclass(frozen=True)
-class QueueConfig:
-    batch_size: int = 32
-    capacity_seqs: int = 4096
-    capacity_bytes: int = 512 * 1024 * 1024
-    max_staleness: int = 4
-    max_concurrent: int = 1024
-    max_group_bytes: int = 32 * 1024 * 1024
-    admission_ttl_s: int = 600  # an admission not followed by a submit within this long is released
-    fsync: str = "always"
-    direct_io: bool = True  # with fsync always: the log written past the page cache (see segments.py)
-    lookahead_groups: int = 64
-
-    @classmethod
-    def from_mapping(cls, data: dict[str, Any], prefix: str = "queue") -> QueueConfig:
-        from slurm_elastic.errors import ConfigError
-
-        known = cls.__dataclass_fields__
-        values: dict[str, Any] = {}
-        for key, value in data.items():
-            if key not in known:
-                raise ConfigError(f"{prefix}.{key}: unknown key")
-            default = known[key].default
-            if isinstance(default, bool):
-                if not isinstance(value, bool):
-                    raise ConfigError(f"{prefix}.{key}: true or false")
-            elif isinstance(default, str):
-                if value not in ("always", "os", "off"):
-                    raise ConfigError(f"{prefix}.{key}: one of always, os, off")
-            elif isinstance(value, bool) or not isinstance(value, int) or value < (0 if key == "max_staleness" else 1):
-                raise ConfigError(f"{prefix}.{key}: must be a positive integer")
-            values[key] = value
-        config = cls(**values)
-        if config.capacity_seqs < config.batch_size:
-            raise ConfigError(f"{prefix}.capacity_seqs ({config.capacity_seqs}) is below {prefix}.batch_size "
-                              f"({config.batch_size}): the buffer could never hold a whole batch")
-        if config.capacity_bytes < config.max_group_bytes:
-            raise ConfigError(f"{prefix}.capacity_bytes ({config.capacity_bytes}) is below "
-                              f"{prefix}.max_group_bytes ({config.max_group_bytes}): a group under the size "
-                              "limit could never be accepted")
-        return config
-
-
 class RolloutQueue:
-    """Thread-safe queue over a :class:`RolloutStore`."""
+    """Thread-safe queue over a :class:`~slurm_elastic.rollouts.storage.RolloutStorage`."""
 
-    def __init__(self, store: RolloutStore, config: QueueConfig, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, store: RolloutStorage, config: QueueConfig, clock: Callable[[], float] = time.time) -> None:
         self.store = store
         self.config = config
         self.clock = clock
@@ -122,61 +72,43 @@ class RolloutQueue:
         self.in_use = False  # a trainer registered or pulled, or rollouts arrived: the buffer means something
         self._pulls = WindowRate(RATE_WINDOW_S)
         self._accepts = WindowRate(RATE_WINDOW_S)
-        self.staleness = StalenessManager(config.batch_size, config.max_staleness, config.max_concurrent)
-        self.leases = AdmissionLeases(self.staleness, config.admission_ttl_s)
-        self._last_seq = 0  # the highest arrival number accounted for in the staleness counts
-        self._persist_lock = threading.Lock()  # one snapshot write at a time, each newer than the last
-        self._changes = 0  # staleness changes made (admissions, versions) ...
-        self._durable_changes = 0  # ... and how many of them the stored snapshot holds
+        self.book = StalenessBook(store, self._lock, config.batch_size, config.max_staleness, config.max_concurrent,
+                                  config.admission_ttl_s)
         self._recover()
 
+    @property
+    def staleness(self) -> StalenessManager:
+        return self.book.staleness
+
+    @property
+    def leases(self) -> AdmissionLeases:
+        return self.book.leases
+
     def _recover(self) -> None:
-        for batch_id, groups in self.store.unacked_batches():
+        recovered = self.store.recover()
+        for batch_id, groups in recovered.unacked:
             self._rehand.append((batch_id, groups))
             self._handed[batch_id] = groups
-        for group in self.store.queued():
+        for group in recovered.queued:
             self._append(group)
-        counts = self.store.counts()
+        counts = recovered.seqs_by_state
         self.in_use = bool(counts)
-        lost = self.store.lost()
-        self.lost_groups, self.lost_seqs = len(lost), sum(g.n_seqs for g in lost)
-        self._lost_unreported = [g.id for g in self.store.lost_at_open]
+        self.lost_groups, self.lost_seqs = len(recovered.lost), sum(g.n_seqs for g in recovered.lost)
+        self._lost_unreported = [g.id for g in recovered.lost_at_open]
         self.delivered_seqs = counts.get("delivered", 0)
         self.dropped_stale_seqs = counts.get("dropped", 0)
-        self._recover_staleness()
-
-    def _recover_staleness(self) -> None:
-        """The staleness counts as they were at the last snapshot, moved on by what the store
-        accepted since (groups past the snapshot's arrival number) and what it dropped."""
-        raw, old_version = self.store.get_meta(STALENESS_KEY), self.store.get_meta("version")
-        try:
-            saved = StalenessSnapshot.from_json(raw) if raw else StalenessSnapshot(0, 0, 0, {})  # 0: a new store
-            if old_version and not raw:  # from before snapshots: as if the trainer recovered now
-                saved = StalenessSnapshot(int(old_version), 0, 0, {})
-        except ValueError as exc:
-            raise StateFileError(f"rollout store {self.store.path}: unreadable staleness snapshot {raw!r} "
-                                 f"({exc})") from None
-        self._last_seq, arrived = self.store.arrived_since(saved.at_seq)
-        saved.restore(self.leases, arrived, self._freed_seqs())
-        if old_version and not raw:
-            self.staleness.on_version_recovered(saved.version, self._buffered_seqs())
-        self.leases.expire(self.clock())
+        self.book.recover(recovered, self.dropped_stale_seqs + self.lost_seqs, self.clock())
 
     def _buffered_seqs(self) -> int:
         """Sequences the trainer will still get: queued, or handed out and not acknowledged."""
         return self._queued_seqs + sum(g.n_seqs for groups in self._handed.values() for g in groups)
 
-    def _snapshot(self) -> str:
-        """The staleness counts as the store keeps them (lock held)."""
-        return StalenessSnapshot.take(self.leases, self._freed_seqs(), self._last_seq).to_json()
-
-    def _freed_seqs(self) -> int:
-        """Accepted sequences that will never be consumed and so hold no capacity: dropped as
-        stale, or lost to a damaged record."""
-        return self.dropped_stale_seqs + self.lost_seqs
-
-    def _append(self, group: StoredGroup) -> None:
-        self._queue.append(group)
+    def _append(self, group: StoredGroup, at: int | None = None) -> None:
+        """Queue ``group``: last, or at position ``at``."""
+        if at is None:
+            self._queue.append(group)
+        else:
+            self._queue.insert(at, group)
         self._ids.add(group.id)
         self._by_version.setdefault(group.version, {})[group.id] = group
         self._queued_seqs += group.n_seqs
@@ -186,34 +118,10 @@ class RolloutQueue:
     def admit(self, n_seqs: int, worker_id: str) -> int:
         """The capacity gate: how many of ``n_seqs`` ``worker_id`` may start now (staleness and
         concurrency); they are its lease, recorded durably before this returns."""
-        with self._lock:
-            granted = self.leases.grant(worker_id, n_seqs, self.clock())
-            if not granted:
-                return 0
-            self._changes += 1
-            wanted = self._changes
-        try:
-            self._persist(wanted)
-        except BaseException:
-            with self._lock:
-                self.leases.revoke(worker_id, granted)
-                self._changes += 1
-            raise
-        return granted
-
-    def _persist(self, wanted: int) -> None:
-        """Make the staleness counts durable up to change ``wanted``: a write of the counts as
-        they are now, unless one already holds them (concurrent admissions share one write)."""
-        with self._persist_lock:
-            if self._durable_changes >= wanted:
-                return
-            with self._lock:
-                snapshot, changes = self._snapshot(), self._changes
-            self.store.set_meta(STALENESS_KEY, snapshot)
-            self._durable_changes = changes
+        return self.book.admit(worker_id, n_seqs, self.clock())
 
     def expire_admissions(self) -> None:
-        """Release leases past the admission TTL (the controller's tick calls this)."""
+        """Release leases past the admission TTL (:meth:`snapshot` and :meth:`stats` do so too)."""
         with self._lock:
             self.leases.expire(self.clock())
 
@@ -257,14 +165,13 @@ class RolloutQueue:
                 if seq is not None:
                     self._append(StoredGroup(seq, group_id, worker_id, n_seqs, version, len(payload)))
                     self.in_use = True
-                    self._last_seq = max(self._last_seq, seq)
                     now_s = self.clock()
-                    self.leases.accept(worker_id, n_seqs, now_s)
+                    self.book.accepted(worker_id, n_seqs, seq, now_s)
                     self._accepts.add(now_s, n_seqs)
             then(seq is not None, error)
 
         try:
-            self.store.insert_then(group_id, worker_id, n_seqs, version, payload, committed)
+            self.store.submit(group_id, worker_id, n_seqs, version, payload, committed)
         except BaseException:
             with self._lock:
                 self._committing_seqs -= n_seqs
@@ -296,37 +203,37 @@ class RolloutQueue:
                 for group in chosen:  # out of the queue while their hand-out is recorded
                     self._forget(group)
                     self._queue.remove(group)  # found within the head + look-ahead: O(batch), not O(queue)
+            batch_id = uuid.uuid4().hex
             try:
-                good, damaged = self.store.read_checked([g.id for g in chosen])
-                if damaged:
-                    self._lost(self.store.quarantine(damaged), queued=True)
-                    self._put_back([b.group for b, _p in good])
-                    continue  # pack again without them
-                batch_id = uuid.uuid4().hex
-                self.store.record_hand_out(batch_id, [g.id for g in chosen], self.clock())
+                pulled = self.store.pull(batch_id, [g.id for g in chosen], self.clock())
             except BaseException:
                 self._put_back(chosen)  # a failed pull changes nothing
                 raise
+            if pulled.lost:
+                self._lost(pulled.lost, queued=True)
+                lost_ids = {g.id for g in pulled.lost}
+                self._put_back([g for g in chosen if g.id not in lost_ids])
+                continue  # pack again without them
             with self._lock:
                 self._handed[batch_id] = chosen
                 self._pulls.add(self.clock(), self.config.batch_size)
-            return batch_id, [p for _b, p in good]
+            return batch_id, pulled.payloads
 
     def _hand_again(self, batch_id: str) -> tuple[str, list[bytes]] | None:
         """An unacknowledged batch, again: its groups checked, the damaged ones quarantined."""
         try:
-            good, damaged = self.store.batch_checked(batch_id)
-            if damaged:
-                self._lost(self.store.quarantine(damaged), queued=False)
+            pulled = self.store.pull_again(batch_id)
+            if pulled.lost:
+                self._lost(pulled.lost, queued=False)
         except BaseException:
             with self._lock:
                 if batch_id in self._handed:
                     self._rehand.appendleft((batch_id, self._handed[batch_id]))
             raise
-        if not good:  # every group of it lost: nothing left to hand out or acknowledge
+        if not pulled.payloads:  # every group of it lost: nothing left to hand out or acknowledge
             self.ack(batch_id)
             return self.pull()
-        return batch_id, [p for _b, p in good]
+        return batch_id, pulled.payloads
 
     def _put_back(self, groups: list[StoredGroup]) -> None:
         """Groups taken for a batch that was not recorded: queued again where they were
@@ -336,11 +243,7 @@ class RolloutQueue:
                 at = 0
                 while at < len(self._queue) and self._queue[at].seq < group.seq:
                     at += 1
-                self._queue.insert(at, group)
-                self._ids.add(group.id)
-                self._by_version.setdefault(group.version, {})[group.id] = group
-                self._queued_seqs += group.n_seqs
-                self._queued_bytes += group.nbytes
+                self._append(group, at)
 
     def _lost(self, lost: list[LostGroup], queued: bool) -> None:
         """Groups quarantined: counted, to be told to the trainer, out of their batch; they
@@ -354,7 +257,7 @@ class RolloutQueue:
                 for batch_id, groups in self._handed.items():
                     if any(g.id in ids for g in groups):
                         self._handed[batch_id] = [g for g in groups if g.id not in ids]
-            self.staleness.on_dropped(sum(g.n_seqs for g in lost))
+            self.book.freed(sum(g.n_seqs for g in lost))
 
     def take_lost_ids(self) -> list[str]:
         """Ids of the groups quarantined since the last call (for the trainer's next batch)."""
@@ -401,8 +304,9 @@ class RolloutQueue:
     def _drop_stale(self) -> None:
         """Drop every queued group older than the bound, wherever it sits in the queue (by version:
         O(groups dropped + versions queued))."""
-        oldest_ok = oldest_fresh_version(self.staleness.version, self.config.max_staleness)
-        stale = [g for v in [v for v in self._by_version if v < oldest_ok] for g in self._by_version[v].values()]
+        version, max_staleness = self.staleness.version, self.config.max_staleness
+        stale = [g for v in [v for v in self._by_version if is_stale(v, version, max_staleness)]
+                 for g in self._by_version[v].values()]
         if stale:
             self.store.drop(g.id for g in stale)  # first: if the store cannot, nothing changes here
         for group in stale:
@@ -413,7 +317,7 @@ class RolloutQueue:
         if stale:
             dropped = sum(g.n_seqs for g in stale)
             self.dropped_stale_seqs += dropped
-            self.staleness.on_dropped(dropped)  # never consumed: they must not hold capacity
+            self.book.freed(dropped)  # never consumed: they must not hold capacity
 
     def ack(self, batch_id: str) -> bool:
         """The trainer consumed a batch. Idempotent; raises UnknownBatchError for an unknown id."""
@@ -439,14 +343,7 @@ class RolloutQueue:
         max_staleness + 1 past it, else :class:`VersionRefused`. ``recovered``: the trainer resumed
         from a checkpoint at ``version``; the accepted count is anchored there, plus what is
         still buffered (it will be trained on first)."""
-        with self._lock:
-            if recovered:
-                self.staleness.on_version_recovered(version, self._buffered_seqs())
-            else:
-                self.staleness.on_version(version)
-            self._changes += 1
-            wanted = self._changes
-        self._persist(wanted)
+        self.book.set_version(version, recovered, self._buffered_seqs)
 
     # ---- numbers -----------------------------------------------------------------------------
     def snapshot(self) -> QueueSnapshot | None:

@@ -127,10 +127,7 @@ def index_log_tail(index: StoreIndex, segments: SegmentLog) -> int:
 
 
 def read_body(segments: SegmentLog, body: GroupBody) -> bytes:
-    """A group's body, checked (DamagedRecordError if not); a store from before the log keeps
-    bodies in their rows, unchecked."""
-    if body.segment is None or body.body_offset is None:
-        return body.payload
+    """A group's body, checked (DamagedRecordError if not)."""
     g = body.group
     head = group_head(g.seq, json_str(g.id), json_str(g.worker_id), g.n_seqs, g.version)
     return segments.read_checked(body.segment, body.body_offset, g.nbytes, head)

@@ -22,15 +22,10 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from slurm_elastic.rollouts.commits import GroupCommits, Then, settle
-from slurm_elastic.rollouts.index import (
-    SYNCHRONOUS,
-    GroupBody,
-    LostGroup,
-    StoredGroup,
-    StoreIndex,
-    StoreUnavailableError,
-)
+from slurm_elastic.core.staleness import StalenessSnapshot
+from slurm_elastic.errors import StateFileError
+from slurm_elastic.rollouts.commits import GroupCommits
+from slurm_elastic.rollouts.index import SYNCHRONOUS, GroupBody, StoreIndex
 from slurm_elastic.rollouts.recovery import (
     index_log_tail,
     read_body,
@@ -38,17 +33,25 @@ from slurm_elastic.rollouts.recovery import (
     take_writer_lock,
 )
 from slurm_elastic.rollouts.segments import SEGMENT_BYTES, DamagedRecordError, SegmentLog
+from slurm_elastic.rollouts.storage import (
+    LostGroup,
+    Pulled,
+    Recovered,
+    StoredGroup,
+    StoreUnavailableError,
+)
 
-__all__ = ["LostGroup", "RolloutStore", "StoreUnavailableError", "StoredGroup", "Then", "settle"]
+__all__ = ["RolloutStore", "StoreUnavailableError"]
 log = logging.getLogger(__name__)
 LOCK_WAIT_S = 120.0  # how long a new store waits for an earlier writer (its syncer) to go
+STALENESS_KEY = "staleness"  # the meta key of the queue's staleness counts
 Checked = tuple[list[tuple[GroupBody, bytes]], list[tuple[GroupBody, str]]]
 """Bodies read and checked: the good ones with their bytes, the damaged ones with the reason."""
 
 
 class RolloutStore(GroupCommits):
-    """The rollout store. Thread-safe: the index behind a lock; submits group-committed
-    (:class:`commits.GroupCommits`)."""
+    """The rollout store (a :class:`~slurm_elastic.rollouts.storage.RolloutStorage`).
+    Thread-safe: the index behind a lock; submits group-committed (:class:`commits.GroupCommits`)."""
 
     def __init__(self, path: Path, fsync: str = "always", segment_bytes: int = SEGMENT_BYTES,
                  direct_io: bool = True, lock_wait_s: float = LOCK_WAIT_S,
@@ -102,6 +105,24 @@ class RolloutStore(GroupCommits):
         self.log.close()
         os.close(self._writer_lock)  # the syncer, its other holder, is gone
 
+    def recover(self) -> Recovered:
+        """What the store holds, for a queue to rebuild itself from."""
+        raw = self.get_meta(STALENESS_KEY)
+        if not raw and self.get_meta("version"):
+            raise StateFileError(f"rollout store {self.path} keeps the policy version without the staleness "
+                                 "counts, a format this version does not read: let the trainer take every batch "
+                                 "with the version that wrote it, or move the store aside")
+        try:
+            snapshot = StalenessSnapshot.from_json(raw) if raw else None
+        except ValueError as exc:
+            raise StateFileError(f"rollout store {self.path}: unreadable staleness snapshot {raw!r} ({exc})") from None
+        last_seq, arrived = self._index.arrived_since(snapshot.at_seq if snapshot else 0)
+        return Recovered(self._index.queued(), self._index.unacked_batches(), self._index.counts(),
+                         self._index.lost(), self.lost_at_open, snapshot, last_seq, arrived)
+
+    def save_staleness(self, snapshot: StalenessSnapshot) -> None:
+        self.set_meta(STALENESS_KEY, snapshot.to_json())
+
     # ---- reads, hand-outs, acknowledgements --------------------------------------------------
     def _check(self, bodies: list[GroupBody]) -> Checked:
         """Read each body with its record and check it."""
@@ -138,9 +159,19 @@ class RolloutStore(GroupCommits):
             lost.append(LostGroup(g.id, g.worker_id, g.n_seqs, g.version, None, reason, now_s))
         return lost
 
-    def record_hand_out(self, batch_id: str, group_ids: list[str], now_s: float) -> None:
-        """Record a batch (one transaction). StoreUnavailableError: nothing was recorded."""
+    def pull(self, batch_id: str, group_ids: list[str], now_s: float) -> Pulled:
+        """The groups' payloads, checked, and the batch recorded (one transaction); if any is
+        damaged, it is quarantined and returned in ``lost`` and no batch is recorded."""
+        good, damaged = self.read_checked(group_ids)
+        if damaged:
+            return Pulled([], self.quarantine(damaged))
         self._index.hand_out(batch_id, group_ids, now_s)
+        return Pulled([p for _b, p in good], [])
+
+    def pull_again(self, batch_id: str) -> Pulled:
+        """A batch's payloads again, checked; damaged ones quarantined and left out."""
+        good, damaged = self.batch_checked(batch_id)
+        return Pulled([p for _b, p in good], self.quarantine(damaged) if damaged else [])
 
     def hand_out(self, batch_id: str, group_ids: list[str], now_s: float) -> list[bytes]:
         """Check the groups' bodies, quarantine the damaged ones, record the batch of the others
@@ -148,7 +179,7 @@ class RolloutStore(GroupCommits):
         good, damaged = self.read_checked(group_ids)
         if damaged:
             self.quarantine(damaged)
-        self.record_hand_out(batch_id, [b.group.id for b, _p in good], now_s)
+        self._index.hand_out(batch_id, [b.group.id for b, _p in good], now_s)
         return [p for _b, p in good]
 
     def batch_payloads(self, batch_id: str) -> list[tuple[str, bytes]]:
@@ -166,6 +197,7 @@ class RolloutStore(GroupCommits):
         return result
 
     def drop(self, group_ids: Iterable[str]) -> None:
+        """Queued groups dropped as too stale."""
         freed = self._index.drop(group_ids)
         with self._index.lock:
             self._release(freed)
@@ -182,10 +214,6 @@ class RolloutStore(GroupCommits):
         """Groups waiting, in arrival order (for a restart)."""
         return self._index.queued()
 
-    def unacked_batches(self) -> list[tuple[str, list[StoredGroup]]]:
-        """Batches handed out and never acknowledged, oldest first, with their groups (lost ones left out)."""
-        return self._index.unacked_batches()
-
     def counts(self) -> dict[str, int]:
         """Sequences per state (for status after a restart)."""
         return self._index.counts()
@@ -199,8 +227,3 @@ class RolloutStore(GroupCommits):
 
     def set_meta(self, key: str, value: str) -> None:
         self._index.set_meta(key, value)
-
-    def arrived_since(self, seq: int) -> tuple[int, dict[str, int]]:
-        """The highest arrival number stored, and the sequences per worker of the groups stored
-        after arrival ``seq`` (for the queue's staleness counts at a restart)."""
-        return self._index.arrived_since(seq)

@@ -77,9 +77,9 @@ ZEROS = bytes(BLOCK_BYTES)
 
 class SegmentWriter:
     """Writes staged commits to their segment. Direct (O_DIRECT) when asked (the store asks when
-    it fsyncs the log) and the filesystem allows it: no copy into the page cache, and the fdatasync that follows finds no
-    dirty pages to write (under load: 0.32 ms for write and fdatasync of a commit, against
-    0.42 ms through the page cache). A direct write covers whole blocks, so the bytes of the
+    it fsyncs the log) and the filesystem allows it: no copy into the page cache, and the
+    fdatasync that follows finds no dirty pages to write (docs/queue.md has the measurements).
+    A direct write covers whole blocks, so the bytes of the
     commit's first block already on disk (kept from the last commit, or read back) are put in
     front of its records and zeros after them; rewriting those bytes with the same values
     cannot tear them. Otherwise, or once the filesystem refuses (EINVAL), through the page

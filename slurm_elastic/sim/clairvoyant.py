@@ -15,7 +15,8 @@ import copy
 from dataclasses import dataclass
 
 from slurm_elastic.core.scaling import Decision, PressureInputs
-from slurm_elastic.sim.engine import SimResult, Simulation
+from slurm_elastic.sim.engine import Simulation
+from slurm_elastic.sim.results import SimResult
 from slurm_elastic.sim.trace import Trace
 
 

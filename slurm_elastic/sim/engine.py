@@ -3,7 +3,11 @@
 Pure: a simulated clock, seeded RNG streams, no I/O. What runs is the controller's own code:
 the policy (:mod:`slurm_elastic.core.scaling` or a baseline), the level-triggered
 :func:`~slurm_elastic.core.reconcile.reconcile` (launch, drain order, crash-loop backoff, drain
-timeout) and the :class:`~slurm_elastic.core.staleness.StalenessManager`. What is modelled:
+timeout), the :class:`~slurm_elastic.core.staleness.StalenessManager` with its drop rule
+(:func:`~slurm_elastic.core.staleness.is_stale`) and the autoscaler's inputs
+(:func:`~slurm_elastic.core.pressure.pressure_inputs` over a
+:class:`~slurm_elastic.core.pressure.QueueSnapshot`, as the controller builds them). What is
+modelled:
 
 - a worker step is STARTING for ``startup_s`` (launch -> registration), then ACTIVE; it loads
   its model for ``warmup_s``, then loops: ask admission for a group (the staleness gate, AReaL's
@@ -14,8 +18,7 @@ timeout) and the :class:`~slurm_elastic.core.staleness.StalenessManager`. What i
   version + 1; every group older than ``max_staleness`` versions is dropped at the pull.
 - the controller ticks every ``tick_interval_s``: it measures consumption and production over the
   queue's 60 s window and the workers' busy time (seconds inside a rollout, which the SDK reports
-  in heartbeats; here at every tick), production per busy worker as the controller does
-  (:func:`~slurm_elastic.core.rates.per_worker_rate`), asks the policy, reconciles, and acts.
+  in heartbeats; here at every tick), asks the policy, reconciles, and acts.
 - failures kill running steps (their rollout in flight is lost; its admission is released only
   by the admission TTL, as in the queue); the controller sees the step gone at its next tick and
   relaunches after the crash-loop backoff.
@@ -28,13 +31,12 @@ from __future__ import annotations
 
 import collections
 import heapq
-import itertools
 import random
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from slurm_elastic.core.lifecycle import Worker, WorkerState, transition
-from slurm_elastic.core.rates import WindowRate, per_worker_rate
+from slurm_elastic.core.pressure import QueueSnapshot, pressure_inputs
+from slurm_elastic.core.rates import WindowRate
 from slurm_elastic.core.reconcile import (
     Cancel,
     Drain,
@@ -44,8 +46,9 @@ from slurm_elastic.core.reconcile import (
     reconcile,
 )
 from slurm_elastic.core.scaling import Decision, PressureInputs, effective_setpoint_seqs
-from slurm_elastic.core.staleness import AdmissionLeases, StalenessManager, oldest_fresh_version
+from slurm_elastic.core.staleness import AdmissionLeases, StalenessManager, is_stale
 from slurm_elastic.sim.policies import Policy, initial_workers, make_policy
+from slurm_elastic.sim.results import Sample, ScaleEvent, SimResult, count_reversals, run_metrics
 from slurm_elastic.sim.trace import Trace
 
 S = WorkerState
@@ -68,57 +71,6 @@ class _Proc:
     rollout_since_s: float | None = None  # the rollout in flight started then
     busy_reported_s: float = 0.0  # what the last heartbeat reported
     epoch: int = 0  # bumps on every phase change: stale events are ignored
-
-
-@dataclass(frozen=True)
-class Sample:
-    """The controller's view at one tick."""
-
-    t_s: float
-    queued_seqs: float
-    setpoint_seqs: float
-    buffer_capacity_seqs: float
-    staleness_capacity_seqs: float
-    starting: int
-    active: int
-    draining: int
-    target: int
-    action: str
-    version: int
-
-
-@dataclass(frozen=True)
-class ScaleEvent:
-    t_s: float
-    action: str
-    before: int
-    target: int
-    reason: str
-
-
-@dataclass
-class SimResult:
-    trace: str
-    policy: str
-    seed: int
-    duration_s: float
-    metrics: dict[str, float]
-    samples: list[Sample] = field(default_factory=list)
-    scale_events: list[ScaleEvent] = field(default_factory=list)
-
-    def summary(self) -> dict[str, Any]:
-        return {"trace": self.trace, "policy": self.policy, "seed": self.seed, "duration_s": self.duration_s,
-                "metrics": self.metrics,
-                "scale_events": [e.__dict__ for e in self.scale_events]}
-
-
-def count_reversals(events: list[ScaleEvent], window_s: float) -> int:
-    """Scale actions in the opposite direction of the previous one, less than ``window_s`` after it."""
-    reversals = 0
-    for before, after in itertools.pairwise(events):
-        if before.action != after.action and after.t_s - before.t_s < window_s:
-            reversals += 1
-    return reversals
 
 
 class Simulation:
@@ -165,7 +117,7 @@ class Simulation:
     def run(self) -> SimResult:
         self.start(initial_workers(self.policy_name, self.trace))
         self.advance(self.trace.duration_s)
-        return self._finish()
+        return self.finish()
 
     def start(self, workers: int) -> None:
         """t = 0: launch ``workers``, the trainer waits for its first batch, the ticks begin."""
@@ -205,48 +157,27 @@ class Simulation:
 
     def finish(self) -> SimResult:
         """The metrics at the trace's end (call once, after :meth:`advance` to the end)."""
-        return self._finish()
-
-    def _finish(self) -> SimResult:
         end = self.now_s = self.trace.duration_s
         if self.trainer_waiting_since is not None:
             self.counters["trainer_idle_s"] += end - self.trainer_waiting_since
         for proc in self.procs.values():
             self.counters["gpu_s"] += end - proc.launched_s
         window_s = max(self.trace.autoscaler.scale_up_cooldown_s, self.trace.autoscaler.scale_down_cooldown_s)
-        c = self.counters
-        metrics = {
-            "trainer_idle_fraction": c["trainer_idle_s"] / end,
-            "gpu_seconds": c["gpu_s"],
-            "mean_workers": c["gpu_s"] / end,
-            "max_staleness": float(self.max_staleness),
-            "scale_actions": float(len(self.scale_events)),
-            "reversals": float(count_reversals(self.scale_events, window_s)),
-            "trainer_steps": float(c["steps"]),
-            "generated_seqs": float(c["generated"]),
-            "consumed_seqs": float(c["consumed"]),
-            "dropped_stale_seqs": float(c["dropped"]),
-            "buffered_seqs": float(self.queued_seqs),
-            "lost_in_flight_seqs": float(c["lost"]),
-            "worker_failures": float(c["failures"]),
-            "launches": float(c["launches"]),
-        }
+        metrics = run_metrics(self.counters, end, self.max_staleness, self.queued_seqs,
+                              count_reversals(self.scale_events, window_s), len(self.scale_events))
         return SimResult(self.trace.name, self.policy_name, self.seed, end, metrics, self.samples, self.scale_events)
 
     # ---- the controller ----------------------------------------------------------------------
+    def queue_snapshot(self) -> QueueSnapshot:
+        """The buffer's numbers as the queue reports them (:meth:`RolloutQueue.snapshot`)."""
+        q = self.trace.queue
+        return QueueSnapshot(self.queued_seqs, q.batch_size, self.pulls.rate(self.now_s), self.accepts.rate(self.now_s),
+                             self.staleness.running, q.max_staleness, self.staleness.capacity(), q.capacity_seqs)
+
     def pressure_inputs(self) -> PressureInputs:
-        """What the controller hands the policy (as core.pressure.pressure_inputs builds it)."""
+        """What the controller hands the policy, built by the controller's own function."""
         counts = collections.Counter(w.state for w in self.records.values() if not w.placeholder)
-        active = counts[S.ACTIVE]
-        return PressureInputs(
-            queued_seqs=float(self.queued_seqs), batch_size=self.trace.queue.batch_size,
-            consumption_seqs_per_s=self.pulls.rate(self.now_s),
-            per_worker_seqs_per_s=per_worker_rate(self.accepts.rate(self.now_s), self.busy.rate(self.now_s), active),
-            in_flight_seqs=float(self.staleness.running), max_staleness=self.trace.queue.max_staleness,
-            staleness_capacity_seqs=float(self.staleness.capacity()),
-            buffer_capacity_seqs=float(self.trace.queue.capacity_seqs),
-            workers_starting=counts[S.STARTING] + counts[S.BACKOFF], workers_active=active,
-            workers_draining=counts[S.DRAINING], allowed_slots=self.trace.cluster.gpu_slots)
+        return pressure_inputs(self.queue_snapshot(), counts, self.busy.rate(self.now_s), self.trace.cluster.gpu_slots)
 
     def _tick(self) -> None:
         self.grants.expire(self.now_s)
@@ -436,10 +367,10 @@ class Simulation:
     def _drop_stale(self) -> int:
         """Drop every stale group, wherever it sits (the queue's rule, at the pull as there);
         returns the sequences dropped."""
-        oldest_ok = oldest_fresh_version(self.version, self.trace.queue.max_staleness)
-        dropped = sum(n for version, n in self.buffer if version < oldest_ok)
+        max_staleness = self.trace.queue.max_staleness
+        dropped = sum(n for version, n in self.buffer if is_stale(version, self.version, max_staleness))
         if dropped:
-            self.buffer = collections.deque(g for g in self.buffer if g[0] >= oldest_ok)
+            self.buffer = collections.deque(g for g in self.buffer if not is_stale(g[0], self.version, max_staleness))
             self.queued_seqs -= dropped
             self.counters["dropped"] += dropped
             self.staleness.on_dropped(dropped)

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from slurm_elastic.errors import ConfigError, SlurmElasticError
-from slurm_elastic.sim.engine import SimResult
+from slurm_elastic.sim.results import SimResult
 from slurm_elastic.sim.trace import Trace, parse_trace
 
 

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
+from slurm_elastic.core.reconcile import DRAIN_TIMEOUT_S
 from slurm_elastic.core.scaling import AutoscalerConfig
 from slurm_elastic.errors import ConfigError
 
@@ -32,7 +33,7 @@ class ClusterSpec:
     startup_s: float = 1.0  # launch -> registered (STARTING -> ACTIVE); must stay below heartbeat_grace_s
     warmup_s: float = 0.0  # registered -> first rollout (model loading; ACTIVE but producing nothing)
     tick_interval_s: float = 2.0  # the controller's reconcile tick
-    drain_timeout_s: float = 120.0  # a draining worker is cancelled after this
+    drain_timeout_s: float = DRAIN_TIMEOUT_S  # a draining worker is cancelled after this
     backoff_base_s: float = 5.0  # crash-loop backoff before a relaunch (doubles per crash of that worker)
     backoff_max_s: float = 300.0
     heartbeat_grace_s: float = 60.0

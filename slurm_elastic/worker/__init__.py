@@ -66,7 +66,7 @@ class RolloutWorker:
         def on_drain(_signum: int, _frame: object) -> None:
             self._drain.set()  # only set a flag: the loop acts on it
 
-        signal.signal(getattr(signal, f"SIG{self.ctx.drain_signal}"), on_drain)
+        signal.signal(self.ctx.drain_signum, on_drain)
         self._thread.start()
         return self
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from slurm_elastic.core.signals import DEFAULT_DRAIN_SIGNAL, drain_signal_name, drain_signal_number
 from slurm_elastic.errors import ConfigError
 
 
@@ -34,6 +36,10 @@ class StepContext:
     liveness_failure_threshold: int = 0  # 0: no liveness probes
     term_drains: bool = False  # a step of a burst job: its first SIGTERM (preemption) is a drain
 
+    @property
+    def drain_signum(self) -> signal.Signals:
+        return drain_signal_number(self.drain_signal)
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> StepContext:
         env = os.environ if env is None else env
@@ -53,7 +59,7 @@ class StepContext:
             controller_url=env["SLURM_ELASTIC_CONTROLLER_URL"].rstrip("/"),
             token=token,
             heartbeat_interval_s=float(env.get("SLURM_ELASTIC_HEARTBEAT_INTERVAL_S", "5")),
-            drain_signal=env.get("SLURM_ELASTIC_DRAIN_SIGNAL", "USR1").upper().removeprefix("SIG"),
+            drain_signal=drain_signal_name(env.get("SLURM_ELASTIC_DRAIN_SIGNAL", DEFAULT_DRAIN_SIGNAL)),
             node=env.get("SLURMD_NODENAME") or socket.gethostname(),
             gpus=gpus,
             step_id=env.get("SLURM_STEP_ID", ""),

@@ -39,11 +39,10 @@ class Flags:
     signals_seen: list[int] = field(default_factory=list)
 
 
-def install_handlers(flags: Flags, drain_signal: str, term_drains: bool = False) -> None:
+def install_handlers(flags: Flags, drain_signum: int, term_drains: bool = False) -> None:
     """``term_drains`` (steps in burst jobs): the first SIGTERM is a drain, not a stop. Slurm sends
     SIGTERM (no other signal) to a preempted job's steps when its GraceTime starts; a SIGTERM that
     comes while draining already stops the command."""
-    drain_signum = getattr(signal, f"SIG{drain_signal}")
 
     def on_drain(signum: int, _frame: object) -> None:
         flags.signals_seen.append(signum)
@@ -105,8 +104,7 @@ def run_wrapped(
         return _hold(ctx, register, heartbeat, flags)
     if answer.get("action") == "drain":
         return 0
-    argv = [part.replace("{port}", str(port)) for part in command]
-    env = {**os.environ, "SLURM_ELASTIC_PORT": str(port)}
+    argv, env, info = launch_with_weights(command, answer.get("weights"), port, info)
     try:
         child = subprocess.Popen(argv, env=env)
     except OSError as exc:
@@ -157,9 +155,29 @@ def run_wrapped(
                 flags.drain.set()  # the controller wants a drain, whether or not a signal came
         if flags.drain.is_set() and not forwarded:
             log.info("worker %s: draining; forwarding SIG%s to the worker command", ctx.worker_id, ctx.drain_signal)
-            child.send_signal(getattr(signal, f"SIG{ctx.drain_signal}"))
+            child.send_signal(ctx.drain_signum)
             forwarded = True
         time.sleep(0.05)
+
+
+def launch_with_weights(command: list[str], weights: dict[str, Any] | None, port: int,
+                        info: dict[str, Any]) -> tuple[list[str], dict[str, str], dict[str, Any]]:
+    """(argv, environment, registration) for the worker command. The latest published weights the
+    controller answered at registration fill ``{weights_path}`` and ``{weights_version}`` and the
+    environment (``SLURM_ELASTIC_WEIGHTS_PATH``, ``_VERSION``); a command that names
+    ``{weights_path}`` starts on them, so its ready registration reports that version (else the
+    controller updates the server through its hook before it enters discovery)."""
+    values = {"port": str(port), "weights_path": "", "weights_version": ""}
+    env = {**os.environ, "SLURM_ELASTIC_PORT": str(port)}
+    if weights:
+        values.update(weights_path=str(weights["ref"]), weights_version=str(int(weights["version"])))
+        env.update(SLURM_ELASTIC_WEIGHTS_PATH=values["weights_path"], SLURM_ELASTIC_WEIGHTS_VERSION=values["weights_version"])
+        if any("{weights_path}" in part for part in command):
+            info = {**info, "weights_version": int(weights["version"])}
+    argv = list(command)
+    for key, value in values.items():
+        argv = [part.replace("{" + key + "}", value) for part in argv]
+    return argv, env, info
 
 
 def _start_liveness(ctx: StepContext, port: int) -> LivenessProbe | None:

@@ -159,6 +159,7 @@ def api_probes(rig: Rig) -> Iterator[Probe]:
     yield from loose_submit_probes(rig)
     yield from growth_probes(rig)
     yield from liveness_probes(rig)
+    yield from weights_probes(rig)
 
 
 def _address(url: str) -> tuple[str, int]:
@@ -315,6 +316,14 @@ def liveness_probes(rig: Rig) -> Iterator[Probe]:
                lambda: rig.post("/workers/0001/heartbeat", {"liveness_failures": -1}), 422, "liveness_failures")
     yield _api(rig, "a rollout worker's heartbeat with `liveness_failures: 1000` (liveness is for servers)",
                lambda: rig.post("/workers/0001/heartbeat", {"liveness_failures": 1000}), 200, '"drain":false')
+
+
+def weights_probes(rig: Rig) -> Iterator[Probe]:
+    """The trainer's published weights are checked at the edge; a refused publish keeps nothing."""
+    yield _api(rig, "publish weights with a newline in the path",
+               lambda: rig.post("/trainer/version", {"version": 0, "weights": "/ckpt/a\nb"}), 422, "printable")
+    yield _api(rig, "publish weights as a number", lambda: rig.post("/trainer/version", {"version": 0, "weights": 7}),
+               422, "weights")
 
 
 def cli_probes(rig: Rig) -> Iterator[Probe]:

@@ -94,6 +94,7 @@ def start_controller_job(cluster: DevCluster, tmp: Path, *, workers: dict[str, A
                          worker_env: dict[str, str] | None = None, autoscaler: dict[str, Any] | None = None,
                          queue: dict[str, Any] | None = None,
                          controller: dict[str, Any] | None = None,
+                         weights: dict[str, Any] | None = None,
                          nodes: int = 2,
                          gpus_per_node: int = 4,
                          before_start: Callable[[int], None] | None = None) -> ControllerJob:
@@ -112,6 +113,7 @@ def start_controller_job(cluster: DevCluster, tmp: Path, *, workers: dict[str, A
         "health": health or {},
         "autoscaler": {"min_workers": 0, **(autoscaler or {})},
         "queue": queue or {},
+        "weights": weights or {},
     }
     tmp.mkdir(parents=True, exist_ok=True)
     (tmp / "elastic.toml").write_text(_toml(config))

@@ -1,5 +1,6 @@
-"""The controller's uvicorn server: a response's head and body leave in one send, a head
-without a body still leaves, and keep-alive connections go on working."""
+"""The controller's uvicorn server: uvicorn's own HTTP implementation, found by its setting's
+name and wrapped, not subclassed; a response's head and body leave in one send, a head without a
+body still leaves, and keep-alive connections go on working."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import socket
 
 from fastapi import FastAPI, Response
 
-from slurm_elastic.controller.serve import ApiServer, _HeadWithBody
+from slurm_elastic.controller.connections import _InnerTransport
+from slurm_elastic.controller.serve import ApiServer, http_protocol_class
 
 
 class RecordingTransport:
@@ -35,11 +37,14 @@ class RecordingTransport:
 def test_a_head_waits_for_its_body_and_a_lone_head_leaves_at_the_end_of_the_turn() -> None:
     async def scenario() -> list[bytes]:
         transport = RecordingTransport()
-        wrapped = _HeadWithBody(transport, asyncio.get_running_loop())  # type: ignore[arg-type]
+        written: list[int] = []
+        wrapped = _InnerTransport(transport, asyncio.get_running_loop(),  # type: ignore[arg-type]
+                                  lambda: written.append(len(transport.sends)))
         wrapped.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n")
-        assert transport.sends == []
+        assert transport.sends == [] and written == []  # nothing left yet: the connection is not told
         wrapped.write(b"{}")
         assert transport.sends == [b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}"]  # one send
+        assert written == [1]
         wrapped.write(b"HTTP/1.1 204 No Content\r\n\r\n")
         await asyncio.sleep(0)
         await asyncio.sleep(0)
@@ -51,6 +56,11 @@ def test_a_head_waits_for_its_body_and_a_lone_head_leaves_at_the_end_of_the_turn
         return transport.sends
 
     assert len(asyncio.run(scenario())) == 3
+
+
+def test_the_http_implementation_is_uvicorns_httptools_found_by_its_setting_name() -> None:
+    protocol = http_protocol_class()
+    assert issubclass(protocol, asyncio.Protocol) and "httptools" in protocol.__module__
 
 
 def test_the_server_serves_through_it_and_keep_alive_connections_go_on() -> None:

@@ -150,10 +150,10 @@ def test_in_a_burst_job_the_first_sigterm_drains_and_the_second_stops() -> None:
     previous = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)}
     try:
         plain, burst = Flags(), Flags()
-        install_handlers(plain, "USR1")
+        install_handlers(plain, signal.SIGUSR1)
         os.kill(os.getpid(), signal.SIGTERM)
         assert plain.terminate.is_set() and not plain.drain.is_set()
-        install_handlers(burst, "USR1", term_drains=True)
+        install_handlers(burst, signal.SIGUSR1, term_drains=True)
         os.kill(os.getpid(), signal.SIGTERM)
         assert burst.drain.is_set() and not burst.terminate.is_set()
         os.kill(os.getpid(), signal.SIGTERM)

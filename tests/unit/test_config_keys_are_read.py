@@ -20,6 +20,7 @@ from slurm_elastic.controller.config import (
     AgentSection,
     ControllerSection,
     JobSection,
+    WeightsSection,
     WorkersSection,
 )
 from slurm_elastic.core.health import HealthRules
@@ -52,7 +53,7 @@ def _keys(schema: type) -> list[str]:
 
 
 READ = _attributes_read()
-CODE_SCHEMAS = {"controller": ControllerSection, "workers": WorkersSection, "agent": AgentSection,
+CODE_SCHEMAS = {"controller": ControllerSection, "workers": WorkersSection, "agent": AgentSection, "weights": WeightsSection,
                 "autoscaler": AutoscalerConfig, "queue": QueueConfig, "health": HealthRules}
 
 

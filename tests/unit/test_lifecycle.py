@@ -6,17 +6,25 @@ import itertools
 
 import pytest
 
-from slurm_elastic.core.lifecycle import TRANSITIONS, Worker, WorkerState, transition
+from slurm_elastic.core.lifecycle import TRANSITIONS, Worker, WorkerState, begin_drain, transition
 from slurm_elastic.errors import TransitionError
 
 ALLOWED = [(a, b) for a, targets in TRANSITIONS.items() for b in targets]
 REFUSED = [(a, b) for a, b in itertools.product(WorkerState, WorkerState) if b not in TRANSITIONS[a]]
 
 
+def move(worker: Worker, end: WorkerState, now_s: float, reason: str) -> None:
+    """DRAINING is entered through begin_drain, every other state through transition."""
+    if end is WorkerState.DRAINING:
+        begin_drain(worker, now_s, reason)
+    else:
+        transition(worker, end, now_s, reason)
+
+
 @pytest.mark.parametrize(("start", "end"), ALLOWED, ids=lambda s: s.value)
 def test_allowed_transition_is_recorded(start: WorkerState, end: WorkerState) -> None:
     worker = Worker("0001", state=start)
-    transition(worker, end, 12.5, "because")
+    move(worker, end, 12.5, "because")
     assert worker.state is end
     assert worker.history[-1] == (12.5, start.value, end.value, "because")
 
@@ -32,8 +40,23 @@ def test_other_transitions_are_refused(start: WorkerState, end: WorkerState) -> 
 def test_the_main_path_exists() -> None:
     worker = Worker("0001")
     for state in (WorkerState.ACTIVE, WorkerState.DRAINING, WorkerState.INACTIVE):
-        transition(worker, state, 0.0, "")
+        move(worker, state, 0.0, "")
     assert [h[2] for h in worker.history] == ["ACTIVE", "DRAINING", "INACTIVE"]
+
+
+def test_draining_is_entered_only_through_begin_drain_which_starts_the_drain_clock() -> None:
+    worker = Worker("0001", state=WorkerState.ACTIVE)
+    with pytest.raises(TransitionError, match="begin_drain"):
+        transition(worker, WorkerState.DRAINING, 1.0, "by hand")
+    begin_drain(worker, 7.0, "lost heartbeat", failure_reason="lost heartbeat")
+    assert (worker.state, worker.drain_started_s, worker.failure_reason) == (WorkerState.DRAINING, 7.0, "lost heartbeat")
+    assert worker.history[-1] == (7.0, "ACTIVE", "DRAINING", "lost heartbeat")
+
+
+def test_an_old_state_file_record_without_a_job_id_is_the_controllers_own_job() -> None:
+    data = Worker("0003", state=WorkerState.ACTIVE).to_json()
+    del data["job_id"]
+    assert Worker.from_json(data).job_id == 0
 
 
 def test_worker_json_round_trip() -> None:

@@ -1,6 +1,6 @@
 """The rollout store's payload log and syncer, on real files and a real syncer process:
 group commits, segment roll-over and clean-up, recovery after lost index rows or a torn tail,
-a syncer that dies, a store from before the payload log."""
+a syncer that dies, a store in a format before the payload log refused."""
 
 from __future__ import annotations
 
@@ -253,16 +253,19 @@ def test_a_group_bigger_than_a_commit_goes_alone(tmp_path: Path, monkeypatch: py
     store.close()
 
 
-def test_a_store_from_before_the_payload_log_is_read(tmp_path: Path) -> None:
+@pytest.mark.parametrize("columns", ["", ", segment INTEGER, body_offset INTEGER"])
+def test_a_store_that_keeps_bodies_in_its_index_is_refused_and_left_as_it_was(tmp_path: Path, columns: str) -> None:
     with sqlite3.connect(tmp_path / "q.sqlite") as db:
-        db.executescript("""
+        db.executescript(f"""
             CREATE TABLE groups (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT UNIQUE NOT NULL,
                 worker_id TEXT NOT NULL, n_seqs INTEGER NOT NULL, version INTEGER NOT NULL,
                 nbytes INTEGER NOT NULL, payload BLOB NOT NULL, state TEXT NOT NULL DEFAULT 'queued',
-                batch_id TEXT);""")
+                batch_id TEXT{columns});""")
         db.execute("INSERT INTO groups (id, worker_id, n_seqs, version, nbytes, payload) VALUES (?,?,?,?,?,?)",
                    ("old", "0001", 4, 0, len(body("old")), body("old")))
-    store = RolloutStore(tmp_path / "q.sqlite")
-    insert(store, "new")
-    assert [json.loads(p)["id"] for p in hand_out_all(store, "b")] == ["old", "new"]
-    store.close()
+    with pytest.raises(StateFileError, match="keeps group bodies inside its index"):
+        RolloutStore(tmp_path / "q.sqlite")
+    with sqlite3.connect(tmp_path / "q.sqlite") as db:
+        assert db.execute("SELECT id, payload FROM groups").fetchall() == [("old", body("old"))]
+        assert [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")] == [
+            "groups", "sqlite_sequence"]

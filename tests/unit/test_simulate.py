@@ -12,9 +12,10 @@ from click.testing import CliRunner
 from slurm_elastic.cli import main
 from slurm_elastic.core.scaling import Decision, PressureInputs
 from slurm_elastic.errors import ConfigError
-from slurm_elastic.sim.engine import ScaleEvent, Simulation, count_reversals, simulate
+from slurm_elastic.sim.engine import Simulation, simulate
 from slurm_elastic.sim.output import load_trace
 from slurm_elastic.sim.policies import POLICIES, DeoPolicy, ThresholdPolicy
+from slurm_elastic.sim.results import ScaleEvent, count_reversals
 from slurm_elastic.sim.trace import Failure, Trace, parse_trace
 
 TRACES = Path(__file__).resolve().parents[2] / "examples" / "traces"

@@ -133,12 +133,15 @@ def test_a_recovered_trainer_finds_the_buffer_counted(tmp_path: Path) -> None:
     assert capacity(q) == (8, 0)
 
 
-def test_a_store_from_before_snapshots_is_read_as_a_recovery(tmp_path: Path) -> None:
+def test_a_store_with_a_version_and_no_staleness_counts_is_refused(tmp_path: Path) -> None:
+    from slurm_elastic.errors import StateFileError
+
     q = make(tmp_path)
     submit(q, "a")
-    q.store.set_meta("version", "7")  # what the queue used to keep
-    q = restart(q, tmp_path)
-    assert q.stats()["policy_version"] == 7 and capacity(q) == (16 - 4, 0)
+    q.store.set_meta("version", "7")  # a format that kept only the version
+    q.store.close()
+    with pytest.raises(StateFileError, match="without the staleness counts"):
+        make(tmp_path)
 
 
 def app_over(q: RolloutQueue, tmp: Path):  # type: ignore[no-untyped-def]

@@ -121,3 +121,12 @@ def test_the_trainer_waits_through_a_full_disk(small_disk: Path) -> None:  # noq
         trainer.close()
     finally:
         served.close()
+
+
+def test_an_index_that_cannot_be_read_answers_503_and_the_groups_stay_queued(served: Served) -> None:
+    for gid in ["a", "b"]:
+        assert served.submit(gid).json() == {"accepted": True}
+    served.queue.store._index.db.close()  # type: ignore[attr-defined]  # every read of the index fails in SQLite
+    answer = served.http.post("/trainer/batch")
+    assert answer.status_code == 503 and answer.headers["retry-after"] == "2", answer.text
+    assert served.http.get("/global-status").json()["queue"]["queued_sequences"] == 8

@@ -1,0 +1,280 @@
+"""The controller's records and their edges: loading and saving the state file, running the
+actions the core decided, and the errors kept for status. The loop (controller/runtime.py), the
+API handlers (controller/control_plane.py) and the views (controller/views.py) build on it."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from slurm_elastic.controller.config import ElasticConfig
+from slurm_elastic.controller.state import StateFile
+from slurm_elastic.controller.step_specs import agent_step_spec, worker_step_spec
+from slurm_elastic.controller.weights import WeightsRecord, restore_weights, weights_book
+from slurm_elastic.core.cordons import CordonBook
+from slurm_elastic.core.endpoints import Endpoint, EndpointBook
+from slurm_elastic.core.lifecycle import Worker, WorkerState
+from slurm_elastic.core.placement import Allocation
+from slurm_elastic.core.pressure import QueueFeed
+from slurm_elastic.core.rates import WindowRate
+from slurm_elastic.core.reconcile import Cancel, Drain, Launch, ReconcileConfig
+from slurm_elastic.core.scaling import Autoscaler, AutoscalerConfig
+from slurm_elastic.core.tick import ControlState, LaunchAgent, TickAction, TickConfig
+from slurm_elastic.errors import SlurmElasticError
+from slurm_elastic.slurm.backend import SlurmBackend
+
+log = logging.getLogger(__name__)
+S = WorkerState
+ERROR_LIMIT = 20
+TICK_WINDOW = 60  # recent tick durations kept for status and /metrics
+SIGNAL_FANOUT = 8  # scancel calls in flight at once in one tick
+# worker fields that every heartbeat refreshes: a change in them alone does not rewrite the state
+# file at once (after a restart they are refreshed by the next heartbeat; the liveness clock is reset)
+LIVE_WORKER_FIELDS = frozenset({"last_heartbeat_s", "busy", "rollouts"})
+STATE_REFRESH_S = 30.0  # live fields alone are written at most this often
+
+
+class ControllerBase:
+    """One job's controller records. Thread-safe: the API calls in while the loop ticks."""
+
+    def __init__(
+        self,
+        config: ElasticConfig,
+        job_id: int,
+        backend: SlurmBackend,
+        state_dir: Path,
+        *,
+        gpus_by_node: dict[str, tuple[int, ...]] | None = None,
+        allocations: tuple[Allocation, ...] | None = None,
+        controller_url: str = "",
+        token_file: Path | None = None,
+        clock: Callable[[], float] = time.time,
+        queue: QueueFeed | None = None,
+    ) -> None:
+        """``allocations``: where workers may run, the job's own first; ``gpus_by_node`` alone is
+        the job's own allocation (its GPU indexes on each of its nodes)."""
+        self.config = config
+        self.job_id = job_id
+        self.backend = backend
+        self.state_dir = state_dir
+        self.allocations = allocations or (Allocation(job_id, dict(gpus_by_node or {})),)
+        self.controller_url = controller_url
+        self.token_file = token_file
+        self.clock = clock
+        self.lock = threading.RLock()
+        w = config.workers
+        self.is_server = w.kind == "server"
+        self.tick_config = TickConfig(
+            reconcile=ReconcileConfig(
+                drain_timeout_s=w.drain_timeout_s, heartbeat_grace_s=w.heartbeat_grace_s,
+                start_timeout_s=w.start_timeout_s, backoff_base_s=w.backoff_base_s, backoff_max_s=w.backoff_max_s,
+                liveness_failure_threshold=w.liveness_failure_threshold if self.is_server else 0),
+            gpus_per_worker=w.gpus_per_worker, is_server=self.is_server,
+            server_drain_grace_s=w.server_drain_grace_s, agents=config.agent.enabled,
+        )
+        self.health_rules = config.health.rules()
+        autoscaler = Autoscaler(AutoscalerConfig.from_mapping(config.autoscaler))
+        self.state = ControlState(
+            autoscaler=autoscaler, cordons=CordonBook(self.health_rules),
+            target_workers=max(0, w.initial_workers) if w.initial_workers >= 0 else autoscaler.config.min_workers,
+        )
+        # versions keep increasing across controller restarts, so a router never mistakes a new
+        # controller's set for the one it already has
+        self.endpoints = EndpointBook(version=int(clock() * 1000))
+        self.queue = queue  # the rollout queue's numbers, for the autoscaler and the status (None: no queue)
+        self.errors: list[dict[str, Any]] = []
+        self._errors_lock = threading.Lock()
+        self.ticks = 0
+        self.tick_durations_s: deque[float] = deque(maxlen=TICK_WINDOW)
+        self.tick_total_s = 0.0
+        self.heartbeats = 0
+        self.busy_meter = WindowRate()  # worker-seconds spent generating, from heartbeats' busy_s
+        self._busy_s_seen: dict[str, float] = {}  # each worker's last reported busy_s
+        self._busy_lock = threading.Lock()  # heartbeats add while a tick reads
+        self.started_at_s = clock()
+        self.state_notes: list[str] = []  # what loading the job's saved state could not keep, and why
+        self.state_file = StateFile(state_dir / "state.json", job_id)
+        self._saved_durable = ""  # the last written state without live fields, as JSON
+        self._saved_at_s = float("-inf")  # time.monotonic() of the last write
+        self._load_state()
+        # weights follow the trainer (controller/weights.py): the latest published weights, durable
+        self.weights_record = WeightsRecord(state_dir)
+        self.weights = weights_book(config.weights, enforced=self.is_server)
+        self.weights_wake: threading.Event | None = None  # set by a running WeightsPusher
+        restore_weights(self)
+
+    # ---- the records, read-only views of the state the core decides over ----------------------
+    @property
+    def gpus_by_node(self) -> dict[str, tuple[int, ...]]:
+        """The job's own GPU indexes on each of its nodes."""
+        return dict(self.allocations[0].gpus_by_node)
+
+    @property
+    def workers(self) -> dict[str, Worker]:
+        return self.state.workers
+
+    @property
+    def next_number(self) -> int:
+        return self.state.next_number
+
+    @property
+    def target_workers(self) -> int:
+        return self.state.target_workers
+
+    @property
+    def manual_target(self) -> int | None:
+        return self.state.manual_target
+
+    @property
+    def paused(self) -> bool:
+        return self.state.paused
+
+    @property
+    def cordons(self) -> CordonBook:
+        return self.state.cordons
+
+    @property
+    def autoscaler(self) -> Autoscaler:
+        return self.state.autoscaler
+
+    # ---- persistence -----------------------------------------------------------------------
+    def _load_state(self) -> None:
+        restored = self.state_file.load()
+        for note in restored.notes:
+            self.note_state(note)
+        st = self.state
+        st.workers = restored.workers
+        st.next_number = restored.next_number or st.next_number
+        st.target_workers = st.target_workers if restored.target_workers is None else restored.target_workers
+        st.manual_target, st.paused, st.wake_all_active = (restored.manual_target, restored.paused,
+                                                           restored.wake_all_active)
+        # no saved state or no saved target (first start, a bad file): the first listing seeds it
+        st.seed_target_from_slurm = not restored.found or restored.target_workers is None
+        if restored.autoscaler is not None:  # both validated when read
+            st.autoscaler = Autoscaler.from_state(st.autoscaler.config, restored.autoscaler)
+        if restored.cordons is not None:
+            st.cordons = CordonBook.from_state(restored.cordons, self.health_rules)
+        now_s = self.clock()
+        for worker in st.workers.values():  # nobody could heart-beat while no controller ran
+            if worker.has_step:
+                worker.last_heartbeat_s = max(worker.last_heartbeat_s, now_s)
+                if worker.state is S.STARTING:
+                    worker.launched_at_s = max(worker.launched_at_s, now_s)
+        if restored.found:
+            log.info("restored state: %d worker records, target %d", len(st.workers), st.target_workers)
+
+    def note_state(self, note: str) -> None:
+        """Something about the job's saved state an operator should know: logged, kept for status."""
+        log.error("%s", note)
+        self.state_notes.append(note)
+        self._record_error("state", note)
+
+    def _state(self) -> dict[str, Any]:
+        st = self.state
+        live = {k: w.to_json() for k, w in st.workers.items() if w.state is not S.INACTIVE or
+                self.clock() - (w.history[-1][0] if w.history else 0) < 3600}
+        return {
+            "workers": live, "next_number": st.next_number, "target_workers": st.target_workers,
+            "manual_target": st.manual_target, "paused": st.paused, "wake_all_active": st.wake_all_active,
+            "cordons": st.cordons.to_state(),
+            "autoscaler": st.autoscaler.to_state(),
+        }
+
+    def save(self) -> None:
+        """Write the state file if its durable content changed, or live fields are STATE_REFRESH_S old.
+
+        A steady pool then costs no write per tick; heartbeats alone do not rewrite the file.
+        """
+        with self.lock:
+            state = self._state()
+            durable = json.dumps({**state, "workers": {k: {f: v for f, v in w.items() if f not in LIVE_WORKER_FIELDS}
+                                                       for k, w in state["workers"].items()}}, sort_keys=True)
+            if durable == self._saved_durable and time.monotonic() - self._saved_at_s < STATE_REFRESH_S:
+                return
+            self.state_file.save(state)
+            self._saved_durable, self._saved_at_s = durable, time.monotonic()
+
+    # ---- effects ---------------------------------------------------------------------------
+    def _publish_endpoints(self) -> None:
+        """The routable set: ACTIVE server workers with an endpoint (never draining or placeholders)
+        that the weights book lets in (at the latest published weights)."""
+        latest = self.weights.latest
+        self.endpoints.publish([
+            Endpoint(w.worker_id, w.endpoint, w.node, w.gpus, w.weights_version) for w in self.state.workers.values()
+            if w.state is S.ACTIVE and w.endpoint and not w.placeholder
+            and self.weights.routable(w.worker_id, w.weights_version)
+        ], latest.version if latest is not None else None)
+
+    publish_endpoints = _publish_endpoints  # the weights pusher republishes after an update
+
+    def _run_all(self, actions: list[TickAction]) -> None:
+        """Launches return at once (detached srun); signals and cancels wait for scancel, so a
+        large scale-down sends them side by side rather than one after another in the tick."""
+        waits = [a for a in actions if isinstance(a, Drain | Cancel)]
+        for action in actions:
+            if isinstance(action, Launch):
+                self._run(action)
+        if len(waits) <= 1:
+            for action in waits:
+                self._run(action)
+        else:
+            with ThreadPoolExecutor(max_workers=min(SIGNAL_FANOUT, len(waits)), thread_name_prefix="signal") as pool:
+                list(pool.map(self._run, waits))
+        for action in actions:
+            if isinstance(action, LaunchAgent):
+                self._run(action)
+
+    def _run(self, action: TickAction) -> None:
+        """Run one action; a Slurm error is kept for status (the next tick sees what came of it)."""
+        if isinstance(action, LaunchAgent):
+            spec = agent_step_spec(self.config, action.job_id, action.node, action.gpu_count,
+                                   controller_url=self.controller_url, state_dir=self.state_dir,
+                                   token_file=self.token_file)
+            try:
+                self.backend.launch_step(spec, self.state_dir / "logs" / "srun" / f"agent-{action.node}.log")
+            except SlurmElasticError as exc:
+                self._record_error("agent", f"{action.node}: {exc}")
+            return
+        job_id = action.job_id or self.job_id
+        try:
+            if isinstance(action, Launch):
+                spec = worker_step_spec(self.config, job_id, action.worker_id, action.exclude_nodes,
+                                        controller_url=self.controller_url, state_dir=self.state_dir,
+                                        token_file=self.token_file)
+                self.backend.launch_step(spec, self.state_dir / "logs" / "srun" / f"{action.worker_id}.log")
+            elif isinstance(action, Drain):
+                self.backend.signal_step(job_id, action.step_id, self.config.workers.drain_signal)
+            else:
+                log.info("cancelling worker %s (step %s): %s", action.worker_id, action.step_id, action.reason)
+                self.backend.cancel_step(job_id, action.step_id)
+        except SlurmElasticError as exc:
+            self._record_error(type(action).__name__.lower(), f"worker {action.worker_id}: {exc}")
+
+    def unknown_nodes(self, now_s: float) -> set[str]:
+        """Nodes whose agent has not been heard recently (no new workers there); none without agents."""
+        if not self.config.agent.enabled:
+            return set()
+        return self.state.cordons.unknown_nodes(now_s, nodes=[n for a in self.allocations for n in a.gpus_by_node])
+
+    def cordoned_gpus(self) -> dict[tuple[str, int], dict[str, Any]]:
+        """Every cordoned GPU with why, since when, and who cordoned it (operator, health, crash, preflight)."""
+        return {key: entry.to_dict() for key, entry in self.state.cordons.cordoned().items()}
+
+    def outstanding_of_draining(self, now_s: float) -> dict[str, int]:
+        """Servers: requests in flight at each draining worker (its drain signal waits for none)."""
+        if not self.is_server:
+            return {}
+        return {w.worker_id: self.endpoints.outstanding(w.worker_id, now_s)
+                for w in self.state.workers.values() if w.state is S.DRAINING}
+
+    def _record_error(self, where: str, message: str) -> None:
+        with self._errors_lock:  # also called from the tick's signal threads
+            self.errors.append({"at_s": round(self.clock(), 3), "where": where, "error": message})
+            del self.errors[:-ERROR_LIMIT]

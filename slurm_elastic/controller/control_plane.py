@@ -1,0 +1,192 @@
+"""The controller's control plane: what the API calls (workers registering and heart-beating,
+operator commands, node agents' reports, routers' load). Decisions that need the core go
+through it (an operator drain is :func:`slurm_elastic.core.tick.operator_drain`)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from slurm_elastic.controller.base import ControllerBase
+from slurm_elastic.controller.weights import latest_weights
+from slurm_elastic.core.health import AgentReport
+from slurm_elastic.core.lifecycle import Worker, WorkerState
+from slurm_elastic.core.liveness import drain_not_live
+from slurm_elastic.core.registration import admit, registration_refusal
+from slurm_elastic.core.tick import operator_drain
+
+log = logging.getLogger(__name__)
+S = WorkerState
+
+
+class UnknownWorkerError(KeyError):
+    """A request named a worker id the controller does not know."""
+
+
+class ControlPlane(ControllerBase):
+    """The API's handlers. Each takes the controller's lock and saves what it changed."""
+
+    def register_worker(self, worker_id: str, info: dict[str, Any]) -> dict[str, Any]:
+        """A worker step says where it landed: ``run`` or ``hold`` (a cordoned GPU); UnknownWorkerError
+        (nothing recorded) for an id this controller did not launch."""
+        with self.lock:
+            now_s = self.clock()
+            workers = self.state.workers
+            worker = workers.get(worker_id)
+            if refusal := registration_refusal(worker_id, worker, self.state.listed_worker_ids):
+                raise UnknownWorkerError(refusal)
+            if worker is None or worker.state in (S.INACTIVE, S.FAILED, S.BACKOFF):
+                worker = Worker(worker_id=worker_id, launched_at_s=now_s)
+                worker.history.append((now_s, "", S.STARTING.value, "registered without a record: adopted"))
+                workers[worker_id] = worker
+            worker.node = str(info.get("node", worker.node))
+            worker.gpus = tuple(int(g) for g in info.get("gpus", worker.gpus))
+            worker.step_id = str(info.get("step_id", worker.step_id) or worker.step_id)
+            worker.endpoint = str(info.get("endpoint", worker.endpoint) or "")
+            if worker.state is S.STARTING:  # the published weights version the server started with
+                worker.weights_version = info.get("weights_version")
+            worker.last_heartbeat_s = now_s
+            cordons = self.state.cordons
+            need_mb = self.config.workers.gpu_memory_mb
+            if need_mb and worker.state is S.STARTING:
+                for gpu in worker.gpus:
+                    ok, why = cordons.preflight_ok(worker.node, gpu, need_mb)
+                    if not ok:
+                        cordons.record_preflight_failure(worker.node, gpu, need_mb, why, now_s)
+            admit(worker, cordons.cordoned(), bool(info.get("ready", True)), now_s)
+            self._publish_endpoints()
+            self.save()
+            if self.weights_wake is not None and worker.endpoint:  # update it before it enters discovery
+                self.weights_wake.set()
+            action = "hold" if worker.placeholder else ("drain" if worker.state is S.DRAINING else "run")
+            return {"worker_id": worker_id, "action": action, "weights": latest_weights(self.weights),
+                    "heartbeat_interval_s": self.config.workers.heartbeat_interval_s}
+
+    def heartbeat(self, worker_id: str, info: dict[str, Any]) -> dict[str, Any]:
+        """Liveness (and busy/rollout counts) from a worker; answers whether it should drain."""
+        with self.lock:
+            worker = self.state.workers.get(worker_id)
+            if worker is None or not worker.has_step:
+                raise UnknownWorkerError(worker_id)
+            worker.last_heartbeat_s = self.clock()
+            self.heartbeats += 1
+            if "busy" in info:
+                worker.busy = bool(info["busy"])
+            if "rollouts" in info:
+                worker.rollouts = int(info["rollouts"])
+            if "busy_s" in info:
+                self._record_busy_s(worker_id, float(info["busy_s"]))
+            if info.get("exit_code") is not None:
+                worker.exit_code = int(info["exit_code"])
+            if "outstanding_requests" in info:
+                worker.busy = int(info["outstanding_requests"]) > 0
+            if "liveness_failures" in info:
+                worker.liveness_failures = int(info["liveness_failures"])
+                if drain_not_live([worker], self.tick_config.reconcile.liveness_failure_threshold,
+                                  worker.last_heartbeat_s):
+                    self._publish_endpoints()  # out of discovery now; the tick sends the drain signal
+            drain = worker.state is S.DRAINING and not worker.placeholder and (
+                not self.is_server or worker.drain_signaled)
+            # a record still STARTING (e.g. restored from before its registration was saved): ask again
+            return {"drain": drain, "hold": worker.placeholder, "register": worker.state is S.STARTING}
+
+    def _record_busy_s(self, worker_id: str, busy_s: float) -> None:
+        """A worker's cumulative seconds inside rollouts: the increase goes into the busy meter."""
+        with self._busy_lock:
+            before = self._busy_s_seen.get(worker_id)
+            self._busy_s_seen[worker_id] = busy_s
+            if before is not None:  # the first report only sets where counting starts
+                self.busy_meter.add(self.clock(), busy_s - before if busy_s >= before else busy_s)
+            if len(self._busy_s_seen) > 2 * len(self.state.workers) + 16:
+                self._busy_s_seen = {w: s for w, s in self._busy_s_seen.items() if w in self.state.workers}
+
+    def busy_workers(self, now_s: float) -> float | None:
+        """Workers generating on average over the window (busy worker-seconds per second); None
+        while no worker reports busy time (an older SDK, or not the SDK)."""
+        with self._busy_lock:
+            return self.busy_meter.rate(now_s) if self._busy_s_seen else None
+
+    def scale(self, n: int) -> dict[str, Any]:
+        with self.lock:
+            st = self.state
+            st.manual_target, st.wake_all_active, st.paused = max(0, int(n)), False, True
+            self.save()
+            return {"target_workers": st.manual_target, "paused": True}
+
+    def pause(self) -> dict[str, Any]:
+        with self.lock:
+            self.state.paused = True
+            self.save()
+            return {"paused": True}
+
+    def resume(self) -> dict[str, Any]:
+        with self.lock:
+            st = self.state
+            st.paused, st.manual_target, st.wake_all_active = False, None, False
+            self.save()
+            return {"paused": False}
+
+    def wake_all(self) -> dict[str, Any]:
+        with self.lock:
+            st = self.state
+            st.wake_all_active, st.manual_target, st.paused = True, None, True
+            self.save()
+            return {"wake_all": True}
+
+    def drain(self, worker_id: str) -> dict[str, Any]:
+        """Drain one worker now (it is replaced if the target still asks for it)."""
+        with self.lock:
+            worker = self.state.workers.get(worker_id)
+            if worker is None or not worker.has_step:
+                raise UnknownWorkerError(worker_id)
+            now_s = self.clock()
+            actions = operator_drain(self.state, worker, self.tick_config,
+                                     {worker_id: self.endpoints.outstanding(worker_id, now_s)}, now_s)
+            self._publish_endpoints()
+            for action in actions:
+                self._run(action)
+            self.save()
+            return {"worker_id": worker_id, "state": worker.state.value}
+
+    def cordon(self, node: str, gpu: int, reason: str) -> dict[str, Any]:
+        self._check_gpu(node, gpu)
+        with self.lock:
+            self.state.cordons.cordon_manual(node, gpu, reason or "cordoned by operator", self.clock())
+            self.save()
+            return {"node": node, "gpu": gpu, "cordoned": True}
+
+    def uncordon(self, node: str, gpu: int) -> dict[str, Any]:
+        self._check_gpu(node, gpu)
+        with self.lock:
+            self.state.cordons.uncordon_manual(node, gpu, self.clock())
+            self.save()
+            still = self.state.cordons.cordoned().get((node, gpu))
+            return {"node": node, "gpu": gpu, "cordoned": still is not None,
+                    "reason": still.reason if still else ""}
+
+    def report_gpu_health(self, parsed: AgentReport) -> dict[str, Any]:
+        """A node agent's telemetry (validated by the route)."""
+        if not any(parsed.node in a.gpus_by_node for a in self.allocations):
+            raise UnknownWorkerError(f"node {parsed.node} is not part of job {self.job_id}")
+        with self.lock:
+            changes = self.state.cordons.observe_report(parsed, self.clock())
+            for change in changes:
+                log.warning("%s %s:%d (%s): %s", change.action, change.node, change.gpu, change.source, change.reason)
+            return {"node": parsed.node, "changes": [c.__dict__ for c in changes]}
+
+    def _check_gpu(self, node: str, gpu: int) -> None:
+        if not any(gpu in a.gpus_by_node.get(node, ()) for a in self.allocations):
+            raise UnknownWorkerError(f"{node}:{gpu} is not a GPU of job {self.job_id}")
+
+    def endpoints_view(self, latest_weights_only: bool = False) -> dict[str, Any]:
+        """The routable servers (version, endpoints with their load) for discovery."""
+        with self.lock:
+            return self.endpoints.view(self.clock(), latest_weights_only)
+
+    def report_load(self, client_id: str, outstanding: dict[str, int], sent: int = 0, retried: int = 0,
+                    failed: int = 0) -> dict[str, Any]:
+        """A router's outstanding requests per worker; answers with the current version."""
+        with self.lock:  # load on workers it does not know is not kept
+            known = {w: n for w, n in outstanding.items() if w in self.state.workers}
+            self.endpoints.report(client_id, known, self.clock(), sent, retried, failed)
+            return {"version": self.endpoints.version}

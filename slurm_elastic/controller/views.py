@@ -1,0 +1,79 @@
+"""What the controller shows: the status (/global-status, ``slurm-elastic status``), one row per
+worker, the servers' load, and the loop's own timing."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from slurm_elastic.controller.base import ERROR_LIMIT, ControllerBase
+from slurm_elastic.core.lifecycle import Worker, WorkerState
+
+S = WorkerState
+
+
+class StatusViews(ControllerBase):
+    def status(self) -> dict[str, Any]:
+        """Controller fields for /global-status and ``slurm-elastic status``, with the queue's numbers."""
+        queue = self.queue.stats() if self.queue is not None else None  # outside our lock: the queue has its own
+        with self.lock:
+            now_s = self.clock()
+            st = self.state
+            by_state = {s.value: 0 for s in WorkerState}
+            for worker in st.workers.values():
+                by_state[worker.state.value] += 1
+            return {
+                "job_id": self.job_id,
+                "controller_url": self.controller_url,
+                "now_s": round(now_s, 3),
+                "uptime_s": round(now_s - self.started_at_s, 1),
+                "ticks": self.ticks,
+                "tick_duration_s": self.tick_duration_summary(),
+                "heartbeats": self.heartbeats,
+                "target_workers": st.target_workers,
+                "paused": st.paused,
+                "manual_target": st.manual_target,
+                "wake_all": st.wake_all_active,
+                "last_decision": st.last_decision,
+                "workers_by_state": by_state,
+                "placeholders": sum(1 for w in st.workers.values() if w.placeholder and w.has_step),
+                "workers": [self._worker_view(w, now_s) for w in sorted(st.workers.values(), key=lambda w: w.worker_id)
+                            if w.state is not S.INACTIVE],
+                "cordoned_gpus": [{"node": n, "gpu": g, **v} for (n, g), v in sorted(self.cordoned_gpus().items())],
+                "unknown_health_nodes": sorted(self.unknown_nodes(now_s)),
+                "servers": self._servers_view(now_s) if self.is_server else None,
+                "weights": self.weights.view(),
+                "errors": self.errors[-ERROR_LIMIT:],
+                "state_note": "; ".join(self.state_notes),
+                "state_notes": list(self.state_notes),
+                "queue": queue,
+            }
+
+    def tick_duration_summary(self) -> dict[str, float | int]:
+        """Wall time of the last ``TICK_WINDOW`` ticks (observe + decide + act + persist): p50, p95, max,
+        how many; and ``total_s``, the time of all ticks so far (a window's mean: delta total / delta ticks)."""
+        recent = sorted(self.tick_durations_s)
+        if not recent:
+            return {"p50": 0.0, "p95": 0.0, "max": 0.0, "count": 0, "total_s": 0.0}
+        p95 = recent[min(len(recent) - 1, round(0.95 * (len(recent) - 1)))]
+        return {"p50": round(statistics.median(recent), 4), "p95": round(p95, 4), "max": round(recent[-1], 4),
+                "count": len(recent), "total_s": round(self.tick_total_s, 4)}
+
+    def _servers_view(self, now_s: float) -> dict[str, Any]:
+        capacity = self.state.autoscaler.config.requests_per_worker_capacity
+        view = self.endpoints.view(now_s)
+        view["load_ratio"] = self.endpoints.load_ratio(capacity, now_s)
+        view["requests_per_worker_capacity"] = capacity
+        return view
+
+    def _worker_view(self, worker: Worker, now_s: float) -> dict[str, Any]:
+        return {
+            "worker_id": worker.worker_id, "state": worker.state.value, "step_id": worker.step_id,
+            "node": worker.node, "gpus": list(worker.gpus), "age_s": round(now_s - worker.launched_at_s, 1),
+            "rollouts": worker.rollouts, "busy": worker.busy, "placeholder": worker.placeholder,
+            "last_heartbeat_age_s": round(now_s - worker.last_heartbeat_s, 1), "crash_count": worker.crash_count,
+            "launches": worker.launches, "endpoint": worker.endpoint, "liveness_failures": worker.liveness_failures,
+            "outstanding_requests": self.endpoints.outstanding(worker.worker_id, now_s) if self.is_server else None,
+            "weights_version": worker.weights_version, **self.weights.server_view(worker.worker_id),
+            "history": [list(h) for h in worker.history[-10:]],
+        }

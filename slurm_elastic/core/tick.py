@@ -1,0 +1,253 @@
+"""One control tick: every decision of the controller, as data (pure: no I/O, the clock passed in).
+
+The controller observes (one listing of the job's steps, the queue's numbers, the routers'
+load), calls :func:`tick`, runs the returned actions and saves the state. The tick decides the
+worker count (wake-all, the operator's target, a pause, or the autoscaler), drains workers on
+unhealthy GPUs, reconciles (adoption, crashes and their backoff, heartbeats, drain timeouts,
+placeholders, scale up and down), places launches on the allocations' free slots, sends server
+drain signals once nothing is in flight at them, and keeps one health agent step per node.
+It updates ``state`` in place (the records are the controller's) and returns what to do.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from slurm_elastic.core.cordons import CordonBook, CordonChange
+from slurm_elastic.core.lifecycle import Worker, WorkerState, begin_drain
+from slurm_elastic.core.placement import Allocation, Slots, placement
+from slurm_elastic.core.pressure import QueueSnapshot, pressure_inputs
+from slurm_elastic.core.reconcile import (
+    Cancel,
+    Crashed,
+    Drain,
+    Launch,
+    ObservedStep,
+    ReconcileConfig,
+    reconcile,
+)
+from slurm_elastic.core.scaling import Autoscaler, PressureInputs
+
+S = WorkerState
+AGENT_RELAUNCH_S = 30.0
+
+
+@dataclass(frozen=True)
+class TickConfig:
+    reconcile: ReconcileConfig
+    gpus_per_worker: int = 1
+    is_server: bool = False  # inference servers: out of discovery first, the drain signal later
+    server_drain_grace_s: float = 0.0
+    agents: bool = False  # one health agent step per node
+    agent_relaunch_s: float = AGENT_RELAUNCH_S
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the controller saw this tick. ``steps`` None: Slurm did not answer (nothing changes
+    on Slurm's account, the decisions that need no listing still run)."""
+
+    steps: tuple[ObservedStep, ...] | None
+    agent_nodes: frozenset[str] = frozenset()  # nodes whose agent step runs
+    foreign_gpus: Mapping[int, Mapping[str, int]] = field(default_factory=dict)  # job -> node -> GPUs held
+    queue: QueueSnapshot | None = None
+    busy_workers: float | None = None  # workers generating on average (None: not reported)
+    outstanding_by_worker: Mapping[str, int] = field(default_factory=dict)  # servers: requests in flight
+    total_outstanding: int | None = None  # servers: all requests in flight; None for other workers
+
+
+@dataclass
+class ControlState:
+    """What the controller decides over and saves between ticks."""
+
+    autoscaler: Autoscaler
+    cordons: CordonBook
+    workers: dict[str, Worker] = field(default_factory=dict)
+    next_number: int = 1
+    target_workers: int = 0
+    manual_target: int | None = None
+    paused: bool = False
+    wake_all_active: bool = False
+    seed_target_from_slurm: bool = False  # no saved target: the first listing keeps what runs
+    last_decision: dict[str, Any] = field(default_factory=lambda: {"action": "hold", "reason": "starting"})
+    agent_launched_s: dict[str, float] = field(default_factory=dict)
+    foreign_gpus: Mapping[int, Mapping[str, int]] = field(default_factory=dict)
+    listed_worker_ids: frozenset[str] = frozenset()  # worker steps in Slurm's latest listing
+
+
+@dataclass(frozen=True)
+class LaunchAgent:
+    job_id: int
+    node: str
+    gpu_count: int
+
+
+@dataclass(frozen=True)
+class Note:
+    """Something the controller logs."""
+
+    message: str
+
+
+TickAction = Launch | Drain | Cancel | LaunchAgent
+TickEvent = Crashed | CordonChange | Note
+
+
+@dataclass
+class TickResult:
+    actions: list[TickAction] = field(default_factory=list)
+    events: list[TickEvent] = field(default_factory=list)
+    slots: tuple[Slots, ...] = ()
+    desired: int = 0
+
+
+def tick(obs: Observation, state: ControlState, cfg: TickConfig, allocations: tuple[Allocation, ...],
+         now_s: float) -> TickResult:
+    """Decide everything for one tick; ``allocations[0]`` is the controller's own job."""
+    result = TickResult()
+    state.cordons.tick(now_s)
+    health_drained = _drain_unhealthy(state, now_s)
+    cordoned = frozenset(state.cordons.cordoned())
+    if obs.steps is not None:
+        state.foreign_gpus = obs.foreign_gpus
+        state.listed_worker_ids = frozenset(o.worker_id for o in obs.steps)
+        if state.seed_target_from_slurm:
+            _seed_target(state, len(obs.steps), result)
+    unknown = (state.cordons.unknown_nodes(now_s, nodes=[n for a in allocations for n in a.gpus_by_node])
+               if cfg.agents else set())
+    result.slots = placement(allocations, cfg.gpus_per_worker, cordoned, unknown, state.foreign_gpus)
+    allowed = sum(s.slots for s in result.slots)
+    result.desired = desired_workers(state, obs, allowed, cfg, now_s)
+    exclude = result.slots[0].exclude_nodes if result.slots else ()
+    plan = reconcile(state.workers, None if obs.steps is None else list(obs.steps), result.desired, allowed,
+                     exclude, cordoned, cfg.reconcile, now_s, state.next_number)
+    state.next_number = plan.next_number
+    for crash in plan.crashes:
+        result.events.append(crash)
+        for gpu in crash.gpus:  # repeated crashes on a GPU cordon it
+            result.events.extend(state.cordons.record_crash(crash.node, gpu, now_s))
+    launches = [a for a in plan.actions if isinstance(a, Launch)]
+    result.actions.extend(_place(launches, state, result.slots, cordoned))
+    result.actions.extend(a for a in plan.actions if isinstance(a, Cancel))
+    drained = [*health_drained, *(state.workers[a.worker_id] for a in plan.actions if isinstance(a, Drain))]
+    result.actions.extend(drain_signals(state, drained, cfg, obs.outstanding_by_worker, now_s))
+    if obs.steps is not None and cfg.agents:
+        result.actions.extend(_agents(state, obs.agent_nodes, allocations, cfg, now_s))
+    return result
+
+
+def desired_workers(state: ControlState, obs: Observation, allowed_slots: int, cfg: TickConfig, now_s: float) -> int:
+    """wake-all, else the operator's target, else (unless paused) the autoscaler's decision."""
+    if state.wake_all_active:
+        state.target_workers = allowed_slots
+        state.last_decision = {"action": "hold", "reason": f"wake-all: every allowed GPU ({allowed_slots})"}
+    elif state.manual_target is not None:
+        state.target_workers = state.manual_target
+        state.last_decision = {"action": "hold", "reason": f"manual target {state.manual_target} (autoscaler paused)"}
+    elif state.paused:
+        state.last_decision = {"action": "hold", "reason": f"autoscaler paused at {state.target_workers}"}
+    elif not state.autoscaler.config.enabled:
+        state.last_decision = {"action": "hold", "reason": "autoscaler disabled (enable_elastic = false)"}
+    else:
+        decision = state.autoscaler.decide(autoscaler_inputs(state, obs, allowed_slots, cfg), now_s)
+        state.target_workers = decision.target_workers
+        state.last_decision = decision.to_dict()
+    return state.target_workers
+
+
+def autoscales(state: ControlState) -> bool:
+    """Whether the autoscaler decides the count this tick (it alone reads the queue's numbers)."""
+    return not (state.wake_all_active or state.manual_target is not None or state.paused
+                or not state.autoscaler.config.enabled)
+
+
+def autoscaler_inputs(state: ControlState, obs: Observation, allowed_slots: int, cfg: TickConfig) -> PressureInputs:
+    """What the autoscaler sees: the queue's numbers, server load, workers by state."""
+    counts = Counter(w.state for w in state.workers.values() if not w.placeholder)
+    return pressure_inputs(obs.queue, counts, obs.busy_workers if obs.queue else None, allowed_slots,
+                           obs.total_outstanding if cfg.is_server else None)
+
+
+def operator_drain(state: ControlState, worker: Worker, cfg: TickConfig, outstanding_by_worker: Mapping[str, int],
+                   now_s: float) -> list[TickAction]:
+    """The operator drains one worker now (it is replaced if the target still asks for it)."""
+    if worker.state is S.DRAINING:
+        return []
+    begin_drain(worker, now_s, "drained by operator")
+    return list(drain_signals(state, [worker], cfg, outstanding_by_worker, now_s, only_these=True))
+
+
+def drain_signals(state: ControlState, drained: Iterable[Worker], cfg: TickConfig,
+                  outstanding_by_worker: Mapping[str, int], now_s: float, only_these: bool = False) -> list[Drain]:
+    """The drain signals to send now. Other workers get theirs as they enter DRAINING; servers
+    leave discovery first and get it once nothing is in flight at them and the grace is over
+    (every draining server is checked each tick, unless ``only_these``)."""
+    if not cfg.is_server:
+        due = [w for w in drained if w.step_id]
+    else:
+        pool = drained if only_these else state.workers.values()
+        due = [w for w in pool if w.state is S.DRAINING and w.step_id and not w.drain_signaled
+               and not w.placeholder and now_s - w.drain_started_s >= cfg.server_drain_grace_s
+               and outstanding_by_worker.get(w.worker_id, 0) == 0]
+    for worker in due:
+        worker.drain_signaled = True
+    return [Drain(w.worker_id, w.step_id, w.job_id) for w in due]
+
+
+def _drain_unhealthy(state: ControlState, now_s: float) -> list[Worker]:
+    """Drain workers on GPUs that became unhealthy (if the rules say drain). Level-triggered."""
+    targets = state.cordons.drain_targets()
+    drained = []
+    for worker in state.workers.values():
+        hit = [g for g in worker.gpus if (worker.node, g) in targets]
+        if hit and worker.state in (S.ACTIVE, S.STARTING) and not worker.placeholder:
+            entry = state.cordons.cordoned().get((worker.node, hit[0]))
+            begin_drain(worker, now_s, f"GPU {worker.node}:{hit[0]} unhealthy: {entry.reason if entry else 'cordoned'}")
+            drained.append(worker)
+    return drained
+
+
+def _seed_target(state: ControlState, running: int, result: TickResult) -> None:
+    """Without saved state, keep the worker steps that already run: never tear down a live fleet."""
+    state.seed_target_from_slurm = False
+    if running > state.target_workers:
+        result.events.append(Note(f"no saved state: keeping the {running} worker steps Slurm runs "
+                                  f"(target was {state.target_workers})"))
+        state.target_workers = running
+
+
+def _place(launches: list[Launch], state: ControlState, slots: tuple[Slots, ...],
+           cordoned: frozenset[tuple[str, int]]) -> list[Launch]:
+    """Each launch goes to the first allocation with a free slot (the first one if none is free)."""
+    if not slots:
+        return launches
+    launching = {a.worker_id for a in launches}
+    free = {s.job_id: s.slots for s in slots}
+    for w in state.workers.values():
+        if (w.has_step and not w.placeholder and w.worker_id not in launching
+                and not any((w.node, g) in cordoned for g in w.gpus)):
+            job = w.job_id or slots[0].job_id
+            free[job] = free.get(job, 0) - 1
+    placed = []
+    for launch in launches:
+        where = next((s for s in slots if free[s.job_id] > 0), slots[0])
+        free[where.job_id] -= 1
+        state.workers[launch.worker_id].job_id = where.job_id
+        placed.append(replace(launch, exclude_nodes=where.exclude_nodes, job_id=where.job_id))
+    return placed
+
+
+def _agents(state: ControlState, running: frozenset[str], allocations: tuple[Allocation, ...], cfg: TickConfig,
+            now_s: float) -> list[LaunchAgent]:
+    """One agent step per node (all of the node's GPUs); a vanished one is relaunched after a pause."""
+    launches = []
+    for allocation in allocations:
+        for node, gpus in allocation.gpus_by_node.items():
+            if node in running or now_s - state.agent_launched_s.get(node, -1e9) < cfg.agent_relaunch_s:
+                continue
+            state.agent_launched_s[node] = now_s
+            launches.append(LaunchAgent(allocation.job_id, node, len(gpus)))
+    return launches

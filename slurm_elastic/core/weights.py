@@ -1,0 +1,147 @@
+"""Which weights each server runs, and which servers are due an update (pure; time passed in).
+
+The trainer publishes a version with where its weights are (:class:`PublishedWeights`). Every
+server that runs another version is due an update through the configured hook; a server that
+fails one leaves discovery at once, is retried after a backoff (doubling per failure in a row),
+and after ``max_failures`` in a row is to be replaced. A server enters discovery only once it
+runs the latest published weights; one that joined at an earlier version stays routable while its
+update to the latest is under way (routers that want only the latest filter on the version).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class PublishedWeights:
+    version: int
+    ref: str  # a path on the shared filesystem, or an engine-specific reference
+
+
+@dataclass(frozen=True)
+class ServerWeights:
+    """What the book needs of one ACTIVE server: where it listens and the version it runs."""
+
+    worker_id: str
+    url: str
+    loaded_version: int | None  # None: what it started with (not published weights)
+
+
+@dataclass(frozen=True)
+class UpdateOrder:
+    """Push ``weights`` to one server (``attempt`` counts from 1 per failures in a row)."""
+
+    worker_id: str
+    url: str
+    weights: PublishedWeights
+    attempt: int
+
+
+@dataclass(frozen=True)
+class UpdateOutcome:
+    """What the controller does after an update: record the version, wait for a retry, or replace."""
+
+    action: Literal["loaded", "retry", "replace"]
+    reason: str = ""
+
+
+@dataclass
+class _Updates:
+    failures: int = 0  # failed updates in a row
+    in_flight: int | None = None  # the version being pushed now
+    retry_at_s: float = 0.0
+    last_error: str = ""
+
+
+@dataclass
+class WeightsBook:
+    """The latest published weights and each server's updates. ``enforced`` False (no update
+    hook configured): versions are recorded and shown, but every server is routable."""
+
+    enforced: bool = True
+    max_failures: int = 3
+    retry_backoff_s: float = 5.0
+    latest: PublishedWeights | None = None
+    _updates: dict[str, _Updates] = field(default_factory=dict)
+    _joined: set[str] = field(default_factory=set)  # were in discovery: at the latest, or before any publish
+    _seeded: bool = False
+
+    def publish(self, version: int, ref: str) -> bool:
+        """The trainer's new weights; True if they differ from the latest."""
+        new = PublishedWeights(version, ref)
+        if new == self.latest:
+            return False
+        self.latest = new
+        for updates in self._updates.values():
+            updates.retry_at_s = 0.0  # new weights: a server waiting out a backoff may try them now
+        return True
+
+    def routable(self, worker_id: str, loaded_version: int | None) -> bool:
+        """Whether an ACTIVE server with ``loaded_version`` may be in discovery."""
+        if not self.enforced or self.latest is None:
+            return True
+        if self._updates.get(worker_id, _Updates()).failures > 0:
+            return False  # failed its last update: out until one succeeds
+        if loaded_version == self.latest.version or worker_id in self._joined:
+            return True
+        return not self._seeded and loaded_version is not None  # restored, before the first round adopts it
+
+    def due(self, servers: Iterable[ServerWeights], now_s: float) -> list[UpdateOrder]:
+        """Updates to send now (marked in flight): every server not at the latest version, with no
+        update in flight, past its backoff and under ``max_failures``. Servers not listed are forgotten."""
+        servers = list(servers)
+        listed = {s.worker_id for s in servers}
+        self._updates = {w: u for w, u in self._updates.items() if w in listed}
+        self._joined &= listed
+        if not self._seeded:  # after a restart: servers already at a published version stay in discovery
+            self._seeded = True
+            self._joined |= {s.worker_id for s in servers if s.loaded_version is not None}
+        latest = self.latest
+        if latest is None or not self.enforced:
+            self._joined |= listed  # all in discovery: they stay while the first publish reaches them
+            return []
+        orders = []
+        for server in servers:
+            if server.loaded_version == latest.version:
+                self._joined.add(server.worker_id)
+                continue
+            updates = self._updates.setdefault(server.worker_id, _Updates())
+            if (updates.in_flight is not None or updates.retry_at_s > now_s
+                    or updates.failures >= self.max_failures):
+                continue
+            updates.in_flight = latest.version
+            orders.append(UpdateOrder(server.worker_id, server.url, latest, updates.failures + 1))
+        return orders
+
+    def done(self, worker_id: str, version: int, error: str, now_s: float) -> UpdateOutcome:
+        """An update of ``worker_id`` to ``version`` ended (``error`` empty: it succeeded)."""
+        updates = self._updates.setdefault(worker_id, _Updates())
+        updates.in_flight = None
+        if not error:
+            updates.failures, updates.retry_at_s, updates.last_error = 0, 0.0, ""
+            if self.latest is not None and version == self.latest.version:
+                self._joined.add(worker_id)
+            return UpdateOutcome("loaded")
+        updates.failures += 1
+        updates.last_error = error
+        updates.retry_at_s = now_s + self.retry_backoff_s * 2 ** (updates.failures - 1)
+        if updates.failures >= self.max_failures:
+            return UpdateOutcome("replace", f"weights update to version {version} failed {updates.failures} "
+                                            f"times in a row: {error}")
+        return UpdateOutcome("retry", f"weights update to version {version} failed "
+                                      f"({updates.failures}/{self.max_failures}): {error}")
+
+    def server_view(self, worker_id: str) -> dict[str, object]:
+        """A server's update state for status: failures in a row, the version in flight, the last error."""
+        updates = self._updates.get(worker_id, _Updates())
+        return {"weights_update_failures": updates.failures, "weights_updating_to": updates.in_flight,
+                "weights_update_error": updates.last_error}
+
+    def view(self) -> dict[str, object] | None:
+        """The latest published weights (None before the first publish)."""
+        if self.latest is None:
+            return None
+        return {"version": self.latest.version, "ref": self.latest.ref, "enforced": self.enforced}

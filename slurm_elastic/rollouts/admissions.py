@@ -1,0 +1,99 @@
+"""The rollout queue's staleness counts, kept exactly across controller restarts.
+
+AReaL's capacity (:class:`~slurm_elastic.core.staleness.StalenessManager`) and the workers'
+admission leases (:class:`~slurm_elastic.core.staleness.AdmissionLeases`), moved by the queue's
+arrivals, drops and losses and by the trainer's versions. Every admission and version change
+is saved to the store (:class:`~slurm_elastic.core.staleness.StalenessSnapshot`: the version,
+the accepted count plus the sequences freed, the leases, and the arrival number they are
+current up to) before it is answered; at a restart the groups stored after that arrival number
+move the counts on.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from slurm_elastic.core.staleness import AdmissionLeases, StalenessManager, StalenessSnapshot
+from slurm_elastic.rollouts.storage import Recovered, RolloutStorage
+
+
+class StalenessBook:
+    """The counts of one queue. They move with the queue's contents, so they share its lock
+    (``lock``): the methods marked "lock held" are called with it held; :meth:`admit` and
+    :meth:`set_version` take it themselves, and save the counts outside it."""
+
+    def __init__(self, store: RolloutStorage, lock: threading.Lock, batch_size: int, max_staleness: int,
+                 max_concurrent: int, admission_ttl_s: float) -> None:
+        self.store = store
+        self.lock = lock
+        self.staleness = StalenessManager(batch_size, max_staleness, max_concurrent)
+        self.leases = AdmissionLeases(self.staleness, admission_ttl_s)
+        self.freed_seqs = 0  # accepted, never to be consumed: dropped as stale or lost to damage
+        self.last_seq = 0  # the highest arrival number the counts account for
+        self._save_lock = threading.Lock()  # one save at a time, each newer than the last
+        self._changes = 0  # admissions and version changes made ...
+        self._saved_changes = 0  # ... and how many of them the saved counts hold
+
+    def recover(self, recovered: Recovered, freed_seqs: int, now_s: float) -> None:
+        """The counts as saved last, moved on by the groups stored since and the sequences
+        freed in all (``freed_seqs``)."""
+        saved = recovered.staleness or StalenessSnapshot(0, 0, 0, {})
+        self.freed_seqs, self.last_seq = freed_seqs, recovered.last_seq
+        saved.restore(self.leases, recovered.arrived_after_snapshot, freed_seqs)
+        self.leases.expire(now_s)
+
+    def admit(self, worker_id: str, n_seqs: int, now_s: float) -> int:
+        """How many of ``n_seqs`` ``worker_id`` may start now; they are its lease, saved before
+        this returns (taken back if the save fails)."""
+        with self.lock:
+            granted = self.leases.grant(worker_id, n_seqs, now_s)
+            if not granted:
+                return 0
+            wanted = self._changed()
+        try:
+            self._save(wanted)
+        except BaseException:
+            with self.lock:
+                self.leases.revoke(worker_id, granted)
+                self._changed()
+            raise
+        return granted
+
+    def set_version(self, version: int, recovered: bool, buffered_seqs: Callable[[], int]) -> None:
+        """A plain publish (checked: VersionRefused), or a resume from a checkpoint at
+        ``version`` with ``buffered_seqs()`` (lock held) still to be trained on; saved."""
+        with self.lock:
+            if recovered:
+                self.staleness.on_version_recovered(version, buffered_seqs())
+            else:
+                self.staleness.on_version(version)
+            wanted = self._changed()
+        self._save(wanted)
+
+    def accepted(self, worker_id: str, n_seqs: int, seq: int, now_s: float) -> None:
+        """A group arrived with arrival number ``seq`` (lock held)."""
+        self.last_seq = max(self.last_seq, seq)
+        self.leases.accept(worker_id, n_seqs, now_s)
+
+    def freed(self, n_seqs: int) -> None:
+        """Accepted sequences that will never be consumed (dropped, lost): they hold no capacity
+        (lock held)."""
+        self.freed_seqs += n_seqs
+        self.staleness.on_dropped(n_seqs)
+
+    def _changed(self) -> int:
+        self._changes += 1
+        return self._changes
+
+    def _save(self, wanted: int) -> None:
+        """Save the counts as they are now, unless a save since change ``wanted`` holds them
+        already (concurrent admissions share one write)."""
+        with self._save_lock:
+            if self._saved_changes >= wanted:
+                return
+            with self.lock:
+                snapshot = StalenessSnapshot.take(self.leases, self.freed_seqs, self.last_seq)
+                changes = self._changes
+            self.store.save_staleness(snapshot)
+            self._saved_changes = changes

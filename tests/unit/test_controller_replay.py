@@ -1,0 +1,193 @@
+"""The controller in process, fed Slurm listings recorded on the dev cluster (the CLI backend's
+``squeue --steps`` output; tests/unit/data/record_controller_steps.sh): adoption after a restart,
+scale up and down, crash -> backoff -> relaunch, health drain, a pending step. A stub backend
+lists the recorded steps and records the actions; the clock is passed in."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from slurm_elastic.controller.config import parse_config
+from slurm_elastic.controller.runtime import Controller
+from slurm_elastic.core.health import AgentReport, GpuSample
+from slurm_elastic.core.lifecycle import WorkerState
+from slurm_elastic.core.reconcile import Drain, Launch
+from slurm_elastic.slurm.backend import StepSpec
+from slurm_elastic.slurm.parse import StepInfo, parse_step_lines
+from tests.stub_backend import ListedSteps
+
+DATA = Path(__file__).parent / "data"
+S = WorkerState
+
+
+def listing(situation: str) -> list[StepInfo]:
+    return parse_step_lines((DATA / f"controller_steps_{situation}.txt").read_text())
+
+
+RUNNING = listing("running")
+JOB_ID = RUNNING[0].job_id
+NODES = sorted({n for s in RUNNING for n in s.nodes})
+TRAINER_NODE = next(s.nodes[0] for s in RUNNING if s.name == "trainer")
+
+
+class Recorded(ListedSteps):
+    """Lists what it is given; records launches, signals and cancels."""
+
+    def __init__(self, steps: list[StepInfo]) -> None:
+        super().__init__(steps)
+        self.launched: list[StepSpec] = []
+        self.signalled: list[tuple[int, str, str]] = []
+        self.cancelled: list[tuple[int, str]] = []
+
+    def launch_step(self, spec: StepSpec, launcher_log: Path) -> int:
+        self.launched.append(spec)
+        return 0
+
+    def signal_step(self, job_id: int, step_id: str, signal_name: str) -> None:
+        self.signalled.append((job_id, step_id, signal_name))
+
+    def cancel_step(self, job_id: int, step_id: str) -> None:
+        self.cancelled.append((job_id, step_id))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now_s = 1000.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def make(tmp: Path, steps: list[StepInfo], clock: Clock) -> tuple[Controller, Recorded]:
+    """A controller of the recorded job; the autoscaler is off (the target: seeded, or the operator's)."""
+    config = parse_config({"agent": {"enabled": False}, "autoscaler": {"min_workers": 0, "enable_elastic": False},
+                           "workers": {"backoff_base_s": 5.0}})
+    backend = Recorded(steps)
+    controller = Controller(config, JOB_ID, backend, tmp,  # type: ignore[arg-type]
+                            gpus_by_node={n: (0, 1, 2, 3) for n in NODES}, clock=clock)
+    return controller, backend
+
+
+def register_all(controller: Controller, steps: list[StepInfo]) -> None:
+    """Each worker step registers where Slurm put it (one GPU each, in listing order per node)."""
+    used: dict[str, int] = {TRAINER_NODE: 2}
+    for step in steps:
+        if step.name.startswith("se-w-"):
+            node = step.nodes[0]
+            controller.register_worker(step.name.removeprefix("se-w-"),
+                                       {"node": node, "gpus": [used.get(node, 0)], "step_id": step.step_id})
+            used[node] = used.get(node, 0) + 1
+
+
+def step_of(worker_id: str, steps: list[StepInfo] = RUNNING) -> str:
+    return next(s.step_id for s in steps if s.name == f"se-w-{worker_id}")
+
+
+def test_the_recorded_listing_is_three_workers_and_a_trainer_on_two_gpus() -> None:
+    assert sorted(s.name for s in RUNNING if s.name != "batch") == ["se-w-0001", "se-w-0002", "se-w-0003", "trainer"]
+    assert len(NODES) == 2
+
+
+def test_a_restart_without_state_adopts_every_running_step_and_launches_nothing(tmp_path: Path) -> None:
+    clock = Clock()
+    controller, backend = make(tmp_path, RUNNING, clock)
+    result = controller.tick()
+    assert backend.launched == [] and result.actions == []
+    assert controller.target_workers == 3  # seeded from what Slurm runs: a live fleet is kept
+    assert {w: (r.state, r.step_id, r.job_id) for w, r in controller.workers.items()} == {
+        w: (S.STARTING, step_of(w), JOB_ID) for w in ("0001", "0002", "0003")}
+    assert sum(s.slots for s in result.slots) == 6  # 8 GPUs, the trainer holds 2
+    register_all(controller, RUNNING)
+    controller.tick()
+    clock.now_s += 60
+    again, backend2 = make(tmp_path, RUNNING, clock)  # kill -9 and restart: the saved records
+    again.tick()
+    assert backend2.launched == [] and backend2.cancelled == []
+    assert all(w.state is S.ACTIVE and w.launches == 0 for w in again.workers.values())
+
+
+def test_scale_up_fills_the_free_gpus_of_the_allocation_and_no_more(tmp_path: Path) -> None:
+    controller, backend = make(tmp_path, RUNNING, Clock())
+    controller.tick()
+    controller.scale(10)
+    result = controller.tick()
+    launches = [a for a in result.actions if isinstance(a, Launch)]
+    assert [a.worker_id for a in launches] == ["0004", "0005", "0006"]  # 6 slots, 3 held
+    assert all(a.job_id == JOB_ID for a in launches)
+    assert [s.job_id for s in backend.launched] == [JOB_ID] * 3
+    assert all(controller.workers[a.worker_id].job_id == JOB_ID for a in launches)
+
+
+def test_scale_down_drains_the_idle_worker_first_with_its_steps_job(tmp_path: Path) -> None:
+    controller, backend = make(tmp_path, RUNNING, Clock())
+    controller.tick()
+    register_all(controller, RUNNING)
+    for worker_id, busy in (("0001", True), ("0002", False), ("0003", True)):
+        controller.heartbeat(worker_id, {"busy": busy})
+    controller.scale(2)
+    result = controller.tick()
+    assert [a for a in result.actions if isinstance(a, Drain)] == [Drain("0002", step_of("0002"), JOB_ID)]
+    assert backend.signalled == [(JOB_ID, step_of("0002"), "USR1")]
+    assert controller.workers["0002"].state is S.DRAINING
+    assert controller.heartbeat("0002", {})["drain"] is True
+    backend.steps = listing("vanished")  # the drained step ended by itself
+    controller.tick()
+    assert controller.workers["0002"].state is S.INACTIVE and backend.launched == []
+
+
+def test_a_vanished_worker_backs_off_and_is_relaunched_under_the_same_id(tmp_path: Path) -> None:
+    clock = Clock()
+    controller, backend = make(tmp_path, RUNNING, clock)
+    controller.tick()
+    register_all(controller, RUNNING)
+    backend.steps = listing("vanished")
+    controller.tick()
+    worker = controller.workers["0002"]
+    assert (worker.state, worker.crash_count, worker.backoff_until_s) == (S.BACKOFF, 1, clock.now_s + 5.0)
+    clock.now_s += 4.9
+    controller.tick()
+    assert backend.launched == []
+    clock.now_s += 0.1
+    result = controller.tick()
+    assert [a.worker_id for a in result.actions if isinstance(a, Launch)] == ["0002"]
+    assert (worker.state, worker.launches) == (S.STARTING, 1)
+    assert [s.name for s in backend.launched] == ["se-w-0002"]
+
+
+def test_a_worker_on_an_unhealthy_gpu_is_drained_and_replaced_elsewhere(tmp_path: Path) -> None:
+    clock = Clock()
+    controller, backend = make(tmp_path, RUNNING, clock)
+    controller.tick()
+    register_all(controller, RUNNING)
+    hot = controller.workers["0001"]
+    samples = [GpuSample(hot.node, g, temperature_c=50.0, clock_event_reasons=frozenset(
+        {"hw_thermal_slowdown"} if g == hot.gpus[0] else set()), memory_used_mb=0, memory_total_mb=80000)
+        for g in range(4)]
+    controller.report_gpu_health(AgentReport(hot.node, clock.now_s, "nvml", samples))
+    result = controller.tick()
+    assert hot.state is S.DRAINING and "unhealthy: hw_thermal_slowdown" in hot.history[-1][3]
+    assert backend.signalled == [(JOB_ID, hot.step_id, "USR1")]
+    assert [a.worker_id for a in result.actions if isinstance(a, Launch)] == ["0004"]  # the target still asks for 3
+    assert sum(s.slots for s in result.slots) == 5
+
+
+def test_a_pending_worker_step_is_not_listed_and_counts_as_starting_until_the_start_timeout(tmp_path: Path) -> None:
+    """Slurm 22.05 lists no pending step (srun waits for the GPU before the step exists): the
+    recorded listing while se-w-0004 waited for a GPU on a full node has no trace of it."""
+    assert [s.name for s in listing("pending")] == [s.name for s in listing("vanished")]
+    clock = Clock()
+    controller, backend = make(tmp_path, listing("vanished"), clock)
+    controller.tick()
+    controller.scale(3)
+    controller.tick()
+    assert [s.name for s in backend.launched] == ["se-w-0004"]
+    backend.steps = listing("pending")
+    timeout_s = controller.config.workers.start_timeout_s
+    clock.now_s += timeout_s - 0.1
+    controller.tick()
+    worker = controller.workers["0004"]
+    assert (worker.state, worker.crash_count) == (S.STARTING, 0)
+    clock.now_s += 0.1
+    controller.tick()
+    assert (worker.state, worker.crash_count) == (S.BACKOFF, 1)
+    assert worker.history[-2][3] == "step never appeared in Slurm"

@@ -1,0 +1,57 @@
+"""The core tick on its own: capacity as allocations, actions carrying the job of each step."""
+
+from __future__ import annotations
+
+from slurm_elastic.core.cordons import CordonBook
+from slurm_elastic.core.lifecycle import Worker, WorkerState
+from slurm_elastic.core.placement import Allocation, placement
+from slurm_elastic.core.reconcile import Cancel, Drain, Launch, ObservedStep, ReconcileConfig
+from slurm_elastic.core.scaling import Autoscaler, AutoscalerConfig
+from slurm_elastic.core.tick import ControlState, Observation, TickConfig, tick
+
+S = WorkerState
+OWN = Allocation(7, {"a1": (0, 1)})
+OTHER = Allocation(9, {"b1": (0, 1, 2)})
+CFG = TickConfig(reconcile=ReconcileConfig(), gpus_per_worker=1)
+
+
+def state(target: int) -> ControlState:
+    return ControlState(autoscaler=Autoscaler(AutoscalerConfig(enabled=False)), cordons=CordonBook(),
+                        target_workers=target)
+
+
+def test_placement_counts_slots_per_allocation_and_excludes_full_nodes() -> None:
+    slots = placement((OWN, OTHER), 1, {("a1", 0), ("a1", 1)}, foreign_gpus={9: {"b1": 1}})
+    assert [(s.job_id, s.slots, s.exclude_nodes) for s in slots] == [(7, 0, ("a1",)), (9, 2, ())]
+
+
+def test_launches_fill_the_first_allocation_then_the_next() -> None:
+    st = state(4)
+    result = tick(Observation(steps=()), st, CFG, (OWN, OTHER), 0.0)
+    launches = [a for a in result.actions if isinstance(a, Launch)]
+    assert [(a.worker_id, a.job_id) for a in launches] == [("0001", 7), ("0002", 7), ("0003", 9), ("0004", 9)]
+    assert [st.workers[w].job_id for w in ("0001", "0003")] == [7, 9]
+
+
+def test_signals_and_cancels_carry_the_job_of_the_workers_step() -> None:
+    st = state(0)
+    st.workers["0001"] = Worker("0001", state=S.ACTIVE, job_id=9, step_id="4", node="b1", gpus=(0,))
+    st.workers["0002"] = Worker("0002", state=S.ACTIVE, job_id=0, step_id="5", node="a1", gpus=(0,),
+                                last_heartbeat_s=-100.0)
+    observed = (ObservedStep("0001", "4", "b1", 9), ObservedStep("0002", "5", "a1", 7))
+    result = tick(Observation(steps=observed), st, CFG, (OWN, OTHER), 0.0)
+    assert Cancel("0002", "5", "no heartbeat for 100 s (grace 60 s)", 0) in result.actions
+    assert Drain("0001", "4", 9) in result.actions
+
+
+def test_a_server_gets_its_drain_signal_once_nothing_is_in_flight_and_the_grace_is_over() -> None:
+    cfg = TickConfig(reconcile=ReconcileConfig(), gpus_per_worker=1, is_server=True, server_drain_grace_s=1.0)
+    st = state(0)
+    st.workers["0001"] = Worker("0001", state=S.ACTIVE, step_id="4", node="a1", gpus=(0,))
+    obs = Observation(steps=(ObservedStep("0001", "4", "a1"),), outstanding_by_worker={"0001": 2})
+    assert tick(obs, st, cfg, (OWN,), 0.0).actions == []
+    assert st.workers["0001"].state is S.DRAINING  # out of discovery at once
+    assert tick(obs, st, cfg, (OWN,), 5.0).actions == []  # requests in flight there
+    idle = Observation(steps=obs.steps, outstanding_by_worker={"0001": 0})
+    assert tick(idle, st, cfg, (OWN,), 6.0).actions == [Drain("0001", "4", 0)]
+    assert tick(idle, st, cfg, (OWN,), 7.0).actions == []  # once

@@ -1,0 +1,121 @@
+"""The pure bookkeeping of weights following the trainer: who runs what, who is due an update,
+who failed and how often, who may be in discovery."""
+
+from __future__ import annotations
+
+from slurm_elastic.core.endpoints import Endpoint, EndpointBook
+from slurm_elastic.core.weights import ServerWeights, WeightsBook
+from slurm_elastic.worker.wrapper import launch_with_weights
+
+
+def servers(*loaded: int | None) -> list[ServerWeights]:
+    return [ServerWeights(f"000{i + 1}", f"http://n:{i}", v) for i, v in enumerate(loaded)]
+
+
+def test_nothing_is_due_before_a_publish_and_every_server_is_routable() -> None:
+    book = WeightsBook()
+    assert book.due(servers(None, None), 0.0) == []
+    assert book.routable("0001", None) and book.view() is None
+
+
+def test_a_publish_is_due_to_every_server_on_another_version_once() -> None:
+    book = WeightsBook()
+    book.publish(3, "/ckpt/3")
+    orders = book.due(servers(None, 2, 3), 0.0)
+    assert [(o.worker_id, o.weights.version, o.weights.ref, o.attempt) for o in orders] == [
+        ("0001", 3, "/ckpt/3", 1), ("0002", 3, "/ckpt/3", 1)]
+    assert book.due(servers(None, 2, 3), 1.0) == []  # in flight: not sent twice
+    assert book.server_view("0001")["weights_updating_to"] == 3
+
+
+def test_a_new_server_enters_discovery_only_at_the_latest_version() -> None:
+    book = WeightsBook()
+    book.due([], 0.0)  # the first round has passed (nothing to adopt)
+    book.publish(3, "/ckpt/3")
+    assert not book.routable("0001", None) and not book.routable("0001", 2)
+    assert len(book.due(servers(2), 0.0)) == 1
+    assert not book.routable("0001", 2)  # its update is under way: still out
+    assert book.done("0001", 3, "", 1.0).action == "loaded"
+    assert book.routable("0001", 3)
+
+
+def test_a_joined_server_stays_routable_while_it_updates_to_the_next_version() -> None:
+    book = WeightsBook()
+    book.publish(3, "/ckpt/3")
+    book.due(servers(3), 0.0)  # at the latest: joined
+    book.publish(4, "/ckpt/4")
+    [order] = book.due(servers(3), 1.0)
+    assert order.weights.version == 4 and book.routable("0001", 3)
+
+
+def test_a_failed_update_leaves_discovery_at_once_is_retried_after_a_backoff_then_replaced() -> None:
+    book = WeightsBook(max_failures=3, retry_backoff_s=2.0)
+    book.publish(3, "/ckpt/3")
+    book.due(servers(3, 3), 0.0)  # both joined
+    book.publish(4, "/ckpt/4")
+    book.due(servers(3, 3), 0.0)
+    first = book.done("0001", 4, "HTTP 400: corrupt", 0.0)
+    assert first.action == "retry" and "(1/3)" in first.reason
+    assert not book.routable("0001", 3) and book.routable("0002", 3)
+    assert book.due(servers(3, 3), 1.9) == []  # backing off 2 s
+    [again] = book.due(servers(3, 3), 2.0)
+    assert again.attempt == 2
+    assert book.done("0001", 4, "HTTP 400: corrupt", 2.0).action == "retry"
+    assert book.due(servers(3, 3), 5.9) == [] and len(book.due(servers(3, 3), 6.0)) == 1  # doubled: 4 s
+    last = book.done("0001", 4, "no answer within 5 s", 6.0)
+    assert last.action == "replace"
+    assert last.reason == "weights update to version 4 failed 3 times in a row: no answer within 5 s"
+    assert book.due(servers(3, 3), 100.0) == []  # replaced, not retried
+    assert book.server_view("0001")["weights_update_failures"] == 3
+
+
+def test_a_success_clears_the_failures_and_a_new_publish_ends_a_backoff() -> None:
+    book = WeightsBook(retry_backoff_s=60.0)
+    book.publish(1, "/a")
+    book.due(servers(None), 0.0)
+    book.done("0001", 1, "boom", 0.0)
+    book.publish(2, "/b")
+    [order] = book.due(servers(None), 1.0)  # new weights: tried at once
+    assert order.weights.version == 2 and order.attempt == 2
+    assert book.done("0001", 2, "", 2.0).action == "loaded"
+    assert book.routable("0001", 2) and book.server_view("0001")["weights_update_failures"] == 0
+
+
+def test_servers_gone_are_forgotten_and_a_restart_keeps_servers_at_a_published_version_routable() -> None:
+    book = WeightsBook()
+    book.publish(5, "/ckpt/5")  # restored from the record; servers restored with their versions
+    orders = book.due(servers(4, None), 0.0)
+    assert book.routable("0001", 4) and not book.routable("0002", None)  # 0001 was in discovery before
+    assert {o.worker_id for o in orders} == {"0001", "0002"}
+    book.due([], 1.0)
+    assert book.server_view("0001")["weights_updating_to"] is None  # forgotten
+
+
+def test_without_an_update_hook_versions_are_kept_but_never_pushed_or_enforced() -> None:
+    book = WeightsBook(enforced=False)
+    book.publish(2, "/ckpt/2")
+    assert book.due(servers(None), 0.0) == [] and book.routable("0001", None)
+    assert book.view() == {"version": 2, "ref": "/ckpt/2", "enforced": False}
+
+
+def test_discovery_can_list_only_servers_at_the_latest_weights_and_a_version_change_is_a_new_set() -> None:
+    endpoints = EndpointBook()
+    assert endpoints.publish([Endpoint("0001", "u1", "n", (0,), 3), Endpoint("0002", "u2", "n", (1,), 4)], 4)
+    before = endpoints.version
+    assert [e["worker_id"] for e in endpoints.view(0.0, latest_weights_only=True)["endpoints"]] == ["0002"]
+    view = endpoints.view(0.0)
+    assert view["weights_version"] == 4 and [e["weights_version"] for e in view["endpoints"]] == [3, 4]
+    assert endpoints.publish([Endpoint("0001", "u1", "n", (0,), 4), Endpoint("0002", "u2", "n", (1,), 4)], 4)
+    assert endpoints.version == before + 1
+
+
+def test_the_wrapper_starts_an_engine_on_the_latest_weights_when_its_command_names_them() -> None:
+    weights = {"version": 7, "ref": "/ckpt/7"}
+    argv, env, info = launch_with_weights(["serve", "--model", "{weights_path}", "--port", "{port}"], weights, 9000,
+                                          {"ready": False})
+    assert argv == ["serve", "--model", "/ckpt/7", "--port", "9000"] and info["weights_version"] == 7
+    assert env["SLURM_ELASTIC_WEIGHTS_PATH"] == "/ckpt/7" and env["SLURM_ELASTIC_WEIGHTS_VERSION"] == "7"
+    argv, env, info = launch_with_weights(["serve", "--model", "/base"], weights, 9000, {"ready": False})
+    assert "weights_version" not in info and env["SLURM_ELASTIC_WEIGHTS_PATH"] == "/ckpt/7"  # the hook updates it
+    argv, env, info = launch_with_weights(["serve", "{weights_path}"], None, 9000, {})
+    assert argv == ["serve", ""] and "SLURM_ELASTIC_WEIGHTS_PATH" not in env and "weights_version" not in info
