@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from slurm_elastic.controller.burst_jobs import BurstJobs, core_jobs
@@ -54,6 +54,8 @@ class BurstManager:
         self._gpus: dict[int, dict[str, tuple[int, ...]]] = {}
         self._previous: tuple[BurstJob, ...] = ()
         self._last_seen_s: float | None = None
+        self._ending: set[int] = set()
+        self._given_back: set[int] = set()  # jobs this controller cancelled or released: not lost when they end
 
     # ---- observe -------------------------------------------------------------------------------
     def observe(self) -> bool:
@@ -69,7 +71,8 @@ class BurstManager:
 
     @property
     def releasing(self) -> frozenset[int]:
-        return frozenset(j.job_id for j in self.listed if is_released_comment(j.comment))
+        """Jobs being emptied: marked so in Slurm, or ending (preempted, at their time limit)."""
+        return frozenset(j.job_id for j in self.listed if is_released_comment(j.comment)) | self._ending
 
     def running_gpus(self) -> dict[int, dict[str, tuple[int, ...]]]:
         """Running burst jobs -> their GPUs per node (read once per job). Released ones included:
@@ -89,17 +92,30 @@ class BurstManager:
 
     # ---- decide and act ------------------------------------------------------------------------
     def step(self, *, target_workers: int, allocation_slots: int, workers_by_job: Mapping[int, int],
-             draining_by_job: Mapping[int, int], now_s: float) -> BurstDecision:
-        """Decide with the core and act: submit, cancel, mark released (or needed again)."""
+             draining_by_job: Mapping[int, int], now_s: float, ending_jobs: frozenset[int] = frozenset()) -> BurstDecision:
+        """Decide with the core and act: submit, cancel, mark released (or needed again).
+
+        ``ending_jobs``: burst jobs whose workers left on their own (Slurm signalled a preemption or
+        the time limit): they are released for good and cancelled once empty."""
+        listed_ids = {j.job_id for j in self.listed}
+        new_ending = (set(ending_jobs) & listed_ids) - self._ending - self._given_back
+        self.counters.lost += len(new_ending)  # preempted or at its time limit: lost to the pool
+        self._ending = (self._ending | new_ending) & listed_ids
+        for job_id in sorted(self._ending - self.releasing):
+            self._try(f"release ending burst job {job_id}", lambda j=job_id: self.jobs.mark_released(j, True))
         current = core_jobs(self.listed, self.policy.worker_slots_per_job, workers_by_job, draining_by_job)
-        releasing = self.releasing
-        self.counters.lost += len(lost_jobs(self._previous, current, releasing))
+        releasing = self.releasing | self._ending
+        self._given_back |= releasing
+        self.counters.lost += len(lost_jobs(self._previous, current, frozenset(self._given_back)))
         self._account(current, workers_by_job, now_s)
         self._previous = current
         decision = decide_burst(self.policy, target_workers=target_workers, allocation_slots=allocation_slots,
                                 jobs=current, releasing=releasing, last_submit_s=self.last_submit_s, now_s=now_s)
+        if self._ending & set(decision.keep):  # an ending job is never taken back
+            decision = replace(decision, keep=tuple(k for k in decision.keep if k not in self._ending))
         self.last_decision = decision
         for job_id in decision.cancel:
+            self._given_back.add(job_id)
             self._try(f"cancel burst job {job_id}", lambda j=job_id: self.jobs.cancel(j))
             self.counters.cancelled += 1
         for job_id in decision.release:

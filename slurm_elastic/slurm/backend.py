@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
@@ -67,6 +67,10 @@ class SlurmBackend(Protocol):
     def list_steps(self, job_id: int) -> list[StepInfo]:
         """All running steps of ``job_id`` (one batched call), each with its GPUs per node in
         ``tres_per_node`` (``gres/gpu:N``); ``[]`` for an unknown job. Raises if Slurm does not answer."""
+        ...
+
+    def list_steps_of(self, job_ids: Sequence[int]) -> list[StepInfo]:
+        """All running steps of several jobs (the controller's and its burst jobs) in one call."""
         ...
 
     def job_info(self, job_id: int) -> JobInfo:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from slurm_elastic.errors import SlurmCommandError, SlurmError
@@ -46,6 +46,15 @@ class SlurmCli:
             timeout_s=self.timeout_s,
         )
         return [s for s in parse_step_lines(result.stdout) if s.job_id == job_id]
+
+    def list_steps_of(self, job_ids: Sequence[int]) -> list[StepInfo]:
+        wanted = {int(j) for j in job_ids}
+        result = run_command(
+            ["squeue", "--steps", f"--jobs={','.join(str(j) for j in sorted(wanted))}", "--noheader",
+             f"--format={STEP_FORMAT}"],
+            timeout_s=self.timeout_s,
+        )
+        return [s for s in parse_step_lines(result.stdout) if s.job_id in wanted]
 
     def job_info(self, job_id: int) -> JobInfo:
         try:

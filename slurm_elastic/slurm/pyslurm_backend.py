@@ -26,7 +26,7 @@ import logging
 import os
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -194,6 +194,11 @@ class PySlurm:
                 return []
             raise SlurmError(f"listing steps of job {job_id} failed: {exc}") from None
         return [step_info_from_pyslurm(job_id, key, _step_fields(step)) for key, step in steps.items()]
+
+    def list_steps_of(self, job_ids: Sequence[int]) -> list[StepInfo]:
+        if not self.steps_through_api:
+            return self._cli.list_steps_of(job_ids)
+        return [step for job_id in job_ids for step in self.list_steps(job_id)]
 
     def job_info(self, job_id: int) -> JobInfo:
         try:
