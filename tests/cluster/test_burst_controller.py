@@ -108,7 +108,7 @@ def test_a_cancelled_parent_leaves_no_burst_job(devcluster: DevCluster, tmp_path
     job = start_controller_job(
         devcluster, tmp_path, nodes=1, gpus_per_node=4,
         burst={"max_jobs": 1, "gpus_per_job": 4, "partition": devcluster.spec.preempt_partition,
-               "submit_cooldown_s": 0, "controller_unreachable_grace_s": 3})
+               "submit_cooldown_s": 0, "controller_unreachable_grace_s": 10})
     try:
         with job.client() as c:
             c.scale(6)
