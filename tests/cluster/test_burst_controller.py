@@ -112,8 +112,8 @@ def test_a_cancelled_parent_leaves_no_burst_job(devcluster: DevCluster, tmp_path
     try:
         with job.client() as c:
             c.scale(6)
-        job.active(6, timeout_s=60)
-        [(burst_id, _state)] = burst_jobs_of(job)
+        [(burst_id, _state)] = wait_for(lambda: [b for b in burst_jobs_of(job) if b[1] == "RUNNING"], 60,
+                                        "a running burst job")
     finally:
         stop_controller_job(job)  # scancel of the parent: its controller is gone with it
     wait_for(lambda: not burst_jobs_of(job), 60, f"burst job {burst_id} to end itself")
