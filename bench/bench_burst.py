@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import OUT_DIR, write_report
+from bench._common import OUT_DIR, write_headline, write_report
 from slurm_elastic.sim.burst_model import BurstClusterSpec, BurstComparison, compare_burst
 from slurm_elastic.sim.output import load_trace
 
@@ -41,7 +41,7 @@ def med(values: list[float]) -> float:
     return statistics.median(values)
 
 
-def run(seeds: int, command: str) -> str:
+def run(seeds: int, command: str, headline: list[tuple[str, str, str, str]] | None = None) -> str:
     started = time.perf_counter()
     lines = ["# Burst jobs (simulated)", "", f"`{command}`: medians over seeds 0..{seeds - 1}. " + __doc__.split("\n\n")[2]
              .replace("\n", " "), "",
@@ -49,12 +49,15 @@ def run(seeds: int, command: str) -> str:
              "| trainer idle: static peak | allocation only | allocation + burst | burst jobs | preemptions "
              "| mean queue wait |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     figure: dict[str, dict[str, tuple[float, float]]] = {}
+    shares, extra_idle = [], []
     for name in NAMES:
         runs = run_trace(name, seeds)
         held = {s: med([r.gpu_hours[s] for r in runs]) for s in SETTINGS}
         idle = {s: med([r.trainer_idle_fraction[s] for r in runs]) for s in SETTINGS}
         figure[name] = {s: (held[s], idle[s]) for s in SETTINGS}
         used = med([r.static_peak_used_gpu_hours for r in runs])
+        shares.append(held["allocation_plus_burst"] / held["static_peak"])
+        extra_idle.append(idle["allocation_plus_burst"] - idle["static_peak"])
         lines.append(
             f"| {name} | {runs[0].peak_slots} | {held['static_peak']:.2f} ({used:.2f}) | {held['allocation_only']:.2f} | "
             f"{held['allocation_plus_burst']:.2f} ({held['allocation_plus_burst'] / held['static_peak']:.0%}) | "
@@ -65,6 +68,12 @@ def run(seeds: int, command: str) -> str:
               "workers use them or not (used: the GPU-hours its workers ran); burst jobs hold theirs from "
               "start to cancel or preemption.", "", f"Wall time: {time.perf_counter() - started:.1f} s.", ""]
     _plot(figure, OUT_DIR / "burst.png")
+    if headline is not None:
+        headline.append((
+            f"burst jobs ({len(NAMES)} traces, simulated): GPU-hours held and trainer idle, a {ALLOCATION_SLOTS}-slot "
+            f"allocation + burst jobs (queue wait {QUEUE_WAIT_S:g} s, {PREEMPTIONS_PER_HOUR:g} preemption/job-hour)",
+            f"{min(shares):.0%}-{max(shares):.0%} of the GPU-hours; idle +{min(extra_idle):.3f} to +{max(extra_idle):.3f}",
+            "a static allocation sized for the peak", f"GPU-hours {min(shares):.2f}-{max(shares):.2f}x"))
     return "\n".join(lines)
 
 
@@ -98,7 +107,9 @@ def main() -> None:
     args = parser.parse_args()
     seeds = args.seeds or (2 if args.quick else 5)
     command = "bench/bench_burst.py" + (" --quick" if args.quick else "") + (f" --seeds {args.seeds}" if args.seeds else "")
-    write_report("burst", run(seeds, command))
+    headline: list[tuple[str, str, str, str]] = []
+    write_report("burst", run(seeds, command, headline))
+    write_headline("burst", headline)
 
 
 if __name__ == "__main__":
