@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/bench_scale.py            # as root; 8, 64, 256 workers (~10 minutes)
     .venv/bin/python bench/bench_scale.py --quick    # 8 and 64 workers, shorter windows (~3 minutes)
+    .venv/bin/python bench/bench_scale.py --sizes 64,256 --window-s 20   # 192 launched at once, 256 steady
 
 It brings up its own cluster (32 nodes x 8 fake GPUs = 256 GPU slots, ports 21817/21901+, node
 prefix "sn") and takes it down afterwards. Workers are the real step wrapper (``slurm-elastic
@@ -10,13 +11,16 @@ shell waiting on ``sleep``), one fake GPU each. For each worker count it scales 
 are ACTIVE, and measures over a steady window: the controller process's CPU (median of sub-windows,
 since other work shares this machine) and RSS, tick durations, slurmctld RPCs per tick (``sdiag``),
 heartbeats handled, and the memory each worker costs on the node. The baseline is the same figure
-at 8 workers, in the same run: growth ratios are value at N / value at 8.
+at 8 workers, in the same run: growth ratios are value at N / value at 8. Launch throughput (workers
+launched by one scale-up / time until all are ACTIVE) is compared with Slurm's own floor measured
+first in the same run: as many bare ``srun``s of a Python command, all started at once.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -170,8 +174,22 @@ def measure(job: ControllerJob, slurm: SlurmCli, n: int, scale_up_s: float, wind
     )
 
 
+def bare_srun_burst(job_id: int, n: int) -> float:
+    """Seconds until ``n`` bare sruns of a Python command, started at once (one GPU each), have all ended."""
+    argv = ["srun", f"--jobid={job_id}", "--exact", "--nodes=1", "--ntasks=1", "--gres=gpu:1",
+            "--input=none", sys.executable, "-c", "pass"]
+    t0 = time.perf_counter()
+    procs = [subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+             for _ in range(n)]
+    failed = [p.communicate()[1].decode(errors="replace")[-300:] for p in procs if p.wait() != 0]
+    elapsed_s = time.perf_counter() - t0
+    if failed:
+        raise AssertionError(f"{len(failed)} of {n} bare sruns failed, e.g.: {failed[0]}")
+    return elapsed_s
+
+
 def run_sizes(cluster: DevCluster, tmp: Path, slurm: SlurmCli, sizes: tuple[int, ...], window_s: float,
-              settle_s: float) -> tuple[list[Window], float]:
+              settle_s: float) -> tuple[list[Window], float, tuple[int, float]]:
     job = start_controller_job(
         cluster, tmp / "run", nodes=NODES, gpus_per_node=GPUS_PER_NODE, controller={"tick_interval_s": TICK_S},
         workers={"command": LIGHT_COMMAND, "heartbeat_interval_s": HEARTBEAT_S, "heartbeat_grace_s": 120.0,
@@ -179,6 +197,9 @@ def run_sizes(cluster: DevCluster, tmp: Path, slurm: SlurmCli, sizes: tuple[int,
     )
     windows = []
     try:
+        burst = sizes[-1] - (sizes[-2] if len(sizes) > 1 else 0)  # the largest single scale-up
+        floor = (burst, bare_srun_burst(job.job_id, burst))
+        print(f"floor: {burst} bare sruns at once ended after {floor[1]:.1f} s ({burst / floor[1]:.1f}/s)", flush=True)
         current = 0
         for n in sizes:
             t0 = time.perf_counter()
@@ -198,7 +219,7 @@ def run_sizes(cluster: DevCluster, tmp: Path, slurm: SlurmCli, sizes: tuple[int,
         drain_s = time.perf_counter() - t0
     finally:
         stop_controller_job(job)
-    return windows, drain_s
+    return windows, drain_s, floor
 
 
 def steady_controller(n: int, state_dir: Path) -> Controller:
@@ -253,7 +274,7 @@ def persistence_rows(sizes: tuple[int, ...]) -> list[str]:
             "|---|---|---|---|---|", *rows, ""]
 
 
-def report(windows: list[Window], drain_s: float, window_s: float) -> str:
+def report(windows: list[Window], drain_s: float, window_s: float, floor: tuple[int, float]) -> str:
     base = windows[0]
     cols = [f"{w.workers} workers" for w in windows]
     prev = [0, *[w.workers for w in windows[:-1]]]
@@ -270,7 +291,7 @@ def report(windows: list[Window], drain_s: float, window_s: float) -> str:
         f"## Controller scale (dev cluster: {NODES} nodes x {GPUS_PER_NODE} fake GPUs, Slurm 22.05, 2 shared cores)",
         "",
         f"Tick interval {TICK_S} s, heartbeat interval {HEARTBEAT_S} s, steady window {window_s:g} s per size "
-        "(CPU: median of 5 sub-windows). Growth: value at the largest size / value at 8 workers.",
+        f"(CPU: median of 5 sub-windows). Growth: value at the largest size / value at {base.workers} workers.",
         "",
         "| figure | " + " | ".join(cols) + f" | growth {base.workers} -> {last.workers} |",
         "|---|" + "---|" * (len(windows) + 1),
@@ -301,15 +322,24 @@ def report(windows: list[Window], drain_s: float, window_s: float) -> str:
                          [f"{w.node_mb_per_worker[kind]:.1f} MB" for w in windows]))
     lines.append(row("per worker on the node: total PSS",
                      [f"{sum(w.node_mb_per_worker.values()):.1f} MB" for w in windows]))
-    lines += ["", f"Drain of all {last.workers} workers (scale to 0 -> no worker step left): {drain_s:.1f} s", ""]
+    lines += ["", f"Launch throughput: {last.workers - prev[-1]} workers by one scale-up, "
+              f"{(last.workers - prev[-1]) / last.scale_up_s:.1f}/s until all ACTIVE; Slurm's floor in the same run, "
+              f"{floor[0]} bare sruns of a Python command started at once: {floor[0] / floor[1]:.1f}/s until all ended",
+              "", f"Drain of all {last.workers} workers (scale to 0 -> no worker step left): {drain_s:.1f} s", ""]
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="8 and 64 workers, shorter windows")
+    parser.add_argument("--sizes", default="", help="worker counts in order, e.g. 64,256 (default: 8,64,256)")
+    parser.add_argument("--window-s", type=float, default=0.0, help="steady window (and settle time) per size")
     args = parser.parse_args()
     sizes, window_s, settle_s = ((8, 64), 15.0, 15.0) if args.quick else ((8, 64, 256), 30.0, 30.0)
+    if args.sizes:
+        sizes = tuple(int(n) for n in args.sizes.split(","))
+    if args.window_s:
+        window_s = settle_s = args.window_s
     spec = DevClusterSpec(dir=Path(tempfile.gettempdir()) / "se-scale-cluster", nodes=NODES,
                           gpus_per_node=GPUS_PER_NODE, cpus_per_node=16, memory_per_node_mb=8000,
                           ctld_port=21817, node_base_port=21901, cluster_name="scale", node_prefix="sn")
@@ -318,12 +348,16 @@ def main() -> None:
     os.environ["SLURM_CONF"] = str(cluster.conf_path)
     try:
         with tempfile.TemporaryDirectory() as tmp_name:
-            windows, drain_s = run_sizes(cluster, Path(tmp_name), SlurmCli(), sizes, window_s, settle_s)
+            windows, drain_s, floor = run_sizes(cluster, Path(tmp_name), SlurmCli(), sizes, window_s, settle_s)
     finally:
         cluster.down()
-    write_report("scale", "\n".join([report(windows, drain_s, window_s), *persistence_rows((8, 64, 256))]))
+    write_report("scale", "\n".join([report(windows, drain_s, window_s, floor), *persistence_rows((8, 64, 256))]))
     base, last = windows[0], windows[-1]
+    launched = last.workers - (windows[-2].workers if len(windows) > 1 else 0)
     write_headline("scale", [
+        (f"launch throughput, {launched} workers by one scale-up until all registered (vs {floor[0]} bare sruns "
+         "of a Python command at once)", f"{launched / last.scale_up_s:.1f}/s", f"{floor[0] / floor[1]:.1f}/s",
+         f"{launched / last.scale_up_s / (floor[0] / floor[1]):.2f}x"),
         (f"controller at {last.workers} workers: CPU (% of a core) / RSS / tick p50",
          f"{last.cpu_pct:.1f} % / {last.rss_mb:.0f} MB / {last.tick_p50_ms:.0f} ms",
          f"at {base.workers}: {base.cpu_pct:.1f} % / {base.rss_mb:.0f} MB / {base.tick_p50_ms:.0f} ms",

@@ -8,11 +8,19 @@ import sys
 import click
 
 from slurm_elastic import __version__
+from slurm_elastic.commands import COMMANDS, load_command
 from slurm_elastic.errors import SlurmElasticError
 
 
 class _Group(click.Group):
-    """Turns our own errors into a one-line message and exit code 1, not a traceback."""
+    """Loads each sub-command when it is used (see ``slurm_elastic.commands``) and turns our own
+    errors into a one-line message and exit code 1, not a traceback."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        return load_command(cmd_name)
 
     def invoke(self, ctx: click.Context) -> object:
         try:
@@ -30,12 +38,3 @@ def main(verbose: int) -> None:
     level = logging.WARNING - 10 * min(verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
-
-def _register() -> None:
-    from slurm_elastic.commands import COMMANDS
-
-    for command in COMMANDS:
-        main.add_command(command)
-
-
-_register()

@@ -61,6 +61,10 @@ class ControllerUnreachableError(SlurmElasticError):
     """The controller's HTTP API did not answer."""
 
 
+class UnknownOnControllerError(KeyError):
+    """The controller answered 404: it does not know the worker, node or GPU named."""
+
+
 class ApiError(SlurmElasticError):
     """The controller's HTTP API answered with an error status."""
 

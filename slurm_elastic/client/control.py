@@ -14,13 +14,11 @@ from typing import Any
 
 import httpx
 
-from slurm_elastic.errors import ApiError, ControllerUnreachableError
+from slurm_elastic.errors import ApiError, ControllerUnreachableError, UnknownOnControllerError
+
+__all__ = ["ControlClient", "UnknownOnControllerError"]
 
 log = logging.getLogger(__name__)
-
-
-class UnknownOnControllerError(KeyError):
-    """The controller answered 404: it does not know the worker, node or GPU named."""
 
 
 class ControlClient:

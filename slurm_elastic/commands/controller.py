@@ -27,19 +27,9 @@ def controller(config_path: Path) -> None:
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def worker(command: tuple[str, ...]) -> None:
     """Run CMD as a drain-safe worker step: register, heart-beat, forward the drain, report the exit."""
-    from slurm_elastic.worker.context import StepContext
-    from slurm_elastic.worker.control import FollowingControl
-    from slurm_elastic.worker.wrapper import Flags, install_handlers, run_wrapped
+    from slurm_elastic.worker.step import run_step
 
-    ctx = StepContext.from_env()
-    flags = Flags()
-    install_handlers(flags, ctx.drain_signum, term_drains=ctx.term_drains)
-    control = FollowingControl(ctx.worker_id, ctx.controller_url, ctx.token, ctx.state_dir)
-    try:
-        code = run_wrapped(list(command), ctx, control.register, control.heartbeat, flags=flags)
-    finally:
-        control.close()
-    sys.exit(code)
+    sys.exit(run_step(list(command)))
 
 
 @click.command(name="burst-watch")

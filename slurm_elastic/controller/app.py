@@ -11,6 +11,7 @@ from fastapi import FastAPI
 
 from slurm_elastic import __version__
 from slurm_elastic.client.locate import COMMENT_PREFIX
+from slurm_elastic.controller.beats import HeartbeatEndpoint
 from slurm_elastic.controller.config import ElasticConfig
 from slurm_elastic.controller.files import ensure_token, previous_port, publish
 from slurm_elastic.controller.guard import BODY_MAX_BYTES, RequestGuard
@@ -52,6 +53,7 @@ def create_controller_app(controller: Controller, token: str, queue: RolloutQueu
         return {"status": "ok"}
 
     app.include_router(control_router(controller))
+    app.heartbeat_endpoint = HeartbeatEndpoint(controller)
     if queue is not None:
         app.include_router(rollout_router(controller, queue))
         app.submit_endpoint = SubmitEndpoint(queue)

@@ -95,6 +95,7 @@ class ControllerBase:
         self.errors: list[dict[str, Any]] = []
         self._errors_lock = threading.Lock()
         self.ticks = 0
+        self._wake = threading.Event()  # set by requests that change the target: the loop ticks at once
         self.tick_durations_s: deque[float] = deque(maxlen=TICK_WINDOW)
         self.tick_total_s = 0.0
         self.heartbeats = 0
@@ -280,6 +281,10 @@ class ControllerBase:
             return {}
         return {w.worker_id: self.endpoints.outstanding(w.worker_id, now_s)
                 for w in self.state.workers.values() if w.state is S.DRAINING}
+
+    def wake_loop(self) -> None:
+        """Run the next tick now rather than at the interval (a new target is acted on at once)."""
+        self._wake.set()
 
     def _record_error(self, where: str, message: str) -> None:
         with self._errors_lock:  # also called from the tick's signal threads

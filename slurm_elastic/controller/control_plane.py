@@ -111,6 +111,7 @@ class ControlPlane(ControllerBase):
             st = self.state
             st.manual_target, st.wake_all_active, st.paused = max(0, int(n)), False, True
             self.save()
+            self.wake_loop()
             return {"target_workers": st.manual_target, "paused": True}
 
     def pause(self) -> dict[str, Any]:
@@ -124,6 +125,7 @@ class ControlPlane(ControllerBase):
             st = self.state
             st.paused, st.manual_target, st.wake_all_active = False, None, False
             self.save()
+            self.wake_loop()
             return {"paused": False}
 
     def wake_all(self) -> dict[str, Any]:
@@ -131,6 +133,7 @@ class ControlPlane(ControllerBase):
             st = self.state
             st.wake_all_active, st.manual_target, st.paused = True, None, True
             self.save()
+            self.wake_loop()
             return {"wake_all": True}
 
     def drain(self, worker_id: str) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from slurm_elastic.client.wire import (
     TrainerHello,
     VersionUpdate,
 )
+from slurm_elastic.controller.beats import HeartbeatEndpoint, read_body, replaying
 from slurm_elastic.controller.guard import Headers, RequestGuard, send_answer
 from slurm_elastic.controller.runtime import Controller
 from slurm_elastic.controller.weights import publish_weights
@@ -231,13 +232,14 @@ class ControllerApp(FastAPI):
     """The controller's FastAPI app. Every request passes its :class:`RequestGuard` first (the
     token, then the body's size, before any body is read); ``POST /rollouts`` is then answered
     before the framework's per-request machinery (telemetry hooks, middleware, routing), so the
-    hot route costs only its own checks. The same handler is also a FastAPI route, so OpenAPI
-    documents it."""
+    hot route costs only its own checks (the same handler is also a FastAPI route, so OpenAPI
+    documents it); so are heartbeats when they can be (:mod:`.beats`)."""
 
     def __init__(self, guard: RequestGuard, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.guard = guard
         self.submit_endpoint: SubmitEndpoint | None = None
+        self.heartbeat_endpoint: HeartbeatEndpoint | None = None
         for error in (StateFileError, OSError):
             self.add_exception_handler(error, _storage_failed)
 
@@ -249,6 +251,14 @@ class ControllerApp(FastAPI):
         if passed is None:
             return
         receive, send = passed
+        beats = self.heartbeat_endpoint
+        if beats is not None and (worker_id := beats.worker_id(scope)) is not None:
+            body = await read_body(receive)
+            answer = None if body is None else beats.answer(worker_id, body)
+            if answer is not None:
+                await send_answer(send, answer)
+                return
+            receive = replaying(body or b"", receive)
         endpoint = self.submit_endpoint
         if endpoint is None or scope["path"] != "/rollouts" or scope["method"] != "POST":
             await super().__call__(scope, receive, send)

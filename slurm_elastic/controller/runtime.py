@@ -134,9 +134,17 @@ class Controller(ControlPlane, StatusViews):
             return autoscaler_inputs(self.state, self.observation(None, now_s), allowed_slots, self.tick_config)
 
     def run_forever(self, stop: threading.Event) -> None:
-        """Tick every ``tick_interval_s`` until ``stop`` is set."""
+        """Tick every ``tick_interval_s``, and at once after a request that changes the target
+        (:meth:`wake_loop`), until ``stop`` is set."""
         interval_s = self.config.controller.tick_interval_s
+
+        def wake_on_stop() -> None:
+            stop.wait()
+            self._wake.set()
+
+        threading.Thread(target=wake_on_stop, name="stop-wakes-loop", daemon=True).start()
         while not stop.is_set():
+            self._wake.clear()
             started = time.monotonic()
             try:
                 self.tick()
@@ -146,4 +154,4 @@ class Controller(ControlPlane, StatusViews):
             with self.lock:
                 self.tick_durations_s.append(time.monotonic() - started)
                 self.tick_total_s += self.tick_durations_s[-1]
-            stop.wait(max(0.0, interval_s - (time.monotonic() - started)))
+            self._wake.wait(max(0.0, interval_s - (time.monotonic() - started)))

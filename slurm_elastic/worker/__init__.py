@@ -24,12 +24,15 @@ import threading
 import time
 from collections.abc import Iterator
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slurm_elastic.errors import ApiError, ControllerUnreachableError, SlurmElasticError
 from slurm_elastic.rollouts.wire import pack_group
 from slurm_elastic.worker.context import StepContext
 from slurm_elastic.worker.control import FollowingControl
+
+if TYPE_CHECKING:  # imported when a worker is made: the step wrapper imports this package without httpx
+    from slurm_elastic.client.control import ControlClient
 
 __all__ = ["RolloutWorker", "StepContext"]
 log = logging.getLogger(__name__)
@@ -38,9 +41,12 @@ log = logging.getLogger(__name__)
 class RolloutWorker:
     """Drain flag, busy marker and background heartbeats for one worker step."""
 
-    def __init__(self, ctx: StepContext, control: FollowingControl | None = None) -> None:
+    def __init__(self, ctx: StepContext, control: FollowingControl[ControlClient] | None = None) -> None:
+        from slurm_elastic.client.control import ControlClient
+
         self.ctx = ctx
-        self.control = control or FollowingControl(ctx.worker_id, ctx.controller_url, ctx.token, ctx.state_dir)
+        self.control = control or FollowingControl(ctx.worker_id, ctx.controller_url, ctx.token, ctx.state_dir,
+                                                   connect=ControlClient)
         self._drain = threading.Event()
         self._stop = threading.Event()
         self._busy = False

@@ -6,33 +6,48 @@ state directory (a restarted controller may listen elsewhere) and the call is tr
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
-from slurm_elastic.client.control import ControlClient
 from slurm_elastic.client.files import read_controller_url
 from slurm_elastic.errors import ControllerUnreachableError
 
 
-class FollowingControl:
-    """register/heartbeat for one worker, through a client that re-resolves the controller's URL."""
+class WorkerCalls(Protocol):
+    """What a worker calls on its controller (``ControlClient`` and ``StepControlClient`` both do)."""
 
-    def __init__(self, worker_id: str, url: str, token: str, state_dir: Path | None) -> None:
+    url: str
+
+    def register(self, worker_id: str, info: dict[str, Any]) -> dict[str, Any]: ...
+
+    def heartbeat(self, worker_id: str, info: dict[str, Any]) -> dict[str, Any]: ...
+
+    def close(self) -> None: ...
+
+
+C = TypeVar("C", bound=WorkerCalls)
+
+
+class FollowingControl(Generic[C]):
+    """register/heartbeat for one worker, through a client (made by ``connect(url, token)``) that
+    re-resolves the controller's URL."""
+
+    def __init__(self, worker_id: str, url: str, token: str, state_dir: Path | None,
+                 connect: Callable[[str, str], C]) -> None:
         self.worker_id = worker_id
         self.token = token
         self.state_dir = state_dir
-        self.client = ControlClient(url, token)
+        self._connect = connect
+        self.client = connect(url, token)
 
     def refresh(self) -> bool:
         """Re-read the controller's URL from the state directory; True if it changed."""
-        return self._refresh()
-
-    def _refresh(self) -> bool:
         url = read_controller_url(self.state_dir) if self.state_dir else ""
         if not url or url.rstrip("/") == self.client.url:
             return False
         self.client.close()
-        self.client = ControlClient(url, self.token)
+        self.client = self._connect(url, self.token)
         return True
 
     def _call(self, method: str, payload: dict[str, Any]) -> dict[str, Any]:
@@ -40,7 +55,7 @@ class FollowingControl:
             result: dict[str, Any] = getattr(self.client, method)(self.worker_id, payload)
             return result
         except ControllerUnreachableError:
-            if not self._refresh():
+            if not self.refresh():
                 raise
             retried: dict[str, Any] = getattr(self.client, method)(self.worker_id, payload)
             return retried

@@ -24,10 +24,15 @@ from typing import Any
 from slurm_elastic.errors import ControllerUnreachableError, SlurmElasticError
 from slurm_elastic.worker.context import StepContext, node_address
 from slurm_elastic.worker.liveness import LivenessProbe, probe_server
+from slurm_elastic.worker.wakeup import Wakeup
 
 log = logging.getLogger(__name__)
 
 Call = Callable[[dict[str, Any]], dict[str, Any]]
+
+READINESS_POLL_S = 0.05  # how often a starting server's readiness is probed
+LIVENESS_POLL_S = 0.5  # how soon a liveness probe's new verdict goes out
+IDLE_WAKE_S = 1.0  # the loop's longest sleep when nothing wakes it
 
 
 @dataclass
@@ -105,15 +110,28 @@ def run_wrapped(
     if answer.get("action") == "drain":
         return 0
     argv, env, info = launch_with_weights(command, answer.get("weights"), port, info)
+    wakeup = Wakeup()
     try:
-        child = subprocess.Popen(argv, env=env)
-    except OSError as exc:
-        log.error("cannot start worker command %s: %s", argv[0], exc)
-        _final(heartbeat, 127)
-        return 127
+        wakeup.watch_signals()
+        try:
+            child = subprocess.Popen(argv, env=env)
+        except OSError as exc:
+            log.error("cannot start worker command %s: %s", argv[0], exc)
+            _final(heartbeat, 127)
+            return 127
+        wakeup.watch_exit(child)
+        interval_s = float(answer.get("heartbeat_interval_s", ctx.heartbeat_interval_s))
+        return _supervise(child, ctx, register, heartbeat, flags, info, port, interval_s, wakeup)
+    finally:
+        wakeup.close()
+
+
+def _supervise(child: subprocess.Popen[bytes], ctx: StepContext, register: Call, heartbeat: Call, flags: Flags,
+               info: dict[str, Any], port: int, interval_s: float, wakeup: Wakeup) -> int:
+    """Heart-beat for ``child``, forward a drain to it once, report its exit code; sleeps on
+    ``wakeup`` (the child's exit, a signal) between heartbeats."""
     forwarded = False
-    interval_s = float(answer.get("heartbeat_interval_s", ctx.heartbeat_interval_s))
-    next_beat = 0.0
+    next_beat = time.monotonic() + interval_s  # the registration just now was the first sign of life
     ready = ctx.kind != "server"
     ready_deadline = time.monotonic() + ctx.start_timeout_s
     liveness: LivenessProbe | None = None
@@ -157,7 +175,12 @@ def run_wrapped(
             log.info("worker %s: draining; forwarding SIG%s to the worker command", ctx.worker_id, ctx.drain_signal)
             child.send_signal(ctx.drain_signum)
             forwarded = True
-        time.sleep(0.05)
+        sleep_s = min(IDLE_WAKE_S, next_beat - time.monotonic())
+        if not ready:
+            sleep_s = min(sleep_s, READINESS_POLL_S)
+        elif liveness is not None:
+            sleep_s = min(sleep_s, LIVENESS_POLL_S)
+        wakeup.wait(sleep_s)
 
 
 def launch_with_weights(command: list[str], weights: dict[str, Any] | None, port: int,

@@ -1,0 +1,84 @@
+"""The step wrapper's loop around a real command: it sleeps until the command exits, a signal
+comes or a heartbeat is due (no polling every few ms), reports the exit code, and forwards a
+drain signal to the command."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurm_elastic.worker import wakeup
+from slurm_elastic.worker.context import StepContext
+from slurm_elastic.worker.wrapper import Flags, install_handlers, run_wrapped
+
+CTX = StepContext(worker_id="w1", controller_url="http://controller", token="t", heartbeat_interval_s=30.0,
+                  drain_signal="USR1", node="n1", gpus=(0,), step_id="1", job_id="1")
+
+
+class Calls:
+    def __init__(self) -> None:
+        self.heartbeats: list[dict[str, Any]] = []
+
+    def register(self, info: dict[str, Any]) -> dict[str, Any]:
+        return {"action": "run", "heartbeat_interval_s": 30.0}
+
+    def heartbeat(self, payload: dict[str, Any]) -> dict[str, Any]:
+        self.heartbeats.append(payload)
+        return {}
+
+
+@pytest.fixture
+def handlers_restored() -> Iterator[None]:
+    saved = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
+
+
+def test_the_loop_sleeps_until_the_command_exits(monkeypatch: pytest.MonkeyPatch) -> None:
+    waits: list[float] = []
+    real_wait = wakeup.Wakeup.wait
+
+    def counted(self: wakeup.Wakeup, timeout_s: float) -> None:
+        waits.append(timeout_s)
+        real_wait(self, timeout_s)
+
+    monkeypatch.setattr(wakeup.Wakeup, "wait", counted)
+    calls = Calls()
+    code = run_wrapped([sys.executable, "-c", "import time; time.sleep(1.5); raise SystemExit(5)"], CTX,
+                       calls.register, calls.heartbeat)
+    assert code == 5 and calls.heartbeats == [{"exit_code": 5}]
+    assert len(waits) <= 5, waits  # polling every 50 ms would have woken ~30 times
+
+
+def test_a_drain_signal_reaches_the_command(tmp_path: Path, handlers_restored: None) -> None:
+    marker = tmp_path / "trapped"
+    script = ("import signal, sys, time, pathlib\n"
+              "signal.signal(signal.SIGUSR1, lambda *_: sys.exit(3))\n"
+              f"pathlib.Path({str(marker)!r}).touch()\n"
+              "time.sleep(60)\n")
+    flags = Flags()
+    install_handlers(flags, CTX.drain_signum)
+
+    def drain_when_trapped() -> None:
+        for _ in range(3000):
+            if marker.exists():
+                os.kill(os.getpid(), signal.SIGUSR1)
+                return
+            threading.Event().wait(0.01)
+
+    sender = threading.Thread(target=drain_when_trapped, daemon=True)
+    sender.start()
+    calls = Calls()
+    code = run_wrapped([sys.executable, "-c", script], CTX, calls.register, calls.heartbeat, flags=flags)
+    sender.join()
+    assert code == 3 and flags.signals_seen == [signal.SIGUSR1] and calls.heartbeats == [{"exit_code": 3}]
