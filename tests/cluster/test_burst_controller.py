@@ -90,7 +90,7 @@ def test_a_preempted_burst_job_drains_its_workers_and_loses_no_rollout(parent: C
     node = next(w["node"] for w in status["workers"] if w["job_id"] == burst_id)
     urgent = run_command(["sbatch", "--parsable", f"--partition={parent.cluster.spec.urgent_partition}",
                           f"--nodelist={node}", "--gres=gpu:4", "--output=/dev/null", "--job-name=se-urgent",
-                          "--wrap", "sleep 60"]).stdout.split(";")[0]
+                          "--wrap", "sleep 60"]).stdout.strip().split(";")[0]
     try:
         def drained() -> dict[str, dict[str, Any]]:
             return {e["worker"]: e for e in parent.events() if e["event"] == "drained" and e["worker"] in in_burst}
@@ -112,8 +112,12 @@ def test_a_cancelled_parent_leaves_no_burst_job(devcluster: DevCluster, tmp_path
     try:
         with job.client() as c:
             c.scale(6)
-        [(burst_id, _state)] = wait_for(lambda: [b for b in burst_jobs_of(job) if b[1] == "RUNNING"], 60,
-                                        "a running burst job")
+        try:
+            [(burst_id, _state)] = wait_for(lambda: [b for b in burst_jobs_of(job) if b[1] == "RUNNING"], 60,
+                                            "a running burst job")
+        except AssertionError as exc:
+            queue = run_command(["squeue", "-o", "%i %P %j %T %N %r"]).stdout
+            raise AssertionError(f"{exc}; the queue:\n{queue}; status: {job.status().get('burst')}") from None
     finally:
         stop_controller_job(job)  # scancel of the parent: its controller is gone with it
     wait_for(lambda: not burst_jobs_of(job), 60, f"burst job {burst_id} to end itself")

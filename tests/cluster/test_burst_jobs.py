@@ -57,7 +57,7 @@ def test_a_step_launched_from_the_parent_runs_in_the_burst_job_and_preemption_se
         # a job of a higher partition tier wants node2's GPUs: the burst job is preempted with a grace time
         urgent = run_command(["sbatch", "--parsable", f"--partition={devcluster.spec.urgent_partition}",
                               "--nodelist=node2", "--gres=gpu:4", "--output=/dev/null", "--job-name=se-urgent",
-                              "--wrap", "sleep 30"]).stdout.split(";")[0]
+                              "--wrap", "sleep 30"]).stdout.strip().split(";")[0]
         try:
             wait_for(lambda: any(r.get("signal") == "SIGTERM" for r in records(probe)), 20, "SIGTERM at the probe")
         finally:
