@@ -36,6 +36,7 @@ BENCHES: dict[str, tuple[list[str], list[str]]] = {
     "router": ([], []),
     "ingest": ([], ["--quick"]),
     "policy": ([], ["--seeds", "3"]),
+    "burst": ([], ["--quick"]),
     "bad_input": ([], []),
     "chaos": (["--duration-s", "600"], ["--quick"]),
     "scale": ([], ["--quick"]),

@@ -3,26 +3,54 @@
 from __future__ import annotations
 
 import shlex
+import sys
+from pathlib import Path
 
 import jinja2
 
 from slurm_elastic.controller.config import ElasticConfig
+from slurm_elastic.core.burst import burst_job_comment, burst_job_name
 from slurm_elastic.errors import ConfigError
 from slurm_elastic.resources import templates_dir
+
+
+def _templates() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+    )
 
 
 def render_sbatch(config: ElasticConfig, config_path: str) -> str:
     """The batch script for ``config`` (``config_path`` as the script should name it)."""
     if not config.job.trainer_command:
         raise ConfigError(f"{config_path}: job.trainer_command is empty: name the trainer to run")
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(templates_dir())),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-    )
-    return env.get_template("elastic_rl.sbatch.j2").render(
+    return _templates().get_template("elastic_rl.sbatch.j2").render(
         job=config.job,
         config_path=shlex.quote(config_path),
         trainer_command=shlex.join(config.job.trainer_command),
         drain_timeout_s=f"{config.workers.drain_timeout_s:g}",
+    )
+
+
+def render_burst_script(config: ElasticConfig, parent_job_id: int, state_dir: Path, python: str = sys.executable) -> str:
+    """The batch script of one burst job of ``parent_job_id``: it holds ``[burst]``'s GPUs with the
+    CPUs and memory of the workers that fit, and watches the controller through ``state_dir``."""
+    burst, workers = config.burst, config.workers
+    gpus_per_node = burst.gpus_per_job // burst.nodes_per_job
+    workers_per_node = gpus_per_node // workers.gpus_per_worker if workers.gpus_per_worker else 1
+    return _templates().get_template("burst_job.sbatch.j2").render(
+        burst=burst,
+        gpus_per_node=gpus_per_node,
+        parent_job_id=int(parent_job_id),
+        name=burst_job_name(parent_job_id),
+        comment=burst_job_comment(parent_job_id),
+        cpus_per_node=max(1, workers_per_node * workers.cpus_per_worker),
+        mem_per_node_mb=workers_per_node * workers.mem_per_worker_mb,
+        drain_signal=workers.drain_signal,
+        output=shlex.quote(str(state_dir / "burst" / "burst-%j.out")),
+        python=shlex.quote(python),
+        state_dir=shlex.quote(str(state_dir)),
+        grace_s=f"{burst.controller_unreachable_grace_s:g}",
     )

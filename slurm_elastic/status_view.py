@@ -114,16 +114,20 @@ def render_status(job_id: int, status: dict[str, Any] | None, slurm_steps: list[
     counts = "  ".join(f"{k.lower()} {v}" for k, v in by_state.items() if v)
     lines.append(f"workers: {counts or 'none'}")
     rows = []
-    show_weights = bool(weights) or any(w.get("weights_version") is not None for w in ctl.get("workers", []))
-    for w in ctl.get("workers", []):
+    workers = ctl.get("workers", [])
+    in_burst = any(w.get("job_id") not in (None, job_id) for w in workers)  # a JOB column only when it says something
+    show_weights = bool(weights) or any(w.get("weights_version") is not None for w in workers)
+    for w in workers:
         nodes, gpus = _nodes_and_gpus(w)
         state = w.get("state", "?") + (" (placeholder)" if w.get("placeholder") else "")
-        rows.append([str(w.get("worker_id", "")), str(w.get("step_id") or "-"), nodes, gpus,
+        rows.append([str(w.get("worker_id", "")), *([str(w.get("job_id") or "-")] if in_burst else []),
+                     str(w.get("step_id") or "-"), nodes, gpus,
                      state, _age(w.get("age_s")), str(w.get("rollouts", 0)), _age(w.get("last_heartbeat_age_s"))]
                     + ([_weights_cell(w)] if show_weights else []))
     if rows:
-        headers = ["WORKER", "STEP", "NODE", "GPU", "STATE", "AGE", "ROLLOUTS", "HEARTBEAT"]
+        headers = ["WORKER", *(["JOB"] if in_burst else []), "STEP", "NODE", "GPU", "STATE", "AGE", "ROLLOUTS", "HEARTBEAT"]
         lines += ["  " + r for r in _table(headers + (["WEIGHTS"] if show_weights else []), rows)]
+    lines += _burst_lines(ctl)
     cordons = ctl.get("cordoned_gpus") or []
     if cordons:
         lines.append("cordoned GPUs:")
@@ -140,3 +144,17 @@ def render_status(job_id: int, status: dict[str, Any] | None, slurm_steps: list[
     for err in errors[-3:]:
         lines.append(f"recent error [{err.get('where')}]: {err.get('error')}")
     return "\n".join(lines) + "\n"
+
+
+def _burst_lines(ctl: dict[str, Any]) -> list[str]:
+    """Burst jobs (docs/burst.md): GPU-seconds held and used, then one row per job."""
+    burst, jobs = ctl.get("burst") or {}, ctl.get("burst_jobs") or []
+    if not burst and not jobs:
+        return []
+    lines = [f"burst jobs: {len(jobs)}  held {float(burst.get('gpu_s_held', 0)):.0f} GPU-s, used "
+             f"{float(burst.get('gpu_s_used', 0)):.0f}  submitted {burst.get('submitted', 0)}  lost {burst.get('lost', 0)}"]
+    rows = [[str(j.get("job_id", "")), str(j.get("state", "")), ",".join(j.get("nodes", [])) or "-",
+             str(j.get("gpus", "")), str(j.get("workers", 0)), str(j.get("pending_reason") or "-")] for j in jobs]
+    if rows:
+        lines += ["  " + r for r in _table(["JOB", "STATE", "NODE", "GPUS", "WORKERS", "REASON"], rows)]
+    return lines

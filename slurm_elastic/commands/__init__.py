@@ -19,6 +19,7 @@ COMMANDS: dict[str, str] = {
     "render": "slurm_elastic.commands.render:render",
     "controller": "slurm_elastic.commands.controller:controller",
     "worker": "slurm_elastic.commands.controller:worker",
+    "burst-watch": "slurm_elastic.commands.controller:burst_watch",
     "simulate": "slurm_elastic.commands.simulate:simulate",
     "status": f"{_JOBS}:status",
     "scale": f"{_JOBS}:scale",

@@ -59,6 +59,15 @@ def up(directory: Path | None, nodes: int, gpus_per_node: int, cpus_per_node: in
 
 @devcluster.command()
 @_dir_option
+def reconfigure(directory: Path | None) -> None:
+    """Apply the templates' slurm.conf to a running cluster (restarts slurmctld; jobs keep running)."""
+    cluster = DevCluster.at(directory or default_dir())
+    changed = cluster.reconfigure(progress=_progress)
+    click.echo("reconfigured" if changed else "unchanged")
+
+
+@devcluster.command()
+@_dir_option
 def down(directory: Path | None) -> None:
     """Cancel the cluster's jobs and stop the daemons it started."""
     cluster = DevCluster.at(directory or default_dir())

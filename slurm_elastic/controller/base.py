@@ -11,9 +11,12 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from slurm_elastic.controller.burst_jobs import TERM_DRAINS_ENV, BurstJobs, burst_policy
+from slurm_elastic.controller.burst_manager import BurstManager
 from slurm_elastic.controller.config import ElasticConfig
 from slurm_elastic.controller.state import StateFile
 from slurm_elastic.controller.step_specs import agent_step_spec, worker_step_spec
@@ -108,6 +111,8 @@ class ControllerBase:
         self.state_file = StateFile(state_dir / "state.json", job_id)
         self._saved_durable = ""  # the last written state without live fields, as JSON
         self._saved_at_s = float("-inf")  # time.monotonic() of the last write
+        self.burst = (BurstManager(BurstJobs(backend, config, job_id, state_dir), burst_policy(config), w.gpus_per_worker)
+                      if config.burst.max_jobs else None)  # burst jobs (docs/burst.md): off unless [burst] max_jobs
         self._load_state()
         # weights follow the trainer (controller/weights.py): the latest published weights, durable
         self.weights_record = WeightsRecord(state_dir)
@@ -253,6 +258,8 @@ class ControllerBase:
                 spec = worker_step_spec(self.config, job_id, action.worker_id, action.exclude_nodes,
                                         controller_url=self.controller_url, state_dir=self.state_dir,
                                         token_file=self.token_file, shape=self.shape)
+                if job_id != self.job_id:  # a burst job: preemption's SIGTERM is a drain there
+                    spec = replace(spec, env={**spec.env, **TERM_DRAINS_ENV})
                 self.backend.launch_step(spec, self.state_dir / "logs" / "srun" / f"{action.worker_id}.log")
             elif isinstance(action, Drain):
                 self.backend.signal_step(job_id, action.step_id, self.config.workers.drain_signal)

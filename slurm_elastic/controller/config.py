@@ -157,6 +157,34 @@ class JobSection(_Section):
         return shlex.split(value) if isinstance(value, str) else value
 
 
+class BurstSection(_Section):
+    """Burst jobs: extra Slurm jobs whose GPUs join the pool when the target exceeds the allocation
+    (docs/burst.md). Off unless ``max_jobs`` > 0."""
+
+    max_jobs: int = Field(0, ge=0, le=1000, description="Most burst jobs at once (pending ones count); 0: no burst jobs.")
+    gpus_per_job: int = Field(4, ge=1, le=4096, description="GPUs of one burst job, spread evenly over its nodes.")
+    nodes_per_job: int = Field(1, ge=1, le=256, description="Nodes of one burst job.")
+    partition: str = Field("", description="Partition of burst jobs (e.g. a preemptible one); empty: Slurm's default.")
+    qos: str = Field("", description="QOS of burst jobs; empty: the account's default.")
+    account: str = Field("", description="Account charged for burst jobs; empty: the user's default.")
+    time_limit: str = Field("", description="--time of a burst job, e.g. 02:00:00; empty: the partition's default.")
+    extra_sbatch_options: list[str] = Field(default_factory=list, description="More sbatch options, each one "
+                                            "argument (e.g. \"--constraint=a100\").")
+    submit_cooldown_s: float = Field(60.0, ge=0, description="Least time between two rounds of burst submissions.")
+    controller_unreachable_grace_s: float = Field(300.0, gt=0, description="A burst job ends itself after this "
+                                                  "long without an answer from the controller.")
+    signal_lead_s: int = Field(120, ge=0, le=65535, description="workers.drain_signal reaches the burst job's "
+                               "worker steps this long before its time limit (--signal), so they drain.")
+
+    @field_validator("extra_sbatch_options")
+    @classmethod
+    def _options_are_options(cls, value: list[str]) -> list[str]:
+        bad = [v for v in value if not v.startswith("-") or "\n" in v]
+        if bad:
+            raise ValueError(f"not an sbatch option: {bad[0]!r} (write each as --name=value)")
+        return value
+
+
 _RULES = HealthRules()  # the one place the [health] defaults live
 
 
@@ -198,6 +226,21 @@ class ElasticConfig(_Section):
     autoscaler: dict[str, Any] = Field(default_factory=dict)
     queue: dict[str, Any] = Field(default_factory=dict)
     health: HealthSection = HealthSection()
+    burst: BurstSection = BurstSection()
+
+    @model_validator(mode="after")
+    def _burst_jobs_fit_workers(self) -> ElasticConfig:
+        burst, per_worker = self.burst, self.workers.gpus_per_worker
+        if burst.gpus_per_job % burst.nodes_per_job:
+            raise ValueError(f"burst.gpus_per_job ({burst.gpus_per_job}) must split evenly over "
+                             f"burst.nodes_per_job ({burst.nodes_per_job})")
+        if burst.max_jobs and not per_worker:
+            raise ValueError("burst.max_jobs: burst jobs lend GPUs, but workers.gpus_per_worker is 0")
+        gpus_per_node = burst.gpus_per_job // burst.nodes_per_job
+        if burst.max_jobs and gpus_per_node % per_worker:
+            raise ValueError(f"burst.gpus_per_job: {gpus_per_node} GPUs per node of a burst job do not "
+                             f"hold whole workers of workers.gpus_per_worker = {per_worker}")
+        return self
 
 
 # keys that belong to another table: refused with the key that does the job
@@ -219,7 +262,7 @@ def parse_config(data: dict[str, Any], source: str = "config") -> ElasticConfig:
         for error in exc.errors():
             key = ".".join(str(p) for p in error["loc"])
             problem = "unknown key" if error["type"] == "extra_forbidden" else error["msg"]
-            problems.append(f"{key}: {problem}")
+            problems.append(f"{key}: {problem}" if key else problem.removeprefix("Value error, "))
         raise ConfigError(f"{source}: " + "; ".join(problems)) from None
     _validate_policy_tables(config, source)
     _validate_worker_shape(config, source)
@@ -265,10 +308,10 @@ def load_config(path: Path) -> ElasticConfig:
 
 
 def config_reference_markdown() -> str:
-    """A markdown table of every key of [controller], [workers], [agent], [weights] and [job], from the schema."""
+    """A markdown table of every key of [controller], [workers], [agent], [weights], [job] and [burst], from the schema."""
     rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
     for section, model in (("controller", ControllerSection), ("workers", WorkersSection), ("agent", AgentSection),
-                           ("weights", WeightsSection), ("job", JobSection)):
+                           ("weights", WeightsSection), ("job", JobSection), ("burst", BurstSection)):
         for name, field in model.model_fields.items():
             default = field.default_factory() if field.default_factory else field.default  # type: ignore[call-arg]
             choices = get_args(field.annotation) if get_origin(field.annotation) is Literal else ()

@@ -371,6 +371,7 @@ def _registry(controller: Controller, queue: RolloutQueue) -> CollectorRegistry:
     registry = CollectorRegistry()
     q = queue.stats()
     ctl = controller.status()
+    burst = ctl.get("burst") or {}
     for name, doc, value in [
         ("queued_sequences", "Sequences waiting in the rollout buffer", q["queued_sequences"]),
         ("buffer_capacity_sequences", "Bound of the rollout buffer", q["capacity_sequences"]),
@@ -385,6 +386,10 @@ def _registry(controller: Controller, queue: RolloutQueue) -> CollectorRegistry:
         ("ticks_total", "Reconcile ticks done", ctl["ticks"]),
         ("heartbeats_total", "Worker heartbeats handled", ctl["heartbeats"]),
         ("tick_seconds_total", "Wall time of all reconcile ticks", ctl["tick_duration_s"]["total_s"]),
+        ("burst_jobs", "Burst jobs Slurm lists for this job (pending or running)", len(ctl.get("burst_jobs") or [])),
+        ("burst_gpu_seconds_held_total", "GPU-seconds running burst jobs held", burst.get("gpu_s_held")),
+        ("burst_gpu_seconds_used_total", "GPU-seconds workers had in burst jobs", burst.get("gpu_s_used")),
+        ("burst_jobs_lost_total", "Burst jobs that ended unreleased (preempted, timed out)", burst.get("lost")),
     ]:
         Gauge(f"slurm_elastic_{name}", doc, registry=registry).set(float(value or 0))
     workers = Gauge("slurm_elastic_workers", "Workers by state", ["state"], registry=registry)

@@ -8,14 +8,18 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
+from typing import Any
 
 from slurm_elastic.controller.base import STATE_REFRESH_S
 from slurm_elastic.controller.control_plane import ControlPlane, UnknownWorkerError
 from slurm_elastic.controller.step_specs import foreign_gpus_by_node
 from slurm_elastic.controller.views import StatusViews
 from slurm_elastic.core.cordons import CordonChange
+from slurm_elastic.core.lifecycle import WorkerState
 from slurm_elastic.core.naming import AGENT_PREFIX, worker_id_of_step
-from slurm_elastic.core.reconcile import Crashed, Launch, ObservedStep
+from slurm_elastic.core.placement import Allocation
+from slurm_elastic.core.reconcile import EXITED_CLEANLY, Crashed, Launch, ObservedStep
 from slurm_elastic.core.scaling import PressureInputs
 from slurm_elastic.core.tick import Observation, TickResult, autoscaler_inputs, autoscales, tick
 from slurm_elastic.errors import SlurmElasticError
@@ -28,25 +32,52 @@ log = logging.getLogger(__name__)
 class Controller(ControlPlane, StatusViews):
     """One job's controller. Thread-safe: the API calls in while the loop ticks."""
 
-    def observe(self) -> list[StepInfo] | None:
-        """One batched listing of the job's steps; None (and an error kept) if Slurm did not answer."""
+    def observe(self, burst_job_ids: tuple[int, ...] = ()) -> list[StepInfo] | None:
+        """One batched listing of the steps of the job (and of its running burst jobs); None (and
+        an error kept) if Slurm did not answer."""
         try:
+            if burst_job_ids:
+                return self.backend.list_steps_of((self.job_id, *burst_job_ids))
             return self.backend.list_steps(self.job_id)
         except SlurmElasticError as exc:
             self._record_error("observe", str(exc))
             return None
 
-    def observation(self, steps: list[StepInfo] | None, now_s: float, *, with_queue: bool = True) -> Observation:
+    def observe_burst(self) -> dict[int, dict[str, tuple[int, ...]]]:
+        """The running burst jobs and their GPUs (one ``squeue``; the last view if Slurm did not answer)."""
+        if self.burst is None:
+            return {}
+        self.burst.observe()
+        return self.burst.running_gpus()
+
+    def burst_allocations(self, running: dict[int, dict[str, tuple[int, ...]]]) -> tuple[Allocation, ...]:
+        """The job's own allocation, then each running burst job not being given back."""
+        releasing = self.burst.releasing if self.burst is not None else frozenset()
+        return self.allocations + tuple(Allocation(job_id, gpus) for job_id, gpus in sorted(running.items())
+                                        if job_id not in releasing)
+
+    def observation(self, steps: list[StepInfo] | None, now_s: float, *, with_queue: bool = True,
+                    running_burst: dict[int, dict[str, tuple[int, ...]]] | None = None) -> Observation:
         """What the core decides on: the listing, the queue's numbers (when the autoscaler reads
-        them), busy workers and the routers' load."""
+        them), busy workers and the routers' load; burst jobs being given back, and the slots more
+        burst jobs could add."""
         snapshot = self.queue.snapshot() if with_queue and self.queue is not None else None
+        jobs = (self.job_id, *(running_burst or {}))
+        releasing = frozenset(running_burst or {}) & self.burst.releasing if self.burst is not None else frozenset()
+        possible = 0
+        if self.burst is not None:
+            held = len(running_burst or {}) - len(releasing)
+            possible = max(0, self.burst.policy.max_jobs - held) * self.burst.policy.worker_slots_per_job
         return Observation(
             steps=None if steps is None else tuple(
-                ObservedStep(wid, st.step_id, st.nodes[0] if st.nodes else "", self.job_id, st.nodes)
+                ObservedStep(wid, st.step_id, st.nodes[0] if st.nodes else "", st.job_id, st.nodes)
                 for st in steps if (wid := worker_id_of_step(st.name)) is not None),
             agent_nodes=frozenset() if steps is None else frozenset(
                 st.name.removeprefix(AGENT_PREFIX) for st in steps if st.name.startswith(AGENT_PREFIX)),
-            foreign_gpus={} if steps is None else {self.job_id: foreign_gpus_by_node(steps)},
+            foreign_gpus={} if steps is None else {
+                job: foreign_gpus_by_node([st for st in steps if st.job_id == job]) for job in jobs},
+            releasing_jobs=releasing,
+            burst_slots_possible=possible,
             queue=snapshot,
             busy_workers=self.busy_workers(now_s) if snapshot else None,
             outstanding_by_worker=self.outstanding_of_draining(now_s),
@@ -55,12 +86,13 @@ class Controller(ControlPlane, StatusViews):
 
     def tick(self) -> TickResult:
         """Observe, decide, act, persist. Never raises for Slurm trouble."""
-        steps = self.observe()
+        running_burst = self.observe_burst()
+        steps = self.observe(tuple(sorted(running_burst)))
         with self.lock:
             now_s = self.clock()
             self.ticks += 1
-            obs = self.observation(steps, now_s, with_queue=autoscales(self.state))
-            result = tick(obs, self.state, self.tick_config, self.allocations, now_s)
+            obs = self.observation(steps, now_s, with_queue=autoscales(self.state), running_burst=running_burst)
+            result = tick(obs, self.state, self.tick_config, self.burst_allocations(running_burst), now_s)
             for event in result.events:
                 if isinstance(event, Crashed):
                     log.warning("worker %s crashed on %s %s: %s", event.worker_id, event.node, list(event.gpus),
@@ -74,7 +106,29 @@ class Controller(ControlPlane, StatusViews):
             self._run_all(result.actions)
             self._publish_endpoints()
             self.save()
+            burst_inputs = self.burst_inputs(result, now_s) if self.burst is not None and steps is not None else None
+        if burst_inputs is not None and self.burst is not None:  # sbatch/scancel outside the lock
+            self.burst.step(**burst_inputs)
         return result
+
+    def burst_inputs(self, result: TickResult, now_s: float) -> dict[str, Any]:
+        """What the burst decision needs from this tick: the target, the own allocation's slots,
+        the pool's live and draining workers in each job."""
+        live: Counter[int] = Counter()
+        draining: Counter[int] = Counter()
+        ending: set[int] = set()
+        recent_s = now_s - 3 * self.config.controller.tick_interval_s
+        for worker in self.state.workers.values():
+            if worker.state is WorkerState.DRAINING:
+                draining[worker.job_id] += 1
+            elif worker.state in (WorkerState.STARTING, WorkerState.ACTIVE):
+                live[worker.job_id] += 1
+            elif (worker.state is WorkerState.INACTIVE and worker.job_id != self.job_id and worker.history
+                  and worker.history[-1][0] >= recent_s and worker.history[-1][3] == EXITED_CLEANLY):
+                ending.add(worker.job_id)  # left a burst job unasked: Slurm signalled its end
+        return {"target_workers": self.state.target_workers, "ending_jobs": frozenset(ending),
+                "allocation_slots": result.slots[0].slots if result.slots else 0,
+                "workers_by_job": dict(live), "draining_by_job": dict(draining), "now_s": now_s}
 
     def pressure_inputs(self, allowed_slots: int, now_s: float) -> PressureInputs:
         """What the autoscaler would see now."""

@@ -47,7 +47,22 @@ class StatusViews(ControllerBase):
                 "state_note": "; ".join(self.state_notes),
                 "state_notes": list(self.state_notes),
                 "queue": queue,
+                **self._burst_view(),
             }
+
+    def _burst_view(self) -> dict[str, Any]:
+        """Burst jobs (docs/burst.md): one row per job, and what they held and the pool used of it."""
+        if self.burst is None:
+            return {}
+        live: dict[int, int] = {}
+        for worker in self.state.workers.values():
+            if worker.state in (S.STARTING, S.ACTIVE, S.DRAINING):
+                live[worker.job_id] = live.get(worker.job_id, 0) + 1
+        c = self.burst.counters
+        return {"burst_jobs": self.burst.status_rows(live),
+                "burst": {"submitted": c.submitted, "cancelled": c.cancelled, "lost": c.lost,
+                          "gpu_s_held": round(c.gpu_s_held, 1), "gpu_s_used": round(c.gpu_s_used, 1),
+                          "last_decision": self.burst.last_decision.reason, "errors": c.errors[-3:]}}
 
     def tick_duration_summary(self) -> dict[str, float | int]:
         """Wall time of the last ``TICK_WINDOW`` ticks (observe + decide + act + persist): p50, p95, max,
@@ -68,8 +83,8 @@ class StatusViews(ControllerBase):
 
     def _worker_view(self, worker: Worker, now_s: float) -> dict[str, Any]:
         return {
-            "worker_id": worker.worker_id, "state": worker.state.value, "step_id": worker.step_id,
-            "node": worker.node, "gpus": list(worker.gpus), "nodes": list(worker.all_nodes),
+            "worker_id": worker.worker_id, "job_id": worker.job_id or self.job_id, "state": worker.state.value,
+            "step_id": worker.step_id, "node": worker.node, "gpus": list(worker.gpus), "nodes": list(worker.all_nodes),
             "node_gpus": {n: list(g) for n, g in worker.node_gpus.items()}, "age_s": round(now_s - worker.launched_at_s, 1),
             "rollouts": worker.rollouts, "busy": worker.busy, "placeholder": worker.placeholder,
             "last_heartbeat_age_s": round(now_s - worker.last_heartbeat_s, 1), "crash_count": worker.crash_count,

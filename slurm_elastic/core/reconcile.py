@@ -33,6 +33,9 @@ class ObservedStep:
     nodes: tuple[str, ...] = ()  # every node of the step (several for a multi-node worker)
 
 
+EXITED_CLEANLY = "exited cleanly"  # a worker that left on its own with exit code 0 (history reason)
+
+
 @dataclass(frozen=True)
 class ReconcileConfig:
     drain_timeout_s: float = DRAIN_TIMEOUT_S
@@ -103,8 +106,10 @@ def reconcile(
     cfg: ReconcileConfig,
     now_s: float,
     next_number: int,
+    drain_first_jobs: frozenset[int] = frozenset(),
 ) -> Plan:
-    """One tick. ``observed`` None means Slurm could not be listed: keep everything as it is."""
+    """One tick. ``observed`` None means Slurm could not be listed: keep everything as it is.
+    A scale-down drains workers in ``drain_first_jobs`` (burst jobs) before any other."""
     plan = Plan(next_number=next_number)
     if observed is None:
         return plan
@@ -115,7 +120,7 @@ def reconcile(
         if worker.step_id:
             plan.actions.append(Drain(worker.worker_id, worker.step_id, worker.job_id))
     _enforce_heartbeats_and_timeouts(workers, cfg, cordoned, now_s, plan)
-    _scale(workers, desired, allowed_slots, exclude_nodes, cfg, cordoned, now_s, plan)
+    _scale(workers, desired, allowed_slots, exclude_nodes, cfg, cordoned, now_s, plan, drain_first_jobs)
     return plan
 
 
@@ -152,7 +157,7 @@ def _handle_vanished(workers: dict[str, Worker], by_id: dict[str, ObservedStep],
         elif worker.placeholder:
             transition(worker, S.INACTIVE, now_s, "placeholder released")
         elif worker.exit_code == 0 and worker.state is not S.DRAINING:
-            transition(worker, S.INACTIVE, now_s, "exited cleanly")
+            transition(worker, S.INACTIVE, now_s, EXITED_CLEANLY)
         else:
             reason = worker.failure_reason or (
                 "step never appeared in Slurm" if not worker.step_id
@@ -191,13 +196,14 @@ def _kill(worker: Worker, reason: str, now_s: float, plan: Plan) -> None:
 
 
 def _scale(workers: dict[str, Worker], desired: int, allowed_slots: int, exclude_nodes: tuple[str, ...],
-           cfg: ReconcileConfig, cordoned: frozenset[tuple[str, int]], now_s: float, plan: Plan) -> None:
+           cfg: ReconcileConfig, cordoned: frozenset[tuple[str, int]], now_s: float, plan: Plan,
+           drain_first_jobs: frozenset[int] = frozenset()) -> None:
     capacity = [w for w in workers.values() if w.counts_as_capacity]
     holding = [w for w in workers.values() if w.has_step and not w.placeholder and not w.cordoned_gpus(cordoned)]
     free_slots = max(0, allowed_slots - len(holding))
     if len(capacity) > desired:
         drainable = [w for w in capacity if w.state is not S.DRAINING]
-        for worker in _drain_order(drainable)[: len(capacity) - desired]:
+        for worker in _drain_order(drainable, drain_first_jobs)[: len(capacity) - desired]:
             if worker.state is S.BACKOFF:
                 transition(worker, S.INACTIVE, now_s, "scale-down: relaunch cancelled")
             else:
@@ -232,9 +238,10 @@ def _launch(worker: Worker, exclude_nodes: tuple[str, ...], now_s: float, reason
     plan.actions.append(Launch(worker.worker_id, exclude_nodes))
 
 
-def _drain_order(capacity: list[Worker]) -> list[Worker]:
-    """Least useful first: pending relaunches, not-yet-running, idle, then busy; newest first within each."""
-    def rank(worker: Worker) -> tuple[int, float, tuple[int, str]]:
+def _drain_order(capacity: list[Worker], first_jobs: frozenset[int] = frozenset()) -> list[Worker]:
+    """Workers in ``first_jobs`` first; then least useful first: pending relaunches, not-yet-running,
+    idle, then busy; newest first within each."""
+    def rank(worker: Worker) -> tuple[int, int, float, tuple[int, str]]:
         if worker.state is S.BACKOFF:
             group = 0
         elif worker.state is S.STARTING:
@@ -244,6 +251,6 @@ def _drain_order(capacity: list[Worker]) -> list[Worker]:
         else:
             group = 3
         newest_id = (-int(worker.worker_id), "") if worker.worker_id.isdigit() else (0, worker.worker_id)
-        return group, -worker.launched_at_s, newest_id
+        return 0 if worker.job_id in first_jobs else 1, group, -worker.launched_at_s, newest_id
 
     return sorted(capacity, key=rank)

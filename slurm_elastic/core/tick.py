@@ -59,6 +59,8 @@ class Observation:
     busy_workers: float | None = None  # workers generating on average (None: not reported)
     outstanding_by_worker: Mapping[str, int] = field(default_factory=dict)  # servers: requests in flight
     total_outstanding: int | None = None  # servers: all requests in flight; None for other workers
+    releasing_jobs: frozenset[int] = frozenset()  # burst jobs being emptied: their workers drain
+    burst_slots_possible: int = 0  # slots burst jobs not yet held could add: the autoscaler may ask for them
 
 
 class ScalingPolicy(Protocol):
@@ -119,7 +121,7 @@ def tick(obs: Observation, state: ControlState, cfg: TickConfig, allocations: tu
     """Decide everything for one tick; ``allocations[0]`` is the controller's own job."""
     result = TickResult()
     state.cordons.tick(now_s)
-    health_drained = _drain_unhealthy(state, now_s)
+    health_drained = [*_drain_unhealthy(state, now_s), *_drain_released(state, obs.releasing_jobs, now_s)]
     cordoned = frozenset(state.cordons.cordoned())
     if obs.steps is not None:
         state.foreign_gpus = obs.foreign_gpus
@@ -131,10 +133,11 @@ def tick(obs: Observation, state: ControlState, cfg: TickConfig, allocations: tu
     result.slots = placement(allocations, cfg.gpus_per_worker, cordoned, unknown, state.foreign_gpus,
                              cfg.nodes_per_worker)
     allowed = sum(s.slots for s in result.slots)
-    result.desired = desired_workers(state, obs, allowed, cfg, now_s)
+    result.desired = desired_workers(state, obs, allowed + obs.burst_slots_possible, cfg, now_s)
     exclude = result.slots[0].exclude_nodes if result.slots else ()
+    burst_jobs = frozenset(a.job_id for a in allocations[1:]) | obs.releasing_jobs
     plan = reconcile(state.workers, None if obs.steps is None else list(obs.steps), result.desired, allowed,
-                     exclude, cordoned, cfg.reconcile, now_s, state.next_number)
+                     exclude, cordoned, cfg.reconcile, now_s, state.next_number, drain_first_jobs=burst_jobs)
     state.next_number = plan.next_number
     for crash in plan.crashes:
         result.events.append(crash)
@@ -218,6 +221,18 @@ def _drain_unhealthy(state: ControlState, now_s: float) -> list[Worker]:
         if hit and worker.state in (S.ACTIVE, S.STARTING) and not worker.placeholder:
             entry = state.cordons.cordoned().get(hit[0])
             begin_drain(worker, now_s, f"GPU {hit[0][0]}:{hit[0][1]} unhealthy: {entry.reason if entry else 'cordoned'}")
+            drained.append(worker)
+    return drained
+
+
+def _drain_released(state: ControlState, releasing_jobs: frozenset[int], now_s: float) -> list[Worker]:
+    """Drain the workers of burst jobs being given back (level-triggered: the mark is in Slurm)."""
+    if not releasing_jobs:
+        return []
+    drained = []
+    for worker in state.workers.values():
+        if worker.job_id in releasing_jobs and worker.state in (S.ACTIVE, S.STARTING) and worker.has_step:
+            begin_drain(worker, now_s, f"burst job {worker.job_id} given back")
             drained.append(worker)
     return drained
 

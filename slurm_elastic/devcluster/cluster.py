@@ -52,6 +52,9 @@ class DevClusterSpec:
     ctld_port: int = 16817
     node_base_port: int = 16901
     partition: str = "debug"
+    preempt_partition: str = "scavenger"  # its jobs are preempted (CANCEL after GraceTime) by the others
+    urgent_partition: str = "urgent"  # a higher tier than both: tests preempt with it
+    preempt_grace_s: int = 10
     cluster_name: str = "dev"
     node_prefix: str = "node"  # distinct prefixes keep two clusters' cgroups apart on one host
     prolog: str = ""
@@ -213,6 +216,8 @@ class DevCluster:
             )
         if self.is_up():
             progress(f"dev cluster already up ({len(self.spec.node_names())} nodes)")
+            if self._render_files()["slurm.conf"] != self.conf_path.read_text():
+                progress("its slurm.conf differs from the template: `slurm-elastic devcluster reconfigure` applies it")
             return
         self._prepare_files(progress)
         self._check_ports_free()
@@ -224,6 +229,29 @@ class DevCluster:
                 progress(f"starting slurmd -N {node}")
                 self._start([self.binary("slurmd"), "-N", node], f"slurmd-{node}")
         self._wait_ready(wait_s, progress)
+
+    def reconfigure(self, *, wait_s: float = 60.0, progress: Progress = lambda _msg: None) -> bool:
+        """Write the configs from the templates again and, if slurm.conf changed, restart slurmctld
+        (running jobs and steps keep running: it recovers them from its state directory) and have
+        every slurmd re-read it. Returns whether anything changed."""
+        if not self.is_up():
+            raise DevClusterError("the dev cluster is not up: `slurm-elastic devcluster up` renders the templates")
+        before = self.conf_path.read_text()
+        self._prepare_files(progress)
+        if self.conf_path.read_text() == before:
+            progress("slurm.conf unchanged")
+            return False
+        pid = self.daemon_pid("slurmctld")
+        if pid is not None:
+            progress(f"restarting slurmctld (pid {pid})")
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc = psutil.Process(pid)
+                proc.terminate()
+                proc.wait(timeout=30)
+        self._start([self.binary("slurmctld"), "-i"], "slurmctld")
+        self._wait_ready(wait_s, progress)
+        run_command([self.binary("scontrol"), "reconfigure"], env=self.env(), timeout_s=30)
+        return True
 
     def _recorded_spec(self) -> dict[str, object] | None:
         try:
@@ -243,6 +271,16 @@ class DevCluster:
             nodes.append({"name": name, "port": self.spec.node_port(index), "gpus": [str(g) for g in gpus]})
         progress(f"fake GPUs: {self.spec.gpus_per_node} per node from "
                  f"{', '.join(d.source for d in pool[: self.spec.gpus_per_node])}")
+        for name, text in self._render_files(nodes).items():
+            _write_atomic(self.dir / "etc" / name, text)
+        _write_atomic(self.dir / SPEC_FILE, json.dumps(self.spec.to_json(), indent=2) + "\n")
+
+    def _render_files(self, nodes: list[dict[str, object]] | None = None) -> dict[str, str]:
+        """slurm.conf, gres.conf and cgroup.conf as the templates make them for this spec."""
+        if nodes is None:
+            nodes = [{"name": name, "port": self.spec.node_port(index),
+                      "gpus": [str(self.dir / "dev" / name / f"gpu{g}") for g in range(self.spec.gpus_per_node)]}
+                     for index, name in enumerate(self.spec.node_names())]
         context = {
             **self.spec.to_json(),
             "dir": str(self.dir),
@@ -255,10 +293,8 @@ class DevCluster:
             undefined=jinja2.StrictUndefined,
             keep_trailing_newline=True,
         )
-        for name in ("slurm.conf", "gres.conf", "cgroup.conf"):
-            text = env.get_template(f"{name}.j2").render(**context)
-            _write_atomic(self.dir / "etc" / name, text)
-        _write_atomic(self.dir / SPEC_FILE, json.dumps(self.spec.to_json(), indent=2) + "\n")
+        return {name: env.get_template(f"{name}.j2").render(**context)
+                for name in ("slurm.conf", "gres.conf", "cgroup.conf")}
 
     def _check_ports_free(self) -> None:
         wanted = {"slurmctld": self.spec.ctld_port}
@@ -326,8 +362,9 @@ class DevCluster:
         pids = {d: self.daemon_pid(d) for d in self._daemons()}
         if pids["slurmctld"]:
             progress("cancelling jobs")
-            run_command([self.binary("scancel"), "--quiet", "--full", "--partition", self.spec.partition],
-                        env=self.env(), check=False, timeout_s=10)
+            for partition in (self.spec.partition, self.spec.preempt_partition, self.spec.urgent_partition):
+                run_command([self.binary("scancel"), "--quiet", "--full", "--partition", partition],
+                            env=self.env(), check=False, timeout_s=10)
             self._wait_no_jobs(min(wait_s, 15.0))
         procs: list[psutil.Process] = []
         for pid in pids.values():

@@ -3,18 +3,28 @@
 A process is this job's leftover when its environment says ``SLURM_JOB_ID=<this job>`` and marks
 it as slurm-elastic's (a worker, a worker command, a controller client), it belongs to the
 job's user, and it is not a Slurm daemon. Another job's processes are never touched. It then
-removes the job's node-local state directory. It always exits 0.
+removes the job's node-local state directory. On the first node of a slurm-elastic job (its
+comment is the controller's ``slurm-elastic:<state dir>``) it cancels the job's burst jobs that
+are left (named ``elastic-burst-<job>``, with the comment naming the job; one ``squeue``, and one
+``scancel`` per job found). It always exits 0.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import sys
+from collections.abc import Mapping
 
 import psutil
 
+from slurm_elastic.client.locate import COMMENT_PREFIX
+from slurm_elastic.core.burst import burst_job_name, parent_of_comment
+from slurm_elastic.errors import SlurmError
 from slurm_elastic.hooks.common import HookConfig, job_dir, load_hook_config, setup_logging
+from slurm_elastic.slurm.cli_backend import SlurmCli
+from slurm_elastic.slurm.parse import expand_hostlist
 
 MARKERS = ("SLURM_ELASTIC_WORKER_ID", "SLURM_ELASTIC_CONTROLLER_URL", "SLURM_ELASTIC_STATE_DIR")
 NEVER = {"slurmd", "slurmstepd", "slurmctld", "systemd", "init"}
@@ -64,15 +74,42 @@ def run(config: HookConfig) -> int:
         shutil.rmtree(directory, ignore_errors=True)
         log.info("removed %s", directory)
     log.info("cleaned job %s: %d leftover processes", job_id, len(procs))
+    if owns_burst_jobs(os.environ):
+        cancel_burst_jobs(int(job_id), os.environ.get("SLURM_JOB_USER", ""), log)
     return 0
+
+
+def owns_burst_jobs(env: Mapping[str, str]) -> bool:
+    """A slurm-elastic job (its controller set the comment), and this node is the job's first."""
+    if not env.get("SLURM_JOB_COMMENT", "").startswith(COMMENT_PREFIX):
+        return False
+    nodes = env.get("SLURM_NODELIST") or env.get("SLURM_JOB_NODELIST") or ""
+    try:
+        first = expand_hostlist(nodes)[:1]
+    except SlurmError:
+        first = []
+    return not first or first[0] == env.get("SLURMD_NODENAME", "")
+
+
+def cancel_burst_jobs(job_id: int, user: str, log: logging.Logger) -> list[int]:
+    """Cancel the burst jobs of ``job_id`` that Slurm still lists; returns their ids."""
+    slurm = SlurmCli(timeout_s=10)
+    try:
+        left = [j.job_id for j in slurm.list_jobs_named(burst_job_name(job_id), user=user or None)
+                if parent_of_comment(j.comment) == job_id]
+        for burst_id in left:
+            log.info("cancelling burst job %d of ended job %d", burst_id, job_id)
+            slurm.cancel_job(burst_id)
+    except SlurmError as exc:
+        log.error("could not cancel the burst jobs of job %d: %s", job_id, exc)
+        return []
+    return left
 
 
 def main() -> int:
     try:
         return run(load_hook_config())
     except Exception:
-        import logging
-
         logging.getLogger("epilog").exception("epilog failed; exiting 0")
         return 0
 

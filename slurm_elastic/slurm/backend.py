@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
 from slurm_elastic.core.signals import signal_name
 from slurm_elastic.errors import SlurmError
-from slurm_elastic.slurm.parse import JobInfo, StepInfo
+from slurm_elastic.slurm.parse import JobInfo, QueuedJob, StepInfo
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,10 @@ class SlurmBackend(Protocol):
         ``tres_per_node`` (``gres/gpu:N``); ``[]`` for an unknown job. Raises if Slurm does not answer."""
         ...
 
+    def list_steps_of(self, job_ids: Sequence[int]) -> list[StepInfo]:
+        """All running steps of several jobs (the controller's and its burst jobs) in one call."""
+        ...
+
     def job_info(self, job_id: int) -> JobInfo:
         """The job's state, nodes, batch host and comment. Raises SlurmError if unknown."""
         ...
@@ -89,6 +93,21 @@ class SlurmBackend(Protocol):
 
     def cancel_step(self, job_id: int, step_id: str) -> None:
         """Cancel a step (SIGTERM, then SIGKILL after Slurm's KillWait); an ended step is no error."""
+        ...
+
+    def submit_batch(self, script: Path) -> int:
+        """Submit a batch script (its options in ``#SBATCH`` lines); returns the new job's id.
+        Raises SlurmCommandError with sbatch's message if Slurm refuses it."""
+        ...
+
+    def list_jobs_named(self, name: str, user: str | None = None) -> list[QueuedJob]:
+        """The jobs of ``user`` (None: this user) named ``name`` that Slurm still lists (pending,
+        running, completing), with state, nodes, GPUs per node, pending reason and (expected) start.
+        One call."""
+        ...
+
+    def cancel_job(self, job_id: int) -> None:
+        """Cancel a whole job, pending or running; an ended or unknown job is no error."""
         ...
 
 

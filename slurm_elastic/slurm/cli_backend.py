@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from slurm_elastic.errors import SlurmCommandError, SlurmError
 from slurm_elastic.slurm.backend import StepSpec, build_srun_argv, step_signal_name
 from slurm_elastic.slurm.parse import (
+    JOB_FORMAT,
     STEP_FORMAT,
     JobInfo,
+    QueuedJob,
     StepInfo,
+    parse_job_lines,
     parse_jobs_json,
     parse_sdiag_rpc_counts,
     parse_step_lines,
@@ -41,6 +45,15 @@ class SlurmCli:
         )
         return [s for s in parse_step_lines(result.stdout) if s.job_id == job_id]
 
+    def list_steps_of(self, job_ids: Sequence[int]) -> list[StepInfo]:
+        wanted = {int(j) for j in job_ids}
+        result = run_command(
+            ["squeue", "--steps", f"--jobs={','.join(str(j) for j in sorted(wanted))}", "--noheader",
+             f"--format={STEP_FORMAT}"],
+            timeout_s=self.timeout_s,
+        )
+        return [s for s in parse_step_lines(result.stdout) if s.job_id in wanted]
+
     def job_info(self, job_id: int) -> JobInfo:
         try:
             result = run_command(["squeue", "--json", f"--jobs={int(job_id)}"], timeout_s=self.timeout_s)
@@ -54,7 +67,7 @@ class SlurmCli:
         return jobs[0]
 
     def launch_step(self, spec: StepSpec, launcher_log: Path) -> int:
-        env = {**os.environ, **spec.env} if spec.env else None
+        env = {**step_launch_environ(os.environ, spec.job_id), **spec.env}
         return spawn_detached(build_srun_argv(spec), log_path=launcher_log, env=env)
 
     def signal_step(self, job_id: int, step_id: str, signal_name: str) -> None:
@@ -76,9 +89,43 @@ class SlurmCli:
         if result.returncode != 0 and "Invalid job id" not in result.stderr:
             raise SlurmCommandError(list(result.argv), result.returncode, result.stdout, result.stderr)
 
+    def submit_batch(self, script: Path) -> int:
+        result = run_command(["sbatch", "--parsable", str(script)], timeout_s=self.timeout_s,
+                             env=step_launch_environ(os.environ, None))
+        first = result.stdout.strip().split(";")[0]
+        if not first.isdigit():
+            raise SlurmError(f"sbatch --parsable printed {result.stdout.strip()!r}, not a job id")
+        return int(first)
+
+    def list_jobs_named(self, name: str, user: str | None = None) -> list[QueuedJob]:
+        # squeue --json lists every job of the cluster on 22.05 (it ignores --name and --jobs): the
+        # format listing is filtered by Slurm and stays small.
+        who = f"--user={user}" if user else "--me"
+        result = run_command(["squeue", who, f"--name={name}", "--noheader", f"--format={JOB_FORMAT}"],
+                             timeout_s=self.timeout_s)
+        return [j for j in parse_job_lines(result.stdout) if j.name == name]
+
+    def cancel_job(self, job_id: int) -> None:
+        result = run_command(["scancel", str(int(job_id))], timeout_s=self.timeout_s, check=False)
+        if result.returncode != 0 and "Invalid job id" not in result.stderr:
+            raise SlurmCommandError(list(result.argv), result.returncode, result.stdout, result.stderr)
+
     def rpc_counts(self) -> dict[str, int]:
         """slurmctld's RPC counts by message type (``sdiag``), for benchmarks."""
         return parse_sdiag_rpc_counts(run_command(["sdiag"], timeout_s=self.timeout_s).stdout)
+
+
+def step_launch_environ(environ: Mapping[str, str], job_id: int | None) -> dict[str, str]:
+    """The environment to run ``srun --jobid=job_id`` (or sbatch, ``job_id`` None) with: inside
+    another job, that job's ``SLURM_*`` variables are dropped (``SLURM_CONF`` kept). srun does not
+    replace them when it joins another job, so a step there would see the caller's
+    ``SLURM_JOB_NODELIST``, ``SLURM_JOB_GPUS``, ``SLURM_JOB_CPUS_PER_NODE``; sbatch would carry them
+    into the new job's script."""
+    own = environ.get("SLURM_JOB_ID", "")
+    if not own or (job_id is not None and own == str(job_id)):
+        return dict(environ)
+    return {k: v for k, v in environ.items()
+            if not (k.startswith(("SLURM_", "SLURMD_")) and not k.startswith("SLURM_ELASTIC_")) or k == "SLURM_CONF"}
 
 
 def set_job_comment(job_id: int, comment: str, timeout_s: float | None = None) -> None:

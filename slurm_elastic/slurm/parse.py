@@ -36,6 +36,52 @@ class StepInfo:
         return f"{self.job_id}.{self.step_id}"
 
 
+# squeue --format for a job listing: id, state, nodes, GPUs per node, pending reason, (expected)
+# start, node count, partition, name; the free-text comment last.
+JOB_FORMAT = FIELD_SEP.join(["%i", "%T", "%N", "%b", "%r", "%S", "%D", "%P", "%j", "%k"])
+_GPU_COUNT = re.compile(r"gpu(?::[^:,]+)?:(\d+)")
+
+
+@dataclass(frozen=True)
+class QueuedJob:
+    """One job as ``squeue --format=JOB_FORMAT`` lists it (pending, running or completing)."""
+
+    job_id: int
+    state: str
+    nodes: tuple[str, ...]
+    gpus_per_node: int
+    reason: str  # why a pending job waits ("Resources", "Priority", ...); "" when none
+    start_time: str  # a running job's start, a pending job's expected start (ISO, local time); "" if none
+    node_count: int
+    partition: str
+    name: str
+    comment: str
+
+
+def parse_job_lines(text: str) -> list[QueuedJob]:
+    """Parse ``squeue --noheader --format=JOB_FORMAT`` output."""
+    jobs: list[QueuedJob] = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        fields = line.split(FIELD_SEP, 9)
+        if len(fields) != 10:
+            raise SlurmError(f"unexpected squeue job line: {line!r}")
+        job_id, state, nodes, tres, reason, start, count, partition, name, comment = (f.strip() for f in fields)
+        if not job_id.isdigit():
+            raise SlurmError(f"unexpected job id {job_id!r} in squeue output")
+        gpus = _GPU_COUNT.search(tres)
+        jobs.append(QueuedJob(
+            job_id=int(job_id), state=state, nodes=tuple(expand_hostlist(nodes)),
+            gpus_per_node=int(gpus.group(1)) if gpus else 0,
+            reason="" if reason in ("None", "(null)") else reason,
+            start_time="" if start in ("N/A", "Unknown", "NONE", "(null)") else start,
+            node_count=int(count) if count.isdigit() else 0, partition=partition, name=name,
+            comment="" if comment == "(null)" else comment,
+        ))
+    return jobs
+
+
 @dataclass(frozen=True)
 class JobInfo:
     """The fields of a job that slurm-elastic uses."""

@@ -13,7 +13,8 @@ What pyslurm cannot do, and what we do instead:
   ``squeue --steps`` call, so the trainer's GPUs are always counted.
 - a step that was not loaded drops ``send_signal`` silently: steps are always loaded first.
 - a step whose TRES has ``mem=0`` makes ``JobStep.tres`` raise TypeError: read as "no GPUs seen".
-- launching a step: always ``srun`` (pyslurm has no step launch).
+- launching a step: always ``srun`` (pyslurm has no step launch); burst jobs: ``sbatch``,
+  ``squeue`` and ``scancel`` (a rendered script's ``#SBATCH`` lines are not pyslurm's to read).
 
 The conversions from pyslurm's values to our types are pure functions, tested on recorded values.
 """
@@ -25,7 +26,7 @@ import logging
 import os
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,7 @@ from slurm_elastic.slurm.backend import (
     step_signal_name,
 )
 from slurm_elastic.slurm.cli_backend import SlurmCli
-from slurm_elastic.slurm.parse import JobInfo, StepInfo, expand_hostlist
+from slurm_elastic.slurm.parse import JobInfo, QueuedJob, StepInfo, expand_hostlist
 from slurm_elastic.slurm.runner import run_command
 
 log = logging.getLogger(__name__)
@@ -195,6 +196,11 @@ class PySlurm:
             raise SlurmError(f"listing steps of job {job_id} failed: {exc}") from None
         return [step_info_from_pyslurm(job_id, key, _step_fields(step)) for key, step in steps.items()]
 
+    def list_steps_of(self, job_ids: Sequence[int]) -> list[StepInfo]:
+        if not self.steps_through_api:
+            return self._cli.list_steps_of(job_ids)
+        return [step for job_id in job_ids for step in self.list_steps(job_id)]
+
     def job_info(self, job_id: int) -> JobInfo:
         try:
             job = self._pyslurm.Job.load(int(job_id))
@@ -222,6 +228,17 @@ class PySlurm:
         step = self._load_step(job_id, step_id)
         if step is not None:
             step.cancel()
+
+    # Burst jobs go through the CLI: they are rendered batch scripts whose options are #SBATCH
+    # lines, which pyslurm's JobSubmitDescription does not read.
+    def submit_batch(self, script: Path) -> int:
+        return self._cli.submit_batch(script)
+
+    def list_jobs_named(self, name: str, user: str | None = None) -> list[QueuedJob]:
+        return self._cli.list_jobs_named(name, user)
+
+    def cancel_job(self, job_id: int) -> None:
+        self._cli.cancel_job(job_id)
 
     def _load_step(self, job_id: int, step_id: str) -> Any:
         """The loaded step, or None when it no longer exists (it ended: nothing to signal)."""

@@ -41,6 +41,7 @@ class StepContext:
     liveness_timeout_s: float = LIVENESS_TIMEOUT_S
     liveness_failure_threshold: int = 0  # 0: no liveness probes
     rank: int = 0  # the task's rank in its step (SLURM_PROCID); only rank 0 registers as the worker
+    term_drains: bool = False  # a step of a burst job: its first SIGTERM (preemption) is a drain
 
     @property
     def drain_signum(self) -> signal.Signals:
@@ -79,6 +80,7 @@ class StepContext:
             liveness_timeout_s=float(env.get("SLURM_ELASTIC_LIVENESS_TIMEOUT_S", LIVENESS_TIMEOUT_S)),
             liveness_failure_threshold=int(env.get("SLURM_ELASTIC_LIVENESS_FAILURE_THRESHOLD", "0")),
             rank=int(env.get("SLURM_PROCID", "0") or 0),
+            term_drains=env.get("SLURM_ELASTIC_TERM_DRAINS", "") == "1",
         )
 
     def registration(self) -> dict[str, object]:

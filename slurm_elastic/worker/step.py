@@ -23,7 +23,7 @@ def run_step(command: list[str]) -> int:
     """Run ``command`` as a drain-safe worker step (register, heart-beat, forward the drain); its exit code."""
     ctx = StepContext.from_env()
     flags = Flags()
-    install_handlers(flags, ctx.drain_signum)
+    install_handlers(flags, ctx.drain_signum, term_drains=ctx.term_drains)
     control = FollowingControl(ctx.worker_id, ctx.controller_url, ctx.token, ctx.state_dir, connect=StepControlClient)
     try:
         return run_wrapped(command, ctx, control.register, control.heartbeat, flags=flags)

@@ -49,7 +49,10 @@ class Flags:
     signals_seen: list[int] = field(default_factory=list)
 
 
-def install_handlers(flags: Flags, drain_signum: int) -> None:
+def install_handlers(flags: Flags, drain_signum: int, term_drains: bool = False) -> None:
+    """``term_drains`` (steps in burst jobs): the first SIGTERM is a drain, not a stop. Slurm sends
+    SIGTERM (no other signal) to a preempted job's steps when its GraceTime starts; a SIGTERM that
+    comes while draining already stops the command."""
 
     def on_drain(signum: int, _frame: object) -> None:
         flags.signals_seen.append(signum)
@@ -57,6 +60,9 @@ def install_handlers(flags: Flags, drain_signum: int) -> None:
 
     def on_terminate(signum: int, _frame: object) -> None:
         flags.signals_seen.append(signum)
+        if term_drains and signum == signal.SIGTERM and not flags.drain.is_set():
+            flags.drain.set()
+            return
         flags.terminate.set()
 
     signal.signal(drain_signum, on_drain)

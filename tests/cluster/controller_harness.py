@@ -95,6 +95,7 @@ def start_controller_job(cluster: DevCluster, tmp: Path, *, workers: dict[str, A
                          queue: dict[str, Any] | None = None,
                          controller: dict[str, Any] | None = None,
                          weights: dict[str, Any] | None = None,
+                         burst: dict[str, Any] | None = None,
                          nodes: int = 2,
                          gpus_per_node: int = 4,
                          before_start: Callable[[int], None] | None = None) -> ControllerJob:
@@ -114,6 +115,7 @@ def start_controller_job(cluster: DevCluster, tmp: Path, *, workers: dict[str, A
         "autoscaler": {"min_workers": 0, **(autoscaler or {})},
         "queue": queue or {},
         "weights": weights or {},
+        **({"burst": burst} if burst else {}),
     }
     tmp.mkdir(parents=True, exist_ok=True)
     (tmp / "elastic.toml").write_text(_toml(config))

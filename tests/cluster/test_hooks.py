@@ -12,6 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from slurm_elastic.core.burst import burst_job_comment, burst_job_name
 from slurm_elastic.devcluster.cluster import DevCluster, DevClusterSpec
 from slurm_elastic.slurm.runner import run_command
 from tests.cluster.controller_harness import start_controller_job, stop_controller_job, wait_for
@@ -139,3 +140,23 @@ def test_a_broken_hook_never_fails_slurm(tmp_path: Path) -> None:
         assert result.returncode == 0, result.stderr
     broken = {**env, "SLURM_ELASTIC_PYTHON": "/nonexistent/python"}
     assert subprocess.run([str(REPO / "sbin" / "slurm-elastic-prolog")], env=broken).returncode == 0
+
+
+def test_the_epilog_of_a_parent_job_cancels_its_burst_jobs_and_no_other(hooked: tuple[DevCluster, Path]) -> None:
+    _cluster, tmp = hooked
+    parent = int(run_command(["sbatch", "--parsable", "--gres=gpu:1", "--output=/dev/null",
+                              f"--comment=slurm-elastic:{tmp}/state", "--wrap", "sleep 300"]).stdout.split(";")[0])
+
+    def job(name: str, comment: str) -> int:
+        return int(run_command(["sbatch", "--parsable", "--output=/dev/null", f"--job-name={name}",
+                                f"--comment={comment}", "--wrap", "sleep 300"]).stdout.split(";")[0])
+    burst = job(burst_job_name(parent), burst_job_comment(parent))
+    look_alike = job(burst_job_name(parent), "someone else's")
+    try:
+        wait_for(lambda: state_of(parent) == "RUNNING" and state_of(burst) == "RUNNING")
+        run_command(["scancel", str(parent)])
+        wait_for(lambda: not state_of(burst), 30)  # cancelled by the parent's epilog
+        assert state_of(look_alike) == "RUNNING"
+        assert f"cancelling burst job {burst} of ended job {parent}" in (tmp / "hooks.log").read_text()
+    finally:
+        run_command(["scancel", str(parent), str(burst), str(look_alike)], check=False)

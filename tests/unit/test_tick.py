@@ -69,3 +69,29 @@ def test_a_policy_in_the_autoscalers_seat_decides_the_count_from_the_autoscalers
     result = tick(Observation(steps=()), st, CFG, (OWN, OTHER), 0.0)
     assert result.desired == 3 and len([a for a in result.actions if isinstance(a, Launch)]) == 3
     assert seen[0].allowed_slots == 5 and st.last_decision["reason"] == "fixed"
+
+
+def test_a_scale_down_drains_burst_workers_first_and_a_released_job_is_emptied() -> None:
+    st = state(2)
+    for wid, job, node, gpu in (("0001", 7, "a1", 0), ("0002", 7, "a1", 1), ("0003", 9, "b1", 0)):
+        st.workers[wid] = Worker(wid, state=S.ACTIVE, job_id=job, step_id=wid[-1], node=node, gpus=(gpu,), busy=True)
+    observed = tuple(ObservedStep(w.worker_id, w.step_id, w.node, w.job_id) for w in st.workers.values())
+    result = tick(Observation(steps=observed), st, CFG, (OWN, OTHER), 0.0)
+    assert [a for a in result.actions if isinstance(a, Drain)] == [Drain("0003", "3", 9)]  # the burst job's first
+    st = state(3)
+    st.workers = {w.worker_id: Worker(w.worker_id, state=S.ACTIVE, job_id=w.job_id, step_id=w.step_id, node=w.node,
+                                      gpus=w.gpus) for w in (Worker("0001", job_id=7, step_id="1", node="a1", gpus=(0,)),
+                                                             Worker("0003", job_id=9, step_id="3", node="b1", gpus=(0,)))}
+    released = Observation(steps=(ObservedStep("0001", "1", "a1", 7), ObservedStep("0003", "3", "b1", 9)),
+                           releasing_jobs=frozenset({9}))
+    result = tick(released, st, CFG, (OWN,), 0.0)  # job 9 is given back: no longer an allocation
+    assert Drain("0003", "3", 9) in result.actions and st.workers["0003"].state is S.DRAINING
+    assert not [a for a in result.actions if isinstance(a, Launch) and a.job_id == 9]  # nothing new goes there
+
+
+def test_the_count_may_reach_for_slots_burst_jobs_could_add() -> None:
+    st = state(0)
+    st.wake_all_active = True  # every allowed slot: the allocation's, and what burst jobs could add
+    assert tick(Observation(steps=()), st, CFG, (OWN,), 0.0).desired == 2
+    more = tick(Observation(steps=(), burst_slots_possible=4), st, CFG, (OWN,), 1.0)
+    assert more.desired == 6 and not [a for a in more.actions if isinstance(a, Launch)]  # no slot for more yet

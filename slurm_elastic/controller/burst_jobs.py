@@ -1,0 +1,111 @@
+"""The controller's side of burst jobs: render and submit them, list and cancel them through the
+Slurm backend, and turn Slurm's listing into the core's :class:`~slurm_elastic.core.burst.BurstJob`.
+
+A burst job of parent job P is named ``elastic-burst-P`` and carries the comment
+``slurm-elastic burst parent=P``: a restarted controller finds (adopts) its jobs by both, and the
+epilog of P cancels what is left of them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from slurm_elastic.controller.config import ElasticConfig
+from slurm_elastic.core.burst import (
+    BurstJob,
+    BurstPolicy,
+    burst_job_comment,
+    burst_job_name,
+    burst_phase,
+    parent_of_comment,
+)
+from slurm_elastic.render import render_burst_script
+from slurm_elastic.slurm.backend import SlurmBackend
+from slurm_elastic.slurm.cli_backend import set_job_comment
+from slurm_elastic.slurm.parse import QueuedJob
+
+log = logging.getLogger(__name__)
+
+TERM_DRAINS_ENV = {"SLURM_ELASTIC_TERM_DRAINS": "1"}  # added to the environment of worker steps in burst jobs
+
+
+def burst_policy(config: ElasticConfig) -> BurstPolicy:
+    """The core's limits from ``[burst]``."""
+    burst = config.burst
+    return BurstPolicy(max_jobs=burst.max_jobs, worker_slots_per_job=worker_slots_per_job(config),
+                       submit_cooldown_s=burst.submit_cooldown_s)
+
+
+def worker_slots_per_job(config: ElasticConfig) -> int:
+    """Workers one burst job holds: its GPUs per node over the workers' GPUs, times its nodes."""
+    burst, per_worker = config.burst, config.workers.gpus_per_worker or 1
+    return max(1, burst.gpus_per_job // burst.nodes_per_job // per_worker) * burst.nodes_per_job
+
+
+def start_time_s(text: str) -> float | None:
+    """Epoch seconds of squeue's (expected) start time (ISO, the cluster's local time); None if none."""
+    try:
+        return datetime.fromisoformat(text).timestamp() if text else None
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class BurstJobs:
+    """Submit, list and cancel the burst jobs of one parent job."""
+
+    backend: SlurmBackend
+    config: ElasticConfig
+    parent_job_id: int
+    state_dir: Path
+    python: str = sys.executable
+
+    @property
+    def name(self) -> str:
+        return burst_job_name(self.parent_job_id)
+
+    def submit(self) -> int:
+        """Render and submit one burst job; returns its id. The script is kept in ``<state dir>/burst``."""
+        directory = self.state_dir / "burst"
+        directory.mkdir(parents=True, exist_ok=True)
+        script = directory / "burst_job.sbatch"
+        text = render_burst_script(self.config, self.parent_job_id, self.state_dir, self.python)
+        tmp = script.with_suffix(".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, script)
+        job_id = self.backend.submit_batch(script)
+        log.info("submitted burst job %d for job %d", job_id, self.parent_job_id)
+        return job_id
+
+    def listed(self) -> list[QueuedJob]:
+        """This parent's burst jobs Slurm still lists (name and comment both match). One squeue call."""
+        return [j for j in self.backend.list_jobs_named(self.name) if parent_of_comment(j.comment) == self.parent_job_id]
+
+    def cancel(self, job_id: int) -> None:
+        log.info("cancelling burst job %d of job %d", job_id, self.parent_job_id)
+        self.backend.cancel_job(job_id)
+
+    def mark_released(self, job_id: int, released: bool) -> None:
+        """Record in the job's comment that it is being emptied (or is needed again)."""
+        set_job_comment(job_id, burst_job_comment(self.parent_job_id, released))
+
+    def gpus_by_node(self, job_id: int) -> dict[str, tuple[int, ...]]:
+        """The GPU indexes a running burst job holds on each node."""
+        return dict(self.backend.job_info(job_id).gpus_by_node)
+
+
+def core_jobs(listed: list[QueuedJob], slots_per_job: int, workers_by_job: Mapping[int, int],
+              draining_by_job: Mapping[int, int]) -> tuple[BurstJob, ...]:
+    """Slurm's listing with the pool's live and draining workers per job, as the core sees it."""
+    return tuple(
+        BurstJob(job_id=j.job_id, phase=burst_phase(j.state), worker_slots=slots_per_job,
+                 workers=workers_by_job.get(j.job_id, 0), draining_workers=draining_by_job.get(j.job_id, 0),
+                 expected_start_s=start_time_s(j.start_time) if j.state == "PENDING" else None)
+        for j in listed
+    )

@@ -1,0 +1,171 @@
+"""Burst jobs, tick by tick: observe them (one ``squeue``), decide with the core, act through Slurm.
+
+Slurm holds all the state: which jobs exist (name and comment), which run, and which are being
+emptied (the comment's ``released`` mark), so a restarted controller adopts its burst jobs from
+the first listing and duplicates none. What the manager keeps in memory is only derived: the GPU
+indexes of running jobs (read once per job), the time of the last submission, counters.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from slurm_elastic.controller.burst_jobs import BurstJobs, core_jobs
+from slurm_elastic.core.burst import (
+    BurstDecision,
+    BurstJob,
+    BurstPolicy,
+    decide_burst,
+    is_released_comment,
+    lost_jobs,
+)
+from slurm_elastic.errors import SlurmError
+from slurm_elastic.slurm.parse import QueuedJob
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class BurstCounters:
+    """What burst jobs did so far (status and /metrics)."""
+
+    submitted: int = 0
+    cancelled: int = 0
+    lost: int = 0  # ended while running without being released: preempted, timed out, cancelled by others
+    gpu_s_held: float = 0.0  # GPU-seconds burst jobs held while running
+    gpu_s_used: float = 0.0  # of those, GPU-seconds the pool's workers had in them
+    errors: list[str] = field(default_factory=list)
+
+
+class BurstManager:
+    """The burst jobs of one parent job."""
+
+    def __init__(self, jobs: BurstJobs, policy: BurstPolicy, gpus_per_worker: int) -> None:
+        self.jobs = jobs
+        self.policy = policy
+        self.gpus_per_worker = gpus_per_worker
+        self.listed: list[QueuedJob] = []
+        self.last_submit_s: float | None = None
+        self.last_decision = BurstDecision(reason="burst: not decided yet")
+        self.counters = BurstCounters()
+        self._gpus: dict[int, dict[str, tuple[int, ...]]] = {}
+        self._previous: tuple[BurstJob, ...] = ()
+        self._last_seen_s: float | None = None
+        self._ending: set[int] = set()
+        self._given_back: set[int] = set()  # jobs this controller cancelled or released: not lost when they end
+
+    # ---- observe -------------------------------------------------------------------------------
+    def observe(self) -> bool:
+        """List the burst jobs (one call); on failure keep the last view. Returns whether it worked."""
+        try:
+            self.listed = self.jobs.listed()
+        except SlurmError as exc:
+            self._error(f"listing burst jobs failed: {exc}")
+            return False
+        known = {j.job_id for j in self.listed}
+        self._gpus = {k: v for k, v in self._gpus.items() if k in known}
+        return True
+
+    @property
+    def releasing(self) -> frozenset[int]:
+        """Jobs being emptied: marked so in Slurm, or ending (preempted, at their time limit)."""
+        return frozenset(j.job_id for j in self.listed if is_released_comment(j.comment)) | self._ending
+
+    def running_gpus(self) -> dict[int, dict[str, tuple[int, ...]]]:
+        """Running burst jobs -> their GPUs per node (read once per job). Released ones included:
+        their workers still run there; placement must leave them out of new launches."""
+        out: dict[int, dict[str, tuple[int, ...]]] = {}
+        for job in self.listed:
+            if job.state != "RUNNING":
+                continue
+            if job.job_id not in self._gpus:
+                try:
+                    self._gpus[job.job_id] = self.jobs.gpus_by_node(job.job_id)
+                except SlurmError as exc:
+                    self._error(f"reading the GPUs of burst job {job.job_id} failed: {exc}")
+                    continue
+            out[job.job_id] = self._gpus[job.job_id]
+        return out
+
+    # ---- decide and act ------------------------------------------------------------------------
+    def step(self, *, target_workers: int, allocation_slots: int, workers_by_job: Mapping[int, int],
+             draining_by_job: Mapping[int, int], now_s: float, ending_jobs: frozenset[int] = frozenset()) -> BurstDecision:
+        """Decide with the core and act: submit, cancel, mark released (or needed again).
+
+        ``ending_jobs``: burst jobs whose workers left on their own (Slurm signalled a preemption or
+        the time limit): they are released for good and cancelled once empty."""
+        listed_ids = {j.job_id for j in self.listed}
+        new_ending = (set(ending_jobs) & listed_ids) - self._ending - self._given_back
+        self.counters.lost += len(new_ending)  # preempted or at its time limit: lost to the pool
+        self._ending = (self._ending | new_ending) & listed_ids
+        for job_id in sorted(self._ending - self.releasing):
+            self._try(f"release ending burst job {job_id}", lambda j=job_id: self.jobs.mark_released(j, True))
+        current = core_jobs(self.listed, self.policy.worker_slots_per_job, workers_by_job, draining_by_job)
+        releasing = self.releasing | self._ending
+        self._given_back |= releasing
+        self.counters.lost += len(lost_jobs(self._previous, current, frozenset(self._given_back)))
+        self._account(current, workers_by_job, now_s)
+        self._previous = current
+        decision = decide_burst(self.policy, target_workers=target_workers, allocation_slots=allocation_slots,
+                                jobs=current, releasing=releasing, last_submit_s=self.last_submit_s, now_s=now_s)
+        if self._ending & set(decision.keep):  # an ending job is never taken back
+            decision = replace(decision, keep=tuple(k for k in decision.keep if k not in self._ending))
+        self.last_decision = decision
+        for job_id in decision.cancel:
+            self._given_back.add(job_id)
+            self._try(f"cancel burst job {job_id}", lambda j=job_id: self.jobs.cancel(j))
+            self.counters.cancelled += 1
+        for job_id in decision.release:
+            self._try(f"release burst job {job_id}", lambda j=job_id: self.jobs.mark_released(j, True))
+        for job_id in decision.keep:
+            self._try(f"keep burst job {job_id}", lambda j=job_id: self.jobs.mark_released(j, False))
+        for _ in range(decision.submit):
+            if self._try("submit a burst job", self.jobs.submit):
+                self.counters.submitted += 1
+            self.last_submit_s = now_s  # a refused submission waits the cooldown too
+        if decision.submit or decision.cancel or decision.release or decision.keep:
+            log.info("%s", decision.reason)
+        return decision
+
+    def stop(self) -> list[int]:
+        """Cancel every burst job of this parent (the controller's stop). Returns their ids."""
+        self.observe()
+        ids = [j.job_id for j in self.listed]
+        for job_id in ids:
+            self._try(f"cancel burst job {job_id}", lambda j=job_id: self.jobs.cancel(j))
+        return ids
+
+    # ---- report --------------------------------------------------------------------------------
+    def status_rows(self, workers_by_job: Mapping[int, int]) -> list[dict[str, Any]]:
+        """One row per burst job: id, state, nodes, GPUs, workers, pending reason, (expected) start."""
+        releasing = self.releasing
+        return [{"job_id": j.job_id, "state": "RELEASING" if j.job_id in releasing and j.state == "RUNNING" else j.state,
+                 "nodes": list(j.nodes), "gpus": j.gpus_per_node * max(1, j.node_count),
+                 "workers": workers_by_job.get(j.job_id, 0), "pending_reason": j.reason, "start_time": j.start_time}
+                for j in self.listed]
+
+    def _account(self, current: tuple[BurstJob, ...], workers_by_job: Mapping[int, int], now_s: float) -> None:
+        if self._last_seen_s is not None and now_s > self._last_seen_s:
+            dt_s = now_s - self._last_seen_s
+            by_id = {j.job_id: j for j in self.listed}
+            for job in current:
+                if job.phase == "RUNNING":
+                    listed = by_id[job.job_id]
+                    self.counters.gpu_s_held += dt_s * listed.gpus_per_node * max(1, listed.node_count)
+                    self.counters.gpu_s_used += dt_s * self.gpus_per_worker * workers_by_job.get(job.job_id, 0)
+        self._last_seen_s = now_s
+
+    def _try(self, what: str, action: Any) -> bool:
+        try:
+            action()
+            return True
+        except SlurmError as exc:
+            self._error(f"{what} failed: {exc}")
+            return False
+
+    def _error(self, message: str) -> None:
+        log.warning("%s", message)
+        self.counters.errors = [*self.counters.errors[-9:], message]

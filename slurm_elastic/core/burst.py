@@ -1,0 +1,186 @@
+"""Burst jobs: extra Slurm jobs that lend the pool worker slots beyond the job's allocation (pure).
+
+A burst job is a batch job that only holds GPUs; the controller launches worker steps into it
+exactly as into its own allocation. :func:`decide_burst` says, from the target worker count, the
+allocation's worker slots and the burst jobs Slurm lists, which jobs to submit, which to cancel
+and which to release (drain their workers, then cancel the job). The rules:
+
+- the allocation's slots are filled first; burst jobs hold only what the target needs beyond them;
+- a pending job is capacity already asked for: no new submission while it waits, and no new
+  submission within ``submit_cooldown_s`` of the last one; never more than ``max_jobs`` jobs;
+- on scale-down, pending jobs are cancelled first (latest expected start first), then whole
+  running jobs are released, the emptiest first; a released job is cancelled once its workers are
+  gone, and one whose workers are all gone already is cancelled at once (its GPUs go back).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+BurstPhase = Literal["PENDING", "RUNNING", "ENDED"]
+
+_PENDING_STATES = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SUSPENDED"})
+_RUNNING_STATES = frozenset({"RUNNING"})
+BURST_NAME_PREFIX = "elastic-burst-"
+BURST_COMMENT_PREFIX = "slurm-elastic burst parent="
+
+
+def burst_job_name(parent_job_id: int) -> str:
+    """The Slurm job name of ``parent_job_id``'s burst jobs."""
+    return f"{BURST_NAME_PREFIX}{int(parent_job_id)}"
+
+
+RELEASED_MARK = " released"
+
+
+def burst_job_comment(parent_job_id: int, released: bool = False) -> str:
+    """The Slurm comment of ``parent_job_id``'s burst jobs (how they are told apart from look-alikes);
+    a job being emptied says so (the mark lives in Slurm, so a restarted controller knows it)."""
+    return f"{BURST_COMMENT_PREFIX}{int(parent_job_id)}{RELEASED_MARK if released else ''}"
+
+
+def parent_of_comment(comment: str) -> int | None:
+    """The parent job id a burst job's comment names, or None for any other comment."""
+    if not comment.startswith(BURST_COMMENT_PREFIX):
+        return None
+    rest = comment.removeprefix(BURST_COMMENT_PREFIX).removesuffix(RELEASED_MARK).strip()
+    return int(rest) if rest.isdigit() else None
+
+
+def is_released_comment(comment: str) -> bool:
+    return parent_of_comment(comment) is not None and comment.endswith(RELEASED_MARK)
+
+
+def burst_phase(slurm_state: str) -> BurstPhase:
+    """What a Slurm job state means for capacity: PENDING (asked for), RUNNING (held), ENDED (neither).
+
+    A COMPLETING, preempted, timed-out or cancelled job holds nothing the pool can use."""
+    if slurm_state in _RUNNING_STATES:
+        return "RUNNING"
+    if slurm_state in _PENDING_STATES:
+        return "PENDING"
+    return "ENDED"
+
+
+@dataclass(frozen=True)
+class BurstPolicy:
+    """The ``[burst]`` limits the decision needs."""
+
+    max_jobs: int
+    worker_slots_per_job: int
+    submit_cooldown_s: float
+
+    def __post_init__(self) -> None:
+        if self.max_jobs < 0 or self.worker_slots_per_job < 1 or self.submit_cooldown_s < 0:
+            raise ValueError(f"invalid burst policy {self}")
+
+
+@dataclass(frozen=True)
+class BurstJob:
+    """One burst job as Slurm lists it, with what the pool has in it."""
+
+    job_id: int
+    phase: BurstPhase
+    worker_slots: int
+    workers: int = 0  # live workers of the pool in it (starting or active), draining ones not counted
+    draining_workers: int = 0
+    expected_start_s: float | None = None  # Slurm's estimate for a pending job, if it has one
+
+
+@dataclass(frozen=True)
+class BurstDecision:
+    """What to do with burst jobs this tick, and why (one line for logs and status)."""
+
+    submit: int = 0
+    cancel: tuple[int, ...] = ()  # scancel now: pending jobs not needed, released jobs now empty
+    release: tuple[int, ...] = ()  # running jobs to empty: drain their workers, place nothing new there
+    keep: tuple[int, ...] = ()  # released jobs needed again: they hold slots once more
+    reason: str = ""
+
+
+def decide_burst(
+    policy: BurstPolicy,
+    *,
+    target_workers: int,
+    allocation_slots: int,
+    jobs: Iterable[BurstJob],
+    releasing: frozenset[int],
+    last_submit_s: float | None,
+    now_s: float,
+) -> BurstDecision:
+    """Burst jobs to submit, cancel and release so that allocation + burst slots cover the target.
+
+    ``allocation_slots``: worker slots of the parent allocation the pool may use; ``releasing``:
+    running jobs already being emptied (they count as capacity no more)."""
+    live = [j for j in jobs if j.phase != "ENDED"]
+    held = [j for j in live if j.job_id not in releasing]
+    beyond = max(0, target_workers - max(0, allocation_slots)) if policy.max_jobs else 0
+    capacity = sum(j.worker_slots for j in held)
+    keep: list[int] = []  # released jobs that still run are taken back before anything is submitted
+    for job in sorted((j for j in live if j.job_id in releasing and j.phase == "RUNNING"),
+                      key=lambda j: (-(j.workers + j.draining_workers), j.job_id)):
+        if capacity >= beyond:
+            break
+        keep.append(job.job_id)
+        capacity += job.worker_slots
+    cancel = [j.job_id for j in live if j.job_id in releasing and j.job_id not in keep
+              and (j.phase == "PENDING" or j.workers + j.draining_workers == 0)]
+    if beyond > capacity:
+        return _grow(policy, beyond - capacity, len(live) - len(cancel), last_submit_s, now_s, tuple(cancel),
+                     tuple(keep))
+    if keep:
+        return BurstDecision(cancel=tuple(cancel), keep=tuple(keep),
+                             reason=f"burst: {beyond} slots needed beyond the allocation: keeping {len(keep)} released job(s)")
+    surplus = capacity - beyond
+    release: list[int] = []
+    pending = sorted((j for j in held if j.phase == "PENDING"),
+                     key=lambda j: (-(j.expected_start_s if j.expected_start_s is not None else math.inf), -j.job_id))
+    running = sorted((j for j in held if j.phase == "RUNNING"), key=lambda j: (j.workers, -j.job_id))
+    for job in [*pending, *running]:
+        if job.worker_slots > surplus:
+            continue
+        surplus -= job.worker_slots
+        if job.phase == "PENDING" or job.workers + job.draining_workers == 0:
+            cancel.append(job.job_id)
+        else:
+            release.append(job.job_id)
+    if not cancel and not release:
+        return BurstDecision(reason=f"burst: {capacity} slots held or asked for, {beyond} needed beyond the allocation")
+    return BurstDecision(cancel=tuple(cancel), release=tuple(release),
+                         reason=f"burst: {beyond} slots needed beyond the allocation; giving back "
+                                f"{len(cancel)} job(s) now, releasing {len(release)}")
+
+
+def _grow(policy: BurstPolicy, missing: int, live_jobs: int, last_submit_s: float | None, now_s: float,
+          cancel: tuple[int, ...], keep: tuple[int, ...]) -> BurstDecision:
+    wanted = math.ceil(missing / policy.worker_slots_per_job)
+    room = max(0, policy.max_jobs - live_jobs)
+    if room == 0:
+        return BurstDecision(cancel=cancel, keep=keep, reason=f"burst: {missing} slots missing, but max_jobs "
+                                                   f"({policy.max_jobs}) burst jobs exist")
+    if last_submit_s is not None and now_s - last_submit_s < policy.submit_cooldown_s:
+        wait_s = policy.submit_cooldown_s - (now_s - last_submit_s)
+        return BurstDecision(cancel=cancel, keep=keep, reason=f"burst: {missing} slots missing; submit cooldown, {wait_s:.0f} s left")
+    submit = min(wanted, room)
+    return BurstDecision(submit=submit, cancel=cancel, keep=keep,
+                         reason=f"burst: {missing} slots missing beyond the allocation: submitting {submit} job(s)")
+
+
+def lost_jobs(previous: Iterable[BurstJob], current: Iterable[BurstJob], releasing: frozenset[int]) -> tuple[int, ...]:
+    """Running jobs that ended (preempted, timed out, cancelled by someone else) without being released."""
+    now_running = {j.job_id for j in current if j.phase == "RUNNING"}
+    return tuple(j.job_id for j in previous
+                 if j.phase == "RUNNING" and j.job_id not in now_running and j.job_id not in releasing)
+
+
+def burst_first_drain_order(worker_jobs: dict[str, int], parent_job_id: int,
+                            releasing: frozenset[int]) -> list[str]:
+    """Worker ids in the order a scale-down should drain them: workers of released burst jobs,
+    then of other burst jobs, then of the parent allocation (so GPUs go back to the cluster first)."""
+    def rank(worker_id: str) -> tuple[int, str]:
+        job = worker_jobs[worker_id]
+        return (0 if job in releasing else 1 if job != parent_job_id else 2, worker_id)
+    return sorted(worker_jobs, key=rank)

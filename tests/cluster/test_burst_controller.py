@@ -1,0 +1,123 @@
+"""The controller with burst jobs on the dev cluster: a job holding node1 only scales past its 4
+GPUs into a burst job on node2 and back; a kill -9 with a burst job running adopts it."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurm_elastic.devcluster.cluster import DevCluster
+from slurm_elastic.slurm.runner import run_command
+from tests.cluster.controller_harness import (
+    ControllerJob,
+    start_controller_job,
+    stop_controller_job,
+    wait_for,
+)
+
+pytestmark = pytest.mark.cluster
+
+
+def burst_jobs_of(job: ControllerJob) -> list[tuple[int, str]]:
+    out = run_command(["squeue", "--me", f"--name=elastic-burst-{job.job_id}", "-h", "-o", "%i %T"]).stdout
+    return [(int(i), s) for i, s in (line.split() for line in out.splitlines())]
+
+
+@pytest.fixture
+def parent(devcluster: DevCluster, tmp_path: Path) -> Iterator[ControllerJob]:
+    """A controller job holding one node (4 GPUs), allowed one 4-GPU burst job in the scavenger partition."""
+    job = start_controller_job(
+        devcluster, tmp_path, nodes=1, gpus_per_node=4,
+        burst={"max_jobs": 1, "gpus_per_job": 4, "partition": devcluster.spec.preempt_partition,
+               "submit_cooldown_s": 0, "controller_unreachable_grace_s": 60, "signal_lead_s": 0})
+    yield job
+    stop_controller_job(job)
+    for burst_id, _state in burst_jobs_of(job):
+        run_command(["scancel", str(burst_id)], check=False)
+
+
+def test_scale_past_the_allocation_into_a_burst_job_and_back(parent: ControllerJob) -> None:
+    with parent.client() as c:
+        c.scale(6)
+    status = parent.active(6, timeout_s=60)
+    [(burst_id, state)] = burst_jobs_of(parent)
+    assert state == "RUNNING"
+    in_burst = [w for w in status["workers"] if w["job_id"] == burst_id]
+    assert len(in_burst) == 2 and {w["node"] for w in in_burst} != {w["node"] for w in status["workers"]
+                                                                     if w["job_id"] == parent.job_id}
+    rows = status["burst_jobs"]
+    assert [(r["job_id"], r["state"], r["gpus"], r["workers"]) for r in rows] == [(burst_id, "RUNNING", 4, 2)]
+    with parent.client() as c:
+        c.scale(2)
+    parent.active(2, timeout_s=60)
+    wait_for(lambda: not burst_jobs_of(parent), 60, "the burst job to be given back")
+    final = parent.status()
+    assert all(w["job_id"] == parent.job_id for w in final["workers"] if w["state"] == "ACTIVE")
+    assert final["burst"]["lost"] == 0 and final["burst"]["submitted"] == 1
+
+
+def test_a_killed_controller_adopts_its_burst_job_and_submits_no_second(parent: ControllerJob) -> None:
+    with parent.client() as c:
+        c.scale(6)
+    parent.active(6, timeout_s=60)
+    [(burst_id, _state)] = burst_jobs_of(parent)
+    pid = parent.controller_pid()
+    os.kill(pid, signal.SIGKILL)
+
+    def restarted() -> dict[str, Any] | None:
+        try:
+            return parent.status() if parent.controller_pid() != pid else None
+        except Exception:
+            return None
+    wait_for(restarted, 60, "the controller to restart")
+    status = parent.active(6, timeout_s=60)
+    assert [j for j, _ in burst_jobs_of(parent)] == [burst_id]  # adopted, not duplicated
+    assert [r["job_id"] for r in status["burst_jobs"]] == [burst_id]
+    assert sum(1 for w in status["workers"] if w["job_id"] == burst_id) == 2
+
+
+def test_a_preempted_burst_job_drains_its_workers_and_loses_no_rollout(parent: ControllerJob) -> None:
+    with parent.client() as c:
+        c.scale(6)
+    status = parent.active(6, timeout_s=60)
+    [(burst_id, _state)] = burst_jobs_of(parent)
+    in_burst = {w["worker_id"] for w in status["workers"] if w["job_id"] == burst_id}
+    node = next(w["node"] for w in status["workers"] if w["job_id"] == burst_id)
+    urgent = run_command(["sbatch", "--parsable", f"--partition={parent.cluster.spec.urgent_partition}",
+                          f"--nodelist={node}", "--gres=gpu:4", "--output=/dev/null", "--job-name=se-urgent",
+                          "--wrap", "sleep 60"]).stdout.strip().split(";")[0]
+    try:
+        def drained() -> dict[str, dict[str, Any]]:
+            return {e["worker"]: e for e in parent.events() if e["event"] == "drained" and e["worker"] in in_burst}
+        done = wait_for(lambda: len(drained()) == 2 and drained(), 30, "the burst workers to drain")
+        for worker_id, event in done.items():  # each finished the rollout it had begun: none cut short
+            ends = [e["n"] for e in parent.events() if e["worker"] == worker_id and e["event"] == "rollout_end"]
+            assert max(ends) == event["rollouts"]
+        wait_for(lambda: parent.status()["burst"]["lost"] == 1, 60, "the preempted burst job to be counted")
+        assert parent.active(4, timeout_s=30)["workers_by_state"]["ACTIVE"] == 4  # the allocation keeps its own
+    finally:
+        run_command(["scancel", urgent], check=False)
+
+
+def test_a_cancelled_parent_leaves_no_burst_job(devcluster: DevCluster, tmp_path: Path) -> None:
+    job = start_controller_job(
+        devcluster, tmp_path, nodes=1, gpus_per_node=4,
+        burst={"max_jobs": 1, "gpus_per_job": 4, "partition": devcluster.spec.preempt_partition,
+               "submit_cooldown_s": 0, "controller_unreachable_grace_s": 10})
+    try:
+        with job.client() as c:
+            c.scale(6)
+        try:
+            [(burst_id, _state)] = wait_for(lambda: [b for b in burst_jobs_of(job) if b[1] == "RUNNING"], 60,
+                                            "a running burst job")
+        except AssertionError as exc:
+            queue = run_command(["squeue", "-o", "%i %P %j %T %N %r"]).stdout
+            raise AssertionError(f"{exc}; the queue:\n{queue}; status: {job.status().get('burst')}") from None
+    finally:
+        stop_controller_job(job)  # scancel of the parent: its controller is gone with it
+    wait_for(lambda: not burst_jobs_of(job), 60, f"burst job {burst_id} to end itself")

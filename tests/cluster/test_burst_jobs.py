@@ -1,0 +1,120 @@
+"""Burst jobs on the real dev cluster: a step launched from inside a parent job into its burst job,
+signalled and listed like any worker step; preemption's SIGTERM; the burst job ending itself."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurm_elastic.controller.burst_jobs import BurstJobs, burst_policy
+from slurm_elastic.controller.burst_manager import BurstManager
+from slurm_elastic.controller.config import parse_config
+from slurm_elastic.devcluster.cluster import DevCluster
+from slurm_elastic.slurm.cli_backend import SlurmCli
+from slurm_elastic.slurm.runner import run_command
+from tests.cluster.controller_harness import wait_for
+
+pytestmark = pytest.mark.cluster
+REPO = Path(__file__).resolve().parents[2]
+
+
+def records(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def gone(job_id: int) -> bool:
+    return not run_command(["squeue", "-h", "-j", str(job_id)], check=False).stdout.strip()
+
+
+def test_a_step_launched_from_the_parent_runs_in_the_burst_job_and_preemption_sends_it_sigterm(
+        devcluster: DevCluster, slurm: SlurmCli, tmp_path: Path) -> None:
+    script = tmp_path / "parent.sh"
+    script.write_text(f"#!/bin/bash\nexport PYTHONPATH={REPO}\n"
+                      f"exec {sys.executable} -m tests.cluster.burst_parent {tmp_path} {devcluster.spec.preempt_partition}\n")
+    parent = int(run_command(["sbatch", "--parsable", "--nodes=1", "--nodelist=node1", "--exclusive", "--gres=gpu:4",
+                              "--mem=0", "--job-name=se-burst-parent", f"--output={tmp_path}/parent.out",
+                              str(script)]).stdout.split(";")[0])
+    burst = 0
+    try:
+        burst = wait_for(lambda: json.loads((tmp_path / "parent.json").read_text())["burst"]
+                         if (tmp_path / "parent.json").exists() else 0, 60, "the parent to submit a burst job")
+        probe = tmp_path / "probe.jsonl"
+        env = wait_for(lambda: next((r["env"] for r in records(probe) if "env" in r), None), 30, "the probe step")
+        # the step runs in the burst job, on its node, and sees that job's variables, not the parent's
+        assert env["SLURM_JOB_ID"] == str(burst) and env["SLURMD_NODENAME"] == "node2"
+        assert env["SLURM_JOB_NODELIST"] == "node2" and env.get("SLURM_JOB_GPUS") != "0,1,2,3"
+        assert env["SLURM_STEP_GPUS"] in {"0", "1"}
+        listed = BurstJobs(slurm, parse_config({}), parent, tmp_path / "state").listed()
+        assert [(j.job_id, j.state, j.nodes, j.gpus_per_node) for j in listed] == [(burst, "RUNNING", ("node2",), 2)]
+        step = next(s for s in slurm.list_steps(burst) if s.name == "se-w-burst")
+        assert step.tres_per_node.endswith("gpu:1")
+        slurm.signal_step(burst, step.step_id, "USR1")  # the drain, exactly as for a step of the parent
+        wait_for(lambda: any(r.get("signal") == "SIGUSR1" for r in records(probe)), 15, "USR1 at the probe")
+        # a job of a higher partition tier wants node2's GPUs: the burst job is preempted with a grace time
+        urgent = run_command(["sbatch", "--parsable", f"--partition={devcluster.spec.urgent_partition}",
+                              "--nodelist=node2", "--gres=gpu:4", "--output=/dev/null", "--job-name=se-urgent",
+                              "--wrap", "sleep 30"]).stdout.strip().split(";")[0]
+        try:
+            wait_for(lambda: any(r.get("signal") == "SIGTERM" for r in records(probe)), 20, "SIGTERM at the probe")
+        finally:
+            run_command(["scancel", urgent], check=False)
+    finally:
+        run_command(["scancel", str(parent)], check=False)
+        if burst:
+            run_command(["scancel", str(burst)], check=False)
+            wait_for(lambda: gone(burst), 30, f"burst job {burst} to end")
+
+
+def test_a_burst_job_ends_itself_when_the_controller_does_not_answer(devcluster: DevCluster, slurm: SlurmCli,
+                                                                       tmp_path: Path) -> None:
+    config = parse_config({"burst": {"max_jobs": 1, "gpus_per_job": 1, "controller_unreachable_grace_s": 2}})
+    jobs = BurstJobs(slurm, config, 999999, tmp_path / "state")  # no controller published there
+    burst = jobs.submit()
+    try:
+        wait_for(lambda: any(j.job_id == burst for j in jobs.listed()), 10, "the burst job to be listed")
+        wait_for(lambda: gone(burst), 60, "the burst job to end by itself")
+        out = (tmp_path / "state" / "burst" / f"burst-{burst}.out").read_text()
+        assert "controller unreachable" in out
+    finally:
+        jobs.cancel(burst)
+    jobs.cancel(burst)  # an ended job: no error
+
+
+def test_the_manager_submits_releases_through_slurm_is_adopted_after_a_restart_and_stops(
+        devcluster: DevCluster, slurm: SlurmCli, tmp_path: Path) -> None:
+    config = parse_config({"burst": {"max_jobs": 2, "gpus_per_job": 2, "submit_cooldown_s": 0,
+                                     "partition": devcluster.spec.preempt_partition,
+                                     "controller_unreachable_grace_s": 600}})
+
+    def manager() -> BurstManager:
+        made = BurstManager(BurstJobs(slurm, config, 888888, tmp_path / "state"), burst_policy(config), 1)
+        made.observe()
+        return made
+    first = manager()
+    try:
+        assert first.step(target_workers=7, allocation_slots=4, workers_by_job={}, draining_by_job={}, now_s=0).submit == 2
+        wait_for(lambda: [j.state for j in manager().listed] == ["RUNNING", "RUNNING"], 30, "both burst jobs to run")
+        restarted = manager()  # a new controller: adopts both, submits nothing
+        assert restarted.step(target_workers=7, allocation_slots=4, workers_by_job={}, draining_by_job={},
+                              now_s=1).submit == 0
+        gpus = restarted.running_gpus()
+        assert sorted(gpus) == sorted(j.job_id for j in restarted.listed)
+        assert all(sum(len(g) for g in by_node.values()) == 2 for by_node in gpus.values())
+        a, b = sorted(gpus)
+        decision = restarted.step(target_workers=6, allocation_slots=4, workers_by_job={a: 2, b: 1},
+                                  draining_by_job={}, now_s=2)
+        assert decision.release == (b,) and decision.cancel == ()
+        again = manager()  # the mark is in Slurm: another restart knows b is being emptied
+        assert again.releasing == {b}
+        assert [r["state"] for r in again.status_rows({a: 2})] == ["RUNNING", "RELEASING"]
+        assert again.step(target_workers=6, allocation_slots=4, workers_by_job={a: 2}, draining_by_job={},
+                          now_s=3).cancel == (b,)
+        wait_for(lambda: gone(b), 30, f"burst job {b} to end")
+        assert manager().stop() == [a]
+        wait_for(lambda: gone(a), 30, f"burst job {a} to end")
+    finally:
+        manager().stop()
