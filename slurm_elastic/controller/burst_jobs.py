@@ -27,7 +27,7 @@ from slurm_elastic.core.burst import (
 )
 from slurm_elastic.render import render_burst_script
 from slurm_elastic.slurm.backend import SlurmBackend
-from slurm_elastic.slurm.cli_backend import set_job_comment
+from slurm_elastic.slurm.cli_backend import job_gpus_by_node, set_job_comment
 from slurm_elastic.slurm.parse import QueuedJob
 
 log = logging.getLogger(__name__)
@@ -96,8 +96,8 @@ class BurstJobs:
         set_job_comment(job_id, burst_job_comment(self.parent_job_id, released))
 
     def gpus_by_node(self, job_id: int) -> dict[str, tuple[int, ...]]:
-        """The GPU indexes a running burst job holds on each node."""
-        return dict(self.backend.job_info(job_id).gpus_by_node)
+        """The GPU indexes a running burst job holds on each node (``scontrol show job -d``: this one job)."""
+        return job_gpus_by_node(job_id)
 
 
 def core_jobs(listed: list[QueuedJob], slots_per_job: int, workers_by_job: Mapping[int, int],

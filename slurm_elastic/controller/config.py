@@ -15,6 +15,7 @@ from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from slurm_elastic.controller.burst_config import BurstSection, time_limit_s
 from slurm_elastic.core import defaults as d
 from slurm_elastic.core.health import CLOCK_EVENT_FLAGS, HealthRules
 from slurm_elastic.core.signals import DEFAULT_DRAIN_SIGNAL, DrainSignal
@@ -157,34 +158,6 @@ class JobSection(_Section):
         return shlex.split(value) if isinstance(value, str) else value
 
 
-class BurstSection(_Section):
-    """Burst jobs: extra Slurm jobs whose GPUs join the pool when the target exceeds the allocation
-    (docs/burst.md). Off unless ``max_jobs`` > 0."""
-
-    max_jobs: int = Field(0, ge=0, le=1000, description="Most burst jobs at once (pending ones count); 0: no burst jobs.")
-    gpus_per_job: int = Field(4, ge=1, le=4096, description="GPUs of one burst job, spread evenly over its nodes.")
-    nodes_per_job: int = Field(1, ge=1, le=256, description="Nodes of one burst job.")
-    partition: str = Field("", description="Partition of burst jobs (e.g. a preemptible one); empty: Slurm's default.")
-    qos: str = Field("", description="QOS of burst jobs; empty: the account's default.")
-    account: str = Field("", description="Account charged for burst jobs; empty: the user's default.")
-    time_limit: str = Field("", description="--time of a burst job, e.g. 02:00:00; empty: the partition's default.")
-    extra_sbatch_options: list[str] = Field(default_factory=list, description="More sbatch options, each one "
-                                            "argument (e.g. \"--constraint=a100\").")
-    submit_cooldown_s: float = Field(60.0, ge=0, description="Least time between two rounds of burst submissions.")
-    controller_unreachable_grace_s: float = Field(300.0, gt=0, description="A burst job ends itself after this "
-                                                  "long without an answer from the controller.")
-    signal_lead_s: int = Field(120, ge=0, le=65535, description="workers.drain_signal reaches the burst job's "
-                               "worker steps this long before its time limit (--signal), so they drain.")
-
-    @field_validator("extra_sbatch_options")
-    @classmethod
-    def _options_are_options(cls, value: list[str]) -> list[str]:
-        bad = [v for v in value if not v.startswith("-") or "\n" in v]
-        if bad:
-            raise ValueError(f"not an sbatch option: {bad[0]!r} (write each as --name=value)")
-        return value
-
-
 _RULES = HealthRules()  # the one place the [health] defaults live
 
 
@@ -240,6 +213,10 @@ class ElasticConfig(_Section):
         if burst.max_jobs and gpus_per_node % per_worker:
             raise ValueError(f"burst.gpus_per_job: {gpus_per_node} GPUs per node of a burst job do not "
                              f"hold whole workers of workers.gpus_per_worker = {per_worker}")
+        limit_s = time_limit_s(burst.time_limit)
+        if burst.max_jobs and limit_s and limit_s <= burst.signal_lead_s:
+            raise ValueError(f"burst.time_limit ({burst.time_limit} = {limit_s} s) must be longer than "
+                             f"burst.signal_lead_s ({burst.signal_lead_s} s): the drain signal would come at once")
         return self
 
 

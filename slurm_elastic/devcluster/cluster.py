@@ -15,69 +15,26 @@ import signal
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
-import jinja2
 import psutil
 
 from slurm_elastic.devcluster.devices import live_char_devices, make_fake_gpus
+from slurm_elastic.devcluster.spec import (
+    SPEC_FILE,
+    DevClusterSpec,
+    default_dir,
+    render_config_files,
+    write_atomic,
+)
 from slurm_elastic.errors import DevClusterError, SlurmError
-from slurm_elastic.resources import templates_dir
 from slurm_elastic.slurm.backend import parse_slurm_version
 from slurm_elastic.slurm.runner import require_binary, run_command
 
-SPEC_FILE = "devcluster.json"
 SBIN_PROGRAMS = frozenset({"slurmctld", "slurmd", "slurmstepd"})
 READY_NODE_STATES = {"idle", "mix", "mixed", "alloc", "allocated", "comp", "completing"}
 Progress = Callable[[str], None]
-
-
-def default_dir() -> Path:
-    """``$XDG_CACHE_HOME/slurm-elastic/devcluster`` (``~/.cache/...`` by default)."""
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(cache) / "slurm-elastic" / "devcluster"
-
-
-@dataclass(frozen=True)
-class DevClusterSpec:
-    """The shape of a dev cluster."""
-
-    dir: Path = dataclasses.field(default_factory=default_dir)
-    nodes: int = 2
-    gpus_per_node: int = 4
-    cpus_per_node: int = 16
-    memory_per_node_mb: int = 16000
-    def_mem_per_cpu_mb: int = 100
-    ctld_port: int = 16817
-    node_base_port: int = 16901
-    partition: str = "debug"
-    preempt_partition: str = "scavenger"  # its jobs are preempted (CANCEL after GraceTime) by the others
-    urgent_partition: str = "urgent"  # a higher tier than both: tests preempt with it
-    preempt_grace_s: int = 10
-    cluster_name: str = "dev"
-    node_prefix: str = "node"  # distinct prefixes keep two clusters' cgroups apart on one host
-    prolog: str = ""
-    epilog: str = ""
-    slurm_prefix: str = ""  # a Slurm install (``PREFIX/sbin/slurmctld``, ``PREFIX/bin/srun``); "" uses PATH
-
-    def node_names(self) -> list[str]:
-        return [f"{self.node_prefix}{i + 1}" for i in range(self.nodes)]
-
-    def node_port(self, index: int) -> int:
-        return self.node_base_port + index
-
-    def to_json(self) -> dict[str, object]:
-        data = dataclasses.asdict(self)
-        data["dir"] = str(self.dir)
-        return data
-
-    @classmethod
-    def from_json(cls, data: dict[str, object]) -> DevClusterSpec:
-        fields = {f.name for f in dataclasses.fields(cls)}
-        kwargs = {k: v for k, v in data.items() if k in fields}
-        kwargs["dir"] = Path(str(kwargs.get("dir", default_dir())))
-        return cls(**kwargs)  # type: ignore[arg-type]
+__all__ = ["DevCluster", "DevClusterSpec", "default_dir", "port_is_free"]
 
 
 class DevCluster:
@@ -272,29 +229,12 @@ class DevCluster:
         progress(f"fake GPUs: {self.spec.gpus_per_node} per node from "
                  f"{', '.join(d.source for d in pool[: self.spec.gpus_per_node])}")
         for name, text in self._render_files(nodes).items():
-            _write_atomic(self.dir / "etc" / name, text)
-        _write_atomic(self.dir / SPEC_FILE, json.dumps(self.spec.to_json(), indent=2) + "\n")
+            write_atomic(self.dir / "etc" / name, text)
+        write_atomic(self.dir / SPEC_FILE, json.dumps(self.spec.to_json(), indent=2) + "\n")
 
     def _render_files(self, nodes: list[dict[str, object]] | None = None) -> dict[str, str]:
         """slurm.conf, gres.conf and cgroup.conf as the templates make them for this spec."""
-        if nodes is None:
-            nodes = [{"name": name, "port": self.spec.node_port(index),
-                      "gpus": [str(self.dir / "dev" / name / f"gpu{g}") for g in range(self.spec.gpus_per_node)]}
-                     for index, name in enumerate(self.spec.node_names())]
-        context = {
-            **self.spec.to_json(),
-            "dir": str(self.dir),
-            "nodes": nodes,
-            "cgroup_plugin": detect_cgroup_plugin(),
-            "slurm_version": list(self.slurm_version()),
-        }
-        env = jinja2.Environment(
-            loader=jinja2.FileSystemLoader(str(templates_dir() / "devcluster")),
-            undefined=jinja2.StrictUndefined,
-            keep_trailing_newline=True,
-        )
-        return {name: env.get_template(f"{name}.j2").render(**context)
-                for name in ("slurm.conf", "gres.conf", "cgroup.conf")}
+        return render_config_files(self.spec, self.dir, self.slurm_version(), nodes)
 
     def _check_ports_free(self) -> None:
         wanted = {"slurmctld": self.spec.ctld_port}
@@ -399,19 +339,6 @@ class DevCluster:
             time.sleep(0.5)
 
 
-def detect_cgroup_plugin() -> str:
-    """``cgroup/v1`` where the v1 devices controller is mounted, else ``cgroup/v2``."""
-    try:
-        with open("/proc/mounts") as mounts:
-            for line in mounts:
-                fields = line.split()
-                if len(fields) > 3 and fields[2] == "cgroup" and "devices" in fields[3].split(","):
-                    return "cgroup/v1"
-    except OSError:
-        pass
-    return "cgroup/v2"
-
-
 def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
     """True if nothing listens on ``host:port`` (we can bind it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -422,8 +349,3 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
             return False
     return True
 
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)

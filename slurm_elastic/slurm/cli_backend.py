@@ -17,6 +17,7 @@ from slurm_elastic.slurm.parse import (
     StepInfo,
     parse_job_lines,
     parse_jobs_json,
+    parse_scontrol_job_gpus,
     parse_sdiag_rpc_counts,
     parse_step_lines,
 )
@@ -131,3 +132,15 @@ def step_launch_environ(environ: Mapping[str, str], job_id: int | None) -> dict[
 def set_job_comment(job_id: int, comment: str, timeout_s: float | None = None) -> None:
     """Record ``comment`` on the job (how the CLI finds a job's state directory from its id)."""
     run_command(["scontrol", "update", f"JobId={int(job_id)}", f"Comment={comment}"], timeout_s=timeout_s)
+
+
+def job_gpus_by_node(job_id: int, timeout_s: float | None = None) -> dict[str, tuple[int, ...]]:
+    """The GPU indexes ``job_id`` holds on each node, from ``scontrol show job -d`` (this one job;
+    ``squeue --json`` lists the whole cluster on 22.05). Raises SlurmError for an unknown job."""
+    try:
+        result = run_command(["scontrol", "show", "job", "-d", str(int(job_id))], timeout_s=timeout_s)
+    except SlurmCommandError as exc:
+        if "Invalid job id" in exc.stderr:
+            raise SlurmError(f"job {job_id} is unknown to Slurm (finished long ago, or never existed)") from None
+        raise
+    return parse_scontrol_job_gpus(result.stdout)

@@ -389,6 +389,34 @@ def config_probes(rig: Rig, tmp: Path) -> Iterator[Probe]:
     yield Probe("config", "controller with `gpus_per_worker = 6` in a job of 4-GPU nodes",
                 f"exit {result.returncode}: {error_line(result)}", "refused before the state dir is opened",
                 result.returncode == EXIT_CONFIG and "gpus_per_worker = 6" in result.stderr and "4 GPUs" in result.stderr)
+    yield from burst_config_probes(rig.job.job_id, tmp)
+
+
+BAD_BURST_TABLES = (  # (the [burst] lines, the key the error must name, what it must say)
+    ("max_jobs = -1", "burst.max_jobs", "greater than or equal to 0"),
+    ("max_jobs = 1\ngpus_per_job = 0", "burst.gpus_per_job", "greater than or equal to 1"),
+    ('max_jobs = 1\nextra_sbatch_options = ["--job-name=mine"]', "burst.extra_sbatch_options", "override --job-name"),
+    ('max_jobs = 1\nextra_sbatch_options = ["--comm=mine"]', "burst.extra_sbatch_options", "override --comment"),
+    ('max_jobs = 1\nextra_sbatch_options = ["--signal=KILL@1"]', "burst.extra_sbatch_options", "override --signal"),
+    ('max_jobs = 1\nextra_sbatch_options = ["--constraint=a100\\nrm -rf ~"]', "burst.extra_sbatch_options",
+     "not an sbatch option"),
+    ('max_jobs = 1\npartition = "debug\\n#SBATCH --job-name=x"', "burst.partition", "not a Slurm name"),
+    ('max_jobs = 1\ntime_limit = "2 hours"', "burst.time_limit", "not a Slurm time"),
+)
+
+
+def burst_config_probes(job_id: int, tmp: Path) -> Iterator[Probe]:
+    """Bad ``[burst]`` tables: each refused at load (exit 78) naming the key, and no burst job submitted."""
+    bad = tmp / "bad-burst.toml"
+    for lines, key, says in BAD_BURST_TABLES:
+        bad.write_text(f"[burst]\n{lines}\n")
+        result = cli("controller", "--config", str(bad), env={"SLURM_JOB_ID": str(job_id)})
+        burst_jobs = SlurmCli().list_jobs_named(f"elastic-burst-{job_id}")
+        yield Probe("config", f"controller with `[burst] {'; '.join(lines.splitlines())}`",
+                    f"exit {result.returncode}: {error_line(result)}",
+                    f"refused before any burst job is submitted ({len(burst_jobs)} listed)",
+                    result.returncode == EXIT_CONFIG and key in result.stderr and says in result.stderr
+                    and not burst_jobs)
 
 
 def state_probes(rig: Rig) -> Iterator[Probe]:

@@ -1,5 +1,6 @@
 """The controller with burst jobs on the dev cluster: a job holding node1 only scales past its 4
-GPUs into a burst job on node2 and back; a kill -9 with a burst job running adopts it."""
+GPUs into a burst job on node2 and back; a kill -9 with a burst job running adopts it; ``stop``
+and a cancelled parent leave no burst job."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
+from slurm_elastic.cli import main
 from slurm_elastic.devcluster.cluster import DevCluster
 from slurm_elastic.slurm.runner import run_command
 from tests.cluster.controller_harness import (
@@ -121,3 +124,24 @@ def test_a_cancelled_parent_leaves_no_burst_job(devcluster: DevCluster, tmp_path
     finally:
         stop_controller_job(job)  # scancel of the parent: its controller is gone with it
     wait_for(lambda: not burst_jobs_of(job), 60, f"burst job {burst_id} to end itself")
+
+
+def test_stop_cancels_the_parents_running_and_pending_burst_jobs(devcluster: DevCluster, tmp_path: Path) -> None:
+    """``slurm-elastic stop`` leaves no burst job, running or pending, well before their own
+    unreachable-controller grace (300 s) could end them."""
+    job = start_controller_job(
+        devcluster, tmp_path, nodes=1, gpus_per_node=4,
+        burst={"max_jobs": 2, "gpus_per_job": 4, "partition": devcluster.spec.preempt_partition,
+               "submit_cooldown_s": 0, "controller_unreachable_grace_s": 300})
+    try:
+        with job.client() as c:
+            c.scale(10)  # 4 in the allocation, 4 in a burst job on node2, 2 in one that cannot start
+        wait_for(lambda: sorted(s for _, s in burst_jobs_of(job)) == ["PENDING", "RUNNING"], 60,
+                 "one running and one pending burst job")
+        result = CliRunner().invoke(main, ["stop", str(job.job_id), "--drain-timeout-s", "60"])
+        assert result.exit_code == 0, result.output
+        wait_for(lambda: not burst_jobs_of(job), 30, "no burst job left")
+    finally:
+        stop_controller_job(job)
+        for burst_id, _state in burst_jobs_of(job):
+            run_command(["scancel", str(burst_id)], check=False)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from slurm_elastic.controller.burst_config import time_limit_s
 from slurm_elastic.controller.burst_jobs import (
     burst_policy,
     core_jobs,
@@ -48,6 +49,46 @@ def test_burst_is_off_by_default_and_bad_tables_name_the_key() -> None:
     for message, data in cases.items():
         with pytest.raises(ConfigError, match=re.escape(message)):
             parse_config(data)
+
+
+@pytest.mark.parametrize(("burst", "key", "says"), [
+    ({"max_jobs": -1}, "burst.max_jobs", "greater than or equal to 0"),
+    ({"gpus_per_job": 0}, "burst.gpus_per_job", "greater than or equal to 1"),
+    ({"extra_sbatch_options": ["--job-name=other"]}, "burst.extra_sbatch_options", "override --job-name"),
+    ({"extra_sbatch_options": ["-Jother"]}, "burst.extra_sbatch_options", "override --job-name"),
+    ({"extra_sbatch_options": ["--job=other"]}, "burst.extra_sbatch_options", "override --job-name"),
+    ({"extra_sbatch_options": ["--comment=mine"]}, "burst.extra_sbatch_options", "override --comment"),
+    ({"extra_sbatch_options": ["--signal=KILL@1"]}, "burst.extra_sbatch_options", "override --signal"),
+    ({"extra_sbatch_options": ["--time=1:00:00"]}, "burst.extra_sbatch_options", "set burst.time_limit"),
+    ({"extra_sbatch_options": ["--constraint=a100\nrm -rf ~"]}, "burst.extra_sbatch_options", "not an sbatch option"),
+    ({"extra_sbatch_options": ["--constraint=a100; reboot"]}, "burst.extra_sbatch_options", "not an sbatch option"),
+    ({"extra_sbatch_options": ["--constraint=$(reboot)"]}, "burst.extra_sbatch_options", "not an sbatch option"),
+    ({"partition": "debug\n#SBATCH --job-name=x"}, "burst.partition", "not a Slurm name"),
+    ({"account": "a b"}, "burst.account", "not a Slurm name"),
+    ({"time_limit": "two hours"}, "burst.time_limit", "not a Slurm time"),
+    ({"time_limit": "1:75:00"}, "burst.time_limit", "above 59"),
+    ({"max_jobs": 1, "time_limit": "2", "signal_lead_s": 120}, "burst.time_limit", "longer than burst.signal_lead_s"),
+])
+def test_bad_burst_values_are_refused_naming_the_key(burst: dict[str, object], key: str, says: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        parse_config({"burst": burst})
+    assert key in str(refused.value) and says in str(refused.value), str(refused.value)
+
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    ("", 0), ("UNLIMITED", 0), ("0", 0), ("90", 5400), ("5:30", 330), ("02:00:00", 7200), ("1-0", 86400),
+    ("1-02:30", 95400), ("2-00:00:01", 172801),
+])
+def test_slurm_time_limits_in_every_format(text: str, seconds: int) -> None:
+    assert time_limit_s(text) == seconds
+
+
+def test_good_sbatch_options_and_names_pass_through() -> None:
+    burst = parse_config({"burst": {"partition": "scavenger,debug", "qos": "low-prio", "account": "rl_team.a",
+                                    "time_limit": "1-00:00:00", "extra_sbatch_options": [
+                                        "--constraint=a100|h100", "-Ca100", "--exclusive", "--mem-per-gpu=8G",
+                                        "--nodelist=node2", "--time-min=30"]}}).burst
+    assert burst.extra_sbatch_options[0] == "--constraint=a100|h100"
 
 
 def test_every_burst_key_is_read_where_burst_jobs_are_made() -> None:
