@@ -14,7 +14,6 @@ import click
 
 from slurm_elastic.client.control import ControlClient, UnknownOnControllerError
 from slurm_elastic.client.locate import JobHandle, locate
-from slurm_elastic.core.burst import burst_job_name, parent_of_comment
 from slurm_elastic.core.health import parse_gpu_ref
 from slurm_elastic.errors import (
     ControllerUnreachableError,
@@ -213,18 +212,11 @@ def stop(job_id: int, drain_timeout_s: float) -> None:
     if pid and handle.info.get("host") == os.uname().nodename:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
-    ended = cancel_burst_jobs(job_id)
+    ended = SlurmCli().cancel_burst_jobs(job_id)
     click.echo(f"job {job_id}: workers drained, controller stopped"
                + (f", burst jobs {', '.join(map(str, ended))} cancelled" if ended else ""))
 
 
-def cancel_burst_jobs(job_id: int, slurm: SlurmCli | None = None) -> list[int]:
-    """Cancel what is left of the job's burst jobs (docs/burst.md); returns their ids."""
-    slurm = slurm or SlurmCli()
-    left = [j.job_id for j in slurm.list_jobs_named(burst_job_name(job_id)) if parent_of_comment(j.comment) == job_id]
-    for burst_id in left:
-        slurm.cancel_job(burst_id)
-    return left
 
 
 JOB_COMMANDS: list[click.Command] = [status, scale, pause, resume, wake_all, drain, cordon, uncordon, wait_ready, stop]

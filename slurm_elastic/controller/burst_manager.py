@@ -130,14 +130,6 @@ class BurstManager:
             log.info("%s", decision.reason)
         return decision
 
-    def stop(self) -> list[int]:
-        """Cancel every burst job of this parent (the controller's stop). Returns their ids."""
-        self.observe()
-        ids = [j.job_id for j in self.listed]
-        for job_id in ids:
-            self._try(f"cancel burst job {job_id}", lambda j=job_id: self.jobs.cancel(j))
-        return ids
-
     # ---- report --------------------------------------------------------------------------------
     def status_rows(self, workers_by_job: Mapping[int, int]) -> list[dict[str, Any]]:
         """One row per burst job: id, state, nodes, GPUs, workers, pending reason, (expected) start."""

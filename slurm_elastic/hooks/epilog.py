@@ -20,7 +20,6 @@ from collections.abc import Mapping
 import psutil
 
 from slurm_elastic.client.locate import COMMENT_PREFIX
-from slurm_elastic.core.burst import burst_job_name, parent_of_comment
 from slurm_elastic.errors import SlurmError
 from slurm_elastic.hooks.common import HookConfig, job_dir, load_hook_config, setup_logging
 from slurm_elastic.slurm.cli_backend import SlurmCli
@@ -93,13 +92,10 @@ def owns_burst_jobs(env: Mapping[str, str]) -> bool:
 
 def cancel_burst_jobs(job_id: int, user: str, log: logging.Logger) -> list[int]:
     """Cancel the burst jobs of ``job_id`` that Slurm still lists; returns their ids."""
-    slurm = SlurmCli(timeout_s=10)
     try:
-        left = [j.job_id for j in slurm.list_jobs_named(burst_job_name(job_id), user=user or None)
-                if parent_of_comment(j.comment) == job_id]
+        left = SlurmCli(timeout_s=10).cancel_burst_jobs(job_id, user=user or None)
         for burst_id in left:
-            log.info("cancelling burst job %d of ended job %d", burst_id, job_id)
-            slurm.cancel_job(burst_id)
+            log.info("cancelled burst job %d of ended job %d", burst_id, job_id)
     except SlurmError as exc:
         log.error("could not cancel the burst jobs of job %d: %s", job_id, exc)
         return []

@@ -7,6 +7,7 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from slurm_elastic.core.burst import burst_job_name, parent_of_comment
 from slurm_elastic.errors import SlurmCommandError, SlurmError
 from slurm_elastic.slurm.backend import StepSpec, build_srun_argv, step_signal_name
 from slurm_elastic.slurm.parse import (
@@ -110,6 +111,15 @@ class SlurmCli:
         result = run_command(["scancel", str(int(job_id))], timeout_s=self.timeout_s, check=False)
         if result.returncode != 0 and "Invalid job id" not in result.stderr:
             raise SlurmCommandError(list(result.argv), result.returncode, result.stdout, result.stderr)
+
+    def cancel_burst_jobs(self, parent_job_id: int, user: str | None = None) -> list[int]:
+        """Cancel the burst jobs of ``parent_job_id`` Slurm still lists (named and commented for
+        it, docs/burst.md); returns their ids."""
+        left = [j.job_id for j in self.list_jobs_named(burst_job_name(parent_job_id), user=user)
+                if parent_of_comment(j.comment) == parent_job_id]
+        for burst_id in left:
+            self.cancel_job(burst_id)
+        return left
 
     def rpc_counts(self) -> dict[str, int]:
         """slurmctld's RPC counts by message type (``sdiag``), for benchmarks."""

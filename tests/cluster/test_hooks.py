@@ -157,6 +157,6 @@ def test_the_epilog_of_a_parent_job_cancels_its_burst_jobs_and_no_other(hooked: 
         run_command(["scancel", str(parent)])
         wait_for(lambda: not state_of(burst), 30)  # cancelled by the parent's epilog
         assert state_of(look_alike) == "RUNNING"
-        assert f"cancelling burst job {burst} of ended job {parent}" in (tmp / "hooks.log").read_text()
+        assert f"cancelled burst job {burst} of ended job {parent}" in (tmp / "hooks.log").read_text()
     finally:
         run_command(["scancel", str(parent), str(burst), str(look_alike)], check=False)
