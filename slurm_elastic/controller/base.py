@@ -130,30 +130,6 @@ class ControllerBase:
     def workers(self) -> dict[str, Worker]:
         return self.state.workers
 
-    @property
-    def next_number(self) -> int:
-        return self.state.next_number
-
-    @property
-    def target_workers(self) -> int:
-        return self.state.target_workers
-
-    @property
-    def manual_target(self) -> int | None:
-        return self.state.manual_target
-
-    @property
-    def paused(self) -> bool:
-        return self.state.paused
-
-    @property
-    def cordons(self) -> CordonBook:
-        return self.state.cordons
-
-    @property
-    def autoscaler(self) -> Autoscaler:
-        return self.state.autoscaler
-
     # ---- persistence -----------------------------------------------------------------------
     def _load_state(self) -> None:
         restored = self.state_file.load()

@@ -59,7 +59,7 @@ def take_prolog_results(controller: Controller, state_dir: Path, hooks: HookConf
         return
     samples, problems = read_prolog_samples(config.node_state_dir, controller.job_id, controller.gpus_by_node)
     with controller.lock:
-        changes = controller.cordons.record_prolog(samples, controller.clock())
+        changes = controller.state.cordons.record_prolog(samples, controller.clock())
     for change in changes:
         log.warning("cordoned %s:%d (prolog): %s", change.node, change.gpu, change.reason)
     if problems:

@@ -98,7 +98,7 @@ def test_a_restart_without_state_adopts_every_running_step_and_launches_nothing(
     controller, backend = make(tmp_path, RUNNING, clock)
     result = controller.tick()
     assert backend.launched == [] and result.actions == []
-    assert controller.target_workers == 3  # seeded from what Slurm runs: a live fleet is kept
+    assert controller.state.target_workers == 3  # seeded from what Slurm runs: a live fleet is kept
     assert {w: (r.state, r.step_id, r.job_id) for w, r in controller.workers.items()} == {
         w: (S.STARTING, step_of(w), JOB_ID) for w in ("0001", "0002", "0003")}
     assert sum(s.slots for s in result.slots) == 6  # 8 GPUs, the trainer holds 2

@@ -61,15 +61,15 @@ def start(tmp: Path) -> Controller:
 
 def operator_kept(ctl: Controller) -> bool:
     cordons = ctl.status()["cordoned_gpus"]
-    return ctl.manual_target == 3 and [(c["node"], c["gpu"], c["reason"]) for c in cordons] == [
+    return ctl.state.manual_target == 3 and [(c["node"], c["gpu"], c["reason"]) for c in cordons] == [
         ("node1", 3, "fan noise")]
 
 
 def test_a_good_file_is_restored_whole_without_notes(tmp_path: Path) -> None:
     write(tmp_path, good_state())
     ctl = start(tmp_path)
-    assert operator_kept(ctl) and set(ctl.workers) == {"0001", "0002", "0003"} and ctl.next_number == 4
-    assert ctl.status()["state_notes"] == [] and ctl.autoscaler.integral == 0.5
+    assert operator_kept(ctl) and set(ctl.workers) == {"0001", "0002", "0003"} and ctl.state.next_number == 4
+    assert ctl.status()["state_notes"] == [] and ctl.state.autoscaler.integral == 0.5
 
 
 @pytest.mark.parametrize(("damage", "says"), [
@@ -92,7 +92,7 @@ def test_a_bad_section_or_record_is_dropped_alone_and_said(tmp_path: Path, damag
     assert operator_kept(ctl)  # the operator's cordon and manual target survive
     assert ctl.ticks == 2 and not [e for e in ctl.errors if e["where"] == "tick"]
     assert {"0001", "0002"} <= set(ctl.workers)  # running steps are adopted, whatever their record said
-    assert ctl.next_number > 2  # never reuses a worker id
+    assert ctl.state.next_number > 2  # never reuses a worker id
     kept = [p for p in tmp_path.glob("state.json.partial-*")]
     assert len(kept) == 1 and json.loads(kept[0].read_text())["state"] == state  # the file as it was
     assert json.loads(path.read_text())["state"]["manual_target"] == 3  # the next save keeps what was kept
@@ -101,7 +101,7 @@ def test_a_bad_section_or_record_is_dropped_alone_and_said(tmp_path: Path, damag
 def test_a_manual_target_that_is_not_a_number_is_dropped_and_said(tmp_path: Path) -> None:
     write(tmp_path, {**good_state(), "manual_target": "3"})
     ctl = start(tmp_path)
-    assert ctl.manual_target is None and ctl.ticks == 2
+    assert ctl.state.manual_target is None and ctl.ticks == 2
     assert any("manual_target '3' is not valid" in n for n in ctl.status()["state_notes"])
     assert ctl.status()["cordoned_gpus"][0]["reason"] == "fan noise"
 
@@ -137,7 +137,7 @@ def test_a_file_that_is_not_this_jobs_state_is_moved_aside(tmp_path: Path, text:
     ctl = start(tmp_path)
     notes = ctl.status()["state_notes"]
     assert len(notes) == 1 and says in notes[0] and "moved to state.json.corrupt-" in notes[0], notes
-    assert ctl.target_workers == 2 and set(ctl.workers) == {"0001", "0002"}  # the running fleet is kept
+    assert ctl.state.target_workers == 2 and set(ctl.workers) == {"0001", "0002"}  # the running fleet is kept
     assert list(tmp_path.glob("state.json.corrupt-*"))
 
 
