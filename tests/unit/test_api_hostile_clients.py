@@ -1,10 +1,13 @@
 """Hostile and broken clients with the job's token, on the controller's real HTTP server (a real
 controller object, a real rollout store on disk): values JSON has no text for, loose types and
-unbounded numbers on every JSON route get a 422 naming the field and change nothing."""
+unbounded numbers on every JSON route get a 422 naming the field and change nothing, and a body
+that never arrives whole gets 408 and gives its connection back while other clients are served."""
 
 from __future__ import annotations
 
 import json
+import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +25,7 @@ from slurm_elastic.slurm.cli_backend import SlurmCli
 
 TOKEN = "hostile-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}", "content-type": "application/json"}
+BODY_TIMEOUT_S = 1.0
 
 
 class Served:
@@ -31,6 +35,7 @@ class Served:
         self.controller = Controller(parse_config({"agent": {"enabled": False}}), 1, SlurmCli(timeout_s=5), tmp,
                                      gpus_by_node={"node1": (0, 1)}, queue=self.queue)
         app = create_controller_app(self.controller, TOKEN, self.queue)
+        app.guard.body_timeout_s = BODY_TIMEOUT_S  # type: ignore[attr-defined]
         self.server = ApiServer(app, "127.0.0.1")
         self.server.start()
         self.url = self.server.url
@@ -112,3 +117,59 @@ def test_the_good_forms_of_those_bodies_still_pass(served: Served) -> None:
     assert served.post("/admin/uncordon", '{"node": "node1", "gpu": 1}').status_code == 200
     assert served.post("/admin/scale", '{"workers": 0}').json() == {"target_workers": 0, "paused": True}
     assert served.post("/admin/resume", "").status_code == 200
+
+
+def raw_request(url: str, head: bytes, body_start: bytes, trickle: bytes) -> tuple[bytes, float]:
+    """Send ``head`` and ``body_start``, then ``trickle`` a byte every 0.2 s (never the whole
+    body); the server's answer and when it came, in seconds after the head."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=60) as conn:
+        started = time.monotonic()
+        conn.sendall(head + body_start)
+        conn.settimeout(0.2)
+        answer = b""
+        for i in range(300):
+            try:
+                data = conn.recv(65536)
+            except TimeoutError:
+                try:
+                    conn.sendall(trickle[i % len(trickle):][:1] if trickle else b"")
+                except OSError:
+                    break  # closed under us
+                continue
+            if not data:
+                break
+            answer += data
+        return answer, time.monotonic() - started
+
+
+@pytest.mark.parametrize(("what", "head", "body_start", "trickle"), [
+    ("a body sent a byte at a time", b"POST /admin/scale HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n", b"{", b" "),
+    ("a body shorter than its Content-Length", b"POST /rollouts HTTP/1.1\r\nhost: x\r\ncontent-length: 50\r\n",
+     b'{"id": "x"}', b""),
+    ("a chunked body that never ends", b"POST /trainer/version HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n",
+     b"1\r\n{\r\n", b"1\r\n \r\n"),
+])
+def test_a_body_that_never_arrives_whole_gets_408_and_its_connection_closed(
+        served: Served, what: str, head: bytes, body_start: bytes, trickle: bytes) -> None:
+    before = unchanged(served)
+    head += f"authorization: Bearer {TOKEN}\r\ncontent-type: application/json\r\n\r\n".encode()
+    answer, after_s = raw_request(served.url, head, body_start, trickle or b"")
+    assert answer.startswith(b"HTTP/1.1 408 "), (what, answer[:200])
+    assert b"connection: close" in answer.lower() and b"not received whole within 1 s" in answer, answer
+    assert after_s < 30, f"{what}: answered after {after_s:.1f} s (body timeout {BODY_TIMEOUT_S} s)"
+    assert unchanged(served) == before, what
+
+
+def test_other_clients_are_served_while_bodies_trickle(served: Served) -> None:
+    host, port = served.url.removeprefix("http://").split(":")
+    slow = [socket.create_connection((host, int(port)), timeout=10) for _ in range(20)]
+    try:
+        for conn in slow:
+            conn.sendall(f"POST /admin/pause HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {TOKEN}\r\n"
+                         "content-type: application/json\r\ncontent-length: 100\r\n\r\n{".encode())
+        answer = httpx.get(served.url + "/global-status", headers=AUTH, timeout=10)
+        assert answer.status_code == 200
+    finally:
+        for conn in slow:
+            conn.close()
