@@ -1,0 +1,121 @@
+"""Operator commands given bad arguments or a damaged state directory: a one-line error and a
+nonzero exit, never a traceback, a wait that never ends or a call that changes something; and a
+field the controller refuses is said in words (the real server)."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from slurm_elastic.cli import main
+from slurm_elastic.client.control import ControlClient
+from slurm_elastic.controller.app import create_controller_app
+from slurm_elastic.controller.config import parse_config
+from slurm_elastic.controller.runtime import Controller
+from slurm_elastic.controller.serve import ApiServer
+from slurm_elastic.errors import ApiError
+from tests.stub_backend import ListedSteps
+
+TOKEN = "operator-token"
+JOB = 4242
+
+
+def cli(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.output
+
+
+@pytest.mark.parametrize("args", [
+    ("status", str(JOB), "--watch", "--interval-s", "-1"),
+    ("status", str(JOB), "--watch", "--interval-s", "nan"),
+    ("status", str(JOB), "--interval-s", "0"),
+    ("scale", str(JOB), "2", "--wait", "--timeout-s", "nan"),
+    ("scale", str(JOB), "2", "--wait", "--timeout-s", "-5"),
+    ("wait-ready", str(JOB), "--timeout-s", "inf"),
+    ("wait-ready", str(JOB), "--timeout-s", "soon"),
+    ("stop", str(JOB), "--drain-timeout-s", "nan"),
+    ("drain", str(JOB), "../../x"),
+    ("drain", str(JOB), "x y"),
+    ("drain", str(JOB), ""),
+])
+def test_bad_arguments_are_refused_before_anything_is_asked(args: tuple[str, ...]) -> None:
+    code, out = cli(*args)
+    assert code == 2, (args, out)
+    assert "Invalid value" in out and "Traceback" not in out, (args, out)
+
+
+@pytest.fixture
+def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The job's state directory where the CLI looks first (no call to Slurm finds it)."""
+    monkeypatch.setenv("SLURM_ELASTIC_HOME", str(tmp_path))
+    monkeypatch.setenv("SLURM_CLUSTER_NAME", "dev")
+    path = tmp_path / "jobs" / "dev" / str(JOB)
+    path.mkdir(parents=True)
+    (path / "controller.json").write_text(json.dumps({"url": "http://127.0.0.1:9", "pid": 1, "host": "x"}))
+    (path / "token").write_text("t\n")
+    return path
+
+
+@pytest.mark.parametrize(("what", "damage", "says"), [
+    ("an empty token file", {"token": ""}, "token file .*/token is empty"),
+    ("a token file of blanks", {"token": " \n"}, "token file .*/token is empty"),
+    ("no token file", {"token": None}, "cannot read the job's token .*/token"),
+    ("controller.json not JSON", {"controller.json": "{not json"}, "cannot read .*/controller.json"),
+    ("controller.json a list", {"controller.json": "[1]"}, "controller.json is not a controller file"),
+    ("controller.json with a number for its URL", {"controller.json": '{"url": 5}'}, "no http:// URL"),
+    ("controller.json with no URL scheme", {"controller.json": '{"url": "127.0.0.1:80"}'}, "no http:// URL"),
+    ("controller.json with a pid that is no number", {"controller.json": '{"url": "http://h:1", "pid": "x"}'},
+     "its pid is not a number"),
+    ("controller.json with true for its pid", {"controller.json": '{"url": "http://h:1", "pid": true}'},
+     "its pid is not a number"),
+])
+@pytest.mark.parametrize("command", ["pause", "stop"])
+def test_a_damaged_state_directory_is_named_in_one_line(state_dir: Path, what: str, damage: dict[str, str | None],
+                                                        says: str, command: str) -> None:
+    for name, text in damage.items():
+        if text is None:
+            (state_dir / name).unlink()
+        else:
+            (state_dir / name).write_text(text)
+    code, out = cli(command, str(JOB))
+    assert code == 1 and "Traceback" not in out, (what, out)
+    lines = out.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("slurm-elastic: error: "), (what, out)
+    assert re.search(says, lines[0]), (what, lines[0])
+
+
+class Running:
+    """A controller running its loop (over a stub Slurm) behind the real server."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.controller = Controller(parse_config({"agent": {"enabled": False}, "controller": {"tick_interval_s": 0.2}}),
+                                     JOB, ListedSteps(), tmp, gpus_by_node={"node1": (0, 1)})
+        self.server = ApiServer(create_controller_app(self.controller, TOKEN), "127.0.0.1")
+        self.server.start()
+        self.stop = threading.Event()
+        self.loop = threading.Thread(target=self.controller.run_forever, args=(self.stop,), daemon=True)
+        self.loop.start()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.loop.join(timeout=10)
+        self.server.stop()
+
+
+@pytest.fixture
+def running(tmp_path: Path) -> Iterator[Running]:
+    served = Running(tmp_path)
+    yield served
+    served.close()
+
+
+def test_a_refused_field_is_said_in_words(running: Running) -> None:
+    with ControlClient(running.server.url, TOKEN) as client, pytest.raises(ApiError) as refused:
+        client.scale(1_000_000)
+    assert str(refused.value).endswith("workers: Input should be less than or equal to 100000"), str(refused.value)
