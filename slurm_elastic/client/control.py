@@ -167,6 +167,9 @@ class ControlClient:
     def wake_all(self) -> dict[str, Any]:
         return self._call("POST", "/admin/wake-all")
 
+    def stop(self) -> dict[str, Any]:
+        return self._call("POST", "/admin/stop")
+
     def drain(self, worker_id: str) -> dict[str, Any]:
         return self._call("POST", f"/admin/drain/{worker_id}")
 

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import os
 import re
-import signal
 import sys
 import time
 from typing import Any
@@ -28,6 +25,7 @@ from slurm_elastic.slurm.cli_backend import SlurmCli
 from slurm_elastic.status_view import render_status
 
 STATUS_SCHEMA_VERSION = 1
+STOP_WAIT_S = 30.0  # how long a stopped controller may take to stop answering
 
 
 class Seconds(click.ParamType[float]):
@@ -231,16 +229,28 @@ def stop(job_id: int, drain_timeout_s: float) -> None:
     _wait_for(job_id, lambda ctl: not any(w.get("state") in ("STARTING", "ACTIVE", "DRAINING")
                                           and not w.get("placeholder") for w in ctl.get("workers", [])),
               "every worker to drain", drain_timeout_s)
-    handle = locate(job_id)
-    pid = int(handle.info.get("pid", 0))
-    if pid and handle.info.get("host") == os.uname().nodename:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
+    _stop_controller(job_id)
     ended = SlurmCli().cancel_burst_jobs(job_id)
     click.echo(f"job {job_id}: workers drained, controller stopped"
                + (f", burst jobs {', '.join(map(str, ended))} cancelled" if ended else ""))
 
 
+
+
+def _stop_controller(job_id: int) -> None:
+    """Ask the controller to exit (from any host: the API) and wait until it no longer answers."""
+    handle, client = _client(job_id)
+    with client:
+        client.stop()
+        deadline = time.monotonic() + STOP_WAIT_S
+        while time.monotonic() < deadline:
+            try:
+                client.status()
+            except ControllerUnreachableError:
+                return
+            time.sleep(0.2)
+    raise click.ClickException(f"the controller at {handle.url} still answers {STOP_WAIT_S:g} s after it was "
+                               "asked to stop")
 
 
 JOB_COMMANDS: list[click.Command] = [status, scale, pause, resume, wake_all, drain, cordon, uncordon, wait_ready, stop]

@@ -79,7 +79,8 @@ def settle_heap() -> None:
 
 
 def run_controller(config: ElasticConfig, stop: threading.Event) -> None:
-    """Run until ``stop`` is set (SIGTERM/SIGINT set it). Worker steps keep running afterwards."""
+    """Run until ``stop`` is set (SIGTERM/SIGINT set it) or an operator's ``POST /admin/stop``.
+    Worker steps keep running afterwards."""
     job_id = job_id_from_env()
     backend = slurm_backend(config)
     job = running_job(backend, job_id)

@@ -1,6 +1,6 @@
 """Operator commands given bad arguments or a damaged state directory: a one-line error and a
-nonzero exit, never a traceback, a wait that never ends or a call that changes something; and a
-field the controller refuses is said in words (the real server)."""
+nonzero exit, never a traceback, a wait that never ends or a call that changes something; and the
+controller stops on the API's word, from whichever host asks (the real server, a real loop)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from click.testing import CliRunner
 
@@ -115,7 +116,18 @@ def running(tmp_path: Path) -> Iterator[Running]:
     served.close()
 
 
+def test_the_api_stops_the_controllers_loop(running: Running) -> None:
+    with ControlClient(running.server.url, TOKEN) as client:
+        assert client.stop() == {"stopping": True}
+    running.loop.join(timeout=30)
+    assert not running.loop.is_alive(), "the loop still runs after POST /admin/stop"
+    assert not running.stop.is_set()  # it ended on the API's word, not the signal handlers'
+
+
 def test_a_refused_field_is_said_in_words(running: Running) -> None:
     with ControlClient(running.server.url, TOKEN) as client, pytest.raises(ApiError) as refused:
         client.scale(1_000_000)
     assert str(refused.value).endswith("workers: Input should be less than or equal to 100000"), str(refused.value)
+    no_token = httpx.post(running.server.url + "/admin/stop")
+    assert no_token.status_code == 401
+    assert running.loop.is_alive()
