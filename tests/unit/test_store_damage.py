@@ -165,3 +165,24 @@ def test_groups_stored_after_a_lost_segment_are_found_again_if_their_index_rows_
     assert [g.id for g in again.queued()] == ["n0", "n1"]  # found in the log past the lost ones
     assert ids(again.hand_out("b", ["n0", "n1"], 1.0)) == ["n0", "n1"]
     again.close()
+
+
+@pytest.mark.parametrize(("what", "edit", "says"), [
+    ("a state no version writes", "UPDATE groups SET state='bogus' WHERE id='b'", "state 'bogus'"),
+    ("a sequence count as text", "UPDATE groups SET n_seqs='x' WHERE id='b'", "n_seqs 'x'"),
+    ("a negative sequence count", "UPDATE groups SET n_seqs=-5 WHERE id='b'", "n_seqs -5"),
+    ("a negative version", "UPDATE groups SET version=-1 WHERE id='b'", "version -1"),
+    ("a handed group in no open batch", "UPDATE groups SET state='handed', batch_id='nowhere' WHERE id='b'",
+     "batch 'nowhere'"),
+])
+def test_index_rows_this_version_never_writes_are_refused_naming_the_row(tmp_path: Path, what: str, edit: str,
+                                                                         says: str) -> None:
+    """Such rows were skipped unreported (a group in an unknown state was neither queued nor
+    lost) or stopped the controller with a TypeError; the store is left as it was."""
+    filled(tmp_path, ["a", "b", "c"]).close()
+    with sqlite3.connect(tmp_path / "q.sqlite") as db:
+        db.execute(edit)
+    with pytest.raises(StateFileError, match=rf"q\.sqlite is damaged: 1 group row\(s\) .*id 'b'.*{says}.*aside"):
+        RolloutStore(tmp_path / "q.sqlite")
+    with sqlite3.connect(tmp_path / "q.sqlite") as db:
+        assert [r[0] for r in db.execute("SELECT id FROM groups ORDER BY seq")] == ["a", "b", "c"], what
