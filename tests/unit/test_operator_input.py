@@ -131,3 +131,23 @@ def test_a_refused_field_is_said_in_words(running: Running) -> None:
     no_token = httpx.post(running.server.url + "/admin/stop")
     assert no_token.status_code == 401
     assert running.loop.is_alive()
+
+
+TRACE = Path(__file__).resolve().parents[2] / "examples" / "traces" / "phase_shift.toml"
+
+
+@pytest.mark.parametrize(("what", "args", "says", "exit_code"), [
+    ("a config that is not UTF-8", ("render", "--config", "{binary}"), "not UTF-8 text", 78),
+    ("a config that is a directory", ("render", "--config", "{dir}"), "cannot read config file .*Is a directory", 78),
+    ("a controller's config that is not UTF-8", ("controller", "--config", "{binary}"), "not UTF-8 text", 78),
+    ("a trace that is not UTF-8", ("simulate", "{binary}", "--out", "{dir}/out"), "not UTF-8 text", 78),
+    ("results where nothing can be written", ("simulate", str(TRACE), "--out", "{binary}/out", "--no-plot"),
+     "cannot write the results to", 1),
+])
+def test_a_file_a_command_cannot_use_is_named_in_one_line(tmp_path: Path, what: str, args: tuple[str, ...],
+                                                          says: str, exit_code: int) -> None:
+    binary = tmp_path / "damaged.toml"
+    binary.write_bytes(b"[workers]\nmax_workers = \xff\xfe\n")
+    code, out = cli(*(a.format(binary=binary, dir=tmp_path) for a in args))
+    assert code == exit_code and "Traceback" not in out, (what, out)
+    assert re.search(says, out.strip().splitlines()[-1]), (what, out)
