@@ -9,7 +9,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slurm_elastic.client.files import CONTROLLER_FILE, TOKEN_FILE, job_state_dir
+from slurm_elastic.client.files import (
+    CONTROLLER_FILE,
+    TOKEN_COPY,
+    TOKEN_FILE,
+    job_state_dir,
+    read_token_file,
+)
 from slurm_elastic.errors import ControllerUnreachableError, SlurmError
 from slurm_elastic.slurm.cli_backend import SlurmCli
 
@@ -32,13 +38,12 @@ def controller_url(path: Path, info: Any) -> str:
 
 
 def read_token(path: Path) -> str:
-    """The job's token from ``path``; ControllerUnreachableError naming it if it is missing or empty."""
-    try:
-        token = path.read_text().strip()
-    except OSError as exc:
-        raise ControllerUnreachableError(f"cannot read the job's token {path}: {exc}") from None
+    """The job's token from ``path`` or its copy; ControllerUnreachableError naming it if
+    neither holds one."""
+    token = read_token_file(path)
     if not token:
-        raise ControllerUnreachableError(f"the job's token file {path} is empty")
+        state = "is empty" if path.exists() else "is missing"
+        raise ControllerUnreachableError(f"the job's token file {path} {state}, and so is its copy {TOKEN_COPY}")
     return token
 
 

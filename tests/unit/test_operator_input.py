@@ -16,11 +16,14 @@ from click.testing import CliRunner
 
 from slurm_elastic.cli import main
 from slurm_elastic.client.control import ControlClient
+from slurm_elastic.client.files import TOKEN_COPY, read_token_file
 from slurm_elastic.controller.app import create_controller_app
 from slurm_elastic.controller.config import parse_config
+from slurm_elastic.controller.files import ensure_token
 from slurm_elastic.controller.runtime import Controller
 from slurm_elastic.controller.serve import ApiServer
-from slurm_elastic.errors import ApiError
+from slurm_elastic.errors import ApiError, ConfigError
+from slurm_elastic.worker.context import StepContext
 from tests.stub_backend import ListedSteps
 
 TOKEN = "operator-token"
@@ -66,7 +69,7 @@ def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.mark.parametrize(("what", "damage", "says"), [
     ("an empty token file", {"token": ""}, "token file .*/token is empty"),
     ("a token file of blanks", {"token": " \n"}, "token file .*/token is empty"),
-    ("no token file", {"token": None}, "cannot read the job's token .*/token"),
+    ("no token file", {"token": None}, "token file .*/token is missing, and so is its copy"),
     ("controller.json not JSON", {"controller.json": "{not json"}, "cannot read .*/controller.json"),
     ("controller.json a list", {"controller.json": "[1]"}, "controller.json is not a controller file"),
     ("controller.json with a number for its URL", {"controller.json": '{"url": 5}'}, "no http:// URL"),
@@ -151,3 +154,43 @@ def test_a_file_a_command_cannot_use_is_named_in_one_line(tmp_path: Path, what: 
     code, out = cli(*(a.format(binary=binary, dir=tmp_path) for a in args))
     assert code == exit_code and "Traceback" not in out, (what, out)
     assert re.search(says, out.strip().splitlines()[-1]), (what, out)
+
+
+def test_the_token_survives_its_file_being_emptied_or_deleted(tmp_path: Path) -> None:
+    """A controller restarted over an emptied or deleted token file takes the token back from its
+    copy (workers and the trainer hold that one) and says so; one made anew where a controller
+    ran before is said too."""
+    token, path, note = ensure_token(tmp_path)
+    assert token and note == "" and path.read_text().strip() == token
+    assert oct(path.stat().st_mode & 0o777) == oct((tmp_path / TOKEN_COPY).stat().st_mode & 0o777) == "0o600"
+    (tmp_path / "controller.json").write_text("{}")  # a controller ran here
+    for damage in ("", " \n", b"\xff\xfe", None):
+        if damage is None:
+            path.unlink()
+        elif isinstance(damage, bytes):
+            path.write_bytes(damage)
+        else:
+            path.write_text(damage)
+        again, _path, note = ensure_token(tmp_path)
+        assert again == token and path.read_text().strip() == token, damage
+        assert "restored from .token.copy" in note, note
+        assert read_token_file(path) == token
+    path.write_text("")
+    (tmp_path / TOKEN_COPY).unlink()
+    assert read_token_file(path) == ""
+    new, _path, note = ensure_token(tmp_path)
+    assert new != token and "a new token was made" in note and "refused (403)" in note
+
+
+def test_commands_and_workers_read_the_token_from_its_copy(running: Running, state_dir: Path) -> None:
+    (state_dir / "controller.json").write_text(json.dumps({"url": running.server.url, "pid": 1, "host": "x"}))
+    (state_dir / "token").write_text("")
+    (state_dir / TOKEN_COPY).write_text(TOKEN + "\n")
+    code, out = cli("pause", str(JOB))
+    assert code == 0 and json.loads(out) == {"paused": True}, out
+    env = {"SLURM_ELASTIC_WORKER_ID": "0001", "SLURM_ELASTIC_CONTROLLER_URL": running.server.url,
+           "SLURM_ELASTIC_TOKEN_FILE": str(state_dir / "token")}
+    assert StepContext.from_env(env).token == TOKEN
+    (state_dir / TOKEN_COPY).unlink()
+    with pytest.raises(ConfigError, match=r"token file .* is missing or empty, and so is its copy"):
+        StepContext.from_env(env)
