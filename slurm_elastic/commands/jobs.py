@@ -88,8 +88,13 @@ def collect_status(job_id: int, slurm: SlurmCli | None = None) -> dict[str, Any]
     return doc
 
 
+LIVE_JOB_STATES = ("RUNNING", "CONFIGURING", "COMPLETING", "UNKNOWN")
+
+
 def _render(doc: dict[str, Any]) -> str:
     warning = f"warning: {doc['slurm_error']}\n" if doc.get("slurm_error") else ""
+    if not doc["controller_reachable"] and doc["job_state"] not in LIVE_JOB_STATES:
+        warning += f"job {doc['job_id']} is {doc['job_state']} in Slurm: no controller runs for it\n"
     if doc["controller_reachable"]:
         return warning + render_status(doc["job_id"], doc["controller"])
     return warning + render_status(doc["job_id"], None, doc["slurm_steps"], doc["controller_error"])

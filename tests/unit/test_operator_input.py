@@ -9,6 +9,7 @@ import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -194,3 +195,22 @@ def test_commands_and_workers_read_the_token_from_its_copy(running: Running, sta
     (state_dir / TOKEN_COPY).unlink()
     with pytest.raises(ConfigError, match=r"token file .* is missing or empty, and so is its copy"):
         StepContext.from_env(env)
+
+
+class EndedJob:
+    """Slurm's answers about a job that has ended (what ``collect_status`` asks)."""
+
+    def job_info(self, job_id: int) -> Any:
+        return type("Job", (), {"state": "COMPLETED"})()
+
+    def list_steps(self, job_id: int) -> list[Any]:
+        return []
+
+
+def test_status_of_an_ended_job_says_so(state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not only 'controller did not answer' (which reads as a crash) for a job that is over."""
+    from slurm_elastic.commands import jobs
+
+    monkeypatch.setattr(jobs, "SlurmCli", EndedJob)
+    code, out = cli("status", str(JOB))
+    assert code == 3 and f"job {JOB} is COMPLETED in Slurm: no controller runs for it" in out, out
