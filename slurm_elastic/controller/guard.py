@@ -95,18 +95,19 @@ class RequestGuard:
 
 class _WatchedBody:
     """``receive`` timing the body, and counting it with a ``limit``: a body still incomplete
-    ``timeout_s`` after the head (unless the app has begun its answer) gets 408, one past
-    ``limit`` bytes 413, answered here; the app is told the client went away, and what it
-    sends after that is dropped. The answer closes the connection."""
+    ``timeout_s`` after the app first asked for it (at once, for every route that takes a body;
+    a route that takes none answers without it) unless the app has begun its answer gets 408,
+    one past ``limit`` bytes 413, answered here; the app is told the client went away, and what
+    it sends after that is dropped. The answer closes the connection."""
 
-    __slots__ = ("_receive", "_send", "_timer", "answering", "limit", "received", "refused", "timeout_s")
+    __slots__ = ("_receive", "_send", "_timer", "answering", "asked", "limit", "received", "refused", "timeout_s")
 
     def __init__(self, receive: Receive, send: Send, limit: int | None, timeout_s: float) -> None:
         self._receive, self._send, self.limit, self.timeout_s = receive, send, limit, timeout_s
         self.received = 0
-        self.refused = False
+        self.refused = self.asked = False
         self.answering: asyncio.Task[None] | None = None
-        self._timer: asyncio.TimerHandle | None = asyncio.get_running_loop().call_later(timeout_s, self._overdue)
+        self._timer: asyncio.TimerHandle | None = None
 
     def _overdue(self) -> None:
         self._timer = None
@@ -127,6 +128,9 @@ class _WatchedBody:
     async def receive(self) -> Message:
         if self.refused:
             return {"type": "http.disconnect"}
+        if not self.asked:
+            self.asked = True
+            self._timer = asyncio.get_running_loop().call_later(self.timeout_s, self._overdue)
         message = await self._receive()
         if self.refused:
             return {"type": "http.disconnect"}
@@ -144,5 +148,6 @@ class _WatchedBody:
 
     async def send(self, message: Message) -> None:
         if not self.refused:
-            self._stop_timer()  # the app answers: the body is no longer waited for
+            self.asked = True  # the app answers: the body is no longer waited for
+            self._stop_timer()
             await self._send(message)

@@ -173,3 +173,11 @@ def test_other_clients_are_served_while_bodies_trickle(served: Served) -> None:
     finally:
         for conn in slow:
             conn.close()
+
+
+def test_a_route_that_takes_no_body_is_not_timed_on_one(served: Served) -> None:
+    """A long-poll sent with a body it never reads answers when it is due, not 408 at the body timeout."""
+    with httpx.Client(base_url=served.url, headers=AUTH, timeout=30) as http:
+        version = http.get("/endpoints").json()["version"]
+        answer = http.request("GET", f"/endpoints?version={version}&wait_s={3 * BODY_TIMEOUT_S}", content=b"{}")
+    assert answer.status_code == 200 and answer.json()["version"] == version
