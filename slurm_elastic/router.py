@@ -38,7 +38,7 @@ from typing import Any
 import httpx
 
 from slurm_elastic.client.control import ControlClient
-from slurm_elastic.client.files import read_controller_url
+from slurm_elastic.client.files import read_controller_url, read_token_file
 from slurm_elastic.errors import ControllerUnreachableError, SlurmElasticError
 
 log = logging.getLogger(__name__)
@@ -94,7 +94,7 @@ class Router:
         token = os.environ.get("SLURM_ELASTIC_TOKEN", "")
         token_file = os.environ.get("SLURM_ELASTIC_TOKEN_FILE", "")
         if not token and token_file:
-            token = Path(token_file).read_text().strip()
+            token = read_token_file(Path(token_file))
         if not url or not token:
             raise RoutingError("set SLURM_ELASTIC_CONTROLLER_URL and SLURM_ELASTIC_TOKEN_FILE (or _TOKEN)")
         state = os.environ.get("SLURM_ELASTIC_STATE_DIR")

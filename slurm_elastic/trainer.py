@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_elastic.client.control import ControlClient
-from slurm_elastic.client.files import read_controller_url
+from slurm_elastic.client.files import read_controller_url, read_token_file
 from slurm_elastic.errors import ApiError, ConfigError, ControllerUnreachableError
 from slurm_elastic.rollouts.wire import unpack_group
 
@@ -78,7 +78,10 @@ class Trainer:
         token_file = os.environ.get("SLURM_ELASTIC_TOKEN_FILE", "") or (str(Path(state) / "token") if state else "")
         if not url or not token_file:
             raise ConfigError("set SLURM_ELASTIC_STATE_DIR (or _CONTROLLER_URL and _TOKEN_FILE) for the trainer")
-        return cls(url, Path(token_file).read_text().strip(), Path(state) if state else None, **kwargs)
+        token = read_token_file(Path(token_file))
+        if not token:
+            raise ConfigError(f"the job's token file {token_file} is missing or empty, and so is its copy")
+        return cls(url, token, Path(state) if state else None, **kwargs)
 
     def _retry(self, call: Any, timeout_s: float = 300.0) -> Any:
         deadline = time.monotonic() + timeout_s

@@ -167,6 +167,9 @@ class ControlClient:
     def wake_all(self) -> dict[str, Any]:
         return self._call("POST", "/admin/wake-all")
 
+    def stop(self) -> dict[str, Any]:
+        return self._call("POST", "/admin/stop")
+
     def drain(self, worker_id: str) -> dict[str, Any]:
         return self._call("POST", f"/admin/drain/{worker_id}")
 
@@ -191,4 +194,12 @@ def _detail(response: httpx.Response) -> str:
     except ValueError:
         return response.text[:300]
     detail = body.get("detail", body) if isinstance(body, dict) else body
+    if isinstance(detail, list) and detail and all(isinstance(e, dict) and "msg" in e for e in detail):
+        detail = "; ".join(_field_error(e) for e in detail)  # a 422: each refused field and why
     return str(detail)[:500]
+
+
+def _field_error(error: dict[str, Any]) -> str:
+    """``{"loc": ["body", "workers"], "msg": ...}`` as ``workers: ...``."""
+    loc = [str(part) for part in error.get("loc", []) if part not in ("body", "path", "query")]
+    return f"{'.'.join(loc)}: {error['msg']}" if loc else str(error["msg"])

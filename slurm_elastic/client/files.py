@@ -2,7 +2,8 @@
 
 The job's state directory is ``<root>/jobs/<cluster>/<job id>`` by default (``$SLURM_ELASTIC_HOME``
 or ``~/.slurm-elastic``), or ``controller.state_dir`` with ``{cluster}`` and ``{job_id}`` filled in.
-In it: ``token`` (the job's bearer token, 0600) and ``controller.json`` (url, pid, host).
+In it: ``token`` (the job's bearer token, 0600, with a copy ``.token.copy`` read when the token
+file is lost or emptied) and ``controller.json`` (url, pid, host).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import re
 from pathlib import Path
 
 TOKEN_FILE = "token"
+TOKEN_COPY = ".token.copy"
 CONTROLLER_FILE = "controller.json"
 
 
@@ -33,6 +35,19 @@ def job_state_dir(cluster: str, job_id: int, configured: str = "") -> Path:
         return Path(os.path.expanduser(configured.replace("{job_id}", str(job_id))
                                        .replace("{cluster}", path_part(cluster))))
     return default_state_root() / "jobs" / path_part(cluster) / str(job_id)
+
+
+def read_token_file(path: Path) -> str:
+    """The job's token from ``path``, else from the copy beside it (``.token.copy``); '' if
+    neither holds one (missing, empty, unreadable, not text)."""
+    for candidate in (path, path.with_name(TOKEN_COPY)):
+        try:
+            token = candidate.read_text().strip()
+        except (OSError, UnicodeDecodeError):
+            continue
+        if token:
+            return token
+    return ""
 
 
 def read_controller_url(state_dir: Path) -> str:

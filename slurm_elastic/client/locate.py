@@ -9,11 +9,42 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slurm_elastic.client.files import CONTROLLER_FILE, TOKEN_FILE, job_state_dir
+from slurm_elastic.client.files import (
+    CONTROLLER_FILE,
+    TOKEN_COPY,
+    TOKEN_FILE,
+    job_state_dir,
+    read_token_file,
+)
 from slurm_elastic.errors import ControllerUnreachableError, SlurmError
 from slurm_elastic.slurm.cli_backend import SlurmCli
 
 COMMENT_PREFIX = "slurm-elastic:"
+
+
+REWRITTEN = " (a running controller rewrites it at its next start; see `slurm-elastic status` for the job's steps)"
+
+
+def controller_url(path: Path, info: Any) -> str:
+    """The ``url`` of a parsed ``controller.json``; ControllerUnreachableError naming ``path`` if
+    it is not a controller file (no ``http://`` or ``https://`` URL, a ``pid`` that is no number)."""
+    url = info.get("url") if isinstance(info, dict) else None
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise ControllerUnreachableError(f"{path} is not a controller file: no http:// URL in it{REWRITTEN}")
+    pid = info.get("pid", 0)
+    if isinstance(pid, bool) or not isinstance(pid, int):
+        raise ControllerUnreachableError(f"{path} is not a controller file: its pid is not a number{REWRITTEN}")
+    return url
+
+
+def read_token(path: Path) -> str:
+    """The job's token from ``path`` or its copy; ControllerUnreachableError naming it if
+    neither holds one."""
+    token = read_token_file(path)
+    if not token:
+        state = "is empty" if path.exists() else "is missing"
+        raise ControllerUnreachableError(f"the job's token file {path} {state}, and so is its copy {TOKEN_COPY}")
+    return token
 
 
 @dataclass(frozen=True)
@@ -63,14 +94,11 @@ def locate(job_id: int, slurm: SlurmCli | None = None) -> JobHandle:
         path = state_dir / CONTROLLER_FILE
         try:
             info = json.loads(path.read_text())
-            token = (state_dir / TOKEN_FILE).read_text().strip()
         except FileNotFoundError:
             continue
         except (OSError, ValueError) as exc:
-            raise ControllerUnreachableError(f"cannot read {path} or its token: {exc}") from None
-        if not isinstance(info, dict) or "url" not in info:
-            raise ControllerUnreachableError(f"{path} is not a controller file")
-        return JobHandle(job_id, state_dir, str(info["url"]), token, info)
+            raise ControllerUnreachableError(f"cannot read {path}: {exc}{REWRITTEN}") from None
+        return JobHandle(job_id, state_dir, controller_url(path, info), read_token(state_dir / TOKEN_FILE), info)
     raise ControllerUnreachableError(
         f"no controller found for job {job_id} (looked in {', '.join(str(c) for c in candidates) or 'no place'})"
     )

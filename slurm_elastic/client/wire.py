@@ -1,6 +1,7 @@
 """The request bodies the controller's routes accept, shared by the routes and the clients.
 
-Each model refuses unknown keys and bounds every number; :class:`AgentReportBody` also turns a
+Each model refuses unknown keys, values of another JSON type (no numbers as strings, no
+booleans or fractions as integers) and numbers that are not finite, and bounds every number; :class:`AgentReportBody` also turns a
 node agent's report into the core's frozen :class:`~slurm_elastic.core.health.AgentReport`
 (and back, for the agent that posts it).
 """
@@ -22,7 +23,7 @@ Count = Annotated[int, Field(ge=0, le=INT64_MAX)]
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 # --------------------------------------------------------------------------- workers and routers
@@ -105,21 +106,22 @@ class VersionUpdate(_Body):
 
 class GpuSampleBody(BaseModel):
     """One GPU's reading (:class:`~slurm_elastic.core.health.GpuSample`). Strict: no numbers as
-    strings, no booleans as numbers; ``null`` means the agent could not read the field."""
+    strings, no booleans as numbers, finite numbers, counts not negative, GPU indexes as
+    :class:`GpuRef` bounds them; ``null`` means the agent could not read the field."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
     node: str = Field(min_length=1)
-    index: int = Field(ge=0)
+    index: int = Field(ge=0, le=1024)
     uuid: str = ""
     pci_bus_id: str | None = None
     temperature_c: float | None = None
     clock_event_reasons: list[str] | None = None
-    memory_used_mb: int | None = None
-    memory_total_mb: int | None = None
-    utilization_pct: float | None = None
-    power_w: float | None = None
-    ecc_uncorrectable_volatile: int | None = None
-    ecc_uncorrectable_aggregate: int | None = None
+    memory_used_mb: Count | None = None
+    memory_total_mb: Count | None = None
+    utilization_pct: float | None = Field(None, ge=0, le=100)
+    power_w: float | None = Field(None, ge=0)
+    ecc_uncorrectable_volatile: Count | None = None
+    ecc_uncorrectable_aggregate: Count | None = None
     retired_pages_pending: bool | None = None
     remapped_rows_pending: bool | None = None
     remapped_rows_failure: bool | None = None
@@ -136,7 +138,7 @@ class AgentReportBody(BaseModel):
     """What a node agent posts: ``{node, sampled_at_s, source, gpus: [...], errors}``; every
     sample names the report's node. Keys of the report besides these are ignored."""
 
-    model_config = ConfigDict(extra="ignore", strict=True, frozen=True)
+    model_config = ConfigDict(extra="ignore", strict=True, frozen=True, allow_inf_nan=False)
     node: str = Field(min_length=1)
     sampled_at_s: float
     source: str = ""

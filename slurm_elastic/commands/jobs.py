@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
+import math
+import re
 import sys
 import time
 from typing import Any
@@ -14,6 +13,7 @@ import click
 
 from slurm_elastic.client.control import ControlClient, UnknownOnControllerError
 from slurm_elastic.client.locate import JobHandle, locate
+from slurm_elastic.client.wire import WORKER_ID
 from slurm_elastic.core.health import parse_gpu_ref
 from slurm_elastic.errors import (
     ControllerUnreachableError,
@@ -25,6 +25,25 @@ from slurm_elastic.slurm.cli_backend import SlurmCli
 from slurm_elastic.status_view import render_status
 
 STATUS_SCHEMA_VERSION = 1
+STOP_WAIT_S = 30.0  # how long a stopped controller may take to stop answering
+
+
+class Seconds(click.ParamType[float]):
+    """A finite number of seconds, at least ``min_s`` (``nan``, ``inf`` and negatives refused)."""
+
+    name = "seconds"
+
+    def __init__(self, min_s: float) -> None:
+        self.min_s = min_s
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        if not math.isfinite(seconds) or seconds < self.min_s:
+            self.fail(f"{value!r} is not a finite number of seconds of at least {self.min_s:g}", param, ctx)
+        return seconds
 
 
 def _client(job_id: int) -> tuple[JobHandle, ControlClient]:
@@ -69,8 +88,13 @@ def collect_status(job_id: int, slurm: SlurmCli | None = None) -> dict[str, Any]
     return doc
 
 
+LIVE_JOB_STATES = ("RUNNING", "CONFIGURING", "COMPLETING", "UNKNOWN")
+
+
 def _render(doc: dict[str, Any]) -> str:
     warning = f"warning: {doc['slurm_error']}\n" if doc.get("slurm_error") else ""
+    if not doc["controller_reachable"] and doc["job_state"] not in LIVE_JOB_STATES:
+        warning += f"job {doc['job_id']} is {doc['job_state']} in Slurm: no controller runs for it\n"
     if doc["controller_reachable"]:
         return warning + render_status(doc["job_id"], doc["controller"])
     return warning + render_status(doc["job_id"], None, doc["slurm_steps"], doc["controller_error"])
@@ -80,7 +104,7 @@ def _render(doc: dict[str, Any]) -> str:
 @click.argument("job_id", type=int)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable (schema in docs/status.md).")
 @click.option("--watch", is_flag=True, help="Refresh in place until Ctrl-C.")
-@click.option("--interval-s", default=2.0, show_default=True, help="Refresh interval for --watch.")
+@click.option("--interval-s", default=2.0, show_default=True, type=Seconds(0.01), help="Refresh interval for --watch.")
 def status(job_id: int, as_json: bool, watch: bool, interval_s: float) -> None:
     """Show a job's controller, autoscaler, buffer, workers and cordoned GPUs."""
     while True:
@@ -104,7 +128,7 @@ def status(job_id: int, as_json: bool, watch: bool, interval_s: float) -> None:
 @click.argument("job_id", type=int)
 @click.argument("workers", type=click.IntRange(0))
 @click.option("--wait", is_flag=True, help="Wait until the job has that many active workers.")
-@click.option("--timeout-s", default=300.0, show_default=True)
+@click.option("--timeout-s", default=300.0, show_default=True, type=Seconds(0))
 def scale(job_id: int, workers: int, wait: bool, timeout_s: float) -> None:
     """Set the worker count by hand (pauses autoscaling until `resume`)."""
     click.echo(json.dumps(_call(job_id, "scale", workers)))
@@ -160,6 +184,9 @@ wake_all = _simple("wake-all", "wake_all", "Give every usable GPU a worker (e.g.
 @click.argument("worker_id")
 def drain(job_id: int, worker_id: str) -> None:
     """Drain one worker: it finishes its rollout, hands it over and exits (replaced if still needed)."""
+    if not re.fullmatch(WORKER_ID, worker_id):
+        raise click.BadParameter(f"{worker_id!r} is not a worker id (as `status` lists them, e.g. 0003)",
+                                 param_hint="WORKER_ID")
     click.echo(json.dumps(_call(job_id, "drain", worker_id)))
 
 
@@ -192,7 +219,7 @@ def uncordon(job_id: int, gpu_ref: str, reason: str) -> None:
 
 @click.command(name="wait-ready")
 @click.argument("job_id", type=int)
-@click.option("--timeout-s", default=120.0, show_default=True)
+@click.option("--timeout-s", default=120.0, show_default=True, type=Seconds(0))
 def wait_ready(job_id: int, timeout_s: float) -> None:
     """Wait until the job's controller answers (used by batch scripts)."""
     _wait_for(job_id, lambda ctl: True, "the controller", timeout_s)
@@ -200,23 +227,35 @@ def wait_ready(job_id: int, timeout_s: float) -> None:
 
 @click.command()
 @click.argument("job_id", type=int)
-@click.option("--drain-timeout-s", default=300.0, show_default=True)
+@click.option("--drain-timeout-s", default=300.0, show_default=True, type=Seconds(0))
 def stop(job_id: int, drain_timeout_s: float) -> None:
     """Drain every worker, then stop the job's controller (end of training)."""
     _call(job_id, "scale", 0)
     _wait_for(job_id, lambda ctl: not any(w.get("state") in ("STARTING", "ACTIVE", "DRAINING")
                                           and not w.get("placeholder") for w in ctl.get("workers", [])),
               "every worker to drain", drain_timeout_s)
-    handle = locate(job_id)
-    pid = int(handle.info.get("pid", 0))
-    if pid and handle.info.get("host") == os.uname().nodename:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
+    _stop_controller(job_id)
     ended = SlurmCli().cancel_burst_jobs(job_id)
     click.echo(f"job {job_id}: workers drained, controller stopped"
                + (f", burst jobs {', '.join(map(str, ended))} cancelled" if ended else ""))
 
 
+
+
+def _stop_controller(job_id: int) -> None:
+    """Ask the controller to exit (from any host: the API) and wait until it no longer answers."""
+    handle, client = _client(job_id)
+    with client:
+        client.stop()
+        deadline = time.monotonic() + STOP_WAIT_S
+        while time.monotonic() < deadline:
+            try:
+                client.status()
+            except ControllerUnreachableError:
+                return
+            time.sleep(0.2)
+    raise click.ClickException(f"the controller at {handle.url} still answers {STOP_WAIT_S:g} s after it was "
+                               "asked to stop")
 
 
 JOB_COMMANDS: list[click.Command] = [status, scale, pause, resume, wake_all, drain, cordon, uncordon, wait_ready, stop]

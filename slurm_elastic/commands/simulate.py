@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from slurm_elastic.errors import ConfigError
 from slurm_elastic.sim.policies import POLICIES
 
 
@@ -22,9 +23,16 @@ def simulate(trace_path: Path, out_dir: Path, policy: str, seed: int | None, no_
     from slurm_elastic.sim.engine import simulate as run
     from slurm_elastic.sim.output import load_trace, summary_text, write_summary, write_timeline
 
-    result = run(load_trace(trace_path), policy, seed)
-    write_summary(result, out_dir)
-    if not no_plot:
-        write_timeline(result, out_dir / "timeline.png")
+    try:
+        trace = load_trace(trace_path)
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{trace_path}: not valid TOML: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    result = run(trace, policy, seed)
+    try:
+        write_summary(result, out_dir)
+        if not no_plot:
+            write_timeline(result, out_dir / "timeline.png")
+    except OSError as exc:
+        raise click.ClickException(f"cannot write the results to {out_dir}: {exc.strerror or exc}") from None
     click.echo(summary_text(result))
     click.echo(f"  wrote {out_dir / 'summary.json'}" + ("" if no_plot else f" and {out_dir / 'timeline.png'}"))

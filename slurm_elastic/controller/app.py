@@ -79,19 +79,21 @@ def settle_heap() -> None:
 
 
 def run_controller(config: ElasticConfig, stop: threading.Event) -> None:
-    """Run until ``stop`` is set (SIGTERM/SIGINT set it). Worker steps keep running afterwards."""
+    """Run until ``stop`` is set (SIGTERM/SIGINT set it) or an operator's ``POST /admin/stop``.
+    Worker steps keep running afterwards."""
     job_id = job_id_from_env()
     backend = slurm_backend(config)
     job = running_job(backend, job_id)
     check_worker_shape(config, job)
     claimed = open_state_dir(config, job)  # before anything in it is read: it must be this job's
     state_dir = claimed.path
-    token, token_file = ensure_token(state_dir)
+    token, token_file, token_note = ensure_token(state_dir)
     install_stop_handlers(stop)
     queue = open_queue(config, state_dir)
     ctl = build_controller(config, job, backend, state_dir, token_file=token_file, queue=queue)
-    if claimed.note:
-        ctl.note_state(claimed.note)
+    for note in (claimed.note, token_note):
+        if note:
+            ctl.note_state(note)
     take_prolog_results(ctl, state_dir)
     host = config.controller.listen_host or default_listen_host()
     server = ApiServer(create_controller_app(ctl, token, queue), host,

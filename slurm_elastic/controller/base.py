@@ -100,6 +100,7 @@ class ControllerBase:
         self._errors_lock = threading.Lock()
         self.ticks = 0
         self._wake = threading.Event()  # set by requests that change the target: the loop ticks at once
+        self.stop_requested = threading.Event()  # an operator's stop (the API): the loop ends
         self.tick_durations_s: deque[float] = deque(maxlen=TICK_WINDOW)
         self.tick_total_s = 0.0
         self.heartbeats = 0

@@ -152,6 +152,13 @@ class ControlPlane(ControllerBase):
             self.wake_loop()
             return {"wake_all": True}
 
+    def request_stop(self) -> dict[str, Any]:
+        """End the loop (an operator's stop): the process exits 0 and worker steps keep running."""
+        log.info("an operator asked the controller to stop (worker steps keep running)")
+        self.stop_requested.set()
+        self.wake_loop()
+        return {"stopping": True}
+
     def drain(self, worker_id: str) -> dict[str, Any]:
         """Drain one worker now (it is replaced if the target still asks for it)."""
         with self.lock:

@@ -1,7 +1,8 @@
 """The files a controller publishes in the job's state directory (the readers: :mod:`slurm_elastic.client.files`).
 
-``token`` (0600, reused across controller restarts so running workers keep working) and
-``controller.json`` (url, pid, host), written atomically.
+``token`` (0600, reused across controller restarts so running workers keep working, with a copy,
+``.token.copy``, it is restored from if the token file is lost) and ``controller.json`` (url, pid,
+host), written atomically.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from slurm_elastic.client.files import CONTROLLER_FILE, TOKEN_FILE
+from slurm_elastic.client.files import CONTROLLER_FILE, TOKEN_COPY, TOKEN_FILE
 
 
 def write_json_atomic(path: Path, data: dict[str, Any], mode: int = 0o600, indent: int | None = 1) -> None:
@@ -36,21 +37,53 @@ def write_json_atomic(path: Path, data: dict[str, Any], mode: int = 0o600, inden
         raise
 
 
-def ensure_token(state_dir: Path) -> tuple[str, Path]:
-    """The job's secret token, created once (mode 0600, only the job's user can read it)."""
-    path = state_dir / TOKEN_FILE
-    try:
-        token = path.read_text().strip()
+def ensure_token(state_dir: Path) -> tuple[str, Path, str]:
+    """The job's secret token (mode 0600, only the job's user can read it), its file, and a note
+    for the operator ('' if none). The token of the file, else of its copy (the file is restored:
+    running workers and the trainer hold that token), else a new one, made once; the note says
+    when a token was restored, or made anew where a controller ran before (whoever holds the
+    old one is refused until it restarts)."""
+    path, copy = state_dir / TOKEN_FILE, state_dir / TOKEN_COPY
+    token, note = _read_secret(path), ""
+    if not token:
+        token = _read_secret(copy)
         if token:
-            os.chmod(path, 0o600)
-            return token, path
-    except FileNotFoundError:
-        pass
-    token = secrets.token_urlsafe(32)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(token + "\n")
-    return token, path
+            note = f"the job's token file {path} was missing or empty: restored from {copy.name}"
+        else:
+            token = secrets.token_urlsafe(32)
+            if (state_dir / CONTROLLER_FILE).exists():
+                note = (f"the job's token file {path} and its copy were missing or empty: a new token was made; "
+                        "workers and a trainer started before hold the old one and are refused (403) until they "
+                        "restart")
+        _write_secret(path, token)
+    else:
+        os.chmod(path, 0o600)
+    if _read_secret(copy) != token:
+        _write_secret(copy, token)
+    return token, path, note
+
+
+def _read_secret(path: Path) -> str:
+    """The stripped text of ``path`` ('' if it is missing, unreadable or not text)."""
+    try:
+        return path.read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return ""
+
+
+def _write_secret(path: Path, token: str) -> None:
+    """Write ``token`` to ``path`` (0600) so that readers see the old file or the new one, never an empty one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def previous_port(state_dir: Path, host: str) -> int:

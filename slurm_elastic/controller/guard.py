@@ -1,6 +1,9 @@
 """What every request to the controller passes before anything reads its body: the job's token
 (401 without one, 403 with a wrong one), then the body's size (413 over the route's cap, from
-``Content-Length`` before a byte is read, or counted as a chunked body streams in).
+``Content-Length`` before a byte is read, or counted as a chunked body streams in), then the
+body's time: it must arrive whole within ``body_timeout_s`` of its head (408 otherwise), so a
+client that trickles a body, or declares more than it sends, holds its connection that long
+at most.
 
 One check in the ASGI layer, in front of routing (:class:`~slurm_elastic.controller.rollout_http.ControllerApp`
 calls it), so that no route can parse a body first. A refusal closes the connection: the
@@ -9,6 +12,7 @@ server does not read the rest of a body it refused.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 
@@ -18,6 +22,7 @@ Headers = list[tuple[bytes, bytes]]
 
 BODY_MAX_BYTES = 1 << 20  # every route but the rollout submit
 SUBMIT_PATH = "/rollouts"
+BODY_TIMEOUT_S = 30.0  # a request body must arrive whole within this long of its head
 
 
 def refusal(status_code: int, detail: str, headers: Headers | None = None) -> tuple[int, bytes, Headers]:
@@ -36,16 +41,19 @@ async def send_answer(send: Send, answer: tuple[int, bytes, Headers]) -> None:
 class RequestGuard:
     """The token and body-size checks for one job's API."""
 
-    def __init__(self, token: str, submit_max_bytes: int, body_max_bytes: int = BODY_MAX_BYTES) -> None:
+    def __init__(self, token: str, submit_max_bytes: int, body_max_bytes: int = BODY_MAX_BYTES,
+                 body_timeout_s: float = BODY_TIMEOUT_S) -> None:
         self.token = token.encode()
         self.submit_max_bytes = submit_max_bytes
         self.body_max_bytes = body_max_bytes
+        self.body_timeout_s = body_timeout_s
 
     def limit_bytes(self, scope: Scope) -> int:
         return self.submit_max_bytes if scope["path"] == SUBMIT_PATH else self.body_max_bytes
 
-    def check(self, scope: Scope) -> tuple[tuple[int, bytes, Headers] | None, bool]:
-        """(the refusal, or None; whether the body must be counted as it arrives: chunked)."""
+    def check(self, scope: Scope) -> tuple[tuple[int, bytes, Headers] | None, bool, bool]:
+        """(the refusal, or None; whether a body follows; whether it must be counted as it
+        arrives: chunked)."""
         authorization = content_length = b""
         chunked = False
         for name, value in scope["headers"]:
@@ -58,13 +66,14 @@ class RequestGuard:
         scheme, _, token = authorization.partition(b" ")
         token = token.strip()
         if scheme.lower() != b"bearer" or not token:
-            return refusal(401, "missing bearer token", [(b"www-authenticate", b"Bearer")]), False
+            return refusal(401, "missing bearer token", [(b"www-authenticate", b"Bearer")]), False, False
         if not hmac.compare_digest(token, self.token):
-            return refusal(403, "wrong token for this job"), False
+            return refusal(403, "wrong token for this job"), False, False
         limit = self.limit_bytes(scope)
         if content_length and (not content_length.isdigit() or int(content_length) > limit):
-            return self.too_big(limit), False
-        return None, chunked  # with a Content-Length within the cap, the server reads no more than it says
+            return self.too_big(limit), False, False
+        # with a Content-Length within the cap, the server reads no more than it says
+        return None, chunked or content_length.strip(b"0") != b"", chunked
 
     @staticmethod
     def too_big(limit: int) -> tuple[int, bytes, Headers]:
@@ -72,40 +81,73 @@ class RequestGuard:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> tuple[Receive, Send] | None:
         """Refuse the request (answered here, None returned), or the ``receive`` and ``send`` to
-        serve it with: a chunked body is counted as it streams in and refused past the cap."""
-        answer, count = self.check(scope)
+        serve it with: a body is timed, a chunked one also counted as it streams in and
+        refused past the cap."""
+        answer, has_body, count = self.check(scope)
         if answer is not None:
             await send_answer(send, answer)
             return None
-        if not count:
+        if not has_body:
             return receive, send
-        capped = _CappedBody(receive, send, self.limit_bytes(scope))
-        return capped.receive, capped.send
+        body = _WatchedBody(receive, send, self.limit_bytes(scope) if count else None, self.body_timeout_s)
+        return body.receive, body.send
 
 
-class _CappedBody:
-    """``receive`` counting the body: past ``limit`` bytes it answers 413 itself, tells the app the
-    client went away, and drops what the app sends after that."""
+class _WatchedBody:
+    """``receive`` timing the body, and counting it with a ``limit``: a body still incomplete
+    ``timeout_s`` after the app first asked for it (at once, for every route that takes a body;
+    a route that takes none answers without it) unless the app has begun its answer gets 408,
+    one past ``limit`` bytes 413, answered here; the app is told the client went away, and what
+    it sends after that is dropped. The answer closes the connection."""
 
-    __slots__ = ("_receive", "_send", "limit", "received", "refused")
+    __slots__ = ("_receive", "_send", "_timer", "answering", "asked", "limit", "received", "refused", "timeout_s")
 
-    def __init__(self, receive: Receive, send: Send, limit: int) -> None:
-        self._receive, self._send, self.limit = receive, send, limit
+    def __init__(self, receive: Receive, send: Send, limit: int | None, timeout_s: float) -> None:
+        self._receive, self._send, self.limit, self.timeout_s = receive, send, limit, timeout_s
         self.received = 0
-        self.refused = False
+        self.refused = self.asked = False
+        self.answering: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    def _overdue(self) -> None:
+        self._timer = None
+        self._refuse(refusal(408, f"request body not received whole within {self.timeout_s:g} s"))
+
+    def _refuse(self, answer: tuple[int, bytes, Headers]) -> asyncio.Task[None]:
+        """Answer now; a ``receive`` the app is waiting in ends as the answer leaves."""
+        self.refused = True
+        self._stop_timer()
+        self.answering = asyncio.get_running_loop().create_task(send_answer(self._send, answer))
+        return self.answering
+
+    def _stop_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     async def receive(self) -> Message:
         if self.refused:
             return {"type": "http.disconnect"}
+        if not self.asked:
+            self.asked = True
+            self._timer = asyncio.get_running_loop().call_later(self.timeout_s, self._overdue)
         message = await self._receive()
-        if message["type"] == "http.request":
+        if self.refused:
+            return {"type": "http.disconnect"}
+        if message["type"] != "http.request":
+            self._stop_timer()
+            return message
+        if self.limit is not None:
             self.received += len(message.get("body", b""))
             if self.received > self.limit:
-                self.refused = True
-                await send_answer(self._send, RequestGuard.too_big(self.limit))
+                await self._refuse(RequestGuard.too_big(self.limit))
                 return {"type": "http.disconnect"}
+        if not message.get("more_body"):
+            self._stop_timer()
         return message
 
     async def send(self, message: Message) -> None:
         if not self.refused:
+            self.asked = True  # the app answers: the body is no longer waited for
+            self._stop_timer()
             await self._send(message)

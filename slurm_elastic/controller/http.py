@@ -96,6 +96,11 @@ def control_router(controller: Controller) -> APIRouter:
     def wake_all() -> dict[str, Any]:
         return controller.wake_all()
 
+    @router.post("/admin/stop", tags=["admin"])
+    def stop() -> dict[str, Any]:
+        """The controller exits 0 (a batch script's restart loop ends); worker steps keep running."""
+        return controller.request_stop()
+
     @router.post("/admin/drain/{worker_id}", tags=["admin"])
     def drain(worker_id: Annotated[str, PathParam(pattern=WORKER_ID)]) -> dict[str, Any]:
         try:

@@ -50,15 +50,22 @@ def write_identity(state_dir: Path, job: JobIdentity) -> None:
 @dataclass(frozen=True)
 class ClaimedDir:
     path: Path
-    note: str = ""  # set when another job's directory was moved aside
+    note: str = ""  # for the operator: another job's directory moved aside, or this job's lost record written again
 
 
-def claim_state_dir(state_dir: Path, job: JobIdentity) -> ClaimedDir:
+def claim_state_dir(state_dir: Path, job: JobIdentity, named_by_job: bool = False) -> ClaimedDir:
     """Make ``state_dir`` this job's: create it, or keep it if it is this job's (a restarted
-    controller, a requeue), or move another job's aside (``<dir>.stale-<time>``) and start clean."""
+    controller, a requeue), or move another job's aside (``<dir>.stale-<time>``) and start clean.
+    ``named_by_job``: the job itself names this directory (its Slurm comment, which only its own
+    controllers set): without a readable record it is kept as this job's, and the record written
+    again, with a note."""
     note = ""
     if state_dir.is_dir() and any(state_dir.iterdir()):
         recorded = read_identity(state_dir)
+        if recorded is None and named_by_job:
+            write_identity(state_dir, job)
+            return ClaimedDir(state_dir, f"{state_dir / JOB_FILE} was missing or unreadable; the directory is this "
+                                         "job's (its Slurm comment names it): kept, and the record written again")
         why = ("it has no readable job record (left by an older version, or damaged)" if recorded is None
                else identity_mismatch(recorded, job))
         if not why:

@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 
 from slurm_elastic.client.files import job_state_dir
+from slurm_elastic.client.locate import state_dir_from_comment
 from slurm_elastic.controller.config import ElasticConfig
 from slurm_elastic.controller.job_dir import ClaimedDir, claim_state_dir
 from slurm_elastic.controller.runtime import Controller
@@ -58,7 +59,9 @@ def job_identity(job: JobInfo) -> JobIdentity:
 def open_state_dir(config: ElasticConfig, job: JobInfo) -> ClaimedDir:
     """The job's state directory, made this job's (another job's is moved aside, with a note)."""
     identity = job_identity(job)
-    claimed = claim_state_dir(job_state_dir(identity.cluster, job.job_id, config.controller.state_dir), identity)
+    path = job_state_dir(identity.cluster, job.job_id, config.controller.state_dir)
+    named = state_dir_from_comment(job.comment)
+    claimed = claim_state_dir(path, identity, named_by_job=named is not None and named.absolute() == path.absolute())
     (claimed.path / "logs").mkdir(exist_ok=True)
     if claimed.note:
         log.error("%s", claimed.note)

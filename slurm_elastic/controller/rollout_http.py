@@ -16,6 +16,7 @@ from typing import Annotated, Any, Generic, TypeVar
 
 from fastapi import APIRouter, FastAPI, HTTPException, Request, Response, status
 from fastapi import Path as PathParam
+from fastapi.exceptions import RequestValidationError
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from starlette.types import Receive, Scope, Send
@@ -30,15 +31,14 @@ from slurm_elastic.client.wire import (
 )
 from slurm_elastic.controller.beats import HeartbeatEndpoint, read_body, replaying
 from slurm_elastic.controller.guard import Headers, RequestGuard, send_answer
+from slurm_elastic.controller.http_errors import invalid_request, retry_after, storage_failed
 from slurm_elastic.controller.runtime import Controller
 from slurm_elastic.controller.weights import publish_weights
 from slurm_elastic.core.staleness import VersionRefused
 from slurm_elastic.errors import StateFileError
 from slurm_elastic.rollouts.queue import QueueFull, RolloutQueue, UnknownBatchError
-from slurm_elastic.rollouts.storage import StoreUnavailableError
 from slurm_elastic.rollouts.wire import check_mask_values, check_token_ids
 
-STORE_RETRY_AFTER_S = 2  # a submit the store failed to take: try again after this long
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
@@ -199,7 +199,7 @@ class SubmitEndpoint:
         except Exception as exc:  # the store failed this commit: nothing was stored, a retry is safe
             log.warning("the rollout store did not take group %s: %s", group.id, exc)
             return _error(status.HTTP_503_SERVICE_UNAVAILABLE, f"the rollout store did not take the group: {exc}",
-                          [(b"retry-after", _retry_after(exc).encode())])
+                          [(b"retry-after", retry_after(exc).encode())])
         return 200, b'{"accepted":true}' if stored else b'{"accepted":false}', JSON
 
 
@@ -241,7 +241,8 @@ class ControllerApp(FastAPI):
         self.submit_endpoint: SubmitEndpoint | None = None
         self.heartbeat_endpoint: HeartbeatEndpoint | None = None
         for error in (StateFileError, OSError):
-            self.add_exception_handler(error, _storage_failed)
+            self.add_exception_handler(error, storage_failed)
+        self.add_exception_handler(RequestValidationError, invalid_request)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -264,13 +265,6 @@ class ControllerApp(FastAPI):
             await super().__call__(scope, receive, send)
             return
         await send_answer(send, await endpoint.answer(receive))
-
-
-async def _storage_failed(_request: Request, exc: Exception) -> Response:
-    """A route whose store or state file failed: 503 with Retry-After (the request changed nothing)."""
-    log.warning("storage failed under a request: %s", exc)
-    return Response(json.dumps({"detail": f"storage failed: {exc}"}), status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
-                    media_type="application/json", headers={"Retry-After": _retry_after(exc)})
 
 
 def rollout_router(controller: Controller, queue: RolloutQueue) -> APIRouter:
@@ -306,7 +300,7 @@ def rollout_router(controller: Controller, queue: RolloutQueue) -> APIRouter:
     def pull() -> Response:
         """The next batch; ``lost_group_ids`` names the groups quarantined (damaged on disk,
         never delivered) since the previous batch."""
-        batch = queue.pull()  # StoreUnavailableError: 503 with Retry-After (_storage_failed)
+        batch = queue.pull()  # StoreUnavailableError: 503 with Retry-After (storage_failed)
         if batch is None:
             return Response(status_code=status.HTTP_204_NO_CONTENT)
         batch_id, payloads = batch
@@ -357,13 +351,6 @@ def rollout_router(controller: Controller, queue: RolloutQueue) -> APIRouter:
         return Response(generate_latest(_registry(controller, queue)), media_type="text/plain; version=0.0.4")
 
     return router
-
-
-def _retry_after(exc: BaseException) -> str:
-    """Seconds a client waits before trying again after a storage failure: the store's own hint
-    (:class:`StoreUnavailableError`), else ``STORE_RETRY_AFTER_S``."""
-    hint = exc.retry_after_s if isinstance(exc, StoreUnavailableError) else STORE_RETRY_AFTER_S
-    return str(max(1, round(hint)))
 
 
 def _registry(controller: Controller, queue: RolloutQueue) -> CollectorRegistry:

@@ -137,7 +137,7 @@ class Controller(ControlPlane, StatusViews):
 
     def run_forever(self, stop: threading.Event) -> None:
         """Tick every ``tick_interval_s``, and at once after a request that changes the target
-        (:meth:`wake_loop`), until ``stop`` is set."""
+        (:meth:`wake_loop`), until ``stop`` or :attr:`stop_requested` is set."""
         interval_s = self.config.controller.tick_interval_s
 
         def wake_on_stop() -> None:
@@ -145,7 +145,7 @@ class Controller(ControlPlane, StatusViews):
             self._wake.set()
 
         threading.Thread(target=wake_on_stop, name="stop-wakes-loop", daemon=True).start()
-        while not stop.is_set():
+        while not (stop.is_set() or self.stop_requested.is_set()):
             self._wake.clear()
             started = time.monotonic()
             try:

@@ -21,6 +21,7 @@ from typing import Literal
 
 import httpx
 
+from slurm_elastic.client.files import read_token_file
 from slurm_elastic.client.wire import report_json
 from slurm_elastic.core.defaults import AGENT_INTERVAL_S, AGENT_MAX_BACKOFF_S
 from slurm_elastic.core.health import AgentReport
@@ -114,12 +115,9 @@ class ReportPoster:
         self._client = httpx.Client(timeout=timeout_s)
 
     def token(self) -> str:
-        try:
-            token = self.token_file.read_text().strip()
-        except OSError as exc:
-            raise ConfigError(f"--token-file {self.token_file}: {exc.strerror}") from exc
+        token = read_token_file(self.token_file)
         if not token:
-            raise ConfigError(f"--token-file {self.token_file}: empty")
+            raise ConfigError(f"--token-file {self.token_file}: missing or empty, and so is its copy")
         return token
 
     def post(self, report: AgentReport) -> None:

@@ -49,6 +49,16 @@ CREATE TABLE IF NOT EXISTS lost (
 );
 """
 LIVE_STATES = "('queued', 'handed')"
+STALENESS_KEY = "staleness"  # the meta key of the queue's staleness counts
+MARKER_KEY = "store"  # a meta row written when the index is opened: meta rows without it were lost
+STATES = "('queued', 'handed', 'delivered', 'dropped', 'lost')"
+NOT_WRITTEN_HERE = f"""state NOT IN {STATES}
+    OR state IN {LIVE_STATES} AND (typeof(id) != 'text' OR typeof(worker_id) != 'text'
+        OR typeof(n_seqs) != 'integer' OR n_seqs < 1 OR typeof(version) != 'integer' OR version < 0
+        OR typeof(nbytes) != 'integer' OR typeof(segment) != 'integer' OR typeof(body_offset) != 'integer')
+    OR state = 'handed' AND (batch_id IS NULL OR batch_id NOT IN (SELECT id FROM batches WHERE acked = 0))"""
+"""Rows this version never writes: in no known state, a live row (queued or handed) with a value of
+another type or out of range, or handed in no open batch (it would never be delivered)."""
 ROW = "seq, id, worker_id, n_seqs, version, nbytes"
 WHERE_BODY = "segment, body_offset"
 
@@ -87,9 +97,45 @@ class StoreIndex:
                     f"rollout store {self.path} keeps group bodies inside its index, a format this version does "
                     "not read: let the trainer take every batch with the version that wrote it, or move the "
                     "store aside to start with an empty queue")
+            if columns:
+                self._refuse_foreign_rows()
+                self._refuse_lost_meta()
             self.db.executescript(SCHEMA)
+            self.db.execute("INSERT OR IGNORE INTO meta (key, value) VALUES (?, 'slurm-elastic rollout store')",
+                            (MARKER_KEY,))
         except sqlite3.DatabaseError as exc:
             raise StateFileError(f"rollout store {self.path} is unusable: {exc}") from None
+
+    def _refuse_foreign_rows(self) -> None:
+        """StateFileError naming the first row of the index that this version never writes: the
+        index was edited or damaged, and its queue cannot be trusted (such rows were skipped
+        unreported, or stopped the controller with a traceback)."""
+        n_rows, first = self.db.execute(f"SELECT COUNT(*), MIN(seq) FROM groups WHERE {NOT_WRITTEN_HERE}").fetchone()
+        if n_rows:
+            row = self.db.execute("SELECT seq, quote(id), quote(state), quote(n_seqs), quote(version), quote(batch_id) "
+                                  "FROM groups WHERE seq = ?", (first,)).fetchone()
+            raise StateFileError(
+                f"rollout store {self.path} is damaged: {n_rows} group row(s) hold what this version never writes "
+                f"(the first: arrival {row[0]}, id {row[1]}, state {row[2]}, n_seqs {row[3]}, version {row[4]}, "
+                f"batch {row[5]}); restore the store from a copy, or move {self.path.name} and its segments "
+                "aside to start with an empty queue")
+
+    def _refuse_lost_meta(self) -> None:
+        """StateFileError if the ``meta`` table's rows (the policy version and staleness counts) are
+        gone while groups of a policy version above 0 are stored: the version would silently start
+        again at 0. Every open writes :data:`MARKER_KEY`; an index from before that has its
+        staleness row, or never had a published version."""
+        has_meta = self.db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'").fetchone()
+        keys = {r[0] for r in self.db.execute("SELECT key FROM meta")} if has_meta else set()
+        if keys & {MARKER_KEY, STALENESS_KEY}:
+            return
+        top_version, n_rows = self.db.execute("SELECT COALESCE(MAX(version), 0), COUNT(*) FROM groups").fetchone()
+        if top_version > 0 or (n_rows and not has_meta):
+            raise StateFileError(
+                f"rollout store {self.path} is damaged: its meta table, which holds the policy version and the "
+                f"staleness counts, is {'gone' if not has_meta else 'empty'} while it stores {n_rows} group(s) "
+                f"of policy versions up to {top_version}: the version would start again at 0; restore the store "
+                f"from a copy, or move {self.path.name} and its segments aside to start with an empty queue")
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:

@@ -25,7 +25,7 @@ from pathlib import Path
 from slurm_elastic.core.staleness import StalenessSnapshot
 from slurm_elastic.errors import StateFileError
 from slurm_elastic.rollouts.commits import GroupCommits
-from slurm_elastic.rollouts.index import SYNCHRONOUS, GroupBody, StoreIndex
+from slurm_elastic.rollouts.index import STALENESS_KEY, SYNCHRONOUS, GroupBody, StoreIndex
 from slurm_elastic.rollouts.recovery import (
     index_log_tail,
     read_body,
@@ -44,7 +44,6 @@ from slurm_elastic.rollouts.storage import (
 __all__ = ["RolloutStore", "StoreUnavailableError"]
 log = logging.getLogger(__name__)
 LOCK_WAIT_S = 120.0  # how long a new store waits for an earlier writer (its syncer) to go
-STALENESS_KEY = "staleness"  # the meta key of the queue's staleness counts
 Checked = tuple[list[tuple[GroupBody, bytes]], list[tuple[GroupBody, str]]]
 """Bodies read and checked: the good ones with their bytes, the damaged ones with the reason."""
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 
-from slurm_elastic.client.files import TOKEN_FILE, read_controller_url
+from slurm_elastic.client.files import TOKEN_FILE, read_controller_url, read_token_file
 
 log = logging.getLogger(__name__)
 
@@ -24,10 +24,7 @@ log = logging.getLogger(__name__)
 def controller_answers(state_dir: Path, timeout_s: float = 5.0) -> bool:
     """True if the controller published in ``state_dir`` answers ``/healthz`` with the job's token."""
     url = read_controller_url(state_dir)
-    try:
-        token = (state_dir / TOKEN_FILE).read_text().strip()
-    except OSError:
-        return False
+    token = read_token_file(state_dir / TOKEN_FILE)
     if not url or not token:
         return False
     try:

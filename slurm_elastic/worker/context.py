@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from slurm_elastic.client.files import read_token_file
 from slurm_elastic.core.defaults import (
     HEARTBEAT_INTERVAL_S,
     LIVENESS_INTERVAL_S,
@@ -56,10 +57,9 @@ class StepContext:
         token = env.get("SLURM_ELASTIC_TOKEN", "")
         token_file = env.get("SLURM_ELASTIC_TOKEN_FILE", "")
         if not token and token_file:
-            try:
-                token = Path(token_file).read_text().strip()
-            except OSError as exc:
-                raise ConfigError(f"cannot read the job's token file {token_file}: {exc}") from None
+            token = read_token_file(Path(token_file))
+            if not token:
+                raise ConfigError(f"the job's token file {token_file} is missing or empty, and so is its copy")
         gpus = tuple(int(g) for g in env.get("SLURM_STEP_GPUS", "").split(",") if g.strip().isdigit())
         return cls(
             worker_id=env["SLURM_ELASTIC_WORKER_ID"],

@@ -703,6 +703,7 @@ def storage_probes(rig: Rig) -> Iterator[Probe]:
 
 def run_all(cluster: DevCluster, tmp: Path) -> list[Probe]:
     """Every probe, in a fresh controller job on ``cluster`` and a scratch cluster of its own."""
+    from tests.cluster.bad_input_more import audit_probes  # it imports this module
     probes: list[Probe] = []
     job = start_controller_job(cluster, tmp / "job", queue=QUEUE, autoscaler={"enable_elastic": False},
                                workers={"heartbeat_grace_s": 30.0})
@@ -714,6 +715,7 @@ def run_all(cluster: DevCluster, tmp: Path) -> list[Probe]:
         probes += config_probes(rig, tmp)
         probes += state_probes(rig)
         probes += storage_probes(rig)
+        probes += audit_probes(rig)
     finally:
         rig.close()
         stop_controller_job(job)

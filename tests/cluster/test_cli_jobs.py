@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from slurm_elastic.cli import main
+from slurm_elastic.slurm.runner import run_command
 from tests.cluster.controller_harness import ControllerJob, wait_for
 
 pytestmark = pytest.mark.cluster
@@ -103,6 +104,20 @@ def test_status_with_the_controller_down_shows_slurm_steps(job: ControllerJob) -
     code, out = cli("status", str(job.job_id), "--json")
     doc = json.loads(out)
     assert doc["controller_reachable"] is False and len(doc["slurm_steps"]) >= 3
+
+
+def test_stop_from_another_host_stops_the_controller(job: ControllerJob) -> None:
+    """An operator on a login node (not the batch host) stops the job's controller: the API says
+    so, not a signal to a pid on this host (``controller.json`` names another host here)."""
+    assert cli("scale", str(job.job_id), "1", "--wait", "--timeout-s", "40")[0] == 0
+    info = json.loads((job.state_dir / "controller.json").read_text())
+    (job.state_dir / "controller.json").write_text(json.dumps({**info, "host": "a-login-node"}))
+    code, out = cli("stop", str(job.job_id), "--drain-timeout-s", "30")
+    assert code == 0 and "controller stopped" in out, out
+    assert not job.worker_steps()  # drained
+    # the controller exited 0: the job's restart loop ended, and with it the job
+    wait_for(lambda: not run_command(["squeue", "-h", "-j", str(job.job_id)], check=False).stdout.strip(), 30,
+             "the job to end")
 
 
 def test_api_requires_the_jobs_token(job: ControllerJob) -> None:

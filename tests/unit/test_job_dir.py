@@ -106,3 +106,19 @@ def test_status_finds_the_directory_of_this_cluster(tmp_path: Path, monkeypatch:
     assert locate(17).url == "http://other:1"  # from slurm.conf: no call to Slurm
     monkeypatch.setenv("SLURM_CLUSTER_NAME", "dev")  # inside a job step
     assert locate(17).url == "http://dev:1"
+
+
+@pytest.mark.parametrize("record", [None, "", "{trunc", '{"format": "slurm-elastic-job", "cluster": 5}'])
+def test_a_lost_record_of_a_directory_the_job_names_is_written_again(tmp_path: Path, record: str | None) -> None:
+    """The job's own Slurm comment names the directory (only its controllers set it): a missing or
+    damaged ``job.json`` there is this job's, and the directory with its queue and token is kept."""
+    state_dir = old_job_dir(tmp_path, JOB)
+    if record is None:
+        (state_dir / JOB_FILE).unlink()
+    else:
+        (state_dir / JOB_FILE).write_text(record)
+    claimed = claim_state_dir(state_dir, JOB, named_by_job=True)
+    assert "kept, and the record written again" in claimed.note and claimed.path == state_dir
+    assert (state_dir / "rollouts.sqlite").read_bytes() == b"old groups" and read_identity(state_dir) == JOB
+    assert not list(state_dir.parent.glob("17.stale-*"))
+    assert claim_state_dir(state_dir, JOB, named_by_job=True).note == ""  # the record is whole again

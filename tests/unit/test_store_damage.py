@@ -165,3 +165,56 @@ def test_groups_stored_after_a_lost_segment_are_found_again_if_their_index_rows_
     assert [g.id for g in again.queued()] == ["n0", "n1"]  # found in the log past the lost ones
     assert ids(again.hand_out("b", ["n0", "n1"], 1.0)) == ["n0", "n1"]
     again.close()
+
+
+@pytest.mark.parametrize(("what", "edit", "says"), [
+    ("a state no version writes", "UPDATE groups SET state='bogus' WHERE id='b'", "state 'bogus'"),
+    ("a sequence count as text", "UPDATE groups SET n_seqs='x' WHERE id='b'", "n_seqs 'x'"),
+    ("a negative sequence count", "UPDATE groups SET n_seqs=-5 WHERE id='b'", "n_seqs -5"),
+    ("a negative version", "UPDATE groups SET version=-1 WHERE id='b'", "version -1"),
+    ("a handed group in no open batch", "UPDATE groups SET state='handed', batch_id='nowhere' WHERE id='b'",
+     "batch 'nowhere'"),
+])
+def test_index_rows_this_version_never_writes_are_refused_naming_the_row(tmp_path: Path, what: str, edit: str,
+                                                                         says: str) -> None:
+    """Such rows were skipped unreported (a group in an unknown state was neither queued nor
+    lost) or stopped the controller with a TypeError; the store is left as it was."""
+    filled(tmp_path, ["a", "b", "c"]).close()
+    with sqlite3.connect(tmp_path / "q.sqlite") as db:
+        db.execute(edit)
+    with pytest.raises(StateFileError, match=rf"q\.sqlite is damaged: 1 group row\(s\) .*id 'b'.*{says}.*aside"):
+        RolloutStore(tmp_path / "q.sqlite")
+    with sqlite3.connect(tmp_path / "q.sqlite") as db:
+        assert [r[0] for r in db.execute("SELECT id FROM groups ORDER BY seq")] == ["a", "b", "c"], what
+
+
+@pytest.mark.parametrize("damage", ["DELETE FROM meta", "DROP TABLE meta"])
+def test_a_lost_meta_table_is_refused_not_read_as_version_0(tmp_path: Path, damage: str) -> None:
+    """The policy version and the staleness counts live in ``meta``: with its rows gone the queue
+    started again at version 0 (staleness capacity 0) over groups of version 2, unreported."""
+    store = RolloutStore(tmp_path / "q.sqlite")
+    queue = RolloutQueue(store, QueueConfig(batch_size=8, capacity_seqs=100, max_staleness=2))
+    queue.set_version(1)
+    queue.set_version(2)
+    for name in ["a", "b"]:
+        assert store.insert(name, "0007", 4, 2, body(name)) is not None
+    store.close()
+    with sqlite3.connect(tmp_path / "q.sqlite") as db:
+        db.execute(damage)
+    with pytest.raises(StateFileError, match=r"q\.sqlite is damaged: its meta table.* 2 group\(s\) of policy "
+                                             r"versions up to 2: the version would start again at 0.*aside"):
+        RolloutStore(tmp_path / "q.sqlite")
+    with sqlite3.connect(tmp_path / "q.sqlite") as db:
+        assert [r[0] for r in db.execute("SELECT id FROM groups ORDER BY seq")] == ["a", "b"]
+
+
+def test_a_store_of_version_0_groups_without_meta_rows_still_opens(tmp_path: Path) -> None:
+    """Nothing was published yet (or the index predates the marker row): version 0 is the truth."""
+    filled_at_0 = RolloutStore(tmp_path / "q.sqlite")
+    assert filled_at_0.insert("a", "0007", 4, 0, body("a")) is not None
+    filled_at_0.close()
+    with sqlite3.connect(tmp_path / "q.sqlite") as db:
+        db.execute("DELETE FROM meta")
+    again = RolloutQueue(RolloutStore(tmp_path / "q.sqlite"), QueueConfig(batch_size=8, capacity_seqs=100))
+    assert again.stats()["queued_sequences"] == 4 and again.stats()["policy_version"] == 0
+    again.store.close()

@@ -1,0 +1,183 @@
+"""Hostile and broken clients with the job's token, on the controller's real HTTP server (a real
+controller object, a real rollout store on disk): values JSON has no text for, loose types and
+unbounded numbers on every JSON route get a 422 naming the field and change nothing, and a body
+that never arrives whole gets 408 and gives its connection back while other clients are served."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from slurm_elastic.controller.app import create_controller_app
+from slurm_elastic.controller.config import parse_config
+from slurm_elastic.controller.runtime import Controller
+from slurm_elastic.controller.serve import ApiServer
+from slurm_elastic.rollouts.queue import QueueConfig, RolloutQueue
+from slurm_elastic.rollouts.store import RolloutStore
+from slurm_elastic.slurm.cli_backend import SlurmCli
+
+TOKEN = "hostile-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}", "content-type": "application/json"}
+BODY_TIMEOUT_S = 1.0
+
+
+class Served:
+    def __init__(self, tmp: Path) -> None:
+        self.queue = RolloutQueue(RolloutStore(tmp / "q.sqlite", fsync="off"),
+                                  QueueConfig(batch_size=8, capacity_seqs=4096))
+        self.controller = Controller(parse_config({"agent": {"enabled": False}}), 1, SlurmCli(timeout_s=5), tmp,
+                                     gpus_by_node={"node1": (0, 1)}, queue=self.queue)
+        app = create_controller_app(self.controller, TOKEN, self.queue)
+        app.guard.body_timeout_s = BODY_TIMEOUT_S  # type: ignore[attr-defined]
+        self.server = ApiServer(app, "127.0.0.1")
+        self.server.start()
+        self.url = self.server.url
+
+    def post(self, path: str, body: str | bytes) -> httpx.Response:
+        return httpx.post(self.url + path, content=body, headers=AUTH, timeout=30)
+
+    def close(self) -> None:
+        self.server.stop()
+        self.queue.store.close()
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    server = Served(tmp_path_factory.mktemp("hostile"))
+    yield server
+    server.close()
+
+
+def strict_json(text: str) -> Any:
+    """``text`` parsed as JSON proper: ``NaN`` and ``Infinity`` are not JSON."""
+    def refuse(constant: str) -> Any:
+        raise ValueError(f"{constant} in the answer")
+    return json.loads(text, parse_constant=refuse)
+
+
+def unchanged(served: Served) -> tuple[Any, ...]:
+    state = served.controller.state
+    return state.manual_target, state.paused, dict(state.cordons.cordoned()), served.queue.stats()["policy_version"]
+
+
+GPU = '{"node":"node1","index":0,"temperature_c":40.0}'
+REPORT = '{"node":"node1","sampled_at_s":1.0,"gpus":[' + GPU + "]}"
+
+
+@pytest.mark.parametrize(("what", "path", "body", "named"), [
+    ("scale to NaN workers", "/admin/scale", '{"workers": NaN}', "workers"),
+    ("scale to Infinity workers", "/admin/scale", '{"workers": Infinity}', "workers"),
+    ("scale to true workers", "/admin/scale", '{"workers": true}', "workers"),
+    ("scale to \"3\" workers", "/admin/scale", '{"workers": "3"}', "workers"),
+    ("scale to 2.0 workers", "/admin/scale", '{"workers": 2.0}', "workers"),
+    ("heartbeat with busy_s NaN", "/workers/0001/heartbeat", '{"busy_s": NaN}', "busy_s"),
+    ("heartbeat with rollouts \"5\"", "/workers/0001/heartbeat", '{"rollouts": "5"}', "rollouts"),
+    ("load report with sent NaN", "/endpoints/load", '{"client_id": "r", "sent": NaN}', "sent"),
+    ("load report with outstanding 1.5", "/endpoints/load", '{"client_id": "r", "outstanding": {"0001": 1.5}}',
+     "outstanding"),
+    ("cordon with a lone surrogate in the reason", "/admin/cordon", '{"node": "node1", "gpu": 0, "reason": "a\\ud800"}',
+     "reason"),
+    ("cordon GPU \"0\"", "/admin/cordon", '{"node": "node1", "gpu": "0"}', "gpu"),
+    ("admission for 1e3 sequences", "/rollouts/admission", '{"sequences": 1e3, "worker_id": "0001"}', "sequences"),
+    ("publish version NaN", "/trainer/version", '{"version": NaN}', "version"),
+    ("publish version \"1\"", "/trainer/version", '{"version": "1"}', "version"),
+    ("publish recovered 1", "/trainer/version", '{"version": 0, "recovered": 1}', "recovered"),
+    ("agent report at NaN", "/agent/report", REPORT.replace('"sampled_at_s":1.0', '"sampled_at_s":NaN'),
+     "sampled_at_s"),
+    ("agent report of temperature NaN", "/agent/report", REPORT.replace("40.0", "NaN"), "temperature_c"),
+    ("agent report of temperature Infinity", "/agent/report", REPORT.replace("40.0", "Infinity"), "temperature_c"),
+    ("agent report of GPU 10^23", "/agent/report", REPORT.replace('"index":0', '"index":99999999999999999999999'),
+     "index"),
+    ("agent report of -5 MB used", "/agent/report", REPORT.replace("40.0", '40.0,"memory_used_mb":-5'),
+     "memory_used_mb"),
+    ("agent report of -1 uncorrectable errors", "/agent/report",
+     REPORT.replace("40.0", '40.0,"ecc_uncorrectable_volatile":-1'), "ecc_uncorrectable_volatile"),
+])
+def test_bad_values_get_422_naming_the_field_and_change_nothing(served: Served, what: str, path: str, body: str,
+                                                                named: str) -> None:
+    before = unchanged(served)
+    answer = served.post(path, body)
+    assert answer.status_code == 422, (what, answer.status_code, answer.text)
+    detail = strict_json(answer.text)["detail"]
+    assert any(named in map(str, error["loc"]) for error in detail), (what, detail)
+    assert unchanged(served) == before, what
+
+
+def test_the_good_forms_of_those_bodies_still_pass(served: Served) -> None:
+    assert served.post("/agent/report", REPORT).status_code == 200
+    assert served.post("/endpoints/load", '{"client_id": "r", "sent": 3, "outstanding": {"0001": 1}}').status_code == 200
+    assert served.post("/admin/cordon", '{"node": "node1", "gpu": 1, "reason": "fan é"}').status_code == 200
+    assert served.post("/admin/uncordon", '{"node": "node1", "gpu": 1}').status_code == 200
+    assert served.post("/admin/scale", '{"workers": 0}').json() == {"target_workers": 0, "paused": True}
+    assert served.post("/admin/resume", "").status_code == 200
+
+
+def raw_request(url: str, head: bytes, body_start: bytes, trickle: bytes) -> tuple[bytes, float]:
+    """Send ``head`` and ``body_start``, then ``trickle`` a byte every 0.2 s (never the whole
+    body); the server's answer and when it came, in seconds after the head."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=60) as conn:
+        started = time.monotonic()
+        conn.sendall(head + body_start)
+        conn.settimeout(0.2)
+        answer = b""
+        for i in range(300):
+            try:
+                data = conn.recv(65536)
+            except TimeoutError:
+                try:
+                    conn.sendall(trickle[i % len(trickle):][:1] if trickle else b"")
+                except OSError:
+                    break  # closed under us
+                continue
+            if not data:
+                break
+            answer += data
+        return answer, time.monotonic() - started
+
+
+@pytest.mark.parametrize(("what", "head", "body_start", "trickle"), [
+    ("a body sent a byte at a time", b"POST /admin/scale HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n", b"{", b" "),
+    ("a body shorter than its Content-Length", b"POST /rollouts HTTP/1.1\r\nhost: x\r\ncontent-length: 50\r\n",
+     b'{"id": "x"}', b""),
+    ("a chunked body that never ends", b"POST /trainer/version HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n",
+     b"1\r\n{\r\n", b"1\r\n \r\n"),
+])
+def test_a_body_that_never_arrives_whole_gets_408_and_its_connection_closed(
+        served: Served, what: str, head: bytes, body_start: bytes, trickle: bytes) -> None:
+    before = unchanged(served)
+    head += f"authorization: Bearer {TOKEN}\r\ncontent-type: application/json\r\n\r\n".encode()
+    answer, after_s = raw_request(served.url, head, body_start, trickle or b"")
+    assert answer.startswith(b"HTTP/1.1 408 "), (what, answer[:200])
+    assert b"connection: close" in answer.lower() and b"not received whole within 1 s" in answer, answer
+    assert after_s < 30, f"{what}: answered after {after_s:.1f} s (body timeout {BODY_TIMEOUT_S} s)"
+    assert unchanged(served) == before, what
+
+
+def test_other_clients_are_served_while_bodies_trickle(served: Served) -> None:
+    host, port = served.url.removeprefix("http://").split(":")
+    slow = [socket.create_connection((host, int(port)), timeout=10) for _ in range(20)]
+    try:
+        for conn in slow:
+            conn.sendall(f"POST /admin/pause HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {TOKEN}\r\n"
+                         "content-type: application/json\r\ncontent-length: 100\r\n\r\n{".encode())
+        answer = httpx.get(served.url + "/global-status", headers=AUTH, timeout=10)
+        assert answer.status_code == 200
+    finally:
+        for conn in slow:
+            conn.close()
+
+
+def test_a_route_that_takes_no_body_is_not_timed_on_one(served: Served) -> None:
+    """A long-poll sent with a body it never reads answers when it is due, not 408 at the body timeout."""
+    with httpx.Client(base_url=served.url, headers=AUTH, timeout=30) as http:
+        version = http.get("/endpoints").json()["version"]
+        answer = http.request("GET", f"/endpoints?version={version}&wait_s={3 * BODY_TIMEOUT_S}", content=b"{}")
+    assert answer.status_code == 200 and answer.json()["version"] == version

@@ -1,0 +1,216 @@
+"""Operator commands given bad arguments or a damaged state directory: a one-line error and a
+nonzero exit, never a traceback, a wait that never ends or a call that changes something; and the
+controller stops on the API's word, from whichever host asks (the real server, a real loop)."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from click.testing import CliRunner
+
+from slurm_elastic.cli import main
+from slurm_elastic.client.control import ControlClient
+from slurm_elastic.client.files import TOKEN_COPY, read_token_file
+from slurm_elastic.controller.app import create_controller_app
+from slurm_elastic.controller.config import parse_config
+from slurm_elastic.controller.files import ensure_token
+from slurm_elastic.controller.runtime import Controller
+from slurm_elastic.controller.serve import ApiServer
+from slurm_elastic.errors import ApiError, ConfigError
+from slurm_elastic.worker.context import StepContext
+from tests.stub_backend import ListedSteps
+
+TOKEN = "operator-token"
+JOB = 4242
+
+
+def cli(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.output
+
+
+@pytest.mark.parametrize("args", [
+    ("status", str(JOB), "--watch", "--interval-s", "-1"),
+    ("status", str(JOB), "--watch", "--interval-s", "nan"),
+    ("status", str(JOB), "--interval-s", "0"),
+    ("scale", str(JOB), "2", "--wait", "--timeout-s", "nan"),
+    ("scale", str(JOB), "2", "--wait", "--timeout-s", "-5"),
+    ("wait-ready", str(JOB), "--timeout-s", "inf"),
+    ("wait-ready", str(JOB), "--timeout-s", "soon"),
+    ("stop", str(JOB), "--drain-timeout-s", "nan"),
+    ("drain", str(JOB), "../../x"),
+    ("drain", str(JOB), "x y"),
+    ("drain", str(JOB), ""),
+])
+def test_bad_arguments_are_refused_before_anything_is_asked(args: tuple[str, ...]) -> None:
+    code, out = cli(*args)
+    assert code == 2, (args, out)
+    assert "Invalid value" in out and "Traceback" not in out, (args, out)
+
+
+@pytest.fixture
+def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The job's state directory where the CLI looks first (no call to Slurm finds it)."""
+    monkeypatch.setenv("SLURM_ELASTIC_HOME", str(tmp_path))
+    monkeypatch.setenv("SLURM_CLUSTER_NAME", "dev")
+    path = tmp_path / "jobs" / "dev" / str(JOB)
+    path.mkdir(parents=True)
+    (path / "controller.json").write_text(json.dumps({"url": "http://127.0.0.1:9", "pid": 1, "host": "x"}))
+    (path / "token").write_text("t\n")
+    return path
+
+
+@pytest.mark.parametrize(("what", "damage", "says"), [
+    ("an empty token file", {"token": ""}, "token file .*/token is empty"),
+    ("a token file of blanks", {"token": " \n"}, "token file .*/token is empty"),
+    ("no token file", {"token": None}, "token file .*/token is missing, and so is its copy"),
+    ("controller.json not JSON", {"controller.json": "{not json"}, "cannot read .*/controller.json"),
+    ("controller.json a list", {"controller.json": "[1]"}, "controller.json is not a controller file"),
+    ("controller.json with a number for its URL", {"controller.json": '{"url": 5}'}, "no http:// URL"),
+    ("controller.json with no URL scheme", {"controller.json": '{"url": "127.0.0.1:80"}'}, "no http:// URL"),
+    ("controller.json with a pid that is no number", {"controller.json": '{"url": "http://h:1", "pid": "x"}'},
+     "its pid is not a number"),
+    ("controller.json with true for its pid", {"controller.json": '{"url": "http://h:1", "pid": true}'},
+     "its pid is not a number"),
+])
+@pytest.mark.parametrize("command", ["pause", "stop"])
+def test_a_damaged_state_directory_is_named_in_one_line(state_dir: Path, what: str, damage: dict[str, str | None],
+                                                        says: str, command: str) -> None:
+    for name, text in damage.items():
+        if text is None:
+            (state_dir / name).unlink()
+        else:
+            (state_dir / name).write_text(text)
+    code, out = cli(command, str(JOB))
+    assert code == 1 and "Traceback" not in out, (what, out)
+    lines = out.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("slurm-elastic: error: "), (what, out)
+    assert re.search(says, lines[0]), (what, lines[0])
+
+
+class Running:
+    """A controller running its loop (over a stub Slurm) behind the real server."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.controller = Controller(parse_config({"agent": {"enabled": False}, "controller": {"tick_interval_s": 0.2}}),
+                                     JOB, ListedSteps(), tmp, gpus_by_node={"node1": (0, 1)})
+        self.server = ApiServer(create_controller_app(self.controller, TOKEN), "127.0.0.1")
+        self.server.start()
+        self.stop = threading.Event()
+        self.loop = threading.Thread(target=self.controller.run_forever, args=(self.stop,), daemon=True)
+        self.loop.start()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.loop.join(timeout=10)
+        self.server.stop()
+
+
+@pytest.fixture
+def running(tmp_path: Path) -> Iterator[Running]:
+    served = Running(tmp_path)
+    yield served
+    served.close()
+
+
+def test_the_api_stops_the_controllers_loop(running: Running) -> None:
+    with ControlClient(running.server.url, TOKEN) as client:
+        assert client.stop() == {"stopping": True}
+    running.loop.join(timeout=30)
+    assert not running.loop.is_alive(), "the loop still runs after POST /admin/stop"
+    assert not running.stop.is_set()  # it ended on the API's word, not the signal handlers'
+
+
+def test_a_refused_field_is_said_in_words(running: Running) -> None:
+    with ControlClient(running.server.url, TOKEN) as client, pytest.raises(ApiError) as refused:
+        client.scale(1_000_000)
+    assert str(refused.value).endswith("workers: Input should be less than or equal to 100000"), str(refused.value)
+    no_token = httpx.post(running.server.url + "/admin/stop")
+    assert no_token.status_code == 401
+    assert running.loop.is_alive()
+
+
+TRACE = Path(__file__).resolve().parents[2] / "examples" / "traces" / "phase_shift.toml"
+
+
+@pytest.mark.parametrize(("what", "args", "says", "exit_code"), [
+    ("a config that is not UTF-8", ("render", "--config", "{binary}"), "not UTF-8 text", 78),
+    ("a config that is a directory", ("render", "--config", "{dir}"), "cannot read config file .*Is a directory", 78),
+    ("a controller's config that is not UTF-8", ("controller", "--config", "{binary}"), "not UTF-8 text", 78),
+    ("a trace that is not UTF-8", ("simulate", "{binary}", "--out", "{dir}/out"), "not UTF-8 text", 78),
+    ("results where nothing can be written", ("simulate", str(TRACE), "--out", "{binary}/out", "--no-plot"),
+     "cannot write the results to", 1),
+])
+def test_a_file_a_command_cannot_use_is_named_in_one_line(tmp_path: Path, what: str, args: tuple[str, ...],
+                                                          says: str, exit_code: int) -> None:
+    binary = tmp_path / "damaged.toml"
+    binary.write_bytes(b"[workers]\nmax_workers = \xff\xfe\n")
+    code, out = cli(*(a.format(binary=binary, dir=tmp_path) for a in args))
+    assert code == exit_code and "Traceback" not in out, (what, out)
+    assert re.search(says, out.strip().splitlines()[-1]), (what, out)
+
+
+def test_the_token_survives_its_file_being_emptied_or_deleted(tmp_path: Path) -> None:
+    """A controller restarted over an emptied or deleted token file takes the token back from its
+    copy (workers and the trainer hold that one) and says so; one made anew where a controller
+    ran before is said too."""
+    token, path, note = ensure_token(tmp_path)
+    assert token and note == "" and path.read_text().strip() == token
+    assert oct(path.stat().st_mode & 0o777) == oct((tmp_path / TOKEN_COPY).stat().st_mode & 0o777) == "0o600"
+    (tmp_path / "controller.json").write_text("{}")  # a controller ran here
+    for damage in ("", " \n", b"\xff\xfe", None):
+        if damage is None:
+            path.unlink()
+        elif isinstance(damage, bytes):
+            path.write_bytes(damage)
+        else:
+            path.write_text(damage)
+        again, _path, note = ensure_token(tmp_path)
+        assert again == token and path.read_text().strip() == token, damage
+        assert "restored from .token.copy" in note, note
+        assert read_token_file(path) == token
+    path.write_text("")
+    (tmp_path / TOKEN_COPY).unlink()
+    assert read_token_file(path) == ""
+    new, _path, note = ensure_token(tmp_path)
+    assert new != token and "a new token was made" in note and "refused (403)" in note
+
+
+def test_commands_and_workers_read_the_token_from_its_copy(running: Running, state_dir: Path) -> None:
+    (state_dir / "controller.json").write_text(json.dumps({"url": running.server.url, "pid": 1, "host": "x"}))
+    (state_dir / "token").write_text("")
+    (state_dir / TOKEN_COPY).write_text(TOKEN + "\n")
+    code, out = cli("pause", str(JOB))
+    assert code == 0 and json.loads(out) == {"paused": True}, out
+    env = {"SLURM_ELASTIC_WORKER_ID": "0001", "SLURM_ELASTIC_CONTROLLER_URL": running.server.url,
+           "SLURM_ELASTIC_TOKEN_FILE": str(state_dir / "token")}
+    assert StepContext.from_env(env).token == TOKEN
+    (state_dir / TOKEN_COPY).unlink()
+    with pytest.raises(ConfigError, match=r"token file .* is missing or empty, and so is its copy"):
+        StepContext.from_env(env)
+
+
+class EndedJob:
+    """Slurm's answers about a job that has ended (what ``collect_status`` asks)."""
+
+    def job_info(self, job_id: int) -> Any:
+        return type("Job", (), {"state": "COMPLETED"})()
+
+    def list_steps(self, job_id: int) -> list[Any]:
+        return []
+
+
+def test_status_of_an_ended_job_says_so(state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not only 'controller did not answer' (which reads as a crash) for a job that is over."""
+    from slurm_elastic.commands import jobs
+
+    monkeypatch.setattr(jobs, "SlurmCli", EndedJob)
+    code, out = cli("status", str(JOB))
+    assert code == 3 and f"job {JOB} is COMPLETED in Slurm: no controller runs for it" in out, out
