@@ -118,7 +118,8 @@ def test_baselines_directions() -> None:
 
 
 @pytest.mark.parametrize("name", ["steady", "bursty", "phase_shift", "failures", "ramp", "speedup_bursts",
-                                  "sine_trainer", "eval_pauses", "shrinking_episodes"])
+                                  "sine_trainer", "eval_pauses", "shrinking_episodes", "long_warmup",
+                                  "fixed_rollouts_faster_trainer"])
 def test_example_traces_parse(name: str) -> None:
     trace = parse_trace((TRACES / f"{name}.toml").read_text())
     assert trace.name == name and trace.duration_s > 0
