@@ -20,11 +20,14 @@ With the derivative on the measurement (no kick when the setpoint moves) and ant
 integral stops growing while the output is pinned at a bound, or while the hysteresis below holds
 a move back: an integral that grows while a cooldown or the stabilization window delays the move
 it asks for overshoots once the move is made). Then the bounds that make it
-safe: a full buffer or an exhausted staleness capacity never scales up (they scale down: more
-workers would only make rollouts staler), min/max workers and GPU slots, a deadband and N
-confirmations in a row (hysteresis), separate scale-up and scale-down cooldowns, a minimum
-stable period, a scale-down stabilization window (act on the highest recommendation in it, as
-Kubernetes' HPA does), and a maximum step per action. Workers still starting count as capacity,
+safe: a full buffer or an exhausted staleness capacity never scales up (they scale down, to
+what the trainer's measured demand needs when that is fewer than one down: more workers would
+only make rollouts staler), min/max workers and GPU slots, a deadband and N confirmations in a
+row (hysteresis), separate scale-up and scale-down cooldowns, a minimum stable period, a
+scale-down stabilization window (act on the highest recommendation in it, as Kubernetes' HPA
+does, each scaled by the trainer's demand now over its demand then), and a maximum step per
+action. The trainer's demand is batch_size / its compute time per step, measured from its pulls
+(core.rates.TrainerSteps). Workers still starting count as capacity,
 draining ones do not, so nothing is counted twice.
 
 For inference servers a second source, the load ratio L = outstanding / (active · capacity),

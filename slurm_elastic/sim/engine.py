@@ -16,9 +16,10 @@ controller's; the :class:`~slurm_elastic.core.staleness.StalenessManager` with i
   be submitted, then the step exits; a drain while waiting for admission exits at once.
 - the bounded buffer; the trainer pulls exactly ``batch_size`` sequences, computes, publishes
   version + 1; every group older than ``max_staleness`` versions is dropped at the pull.
-- the controller ticks every ``tick_interval_s``: it measures consumption and production over the
-  queue's 60 s window and the workers' busy time (seconds inside a rollout, which the SDK reports
-  in heartbeats; here at every tick), runs the tick and acts: cancels and drains first, then
+- the controller ticks every ``tick_interval_s``: it measures as the queue does (consumption
+  over 60 s, production and the workers' busy time over 120 s: seconds inside a rollout, which
+  the SDK reports in heartbeats, here at every tick; the trainer's step and waits from its
+  pulls), runs the tick and acts: cancels and drains first, then
   launches (a slot freed this tick is reused at once). One node, ``gpu_slots`` GPUs; Slurm's
   GPU choice is the lowest free GPU that is not cordoned.
 - failures kill running steps (their rollout in flight is lost; its admission is released only
@@ -36,16 +37,11 @@ import heapq
 import random
 from dataclasses import dataclass
 
+from slurm_elastic.core import rates
 from slurm_elastic.core.cordons import CordonBook
 from slurm_elastic.core.lifecycle import Worker, WorkerState, transition
 from slurm_elastic.core.placement import Allocation
 from slurm_elastic.core.pressure import QueueSnapshot
-from slurm_elastic.core.rates import (
-    CONSUMPTION_WINDOW_S,
-    PRODUCTION_WINDOW_S,
-    TrainerSteps,
-    WindowRate,
-)
 from slurm_elastic.core.reconcile import Cancel, Drain, Launch, ObservedStep, ReconcileConfig
 from slurm_elastic.core.scaling import Autoscaler, Decision, effective_setpoint_seqs
 from slurm_elastic.core.staleness import AdmissionLeases, StalenessManager, is_stale
@@ -108,10 +104,10 @@ class Simulation:
         self.buffer: collections.deque[tuple[int, int]] = collections.deque()  # (version, n_seqs)
         self.queued_seqs = 0
         self.grants = AdmissionLeases(self.staleness, self.trace.queue.admission_ttl_s)
-        self.pulls = WindowRate(CONSUMPTION_WINDOW_S)
-        self.accepts = WindowRate(PRODUCTION_WINDOW_S)
-        self.busy = WindowRate(PRODUCTION_WINDOW_S)  # busy worker-seconds reported by heartbeats
-        self.trainer_steps = TrainerSteps()
+        self.pulls = rates.WindowRate(rates.CONSUMPTION_WINDOW_S)
+        self.accepts = rates.WindowRate(rates.PRODUCTION_WINDOW_S)
+        self.busy = rates.WindowRate(rates.PRODUCTION_WINDOW_S)  # busy worker-seconds reported by heartbeats
+        self.trainer_steps = rates.TrainerSteps()
         self.admit_waiters: list[str] = []
         self.submit_waiters: list[str] = []
         self.trainer_waiting_since: float | None = None
