@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from slurm_elastic.core.lifecycle import WorkerState as S
@@ -30,8 +32,6 @@ def test_the_snapshot_reaches_the_autoscaler_field_by_field(busy_workers: float 
 
 
 def test_the_trainers_step_time_reaches_the_autoscaler_as_its_demand() -> None:
-    import dataclasses
-
     x = pressure_inputs(SNAPSHOT, WORKERS, 2.0, allowed_slots=8)
     assert (x.trainer_demand_seqs_per_s, x.trainer_waiting) == (None, None)  # not measured yet
     timed = dataclasses.replace(SNAPSHOT, trainer_step_s=8.0, trainer_waiting=False)
