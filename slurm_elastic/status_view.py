@@ -104,6 +104,7 @@ def render_status(job_id: int, status: dict[str, Any] | None, slurm_steps: list[
             f"  delivered {queue.get('delivered_sequences', '?')}"
             + (f"  LOST {queue['lost_groups']} groups (damaged records)" if queue.get("lost_groups") else "")
         )
+        lines.append(_trainer_line(queue))
     weights = ctl.get("weights")
     if weights:
         workers = [w for w in ctl.get("workers", []) if w.get("state") == "ACTIVE" and w.get("endpoint")]
@@ -158,3 +159,19 @@ def _burst_lines(ctl: dict[str, Any]) -> list[str]:
     if rows:
         lines += ["  " + r for r in _table(["JOB", "STATE", "NODE", "GPUS", "WORKERS", "REASON"], rows)]
     return lines
+
+
+def _trainer_line(queue: dict[str, Any]) -> str:
+    """The trainer as the queue measures it: its step, its demand, its consumption and its waits."""
+    step_s, wait = queue.get("trainer_step_s"), queue.get("trainer_wait_fraction")
+    consumed = queue.get("consumption_seqs_per_s")
+    batch = queue.get("batch_size")
+    if not isinstance(step_s, int | float) or step_s <= 0:
+        return "trainer: no step measured yet"
+    demand = f" (demand {batch / step_s:.2f} seqs/s)" if isinstance(batch, int) and batch > 0 else ""
+    line = f"trainer: step {step_s:.1f} s{demand}"
+    if isinstance(consumed, int | float):
+        line += f"  consumes {consumed:.2f} seqs/s"
+    if isinstance(wait, int | float):
+        line += f"  waited for rollouts {wait:.0%} of its last steps"
+    return line

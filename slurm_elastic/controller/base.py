@@ -26,7 +26,7 @@ from slurm_elastic.core.endpoints import Endpoint, EndpointBook
 from slurm_elastic.core.lifecycle import Worker, WorkerState
 from slurm_elastic.core.placement import Allocation
 from slurm_elastic.core.pressure import QueueFeed
-from slurm_elastic.core.rates import WindowRate
+from slurm_elastic.core.rates import PRODUCTION_WINDOW_S, WindowRate
 from slurm_elastic.core.reconcile import Cancel, Drain, Launch, ReconcileConfig
 from slurm_elastic.core.scaling import Autoscaler, AutoscalerConfig
 from slurm_elastic.core.shape import shape_for_allocation
@@ -104,7 +104,7 @@ class ControllerBase:
         self.tick_durations_s: deque[float] = deque(maxlen=TICK_WINDOW)
         self.tick_total_s = 0.0
         self.heartbeats = 0
-        self.busy_meter = WindowRate()  # worker-seconds spent generating, from heartbeats' busy_s
+        self.busy_meter = WindowRate(PRODUCTION_WINDOW_S)  # worker-seconds spent generating, from heartbeats' busy_s
         self._busy_s_seen: dict[str, float] = {}  # each worker's last reported busy_s
         self._busy_lock = threading.Lock()  # heartbeats add while a tick reads
         self.started_at_s = clock()

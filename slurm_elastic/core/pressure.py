@@ -28,6 +28,8 @@ class QueueSnapshot:
     max_staleness: int
     staleness_capacity_seqs: int
     buffer_capacity_seqs: int
+    trainer_step_s: float | None = None  # the trainer's compute time per step (core.rates.TrainerSteps)
+    trainer_waiting: bool | None = None  # the trainer waits for a batch now (None: it has not asked yet)
 
 
 class QueueFeed(Protocol):
@@ -59,6 +61,9 @@ def pressure_inputs(queue: QueueSnapshot | None, workers: Mapping[WorkerState, i
         idle, queued_seqs=queue.queued_seqs, batch_size=queue.batch_size,
         consumption_seqs_per_s=queue.consumption_seqs_per_s,
         per_worker_seqs_per_s=per_worker_rate(queue.production_seqs_per_s, busy_workers, active),
+        trainer_demand_seqs_per_s=(queue.batch_size / queue.trainer_step_s
+                                   if queue.trainer_step_s and queue.trainer_step_s > 0 else None),
+        trainer_waiting=queue.trainer_waiting,
         in_flight_seqs=queue.in_flight_seqs, max_staleness=queue.max_staleness,
         staleness_capacity_seqs=queue.staleness_capacity_seqs, buffer_capacity_seqs=queue.buffer_capacity_seqs,
     )

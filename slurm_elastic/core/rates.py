@@ -8,13 +8,18 @@ the window divided by its length:
 
 The first event of a series only marks where observing began: counting its amount as well (sum
 of every event ÷ time since the first) reads one event too many, ~20 % high at 6 events a minute.
-Used by the rollout queue and by the simulator, so both measure the same way.
+Used by the rollout queue, the controller and the simulator, so all measure the same way; the
+windows are the two constants below.
 """
 
 from __future__ import annotations
 
 import collections
 from dataclasses import dataclass, field
+
+CONSUMPTION_WINDOW_S = 60.0  # the trainer's pulls
+PRODUCTION_WINDOW_S = 120.0  # accepted sequences and busy worker-seconds: a worker's production varies
+# with every rollout's length, and 60 s at a few workers holds too few rollouts to steady it
 
 
 @dataclass
@@ -67,3 +72,65 @@ def per_worker_rate(production_seqs_per_s: float | None, busy_workers: float | N
     if busy_workers is not None and busy_workers > 0:
         return production_seqs_per_s / busy_workers
     return production_seqs_per_s / max(1, active_workers)
+
+
+@dataclass
+class TrainerSteps:
+    """The trainer's cycle, measured from its pulls: it waits for a batch (from its first ask to
+    the batch handed out), then computes (from the batch handed out to its next ask: its update,
+    acknowledgement and version publish).
+
+    ``step_s`` is the mean compute time of the last ``keep`` steps; a step in progress that has
+    already run longer counts with its time so far, so a slow step (an evaluation pass) shows
+    before it ends. ``batch_size`` ÷ it is what the trainer would consume if it never waited: its
+    demand, which a starving trainer's consumption (bounded by the supply) cannot show.
+    ``wait_fraction`` is the share of the last ``keep`` cycles spent waiting, a wait in progress
+    included: what more workers could win back at most."""
+
+    keep: int = 4
+    _served_s: float | None = None  # computing since
+    _asked_s: float | None = None  # waiting since
+    _compute_s: collections.deque[float] = field(default_factory=collections.deque)
+    _wait_s: collections.deque[float] = field(default_factory=collections.deque)
+
+    def served(self, now_s: float) -> None:
+        """A batch was handed out: the wait, if any, ends and a step begins."""
+        if self._asked_s is not None:
+            self._push(self._wait_s, now_s - self._asked_s)
+            self._asked_s = None
+        self._served_s = now_s
+
+    def asked(self, now_s: float) -> None:
+        """The trainer asked for a batch (every poll): the step in progress, if any, ends and a wait begins."""
+        if self._served_s is not None:
+            self._push(self._compute_s, now_s - self._served_s)
+            self._served_s = None
+        if self._asked_s is None:
+            self._asked_s = now_s
+
+    def step_s(self, now_s: float) -> float | None:
+        """Seconds of compute per step; None until one step has ended."""
+        if not self._compute_s:
+            return None
+        mean_s = sum(self._compute_s) / len(self._compute_s)
+        running_s = 0.0 if self._served_s is None else now_s - self._served_s
+        return max(mean_s, running_s)
+
+    def waiting(self) -> bool | None:
+        """The trainer is waiting for a batch now (False: it computes; None: it has not asked yet)."""
+        if self._asked_s is None and self._served_s is None:
+            return None
+        return self._asked_s is not None
+
+    def wait_fraction(self, now_s: float) -> float | None:
+        """Share of the recent cycles spent waiting for rollouts; None until one step has ended."""
+        if not self._compute_s:
+            return None
+        waiting_s = sum(self._wait_s) + (0.0 if self._asked_s is None else now_s - self._asked_s)
+        computing_s = sum(self._compute_s) + (0.0 if self._served_s is None else now_s - self._served_s)
+        return waiting_s / max(1e-9, waiting_s + computing_s)
+
+    def _push(self, recent: collections.deque[float], value_s: float) -> None:
+        recent.append(max(0.0, value_s))
+        while len(recent) > self.keep:
+            recent.popleft()

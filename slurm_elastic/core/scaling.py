@@ -20,11 +20,14 @@ With the derivative on the measurement (no kick when the setpoint moves) and ant
 integral stops growing while the output is pinned at a bound, or while the hysteresis below holds
 a move back: an integral that grows while a cooldown or the stabilization window delays the move
 it asks for overshoots once the move is made). Then the bounds that make it
-safe: a full buffer or an exhausted staleness capacity never scales up (they scale down: more
-workers would only make rollouts staler), min/max workers and GPU slots, a deadband and N
-confirmations in a row (hysteresis), separate scale-up and scale-down cooldowns, a minimum
-stable period, a scale-down stabilization window (act on the highest recommendation in it, as
-Kubernetes' HPA does), and a maximum step per action. Workers still starting count as capacity,
+safe: a full buffer or an exhausted staleness capacity never scales up (they scale down, to
+what the trainer's measured demand needs when that is fewer than one down: more workers would
+only make rollouts staler), min/max workers and GPU slots, a deadband and N confirmations in a
+row (hysteresis), separate scale-up and scale-down cooldowns, a minimum stable period, a
+scale-down stabilization window (act on the highest recommendation in it, as Kubernetes' HPA
+does, each scaled by the trainer's demand now over its demand then), and a maximum step per
+action. The trainer's demand is batch_size / its compute time per step, measured from its pulls
+(core.rates.TrainerSteps). Workers still starting count as capacity,
 draining ones do not, so nothing is counted twice.
 
 For inference servers a second source, the load ratio L = outstanding / (active · capacity),
@@ -133,6 +136,8 @@ class PressureInputs:
     queued_seqs: float | None
     batch_size: int
     consumption_seqs_per_s: float | None = None
+    trainer_demand_seqs_per_s: float | None = None  # batch_size / the trainer's compute time per step
+    trainer_waiting: bool | None = None  # the trainer waits for a batch now (None: it has not asked yet)
     per_worker_seqs_per_s: float | None = None  # production per worker while generating (busy)
     in_flight_seqs: float | None = None  # admitted, not yet submitted (the staleness manager's running)
     max_staleness: int | None = None  # the queue's bound; None: the setpoint is not limited by it
@@ -167,6 +172,20 @@ def _pressure_words(queued_seqs: float, setpoint_seqs: float) -> str:
     return f"buffer above setpoint: {queued_seqs:.0f} seqs buffered, {setpoint_seqs:.0f} aimed for"
 
 
+def _positive(value: float | None) -> float | None:
+    return float(value) if value is not None and math.isfinite(value) and value > 0 else None
+
+
+def _fewer_workers(x: PressureInputs, current: int) -> tuple[float, str]:
+    """With the buffer or the staleness bound full: one worker fewer, or as few as the trainer's
+    measured demand needs when that is fewer still."""
+    demand, rate = x.trainer_demand_seqs_per_s, x.per_worker_seqs_per_s
+    if demand and rate and math.isfinite(demand) and math.isfinite(rate) and demand / rate < current - 1:
+        return demand / rate, (f"fewer workers, {demand / rate:.2f} for the trainer's demand {demand:.2f} seqs/s "
+                               f"at {rate:.2f} per worker")
+    return float(current - 1), "fewer workers"
+
+
 def effective_setpoint_seqs(cfg: AutoscalerConfig, x: PressureInputs) -> float:
     """The buffer level aimed for [sequences]: setpoint_batches·batch_size, lowered to what the
     staleness bound lets the buffer hold while ``in_flight_seqs`` are generating, but not below half
@@ -191,7 +210,7 @@ class Autoscaler:
     direction_since_s: float | None = None
     last_up_s: float = -math.inf
     last_down_s: float = -math.inf
-    window: list[tuple[float, float]] = field(default_factory=list)
+    window: list[tuple[float, float, float | None]] = field(default_factory=list)  # (time, recommendation, demand)
     held_dir: int = 0  # +1/-1: the last decision held back a move that way (conditional integration)
     startup_step: bool = False  # this decision is the start-up step (no votes, stable period or step cap)
     ramped: bool = False  # the rates were measured once: the start-up ramp is over for this job (kept across restarts)
@@ -219,11 +238,12 @@ class Autoscaler:
             self.votes, self.votes_dir, self.direction_since_s = 0, 0, None
             self.held_dir = 1
             return Decision(steady, "hold", f"hold: at the ceiling, {limit}{despite}; {why}", rec, *terms)
-        self.window.append((now_s, bounded))
-        self.window = [(t, r) for t, r in self.window if now_s - t <= cfg.stabilization_window_s]
+        demand = _positive(x.trainer_demand_seqs_per_s)
+        self.window.append((now_s, bounded, demand))
+        self.window = [w for w in self.window if now_s - w[0] <= cfg.stabilization_window_s]
         window_held = False
         if bounded < current:  # scale down only as far as the highest recent recommendation allows
-            highest = max(r for _t, r in self.window)
+            highest = max(r * (demand / then if demand and then else 1.0) for _t, r, then in self.window)
             if highest > bounded:
                 bounded, window_held = min(float(current), highest), True
                 why += (f"; the stabilization window ({cfg.stabilization_window_s:g} s) keeps {bounded:.1f} "
@@ -288,13 +308,15 @@ class Autoscaler:
         dt = 0.0 if self.last_now_s is None else max(0.0, now_s - self.last_now_s)
         d_queued = 0.0 if self.last_queued is None or dt == 0 else (x.queued_seqs - self.last_queued) / dt
         self.last_now_s, self.last_queued = now_s, x.queued_seqs
+        full = None
         if x.staleness_capacity_seqs is not None and x.staleness_capacity_seqs <= 0:
+            full = "staleness bound reached (capacity 0)"
+        elif x.buffer_capacity_seqs is not None and x.queued_seqs >= x.buffer_capacity_seqs:
+            full = f"buffer full ({x.queued_seqs:.0f}/{x.buffer_capacity_seqs:.0f})"
+        if full is not None:  # the trainer is the bottleneck: fewer workers, down to what its demand needs
             self.integral = min(self.integral, 0.0)
-            return current - 1, "staleness bound reached (capacity 0): fewer workers", (error, None, None, None)
-        if x.buffer_capacity_seqs is not None and x.queued_seqs >= x.buffer_capacity_seqs:
-            self.integral = min(self.integral, 0.0)
-            return current - 1, f"buffer full ({x.queued_seqs:.0f}/{x.buffer_capacity_seqs:.0f}): fewer workers", (
-                error, None, None, None)
+            fewer, why = _fewer_workers(x, current)
+            return fewer, f"{full}: {why}", (error, None, None, None)
         self.ramped = self.ramped or measured(x)
         start = None if self.ramped else startup_recommendation(cfg, x, current, setpoint)
         if start is not None:
@@ -305,8 +327,9 @@ class Autoscaler:
             return None, "no production rate measured yet: holding", (error, None, None, None)
         p = cfg.kp * error
         d = -cfg.kd * d_queued
-        consumption = x.consumption_seqs_per_s if x.consumption_seqs_per_s and math.isfinite(
-            x.consumption_seqs_per_s) else 0.0
+        consumption, taken = _positive(x.consumption_seqs_per_s), "consumption"
+        if consumption is None:  # before two pulls: its demand, from its step time
+            consumption, taken = _positive(x.trainer_demand_seqs_per_s) or 0.0, "demand"
         feed_forward = consumption / rate
         tentative = feed_forward + (p + cfg.ki * self.integral + d) / (rate * cfg.horizon_s)
         saturated_up = tentative >= min(self.config.max_workers, x.allowed_slots) and error > 0
@@ -316,8 +339,8 @@ class Autoscaler:
             self.integral = max(-cfg.integral_limit_seqs_s, min(cfg.integral_limit_seqs_s, self.integral + error * dt))
         i = cfg.ki * self.integral
         rec = feed_forward + (p + i + d) / (rate * cfg.horizon_s)
-        why = (f"{_pressure_words(x.queued_seqs, setpoint)}; feed-forward {feed_forward:.2f} + "
-               f"P {p:.0f} I {i:.0f} D {d:.0f} -> {rec:.2f} workers")
+        why = (f"{_pressure_words(x.queued_seqs, setpoint)}; the trainer's {taken} {consumption:.2f} seqs/s ÷ "
+               f"{rate:.2f} per worker = feed-forward {feed_forward:.2f} + P {p:.0f} I {i:.0f} D {d:.0f} -> {rec:.2f} workers")
         return rec, why, (error, p, i, d)
 
     def _recommend_load(self, x: PressureInputs, current: int) -> tuple[float | None, str]:
@@ -352,7 +375,8 @@ class Autoscaler:
         up, down = state.get("last_up_s"), state.get("last_down_s")
         scaler.last_up_s = -math.inf if up is None else float(up)
         scaler.last_down_s = -math.inf if down is None else float(down)
-        scaler.window = [(float(t), float(r)) for t, r in state.get("window", [])]
+        scaler.window = [(float(w[0]), float(w[1]), _positive(w[2]) if len(w) > 2 else None)
+                         for w in state.get("window", [])]
         scaler.held_dir = int(state.get("held_dir", 0))
         scaler.ramped = bool(state.get("ramped", True))  # saved before the ramp existed: a running job
         return scaler

@@ -28,7 +28,8 @@ def _positive(value: float | None) -> float | None:
 
 def measured(x: PressureInputs) -> bool:
     """Both rates the control law needs are measured."""
-    return _positive(x.consumption_seqs_per_s) is not None and _positive(x.per_worker_seqs_per_s) is not None
+    demand = _positive(x.consumption_seqs_per_s) or _positive(x.trainer_demand_seqs_per_s)
+    return demand is not None and _positive(x.per_worker_seqs_per_s) is not None
 
 
 def staleness_room_workers(x: PressureInputs) -> float | None:
@@ -61,6 +62,9 @@ def startup_recommendation(cfg: AutoscalerConfig, x: PressureInputs, current: in
         rec = float(math.ceil(demand / production - 1e-9))
         why = (f"start-up: the trainer needs {demand:.2f} seqs/s ({demand_from}), a worker makes "
                f"{production:.2f} ({production_from}) -> {rec:.0f} workers")
+    elif x.trainer_waiting is False:
+        rec = float(current)
+        why = "start-up: the trainer computes on its first batches, holding until its demand is measured"
     else:
         rec = float(max(1, 2 * current))
         unknown = "the trainer's demand" if demand is None else "a worker's production"

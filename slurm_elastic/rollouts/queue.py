@@ -22,14 +22,18 @@ from concurrent.futures import Future
 from typing import Any
 
 from slurm_elastic.core.pressure import QueueSnapshot
-from slurm_elastic.core.rates import WindowRate
+from slurm_elastic.core.rates import (
+    CONSUMPTION_WINDOW_S,
+    PRODUCTION_WINDOW_S,
+    TrainerSteps,
+    WindowRate,
+)
 from slurm_elastic.core.staleness import AdmissionLeases, StalenessManager, VersionRefused, is_stale
 from slurm_elastic.errors import SlurmElasticError
 from slurm_elastic.rollouts.admissions import StalenessBook
 from slurm_elastic.rollouts.config import QueueConfig
 from slurm_elastic.rollouts.storage import LostGroup, RolloutStorage, StoredGroup, Then, settle
 
-RATE_WINDOW_S = 60.0
 __all__ = ["QueueConfig", "QueueFull", "RolloutQueue", "UnknownBatchError", "VersionRefused"]
 
 
@@ -70,8 +74,9 @@ class RolloutQueue:
         self.lost_seqs = 0
         self._lost_unreported: list[str] = []  # lost group ids not yet told to the trainer
         self.in_use = False  # a trainer registered or pulled, or rollouts arrived: the buffer means something
-        self._pulls = WindowRate(RATE_WINDOW_S)
-        self._accepts = WindowRate(RATE_WINDOW_S)
+        self._pulls = WindowRate(CONSUMPTION_WINDOW_S)
+        self._accepts = WindowRate(PRODUCTION_WINDOW_S)
+        self._trainer_steps = TrainerSteps()  # the trainer's compute time: a batch handed out -> its next pull
         self.book = StalenessBook(store, self._lock, config.batch_size, config.max_staleness, config.max_concurrent,
                                   config.admission_ttl_s)
         self._recover()
@@ -191,6 +196,7 @@ class RolloutQueue:
         changed, try again."""
         with self._lock:
             self.in_use = True
+            self._trainer_steps.asked(self.clock())
             rehand = self._rehand.popleft() if self._rehand else None
         if rehand is not None:
             return self._hand_again(rehand[0])
@@ -217,6 +223,7 @@ class RolloutQueue:
             with self._lock:
                 self._handed[batch_id] = chosen
                 self._pulls.add(self.clock(), self.config.batch_size)
+                self._trainer_steps.served(self.clock())
             return batch_id, pulled.payloads
 
     def _hand_again(self, batch_id: str) -> tuple[str, list[bytes]] | None:
@@ -233,6 +240,8 @@ class RolloutQueue:
         if not pulled.payloads:  # every group of it lost: nothing left to hand out or acknowledge
             self.ack(batch_id)
             return self.pull()
+        with self._lock:
+            self._trainer_steps.served(self.clock())
         return batch_id, pulled.payloads
 
     def _put_back(self, groups: list[StoredGroup]) -> None:
@@ -356,7 +365,7 @@ class RolloutQueue:
             return QueueSnapshot(
                 self._queued_seqs, self.config.batch_size, self._pulls.rate(now_s), self._accepts.rate(now_s),
                 self.staleness.running, self.config.max_staleness, self.staleness.capacity(),
-                self.config.capacity_seqs)
+                self.config.capacity_seqs, self._trainer_steps.step_s(now_s), self._trainer_steps.waiting())
 
     def stats(self) -> dict[str, Any]:
         now_s = self.clock()
@@ -372,4 +381,6 @@ class RolloutQueue:
                 "refused_submits": self.refused_submits, "unacked_batches": len(self._handed),
                 "lost_groups": self.lost_groups, "lost_sequences": self.lost_seqs,
                 "consumption_seqs_per_s": self._pulls.rate(now_s), "production_seqs_per_s": self._accepts.rate(now_s),
+                "trainer_step_s": self._trainer_steps.step_s(now_s),
+                "trainer_wait_fraction": self._trainer_steps.wait_fraction(now_s),
             }

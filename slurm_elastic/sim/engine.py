@@ -16,9 +16,10 @@ controller's; the :class:`~slurm_elastic.core.staleness.StalenessManager` with i
   be submitted, then the step exits; a drain while waiting for admission exits at once.
 - the bounded buffer; the trainer pulls exactly ``batch_size`` sequences, computes, publishes
   version + 1; every group older than ``max_staleness`` versions is dropped at the pull.
-- the controller ticks every ``tick_interval_s``: it measures consumption and production over the
-  queue's 60 s window and the workers' busy time (seconds inside a rollout, which the SDK reports
-  in heartbeats; here at every tick), runs the tick and acts: cancels and drains first, then
+- the controller ticks every ``tick_interval_s``: it measures as the queue does (consumption
+  over 60 s, production and the workers' busy time over 120 s: seconds inside a rollout, which
+  the SDK reports in heartbeats, here at every tick; the trainer's step and waits from its
+  pulls), runs the tick and acts: cancels and drains first, then
   launches (a slot freed this tick is reused at once). One node, ``gpu_slots`` GPUs; Slurm's
   GPU choice is the lowest free GPU that is not cordoned.
 - failures kill running steps (their rollout in flight is lost; its admission is released only
@@ -36,11 +37,11 @@ import heapq
 import random
 from dataclasses import dataclass
 
+from slurm_elastic.core import rates
 from slurm_elastic.core.cordons import CordonBook
 from slurm_elastic.core.lifecycle import Worker, WorkerState, transition
 from slurm_elastic.core.placement import Allocation
 from slurm_elastic.core.pressure import QueueSnapshot
-from slurm_elastic.core.rates import WindowRate
 from slurm_elastic.core.reconcile import Cancel, Drain, Launch, ObservedStep, ReconcileConfig
 from slurm_elastic.core.scaling import Autoscaler, Decision, effective_setpoint_seqs
 from slurm_elastic.core.staleness import AdmissionLeases, StalenessManager, is_stale
@@ -57,7 +58,6 @@ from slurm_elastic.sim.results import Sample, ScaleEvent, SimResult, count_rever
 from slurm_elastic.sim.trace import Trace
 
 S = WorkerState
-RATE_WINDOW_S = 60.0  # the rollout queue's measuring window (slurm_elastic.rollouts.queue)
 NODE = "sim"  # the one simulated node
 EXECUTION_ORDER = {Cancel: 0, Drain: 1, Launch: 2}  # a tick's actions: cancels and drains, then launches
 
@@ -104,9 +104,10 @@ class Simulation:
         self.buffer: collections.deque[tuple[int, int]] = collections.deque()  # (version, n_seqs)
         self.queued_seqs = 0
         self.grants = AdmissionLeases(self.staleness, self.trace.queue.admission_ttl_s)
-        self.pulls = WindowRate(RATE_WINDOW_S)
-        self.accepts = WindowRate(RATE_WINDOW_S)
-        self.busy = WindowRate(RATE_WINDOW_S)  # busy worker-seconds reported by heartbeats
+        self.pulls = rates.WindowRate(rates.CONSUMPTION_WINDOW_S)
+        self.accepts = rates.WindowRate(rates.PRODUCTION_WINDOW_S)
+        self.busy = rates.WindowRate(rates.PRODUCTION_WINDOW_S)  # busy worker-seconds reported by heartbeats
+        self.trainer_steps = rates.TrainerSteps()
         self.admit_waiters: list[str] = []
         self.submit_waiters: list[str] = []
         self.trainer_waiting_since: float | None = None
@@ -132,6 +133,7 @@ class Simulation:
         for failure in self.trace.failures:
             self._at(failure.at_s, "fail", str(failure.workers))
         self.act_now(workers)
+        self.trainer_steps.asked(self.now_s)
         self._trainer_try_pull()
         self._at(self.trace.cluster.tick_interval_s, "tick")
 
@@ -182,7 +184,8 @@ class Simulation:
         """The buffer's numbers as the queue reports them (:meth:`RolloutQueue.snapshot`)."""
         q = self.trace.queue
         return QueueSnapshot(self.queued_seqs, q.batch_size, self.pulls.rate(self.now_s), self.accepts.rate(self.now_s),
-                             self.staleness.running, q.max_staleness, self.staleness.capacity(), q.capacity_seqs)
+                             self.staleness.running, q.max_staleness, self.staleness.capacity(), q.capacity_seqs,
+                             self.trainer_steps.step_s(self.now_s), self.trainer_steps.waiting())
 
     def observe(self) -> Observation:
         """What the controller sees: every simulated step, the queue, the workers' busy time."""
@@ -360,6 +363,7 @@ class Simulation:
         self.queued_seqs -= q.batch_size
         self.counters["consumed"] += q.batch_size
         self.pulls.add(self.now_s, q.batch_size)
+        self.trainer_steps.served(self.now_s)
         if self.trainer_waiting_since is not None:
             self.counters["trainer_idle_s"] += self.now_s - self.trainer_waiting_since
             self.trainer_waiting_since = None
@@ -385,6 +389,7 @@ class Simulation:
 
     def _trainer_done(self) -> None:
         self.trainer_busy = False
+        self.trainer_steps.asked(self.now_s)
         self.version += 1
         self.counters["steps"] += 1
         self.staleness.on_version(self.version)

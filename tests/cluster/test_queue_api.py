@@ -44,9 +44,11 @@ def test_submit_pull_ack_round_trip_and_status(job: ControllerJob) -> None:
         batch = c.pull_batch()
         assert batch is not None and [g["id"] for g in batch["groups"]] == ["a", "b"]
         assert batch["groups"][0] == group("a")  # exactly what the worker sent
+        time.sleep(0.5)  # the trainer computes, then asks again: its step time is measured from its pulls
         assert c.pull_batch() is None
         assert c.ack_batch(batch["batch_id"])["acked"] is True
         status = c.global_status()
+        assert 0.5 <= status["queue"]["trainer_step_s"] < 5.0
         assert status["total_processed"] == 8 and status["queue_size"] == 0 and status["batch_size"] == 8
         for key in ("current_step", "connected_workers", "rollout_pressure", "staleness_capacity",
                     "workers_by_state", "cordoned_gpus"):

@@ -53,4 +53,4 @@ def test_on_a_trace_burst_jobs_hold_less_than_the_peak_and_idle_far_less_than_th
     held, idle = result.gpu_hours, result.trainer_idle_fraction
     assert held["allocation_only"] < held["allocation_plus_burst"] < held["static_peak"]
     assert idle["static_peak"] <= idle["allocation_plus_burst"] < idle["allocation_only"] / 2
-    assert result.burst_jobs_submitted >= 2
+    assert result.burst_jobs_submitted >= 1  # steady needs about 8: the allocation's 4 and a burst job's 4

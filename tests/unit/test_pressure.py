@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from slurm_elastic.core.lifecycle import WorkerState as S
@@ -27,3 +29,11 @@ def test_the_snapshot_reaches_the_autoscaler_field_by_field(busy_workers: float 
     assert (x.in_flight_seqs, x.max_staleness, x.staleness_capacity_seqs, x.buffer_capacity_seqs) == (12, 2, 84, 512)
     assert x.per_worker_seqs_per_s == per_worker  # per busy worker; per ACTIVE worker without busy time
     assert x.outstanding_requests is None and x.workers_active == 3
+
+
+def test_the_trainers_step_time_reaches_the_autoscaler_as_its_demand() -> None:
+    x = pressure_inputs(SNAPSHOT, WORKERS, 2.0, allowed_slots=8)
+    assert (x.trainer_demand_seqs_per_s, x.trainer_waiting) == (None, None)  # not measured yet
+    timed = dataclasses.replace(SNAPSHOT, trainer_step_s=8.0, trainer_waiting=False)
+    x = pressure_inputs(timed, WORKERS, 2.0, allowed_slots=8)
+    assert (x.trainer_demand_seqs_per_s, x.trainer_waiting) == (4.0, False)  # 32 seqs per 8 s step

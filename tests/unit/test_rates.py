@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from slurm_elastic.core.rates import WindowRate, per_worker_rate
+from slurm_elastic.core.rates import TrainerSteps, WindowRate, per_worker_rate
 
 
 @pytest.mark.parametrize(("events", "now_s", "expected"), [
@@ -48,3 +48,26 @@ def test_a_new_series_after_a_silence_starts_afresh() -> None:
 ])
 def test_per_worker_rate(production: float | None, busy: float | None, active: int, expected: float | None) -> None:
     assert per_worker_rate(production, busy, active) == (None if expected is None else pytest.approx(expected))
+
+
+def test_trainer_steps_split_the_trainers_cycle_into_waits_and_compute() -> None:
+    steps = TrainerSteps(keep=4)
+    assert steps.waiting() is None and steps.step_s(0.0) is None and steps.wait_fraction(0.0) is None
+    steps.asked(0.0)  # the first ask: waits 30 s for its first batch
+    assert steps.waiting() is True
+    steps.served(30.0)
+    assert steps.waiting() is False
+    steps.asked(40.0)  # computed 10 s; every poll while it waits is one more ask
+    steps.asked(41.0)
+    steps.served(45.0)  # waited 5 s
+    assert steps.step_s(45.0) == pytest.approx(10.0)
+    assert steps.wait_fraction(45.0) == pytest.approx(35 / 45)
+    assert steps.step_s(70.0) == pytest.approx(25.0)  # a step running longer than the mean counts as it runs
+    steps.asked(55.0)
+    for start in (55.0, 65.0, 75.0, 85.0):  # four more steps of 10 s, each served at once
+        steps.served(start)
+        steps.asked(start + 10.0)
+    assert steps.step_s(95.0) == pytest.approx(10.0)
+    assert steps.wait_fraction(95.0) == pytest.approx(0.0)  # the last four cycles never waited, the waiting
+    # ask at 95 s included as it runs
+    assert steps.wait_fraction(105.0) == pytest.approx(10 / 50)

@@ -139,7 +139,8 @@ def test_rates_count_what_arrived_after_observing_began(tmp_path: Path) -> None:
     clock.t -= 5.0
     stats = q.stats()  # 65 s after the first pull: the last 60 s hold six of them
     assert stats["consumption_seqs_per_s"] == pytest.approx(0.4)
-    assert stats["production_seqs_per_s"] == pytest.approx(0.4)
+    # production's window is 120 s: a series younger than it counts what came after its first event
+    assert stats["production_seqs_per_s"] == pytest.approx(6 * 4 / 65.0)
 
 
 def test_ack_is_idempotent_and_unknown_batches_are_errors(tmp_path: Path) -> None:
@@ -279,3 +280,20 @@ def test_the_snapshot_is_none_until_the_queue_is_in_use_then_carries_its_numbers
     assert (snap.max_staleness, snap.staleness_capacity_seqs) == (1, stats["staleness_capacity"])
     assert snap.production_seqs_per_s == stats["production_seqs_per_s"]
     q.store.close()
+
+
+def test_the_trainers_step_time_and_waits_are_measured_from_its_pulls(tmp_path: Path) -> None:
+    q = make(tmp_path, capacity_seqs=1000, batch_size=4)
+    clock: Clock = q.clock  # type: ignore[assignment]
+    assert q.pull() is None  # the trainer asks: nothing yet, it waits
+    assert q.snapshot() is not None and q.snapshot().trainer_waiting is True  # type: ignore[union-attr]
+    clock.t += 6.0
+    submit(q, "a", 4)
+    assert q.pull() is not None  # served after 6 s of waiting
+    assert q.snapshot().trainer_waiting is False  # type: ignore[union-attr]
+    clock.t += 8.0  # computes 8 s, then asks again
+    submit(q, "b", 4)
+    assert q.pull() is not None
+    snapshot, stats = q.snapshot(), q.stats()
+    assert snapshot is not None and snapshot.trainer_step_s == pytest.approx(8.0)
+    assert stats["trainer_step_s"] == pytest.approx(8.0) and stats["trainer_wait_fraction"] == pytest.approx(6 / 14)

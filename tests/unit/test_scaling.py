@@ -321,3 +321,52 @@ def test_start_up_is_held_to_the_staleness_room_and_stops_at_the_setpoint() -> N
     assert d.target_workers == 7 and "held to 7 by the staleness room" in d.reason
     full = Autoscaler(FAST).decide(inputs(queued=640, active=4, rate=None, consumption=None), 2.0)
     assert full.action != "scale_up" and "start-up" not in full.reason
+
+
+def test_a_full_staleness_bound_sheds_down_to_what_the_trainers_demand_needs() -> None:
+    # the trainer computes 8 s per batch of 32 (4 seqs/s); a worker makes 1 seq/s: 4 workers feed it
+    x = inputs(queued=0, active=10, staleness_capacity_seqs=0, trainer_demand_seqs_per_s=4.0)
+    target, action, reason = decide(FAST, x)
+    assert (target, action) == (4, "scale_down")
+    assert "4.00 for the trainer's demand 4.00 seqs/s at 1.00 per worker" in reason
+    # a demand that needs more than one fewer: one fewer, as without a measured demand
+    target, _action, reason = decide(FAST, inputs(queued=0, active=10, staleness_capacity_seqs=0,
+                                                  trainer_demand_seqs_per_s=12.0))
+    assert target == 9 and reason.endswith("fewer workers")
+
+
+def test_the_stabilization_window_follows_the_trainers_demand() -> None:
+    scaler = Autoscaler(dataclasses.replace(FAST, stabilization_window_s=120.0))
+    busy = inputs(queued=0, active=8, consumption=12.0, trainer_demand_seqs_per_s=12.0)
+    high = scaler.decide(busy, 0.0).recommended
+    assert high is not None and high > 8
+    # 30 s later the trainer computes three times as long per step (an evaluation): a third the demand
+    slow = inputs(queued=640, active=8, consumption=4.0, trainer_demand_seqs_per_s=4.0)
+    late = scaler.decide(slow, 30.0)
+    assert late.action == "scale_down"  # the window keeps high x 4/12 (< 8), not high
+    assert late.target_workers < 8
+    # without a measured demand the window keeps the highest recommendation as it was
+    plain = Autoscaler(dataclasses.replace(FAST, stabilization_window_s=120.0))
+    plain.decide(inputs(queued=0, active=8, consumption=12.0), 0.0)
+    held = plain.decide(inputs(queued=640, active=8, consumption=4.0), 30.0)
+    assert (held.target_workers, held.action) == (8, "hold") and "stabilization window" in held.reason
+
+
+def test_the_start_up_ramp_holds_while_the_trainer_computes_and_ends_on_its_step_time() -> None:
+    waiting = inputs(queued=0, active=4, rate=None, consumption=None, trainer_waiting=True)
+    assert decide(SLOW, waiting)[:2] == (8, "scale_up")  # the trainer waits: doubling
+    computing = dataclasses.replace(waiting, trainer_waiting=False)
+    target, action, reason = decide(SLOW, computing)
+    assert (target, action) == (4, "hold") and "the trainer computes" in reason
+    # its step time measured (32 seqs per 8 s = 4 seqs/s) and a worker's production (0.5): the
+    # ramp is over before the trainer has pulled twice, and the pool is sized to 8
+    measured = dataclasses.replace(waiting, per_worker_seqs_per_s=0.5, trainer_demand_seqs_per_s=4.0)
+    d = Autoscaler(SLOW).decide(measured, 100.0)
+    assert "start-up" not in d.reason and "the trainer's demand 4.00 seqs/s" in d.reason
+
+
+def test_a_window_saved_before_it_kept_the_demand_still_loads() -> None:
+    state = Autoscaler(FAST).to_state()
+    state["window"] = [[10.0, 6.0]]  # the earlier form: (time, recommendation)
+    restored = Autoscaler.from_state(FAST, state)
+    assert restored.window == [(10.0, 6.0, None)]

@@ -73,3 +73,12 @@ def test_buffer_line_from_the_queue_section() -> None:
     assert "buffer:" not in render_status(7, {**STATUS, "queue": None})
     lost = render_status(7, {**STATUS, "queue": {**queue, "lost_groups": 2}})
     assert "delivered 992  LOST 2 groups (damaged records)\n" in lost
+
+
+def test_trainer_line_from_the_queue_section() -> None:
+    queue = {"queued_sequences": 0, "capacity_sequences": 192, "batch_size": 64, "trainer_step_s": 10.0,
+             "consumption_seqs_per_s": 5.12, "trainer_wait_fraction": 0.2}
+    text = render_status(7, {**STATUS, "queue": queue})
+    assert ("trainer: step 10.0 s (demand 6.40 seqs/s)  consumes 5.12 seqs/s  waited for rollouts 20% of its "
+            "last steps\n") in text
+    assert "trainer: no step measured yet\n" in render_status(7, {**STATUS, "queue": {**queue, "trainer_step_s": None}})
