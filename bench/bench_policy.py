@@ -1,8 +1,8 @@
 """Policy benchmark: every policy, every fixed count and the clairvoyant reference on every example
 trace, several seeds, medians, each policy's distance to the limit.
 
-    .venv/bin/python bench/bench_policy.py --quick      # 2 seeds, 3 clairvoyant slacks (~1 min on one core)
-    .venv/bin/python bench/bench_policy.py [--seeds 5]  # 5 clairvoyant slacks
+    .venv/bin/python bench/bench_policy.py --quick      # 2 seeds, 3 clairvoyant slacks, verdicts over 5 seeds
+    .venv/bin/python bench/bench_policy.py [--seeds 5]  # 5 clairvoyant slacks, verdicts over 20 seeds
 
 Writes bench/out/policy.md. Pure simulation (slurm_elastic.sim): no cluster, one core.
 Metrics and the clairvoyant search are defined in docs/autoscaler.md.
@@ -40,10 +40,31 @@ def _medians(runs: list[dict[str, float]]) -> Point:
     return {k: median([r[k] for r in runs]) for k in (*METRICS, "mean_workers")}
 
 
+def _static_run(trace: Trace, workers: int, seed: int) -> dict[str, float]:
+    key = (trace.name, workers, seed)
+    if key not in _STATIC_RUNS:
+        sized = dataclasses.replace(trace, baselines=dataclasses.replace(trace.baselines, static_mid_workers=workers))
+        _STATIC_RUNS[key] = simulate(sized, "static-mid", seed).metrics
+    return _STATIC_RUNS[key]
+
+
+_STATIC_RUNS: dict[tuple[str, int, int], dict[str, float]] = {}
+
+
 def static_count(trace: Trace, workers: int, seeds: int) -> Point:
     """A fixed count (the static-mid policy at ``workers``), medians over the seeds."""
-    sized = dataclasses.replace(trace, baselines=dataclasses.replace(trace.baselines, static_mid_workers=workers))
-    return _medians([simulate(sized, "static-mid", seed).metrics for seed in range(seeds)])
+    return _medians([_static_run(trace, workers, seed) for seed in range(seeds)])
+
+
+def verdict(trace: Trace, seeds: int) -> tuple[list[int], int]:
+    """Over seeds 0..``seeds``-1: the fixed counts whose medians dominate ours' medians, and on how
+    many seeds some fixed count dominates ours on that seed (the same seed for both)."""
+    counts = range(trace.autoscaler.min_workers, min(trace.cluster.gpu_slots, trace.autoscaler.max_workers) + 1)
+    ours = [simulate(trace, "ours", seed).metrics for seed in range(seeds)]
+    by_seed = sum(1 for seed, mine in enumerate(ours)
+                  if any(dominates(_static_run(trace, n, seed), mine) for n in counts))
+    mine = _medians(ours)
+    return [n for n in counts if dominates(static_count(trace, n, seeds), mine)], by_seed
 
 
 def dominates(a: Point, b: Point) -> bool:
@@ -88,7 +109,7 @@ def _fmt_idle(extra: float | None) -> str:
 
 
 def run(seeds: int, slacks: tuple[float, ...], headline: list[tuple[str, str, str, str]] | None = None,
-        command: str = "") -> str:
+        command: str = "", verdict_seeds: int = 20) -> str:
     started = time.perf_counter()
     lines = ["# Autoscaler policy benchmark (simulated)", "",
              f"`{command}`: medians over seeds 0..{seeds - 1} of each trace in `examples/traces/` "
@@ -126,6 +147,7 @@ def run(seeds: int, slacks: tuple[float, ...], headline: list[tuple[str, str, st
         cheaper = [p for p in POLICIES if p != "ours" and med[p]["gpu_seconds"] <= ours["gpu_seconds"]]
         best = all(med[p]["trainer_idle_fraction"] > ours["trainer_idle_fraction"] for p in cheaper)
         dominating = [n for n, point in statics.items() if dominates(point, ours)]
+        wide, by_seed = verdict(trace, verdict_seeds)
         extra_gpu, extra_idle = distances(ours, limit)
         verdicts.append(
             f"- {name}{held}: ours idles {ours['trainer_idle_fraction']:.3f} on {ours['gpu_seconds']:.0f} GPU-s; "
@@ -134,7 +156,10 @@ def run(seeds: int, slacks: tuple[float, ...], headline: list[tuple[str, str, st
             f"({', '.join(cheaper) or 'none'}) idle {'more' if best else 'LESS OR EQUAL'}; "
             f"reversals {ours['reversals']:.0f}; "
             + (f"DOMINATED by static {', '.join(map(str, dominating))}" if dominating
-               else "not dominated by any fixed count"))
+               else "not dominated by any fixed count")
+            + f"; over {verdict_seeds} seeds: " + (f"DOMINATED by static {', '.join(map(str, wide))}" if wide
+                                                   else "not dominated")
+            + f", dominated seed by seed on {by_seed} of {verdict_seeds}")
         if headline is not None:
             topm, thr = med["static-max"], med["threshold"]
             headline.append((
@@ -144,7 +169,8 @@ def run(seeds: int, slacks: tuple[float, ...], headline: list[tuple[str, str, st
                 f"static-max {topm['trainer_idle_fraction']:.3f} / {topm['gpu_seconds']:,.0f}; "
                 f"threshold ±1 {thr['trainer_idle_fraction']:.3f} / {thr['gpu_seconds']:,.0f}",
                 f"GPU-s {ours['gpu_seconds'] / topm['gpu_seconds']:.2f}x static-max; "
-                + ("dominated by a fixed count" if dominating else "not dominated by any fixed count")))
+                + (f"dominated by static {', '.join(map(str, wide))}" if wide else "not dominated by any fixed count")
+                + f" over {verdict_seeds} seeds; on {by_seed} of them seed by seed"))
     lines += ["## Reading", "",
               "Static allocation at the maximum idles least, at the most GPU-seconds; the question is the "
               "trade-off. Ours is dominated when some fixed count idles no more on no more GPU-seconds "
@@ -157,14 +183,17 @@ def run(seeds: int, slacks: tuple[float, ...], headline: list[tuple[str, str, st
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default 5; 2 with --quick)")
-    parser.add_argument("--quick", action="store_true", help="2 seeds, 3 clairvoyant slacks")
+    parser.add_argument("--quick", action="store_true", help="2 seeds, 3 clairvoyant slacks, verdicts over 5")
+    parser.add_argument("--verdict-seeds", type=int, default=None,
+                        help="seeds of ours and every fixed count for the domination verdict (default 20)")
     args = parser.parse_args()
     seeds = args.seeds or (2 if args.quick else 5)
+    verdict_seeds = args.verdict_seeds or (5 if args.quick else 20)
     slacks = SLACKS_QUICK if args.quick else SLACKS_FULL
     command = "bench/bench_policy.py" + (" --quick" if args.quick else "") + (
         f" --seeds {args.seeds}" if args.seeds else "")
     headline: list[tuple[str, str, str, str]] = []
-    write_report("policy", run(seeds, slacks, headline, command))
+    write_report("policy", run(seeds, slacks, headline, command, verdict_seeds))
     write_headline("policy", headline)
 
 
