@@ -24,11 +24,17 @@ def write_json_atomic(path: Path, data: dict[str, Any], mode: int = 0o600, inden
     ``indent=None`` writes one line, with the C encoder (the one to use for large files).
     """
     path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, json.dumps(data, indent=indent, sort_keys=True), mode)
+
+
+def write_text_atomic(path: Path, text: str, mode: int = 0o600) -> None:
+    """Write ``text`` to ``path`` (made with ``mode``) so that readers see the old file or the new
+    one, never an empty or half-written one."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
         with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(data, indent=indent, sort_keys=True))
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -55,11 +61,11 @@ def ensure_token(state_dir: Path) -> tuple[str, Path, str]:
                 note = (f"the job's token file {path} and its copy were missing or empty: a new token was made; "
                         "workers and a trainer started before hold the old one and are refused (403) until they "
                         "restart")
-        _write_secret(path, token)
+        write_text_atomic(path, token + "\n")
     else:
         os.chmod(path, 0o600)
     if _read_secret(copy) != token:
-        _write_secret(copy, token)
+        write_text_atomic(copy, token + "\n")
     return token, path, note
 
 
@@ -69,21 +75,6 @@ def _read_secret(path: Path) -> str:
         return path.read_text().strip()
     except (OSError, UnicodeDecodeError):
         return ""
-
-
-def _write_secret(path: Path, token: str) -> None:
-    """Write ``token`` to ``path`` (0600) so that readers see the old file or the new one, never an empty one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(token + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def previous_port(state_dir: Path, host: str) -> int:
