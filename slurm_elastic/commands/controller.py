@@ -9,6 +9,8 @@ from pathlib import Path
 
 import click
 
+from slurm_elastic.commands.params import Seconds
+
 log = logging.getLogger(__name__)
 
 
@@ -34,8 +36,9 @@ def worker(command: tuple[str, ...]) -> None:
 
 @click.command(name="burst-watch")
 @click.option("--state-dir", required=True, type=click.Path(path_type=Path), help="The parent job's state directory.")
-@click.option("--grace-s", default=300.0, show_default=True, help="End after the controller is silent this long.")
-@click.option("--interval-s", default=10.0, show_default=True, help="Seconds between probes.")
+@click.option("--grace-s", default=300.0, show_default=True, type=Seconds(0),
+              help="End after the controller is silent this long.")
+@click.option("--interval-s", default=10.0, show_default=True, type=Seconds(0.1), help="Seconds between probes.")
 def burst_watch(state_dir: Path, grace_s: float, interval_s: float) -> None:
     """The batch script of a burst job: hold its GPUs; end it once the controller stays unreachable."""
     from slurm_elastic.worker.burst_watch import run_watch

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import re
 import sys
 import time
@@ -14,6 +13,7 @@ import click
 from slurm_elastic.client.control import ControlClient, UnknownOnControllerError
 from slurm_elastic.client.locate import JobHandle, locate
 from slurm_elastic.client.wire import WORKER_ID
+from slurm_elastic.commands.params import Seconds
 from slurm_elastic.core.health import parse_gpu_ref
 from slurm_elastic.errors import (
     ControllerUnreachableError,
@@ -26,24 +26,6 @@ from slurm_elastic.status_view import render_status
 
 STATUS_SCHEMA_VERSION = 1
 STOP_WAIT_S = 30.0  # how long a stopped controller may take to stop answering
-
-
-class Seconds(click.ParamType[float]):
-    """A finite number of seconds, at least ``min_s`` (``nan``, ``inf`` and negatives refused)."""
-
-    name = "seconds"
-
-    def __init__(self, min_s: float) -> None:
-        self.min_s = min_s
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
-        try:
-            seconds = float(value)
-        except (TypeError, ValueError):
-            self.fail(f"{value!r} is not a number of seconds", param, ctx)
-        if not math.isfinite(seconds) or seconds < self.min_s:
-            self.fail(f"{value!r} is not a finite number of seconds of at least {self.min_s:g}", param, ctx)
-        return seconds
 
 
 def _client(job_id: int) -> tuple[JobHandle, ControlClient]:

@@ -17,6 +17,7 @@ from typing import Any
 
 from slurm_elastic.controller.burst_jobs import TERM_DRAINS_ENV, BurstJobs, burst_policy
 from slurm_elastic.controller.burst_manager import BurstManager
+from slurm_elastic.controller.changes import Changes
 from slurm_elastic.controller.config import ElasticConfig
 from slurm_elastic.controller.state import StateFile
 from slurm_elastic.controller.step_specs import agent_step_spec, worker_step_spec
@@ -95,6 +96,7 @@ class ControllerBase:
         # versions keep increasing across controller restarts, so a router never mistakes a new
         # controller's set for the one it already has
         self.endpoints = EndpointBook(version=int(clock() * 1000))
+        self.endpoints_changed = Changes()  # wakes the /endpoints long-polls
         self.queue = queue  # the rollout queue's numbers, for the autoscaler and the status (None: no queue)
         self.errors: list[dict[str, Any]] = []
         self._errors_lock = threading.Lock()
@@ -193,11 +195,13 @@ class ControllerBase:
         """The routable set: ACTIVE server workers with an endpoint (never draining or placeholders)
         that the weights book lets in (at the latest published weights)."""
         latest = self.weights.latest
-        self.endpoints.publish([
+        changed = self.endpoints.publish([
             Endpoint(w.worker_id, w.endpoint, w.node, w.gpus, w.weights_version) for w in self.state.workers.values()
             if w.state is S.ACTIVE and w.endpoint and not w.placeholder
             and self.weights.routable(w.worker_id, w.weights_version)
         ], latest.version if latest is not None else None)
+        if changed:
+            self.endpoints_changed.notify()
 
     publish_endpoints = _publish_endpoints  # the weights pusher republishes after an update
 

@@ -6,7 +6,9 @@ whole head within ``head_timeout_s`` and ``head_max_bytes``, or it is closed: a 
 sends a head a byte at a time, or never sends one, holds no descriptor for long. At most
 ``max_connections`` are open; one more closes the longest-waiting connection that has no request
 in progress, or is itself closed at once if every connection is busy. The cap is kept below the
-process's open-files limit so that the controller's own files always open.
+process's open-files limit so that the controller's own files always open. A response that has
+bytes to send and sends none of them for ``write_timeout_s`` (the client does not read) closes
+its connection: a client that never reads its answers holds no slot of the cap for long.
 
 :func:`guarded` wraps any asyncio protocol class (uvicorn's ``http=`` setting takes one); it
 sees only the asyncio ``Protocol`` and ``Transport`` interfaces. The transport it hands the
@@ -50,10 +52,12 @@ class ConnectionBook:
     max_connections: int
     head_timeout_s: float
     head_max_bytes: int = 64 * 1024
+    write_timeout_s: float = 30.0
     open: set[GuardedConnection] = field(default_factory=set)
     waiting: dict[GuardedConnection, None] = field(default_factory=dict)  # insertion order: oldest first
     refused: int = 0  # connections closed at once: every open one was busy
     evicted: int = 0  # waiting connections closed to make room
+    stalled: int = 0  # connections closed because their response stopped leaving
 
     def admit(self, connection: GuardedConnection) -> bool:
         if len(self.open) >= self.max_connections:
@@ -85,6 +89,10 @@ class GuardedConnection(asyncio.Protocol):
         self._lost = False
         self._head_bytes = 0
         self._tail = b""  # the last bytes seen while waiting for a head (an end split across reads)
+        self._written = 0  # bytes handed to the transport
+        self._sent = 0  # of them, those that had left its write buffer at the last look
+        self._sent_at_s = 0.0  # when that count last grew
+        self._write_watch: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         transport = cast(asyncio.Transport, transport)
@@ -93,8 +101,40 @@ class GuardedConnection(asyncio.Protocol):
             return
         self.transport = transport
         self._wait_for_head()
-        inner_transport = _InnerTransport(transport, asyncio.get_running_loop(), self._wait_for_head)
+        inner_transport = _InnerTransport(transport, asyncio.get_running_loop(), self._wrote)
         self.inner.connection_made(cast(asyncio.Transport, inner_transport))
+
+    def _wrote(self, nbytes: int) -> None:
+        """A response is going out: the connection waits for its next request head."""
+        self._written += nbytes
+        self._wait_for_head()
+
+    def _watch_writes(self) -> None:
+        """Look at the write buffer every quarter of ``write_timeout_s`` until it is empty; close
+        the connection once nothing of it has left for ``write_timeout_s``."""
+        if self._write_watch is not None or self.transport is None:
+            return
+        self._sent, self._sent_at_s = self._written - self.transport.get_write_buffer_size(), self._now_s()
+        self._write_watch = asyncio.get_running_loop().call_later(self.book.write_timeout_s / 4, self._look_at_writes)
+
+    def _look_at_writes(self) -> None:
+        self._write_watch = None
+        if self.transport is None or self.transport.is_closing():
+            return
+        pending = self.transport.get_write_buffer_size()
+        if not pending:
+            return
+        if self._written - pending > self._sent:
+            self._sent, self._sent_at_s = self._written - pending, self._now_s()
+        elif self._now_s() - self._sent_at_s >= self.book.write_timeout_s:
+            self.book.stalled += 1
+            self.abort()
+            return
+        self._write_watch = asyncio.get_running_loop().call_later(self.book.write_timeout_s / 4, self._look_at_writes)
+
+    @staticmethod
+    def _now_s() -> float:
+        return asyncio.get_running_loop().time()
 
     def _wait_for_head(self) -> None:
         """From now on a request head must arrive whole within the limits."""
@@ -105,9 +145,11 @@ class GuardedConnection(asyncio.Protocol):
         self._deadline = asyncio.get_running_loop().call_later(self.book.head_timeout_s, self._head_overdue)
 
     def _head_overdue(self) -> None:
-        """No whole head in time: closed, unless a response is still leaving (then it waits on)."""
+        """No whole head in time: closed, unless a response is still leaving (then it waits on, as
+        long as the response leaves)."""
         if self.transport is not None and self.transport.get_write_buffer_size():
             self._deadline = asyncio.get_running_loop().call_later(self.book.head_timeout_s, self._head_overdue)
+            self._watch_writes()
         else:
             self.abort()
 
@@ -137,6 +179,9 @@ class GuardedConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
         self._head_arrived()
+        if self._write_watch is not None:
+            self._write_watch.cancel()
+            self._write_watch = None
         self.book.forget(self)
         if self.transport is not None:
             self.inner.connection_lost(exc)
@@ -145,6 +190,7 @@ class GuardedConnection(asyncio.Protocol):
         return self.inner.eof_received() if self.transport is not None else None
 
     def pause_writing(self) -> None:
+        self._watch_writes()
         self.inner.pause_writing()
 
     def resume_writing(self) -> None:
@@ -157,17 +203,17 @@ def guarded(inner_class: Callable[..., asyncio.Protocol], book: ConnectionBook) 
 
 
 class _InnerTransport:
-    """The transport the wrapped protocol writes to. It calls ``on_write`` when bytes leave (a
-    response is going out: the connection waits for its next request head), and holds a response
-    head (bytes ending in a blank line) back until the next write, its body, so that both leave
-    in one ``writev``: one TCP segment and one wake-up of the client for a small answer, where
+    """The transport the wrapped protocol writes to. It calls ``on_write`` with their count when
+    bytes are handed to the transport, and holds a response head (bytes ending in a blank line)
+    back until the next write, its body, so that both leave in one ``writev``: one TCP segment and one wake-up of the client for a small answer, where
     an HTTP server that writes head and body apart would cost two. A head with no body follows
-    at the end of the loop turn. Everything else is the wrapped transport's."""
+    at the end of the loop turn. Bytes written once the connection is closing are dropped.
+    Everything else is the wrapped transport's."""
 
     __slots__ = ("_head", "_loop", "_on_write", "_transport")
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop,
-                 on_write: Callable[[], None]) -> None:
+                 on_write: Callable[[int], None]) -> None:
         self._transport = transport
         self._loop = loop
         self._on_write = on_write
@@ -175,26 +221,31 @@ class _InnerTransport:
 
     def write(self, data: bytes) -> None:
         head, self._head = self._head, None
+        if self._transport.is_closing():
+            return  # closed under the app (a request pipelined behind the one that was answering)
         if head is not None:
             self._transport.writelines([head, data])
+            self._on_write(len(head) + len(data))
         elif data.endswith(HEAD_END):  # a head (or a body that ends like one: it leaves a turn later)
             self._head = data
             self._loop.call_soon(self._flush)
-            return
         else:
             self._transport.write(data)
-        self._on_write()
+            self._on_write(len(data))
 
     def writelines(self, parts: Any) -> None:
         head, self._head = self._head, None
-        self._transport.writelines([head, *parts] if head is not None else parts)
-        self._on_write()
+        if self._transport.is_closing():
+            return
+        parts = [head, *parts] if head is not None else list(parts)
+        self._transport.writelines(parts)
+        self._on_write(sum(len(part) for part in parts))
 
     def _flush(self) -> None:
         head, self._head = self._head, None
         if head is not None and not self._transport.is_closing():
             self._transport.write(head)
-            self._on_write()
+            self._on_write(len(head))
 
     def close(self) -> None:
         self._flush()

@@ -1,9 +1,10 @@
-"""What every request to the controller passes before anything reads its body: the job's token
-(401 without one, 403 with a wrong one), then the body's size (413 over the route's cap, from
-``Content-Length`` before a byte is read, or counted as a chunked body streams in), then the
-body's time: it must arrive whole within ``body_timeout_s`` of its head (408 otherwise), so a
-client that trickles a body, or declares more than it sends, holds its connection that long
-at most.
+"""What every request to the controller passes before anything reads its body: one
+``Authorization`` header (400 with more than one: which of them counts is not the client's to
+choose), the job's token (401 without one, 403 with a wrong one), then the body's size (413
+over the route's cap, from ``Content-Length`` before a byte is read, or counted as a chunked
+body streams in), then the body's time: it must arrive whole within ``body_timeout_s`` of its
+head (408 otherwise), so a client that trickles a body, or declares more than it sends, holds
+its connection that long at most.
 
 One check in the ASGI layer, in front of routing (:class:`~slurm_elastic.controller.rollout_http.ControllerApp`
 calls it), so that no route can parse a body first. A refusal closes the connection: the
@@ -56,13 +57,17 @@ class RequestGuard:
         arrives: chunked)."""
         authorization = content_length = b""
         chunked = False
+        authorizations = 0
         for name, value in scope["headers"]:
             if name == b"authorization":
                 authorization = value
+                authorizations += 1
             elif name == b"content-length":
                 content_length = value
             elif name == b"transfer-encoding":
                 chunked = True
+        if authorizations > 1:
+            return refusal(400, "more than one Authorization header"), False, False
         scheme, _, token = authorization.partition(b" ")
         token = token.strip()
         if scheme.lower() != b"bearer" or not token:

@@ -6,6 +6,7 @@ before any body is read (:mod:`slurm_elastic.controller.guard`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response, status
@@ -60,12 +61,16 @@ def control_router(controller: Controller) -> APIRouter:
         """Routable servers. Long-poll: returns when the set is no longer ``version`` (or after ``wait_s``).
         ETag is the version; ``If-None-Match`` with the current one answers 304. ``weights=latest``:
         only servers at the latest published weights."""
-        deadline = asyncio.get_running_loop().time() + wait_s
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
         latest_only = weights == "latest"
-        view = controller.endpoints_view(latest_only)
-        while view["version"] == version and asyncio.get_running_loop().time() < deadline:
-            await asyncio.sleep(0.05)
+        with controller.endpoints_changed.watch() as changed:
             view = controller.endpoints_view(latest_only)
+            while view["version"] == version and loop.time() < deadline:
+                with contextlib.suppress(asyncio.TimeoutError):  # TimeoutError itself from Python 3.11
+                    await asyncio.wait_for(changed.wait(), deadline - loop.time())
+                changed.clear()
+                view = controller.endpoints_view(latest_only)
         etag = f'"{view["version"]}"'
         if request.headers.get("if-none-match") == etag:
             return Response(status_code=status.HTTP_304_NOT_MODIFIED, headers={"ETag": etag})

@@ -36,6 +36,7 @@ from slurm_elastic.controller.connections import (
 log = logging.getLogger(__name__)
 
 HEAD_TIMEOUT_S = 10.0  # a request head must arrive whole within this long of the connection waiting for it
+WRITE_TIMEOUT_S = 30.0  # a connection whose response has sent nothing for this long is closed
 KEEP_ALIVE_S = 5  # an idle keep-alive connection is closed after this long
 HTTP_IMPLEMENTATION = "httptools"  # uvicorn's HTTP/1.1 implementation on httptools (C)
 
@@ -67,13 +68,13 @@ class ApiServer:
     controller's own files (state, store) open however many clients connect."""
 
     def __init__(self, app: FastAPI, host: str, port: int = 0, head_timeout_s: float = HEAD_TIMEOUT_S,
-                 max_connections: int | None = None) -> None:
+                 max_connections: int | None = None, write_timeout_s: float = WRITE_TIMEOUT_S) -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((host, port))
         self.host, self.port = host, int(self.sock.getsockname()[1])
         self.connections = ConnectionBook(max_connections or connection_cap(raise_open_files_limit()),
-                                          head_timeout_s)
+                                          head_timeout_s, write_timeout_s=write_timeout_s)
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
                                 timeout_graceful_shutdown=2, http=guarded(http_protocol_class(), self.connections),
                                 timeout_keep_alive=KEEP_ALIVE_S,

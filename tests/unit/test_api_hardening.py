@@ -167,6 +167,39 @@ def _closed(conn: socket.socket) -> bool:
         return True
 
 
+def _server_side_open(server: psutil.Process, client: socket.socket) -> bool:
+    """Whether the server still holds its end of ``client``'s connection."""
+    port = client.getsockname()[1]
+    return any(c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED
+               for c in server.net_connections(kind="tcp"))
+
+
+def test_a_client_that_never_reads_its_responses_loses_its_connection(tmp_path: Path) -> None:
+    """Pipelined requests for /metrics whose answers are never read: once nothing of them has left
+    for the write timeout, the server closes the connection (its slot and descriptor back), and
+    other clients are served meanwhile."""
+    with served(tmp_path, "--write-timeout-s", "1") as (url, server), \
+            socket.socket(socket.AF_INET, socket.SOCK_STREAM) as deaf:
+        deaf.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        deaf.settimeout(30)
+        deaf.connect(address(url))
+        request = f"GET /metrics HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {TOKEN}\r\n\r\n".encode()
+        metrics_bytes = len(httpx.get(url + "/metrics", headers=AUTH, timeout=10).content)
+        sent = 0
+        deaf.setblocking(False)
+        with contextlib.suppress(BlockingIOError):  # as many requests as the buffers take, up to 16 MB of answers
+            while sent < (16 << 20) // metrics_bytes * len(request):
+                sent += deaf.send(request * 64)
+        give_up = time.monotonic() + 60
+        while _server_side_open(server, deaf):
+            answer = httpx.get(url + "/healthz", headers=AUTH, timeout=10)
+            assert answer.status_code == 200  # served while the deaf client holds its connection
+            assert time.monotonic() < give_up, "a client that never reads kept its connection"
+            time.sleep(0.2)
+        print(f"\n/metrics {metrics_bytes} bytes; {sent // len(request)} requests sent")
+        assert httpx.get(url + "/healthz", headers=AUTH, timeout=10).status_code == 200
+
+
 class _Transport:
     """A transport that records what happens to it; its write buffer is what the test says."""
 

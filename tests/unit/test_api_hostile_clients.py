@@ -181,3 +181,20 @@ def test_a_route_that_takes_no_body_is_not_timed_on_one(served: Served) -> None:
         version = http.get("/endpoints").json()["version"]
         answer = http.request("GET", f"/endpoints?version={version}&wait_s={3 * BODY_TIMEOUT_S}", content=b"{}")
     assert answer.status_code == 200 and answer.json()["version"] == version
+
+
+@pytest.mark.parametrize(("what", "first", "second"), [
+    ("the wrong token first", "Bearer wrong", f"Bearer {TOKEN}"),
+    ("the right token first", f"Bearer {TOKEN}", "Bearer wrong"),
+    ("the right token twice", f"Bearer {TOKEN}", f"Bearer {TOKEN}"),
+])
+def test_two_authorization_headers_get_400_before_the_body_is_read(
+        served: Served, what: str, first: str, second: str) -> None:
+    """Whichever header a server or proxy would pick, a request naming two tokens is refused whole."""
+    before = unchanged(served)
+    head = (f"POST /admin/scale HTTP/1.1\r\nhost: x\r\nauthorization: {first}\r\nauthorization: {second}\r\n"
+            "content-type: application/json\r\ncontent-length: 1000\r\n\r\n").encode()
+    answer, _after_s = raw_request(served.url, head, b'{"workers": 0}', b"")
+    assert answer.startswith(b"HTTP/1.1 400 "), (what, answer[:200])
+    assert b"more than one Authorization header" in answer and b"connection: close" in answer.lower(), answer
+    assert unchanged(served) == before, what

@@ -39,12 +39,12 @@ def test_a_head_waits_for_its_body_and_a_lone_head_leaves_at_the_end_of_the_turn
         transport = RecordingTransport()
         written: list[int] = []
         wrapped = _InnerTransport(transport, asyncio.get_running_loop(),  # type: ignore[arg-type]
-                                  lambda: written.append(len(transport.sends)))
+                                  written.append)
         wrapped.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n")
         assert transport.sends == [] and written == []  # nothing left yet: the connection is not told
         wrapped.write(b"{}")
         assert transport.sends == [b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}"]  # one send
-        assert written == [1]
+        assert written == [len(transport.sends[0])]  # the connection is told how many bytes went
         wrapped.write(b"HTTP/1.1 204 No Content\r\n\r\n")
         await asyncio.sleep(0)
         await asyncio.sleep(0)
@@ -52,6 +52,9 @@ def test_a_head_waits_for_its_body_and_a_lone_head_leaves_at_the_end_of_the_turn
         wrapped.write(b"HTTP/1.1 400 Bad Request\r\n\r\n")
         wrapped.close()  # nothing held back is lost at close
         assert transport.sends[-1] == b"HTTP/1.1 400 Bad Request\r\n\r\n" and transport.closed
+        wrapped.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n")
+        wrapped.write(b"{}")  # a response pipelined behind the closed one: dropped, not raised
+        assert transport.sends[-1] == b"HTTP/1.1 400 Bad Request\r\n\r\n"
         assert wrapped.get_extra_info("peername") == "extra peername"  # the rest is the transport's
         return transport.sends
 

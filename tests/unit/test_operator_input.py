@@ -48,6 +48,13 @@ def cli(*args: str) -> tuple[int, str]:
     ("drain", str(JOB), "../../x"),
     ("drain", str(JOB), "x y"),
     ("drain", str(JOB), ""),
+    ("burst-watch", "--state-dir", "/nonexistent", "--interval-s", "nan"),
+    ("burst-watch", "--state-dir", "/nonexistent", "--interval-s", "inf"),
+    ("burst-watch", "--state-dir", "/nonexistent", "--interval-s", "-1"),
+    ("burst-watch", "--state-dir", "/nonexistent", "--interval-s", "0"),
+    ("burst-watch", "--state-dir", "/nonexistent", "--grace-s", "nan"),
+    ("burst-watch", "--state-dir", "/nonexistent", "--grace-s", "inf"),
+    ("burst-watch", "--state-dir", "/nonexistent", "--grace-s", "-300"),
 ])
 def test_bad_arguments_are_refused_before_anything_is_asked(args: tuple[str, ...]) -> None:
     code, out = cli(*args)

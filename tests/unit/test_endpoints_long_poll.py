@@ -1,0 +1,79 @@
+"""The ``/endpoints`` long-poll on the real HTTP server over a real server-kind controller: it
+answers as soon as the routable set changes (a server registering ready, through the API), and
+while nothing changes it waits without looking at the controller again."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurm_elastic.client.control import ControlClient
+from slurm_elastic.controller.app import create_controller_app
+from slurm_elastic.controller.config import parse_config
+from slurm_elastic.controller.runtime import Controller
+from slurm_elastic.controller.serve import ApiServer
+from slurm_elastic.core.lifecycle import Worker
+from slurm_elastic.rollouts.queue import QueueConfig, RolloutQueue
+from slurm_elastic.rollouts.store import RolloutStore
+from slurm_elastic.slurm.cli_backend import SlurmCli
+
+TOKEN = "long-poll-token"
+
+
+class Served:
+    def __init__(self, state: Path) -> None:
+        config = parse_config({"agent": {"enabled": False}, "autoscaler": {"min_workers": 0},
+                               "workers": {"kind": "server", "command": ["engine", "{port}"]}})
+        self.queue = RolloutQueue(RolloutStore(state / "q.sqlite", fsync="off"), QueueConfig(batch_size=8))
+        self.controller = Controller(config, 1, SlurmCli(timeout_s=5), state, gpus_by_node={"node1": (0, 1)},
+                                     queue=self.queue)
+        self.views = 0
+        view = self.controller.endpoints_view
+
+        def counted(latest_weights_only: bool = False) -> dict[str, Any]:
+            self.views += 1
+            return view(latest_weights_only)
+        self.controller.endpoints_view = counted  # type: ignore[method-assign]
+        self.server = ApiServer(create_controller_app(self.controller, TOKEN, self.queue), "127.0.0.1")
+        self.server.start()
+        self.client = ControlClient(self.server.url, TOKEN)
+
+    def close(self) -> None:
+        self.client.close()
+        self.server.stop()
+        self.queue.store.close()
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[Served]:
+    job = Served(tmp_path)
+    yield job
+    job.close()
+
+
+def test_a_long_poll_answers_when_a_server_becomes_routable(served: Served) -> None:
+    version = served.client.endpoints()["version"]
+    answers: list[dict[str, Any]] = []
+    poll = threading.Thread(target=lambda: answers.append(served.client.endpoints(version, wait_s=60)))
+    poll.start()
+    while served.views < 2:  # the poll has looked once
+        time.sleep(0.01)
+    with served.controller.lock:
+        served.controller.workers["0001"] = Worker("0001", launched_at_s=time.time())
+    served.client.register("0001", {"node": "node1", "gpus": [0], "step_id": "1", "ready": True,
+                                    "endpoint": "http://127.0.0.1:1"})
+    poll.join(timeout=60)
+    assert answers and answers[0]["version"] != version, "the long-poll did not answer on the change"
+    assert [e["worker_id"] for e in answers[0]["endpoints"]] == ["0001"]
+
+
+def test_a_long_poll_with_nothing_changing_does_not_keep_looking(served: Served) -> None:
+    version = served.client.endpoints()["version"]
+    before = served.views
+    assert served.client.endpoints(version, wait_s=1.0)["version"] == version
+    assert served.views - before <= 2, f"looked at the controller {served.views - before} times in one wait"
