@@ -15,37 +15,19 @@ from typing import Any
 import httpx
 import pytest
 
-from slurm_elastic.controller.app import create_controller_app
-from slurm_elastic.controller.config import parse_config
-from slurm_elastic.controller.runtime import Controller
-from slurm_elastic.controller.serve import ApiServer
-from slurm_elastic.rollouts.queue import QueueConfig, RolloutQueue
-from slurm_elastic.rollouts.store import RolloutStore
-from slurm_elastic.slurm.cli_backend import SlurmCli
+from tests.unit.served_controller import ServedController
 
 TOKEN = "hostile-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}", "content-type": "application/json"}
 BODY_TIMEOUT_S = 1.0
 
 
-class Served:
+class Served(ServedController):
     def __init__(self, tmp: Path) -> None:
-        self.queue = RolloutQueue(RolloutStore(tmp / "q.sqlite", fsync="off"),
-                                  QueueConfig(batch_size=8, capacity_seqs=4096))
-        self.controller = Controller(parse_config({"agent": {"enabled": False}}), 1, SlurmCli(timeout_s=5), tmp,
-                                     gpus_by_node={"node1": (0, 1)}, queue=self.queue)
-        app = create_controller_app(self.controller, TOKEN, self.queue)
-        app.guard.body_timeout_s = BODY_TIMEOUT_S  # type: ignore[attr-defined]
-        self.server = ApiServer(app, "127.0.0.1")
-        self.server.start()
-        self.url = self.server.url
+        super().__init__(tmp, TOKEN, body_timeout_s=BODY_TIMEOUT_S)
 
     def post(self, path: str, body: str | bytes) -> httpx.Response:
         return httpx.post(self.url + path, content=body, headers=AUTH, timeout=30)
-
-    def close(self) -> None:
-        self.server.stop()
-        self.queue.store.close()
 
 
 @pytest.fixture(scope="module")

@@ -13,25 +13,16 @@ from typing import Any
 import pytest
 
 from slurm_elastic.client.control import ControlClient
-from slurm_elastic.controller.app import create_controller_app
-from slurm_elastic.controller.config import parse_config
-from slurm_elastic.controller.runtime import Controller
-from slurm_elastic.controller.serve import ApiServer
 from slurm_elastic.core.lifecycle import Worker
-from slurm_elastic.rollouts.queue import QueueConfig, RolloutQueue
-from slurm_elastic.rollouts.store import RolloutStore
-from slurm_elastic.slurm.cli_backend import SlurmCli
+from tests.unit.served_controller import ServedController
 
 TOKEN = "long-poll-token"
 
 
-class Served:
+class Served(ServedController):
     def __init__(self, state: Path) -> None:
-        config = parse_config({"agent": {"enabled": False}, "autoscaler": {"min_workers": 0},
-                               "workers": {"kind": "server", "command": ["engine", "{port}"]}})
-        self.queue = RolloutQueue(RolloutStore(state / "q.sqlite", fsync="off"), QueueConfig(batch_size=8))
-        self.controller = Controller(config, 1, SlurmCli(timeout_s=5), state, gpus_by_node={"node1": (0, 1)},
-                                     queue=self.queue)
+        super().__init__(state, TOKEN, {"autoscaler": {"min_workers": 0},
+                                        "workers": {"kind": "server", "command": ["engine", "{port}"]}})
         self.views = 0
         view = self.controller.endpoints_view
 
@@ -39,14 +30,11 @@ class Served:
             self.views += 1
             return view(latest_weights_only)
         self.controller.endpoints_view = counted  # type: ignore[method-assign]
-        self.server = ApiServer(create_controller_app(self.controller, TOKEN, self.queue), "127.0.0.1")
-        self.server.start()
-        self.client = ControlClient(self.server.url, TOKEN)
+        self.client = ControlClient(self.url, TOKEN)
 
     def close(self) -> None:
         self.client.close()
-        self.server.stop()
-        self.queue.store.close()
+        super().close()
 
 
 @pytest.fixture

@@ -13,14 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from slurm_elastic.controller.app import create_controller_app
-from slurm_elastic.controller.config import parse_config
-from slurm_elastic.controller.runtime import Controller
-from slurm_elastic.controller.serve import ApiServer
-from slurm_elastic.rollouts.queue import QueueConfig, RolloutQueue
-from slurm_elastic.rollouts.store import RolloutStore
-from slurm_elastic.slurm.cli_backend import SlurmCli
 from slurm_elastic.trainer import Batch, Trainer
+from tests.unit.served_controller import ServedController
 from tests.unit.test_store_damage import flip_byte
 from tests.unit.test_store_full_disk import fill, small_disk  # noqa: F401 (a fixture)
 
@@ -32,23 +26,17 @@ def group(gid: str) -> dict[str, object]:
             "sequences": [{"tokens": [1, 2, 3, 4], "mask": [1, 1, 1, 1], "score": 0.5}] * 4}
 
 
-class Served:
+class Served(ServedController):
     def __init__(self, state: Path) -> None:
-        config = parse_config({"agent": {"enabled": False}, "autoscaler": {"min_workers": 0}})
-        self.queue = RolloutQueue(RolloutStore(state / "q.sqlite"), QueueConfig(batch_size=8, capacity_seqs=400))
-        controller = Controller(config, 1, SlurmCli(timeout_s=5), state, gpus_by_node={"node1": (0, 1)},
-                                queue=self.queue)
-        self.server = ApiServer(create_controller_app(controller, TOKEN, self.queue), "127.0.0.1")
-        self.server.start()
-        self.http = httpx.Client(base_url=self.server.url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
+        super().__init__(state, TOKEN, {"autoscaler": {"min_workers": 0}}, capacity_seqs=400, fsync="always")
+        self.http = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
 
     def submit(self, gid: str) -> httpx.Response:
         return self.http.post("/rollouts", json=group(gid))
 
     def close(self) -> None:
         self.http.close()
-        self.server.stop()
-        self.queue.store.close()
+        super().close()
 
 
 @pytest.fixture

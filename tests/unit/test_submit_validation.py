@@ -14,33 +14,18 @@ from typing import Any
 import httpx
 import pytest
 
-from slurm_elastic.controller.app import create_controller_app
 from slurm_elastic.controller.config import parse_config
-from slurm_elastic.controller.runtime import Controller
-from slurm_elastic.controller.serve import ApiServer
 from slurm_elastic.errors import ConfigError
-from slurm_elastic.rollouts.queue import QueueConfig, RolloutQueue
-from slurm_elastic.rollouts.store import RolloutStore
-from slurm_elastic.slurm.cli_backend import SlurmCli
+from tests.unit.served_controller import ServedController
 
 TOKEN = "validation-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}", "content-type": "application/json"}
 BATCH_SIZE = 8
 
 
-class Served:
+class Served(ServedController):
     def __init__(self, tmp: Path) -> None:
-        self.queue = RolloutQueue(RolloutStore(tmp / "q.sqlite", fsync="off"),
-                                  QueueConfig(batch_size=BATCH_SIZE, capacity_seqs=4096))
-        controller = Controller(parse_config({"agent": {"enabled": False}}), 1, SlurmCli(timeout_s=5), tmp,
-                                gpus_by_node={"node1": (0,)}, queue=self.queue)
-        self.server = ApiServer(create_controller_app(controller, TOKEN, self.queue), "127.0.0.1")
-        self.server.start()
-        self.url = self.server.url
-
-    def close(self) -> None:
-        self.server.stop()
-        self.queue.store.close()
+        super().__init__(tmp, TOKEN, batch_size=BATCH_SIZE, gpus=(0,))
 
 
 @pytest.fixture(scope="module")
