@@ -65,7 +65,7 @@ class ChaosSettings:
     kill_delay_s: tuple[float, float] = (0.0, 1.0)  # scale/drain order -> kill -9
     gpu_fault_hold_s: tuple[float, float] = (2.0, 5.0)
     slurmd_down_s: tuple[float, float] = (0.2, 4.0)
-    placement_slack_s: float = 2.0  # a worker process born this long after a cordon was placed after it
+    placement_slack_s: float = 2.0  # a worker process born this long after a cordon (or before its lift) was placed in it
     baseline_s: float = 0.0  # fault-free load first (at ``min_workers``), for the throughput ratio
     settle_timeout_s: float = 180.0  # generous waits: they bound a hang, they do not grade speed
 
@@ -140,13 +140,16 @@ def exactly_once_violations(acked: set[str], submitted: set[str], delivered: lis
 
 
 def cordon_violations(starts: Iterable[dict[str, Any]], spans: Iterable[CordonSpan], slack_s: float) -> list[str]:
-    """A worker process born on a GPU well after it was cordoned (and while it still was) was placed there."""
+    """A worker process born on a GPU well after it was cordoned and well before the cordon was
+    last seen was placed there. ``slack_s`` on both sides: a process's birth time (psutil's
+    create_time) is off by up to a second, as Linux gives the boot time in whole seconds."""
     problems = []
     span_list = list(spans)
     for s in starts:
         born = float(s["proc_start_t"])
         for span in span_list:
-            if s["node"] == span.node and span.gpu in s["gpus"] and span.since_s + slack_s < born < span.last_seen_s:
+            if (s["node"] == span.node and span.gpu in s["gpus"]
+                    and span.since_s + slack_s < born < span.last_seen_s - slack_s):
                 problems.append(f"worker {s['worker']} (pid {s['pid']}) started on cordoned {span.node}:{span.gpu} "
                                 f"{born - span.since_s:.1f} s after the {span.source} cordon")
     return problems

@@ -46,6 +46,7 @@ def test_only_placements_after_a_cordon_count() -> None:
     start = {"worker": "0003", "pid": 9, "node": "n1", "gpus": [2]}
     assert cordon_violations([{**start, "proc_start_t": 100.5}], [span], slack_s=2.0) == []  # placed before it
     assert cordon_violations([{**start, "proc_start_t": 125.0}], [span], slack_s=2.0) == []  # lifted by then
+    assert cordon_violations([{**start, "proc_start_t": 119.4}], [span], slack_s=2.0) == []  # within a birth time's error of the lift
     assert cordon_violations([{**start, "proc_start_t": 110.0, "gpus": [1]}], [span], slack_s=2.0) == []
     assert len(cordon_violations([{**start, "proc_start_t": 110.0}], [span], slack_s=2.0)) == 1
 
