@@ -117,9 +117,7 @@ def test_baselines_directions() -> None:
     assert threshold.decide(starving, 20).target_workers == 4  # +1, never more
 
 
-@pytest.mark.parametrize("name", ["steady", "bursty", "phase_shift", "failures", "ramp", "speedup_bursts",
-                                  "sine_trainer", "eval_pauses", "shrinking_episodes", "long_warmup",
-                                  "fixed_rollouts_faster_trainer"])
+@pytest.mark.parametrize("name", sorted(path.stem for path in TRACES.glob("*.toml")))
 def test_example_traces_parse(name: str) -> None:
     trace = parse_trace((TRACES / f"{name}.toml").read_text())
     assert trace.name == name and trace.duration_s > 0
