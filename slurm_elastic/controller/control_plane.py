@@ -116,11 +116,11 @@ class ControlPlane(ControllerBase):
             if len(self._busy_s_seen) > 2 * len(self.state.workers) + 16:
                 self._busy_s_seen = {w: s for w, s in self._busy_s_seen.items() if w in self.state.workers}
 
-    def busy_workers(self, now_s: float) -> float | None:
-        """Workers generating on average over the window (busy worker-seconds per second); None
-        while no worker reports busy time (an older SDK, or not the SDK)."""
+    def busy_worker_s(self, now_s: float) -> float | None:
+        """Worker-seconds inside rollouts reported over the production window; None while no
+        worker reports busy time (an older SDK, or not the SDK)."""
         with self._busy_lock:
-            return self.busy_meter.rate(now_s) if self._busy_s_seen else None
+            return self.busy_meter.total(now_s) if self._busy_s_seen else None
 
     def scale(self, n: int) -> dict[str, Any]:
         with self.lock:

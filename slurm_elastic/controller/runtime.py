@@ -79,7 +79,7 @@ class Controller(ControlPlane, StatusViews):
             releasing_jobs=releasing,
             burst_slots_possible=possible,
             queue=snapshot,
-            busy_workers=self.busy_workers(now_s) if snapshot else None,
+            busy_worker_s=self.busy_worker_s(now_s) if snapshot else None,
             outstanding_by_worker=self.outstanding_of_draining(now_s),
             total_outstanding=self.endpoints.total_outstanding(now_s) if self.is_server else None,
         )

@@ -30,6 +30,7 @@ class QueueSnapshot:
     buffer_capacity_seqs: int
     trainer_step_s: float | None = None  # the trainer's compute time per step (core.rates.TrainerSteps)
     trainer_waiting: bool | None = None  # the trainer waits for a batch now (None: it has not asked yet)
+    produced_seqs: int | None = None  # accepted over the last PRODUCTION_WINDOW_S (None: not counted)
 
 
 class QueueFeed(Protocol):
@@ -43,24 +44,27 @@ class QueueFeed(Protocol):
         """Every number of the queue, for the status."""
 
 
-def pressure_inputs(queue: QueueSnapshot | None, workers: Mapping[WorkerState, int], busy_workers: float | None,
-                    allowed_slots: int, outstanding_requests: int | None = None) -> PressureInputs:
+def pressure_inputs(queue: QueueSnapshot | None, workers: Mapping[WorkerState, int], busy_worker_s: float | None,
+                    allowed_slots: int, outstanding_requests: int | None = None,
+                    burst_slots: int = 0, workers_loading: int = 0) -> PressureInputs:
     """What the autoscaler sees. ``workers``: workers by state (placeholders not counted);
-    ``busy_workers``: workers generating on average over the window (None: not reported), which
-    makes production per worker the production per *busy* worker."""
+    ``busy_worker_s``: worker-seconds inside rollouts over the production window (None: not
+    reported), which makes production per worker the production per *busy* worker."""
     active = workers.get(WorkerState.ACTIVE, 0)
     idle = PressureInputs(
         queued_seqs=None, batch_size=0,
         workers_starting=workers.get(WorkerState.STARTING, 0) + workers.get(WorkerState.BACKOFF, 0),
         workers_active=active, workers_draining=workers.get(WorkerState.DRAINING, 0),
-        allowed_slots=allowed_slots, outstanding_requests=outstanding_requests,
+        workers_loading=workers_loading, allowed_slots=allowed_slots, burst_slots=burst_slots,
+        outstanding_requests=outstanding_requests,
     )
     if queue is None:
         return idle
     return replace(
         idle, queued_seqs=queue.queued_seqs, batch_size=queue.batch_size,
         consumption_seqs_per_s=queue.consumption_seqs_per_s,
-        per_worker_seqs_per_s=per_worker_rate(queue.production_seqs_per_s, busy_workers, active),
+        per_worker_seqs_per_s=per_worker_rate(queue.production_seqs_per_s, queue.produced_seqs, busy_worker_s,
+                                              active),
         trainer_demand_seqs_per_s=(queue.batch_size / queue.trainer_step_s
                                    if queue.trainer_step_s and queue.trainer_step_s > 0 else None),
         trainer_waiting=queue.trainer_waiting,

@@ -60,17 +60,22 @@ class WindowRate:
             self._first_s = None  # a silence longer than the window: the next event starts a new series
 
 
-def per_worker_rate(production_seqs_per_s: float | None, busy_workers: float | None,
-                    active_workers: int) -> float | None:
+def per_worker_rate(production_seqs_per_s: float | None, produced_seqs: float | None,
+                    busy_worker_s: float | None, active_workers: int) -> float | None:
     """Sequences per second one worker makes while it generates [seq/s per busy worker].
 
-    ``busy_workers`` is the busy worker-seconds reported over the window per second (the mean
-    number of workers inside a rollout). Without it (workers that do not report busy time),
-    production / ACTIVE workers, which reads low while workers wait at the staleness gate."""
+    ``produced_seqs`` ÷ ``busy_worker_s``: the sequences accepted and the worker-seconds spent
+    inside rollouts, both over the last PRODUCTION_WINDOW_S of the clock. Taking both over the
+    same span matters while the series are young: busy time is reported from a worker's first
+    heartbeat, production only from its first accepted rollout, so a ratio of the two series'
+    own rates reads high by the ratio of their ages (several times, in the first minute after a
+    long model load). Early on it reads a little low instead: rollouts in flight have busy time
+    but no sequences yet. Without busy time (workers that do not report it), production / ACTIVE
+    workers, which reads low while workers wait at the staleness gate."""
     if production_seqs_per_s is None:
         return None
-    if busy_workers is not None and busy_workers > 0:
-        return production_seqs_per_s / busy_workers
+    if produced_seqs is not None and busy_worker_s is not None and busy_worker_s > 0:
+        return produced_seqs / busy_worker_s
     return production_seqs_per_s / max(1, active_workers)
 
 

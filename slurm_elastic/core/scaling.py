@@ -5,8 +5,9 @@ Pure: no I/O, the time is passed in. The control law (units in brackets):
     staleness room room  = (max_staleness - 1/2)·batch_size - in_flight     [sequences]
     setpoint       sp    = min(setpoint_batches·batch_size, max(batch_size/2, room))  [sequences]
     buffer error   e(t)  = sp - queued                            [sequences]; > 0: the trainer starves
+    error ahead    a(t)  = e(t) - loading·per_worker_rate·horizon_s  [sequences]
     feed-forward   w_ff  = consumption / per_worker_rate          [workers]
-    PID            u(t)  = Kp·e + Ki·∫e dt - Kd·d(queued)/dt       [sequences]
+    PID            u(t)  = Kp·a + Ki·∫a dt - Kd·d(queued)/dt       [sequences]
     recommendation w*    = w_ff + u(t) / (per_worker_rate · horizon_s)   [workers]
 
 The room is what the staleness bound lets the buffer hold on average: while the trainer computes,
@@ -15,6 +16,9 @@ averages half a batch below its peak. A setpoint above the room could never be r
 never let the policy scale down. per_worker_rate is the production of a worker while it
 generates (sequences per busy worker-second), not per ACTIVE worker: workers waiting at the
 staleness gate or loading their model would otherwise lower it until w_ff mirrors the count.
+The error ahead counts what workers launched but still loading (no rollout started yet) will
+produce within the horizon as already coming (a Smith predictor for the model load's dead time):
+without it, every decision during a long load asks again for the workers the last one launched.
 
 With the derivative on the measurement (no kick when the setpoint moves) and anti-windup (the
 integral stops growing while the output is pinned at a bound, or while the hysteresis below holds
@@ -28,7 +32,8 @@ scale-down stabilization window (act on the highest recommendation in it, as Kub
 does, each scaled by the trainer's demand now over its demand then), and a maximum step per
 action. The trainer's demand is batch_size / its compute time per step, measured from its pulls
 (core.rates.TrainerSteps). Workers still starting count as capacity,
-draining ones do not, so nothing is counted twice.
+draining ones do not, so nothing is counted twice. Before the rates are measured the start-up
+(core.startup) decides, and one sizing step hands over to this law.
 
 For inference servers a second source, the load ratio L = outstanding / (active · capacity),
 recommends ceil(outstanding / (capacity · scale_up_threshold)) workers when L leaves the
@@ -43,7 +48,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from slurm_elastic.core.startup import measured, startup_recommendation
+from slurm_elastic.core.startup import measured, sizing_step, startup_recommendation
 from slurm_elastic.errors import ConfigError
 
 # verl's ElasticConfig names -> ours (docs/autoscaler.md explains each)
@@ -146,7 +151,9 @@ class PressureInputs:
     workers_starting: int = 0
     workers_active: int = 0
     workers_draining: int = 0
+    workers_loading: int = 0  # launched, no rollout started yet (starting, or loading their model)
     allowed_slots: int = 1_000_000
+    burst_slots: int = 0  # of allowed_slots, those only burst jobs not yet held could add
     outstanding_requests: int | None = None
 
 
@@ -213,7 +220,8 @@ class Autoscaler:
     window: list[tuple[float, float, float | None]] = field(default_factory=list)  # (time, recommendation, demand)
     held_dir: int = 0  # +1/-1: the last decision held back a move that way (conditional integration)
     startup_step: bool = False  # this decision is the start-up step (no votes, stable period or step cap)
-    ramped: bool = False  # the rates were measured once: the start-up ramp is over for this job (kept across restarts)
+    ramped: bool = False  # both rates were measured: the start-up is over for this job (kept across restarts)
+    starting: bool = False  # the start-up decided, and its sizing step is still to come
 
     def decide(self, x: PressureInputs, now_s: float) -> Decision:
         """One decision; its reason names, in plain words, the pressure and whatever term, bound,
@@ -239,11 +247,13 @@ class Autoscaler:
             self.held_dir = 1
             return Decision(steady, "hold", f"hold: at the ceiling, {limit}{despite}; {why}", rec, *terms)
         demand = _positive(x.trainer_demand_seqs_per_s)
-        self.window.append((now_s, bounded, demand))
+        if not self.startup_step:  # the start-up's counts are guesses, not recommendations to hold on to
+            self.window.append((now_s, bounded, demand))
         self.window = [w for w in self.window if now_s - w[0] <= cfg.stabilization_window_s]
         window_held = False
         if bounded < current:  # scale down only as far as the highest recent recommendation allows
-            highest = max(r * (demand / then if demand and then else 1.0) for _t, r, then in self.window)
+            highest = max((r * (demand / then if demand and then else 1.0) for _t, r, then in self.window),
+                          default=bounded)
             if highest > bounded:
                 bounded, window_held = min(float(current), highest), True
                 why += (f"; the stabilization window ({cfg.stabilization_window_s:g} s) keeps {bounded:.1f} "
@@ -308,38 +318,50 @@ class Autoscaler:
         dt = 0.0 if self.last_now_s is None else max(0.0, now_s - self.last_now_s)
         d_queued = 0.0 if self.last_queued is None or dt == 0 else (x.queued_seqs - self.last_queued) / dt
         self.last_now_s, self.last_queued = now_s, x.queued_seqs
+        if not self.ramped and measured(x):
+            self.ramped = True
+            if self.starting:  # a start-up ran: it ends with one sizing step
+                self.starting, self.startup_step, self.window = False, True, []
+                rec, why = sizing_step(x)
+                return rec, f"{_pressure_words(x.queued_seqs, setpoint)}; {why}", (error, None, None, None)
         full = None
         if x.staleness_capacity_seqs is not None and x.staleness_capacity_seqs <= 0:
             full = "staleness bound reached (capacity 0)"
         elif x.buffer_capacity_seqs is not None and x.queued_seqs >= x.buffer_capacity_seqs:
             full = f"buffer full ({x.queued_seqs:.0f}/{x.buffer_capacity_seqs:.0f})"
+        if full is not None and not self.ramped and x.trainer_waiting is not None:
+            self.starting = True
+            return None, f"{full}: holding until the trainer's demand is measured (start-up)", (error, None, None, None)
         if full is not None:  # the trainer is the bottleneck: fewer workers, down to what its demand needs
             self.integral = min(self.integral, 0.0)
             fewer, why = _fewer_workers(x, current)
             return fewer, f"{full}: {why}", (error, None, None, None)
-        self.ramped = self.ramped or measured(x)
         start = None if self.ramped else startup_recommendation(cfg, x, current, setpoint)
         if start is not None:
-            self.startup_step = True
+            self.startup_step = self.starting = True
             return start[0], start[1], (error, None, None, None)
         rate = x.per_worker_seqs_per_s
         if rate is None or not math.isfinite(rate) or rate <= 0:
             return None, "no production rate measured yet: holding", (error, None, None, None)
-        p = cfg.kp * error
+        coming = x.workers_loading * rate * cfg.horizon_s  # ordered already: what loading workers will add
+        ahead = error - coming
+        p = cfg.kp * ahead
         d = -cfg.kd * d_queued
         consumption, taken = _positive(x.consumption_seqs_per_s), "consumption"
         if consumption is None:  # before two pulls: its demand, from its step time
             consumption, taken = _positive(x.trainer_demand_seqs_per_s) or 0.0, "demand"
         feed_forward = consumption / rate
         tentative = feed_forward + (p + cfg.ki * self.integral + d) / (rate * cfg.horizon_s)
-        saturated_up = tentative >= min(self.config.max_workers, x.allowed_slots) and error > 0
-        saturated_down = tentative <= self.config.min_workers and error < 0
-        held_back = self.held_dir != 0 and (error > 0) == (self.held_dir > 0)
+        saturated_up = tentative >= min(self.config.max_workers, x.allowed_slots) and ahead > 0
+        saturated_down = tentative <= self.config.min_workers and ahead < 0
+        held_back = self.held_dir != 0 and (ahead > 0) == (self.held_dir > 0)
         if not (saturated_up or saturated_down or held_back):  # anti-windup: not while pinned or held back
-            self.integral = max(-cfg.integral_limit_seqs_s, min(cfg.integral_limit_seqs_s, self.integral + error * dt))
+            self.integral = max(-cfg.integral_limit_seqs_s, min(cfg.integral_limit_seqs_s, self.integral + ahead * dt))
         i = cfg.ki * self.integral
         rec = feed_forward + (p + i + d) / (rate * cfg.horizon_s)
-        why = (f"{_pressure_words(x.queued_seqs, setpoint)}; the trainer's {taken} {consumption:.2f} seqs/s ÷ "
+        loading = (f" ({x.workers_loading} workers still loading count for {coming:.0f} seqs of it)"
+                   if x.workers_loading else "")
+        why = (f"{_pressure_words(x.queued_seqs, setpoint)}{loading}; the trainer's {taken} {consumption:.2f} seqs/s ÷ "
                f"{rate:.2f} per worker = feed-forward {feed_forward:.2f} + P {p:.0f} I {i:.0f} D {d:.0f} -> {rec:.2f} workers")
         return rec, why, (error, p, i, d)
 
@@ -361,7 +383,8 @@ class Autoscaler:
                 "votes_dir": self.votes_dir, "votes": self.votes, "direction_since_s": self.direction_since_s,
                 "last_up_s": None if math.isinf(self.last_up_s) else self.last_up_s,
                 "last_down_s": None if math.isinf(self.last_down_s) else self.last_down_s,
-                "window": [list(w) for w in self.window], "held_dir": self.held_dir, "ramped": self.ramped}
+                "window": [list(w) for w in self.window], "held_dir": self.held_dir, "ramped": self.ramped,
+                "starting": self.starting}
 
     @classmethod
     def from_state(cls, config: AutoscalerConfig, state: Mapping[str, Any]) -> Autoscaler:
@@ -379,4 +402,5 @@ class Autoscaler:
                          for w in state.get("window", [])]
         scaler.held_dir = int(state.get("held_dir", 0))
         scaler.ramped = bool(state.get("ramped", True))  # saved before the ramp existed: a running job
+        scaler.starting = bool(state.get("starting", False))
         return scaler

@@ -1,16 +1,27 @@
-"""The autoscaler's start-up step: a worker count before the rates it steers by are measured.
+"""The autoscaler's start-up: a worker count before the rates it steers by are measured, and the
+one sizing step that ends it.
 
-Pure. Until the controller has measured both the trainer's consumption and the production of a
-busy worker, the feed-forward of the control law cannot be formed. While the buffer is below its
-setpoint the start-up step then sizes the pool from what is known:
+Pure. Until the controller has measured both the trainer's demand (its step time, or its
+consumption) and the production of a busy worker, the feed-forward of the control law cannot be
+formed. While the buffer is below its setpoint the start-up step then sizes the pool from what
+is known:
 
-- both the trainer's demand (``batch_size / startup_trainer_step_s``, or the measured consumption)
-  and a worker's production (the measured rate, or ``startup_worker_seqs_per_s``) known:
-  ``ceil(demand / production)`` workers at once;
-- otherwise twice the current count (a geometric ramp, one doubling per scale-up cooldown),
+- both the trainer's demand (measured, or ``batch_size / startup_trainer_step_s``) and a worker's
+  production (measured, or ``startup_worker_seqs_per_s``) known: ``ceil(demand / production)``
+  workers at once;
+- otherwise, while the trainer waits for its first batches, a worker on every GPU the job holds
+  (burst jobs not counted). A trainer that waits idles at least a model load and a rollout, and
+  only workers launched now shorten that: a count grown by doubling arrives a cooldown late per
+  doubling, which with a long model load costs the trainer more than the extra workers cost
+  GPU-time before the sizing step. The sizing step sheds them a trainer step later;
+- while the trainer computes on its first batches: the count it has;
+- before the trainer has asked for anything: twice the current count, once per cooldown,
 
 bounded by what the staleness bound lets generate at once (when a worker's share of the sequences
 in flight is measured) and, as every decision is, by min/max workers and the usable GPU slots.
+
+Once both rates are measured, one **sizing step** sets ``ceil(demand / production)`` workers at
+once, up or down (no votes, stable period or step cap), and the control law takes over.
 """
 
 from __future__ import annotations
@@ -26,10 +37,24 @@ def _positive(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) and value > 0 else None
 
 
+def measured_demand(x: PressureInputs) -> float | None:
+    """The trainer's measured demand [seq/s]: from its step time, else its consumption."""
+    return _positive(x.trainer_demand_seqs_per_s) or _positive(x.consumption_seqs_per_s)
+
+
 def measured(x: PressureInputs) -> bool:
     """Both rates the control law needs are measured."""
-    demand = _positive(x.consumption_seqs_per_s) or _positive(x.trainer_demand_seqs_per_s)
-    return demand is not None and _positive(x.per_worker_seqs_per_s) is not None
+    return measured_demand(x) is not None and _positive(x.per_worker_seqs_per_s) is not None
+
+
+def sizing_step(x: PressureInputs) -> tuple[float, str]:
+    """The step that ends the start-up: the workers the measured demand needs at the measured
+    production (call only when :func:`measured`)."""
+    demand, production = measured_demand(x), _positive(x.per_worker_seqs_per_s)
+    assert demand is not None and production is not None
+    rec = float(math.ceil(demand / production - 1e-9))
+    return rec, (f"start-up ends: the trainer needs {demand:.2f} seqs/s, a worker makes {production:.2f} "
+                 f"(both measured) -> {rec:.0f} workers")
 
 
 def staleness_room_workers(x: PressureInputs) -> float | None:
@@ -45,17 +70,15 @@ def staleness_room_workers(x: PressureInputs) -> float | None:
 
 def startup_recommendation(cfg: AutoscalerConfig, x: PressureInputs, current: int,
                            setpoint_seqs: float) -> tuple[float, str] | None:
-    """The start-up step's worker count and its reason, or None once the rates are measured or
-    while the buffer is at or above ``setpoint_seqs``."""
+    """The start-up step's worker count and its reason, or None while the buffer is at or above
+    ``setpoint_seqs`` (call only while not :func:`measured`)."""
     queued = x.queued_seqs
-    if measured(x) or queued is None or queued >= setpoint_seqs:
+    if queued is None or queued >= setpoint_seqs:
         return None
-    demand = _positive(x.consumption_seqs_per_s)
-    demand_from = "measured"
+    demand, demand_from = measured_demand(x), "measured"
     if demand is None and cfg.startup_trainer_step_s > 0:
         demand, demand_from = x.batch_size / cfg.startup_trainer_step_s, "startup_trainer_step_s"
-    production = _positive(x.per_worker_seqs_per_s)
-    production_from = "measured"
+    production, production_from = _positive(x.per_worker_seqs_per_s), "measured"
     if production is None and cfg.startup_worker_seqs_per_s > 0:
         production, production_from = cfg.startup_worker_seqs_per_s, "startup_worker_seqs_per_s"
     if demand is not None and production is not None:
@@ -65,10 +88,14 @@ def startup_recommendation(cfg: AutoscalerConfig, x: PressureInputs, current: in
     elif x.trainer_waiting is False:
         rec = float(current)
         why = "start-up: the trainer computes on its first batches, holding until its demand is measured"
+    elif x.trainer_waiting is True:
+        held = max(1, x.allowed_slots - x.burst_slots)
+        rec = float(min(cfg.max_workers, held))
+        why = (f"start-up: the trainer waits and its demand is not measured yet, a worker on every GPU the job "
+               f"holds -> {rec:.0f} workers until it is")
     else:
         rec = float(max(1, 2 * current))
-        unknown = "the trainer's demand" if demand is None else "a worker's production"
-        why = f"start-up: {unknown} not measured yet, doubling {current} -> {rec:.0f} workers"
+        why = f"start-up: no trainer has asked for rollouts yet, doubling {current} -> {rec:.0f} workers"
     room = staleness_room_workers(x)
     if room is not None and rec > max(room, current):
         rec = max(math.floor(room), current)

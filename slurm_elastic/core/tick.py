@@ -56,7 +56,7 @@ class Observation:
     agent_nodes: frozenset[str] = frozenset()  # nodes whose agent step runs
     foreign_gpus: Mapping[int, Mapping[str, int]] = field(default_factory=dict)  # job -> node -> GPUs held
     queue: QueueSnapshot | None = None
-    busy_workers: float | None = None  # workers generating on average (None: not reported)
+    busy_worker_s: float | None = None  # worker-seconds inside rollouts over the production window (None: not reported)
     outstanding_by_worker: Mapping[str, int] = field(default_factory=dict)  # servers: requests in flight
     total_outstanding: int | None = None  # servers: all requests in flight; None for other workers
     releasing_jobs: frozenset[int] = frozenset()  # burst jobs being emptied: their workers drain
@@ -180,10 +180,15 @@ def autoscales(state: ControlState) -> bool:
 
 
 def autoscaler_inputs(state: ControlState, obs: Observation, allowed_slots: int, cfg: TickConfig) -> PressureInputs:
-    """What the autoscaler sees: the queue's numbers, server load, workers by state."""
-    counts = Counter(w.state for w in state.workers.values() if not w.placeholder)
-    return pressure_inputs(obs.queue, counts, obs.busy_workers if obs.queue else None, allowed_slots,
-                           obs.total_outstanding if cfg.is_server else None)
+    """What the autoscaler sees: the queue's numbers, server load, workers by state, and how many
+    are still loading (launched, no rollout started yet; known only where workers report busy time)."""
+    workers = [w for w in state.workers.values() if not w.placeholder]
+    counts = Counter(w.state for w in workers)
+    busy_worker_s = obs.busy_worker_s if obs.queue else None
+    loading = 0 if busy_worker_s is None else sum(
+        1 for w in workers if w.state is S.STARTING or (w.state is S.ACTIVE and w.rollouts == 0 and not w.busy))
+    return pressure_inputs(obs.queue, counts, busy_worker_s, allowed_slots,
+                           obs.total_outstanding if cfg.is_server else None, obs.burst_slots_possible, loading)
 
 
 def operator_drain(state: ControlState, worker: Worker, cfg: TickConfig, outstanding_by_worker: Mapping[str, int],

@@ -185,12 +185,13 @@ class Simulation:
         q = self.trace.queue
         return QueueSnapshot(self.queued_seqs, q.batch_size, self.pulls.rate(self.now_s), self.accepts.rate(self.now_s),
                              self.staleness.running, q.max_staleness, self.staleness.capacity(), q.capacity_seqs,
-                             self.trainer_steps.step_s(self.now_s), self.trainer_steps.waiting())
+                             self.trainer_steps.step_s(self.now_s), self.trainer_steps.waiting(),
+                             round(self.accepts.total(self.now_s)))
 
     def observe(self) -> Observation:
         """What the controller sees: every simulated step, the queue, the workers' busy time."""
         steps = tuple(ObservedStep(p.worker_id, p.worker_id, NODE) for p in self.procs.values())
-        return Observation(steps, queue=self.queue_snapshot(), busy_workers=self.busy.rate(self.now_s))
+        return Observation(steps, queue=self.queue_snapshot(), busy_worker_s=self.busy.total(self.now_s))
 
     def _tick(self) -> None:
         self.grants.expire(self.now_s)

@@ -39,7 +39,7 @@ def test_no_busy_reports_means_no_estimate(tmp_path: Path) -> None:
     clock = Clock()
     controller = controller_with_two_workers(tmp_path, clock)
     controller.heartbeat("0001", {"busy": True, "rollouts": 1})  # an SDK that sends no busy_s
-    assert controller.busy_workers(clock()) is None
+    assert controller.busy_worker_s(clock()) is None
 
 
 def test_one_worker_always_busy_and_one_half_busy_make_one_and_a_half(tmp_path: Path) -> None:
@@ -49,7 +49,7 @@ def test_one_worker_always_busy_and_one_half_busy_make_one_and_a_half(tmp_path: 
         clock.now_s = 1000.0 + tick
         controller.heartbeat("0001", {"busy_s": float(tick)})
         controller.heartbeat("0002", {"busy_s": tick / 2})
-    assert controller.busy_workers(clock()) == pytest.approx(1.5, rel=0.05)
+    assert controller.busy_worker_s(clock()) == pytest.approx(1.5 * 120, rel=0.05)  # over the 120 s window
 
 
 def test_a_restarted_worker_counting_from_zero_adds_no_negative_time(tmp_path: Path) -> None:
@@ -58,8 +58,8 @@ def test_a_restarted_worker_counting_from_zero_adds_no_negative_time(tmp_path: P
     for tick, busy_s in enumerate([50.0, 51.0, 52.0, 1.0, 2.0, 3.0]):  # the SDK restarted at tick 3
         clock.now_s = 1000.0 + tick
         controller.heartbeat("0001", {"busy_s": busy_s})
-    rate = controller.busy_workers(clock())
-    assert rate is not None and 0.0 < rate <= 1.0 + 1e-9
+    # +1 s a report after the first; the restart's report (1.0) counts as 1 s, not -51 s
+    assert controller.busy_worker_s(clock()) == pytest.approx(5.0)
 
 
 def test_the_sdk_counts_time_inside_rollouts_only(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -40,14 +40,30 @@ def test_a_new_series_after_a_silence_starts_afresh() -> None:
     assert meter.rate(210.0) == pytest.approx(0.8)
 
 
-@pytest.mark.parametrize(("production", "busy", "active", "expected"), [
-    (6.4, 8.0, 12, 0.8),  # per busy worker: 12 active, 8 generating on average
-    (6.4, None, 8, 0.8),  # no busy time reported: per ACTIVE worker
-    (6.4, 0.0, 4, 1.6),  # nobody reported busy time yet: per ACTIVE worker
-    (None, 8.0, 8, None),  # no production measured
+@pytest.mark.parametrize(("production", "produced", "busy_s", "active", "expected"), [
+    (6.4, 768, 960.0, 12, 0.8),  # per busy worker-second: 768 seqs in 120 s, 8 of 12 generating on average
+    (6.4, 768, None, 8, 0.8),  # no busy time reported: per ACTIVE worker
+    (6.4, 768, 0.0, 4, 1.6),  # nobody reported busy time yet: per ACTIVE worker
+    (None, 0, 960.0, 8, None),  # no production measured
 ])
-def test_per_worker_rate(production: float | None, busy: float | None, active: int, expected: float | None) -> None:
-    assert per_worker_rate(production, busy, active) == (None if expected is None else pytest.approx(expected))
+def test_per_worker_rate(production: float | None, produced: int, busy_s: float | None, active: int,
+                         expected: float | None) -> None:
+    got = per_worker_rate(production, produced, busy_s, active)
+    assert got == (None if expected is None else pytest.approx(expected))
+
+
+def test_per_worker_rate_takes_production_and_busy_time_over_the_same_span() -> None:
+    """Busy time is reported from the first heartbeat, production from the first accepted
+    rollout: 20 workers loading a model for 90 s, then each making 12 seqs per 12 s rollout."""
+    produced, busy = WindowRate(120.0), WindowRate(120.0)
+    for t in range(2, 125, 2):  # heartbeats every 2 s: nothing busy while loading
+        busy.add(float(t), 0.0 if t <= 92 else 20 * 2.0)
+    for t in range(104, 125, 12):  # every worker hands over one rollout of 12 seqs every 12 s
+        produced.add(float(t), 20 * 12)
+    own_rates = produced.rate(124.0) / busy.rate(124.0)  # each series over its own age
+    same_span = per_worker_rate(produced.rate(124.0), produced.total(124.0), busy.total(124.0), 20)
+    assert own_rates > 2.0  # more than twice the truth (1.0: 12 seqs per 12 busy seconds)
+    assert 0.7 < same_span <= 1.0  # low, not high: the rollouts in flight have busy time, no sequences yet
 
 
 def test_trainer_steps_split_the_trainers_cycle_into_waits_and_compute() -> None:

@@ -201,7 +201,7 @@ def test_deadband(deadband: float, consumption: float, expected_action: str) -> 
     (PressureInputs(queued_seqs=0, batch_size=0, workers_active=4), "hold", "no buffer measurement"),  # empty
     (inputs(queued=64, consumption=math.nan), "scale_down", "feed-forward 0.00"),  # NaN consumption: no feed-forward
     (inputs(queued=64, consumption=None), "scale_down", "feed-forward 0.00"),
-    (inputs(queued=0, rate=math.inf), "scale_up", "start-up: a worker's production not measured"),  # inf is no rate
+    (inputs(queued=0, rate=math.inf), "scale_up", "start-up: no trainer has asked for rollouts yet, doubling 4 -> 8"),
 ])
 def test_unmeasured_inputs_are_explicit(x: PressureInputs, expected_action: str, phrase: str) -> None:
     _target, action, reason = decide(FAST, x)
@@ -282,17 +282,52 @@ def test_a_capped_step_names_the_cap() -> None:
 SLOW = dataclasses.replace(FAST, confirmations=2, min_stable_period_s=10.0, scale_up_cooldown_s=30.0, max_step_up=1)
 
 
-def test_start_up_doubles_at_once_then_once_per_cooldown_until_the_rates_are_measured() -> None:
+def test_start_up_fills_the_jobs_gpus_while_the_trainer_waits_then_one_sizing_step_sheds_them() -> None:
+    scaler = Autoscaler(SLOW)
+    waiting = inputs(queued=0, active=2, rate=None, consumption=None, trainer_waiting=True, allowed_slots=14,
+                     burst_slots=4)
+    first = scaler.decide(waiting, 2.0)  # no votes, no stable period, no step cap; burst slots not asked for
+    assert (first.target_workers, first.action) == (10, "scale_up")
+    assert "a worker on every GPU the job holds -> 10 workers" in first.reason
+    full = dataclasses.replace(waiting, queued_seqs=96, workers_active=10, per_worker_seqs_per_s=0.8,
+                               staleness_capacity_seqs=0)
+    held = scaler.decide(full, 40.0)  # full before the trainer's demand is known: no shedding one by one
+    assert held.action == "hold" and "holding until the trainer's demand is measured" in held.reason
+    measured = dataclasses.replace(full, trainer_waiting=False, trainer_demand_seqs_per_s=3.2)
+    sized = scaler.decide(measured, 50.0)  # 3.2 seqs/s at 0.8 per worker: 4, in one step down from 10
+    assert (sized.target_workers, sized.action) == (4, "scale_down") and "start-up ends" in sized.reason
+    assert scaler.window == []  # the start-up's counts are not recommendations the window holds on to
+    after = scaler.decide(dataclasses.replace(measured, workers_active=4, staleness_capacity_seqs=None, queued_seqs=8),
+                          90.0)
+    assert "start-up" not in after.reason and "feed-forward" in after.reason
+
+
+def test_start_up_doubles_once_per_cooldown_before_a_trainer_has_asked() -> None:
     scaler = Autoscaler(SLOW)
     first = scaler.decide(inputs(queued=0, active=2, rate=None, consumption=None), 2.0)
-    assert (first.target_workers, first.action) == (4, "scale_up")  # no votes, no stable period, no step cap
-    assert "doubling 2 -> 4" in first.reason
+    assert (first.target_workers, first.action) == (4, "scale_up") and "doubling 2 -> 4" in first.reason
     held = scaler.decide(inputs(queued=0, active=4, rate=0.8, consumption=None), 20.0)
     assert held.action == "hold" and "cooldown after scale-up" in held.reason
     second = scaler.decide(inputs(queued=8, active=4, rate=0.8, consumption=None), 32.0)
-    assert (second.target_workers, "the trainer's demand not measured") == (8, "the trainer's demand not measured")
-    measured = scaler.decide(inputs(queued=8, active=8, rate=0.8, consumption=6.4), 70.0)
-    assert "start-up" not in measured.reason and "feed-forward" in measured.reason
+    assert second.target_workers == 8
+
+
+def test_a_policy_whose_first_look_is_measured_steers_at_once() -> None:
+    d = Autoscaler(SLOW).decide(inputs(queued=8, active=8, rate=0.8, consumption=6.4), 70.0)
+    assert "start-up" not in d.reason and "feed-forward" in d.reason
+
+
+def test_workers_still_loading_count_for_what_they_will_add() -> None:
+    """A Smith predictor for the model load: the workers the last decision launched are not
+    asked for again while they load."""
+    x = inputs(queued=0, active=6, rate=1.0, consumption=4.0)
+    without = Autoscaler(FAST).decide(x, 100.0)
+    loading = Autoscaler(FAST).decide(dataclasses.replace(x, workers_loading=2), 100.0)
+    assert loading.recommended is not None and without.recommended is not None
+    # 2 loading workers at 1 seq/s over the 30 s horizon: 60 seqs of the error are on their way
+    assert without.recommended - loading.recommended == pytest.approx(2.0)
+    assert "2 workers still loading count for 60 seqs of it" in loading.reason
+    assert loading.error_seqs == without.error_seqs  # the buffer's error itself is what it is
 
 
 def test_start_up_ramp_ends_for_the_job_once_measured_and_a_restart_does_not_start_it_again() -> None:
@@ -352,17 +387,19 @@ def test_the_stabilization_window_follows_the_trainers_demand() -> None:
     assert (held.target_workers, held.action) == (8, "hold") and "stabilization window" in held.reason
 
 
-def test_the_start_up_ramp_holds_while_the_trainer_computes_and_ends_on_its_step_time() -> None:
-    waiting = inputs(queued=0, active=4, rate=None, consumption=None, trainer_waiting=True)
-    assert decide(SLOW, waiting)[:2] == (8, "scale_up")  # the trainer waits: doubling
-    computing = dataclasses.replace(waiting, trainer_waiting=False)
-    target, action, reason = decide(SLOW, computing)
-    assert (target, action) == (4, "hold") and "the trainer computes" in reason
-    # its step time measured (32 seqs per 8 s = 4 seqs/s) and a worker's production (0.5): the
-    # ramp is over before the trainer has pulled twice, and the pool is sized to 8
-    measured = dataclasses.replace(waiting, per_worker_seqs_per_s=0.5, trainer_demand_seqs_per_s=4.0)
-    d = Autoscaler(SLOW).decide(measured, 100.0)
-    assert "start-up" not in d.reason and "the trainer's demand 4.00 seqs/s" in d.reason
+def test_the_start_up_holds_while_the_trainer_computes_and_ends_on_its_step_time() -> None:
+    scaler = Autoscaler(SLOW)
+    waiting = inputs(queued=0, active=4, rate=None, consumption=None, trainer_waiting=True, allowed_slots=8)
+    assert scaler.decide(waiting, 2.0).target_workers == 8  # the trainer waits: every GPU
+    computing = dataclasses.replace(waiting, workers_active=8, trainer_waiting=False)
+    d = scaler.decide(computing, 20.0)
+    assert (d.target_workers, d.action) == (8, "hold") and "the trainer computes" in d.reason
+    # its step time measured (32 seqs per 8 s = 4 seqs/s) and a worker's production (0.8): the
+    # start-up is over before the trainer has pulled twice, and the pool is sized to 5
+    measured = dataclasses.replace(computing, per_worker_seqs_per_s=0.8, trainer_demand_seqs_per_s=4.0)
+    d = scaler.decide(measured, 40.0)
+    assert (d.target_workers, d.action) == (5, "scale_down")
+    assert "the trainer needs 4.00 seqs/s, a worker makes 0.80 (both measured) -> 5 workers" in d.reason
 
 
 def test_a_window_saved_before_it_kept_the_demand_still_loads() -> None:

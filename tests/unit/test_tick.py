@@ -5,6 +5,7 @@ from __future__ import annotations
 from slurm_elastic.core.cordons import CordonBook
 from slurm_elastic.core.lifecycle import Worker, WorkerState
 from slurm_elastic.core.placement import Allocation, placement
+from slurm_elastic.core.pressure import QueueSnapshot
 from slurm_elastic.core.reconcile import Cancel, Drain, Launch, ObservedStep, ReconcileConfig
 from slurm_elastic.core.scaling import Autoscaler, AutoscalerConfig, Decision, PressureInputs
 from slurm_elastic.core.tick import ControlState, Observation, TickConfig, tick
@@ -95,3 +96,24 @@ def test_the_count_may_reach_for_slots_burst_jobs_could_add() -> None:
     assert tick(Observation(steps=()), st, CFG, (OWN,), 0.0).desired == 2
     more = tick(Observation(steps=(), burst_slots_possible=4), st, CFG, (OWN,), 1.0)
     assert more.desired == 6 and not [a for a in more.actions if isinstance(a, Launch)]  # no slot for more yet
+
+
+def test_the_autoscaler_sees_the_burst_slots_and_the_workers_still_loading() -> None:
+    seen: list[PressureInputs] = []
+
+    class Spy:
+        def decide(self, x: PressureInputs, now_s: float) -> Decision:
+            seen.append(x)
+            return Decision(4, "hold", "spy")
+
+    st = ControlState(autoscaler=Autoscaler(AutoscalerConfig()), cordons=CordonBook(), policy=Spy())
+    for wid, worker_state, rollouts, busy in (("0001", S.STARTING, 0, False), ("0002", S.ACTIVE, 0, False),
+                                              ("0003", S.ACTIVE, 0, True), ("0004", S.ACTIVE, 3, False)):
+        st.workers[wid] = Worker(wid, state=worker_state, job_id=7, rollouts=rollouts, busy=busy)
+    queue = QueueSnapshot(queued_seqs=0, batch_size=32, consumption_seqs_per_s=None, production_seqs_per_s=None,
+                          in_flight_seqs=0, max_staleness=2, staleness_capacity_seqs=96, buffer_capacity_seqs=512)
+    tick(Observation(steps=None, queue=queue, busy_worker_s=30.0, burst_slots_possible=4), st, CFG, (OWN,), 0.0)
+    # starting, and active without a rollout started; not the one inside its first rollout
+    assert (seen[-1].workers_loading, seen[-1].burst_slots, seen[-1].allowed_slots) == (2, 4, 6)
+    tick(Observation(steps=None, queue=queue, busy_worker_s=None), st, CFG, (OWN,), 1.0)
+    assert seen[-1].workers_loading == 0  # workers that report no busy time: loading is not known
