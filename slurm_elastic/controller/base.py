@@ -148,6 +148,8 @@ class ControllerBase:
         st.seed_target_from_slurm = not restored.found or restored.target_workers is None
         if restored.autoscaler is not None:  # both validated when read
             st.autoscaler = Autoscaler.from_state(st.autoscaler.config, restored.autoscaler)
+        elif restored.found:  # a running job whose memory was lost: no start-up again
+            st.autoscaler = Autoscaler.from_state(st.autoscaler.config, {})
         if restored.cordons is not None:
             st.cordons = CordonBook.from_state(restored.cordons, self.health_rules)
         now_s = self.clock()

@@ -87,9 +87,12 @@ class AutoscalerMemory(_Model):
     direction_since_s: Time = None
     last_up_s: Time = None
     last_down_s: Time = None
-    window: list[tuple[StrictFloat, StrictFloat]] = Field(default_factory=list)
+    # (time, recommendation, the trainer's demand then); the 2-item form was written before the demand
+    window: list[tuple[StrictFloat, StrictFloat, StrictFloat | None] | tuple[StrictFloat, StrictFloat]] = Field(
+        default_factory=list)
     held_dir: Annotated[StrictInt, Field(ge=-1, le=1)] = 0
     ramped: StrictBool = True
+    starting: StrictBool = False
 
 
 Workers = Annotated[StrictInt, Field(ge=0, le=100_000)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -24,3 +25,8 @@ def test_the_example_learns_scales_and_survives_a_controller_kill(devcluster: De
     assert "example: OK" in result.stdout
     assert "workers relaunched: 0" in result.stdout
     assert "workers placed on the cordoned GPU after the cordon: 0" in result.stdout
+    # the controller's log, restart included: nothing it had to refuse or repair (a state file it
+    # wrote and could not read back again, say)
+    log = Path(re.search(r"log: (\S+)", result.stdout).group(1))  # type: ignore[union-attr]
+    errors = [line for line in log.read_text().splitlines() if " ERROR " in line]
+    assert errors == [], errors

@@ -1,5 +1,5 @@
-"""Busy time from heartbeats: the controller turns each worker's cumulative ``busy_s`` into
-"workers generating on average", the divisor of the autoscaler's per-worker rate."""
+"""Busy time from heartbeats: the controller sums the increases of each worker's cumulative
+``busy_s`` over the production window, the divisor of the autoscaler's per-worker rate."""
 
 from __future__ import annotations
 
@@ -77,3 +77,4 @@ def test_the_sdk_counts_time_inside_rollouts_only(monkeypatch: pytest.MonkeyPatc
         now[0] += 2.0
         raise RuntimeError("environment crashed")
     assert worker.busy_s == pytest.approx(5.0) and worker.rollouts == 1
+
