@@ -90,7 +90,7 @@ def startup_recommendation(cfg: AutoscalerConfig, x: PressureInputs, current: in
         why = "start-up: the trainer computes on its first batches, holding until its demand is measured"
     elif x.trainer_waiting is True:
         held = max(1, x.allowed_slots - x.burst_slots)
-        rec = float(min(cfg.max_workers, held))
+        rec = float(max(current, min(cfg.max_workers, held)))  # never fewer before anything is measured
         why = (f"start-up: the trainer waits and its demand is not measured yet, a worker on every GPU the job "
                f"holds -> {rec:.0f} workers until it is")
     else:

@@ -289,6 +289,8 @@ def test_start_up_fills_the_jobs_gpus_while_the_trainer_waits_then_one_sizing_st
     first = scaler.decide(waiting, 2.0)  # no votes, no stable period, no step cap; burst slots not asked for
     assert (first.target_workers, first.action) == (10, "scale_up")
     assert "a worker on every GPU the job holds -> 10 workers" in first.reason
+    more = Autoscaler(SLOW).decide(dataclasses.replace(waiting, workers_active=12), 2.0)  # burst workers already
+    assert more.target_workers == 12  # never fewer before anything is measured
     full = dataclasses.replace(waiting, queued_seqs=96, workers_active=10, per_worker_seqs_per_s=0.8,
                                staleness_capacity_seqs=0)
     held = scaler.decide(full, 40.0)  # full before the trainer's demand is known: no shedding one by one
