@@ -50,6 +50,7 @@ CREATE TABLE IF NOT EXISTS lost (
 """
 LIVE_STATES = "('queued', 'handed')"
 STALENESS_KEY = "staleness"  # the meta key of the queue's staleness counts
+UNKNOWN_LOSS = "quarantined earlier; why and when were lost with the index's lost table"
 MARKER_KEY = "store"  # a meta row written when the index is opened: meta rows without it were lost
 STATES = "('queued', 'handed', 'delivered', 'dropped', 'lost')"
 NOT_WRITTEN_HERE = f"""state NOT IN {STATES}
@@ -86,9 +87,11 @@ class StoreIndex:
         except sqlite3.DatabaseError as exc:
             raise StateFileError(f"rollout store {path} is unusable: {exc}") from None
 
-    def create_schema(self) -> None:
+    def create_schema(self, now_s: float) -> int:
         """The tables, made if missing (after :attr:`fresh` was looked at). A store whose rows
-        hold no place in the payload log is refused (a format this version does not read)."""
+        hold no place in the payload log is refused (a format this version does not read). Lost
+        groups whose ``lost`` row is gone (the table was dropped or emptied) get one back, dated
+        ``now_s``, saying their reason was lost: returns how many."""
         try:
             columns = {r[1] for r in self.db.execute("PRAGMA table_info(groups)")}
             if columns and (not {"segment", "body_offset"} <= columns or self.db.execute(
@@ -103,6 +106,9 @@ class StoreIndex:
             self.db.executescript(SCHEMA)
             self.db.execute("INSERT OR IGNORE INTO meta (key, value) VALUES (?, 'slurm-elastic rollout store')",
                             (MARKER_KEY,))
+            return self.db.execute(
+                "INSERT INTO lost (id, reason, lost_s) SELECT id, ?, ? FROM groups "
+                "WHERE state = 'lost' AND id NOT IN (SELECT id FROM lost)", (UNKNOWN_LOSS, now_s)).rowcount
         except sqlite3.DatabaseError as exc:
             raise StateFileError(f"rollout store {self.path} is unusable: {exc}") from None
 

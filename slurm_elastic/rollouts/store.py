@@ -80,7 +80,9 @@ class RolloutStore(GroupCommits):
         try:
             if self._index.fresh:
                 refuse_log_without_index(self.path, "holds no index", log_dir)
-            self._index.create_schema()
+            if unknown := self._index.create_schema(self.clock()):
+                log.warning("rollout store %s: %d lost group(s) had no record of why (the index's lost table "
+                            "was dropped or emptied): recorded again as lost, reason unknown", self.path, unknown)
             self.log = SegmentLog(log_dir, segment_bytes)
         except BaseException:
             self._index.close()

@@ -218,3 +218,25 @@ def test_a_store_of_version_0_groups_without_meta_rows_still_opens(tmp_path: Pat
     again = RolloutQueue(RolloutStore(tmp_path / "q.sqlite"), QueueConfig(batch_size=8, capacity_seqs=100))
     assert again.stats()["queued_sequences"] == 4 and again.stats()["policy_version"] == 0
     again.store.close()
+
+
+@pytest.mark.parametrize("damage", ["DELETE FROM lost", "DROP TABLE lost"])
+def test_lost_groups_whose_record_of_why_is_gone_are_still_reported(tmp_path: Path, damage: str,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """Before, a dropped or emptied ``lost`` table made quarantined groups vanish from the report."""
+    store = filled(tmp_path, ["a", "b", "c"])
+    flip_byte(tmp_path, "b")
+    assert ids(store.hand_out("b1", ["a", "b", "c"], 1.0)) == ["a", "c"]
+    store.close()
+    with sqlite3.connect(tmp_path / "q.sqlite") as db:
+        db.execute(damage)
+    again = RolloutStore(tmp_path / "q.sqlite", clock=lambda: 500.0)
+    (lost,) = again.lost()
+    assert (lost.id, lost.worker_id, lost.n_seqs, lost.lost_s) == ("b", "0007", 4, 500.0)
+    assert "lost with the index's lost table" in lost.reason
+    assert "1 lost group(s) had no record of why" in caplog.text
+    assert [g for g, _ in again.batch_payloads("b1")] == ["a", "c"]  # nothing else changed
+    again.close()
+    reopened = RolloutStore(tmp_path / "q.sqlite", clock=lambda: 900.0)
+    assert [(g.id, g.lost_s) for g in reopened.lost()] == [("b", 500.0)]  # recorded once, kept
+    reopened.close()
