@@ -29,7 +29,9 @@ Run = tuple[float, float]  # (trainer idle fraction, GPU-seconds)
 
 
 def _use_code(code: str) -> None:
-    sys.path.insert(0, code)
+    """Import ``slurm_elastic`` from ``code`` (once per process)."""
+    if sys.path[0] != code:
+        sys.path.insert(0, code)
 
 
 def _run(code: str, name: str, policy: str, seed: int, workers: int) -> Run:
