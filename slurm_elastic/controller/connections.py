@@ -8,7 +8,9 @@ sends a head a byte at a time, or never sends one, holds no descriptor for long.
 in progress, or is itself closed at once if every connection is busy. The cap is kept below the
 process's open-files limit so that the controller's own files always open. A response that has
 bytes to send and sends none of them for ``write_timeout_s`` (the client does not read) closes
-its connection: a client that never reads its answers holds no slot of the cap for long.
+its connection: a client that never reads its answers holds no slot of the cap for long, also
+once the HTTP server has begun to close the connection (its keep-alive time is up), a close that
+waits for the write buffer to empty.
 
 :func:`guarded` wraps any asyncio protocol class (uvicorn's ``http=`` setting takes one); it
 sees only the asyncio ``Protocol`` and ``Transport`` interfaces. The transport it hands the
@@ -118,8 +120,9 @@ class GuardedConnection(asyncio.Protocol):
         self._write_watch = asyncio.get_running_loop().call_later(self.book.write_timeout_s / 4, self._look_at_writes)
 
     def _look_at_writes(self) -> None:
+        """One look, also while the HTTP server closes the connection."""
         self._write_watch = None
-        if self.transport is None or self.transport.is_closing():
+        if self.transport is None or self._lost:
             return
         pending = self.transport.get_write_buffer_size()
         if not pending:
@@ -173,7 +176,7 @@ class GuardedConnection(asyncio.Protocol):
 
     def abort(self) -> None:
         """Close at once (the descriptor is freed now); the wrapped protocol hears connection_lost."""
-        if self.transport is not None and not self.transport.is_closing():
+        if self.transport is not None and not self._lost:
             self.transport.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
