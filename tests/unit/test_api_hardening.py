@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import json
 import re
 import resource
 import select
@@ -224,6 +225,31 @@ def _pull_big_batch(url: str, gid: str) -> tuple[socket.socket, int]:
     length = re.search(rb"content-length: (\d+)", head, re.IGNORECASE)
     assert head.startswith(b"HTTP/1.1 200 ") and length is not None, head
     return conn, int(length[1])
+
+
+def test_a_client_that_reads_its_response_a_drip_at_a_time_loses_its_connection(tmp_path: Path) -> None:
+    """With a write timeout of 2 s and a minimum send rate of 8 MiB/s: a 21 MB batch read 512 KiB
+    at most every 0.2 s (at most 2.5 MiB/s: enough for some of it to leave the server's write
+    buffer in every window, so no window sends nothing) has its connection closed by the server
+    while most of the batch is still unsent, while a client that reads at its own pace gets its
+    whole batch."""
+    with served(tmp_path, "--write-timeout-s", "2", "--min-send-rate-bytes-per-s", str(8 << 20),
+                "--batch-size", "8") as (url, server):
+        normal, length = _pull_big_batch(url, "normal")
+        with normal:
+            body = b""
+            while len(body) < length and (chunk := normal.recv(1 << 20)):
+                body += chunk
+            assert len(body) == length > 20_000_000 and json.loads(body)["groups"][0]["id"] == "normal"
+        dripping, length = _pull_big_batch(url, "drip")
+        received, started = 0, time.monotonic()
+        with dripping:
+            while _server_side_open(server, dripping):
+                assert time.monotonic() - started < 60, f"a dripping client read {received} bytes, still open"
+                received += len(dripping.recv(512 << 10))
+                time.sleep(0.2)
+        print(f"\ndripping client closed after {time.monotonic() - started:.1f} s, {received} of {length} bytes read")
+        assert received < length // 2, "the server sent a dripping client most of its batch before closing"
 
 
 def test_a_response_never_read_past_the_keep_alive_close_still_loses_its_connection(tmp_path: Path) -> None:
