@@ -6,9 +6,14 @@ whole head within ``head_timeout_s`` and ``head_max_bytes``, or it is closed: a 
 sends a head a byte at a time, or never sends one, holds no descriptor for long. At most
 ``max_connections`` are open; one more closes the longest-waiting connection that has no request
 in progress, or is itself closed at once if every connection is busy. The cap is kept below the
-process's open-files limit so that the controller's own files always open. A response that has
-bytes to send and sends none of them for ``write_timeout_s`` (the client does not read) closes
-its connection: a client that never reads its answers holds no slot of the cap for long.
+process's open-files limit so that the controller's own files always open. A response whose bytes
+wait in the transport's write buffer must send at least ``min_send_rate_bytes_per_s`` times
+``write_timeout_s`` of them in every window of ``write_timeout_s``, or its connection is closed:
+a client that never reads its answers (nothing leaves: ``stalled``), or reads them a drip at a
+time (``slow``), holds no slot of the cap, and no response in memory, for long; this holds too
+once the HTTP server has begun to close the connection (its keep-alive time is up), a close that
+waits for the write buffer to empty. A response that fits in the kernel's buffers never waits in
+the transport's, and is never timed.
 
 :func:`guarded` wraps any asyncio protocol class (uvicorn's ``http=`` setting takes one); it
 sees only the asyncio ``Protocol`` and ``Transport`` interfaces. The transport it hands the
@@ -53,11 +58,13 @@ class ConnectionBook:
     head_timeout_s: float
     head_max_bytes: int = 64 * 1024
     write_timeout_s: float = 30.0
+    min_send_rate_bytes_per_s: float = 64 * 1024
     open: set[GuardedConnection] = field(default_factory=set)
     waiting: dict[GuardedConnection, None] = field(default_factory=dict)  # insertion order: oldest first
     refused: int = 0  # connections closed at once: every open one was busy
     evicted: int = 0  # waiting connections closed to make room
-    stalled: int = 0  # connections closed because their response stopped leaving
+    stalled: int = 0  # connections closed because nothing of their response left for a window
+    slow: int = 0  # connections closed because their response left slower than the minimum rate
 
     def admit(self, connection: GuardedConnection) -> bool:
         if len(self.open) >= self.max_connections:
@@ -90,8 +97,8 @@ class GuardedConnection(asyncio.Protocol):
         self._head_bytes = 0
         self._tail = b""  # the last bytes seen while waiting for a head (an end split across reads)
         self._written = 0  # bytes handed to the transport
-        self._sent = 0  # of them, those that had left its write buffer at the last look
-        self._sent_at_s = 0.0  # when that count last grew
+        self._window_sent = 0  # of them, those that had left its write buffer when the window began
+        self._window_start_s = 0.0
         self._write_watch: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -110,26 +117,33 @@ class GuardedConnection(asyncio.Protocol):
         self._wait_for_head()
 
     def _watch_writes(self) -> None:
-        """Look at the write buffer every quarter of ``write_timeout_s`` until it is empty; close
-        the connection once nothing of it has left for ``write_timeout_s``."""
+        """Look at the write buffer every quarter of ``write_timeout_s`` until it is empty, in
+        windows of ``write_timeout_s``; close the connection after a window that sent fewer than
+        ``min_send_rate_bytes_per_s * write_timeout_s`` bytes (none: ``stalled``, too few: ``slow``)."""
         if self._write_watch is not None or self.transport is None:
             return
-        self._sent, self._sent_at_s = self._written - self.transport.get_write_buffer_size(), self._now_s()
+        self._window_sent = self._written - self.transport.get_write_buffer_size()
+        self._window_start_s = self._now_s()
         self._write_watch = asyncio.get_running_loop().call_later(self.book.write_timeout_s / 4, self._look_at_writes)
 
     def _look_at_writes(self) -> None:
+        """One look, also while the HTTP server closes the connection."""
         self._write_watch = None
-        if self.transport is None or self.transport.is_closing():
+        if self.transport is None or self._lost:
             return
         pending = self.transport.get_write_buffer_size()
         if not pending:
             return
-        if self._written - pending > self._sent:
-            self._sent, self._sent_at_s = self._written - pending, self._now_s()
-        elif self._now_s() - self._sent_at_s >= self.book.write_timeout_s:
-            self.book.stalled += 1
-            self.abort()
-            return
+        if self._now_s() - self._window_start_s >= self.book.write_timeout_s:
+            left = self._written - pending - self._window_sent
+            if not left or left < self.book.min_send_rate_bytes_per_s * self.book.write_timeout_s:
+                if left:
+                    self.book.slow += 1
+                else:
+                    self.book.stalled += 1
+                self.abort()
+                return
+            self._window_sent, self._window_start_s = self._written - pending, self._now_s()
         self._write_watch = asyncio.get_running_loop().call_later(self.book.write_timeout_s / 4, self._look_at_writes)
 
     @staticmethod
@@ -173,7 +187,7 @@ class GuardedConnection(asyncio.Protocol):
 
     def abort(self) -> None:
         """Close at once (the descriptor is freed now); the wrapped protocol hears connection_lost."""
-        if self.transport is not None and not self.transport.is_closing():
+        if self.transport is not None and not self._lost:
             self.transport.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -203,11 +217,12 @@ def guarded(inner_class: Callable[..., asyncio.Protocol], book: ConnectionBook) 
 
 
 class _InnerTransport:
-    """The transport the wrapped protocol writes to. It calls ``on_write`` with their count when
-    bytes are handed to the transport, and holds a response head (bytes ending in a blank line)
-    back until the next write, its body, so that both leave in one ``writev``: one TCP segment and one wake-up of the client for a small answer, where
-    an HTTP server that writes head and body apart would cost two. A head with no body follows
-    at the end of the loop turn. Bytes written once the connection is closing are dropped.
+    """The transport the wrapped protocol writes to. It calls ``on_write`` with their count just
+    before bytes are handed to the transport (which may pause the protocol), and holds a response
+    head (bytes ending in a blank line) back until the next write, its body, so that both leave in
+    one ``writev``: one TCP segment and one wake-up of the client for a small answer, where an
+    HTTP server that writes head and body apart would cost two. A head with no body follows at
+    the end of the loop turn. Bytes written once the connection is closing are dropped.
     Everything else is the wrapped transport's."""
 
     __slots__ = ("_head", "_loop", "_on_write", "_transport")
@@ -224,28 +239,28 @@ class _InnerTransport:
         if self._transport.is_closing():
             return  # closed under the app (a request pipelined behind the one that was answering)
         if head is not None:
-            self._transport.writelines([head, data])
             self._on_write(len(head) + len(data))
+            self._transport.writelines([head, data])
         elif data.endswith(HEAD_END):  # a head (or a body that ends like one: it leaves a turn later)
             self._head = data
             self._loop.call_soon(self._flush)
         else:
-            self._transport.write(data)
             self._on_write(len(data))
+            self._transport.write(data)
 
     def writelines(self, parts: Any) -> None:
         head, self._head = self._head, None
         if self._transport.is_closing():
             return
         parts = [head, *parts] if head is not None else list(parts)
-        self._transport.writelines(parts)
         self._on_write(sum(len(part) for part in parts))
+        self._transport.writelines(parts)
 
     def _flush(self) -> None:
         head, self._head = self._head, None
         if head is not None and not self._transport.is_closing():
-            self._transport.write(head)
             self._on_write(len(head))
+            self._transport.write(head)
 
     def close(self) -> None:
         self._flush()

@@ -36,7 +36,8 @@ from slurm_elastic.controller.connections import (
 log = logging.getLogger(__name__)
 
 HEAD_TIMEOUT_S = 10.0  # a request head must arrive whole within this long of the connection waiting for it
-WRITE_TIMEOUT_S = 30.0  # a connection whose response has sent nothing for this long is closed
+WRITE_TIMEOUT_S = 30.0  # a connection whose waiting response sends too little in a window this long is closed
+MIN_SEND_RATE_BYTES_PER_S = 64 * 1024  # too little: under this rate (1.9 MiB a window; a 1 Mbit/s link does twice that)
 KEEP_ALIVE_S = 5  # an idle keep-alive connection is closed after this long
 HTTP_IMPLEMENTATION = "httptools"  # uvicorn's HTTP/1.1 implementation on httptools (C)
 
@@ -68,13 +69,15 @@ class ApiServer:
     controller's own files (state, store) open however many clients connect."""
 
     def __init__(self, app: FastAPI, host: str, port: int = 0, head_timeout_s: float = HEAD_TIMEOUT_S,
-                 max_connections: int | None = None, write_timeout_s: float = WRITE_TIMEOUT_S) -> None:
+                 max_connections: int | None = None, write_timeout_s: float = WRITE_TIMEOUT_S,
+                 min_send_rate_bytes_per_s: float = MIN_SEND_RATE_BYTES_PER_S) -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((host, port))
         self.host, self.port = host, int(self.sock.getsockname()[1])
         self.connections = ConnectionBook(max_connections or connection_cap(raise_open_files_limit()),
-                                          head_timeout_s, write_timeout_s=write_timeout_s)
+                                          head_timeout_s, write_timeout_s=write_timeout_s,
+                                          min_send_rate_bytes_per_s=min_send_rate_bytes_per_s)
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
                                 timeout_graceful_shutdown=2, http=guarded(http_protocol_class(), self.connections),
                                 timeout_keep_alive=KEEP_ALIVE_S,

@@ -3,7 +3,7 @@ controller object and a real rollout store on disk), in a process of its own so 
 measure its memory and lower its open-files limit. Prints its URL, then serves until stdin closes.
 
     python -m tests.unit.served_api STATE_DIR TOKEN [--nofile N] [--head-timeout-s S] [--write-timeout-s S]
-                                              [--batch-size B]
+                                              [--min-send-rate-bytes-per-s R] [--batch-size B]
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ def main() -> None:
     parser.add_argument("--nofile", type=int, default=0, help="soft and hard RLIMIT_NOFILE (0: as inherited)")
     parser.add_argument("--head-timeout-s", type=float, default=None)
     parser.add_argument("--write-timeout-s", type=float, default=None)
+    parser.add_argument("--min-send-rate-bytes-per-s", type=float, default=None)
     parser.add_argument("--batch-size", type=int, default=8)
     args = parser.parse_args()
     if args.nofile:
@@ -38,7 +39,9 @@ def main() -> None:
     controller = Controller(parse_config({"agent": {"enabled": False}, "autoscaler": {"min_workers": 0}}), 1,
                             SlurmCli(timeout_s=5), args.state_dir, gpus_by_node={"node1": (0, 1, 2, 3)}, queue=queue)
     options = {name: value for name, value in (("head_timeout_s", args.head_timeout_s),
-                                               ("write_timeout_s", args.write_timeout_s)) if value is not None}
+                                               ("write_timeout_s", args.write_timeout_s),
+                                               ("min_send_rate_bytes_per_s", args.min_send_rate_bytes_per_s))
+               if value is not None}
     server = ApiServer(create_controller_app(controller, args.token, queue), "127.0.0.1", **options)
     server.start()
     print(server.url, flush=True)

@@ -9,10 +9,14 @@ Each test runs the server as the controller runs it (``ApiServer``), in a proces
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import json
+import re
 import resource
 import select
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -25,6 +29,7 @@ import httpx
 import psutil
 
 from slurm_elastic.controller.connections import ConnectionBook, guarded
+from slurm_elastic.controller.serve import KEEP_ALIVE_S
 
 TOKEN = "hardening-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -198,6 +203,67 @@ def test_a_client_that_never_reads_its_responses_loses_its_connection(tmp_path: 
             time.sleep(0.2)
         print(f"\n/metrics {metrics_bytes} bytes; {sent // len(request)} requests sent")
         assert httpx.get(url + "/healthz", headers=AUTH, timeout=10).status_code == 200
+
+
+def _pull_big_batch(url: str, gid: str) -> tuple[socket.socket, int]:
+    """Queue one batch of about 21 MB (8 sequences of 500 000 tokens) and ask for it on a raw
+    socket with a 256 KiB receive buffer; returns the socket, at the start of the body, and the
+    body's length."""
+    tokens = base64.b64encode(struct.pack("<500000i", *range(500_000))).decode()
+    group = {"id": gid, "worker_id": "0001", "policy_version": 0, "group_size": 8,
+             "sequences": [{"tokens_b64": tokens, "score": 0.5}] * 8}
+    assert httpx.post(url + "/rollouts", json=group, headers=AUTH, timeout=60).json() == {"accepted": True}
+    conn = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 256 << 10)
+    conn.settimeout(30)
+    conn.connect(address(url))
+    conn.sendall(f"POST /trainer/batch HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {TOKEN}\r\n"
+                 "content-length: 0\r\n\r\n".encode())
+    head = b""
+    while not head.endswith(b"\r\n\r\n"):
+        head += conn.recv(1)
+    length = re.search(rb"content-length: (\d+)", head, re.IGNORECASE)
+    assert head.startswith(b"HTTP/1.1 200 ") and length is not None, head
+    return conn, int(length[1])
+
+
+def test_a_client_that_reads_its_response_a_drip_at_a_time_loses_its_connection(tmp_path: Path) -> None:
+    """With a write timeout of 2 s and a minimum send rate of 8 MiB/s: a 21 MB batch read 512 KiB
+    at most every 0.2 s (at most 2.5 MiB/s: enough for some of it to leave the server's write
+    buffer in every window, so no window sends nothing) has its connection closed by the server
+    while most of the batch is still unsent, while a client that reads at its own pace gets its
+    whole batch."""
+    with served(tmp_path, "--write-timeout-s", "2", "--min-send-rate-bytes-per-s", str(8 << 20),
+                "--batch-size", "8") as (url, server):
+        normal, length = _pull_big_batch(url, "normal")
+        with normal:
+            body = b""
+            while len(body) < length and (chunk := normal.recv(1 << 20)):
+                body += chunk
+            assert len(body) == length > 20_000_000 and json.loads(body)["groups"][0]["id"] == "normal"
+        dripping, length = _pull_big_batch(url, "drip")
+        received, started = 0, time.monotonic()
+        with dripping:
+            while _server_side_open(server, dripping):
+                assert time.monotonic() - started < 60, f"a dripping client read {received} bytes, still open"
+                received += len(dripping.recv(512 << 10))
+                time.sleep(0.2)
+        print(f"\ndripping client closed after {time.monotonic() - started:.1f} s, {received} of {length} bytes read")
+        assert received < length // 2, "the server sent a dripping client most of its batch before closing"
+
+
+def test_a_response_never_read_past_the_keep_alive_close_still_loses_its_connection(tmp_path: Path) -> None:
+    """A 21 MB batch never read, with a write timeout longer than the keep-alive timeout (as by
+    default): the HTTP server starts closing the connection when its keep-alive time is up, the
+    response still waiting in the write buffer; the connection is closed once a window sent nothing."""
+    with served(tmp_path, "--write-timeout-s", str(KEEP_ALIVE_S + 1), "--batch-size", "8") as (url, server):
+        deaf, _ = _pull_big_batch(url, "deaf")
+        started = time.monotonic()
+        with deaf:
+            while _server_side_open(server, deaf):
+                assert time.monotonic() - started < 60, "a client that never reads kept its connection"
+                time.sleep(0.2)
+        print(f"\nclosed after {time.monotonic() - started:.1f} s")
 
 
 class _Transport:
