@@ -7,8 +7,6 @@ import logging
 import threading
 from pathlib import Path
 
-from fastapi import FastAPI
-
 from slurm_elastic import __version__
 from slurm_elastic.client.locate import COMMENT_PREFIX
 from slurm_elastic.controller.beats import HeartbeatEndpoint
@@ -38,7 +36,7 @@ from slurm_elastic.slurm.cli_backend import set_job_comment
 log = logging.getLogger(__name__)
 
 
-def create_controller_app(controller: Controller, token: str, queue: RolloutQueue | None = None) -> FastAPI:
+def create_controller_app(controller: Controller, token: str, queue: RolloutQueue | None = None) -> ControllerApp:
     """The controller's ASGI app: /healthz, the control plane, the rollout queue and the schema
     (/openapi.json), every route behind the job's token, checked with the body's size before any
     body is read. No interactive docs pages (they would be the only unauthenticated routes).

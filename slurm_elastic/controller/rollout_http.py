@@ -17,7 +17,7 @@ from typing import Annotated, Any, Generic, TypeVar
 from fastapi import APIRouter, FastAPI, HTTPException, Request, Response, status
 from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
-from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from prometheus_client import generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from starlette.types import Receive, Scope, Send
 
@@ -32,6 +32,7 @@ from slurm_elastic.client.wire import (
 from slurm_elastic.controller.beats import HeartbeatEndpoint, read_body, replaying
 from slurm_elastic.controller.guard import Headers, RequestGuard, send_answer
 from slurm_elastic.controller.http_errors import invalid_request, retry_after, storage_failed
+from slurm_elastic.controller.metrics import metrics_registry
 from slurm_elastic.controller.runtime import Controller
 from slurm_elastic.controller.weights import publish_weights
 from slurm_elastic.core.staleness import VersionRefused
@@ -347,44 +348,9 @@ def rollout_router(controller: Controller, queue: RolloutQueue) -> APIRouter:
         return {"queue": queue.stats(), "controller": controller.status()}
 
     @router.get("/metrics", tags=["status"])
-    def metrics() -> Response:
-        return Response(generate_latest(_registry(controller, queue)), media_type="text/plain; version=0.0.4")
+    def metrics(request: Request) -> Response:
+        connections = getattr(request.app.state, "connections", None)  # set by the ApiServer serving it
+        return Response(generate_latest(metrics_registry(controller, queue, connections)),
+                        media_type="text/plain; version=0.0.4")
 
     return router
-
-
-def _registry(controller: Controller, queue: RolloutQueue) -> CollectorRegistry:
-    """A fresh registry per scrape with the current values (cheap: a dozen gauges)."""
-    registry = CollectorRegistry()
-    q = queue.stats()
-    ctl = controller.status()
-    burst = ctl.get("burst") or {}
-    for name, doc, value in [
-        ("queued_sequences", "Sequences waiting in the rollout buffer", q["queued_sequences"]),
-        ("buffer_capacity_sequences", "Bound of the rollout buffer", q["capacity_sequences"]),
-        ("staleness_capacity_sequences", "Rollouts that may start now", q["staleness_capacity"]),
-        ("policy_version", "Trainer policy version", q["policy_version"]),
-        ("delivered_sequences_total", "Sequences acknowledged by the trainer", q["delivered_sequences"]),
-        ("dropped_stale_sequences_total", "Sequences dropped as too stale", q["dropped_stale_sequences"]),
-        ("refused_submits_total", "Submits refused with 429 (backpressure)", q["refused_submits"]),
-        ("lost_groups_total", "Groups quarantined: damaged in the payload log, never delivered", q["lost_groups"]),
-        ("lost_sequences_total", "Sequences in the groups quarantined as lost", q["lost_sequences"]),
-        ("target_workers", "The worker count the controller steers to", ctl["target_workers"]),
-        ("ticks_total", "Reconcile ticks done", ctl["ticks"]),
-        ("heartbeats_total", "Worker heartbeats handled", ctl["heartbeats"]),
-        ("tick_seconds_total", "Wall time of all reconcile ticks", ctl["tick_duration_s"]["total_s"]),
-        ("burst_jobs", "Burst jobs Slurm lists for this job (pending or running)", len(ctl.get("burst_jobs") or [])),
-        ("burst_gpu_seconds_held_total", "GPU-seconds running burst jobs held", burst.get("gpu_s_held")),
-        ("burst_gpu_seconds_used_total", "GPU-seconds workers had in burst jobs", burst.get("gpu_s_used")),
-        ("burst_jobs_lost_total", "Burst jobs that ended unreleased (preempted, timed out)", burst.get("lost")),
-    ]:
-        Gauge(f"slurm_elastic_{name}", doc, registry=registry).set(float(value or 0))
-    workers = Gauge("slurm_elastic_workers", "Workers by state", ["state"], registry=registry)
-    for state, count in ctl["workers_by_state"].items():
-        workers.labels(state=state).set(count)
-    tick = Gauge("slurm_elastic_tick_duration_seconds", "Recent reconcile tick wall time", ["quantile"],
-                 registry=registry)
-    for quantile, key in (("0.5", "p50"), ("0.95", "p95"), ("1", "max")):
-        tick.labels(quantile=quantile).set(ctl["tick_duration_s"][key])
-    Gauge("slurm_elastic_cordoned_gpus", "Cordoned GPUs", registry=registry).set(len(ctl["cordoned_gpus"]))
-    return registry

@@ -66,7 +66,8 @@ class ApiServer:
 
     The process's soft open-files limit is raised to its hard limit, and client connections are
     capped below it (``max_connections``, default :func:`connection_cap`), so that the
-    controller's own files (state, store) open however many clients connect."""
+    controller's own files (state, store) open however many clients connect. The book of
+    connections is also ``app.state.connections``, for the app to report."""
 
     def __init__(self, app: FastAPI, host: str, port: int = 0, head_timeout_s: float = HEAD_TIMEOUT_S,
                  max_connections: int | None = None, write_timeout_s: float = WRITE_TIMEOUT_S,
@@ -78,6 +79,7 @@ class ApiServer:
         self.connections = ConnectionBook(max_connections or connection_cap(raise_open_files_limit()),
                                           head_timeout_s, write_timeout_s=write_timeout_s,
                                           min_send_rate_bytes_per_s=min_send_rate_bytes_per_s)
+        app.state.connections = self.connections  # the app reports them (/metrics)
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
                                 timeout_graceful_shutdown=2, http=guarded(http_protocol_class(), self.connections),
                                 timeout_keep_alive=KEEP_ALIVE_S,

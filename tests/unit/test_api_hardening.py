@@ -159,6 +159,10 @@ def test_connections_over_the_cap_are_closed_and_the_controller_still_writes_its
                   f"of {len(idle)}")
             assert open_fds < nofile
             assert closed >= len(idle) - nofile
+            with httpx.Client(base_url=url, timeout=10) as http:  # /metrics counts them
+                text = http.get("/metrics", headers=AUTH).text
+            evicted = re.search(r'^slurm_elastic_api_connections_closed_total{reason="evicted"} (\S+)$', text, re.MULTILINE)
+            assert evicted is not None and float(evicted[1]) >= len(idle) - nofile, text
             assert '"manual_target": 3' in (tmp_path / "state.json").read_text().replace('":3', '": 3')
         finally:
             for conn in idle:
@@ -203,6 +207,15 @@ def test_a_client_that_never_reads_its_responses_loses_its_connection(tmp_path: 
             time.sleep(0.2)
         print(f"\n/metrics {metrics_bytes} bytes; {sent // len(request)} requests sent")
         assert httpx.get(url + "/healthz", headers=AUTH, timeout=10).status_code == 200
+        assert _closed_count(url, "stalled") == 1.0  # the operator sees it on /metrics
+
+
+def _closed_count(url: str, reason: str) -> float:
+    """The server's count of connections it closed for ``reason``, as /metrics reports it."""
+    text = httpx.get(url + "/metrics", headers=AUTH, timeout=10).text
+    match = re.search(rf'^slurm_elastic_api_connections_closed_total{{reason="{reason}"}} (\S+)$', text, re.MULTILINE)
+    assert match is not None, text
+    return float(match[1])
 
 
 def _pull_big_batch(url: str, gid: str) -> tuple[socket.socket, int]:
@@ -250,6 +263,7 @@ def test_a_client_that_reads_its_response_a_drip_at_a_time_loses_its_connection(
                 time.sleep(0.2)
         print(f"\ndripping client closed after {time.monotonic() - started:.1f} s, {received} of {length} bytes read")
         assert received < length // 2, "the server sent a dripping client most of its batch before closing"
+        assert _closed_count(url, "slow") == 1.0 and _closed_count(url, "stalled") == 0.0
 
 
 def test_a_response_never_read_past_the_keep_alive_close_still_loses_its_connection(tmp_path: Path) -> None:
