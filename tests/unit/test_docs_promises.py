@@ -1,7 +1,8 @@
 """What README.md and docs/ promise a user, checked against the code: the key tables of the
 tables config-reference.md does not generate (each key there with its default, and every key the
 loader takes in the table), every ``slurm-elastic`` command and option the docs show, and every
-``elastic.toml`` fragment they show parses. (config-reference.md itself: test_controller_config.py;
+``elastic.toml`` fragment they show parses, and every route and metric the served API has is in
+queue.md's tables. (config-reference.md itself: test_controller_config.py;
 the status fields: test_status_doc.py.)"""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+import httpx
 import pytest
 
 from slurm_elastic.cli import main
@@ -22,6 +24,7 @@ from slurm_elastic.core.health import HealthRules
 from slurm_elastic.core.scaling import AutoscalerConfig
 from slurm_elastic.hooks.common import HookConfig
 from slurm_elastic.rollouts.config import QueueConfig
+from tests.unit.served_controller import ServedController
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -124,3 +127,24 @@ def test_every_elastic_toml_fragment_the_docs_show_parses() -> None:
                 parse_config(data, doc.name)
                 fragments += 1
     assert fragments >= 4
+
+
+def test_queue_md_lists_every_route_and_metric_the_served_api_has(tmp_path: Path) -> None:
+    """The routes table and the /metrics table of docs/queue.md against a real served controller."""
+    text = (ROOT / "docs" / "queue.md").read_text()
+    routes_table = text.split("| route | who | does |")[1].split("\n\n")[0]
+    documented_paths: set[str] = set()
+    for cell in (line.split(" | ")[0] for line in routes_table.splitlines() if line.startswith("| `")):
+        documented_paths.update(re.sub(r"\{[a-z_]+\}", "{}", p) for p in re.findall(r"(/[a-z/{}_.-]*)", cell))
+    metrics_table = text.split("| metric | what |")[1].split("\n\n")[0]
+    documented_metrics = set(re.findall(r"`(slurm_elastic_[a-z_]+)", metrics_table))
+    served = ServedController(tmp_path, "t")
+    try:
+        auth = {"Authorization": "Bearer t"}
+        paths = {re.sub(r"\{[a-z_]+\}", "{}", p) for p in httpx.get(served.url + "/openapi.json", headers=auth).json()["paths"]}
+        metrics = set(re.findall(r"^# TYPE (\S+)", httpx.get(served.url + "/metrics", headers=auth).text, re.M))
+    finally:
+        served.close()
+    paths.add("/openapi.json")
+    assert documented_paths == paths, documented_paths ^ paths
+    assert documented_metrics == metrics, documented_metrics ^ metrics
