@@ -176,8 +176,8 @@ class ControlClient:
     def cordon(self, node: str, gpu: int, reason: str) -> dict[str, Any]:
         return self._call("POST", "/admin/cordon", {"node": node, "gpu": gpu, "reason": reason})
 
-    def uncordon(self, node: str, gpu: int) -> dict[str, Any]:
-        return self._call("POST", "/admin/uncordon", {"node": node, "gpu": gpu})
+    def uncordon(self, node: str, gpu: int, reason: str = "") -> dict[str, Any]:
+        return self._call("POST", "/admin/uncordon", {"node": node, "gpu": gpu, "reason": reason})
 
 
 def _retry_after_s(response: httpx.Response, default_s: float) -> float:

@@ -27,7 +27,7 @@ from slurm_elastic.errors import ConfigError
     type=click.Choice(["nvml", "inject", "auto"]),
     default="auto",
     show_default=True,
-    help="auto: NVML if it initialises, else the injection file.",
+    help="auto: NVML; the injection file only on a node without an NVIDIA driver (where NVML fails to start).",
 )
 @click.option(
     "--inject-file",

@@ -196,7 +196,7 @@ def cordon(job_id: int, gpu_ref: str, reason: str) -> None:
 def uncordon(job_id: int, gpu_ref: str, reason: str) -> None:
     """Lift an operator's, crash, prolog or pre-flight cordon; health cordons lift themselves after a healthy period."""
     node, gpu = _gpu(gpu_ref)
-    click.echo(json.dumps(_call(job_id, "uncordon", node, gpu)))
+    click.echo(json.dumps(_call(job_id, "uncordon", node, gpu, reason)))
 
 
 @click.command(name="wait-ready")

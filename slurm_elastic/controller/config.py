@@ -37,10 +37,10 @@ class ControllerSection(_Section):
     tick_interval_s: float = Field(d.TICK_INTERVAL_S, gt=0, le=600, description="Seconds between reconcile ticks.")
     state_dir: str = Field("", description="State directory; default ~/.slurm-elastic/jobs/<cluster>/<job id>; {cluster} and {job_id} are filled in.")
     listen_host: str = Field("", description="Address to serve the API on; default: this host's name.")
-    listen_port: int = Field(0, ge=0, le=65535, description="API port; 0 picks a free one.")
+    listen_port: int = Field(0, ge=0, le=65535, description="API port; 0: the port of the job's previous controller if it is free again, else any free one.")
     slurm_backend: Literal["auto", "cli", "pyslurm"] = Field("auto", description="How to talk to Slurm.")
     slurm_timeout_s: float = Field(d.SLURM_TIMEOUT_S, gt=0, description="Timeout of one Slurm command the controller runs "
-                                   "(squeue, scancel, scontrol, sdiag); worker srun steps are not timed.")
+                                   "(squeue, scontrol, scancel, sbatch); worker srun steps are not timed.")
     gpus_per_node: int = Field(0, ge=0, description="GPUs per node of the allocation; 0 reads it from Slurm.")
 
 
@@ -71,7 +71,7 @@ class WorkersSection(_Section):
     start_timeout_s: float = Field(d.START_TIMEOUT_S, gt=0, description="Launch to registration, else the launch failed.")
     backoff_base_s: float = Field(d.BACKOFF_BASE_S, gt=0, description="First crash-loop backoff; doubles per crash.")
     backoff_max_s: float = Field(d.BACKOFF_MAX_S, gt=0, description="Longest crash-loop backoff.")
-    readiness_path: str = Field("", description="Servers: HTTP path that answers 200 when ready; empty: a TCP connect.")
+    readiness_path: str = Field("", description="Servers: HTTP path that answers 2xx when ready; empty: a TCP connect.")
     liveness_path: str = Field("", description="Servers: HTTP path probed after ready (2xx: live); empty: readiness_path (empty too: a TCP connect).")
     liveness_interval_s: float = Field(d.LIVENESS_INTERVAL_S, gt=0, le=3600, description="Servers: seconds between liveness probes after ready.")
     liveness_timeout_s: float = Field(d.LIVENESS_TIMEOUT_S, gt=0, le=3600, description="Servers: a liveness probe not answered within this fails.")

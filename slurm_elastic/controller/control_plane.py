@@ -181,10 +181,13 @@ class ControlPlane(ControllerBase):
             self.save()
             return {"node": node, "gpu": gpu, "cordoned": True}
 
-    def uncordon(self, node: str, gpu: int) -> dict[str, Any]:
+    def uncordon(self, node: str, gpu: int, reason: str = "") -> dict[str, Any]:
+        """Lift the operator's, prolog, crash and pre-flight cordons of a GPU; each lift is logged
+        with the operator's ``reason``. A health cordon stays (the answer says so)."""
         self._check_gpu(node, gpu)
         with self.lock:
-            self.state.cordons.uncordon_manual(node, gpu, self.clock())
+            for change in self.state.cordons.uncordon_manual(node, gpu, self.clock()):
+                log.warning("uncordon %s:%d (%s) by operator: %s", node, gpu, change.source, reason or "no reason given")
             self.save()
             still = self.state.cordons.cordoned().get((node, gpu))
             return {"node": node, "gpu": gpu, "cordoned": still is not None,

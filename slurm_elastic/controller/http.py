@@ -125,7 +125,7 @@ def control_router(controller: Controller) -> APIRouter:
     @router.post("/admin/uncordon", tags=["admin"])
     def uncordon(body: GpuRef) -> dict[str, Any]:
         try:
-            return controller.uncordon(body.node, body.gpu)
+            return controller.uncordon(body.node, body.gpu, body.reason)
         except UnknownWorkerError as exc:
             raise unknown(exc) from None
 

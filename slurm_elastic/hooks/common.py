@@ -41,7 +41,10 @@ def load_hook_config(path: Path = CONFIG_FILE) -> HookConfig:
         if key not in known:
             logging.getLogger(__name__).warning("hooks config %s: unknown key %r ignored", path, key)
             continue
-        values[key] = type(getattr(defaults, key))(value)
+        default = getattr(defaults, key)
+        if isinstance(default, bool) and not isinstance(value, bool):  # bool("false") is True
+            raise ValueError(f"hooks config {path}: {key} must be true or false, not {value!r}")
+        values[key] = type(default)(value)
     return HookConfig(**values)
 
 

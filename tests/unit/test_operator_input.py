@@ -221,3 +221,15 @@ def test_status_of_an_ended_job_says_so(state_dir: Path, monkeypatch: pytest.Mon
     monkeypatch.setattr(jobs, "SlurmCli", EndedJob)
     code, out = cli("status", str(JOB))
     assert code == 3 and f"job {JOB} is COMPLETED in Slurm: no controller runs for it" in out, out
+
+
+def test_uncordon_logs_the_operators_reason(running: Running, state_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """`uncordon --reason` says "Why (logged)": the controller's log names the GPU, what was lifted and why."""
+    (state_dir / "controller.json").write_text(json.dumps({"url": running.server.url, "pid": 1, "host": "x"}))
+    (state_dir / "token").write_text(TOKEN + "\n")
+    code, out = cli("cordon", str(JOB), "node1:1", "--reason", "fan noise")
+    assert code == 0 and json.loads(out)["cordoned"] is True, out
+    code, out = cli("uncordon", str(JOB), "node1:1", "--reason", "fan replaced")
+    assert code == 0 and json.loads(out)["cordoned"] is False, out
+    lifted = [r.getMessage() for r in caplog.records if "uncordon node1:1" in r.getMessage()]
+    assert lifted == ["uncordon node1:1 (operator) by operator: fan replaced"], [r.getMessage() for r in caplog.records]

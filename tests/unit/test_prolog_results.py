@@ -50,3 +50,14 @@ def test_a_broken_hooks_config_does_not_stop_the_controller(tmp_path: Path, monk
     ctl = controller(tmp_path)
     take_prolog_results(ctl, ctl.state_dir)
     assert ctl.cordoned_gpus() == {} and not (ctl.state_dir / MARKER_FILE).exists()
+
+
+@pytest.mark.parametrize("text", ['strict = "false"\n', "strict = 0\n", 'strict = "no"\n'])
+def test_strict_is_true_or_false_never_a_string_that_reads_as_true(tmp_path: Path, text: str) -> None:
+    """`strict` drains nodes: a value that is not a TOML boolean is refused (the hooks then log it and
+    exit 0), never taken as true because a non-empty string is."""
+    (tmp_path / "hooks.toml").write_text(text)
+    with pytest.raises(ValueError, match="strict must be true or false"):
+        load_hook_config(tmp_path / "hooks.toml")
+    (tmp_path / "hooks.toml").write_text("strict = true\n")
+    assert load_hook_config(tmp_path / "hooks.toml").strict is True
