@@ -22,6 +22,7 @@ from slurm_elastic.controller.config import ElasticConfig
 from slurm_elastic.controller.state import StateFile
 from slurm_elastic.controller.step_specs import agent_step_spec, worker_step_spec
 from slurm_elastic.controller.weights import WeightsRecord, restore_weights, weights_book
+from slurm_elastic.core.autoscaler_config import AutoscalerConfig
 from slurm_elastic.core.cordons import CordonBook
 from slurm_elastic.core.endpoints import Endpoint, EndpointBook
 from slurm_elastic.core.lifecycle import Worker, WorkerState
@@ -29,7 +30,7 @@ from slurm_elastic.core.placement import Allocation
 from slurm_elastic.core.pressure import QueueFeed
 from slurm_elastic.core.rates import PRODUCTION_WINDOW_S, WindowRate
 from slurm_elastic.core.reconcile import Cancel, Drain, Launch, ReconcileConfig
-from slurm_elastic.core.scaling import Autoscaler, AutoscalerConfig
+from slurm_elastic.core.scaling import Autoscaler
 from slurm_elastic.core.shape import shape_for_allocation
 from slurm_elastic.core.tick import ControlState, LaunchAgent, TickAction, TickConfig
 from slurm_elastic.errors import SlurmElasticError

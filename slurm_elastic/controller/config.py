@@ -263,7 +263,7 @@ def _validate_worker_shape(config: ElasticConfig, source: str) -> None:
 
 def _validate_policy_tables(config: ElasticConfig, source: str) -> None:
     """Check ``[autoscaler]`` and ``[queue]`` with their own validators, now."""
-    from slurm_elastic.core.scaling import AutoscalerConfig
+    from slurm_elastic.core.autoscaler_config import AutoscalerConfig
     from slurm_elastic.rollouts.queue import QueueConfig
 
     try:

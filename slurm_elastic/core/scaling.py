@@ -45,93 +45,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
+from slurm_elastic.core.autoscaler_config import AutoscalerConfig
 from slurm_elastic.core.startup import measured, sizing_step, startup_recommendation
-from slurm_elastic.errors import ConfigError
-
-# verl's ElasticConfig names -> ours (docs/autoscaler.md explains each)
-VERL_ALIASES: dict[str, str] = {
-    "scale_up_threshold": "scale_up_threshold",
-    "scale_down_threshold": "scale_down_threshold",
-    "min_workers": "min_workers",
-    "max_workers": "max_workers",
-    "requests_per_worker_capacity": "requests_per_worker_capacity",
-    "scale_up_cooldown": "scale_up_cooldown_s",
-    "scale_down_cooldown": "scale_down_cooldown_s",
-    "min_stable_period": "min_stable_period_s",
-    "enable_elastic": "enabled",
-}
-# verl's names of knobs another key holds here: refused, naming that key
-REFUSED_KEYS: dict[str, str] = {
-    "monitoring_interval": "the autoscaler decides every tick: set controller.tick_interval_s",
-    "monitoring_interval_s": "the autoscaler decides every tick: set controller.tick_interval_s",
-    "drain_timeout": "set workers.drain_timeout_s",
-    "drain_timeout_s": "set workers.drain_timeout_s",
-}
-
-
-@dataclass(frozen=True)
-class AutoscalerConfig:
-    """Knobs of the policy; every duration in seconds, every amount in sequences or workers."""
-
-    enabled: bool = True
-    min_workers: int = 1
-    max_workers: int = 64
-    setpoint_batches: float = 2.0  # keep this many trainer batches buffered
-    kp: float = 1.0  # [1]: sequences of error -> sequences of correction
-    ki: float = 0.05  # [1/s]
-    kd: float = 0.5  # [s]: on the measured buffer's rate of change
-    horizon_s: float = 30.0  # close the buffer error within about this long
-    deadband_workers: float = 0.5
-    confirmations: int = 2
-    scale_up_cooldown_s: float = 30.0
-    scale_down_cooldown_s: float = 60.0
-    min_stable_period_s: float = 10.0
-    stabilization_window_s: float = 120.0
-    max_step_up: int = 4
-    max_step_down: int = 2
-    integral_limit_seqs_s: float = 1e6
-    startup_trainer_step_s: float = 0.0  # a trainer step's time, known before it is measured; 0: unknown
-    startup_worker_seqs_per_s: float = 0.0  # one busy worker's production before it is measured; 0: unknown
-    requests_per_worker_capacity: float = 8.0
-    scale_up_threshold: float = 0.8
-    scale_down_threshold: float = 0.5
-
-    @classmethod
-    def from_mapping(cls, data: Mapping[str, Any], prefix: str = "autoscaler") -> AutoscalerConfig:
-        """Validate ``[autoscaler]``; verl's names are accepted; errors name the key."""
-        known = {f.name: f for f in fields(cls)}
-        values: dict[str, Any] = {}
-        for key, value in data.items():
-            if key in REFUSED_KEYS:
-                raise ConfigError(f"{prefix}.{key}: not an [autoscaler] key here; {REFUSED_KEYS[key]}")
-            name = VERL_ALIASES.get(key, key)
-            if name not in known:
-                raise ConfigError(f"{prefix}.{key}: unknown key")
-            if name in values:
-                raise ConfigError(f"{prefix}.{key}: given twice (also as {name})")
-            default = known[name].default
-            if isinstance(default, bool):
-                if not isinstance(value, bool):
-                    raise ConfigError(f"{prefix}.{key}: must be true or false")
-            elif isinstance(default, int):
-                if isinstance(value, bool) or not isinstance(value, int):
-                    raise ConfigError(f"{prefix}.{key}: must be an integer")
-            elif isinstance(value, bool) or not isinstance(value, int | float):
-                raise ConfigError(f"{prefix}.{key}: must be a number")
-            if not isinstance(value, bool) and (value < 0 or not math.isfinite(value)):
-                raise ConfigError(f"{prefix}.{key}: must be >= 0")
-            values[name] = value
-        config = cls(**values)
-        if config.min_workers > config.max_workers:
-            raise ConfigError(f"{prefix}.min_workers ({config.min_workers}) > max_workers ({config.max_workers})")
-        if config.scale_down_threshold >= config.scale_up_threshold:
-            raise ConfigError(f"{prefix}.scale_down_threshold must be below scale_up_threshold")
-        if config.confirmations < 1 or config.max_step_up < 1 or config.max_step_down < 1:
-            raise ConfigError(f"{prefix}: confirmations and max steps must be >= 1")
-        return config
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,8 @@ import math
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from slurm_elastic.core.scaling import AutoscalerConfig, PressureInputs
+    from slurm_elastic.core.autoscaler_config import AutoscalerConfig
+    from slurm_elastic.core.scaling import PressureInputs
 
 
 def _positive(value: float | None) -> float | None:

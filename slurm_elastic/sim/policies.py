@@ -17,7 +17,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from slurm_elastic.core.scaling import Autoscaler, AutoscalerConfig, Decision, PressureInputs
+from slurm_elastic.core.autoscaler_config import AutoscalerConfig
+from slurm_elastic.core.scaling import Autoscaler, Decision, PressureInputs
 from slurm_elastic.core.tick import ScalingPolicy
 from slurm_elastic.sim.trace import Trace
 

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
+from slurm_elastic.core.autoscaler_config import AutoscalerConfig
 from slurm_elastic.core.defaults import (
     BACKOFF_BASE_S,
     BACKOFF_MAX_S,
@@ -21,7 +22,6 @@ from slurm_elastic.core.defaults import (
     HEARTBEAT_GRACE_S,
     TICK_INTERVAL_S,
 )
-from slurm_elastic.core.scaling import AutoscalerConfig
 from slurm_elastic.errors import ConfigError
 
 if sys.version_info >= (3, 11):

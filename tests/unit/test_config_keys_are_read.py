@@ -23,8 +23,8 @@ from slurm_elastic.controller.config import (
     WeightsSection,
     WorkersSection,
 )
+from slurm_elastic.core.autoscaler_config import AutoscalerConfig
 from slurm_elastic.core.health import HealthRules
-from slurm_elastic.core.scaling import AutoscalerConfig
 from slurm_elastic.rollouts.queue import QueueConfig
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,12 +16,13 @@ import pytest
 from slurm_elastic.controller.config import parse_config
 from slurm_elastic.controller.runtime import Controller
 from slurm_elastic.controller.state_model import restore_state
+from slurm_elastic.core.autoscaler_config import AutoscalerConfig
 from slurm_elastic.core.cordons import CordonBook
 from slurm_elastic.core.health import GpuSample, HealthRules
 from slurm_elastic.core.lifecycle import Worker, WorkerState
 from slurm_elastic.core.placement import Allocation, multi_node_slots, placement
 from slurm_elastic.core.reconcile import Crashed, Drain, Launch, ObservedStep, ReconcileConfig
-from slurm_elastic.core.scaling import Autoscaler, AutoscalerConfig
+from slurm_elastic.core.scaling import Autoscaler
 from slurm_elastic.core.shape import WorkerShape, shape_for_allocation, worker_shape
 from slurm_elastic.core.tick import ControlState, Observation, TickConfig, tick
 from slurm_elastic.errors import ConfigError

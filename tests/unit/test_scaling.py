@@ -8,12 +8,8 @@ import math
 
 import pytest
 
-from slurm_elastic.core.scaling import (
-    Autoscaler,
-    AutoscalerConfig,
-    PressureInputs,
-    effective_setpoint_seqs,
-)
+from slurm_elastic.core.autoscaler_config import AutoscalerConfig
+from slurm_elastic.core.scaling import Autoscaler, PressureInputs, effective_setpoint_seqs
 from slurm_elastic.errors import ConfigError
 
 FAST = AutoscalerConfig(min_workers=1, max_workers=16, confirmations=1, scale_up_cooldown_s=0,

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from slurm_elastic.core.autoscaler_config import AutoscalerConfig
 from slurm_elastic.core.cordons import CordonBook
 from slurm_elastic.core.lifecycle import Worker, WorkerState
 from slurm_elastic.core.placement import Allocation, placement
 from slurm_elastic.core.pressure import QueueSnapshot
 from slurm_elastic.core.reconcile import Cancel, Drain, Launch, ObservedStep, ReconcileConfig
-from slurm_elastic.core.scaling import Autoscaler, AutoscalerConfig, Decision, PressureInputs
+from slurm_elastic.core.scaling import Autoscaler, Decision, PressureInputs
 from slurm_elastic.core.tick import ControlState, Observation, TickConfig, tick
 
 S = WorkerState
