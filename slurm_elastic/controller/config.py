@@ -217,6 +217,11 @@ class ElasticConfig(_Section):
         if burst.max_jobs and limit_s and limit_s <= burst.signal_lead_s:
             raise ValueError(f"burst.time_limit ({burst.time_limit} = {limit_s} s) must be longer than "
                              f"burst.signal_lead_s ({burst.signal_lead_s} s): the drain signal would come at once")
+        per_unit = [o for o in burst.extra_sbatch_options if o.lower().startswith(("--mem-per-cpu", "--mem-per-gpu"))]
+        if self.workers.mem_per_worker_mb and per_unit:
+            raise ValueError(f"burst.extra_sbatch_options: {per_unit[0]!r} and workers.mem_per_worker_mb "
+                             f"({self.workers.mem_per_worker_mb}, which the burst script sets as --mem) exclude each "
+                             "other in Slurm: set one of them")
         return self
 
 

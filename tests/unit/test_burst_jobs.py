@@ -91,6 +91,13 @@ def test_good_sbatch_options_and_names_pass_through() -> None:
     assert burst.extra_sbatch_options[0] == "--constraint=a100|h100"
 
 
+def test_memory_per_cpu_or_gpu_with_memory_per_worker_is_refused_naming_both_keys() -> None:
+    with pytest.raises(ConfigError) as refused:  # sbatch refuses --mem with --mem-per-gpu at submit time
+        parse_config({"workers": {"mem_per_worker_mb": 8000},
+                      "burst": {"extra_sbatch_options": ["--mem-per-gpu=8G"]}})
+    assert "burst.extra_sbatch_options" in str(refused.value) and "workers.mem_per_worker_mb" in str(refused.value)
+
+
 def test_every_burst_key_is_read_where_burst_jobs_are_made() -> None:
     text = "".join(p.read_text() for p in (ROOT / "templates" / "burst_job.sbatch.j2", ROOT / "slurm_elastic" / "render.py",
                                            ROOT / "slurm_elastic" / "controller" / "burst_jobs.py"))
