@@ -1,4 +1,5 @@
-"""Find a job's controller from the job id alone: its state directory, URL and token."""
+"""Find a job's controller from the job id alone: its state directory, URL and token, and
+whether Slurm says the job still runs (the token goes to no other process)."""
 
 from __future__ import annotations
 
@@ -16,11 +17,23 @@ from slurm_elastic.client.files import (
     job_state_dir,
     read_token_file,
 )
-from slurm_elastic.errors import ControllerUnreachableError, SlurmError
+from slurm_elastic.errors import (
+    ControllerUnreachableError,
+    SlurmCommandError,
+    SlurmError,
+    SlurmUnavailableError,
+)
 from slurm_elastic.slurm.cli_backend import SlurmCli
+from slurm_elastic.slurm.parse import JobInfo
 
 COMMENT_PREFIX = "slurm-elastic:"
 
+
+# Slurm job states in which the job's processes, and so its controller, can run
+CONTROLLER_MAY_RUN = frozenset({"RUNNING", "SUSPENDED", "STOPPED", "COMPLETING", "SIGNALING", "STAGE_OUT", "RESIZING"})
+# states before the batch script starts, or starts again after a requeue: a controller.json is an earlier run's
+NOT_STARTED = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SPECIAL_EXIT",
+                         "RESV_DEL_HOLD"})
 
 REWRITTEN = " (a running controller rewrites it at its next start; see `slurm-elastic status` for the job's steps)"
 
@@ -76,16 +89,40 @@ def local_cluster_name() -> str:
     return match.group(1) if match else ""
 
 
-def locate(job_id: int, slurm: SlurmCli | None = None) -> JobHandle:
+class JobEndedError(ControllerUnreachableError):
+    """Slurm says the job has ended: no controller of it runs, whatever its controller.json says."""
+
+
+@dataclass(frozen=True)
+class SlurmView:
+    """What Slurm said of a job, asked once per command: its record, or why Slurm did not answer."""
+
+    job: JobInfo | None
+    error: str = ""  # Slurm itself did not answer (slurmctld down or hung)
+
+
+def ask_slurm(job_id: int, slurm: SlurmCli) -> SlurmView:
+    """Slurm's record of the job; SlurmError if Slurm answered that it does not know the job."""
+    try:
+        return SlurmView(slurm.job_info(job_id))
+    except (SlurmCommandError, SlurmUnavailableError) as exc:
+        return SlurmView(None, f"Slurm did not answer: {exc}")
+
+
+def locate(job_id: int, slurm: SlurmCli | None = None, view: SlurmView | None = None) -> JobHandle:
     """The job's controller as published in its state directory: the default place for this
-    cluster, else what Slurm says (the job's cluster and the state directory in its comment)."""
+    cluster, else what Slurm says (the job's cluster and the state directory in its comment).
+    With ``view``, Slurm is not asked again."""
     cluster = local_cluster_name()
     candidates = [job_state_dir(cluster, job_id)] if cluster else []
     if not any((c / CONTROLLER_FILE).exists() for c in candidates):
-        try:
-            job = (slurm or SlurmCli()).job_info(job_id)
-        except SlurmError:
-            job = None
+        if view is not None:
+            job = view.job
+        else:
+            try:
+                job = (slurm or SlurmCli()).job_info(job_id)
+            except SlurmError:
+                job = None
         if job is not None:
             comment_dir = state_dir_from_comment(job.comment)
             candidates += [d for d in (comment_dir, job_state_dir(job.cluster, job_id))
@@ -102,3 +139,21 @@ def locate(job_id: int, slurm: SlurmCli | None = None) -> JobHandle:
     raise ControllerUnreachableError(
         f"no controller found for job {job_id} (looked in {', '.join(str(c) for c in candidates) or 'no place'})"
     )
+
+
+def locate_running(job_id: int, view: SlurmView) -> JobHandle:
+    """The job's controller, if Slurm's ``view`` lets one run: JobEndedError for a job that has
+    ended, ControllerUnreachableError for one whose batch script has not started (again) -- the
+    job's token is never handed to a URL that an ended job left behind. When Slurm did not answer
+    (``view.error``), the controller file's word is taken: the caller warns."""
+    state = view.job.state if view.job is not None else ""
+    if view.job is None or state in CONTROLLER_MAY_RUN:
+        return locate(job_id, view=view)
+    try:
+        where = f"to {locate(job_id, view=view).url}"
+    except ControllerUnreachableError:  # no or a damaged controller file: nothing to send to anyway
+        where = "anywhere"
+    if state in NOT_STARTED:
+        raise ControllerUnreachableError(f"job {job_id} is {state}: its controller does not run (yet, or again "
+                                         f"after a requeue); not sending the job's token {where}")
+    raise JobEndedError(f"job {job_id} ended ({state}): its controller is gone; not sending the job's token {where}")

@@ -11,16 +11,18 @@ from typing import Any
 import click
 
 from slurm_elastic.client.control import ControlClient, UnknownOnControllerError
-from slurm_elastic.client.locate import JobHandle, locate
+from slurm_elastic.client.locate import (
+    CONTROLLER_MAY_RUN,
+    JobEndedError,
+    JobHandle,
+    SlurmView,
+    ask_slurm,
+    locate_running,
+)
 from slurm_elastic.client.wire import WORKER_ID
 from slurm_elastic.commands.params import Seconds
 from slurm_elastic.core.health import parse_gpu_ref
-from slurm_elastic.errors import (
-    ControllerUnreachableError,
-    SlurmCommandError,
-    SlurmError,
-    SlurmUnavailableError,
-)
+from slurm_elastic.errors import ControllerUnreachableError, SlurmError
 from slurm_elastic.slurm.cli_backend import SlurmCli
 from slurm_elastic.status_view import render_status
 
@@ -28,9 +30,18 @@ STATUS_SCHEMA_VERSION = 1
 STOP_WAIT_S = 30.0  # how long a stopped controller may take to stop answering
 
 
-def _client(job_id: int) -> tuple[JobHandle, ControlClient]:
-    handle = locate(job_id)
+def _client(job_id: int, view: SlurmView | None = None, warn: bool = True) -> tuple[JobHandle, ControlClient]:
+    """A client of the job's controller once Slurm (asked here unless ``view`` says) lets one run."""
+    view = view if view is not None else ask_slurm(job_id, SlurmCli())
+    handle = locate_running(job_id, view)
+    if view.error and warn:
+        click.echo(f"warning: {_unchecked(view, handle)}", err=True)
     return handle, ControlClient(handle.url, handle.token)
+
+
+def _unchecked(view: SlurmView, handle: JobHandle) -> str:
+    return (f"{view.error}; sending the job's token to {handle.url} on the word of "
+            f"{handle.state_dir / 'controller.json'} alone")
 
 
 def _call(job_id: int, what: str, *args: Any) -> dict[str, Any]:
@@ -46,16 +57,14 @@ def _call(job_id: int, what: str, *args: Any) -> dict[str, Any]:
 def collect_status(job_id: int, slurm: SlurmCli | None = None) -> dict[str, Any]:
     """The status document (``--json``): controller view if reachable, else Slurm's own."""
     slurm = slurm or SlurmCli()
-    slurm_error = ""
-    try:
-        job_state = slurm.job_info(job_id).state  # unknown or long-finished job ids fail here, clearly
-    except (SlurmCommandError, SlurmUnavailableError) as exc:  # Slurm itself is down or hung: the controller may still answer
-        job_state, slurm_error = "UNKNOWN", f"Slurm did not answer: {exc}"
-    doc: dict[str, Any] = {"schema_version": STATUS_SCHEMA_VERSION, "job_id": job_id, "job_state": job_state,
+    view = ask_slurm(job_id, slurm)  # unknown or long-finished job ids fail here, clearly
+    # Slurm itself down or hung: the controller may still answer (view.error, shown as slurm_error)
+    doc: dict[str, Any] = {"schema_version": STATUS_SCHEMA_VERSION, "job_id": job_id,
+                           "job_state": view.job.state if view.job else "UNKNOWN",
                            "controller_reachable": False, "controller_error": "", "controller": None,
-                           "slurm_steps": [], "slurm_error": slurm_error}
+                           "slurm_steps": [], "slurm_error": view.error}
     try:
-        _handle, client = _client(job_id)
+        _handle, client = _client(job_id, view, warn=False)
         with client:
             doc["controller"] = client.status()
         doc["controller_reachable"] = True
@@ -70,7 +79,7 @@ def collect_status(job_id: int, slurm: SlurmCli | None = None) -> dict[str, Any]
     return doc
 
 
-LIVE_JOB_STATES = ("RUNNING", "CONFIGURING", "COMPLETING", "UNKNOWN")
+LIVE_JOB_STATES = CONTROLLER_MAY_RUN | {"UNKNOWN"}
 
 
 def _render(doc: dict[str, Any]) -> str:
@@ -128,8 +137,9 @@ def _wait_for(job_id: int, done: Any, what: str, timeout_s: float) -> dict[str, 
     deadline = time.monotonic() + timeout_s
     last = ""
     while True:
+        view = ask_slurm(job_id, SlurmCli())
         try:
-            _handle, client = _client(job_id)
+            handle, client = _client(job_id, view, warn=False)
             with client:
                 ctl = client.status()
             if done(ctl):
@@ -137,6 +147,10 @@ def _wait_for(job_id: int, done: Any, what: str, timeout_s: float) -> dict[str, 
                 return ctl
             by_state = ctl.get("workers_by_state", {})
             line = "  ".join(f"{k.lower()} {v}" for k, v in by_state.items() if v) or "no workers"
+            if view.error:
+                line += f" (warning: {_unchecked(view, handle)})"
+        except JobEndedError:
+            raise
         except ControllerUnreachableError as exc:
             line = f"controller unreachable ({exc})"
         if line != last:

@@ -18,13 +18,16 @@ from click.testing import CliRunner
 from slurm_elastic.cli import main
 from slurm_elastic.client.control import ControlClient
 from slurm_elastic.client.files import TOKEN_COPY, read_token_file
+from slurm_elastic.commands import jobs
 from slurm_elastic.controller.app import create_controller_app
 from slurm_elastic.controller.config import parse_config
 from slurm_elastic.controller.files import ensure_token
 from slurm_elastic.controller.runtime import Controller
 from slurm_elastic.controller.serve import ApiServer
-from slurm_elastic.errors import ApiError, ConfigError
+from slurm_elastic.errors import ApiError, ConfigError, SlurmError, SlurmUnavailableError
+from slurm_elastic.slurm.parse import JobInfo
 from slurm_elastic.worker.context import StepContext
+from tests.recording_listener import recording_listener
 from tests.stub_backend import ListedSteps
 
 TOKEN = "operator-token"
@@ -62,9 +65,30 @@ def test_bad_arguments_are_refused_before_anything_is_asked(args: tuple[str, ...
     assert "Invalid value" in out and "Traceback" not in out, (args, out)
 
 
+class SlurmSays:
+    """Slurm's answer about the job, as the CLI asks it before it sends the job's token: a job in
+    ``state``, or ``raises`` (the job unknown, or Slurm not answering)."""
+
+    def __init__(self, state: str = "RUNNING", raises: Exception | None = None) -> None:
+        self.state, self.raises = state, raises
+
+    def __call__(self) -> SlurmSays:  # stands in for the SlurmCli class
+        return self
+
+    def job_info(self, job_id: int) -> JobInfo:
+        if self.raises is not None:
+            raise self.raises
+        return JobInfo(job_id, "train", self.state, ("node1",), "node1", "", "me", "gpu")
+
+    def list_steps(self, job_id: int) -> list[Any]:
+        return []
+
+
 @pytest.fixture
 def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The job's state directory where the CLI looks first (no call to Slurm finds it)."""
+    """The job's state directory where the CLI looks first (no call to Slurm finds it); Slurm
+    says the job runs."""
+    monkeypatch.setattr(jobs, "SlurmCli", SlurmSays("RUNNING"))
     monkeypatch.setenv("SLURM_ELASTIC_HOME", str(tmp_path))
     monkeypatch.setenv("SLURM_CLUSTER_NAME", "dev")
     path = tmp_path / "jobs" / "dev" / str(JOB)
@@ -204,21 +228,9 @@ def test_commands_and_workers_read_the_token_from_its_copy(running: Running, sta
         StepContext.from_env(env)
 
 
-class EndedJob:
-    """Slurm's answers about a job that has ended (what ``collect_status`` asks)."""
-
-    def job_info(self, job_id: int) -> Any:
-        return type("Job", (), {"state": "COMPLETED"})()
-
-    def list_steps(self, job_id: int) -> list[Any]:
-        return []
-
-
 def test_status_of_an_ended_job_says_so(state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Not only 'controller did not answer' (which reads as a crash) for a job that is over."""
-    from slurm_elastic.commands import jobs
-
-    monkeypatch.setattr(jobs, "SlurmCli", EndedJob)
+    monkeypatch.setattr(jobs, "SlurmCli", SlurmSays("COMPLETED"))
     code, out = cli("status", str(JOB))
     assert code == 3 and f"job {JOB} is COMPLETED in Slurm: no controller runs for it" in out, out
 
@@ -233,3 +245,64 @@ def test_uncordon_logs_the_operators_reason(running: Running, state_dir: Path, c
     assert code == 0 and json.loads(out)["cordoned"] is False, out
     lifted = [r.getMessage() for r in caplog.records if "uncordon node1:1" in r.getMessage()]
     assert lifted == ["uncordon node1:1 (operator) by operator: fan replaced"], [r.getMessage() for r in caplog.records]
+
+
+ENDED = f"job {JOB} ended ({{state}}): its controller is gone; not sending the job's token to {{url}}"
+
+
+@pytest.mark.parametrize("state", ["COMPLETED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"])
+@pytest.mark.parametrize(("args", "exit_code"), [(("status",), 3), (("pause",), 1), (("scale", "{job}", "2"), 1),
+                                                 (("wait-ready", "{job}", "--timeout-s", "30"), 1),
+                                                 (("stop",), 1), (("cordon", "{job}", "node1:0"), 1)])
+def test_an_ended_jobs_token_goes_nowhere(state_dir: Path, monkeypatch: pytest.MonkeyPatch, state: str,
+                                          args: tuple[str, ...], exit_code: int) -> None:
+    """Whatever listens now on the port an ended job's controller.json names gets nothing: every
+    command asks Slurm first, and says why it sends nothing."""
+    monkeypatch.setattr(jobs, "SlurmCli", SlurmSays(state))
+    with recording_listener() as listener:
+        (state_dir / "controller.json").write_text(json.dumps({"url": listener.url, "pid": 1, "host": "x"}))
+        argv = [a.format(job=JOB) for a in args] if len(args) > 1 else [args[0], str(JOB)]
+        code, out = cli(*argv)
+    assert code == exit_code and ENDED.format(state=state, url=listener.url) in out and "Traceback" not in out, out
+    assert listener.connections == 0 and listener.received == b""
+
+
+def test_a_job_not_started_again_gets_no_token_and_is_waited_for(state_dir: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A requeued job is PENDING with its earlier run's controller.json: nothing is sent there,
+    and `wait-ready` keeps waiting (the controller comes when the job starts again)."""
+    monkeypatch.setattr(jobs, "SlurmCli", SlurmSays("PENDING"))
+    with recording_listener() as listener:
+        (state_dir / "controller.json").write_text(json.dumps({"url": listener.url, "pid": 1, "host": "x"}))
+        code, out = cli("wait-ready", str(JOB), "--timeout-s", "0")
+        assert code == 1 and "timed out after 0 s waiting for the controller" in out, out
+        assert f"job {JOB} is PENDING: its controller does not run (yet, or again after a requeue)" in out
+        assert cli("pause", str(JOB))[0] == 1
+    assert listener.connections == 0 and listener.received == b""
+
+
+def test_a_job_unknown_to_slurm_gets_no_token(state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Long finished (gone from Slurm's memory) while its state directory stays."""
+    gone = SlurmError(f"job {JOB} is unknown to Slurm (finished long ago, or never existed)")
+    monkeypatch.setattr(jobs, "SlurmCli", SlurmSays(raises=gone))
+    with recording_listener() as listener:
+        (state_dir / "controller.json").write_text(json.dumps({"url": listener.url, "pid": 1, "host": "x"}))
+        for command in ("status", "pause"):
+            code, out = cli(command, str(JOB))
+            assert code == 1 and str(gone) in out, out
+    assert listener.connections == 0
+
+
+def test_with_slurm_down_the_controller_file_is_trusted_and_that_is_said(running: Running, state_dir: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """slurmctld down: the controller, made to run through that, still answers the operator; the
+    warning says the token went out on the word of controller.json alone."""
+    monkeypatch.setattr(jobs, "SlurmCli", SlurmSays(raises=SlurmUnavailableError("Unable to contact slurm controller")))
+    (state_dir / "controller.json").write_text(json.dumps({"url": running.server.url, "pid": 1, "host": "x"}))
+    (state_dir / "token").write_text(TOKEN + "\n")
+    result = CliRunner().invoke(main, ["pause", str(JOB)])
+    assert result.exit_code == 0 and json.loads(result.stdout) == {"paused": True}, result.output
+    assert result.stderr == (f"warning: Slurm did not answer: Unable to contact slurm controller; sending the job's "
+                             f"token to {running.server.url} on the word of {state_dir}/controller.json alone\n")
+    code, out = cli("status", str(JOB))
+    assert code == 0 and "warning: Slurm did not answer" in out, out
