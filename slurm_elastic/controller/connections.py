@@ -12,7 +12,8 @@ wait in the transport's write buffer must send at least ``min_send_rate_bytes_pe
 a client that never reads its answers (nothing leaves: ``stalled``), or reads them a drip at a
 time (``slow``), holds no slot of the cap, and no response in memory, for long; this holds too
 once the HTTP server has begun to close the connection (its keep-alive time is up), a close that
-waits for the write buffer to empty. A response that fits in the kernel's buffers never waits in
+waits for the write buffer to empty. Such a connection is reset (``SO_LINGER`` of 0): the kernel
+drops what it still holds of the response instead of trying to deliver it for minutes. A response that fits in the kernel's buffers never waits in
 the transport's, and is never timed.
 
 :func:`guarded` wraps any asyncio protocol class (uvicorn's ``http=`` setting takes one); it
@@ -23,7 +24,10 @@ wrapped protocol also sends a response's head together with its body (:class:`_I
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import resource
+import socket
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -141,7 +145,7 @@ class GuardedConnection(asyncio.Protocol):
                     self.book.slow += 1
                 else:
                     self.book.stalled += 1
-                self.abort()
+                self.abort(reset=True)
                 return
             self._window_sent, self._window_start_s = self._written - pending, self._now_s()
         self._write_watch = asyncio.get_running_loop().call_later(self.book.write_timeout_s / 4, self._look_at_writes)
@@ -185,10 +189,17 @@ class GuardedConnection(asyncio.Protocol):
             self._deadline.cancel()
             self._deadline = None
 
-    def abort(self) -> None:
-        """Close at once (the descriptor is freed now); the wrapped protocol hears connection_lost."""
-        if self.transport is not None and not self._lost:
-            self.transport.abort()
+    def abort(self, *, reset: bool = False) -> None:
+        """Close at once (the descriptor is freed now); the wrapped protocol hears connection_lost.
+        With ``reset`` the kernel also drops the bytes it has not sent yet and resets the connection."""
+        if self.transport is None or self._lost:
+            return
+        if reset:
+            sock = self.transport.get_extra_info("socket")
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.transport.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
