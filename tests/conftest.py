@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+import warnings
+from collections.abc import Generator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,6 +27,46 @@ def devcluster() -> DevCluster:
     cluster.up(wait_s=90)
     os.environ["SLURM_CONF"] = str(cluster.conf_path)
     return cluster
+
+
+@pytest.fixture(autouse=True)
+def _dev_cluster_usable(request: pytest.FixtureRequest) -> None:
+    """Before a test that uses the dev cluster: a daemon gone or a node down or drained (by an
+    earlier test, or by the host) is brought back, with a warning naming it, so that one test's
+    damage fails that test alone."""
+    if "devcluster" not in request.fixturenames:
+        return
+    cluster: DevCluster = request.getfixturevalue("devcluster")
+    if cluster.is_up():
+        return
+    before = cluster_report(cluster, log_lines=0)
+    cluster.up(wait_s=90)
+    warnings.warn(f"dev cluster not usable before {request.node.nodeid}, brought back:\n{before}", stacklevel=1)
+
+
+def cluster_report(cluster: DevCluster, log_lines: int = 20) -> str:
+    """Nodes with their states and reasons, the queue, and slurmctld's last ``log_lines``."""
+    parts = []
+    for title, argv in (("nodes", ["sinfo", "-h", "-N", "-p", cluster.spec.partition, "-o", "%N %T %E"]),
+                        ("jobs", ["squeue", "-h", "-a", "-o", "%i %j %T %M %R"])):
+        result = run_command([cluster.binary(argv[0]), *argv[1:]], env=cluster.env(), check=False, timeout_s=10)
+        parts.append(f"{title}:\n{result.stdout.rstrip() or '(none)'}{result.stderr.rstrip()}")
+    if log_lines:
+        parts.append(cluster.log_tail("slurmctld", lines=log_lines))
+    return "\n".join(parts)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item) -> Generator[None, Any, None]:
+    """A failed test that used the dev cluster reports the cluster's state with its failure."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and "devcluster" in getattr(item, "fixturenames", ()):
+        try:
+            cluster = DevCluster.at(Path(os.environ.get("SLURM_ELASTIC_DEVCLUSTER_DIR", str(default_dir()))))
+            report.sections.append(("dev cluster when the test failed", cluster_report(cluster)))
+        except Exception as exc:  # a report must never hide the failure it reports
+            report.sections.append(("dev cluster when the test failed", f"(no report: {exc})"))
 
 
 @pytest.fixture(scope="session")

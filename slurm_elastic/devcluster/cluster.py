@@ -251,11 +251,11 @@ class DevCluster:
         try:
             run_command(argv, env=self.env(), timeout_s=30)
         except SlurmError as exc:
-            raise DevClusterError(f"{daemon} did not start: {exc}\n{self._log_tail(daemon)}") from None
+            raise DevClusterError(f"{daemon} did not start: {exc}\n{self.log_tail(daemon)}") from None
         deadline = time.monotonic() + 15.0
         while self.daemon_pid(daemon) is None:  # the pid file appears once it has daemonized
             if time.monotonic() > deadline:
-                raise DevClusterError(f"{daemon} did not start\n{self._log_tail(daemon)}")
+                raise DevClusterError(f"{daemon} did not start\n{self.log_tail(daemon)}")
             time.sleep(0.1)
 
     def _wait_ready(self, wait_s: float, progress: Progress) -> None:
@@ -264,7 +264,7 @@ class DevCluster:
         while time.monotonic() < deadline:
             dead = [d for d in self._daemons() if self.daemon_pid(d) is None]
             if dead:
-                raise DevClusterError(f"{dead[0]} exited during start-up\n{self._log_tail(dead[0])}")
+                raise DevClusterError(f"{dead[0]} exited during start-up\n{self.log_tail(dead[0])}")
             try:
                 states = self.node_states()
             except SlurmError:
@@ -285,10 +285,11 @@ class DevCluster:
                     self.spec.node_names()[0])
         raise DevClusterError(
             f"node {node} did not become idle within {wait_s:g} s (state {states.get(node, 'unknown')})\n"
-            + self._log_tail(f"slurmd-{node}")
+            + self.log_tail(f"slurmd-{node}")
         )
 
-    def _log_tail(self, daemon: str, lines: int = 15) -> str:
+    def log_tail(self, daemon: str, lines: int = 15) -> str:
+        """The last ``lines`` of ``daemon``'s log, indented under a line naming the file."""
         path = self._log_file(daemon)
         try:
             tail = path.read_text(errors="replace").splitlines()[-lines:]
