@@ -38,7 +38,7 @@ from typing import Any
 import httpx
 
 from slurm_elastic.client.control import ControlClient
-from slurm_elastic.client.files import read_controller_url, read_token_file
+from slurm_elastic.client.files import read_controller_url
 from slurm_elastic.errors import ControllerUnreachableError, SlurmElasticError
 
 log = logging.getLogger(__name__)
@@ -89,16 +89,13 @@ class Router:
 
     @classmethod
     def from_env(cls, **kwargs: Any) -> Router:
-        """From ``SLURM_ELASTIC_CONTROLLER_URL`` and ``SLURM_ELASTIC_TOKEN_FILE`` (or ``..._TOKEN``)."""
-        url = os.environ.get("SLURM_ELASTIC_CONTROLLER_URL", "")
-        token = os.environ.get("SLURM_ELASTIC_TOKEN", "")
-        token_file = os.environ.get("SLURM_ELASTIC_TOKEN_FILE", "")
-        if not token and token_file:
-            token = read_token_file(Path(token_file))
-        if not url or not token:
-            raise RoutingError("set SLURM_ELASTIC_CONTROLLER_URL and SLURM_ELASTIC_TOKEN_FILE (or _TOKEN)")
-        state = os.environ.get("SLURM_ELASTIC_STATE_DIR")
-        return cls(url, token, state_dir=Path(state) if state else None, **kwargs)
+        """Inside the job (the trainer step, a worker step, any step of the allocation): the
+        controller is found from ``SLURM_JOB_ID`` alone, or from the variables
+        :func:`~slurm_elastic.client.locate.controller_from_env` reads."""
+        from slurm_elastic.client.locate import controller_from_env
+
+        where = controller_from_env()
+        return cls(where.url, where.token, state_dir=where.state_dir, **kwargs)
 
     # ---- discovery ---------------------------------------------------------------------------
     def _discover_loop(self) -> None:

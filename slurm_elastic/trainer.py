@@ -26,7 +26,6 @@ trainer waits and asks again.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -34,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from slurm_elastic.client.control import ControlClient
-from slurm_elastic.client.files import read_controller_url, read_token_file
-from slurm_elastic.errors import ApiError, ConfigError, ControllerUnreachableError
+from slurm_elastic.client.files import read_controller_url
+from slurm_elastic.errors import ApiError, ControllerUnreachableError
 from slurm_elastic.rollouts.wire import unpack_group
 
 log = logging.getLogger(__name__)
@@ -67,21 +66,12 @@ class Trainer:
 
     @classmethod
     def from_env(cls, **kwargs: Any) -> Trainer:
-        """Inside the job: the controller is found from ``SLURM_JOB_ID`` (or the variables below)."""
-        state = os.environ.get("SLURM_ELASTIC_STATE_DIR", "")
-        job_id = os.environ.get("SLURM_JOB_ID", "")
-        if not state and job_id.isdigit():
-            from slurm_elastic.client.locate import locate
+        """Inside the job: the controller is found from ``SLURM_JOB_ID`` alone, or from the variables
+        :func:`~slurm_elastic.client.locate.controller_from_env` reads."""
+        from slurm_elastic.client.locate import controller_from_env
 
-            state = str(locate(int(job_id)).state_dir)
-        url = os.environ.get("SLURM_ELASTIC_CONTROLLER_URL", "") or (read_controller_url(Path(state)) if state else "")
-        token_file = os.environ.get("SLURM_ELASTIC_TOKEN_FILE", "") or (str(Path(state) / "token") if state else "")
-        if not url or not token_file:
-            raise ConfigError("set SLURM_ELASTIC_STATE_DIR (or _CONTROLLER_URL and _TOKEN_FILE) for the trainer")
-        token = read_token_file(Path(token_file))
-        if not token:
-            raise ConfigError(f"the job's token file {token_file} is missing or empty, and so is its copy")
-        return cls(url, token, Path(state) if state else None, **kwargs)
+        where = controller_from_env()
+        return cls(where.url, where.token, where.state_dir, **kwargs)
 
     def _retry(self, call: Any, timeout_s: float = 300.0) -> Any:
         deadline = time.monotonic() + timeout_s

@@ -13,8 +13,8 @@ class RecordingListener:
     """Accepts connections on 127.0.0.1, keeps what each sends until its request head ends (or it
     stops sending), then closes it."""
 
-    def __init__(self) -> None:
-        self.server = socket.create_server(("127.0.0.1", 0))
+    def __init__(self, port: int = 0) -> None:
+        self.server = socket.create_server(("127.0.0.1", port))
         self.server.settimeout(0.1)
         self.url = f"http://127.0.0.1:{self.server.getsockname()[1]}"
         self.connections = 0
@@ -45,8 +45,8 @@ class RecordingListener:
 
 
 @contextmanager
-def recording_listener() -> Iterator[RecordingListener]:
-    listener = RecordingListener()
+def recording_listener(port: int = 0) -> Iterator[RecordingListener]:
+    listener = RecordingListener(port)
     try:
         yield listener
     finally:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,9 +16,11 @@ from slurm_elastic.client.files import (
     TOKEN_COPY,
     TOKEN_FILE,
     job_state_dir,
+    read_controller_url,
     read_token_file,
 )
 from slurm_elastic.errors import (
+    ConfigError,
     ControllerUnreachableError,
     SlurmCommandError,
     SlurmError,
@@ -157,3 +160,45 @@ def locate_running(job_id: int, view: SlurmView) -> JobHandle:
         raise ControllerUnreachableError(f"job {job_id} is {state}: its controller does not run (yet, or again "
                                          f"after a requeue); not sending the job's token {where}")
     raise JobEndedError(f"job {job_id} ended ({state}): its controller is gone; not sending the job's token {where}")
+
+
+@dataclass(frozen=True)
+class ControllerAddress:
+    """Where a client inside the job reaches its controller."""
+
+    url: str
+    token: str
+    state_dir: Path | None  # None: only the URL and token were given; a moved controller is not followed
+
+
+def controller_from_env(env: Mapping[str, str] | None = None) -> ControllerAddress:
+    """The controller of the job this process runs in (the trainer step, a router, any client):
+    from ``SLURM_ELASTIC_STATE_DIR``, else from the job's state directory found from
+    ``SLURM_JOB_ID`` alone (:func:`locate`); ``SLURM_ELASTIC_CONTROLLER_URL`` and
+    ``SLURM_ELASTIC_TOKEN_FILE`` (or ``SLURM_ELASTIC_TOKEN``) win over what that directory holds.
+    ConfigError saying what to set when nothing names the controller or its token."""
+    env = os.environ if env is None else env
+    state = env.get("SLURM_ELASTIC_STATE_DIR", "")
+    url = env.get("SLURM_ELASTIC_CONTROLLER_URL", "")
+    token = env.get("SLURM_ELASTIC_TOKEN", "")
+    token_file = env.get("SLURM_ELASTIC_TOKEN_FILE", "")
+    job_id = env.get("SLURM_JOB_ID", "")
+    if not state and job_id.isdigit():  # its state directory: a restarted controller is followed there
+        try:
+            state = str(locate(int(job_id)).state_dir)
+        except ControllerUnreachableError:
+            if not (url and (token or token_file)):
+                raise
+    state_dir = Path(state) if state else None
+    url = url or (read_controller_url(state_dir) if state_dir else "")
+    if not token_file and state_dir is not None:
+        token_file = str(state_dir / TOKEN_FILE)
+    if not url:
+        where = f"{state_dir / CONTROLLER_FILE} names no controller URL" if state_dir else "nothing names the controller"
+        raise ConfigError(f"{where}: run inside the job (SLURM_JOB_ID), or set SLURM_ELASTIC_STATE_DIR, "
+                          "or SLURM_ELASTIC_CONTROLLER_URL with SLURM_ELASTIC_TOKEN_FILE (or SLURM_ELASTIC_TOKEN)")
+    token = token or (read_token_file(Path(token_file)) if token_file else "")
+    if not token:
+        raise ConfigError(f"the job's token file {token_file} is missing or empty, and so is its copy" if token_file
+                          else "no token for the controller: set SLURM_ELASTIC_TOKEN_FILE (or SLURM_ELASTIC_TOKEN)")
+    return ControllerAddress(url, token, state_dir)
