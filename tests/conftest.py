@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import warnings
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from slurm_elastic.slurm.runner import run_command
 
 
 @pytest.fixture(scope="session")
-def devcluster() -> DevCluster:
+def devcluster(request: pytest.FixtureRequest) -> DevCluster:
     """The local dev cluster: reused if up, else started (needs root and Debian's Slurm packages)."""
     directory = Path(os.environ.get("SLURM_ELASTIC_DEVCLUSTER_DIR", str(default_dir())))
     try:
@@ -26,7 +27,42 @@ def devcluster() -> DevCluster:
         cluster = DevCluster(DevClusterSpec(dir=directory))
     cluster.up(wait_s=90)
     os.environ["SLURM_CONF"] = str(cluster.conf_path)
+    _wait_for_other_jobs(cluster, float(os.environ.get("SLURM_ELASTIC_TEST_WAIT_FOR_JOBS_S", "900")),
+                         say=lambda line: _say_now(request, line))
     return cluster
+
+
+def _say_now(request: pytest.FixtureRequest, line: str) -> None:
+    """Print past pytest's output capture: a wait of minutes must not look like a hang."""
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
+        print(line, flush=True)
+
+
+def _wait_for_other_jobs(cluster: DevCluster, wait_s: float, say: Callable[[str], object]) -> None:
+    """Jobs the tests did not start (an example still running on the same dev cluster, an earlier
+    run's leftovers) hold nodes the tests need whole: wait up to ``wait_s`` for them to end, then
+    cancel them, saying which, so that they fail no test."""
+    def jobs() -> list[str]:
+        result = run_command([cluster.binary("squeue"), "-h", "-a", "-o", "%i %j %T"], env=cluster.env(),
+                             check=False, timeout_s=10)
+        return [line.strip() for line in result.stdout.splitlines() if line.strip()]
+
+    deadline = time.monotonic() + wait_s
+    others = jobs()
+    if others:
+        say(f"\nthe dev cluster runs jobs the tests did not start; waiting up to {wait_s:g} s for them: {others}")
+    while others and time.monotonic() < deadline:
+        time.sleep(5)
+        others = jobs()
+    if others:
+        warnings.warn(f"cancelled jobs the tests did not start, still running after {wait_s:g} s: {others}",
+                      stacklevel=1)
+        for line in others:
+            run_command([cluster.binary("scancel"), line.split()[0]], env=cluster.env(), check=False)
+        stop = time.monotonic() + 60
+        while jobs() and time.monotonic() < stop:
+            time.sleep(1)
 
 
 @pytest.fixture(autouse=True)
