@@ -3,15 +3,18 @@ trace, several seeds, medians, each policy's distance to the limit.
 
     .venv/bin/python bench/bench_policy.py --quick      # 2 seeds, 3 clairvoyant slacks, verdicts over 5 seeds
     .venv/bin/python bench/bench_policy.py [--seeds 5]  # 5 clairvoyant slacks, verdicts over 20 seeds
+    .venv/bin/python bench/bench_policy.py --jobs 2     # the same figures, two traces at once
 
-Writes bench/out/policy.md. Pure simulation (slurm_elastic.sim): no cluster, one core.
+Writes bench/out/policy.md. Pure simulation (slurm_elastic.sim): no cluster, one core per job.
 Metrics and the clairvoyant search are defined in docs/autoscaler.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import dataclasses
+import functools
 import itertools
 import sys
 import time
@@ -28,10 +31,9 @@ from slurm_elastic.sim.trace import Trace
 
 TRACES = Path(__file__).resolve().parent.parent / "examples" / "traces"
 TRACE_NAMES = ("steady", "bursty", "phase_shift", "failures", "eval_pauses", "long_warmup", "checkpoint_stalls",
-               "big_batch_pareto")
-HELD_OUT = ("ramp", "speedup_bursts", "sine_trainer", "shrinking_episodes", "fixed_rollouts_faster_trainer",
-            "wide_groups_exponential", "many_slots_concise", "irregular_pauses",
-            "drifting_rollouts")  # written after the policy was tuned; never tuned on
+               "big_batch_pareto", "fixed_rollouts_faster_trainer")
+HELD_OUT = ("ramp", "speedup_bursts", "sine_trainer", "shrinking_episodes", "wide_groups_exponential",
+            "many_slots_concise", "irregular_pauses", "drifting_rollouts")  # written after the policy was tuned
 METRICS = ("trainer_idle_fraction", "gpu_seconds", "max_staleness", "scale_actions", "reversals")
 SLACKS_FULL = (0.0, 0.02, 0.05, 0.1, 0.2)
 SLACKS_QUICK = (0.0, 0.05, 0.15)
@@ -110,8 +112,65 @@ def _fmt_idle(extra: float | None) -> str:
     return "-" if extra is None else f"{extra:+.3f}"
 
 
+def trace_section(name: str, seeds: int, slacks: tuple[float, ...], verdict_seeds: int
+                  ) -> tuple[list[str], str, tuple[str, str, str, str]]:
+    """One trace: its table's lines, its verdict line and its headline row."""
+    trace = load_trace(TRACES / f"{name}.toml")
+    med: dict[str, Point] = {}
+    for policy in POLICIES:
+        med[policy] = _medians([simulate(trace, policy, seed).metrics for seed in range(seeds)])
+    for slack in slacks:
+        med[f"clairvoyant (slack {slack:g})"] = _medians(
+            [clairvoyant_schedule(trace, seed, slack_fraction=slack)[1].metrics for seed in range(seeds)])
+    top = min(trace.cluster.gpu_slots, trace.autoscaler.max_workers)
+    statics = {n: static_count(trace, n, seeds) for n in range(trace.autoscaler.min_workers, top + 1)}
+    for n, point in statics.items():
+        med[f"static-{n}"] = point
+    limit = frontier([p for k, p in med.items() if k.startswith(("clairvoyant", "static-"))])
+    ours = med["ours"]
+    held = " (held out from tuning)" if name in HELD_OUT else ""
+    lines = [f"## {name}{held}: {trace.description}", "",
+             "| policy | trainer idle | GPU-s | mean workers | max staleness | scale actions | reversals "
+             "| extra GPU-s vs limit | extra idle vs limit |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for policy, m in med.items():
+        extra_gpu, extra_idle = distances(m, limit)
+        label = f"**{policy}**" if policy == "ours" else policy
+        lines.append(f"| {label} | {m['trainer_idle_fraction']:.3f} | {m['gpu_seconds']:.0f} | "
+                     f"{m['mean_workers']:.2f} | {m['max_staleness']:.0f} | {m['scale_actions']:.0f} | "
+                     f"{m['reversals']:.0f} | {_fmt_gpu(extra_gpu, m['gpu_seconds'])} | {_fmt_idle(extra_idle)} |")
+    lines.append("")
+    cheaper = [p for p in POLICIES if p != "ours" and med[p]["gpu_seconds"] <= ours["gpu_seconds"]]
+    best = all(med[p]["trainer_idle_fraction"] > ours["trainer_idle_fraction"] for p in cheaper)
+    dominating = [n for n, point in statics.items() if dominates(point, ours)]
+    wide, by_seed = verdict(trace, verdict_seeds)
+    extra_gpu, extra_idle = distances(ours, limit)
+    verdict_line = (
+        f"- {name}{held}: ours idles {ours['trainer_idle_fraction']:.3f} on {ours['gpu_seconds']:.0f} GPU-s; "
+        f"to the limit {_fmt_gpu(extra_gpu, ours['gpu_seconds'])} GPU-s at no more idle, "
+        f"{_fmt_idle(extra_idle)} idle at no more GPU-s; policies using no more GPU-s "
+        f"({', '.join(cheaper) or 'none'}) idle {'more' if best else 'LESS OR EQUAL'}; "
+        f"reversals {ours['reversals']:.0f}; "
+        + (f"DOMINATED by static {', '.join(map(str, dominating))}" if dominating
+           else "not dominated by any fixed count")
+        + f"; over {verdict_seeds} seeds: " + (f"DOMINATED by static {', '.join(map(str, wide))}" if wide
+                                               else "not dominated")
+        + f", dominated seed by seed on {by_seed} of {verdict_seeds}")
+    topm, thr = med["static-max"], med["threshold"]
+    headline = (
+        f"autoscaler, `{name}` trace{held} (simulated): trainer idle / GPU-s, reversals; to the limit",
+        f"{ours['trainer_idle_fraction']:.3f} / {ours['gpu_seconds']:,.0f}, {ours['reversals']:.0f}; "
+        f"{_fmt_gpu(extra_gpu, ours['gpu_seconds'])} GPU-s, {_fmt_idle(extra_idle)} idle",
+        f"static-max {topm['trainer_idle_fraction']:.3f} / {topm['gpu_seconds']:,.0f}; "
+        f"threshold ±1 {thr['trainer_idle_fraction']:.3f} / {thr['gpu_seconds']:,.0f}",
+        f"GPU-s {ours['gpu_seconds'] / topm['gpu_seconds']:.2f}x static-max; "
+        + (f"dominated by static {', '.join(map(str, wide))}" if wide else "not dominated by any fixed count")
+        + f" over {verdict_seeds} seeds; on {by_seed} of them seed by seed")
+    return lines, verdict_line, headline
+
+
 def run(seeds: int, slacks: tuple[float, ...], headline: list[tuple[str, str, str, str]] | None = None,
-        command: str = "", verdict_seeds: int = 20) -> str:
+        command: str = "", verdict_seeds: int = 20, jobs: int = 1) -> str:
     started = time.perf_counter()
     lines = ["# Autoscaler policy benchmark (simulated)", "",
              f"`{command}`: medians over seeds 0..{seeds - 1} of each trace in `examples/traces/` "
@@ -119,60 +178,19 @@ def run(seeds: int, slacks: tuple[float, ...], headline: list[tuple[str, str, st
              f"clairvoyant schedules (slacks {', '.join(f'{s:g}' for s in slacks)}) and every fixed count. "
              "Extra GPU-s: over the limit at the same idle; extra idle: over the limit at the same GPU-s; "
              "the limit is piecewise linear between frontier points (- : outside its range).", ""]
+    names = (*TRACE_NAMES, *HELD_OUT)
+    section = functools.partial(trace_section, seeds=seeds, slacks=slacks, verdict_seeds=verdict_seeds)
+    if jobs > 1:  # one process per trace at a time: the simulator is pure, so the figures are the same
+        with concurrent.futures.ProcessPoolExecutor(jobs) as pool:
+            sections = list(pool.map(section, names))
+    else:
+        sections = [section(name) for name in names]
     verdicts = []
-    for name in (*TRACE_NAMES, *HELD_OUT):
-        trace = load_trace(TRACES / f"{name}.toml")
-        med: dict[str, Point] = {}
-        for policy in POLICIES:
-            med[policy] = _medians([simulate(trace, policy, seed).metrics for seed in range(seeds)])
-        for slack in slacks:
-            med[f"clairvoyant (slack {slack:g})"] = _medians(
-                [clairvoyant_schedule(trace, seed, slack_fraction=slack)[1].metrics for seed in range(seeds)])
-        top = min(trace.cluster.gpu_slots, trace.autoscaler.max_workers)
-        statics = {n: static_count(trace, n, seeds) for n in range(trace.autoscaler.min_workers, top + 1)}
-        for n, point in statics.items():
-            med[f"static-{n}"] = point
-        limit = frontier([p for k, p in med.items() if k.startswith(("clairvoyant", "static-"))])
-        ours = med["ours"]
-        held = " (held out from tuning)" if name in HELD_OUT else ""
-        lines += [f"## {name}{held}: {trace.description}", "",
-                  "| policy | trainer idle | GPU-s | mean workers | max staleness | scale actions | reversals "
-                  "| extra GPU-s vs limit | extra idle vs limit |",
-                  "|---|---|---|---|---|---|---|---|---|"]
-        for policy, m in med.items():
-            extra_gpu, extra_idle = distances(m, limit)
-            label = f"**{policy}**" if policy == "ours" else policy
-            lines.append(f"| {label} | {m['trainer_idle_fraction']:.3f} | {m['gpu_seconds']:.0f} | "
-                         f"{m['mean_workers']:.2f} | {m['max_staleness']:.0f} | {m['scale_actions']:.0f} | "
-                         f"{m['reversals']:.0f} | {_fmt_gpu(extra_gpu, m['gpu_seconds'])} | {_fmt_idle(extra_idle)} |")
-        lines.append("")
-        cheaper = [p for p in POLICIES if p != "ours" and med[p]["gpu_seconds"] <= ours["gpu_seconds"]]
-        best = all(med[p]["trainer_idle_fraction"] > ours["trainer_idle_fraction"] for p in cheaper)
-        dominating = [n for n, point in statics.items() if dominates(point, ours)]
-        wide, by_seed = verdict(trace, verdict_seeds)
-        extra_gpu, extra_idle = distances(ours, limit)
-        verdicts.append(
-            f"- {name}{held}: ours idles {ours['trainer_idle_fraction']:.3f} on {ours['gpu_seconds']:.0f} GPU-s; "
-            f"to the limit {_fmt_gpu(extra_gpu, ours['gpu_seconds'])} GPU-s at no more idle, "
-            f"{_fmt_idle(extra_idle)} idle at no more GPU-s; policies using no more GPU-s "
-            f"({', '.join(cheaper) or 'none'}) idle {'more' if best else 'LESS OR EQUAL'}; "
-            f"reversals {ours['reversals']:.0f}; "
-            + (f"DOMINATED by static {', '.join(map(str, dominating))}" if dominating
-               else "not dominated by any fixed count")
-            + f"; over {verdict_seeds} seeds: " + (f"DOMINATED by static {', '.join(map(str, wide))}" if wide
-                                                   else "not dominated")
-            + f", dominated seed by seed on {by_seed} of {verdict_seeds}")
+    for trace_lines, verdict_line, row in sections:
+        lines += trace_lines
+        verdicts.append(verdict_line)
         if headline is not None:
-            topm, thr = med["static-max"], med["threshold"]
-            headline.append((
-                f"autoscaler, `{name}` trace{held} (simulated): trainer idle / GPU-s, reversals; to the limit",
-                f"{ours['trainer_idle_fraction']:.3f} / {ours['gpu_seconds']:,.0f}, {ours['reversals']:.0f}; "
-                f"{_fmt_gpu(extra_gpu, ours['gpu_seconds'])} GPU-s, {_fmt_idle(extra_idle)} idle",
-                f"static-max {topm['trainer_idle_fraction']:.3f} / {topm['gpu_seconds']:,.0f}; "
-                f"threshold ±1 {thr['trainer_idle_fraction']:.3f} / {thr['gpu_seconds']:,.0f}",
-                f"GPU-s {ours['gpu_seconds'] / topm['gpu_seconds']:.2f}x static-max; "
-                + (f"dominated by static {', '.join(map(str, wide))}" if wide else "not dominated by any fixed count")
-                + f" over {verdict_seeds} seeds; on {by_seed} of them seed by seed"))
+            headline.append(row)
     lines += ["## Reading", "",
               "Static allocation at the maximum idles least, at the most GPU-seconds; the question is the "
               "trade-off. Ours is dominated when some fixed count idles no more on no more GPU-seconds "
@@ -188,6 +206,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="2 seeds, 3 clairvoyant slacks, verdicts over 5")
     parser.add_argument("--verdict-seeds", type=int, default=None,
                         help="seeds of ours and every fixed count for the domination verdict (default 20)")
+    parser.add_argument("--jobs", type=int, default=1, help="traces run at once, one process each (default 1)")
     args = parser.parse_args()
     seeds = args.seeds or (2 if args.quick else 5)
     verdict_seeds = args.verdict_seeds or (5 if args.quick else 20)
@@ -195,7 +214,7 @@ def main() -> None:
     command = "bench/bench_policy.py" + (" --quick" if args.quick else "") + (
         f" --seeds {args.seeds}" if args.seeds else "")
     headline: list[tuple[str, str, str, str]] = []
-    write_report("policy", run(seeds, slacks, headline, command, verdict_seeds))
+    write_report("policy", run(seeds, slacks, headline, command, verdict_seeds, args.jobs))
     write_headline("policy", headline)
 
 

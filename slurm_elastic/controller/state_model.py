@@ -93,6 +93,10 @@ class AutoscalerMemory(_Model):
     held_dir: Annotated[StrictInt, Field(ge=-1, le=1)] = 0
     ramped: StrictBool = True
     starting: StrictBool = False
+    # (workers, the trainer's demand, when) at its normal pace, as core.speedup.UsualCount keeps them
+    usual: tuple[Annotated[StrictFloat, Field(ge=0, le=100_000, allow_inf_nan=False)],
+                 Annotated[StrictFloat, Field(gt=0, allow_inf_nan=False)],
+                 Annotated[StrictFloat, Field(allow_inf_nan=False)]] | None = None
 
 
 Workers = Annotated[StrictInt, Field(ge=0, le=100_000)]

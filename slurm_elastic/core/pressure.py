@@ -31,6 +31,7 @@ class QueueSnapshot:
     trainer_step_s: float | None = None  # the trainer's compute time per step (core.rates.TrainerSteps)
     trainer_waiting: bool | None = None  # the trainer waits for a batch now (None: it has not asked yet)
     produced_seqs: int | None = None  # accepted over the last PRODUCTION_WINDOW_S (None: not counted)
+    trainer_latest_step_s: float | None = None  # the last step's compute time (TrainerSteps.latest_step_s)
 
 
 class QueueFeed(Protocol):
@@ -67,6 +68,9 @@ def pressure_inputs(queue: QueueSnapshot | None, workers: Mapping[WorkerState, i
                                               active),
         trainer_demand_seqs_per_s=(queue.batch_size / queue.trainer_step_s
                                    if queue.trainer_step_s and queue.trainer_step_s > 0 else None),
+        trainer_latest_demand_seqs_per_s=(queue.batch_size / queue.trainer_latest_step_s
+                                          if queue.trainer_latest_step_s and queue.trainer_latest_step_s > 0
+                                          else None),
         trainer_waiting=queue.trainer_waiting,
         in_flight_seqs=queue.in_flight_seqs, max_staleness=queue.max_staleness,
         staleness_capacity_seqs=queue.staleness_capacity_seqs, buffer_capacity_seqs=queue.buffer_capacity_seqs,

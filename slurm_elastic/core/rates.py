@@ -121,6 +121,14 @@ class TrainerSteps:
         running_s = 0.0 if self._served_s is None else now_s - self._served_s
         return max(mean_s, running_s)
 
+    def latest_step_s(self, now_s: float) -> float | None:
+        """Seconds of the last step, or of the step in progress if it has already run longer; None
+        until one step has ended. The speed-up resize reads a fast step here before the mean shows it."""
+        if not self._compute_s:
+            return None
+        running_s = 0.0 if self._served_s is None else now_s - self._served_s
+        return max(self._compute_s[-1], running_s)
+
     def waiting(self) -> bool | None:
         """The trainer is waiting for a batch now (False: it computes; None: it has not asked yet)."""
         if self._asked_s is None and self._served_s is None:

@@ -33,7 +33,8 @@ does, each scaled by the trainer's demand now over its demand then), and a maxim
 action. The trainer's demand is batch_size / its compute time per step, measured from its pulls
 (core.rates.TrainerSteps). Workers still starting count as capacity,
 draining ones do not, so nothing is counted twice. Before the rates are measured the start-up
-(core.startup) decides, and one sizing step hands over to this law.
+(core.startup) decides, and one sizing step hands over to this law. A trainer back from a stall
+gets the count it needs in one step (core.speedup), before the full bounds are looked at.
 
 For inference servers a second source, the load ratio L = outstanding / (active · capacity),
 recommends ceil(outstanding / (capacity · scale_up_threshold)) workers when L leaves the
@@ -49,6 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slurm_elastic.core.autoscaler_config import AutoscalerConfig
+from slurm_elastic.core.speedup import SPEEDUP_LOOKBACK_S, UsualCount, speedup_resize
 from slurm_elastic.core.startup import measured, sizing_step, startup_recommendation
 
 
@@ -60,6 +62,7 @@ class PressureInputs:
     batch_size: int
     consumption_seqs_per_s: float | None = None
     trainer_demand_seqs_per_s: float | None = None  # batch_size / the trainer's compute time per step
+    trainer_latest_demand_seqs_per_s: float | None = None  # batch_size / its last step's compute time
     trainer_waiting: bool | None = None  # the trainer waits for a batch now (None: it has not asked yet)
     per_worker_seqs_per_s: float | None = None  # production per worker while generating (busy)
     in_flight_seqs: float | None = None  # admitted, not yet submitted (the staleness manager's running)
@@ -140,6 +143,8 @@ class Autoscaler:
     startup_step: bool = False  # this decision is the start-up step (no votes, stable period or step cap)
     ramped: bool = False  # both rates were measured: the start-up is over for this job (kept across restarts)
     starting: bool = False  # the start-up decided, and its sizing step is still to come
+    direct_step: bool = False  # this decision is a speed-up resize (no votes, stable period or step cap)
+    usual: UsualCount | None = None  # the count at the trainer's normal pace (core.speedup)
 
     def decide(self, x: PressureInputs, now_s: float) -> Decision:
         """One decision; its reason names, in plain words, the pressure and whatever term, bound,
@@ -147,7 +152,7 @@ class Autoscaler:
         cfg = self.config
         current = x.workers_starting + x.workers_active  # draining workers are not capacity
         ceiling = max(cfg.min_workers, min(cfg.max_workers, x.allowed_slots + 0))
-        self.startup_step = False
+        self.startup_step = self.direct_step = False
         rec, why, terms = self._recommend(x, now_s, current)
         rec_load, why_load = self._recommend_load(x, current)
         if rec_load is not None and (rec is None or rec_load > rec):
@@ -189,13 +194,14 @@ class Autoscaler:
         word = "up" if direction > 0 else "down"
         more = "more" if direction > 0 else "fewer"
         self.held_dir = direction  # until the move is made in full below
-        if self.votes < cfg.confirmations and not self.startup_step:
+        at_once = self.startup_step or self.direct_step
+        if self.votes < cfg.confirmations and not at_once:
             return Decision(steady, "hold", f"hold: {word} vote {self.votes}/{cfg.confirmations}, waiting for "
                             f"{cfg.confirmations} readings in a row that ask for {more} workers (confirmations)"
                             f"{despite}; {why}", rec, *terms)
         assert self.direction_since_s is not None
         held_s = now_s - self.direction_since_s
-        if held_s < cfg.min_stable_period_s and not self.startup_step:
+        if held_s < cfg.min_stable_period_s and not at_once:
             return Decision(steady, "hold", f"hold: the call for {more} workers is not stable yet, it has held "
                             f"{held_s:.0f} s of the {cfg.min_stable_period_s:g} s required (min_stable_period_s)"
                             f"{despite}; {why}", rec, *terms)
@@ -205,7 +211,7 @@ class Autoscaler:
             return Decision(steady, "hold", f"hold: cooldown after scale-{word} ({cooldown - (now_s - last):.0f} s "
                             f"left of scale_{word}_cooldown_s {cooldown:g} s){despite}; {why}", rec, *terms)
         limit_step = cfg.max_step_up if direction > 0 else cfg.max_step_down
-        if self.startup_step:
+        if at_once:
             limit_step = max(limit_step, math.ceil(abs(delta)))
         step = min(abs(delta), limit_step)
         target = current + direction * max(1, math.floor(step + 1e-9))
@@ -242,6 +248,11 @@ class Autoscaler:
                 self.starting, self.startup_step, self.window = False, True, []
                 rec, why = sizing_step(x)
                 return rec, f"{_pressure_words(x.queued_seqs, setpoint)}; {why}", (error, None, None, None)
+        jump = self._speedup(x, now_s, current) if self.ramped else None
+        if jump is not None:  # before the full bounds: the buffer a stall filled empties fast now
+            self.direct_step = True
+            self.integral = max(self.integral, 0.0)  # what the stall wound down no longer holds
+            return float(jump[0]), f"{_pressure_words(x.queued_seqs, setpoint)}; {jump[1]}", (error, None, None, None)
         full = None
         if x.staleness_capacity_seqs is not None and x.staleness_capacity_seqs <= 0:
             full = "staleness bound reached (capacity 0)"
@@ -283,6 +294,20 @@ class Autoscaler:
                f"{rate:.2f} per worker = feed-forward {feed_forward:.2f} + P {p:.0f} I {i:.0f} D {d:.0f} -> {rec:.2f} workers")
         return rec, why, (error, p, i, d)
 
+    def _speedup(self, x: PressureInputs, now_s: float, current: int) -> tuple[int, str] | None:
+        """Track the usual count; the speed-up resize's count, if the trainer has just sped up."""
+        demand = _positive(x.trainer_demand_seqs_per_s)
+        if demand is not None:
+            if self.usual is None:
+                self.usual = UsualCount(float(current), demand, now_s)
+            else:
+                self.usual.observe(current, demand, now_s)
+        latest, rate = _positive(x.trainer_latest_demand_seqs_per_s), _positive(x.per_worker_seqs_per_s)
+        if latest is None or rate is None:
+            return None
+        recent = [then for t, _r, then in self.window if then is not None and now_s - t <= SPEEDUP_LOOKBACK_S]
+        return speedup_resize(latest, recent, rate, current, self.usual)
+
     def _recommend_load(self, x: PressureInputs, current: int) -> tuple[float | None, str]:
         cfg = self.config
         if x.outstanding_requests is None:
@@ -302,7 +327,9 @@ class Autoscaler:
                 "last_up_s": None if math.isinf(self.last_up_s) else self.last_up_s,
                 "last_down_s": None if math.isinf(self.last_down_s) else self.last_down_s,
                 "window": [list(w) for w in self.window], "held_dir": self.held_dir, "ramped": self.ramped,
-                "starting": self.starting}
+                "starting": self.starting,
+                "usual": None if self.usual is None else [self.usual.workers, self.usual.demand_seqs_per_s,
+                                                          self.usual.at_s]}
 
     @classmethod
     def from_state(cls, config: AutoscalerConfig, state: Mapping[str, Any]) -> Autoscaler:
@@ -321,4 +348,6 @@ class Autoscaler:
         scaler.held_dir = int(state.get("held_dir", 0))
         scaler.ramped = bool(state.get("ramped", True))  # saved before the ramp existed: a running job
         scaler.starting = bool(state.get("starting", False))
+        usual = state.get("usual")
+        scaler.usual = None if usual is None else UsualCount(float(usual[0]), float(usual[1]), float(usual[2]))
         return scaler

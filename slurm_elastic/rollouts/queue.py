@@ -366,7 +366,7 @@ class RolloutQueue:
                 self._queued_seqs, self.config.batch_size, self._pulls.rate(now_s), self._accepts.rate(now_s),
                 self.staleness.running, self.config.max_staleness, self.staleness.capacity(),
                 self.config.capacity_seqs, self._trainer_steps.step_s(now_s), self._trainer_steps.waiting(),
-                round(self._accepts.total(now_s)))
+                round(self._accepts.total(now_s)), self._trainer_steps.latest_step_s(now_s))
 
     def stats(self) -> dict[str, Any]:
         now_s = self.clock()

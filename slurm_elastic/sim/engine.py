@@ -186,7 +186,7 @@ class Simulation:
         return QueueSnapshot(self.queued_seqs, q.batch_size, self.pulls.rate(self.now_s), self.accepts.rate(self.now_s),
                              self.staleness.running, q.max_staleness, self.staleness.capacity(), q.capacity_seqs,
                              self.trainer_steps.step_s(self.now_s), self.trainer_steps.waiting(),
-                             round(self.accepts.total(self.now_s)))
+                             round(self.accepts.total(self.now_s)), self.trainer_steps.latest_step_s(self.now_s))
 
     def observe(self) -> Observation:
         """What the controller sees: every simulated step, the queue, the workers' busy time."""
