@@ -11,7 +11,8 @@ distance is ours' idle fraction minus the fixed counts' curve (straight between 
 GPU-seconds, averaged over the seeds where ours lies inside the curve's range: below 0, ours
 idles less than running a mix of fixed counts with its GPU-seconds. ``--code`` simulates the
 ``slurm_elastic/`` of another checkout on this checkout's traces (the figures "earlier policy →
-now" in docs/autoscaler.md). Prints one line per trace; pure simulation, ``--jobs`` processes.
+now" in docs/autoscaler.md). Prints one line per trace, naming the fixed counts whose medians
+dominate ours' medians, with theirs; pure simulation, ``--jobs`` processes.
 """
 
 from __future__ import annotations
@@ -77,9 +78,16 @@ def report(code: str, name: str, seeds: int, jobs: int, initial_workers: int) ->
     dominated = sum(any(_dominates(f, ours[s]) for f in by_seed[s]) for s in range(seeds))
     gaps = [ours[s][0] - at for s in range(seeds) if (at := _curve_at(by_seed[s], ours[s][1])) is not None]
     gap = f"{statistics.mean(gaps):+.4f}" if gaps else "-"
-    return (f"{name}: ours {statistics.median(r[0] for r in ours):.3f} idle / "
-            f"{statistics.median(r[1] for r in ours):,.0f} GPU-s (medians); a fixed count dominates it on "
-            f"{dominated} of {seeds} seeds; above the fixed counts' curve by {gap} idle (mean over seeds)")
+    mine = _medians(ours)
+    over = [f"static {n} ({m[0]:.3f} / {m[1]:,.0f})" for i, n in enumerate(counts)
+            if _dominates(m := _medians(fixed[i * seeds:(i + 1) * seeds]), mine)]
+    return (f"{name}: ours {mine[0]:.3f} idle / {mine[1]:,.0f} GPU-s (medians); a fixed count dominates it on "
+            f"{dominated} of {seeds} seeds; above the fixed counts' curve by {gap} idle (mean over seeds); "
+            f"at medians {'dominated by ' + ', '.join(over) if over else 'not dominated'}")
+
+
+def _medians(runs: list[Run]) -> Run:
+    return statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
 
 
 def main() -> None:
