@@ -26,9 +26,16 @@ SERVERS = {"workers": {"kind": "server", "command": [sys.executable, FAKE_SERVER
 
 
 @pytest.fixture
-def router(job: ControllerJob) -> Iterator[Router]:
-    url, token = locate_in(job.state_dir, job.job_id)
-    with Router(url, token, state_dir=job.state_dir, report_interval_s=0.2, poll_wait_s=1.0) as r:
+def router(job: ControllerJob, monkeypatch: pytest.MonkeyPatch) -> Iterator[Router]:
+    """A router made as a step of the job makes it: from SLURM_JOB_ID alone, the job's state
+    directory found through Slurm (the job's comment), not from the default place."""
+    monkeypatch.setenv("SLURM_ELASTIC_HOME", str(job.tmp / "elsewhere"))
+    for name in ("SLURM_ELASTIC_STATE_DIR", "SLURM_ELASTIC_CONTROLLER_URL", "SLURM_ELASTIC_TOKEN",
+                 "SLURM_ELASTIC_TOKEN_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SLURM_JOB_ID", str(job.job_id))
+    with Router.from_env(report_interval_s=0.2, poll_wait_s=1.0) as r:
+        assert r.state_dir == job.state_dir  # so a restarted controller is followed (test below)
         yield r
 
 
