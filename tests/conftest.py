@@ -17,10 +17,14 @@ from slurm_elastic.slurm.cli_backend import SlurmCli
 from slurm_elastic.slurm.runner import run_command
 
 
+def _devcluster_dir() -> Path:
+    return Path(os.environ.get("SLURM_ELASTIC_DEVCLUSTER_DIR", str(default_dir())))
+
+
 @pytest.fixture(scope="session")
 def devcluster(request: pytest.FixtureRequest) -> DevCluster:
     """The local dev cluster: reused if up, else started (needs root and Debian's Slurm packages)."""
-    directory = Path(os.environ.get("SLURM_ELASTIC_DEVCLUSTER_DIR", str(default_dir())))
+    directory = _devcluster_dir()
     try:
         cluster = DevCluster.at(directory)
     except Exception:
@@ -99,7 +103,7 @@ def pytest_runtest_makereport(item: pytest.Item) -> Generator[None, Any, None]:
     report = outcome.get_result()
     if report.failed and "devcluster" in getattr(item, "fixturenames", ()):
         try:
-            cluster = DevCluster.at(Path(os.environ.get("SLURM_ELASTIC_DEVCLUSTER_DIR", str(default_dir()))))
+            cluster = DevCluster.at(_devcluster_dir())
             report.sections.append(("dev cluster when the test failed", cluster_report(cluster)))
         except Exception as exc:  # a report must never hide the failure it reports
             report.sections.append(("dev cluster when the test failed", f"(no report: {exc})"))

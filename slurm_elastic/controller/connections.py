@@ -13,8 +13,8 @@ a client that never reads its answers (nothing leaves: ``stalled``), or reads th
 time (``slow``), holds no slot of the cap, and no response in memory, for long; this holds too
 once the HTTP server has begun to close the connection (its keep-alive time is up), a close that
 waits for the write buffer to empty. Such a connection is reset (``SO_LINGER`` of 0): the kernel
-drops what it still holds of the response instead of trying to deliver it for minutes. A response that fits in the kernel's buffers never waits in
-the transport's, and is never timed.
+drops what it still holds of the response instead of trying to deliver it for minutes. A
+response that fits in the kernel's buffers never waits in the transport's, and is never timed.
 
 :func:`guarded` wraps any asyncio protocol class (uvicorn's ``http=`` setting takes one); it
 sees only the asyncio ``Protocol`` and ``Transport`` interfaces. The transport it hands the
