@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -57,10 +58,11 @@ def run_agent(*options: str) -> subprocess.CompletedProcess[str]:
                            *options], capture_output=True, text=True, timeout=60)
 
 
-def controller_status(url: str) -> dict:
+def controller_status(url: str) -> dict[str, Any]:
     resp = httpx.get(url + "/controller/status", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10)
     resp.raise_for_status()
-    return resp.json()
+    answer: dict[str, Any] = resp.json()
+    return answer
 
 
 def test_the_agent_reports_the_real_gpus_and_none_is_cordoned(controller: tuple[Controller, str, Path],
