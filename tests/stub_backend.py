@@ -1,4 +1,5 @@
-"""A Slurm backend for in-process controller tests and timings: it lists the steps it is given
+"""A Slurm backend for in-process controller tests and timings: it lists the steps it is given,
+describes the job as running on ``job_nodes`` (none: the allocation the controller was given)
 and accepts every action. Only for what does not touch Slurm; the adapter itself is tested on
 the dev cluster."""
 
@@ -7,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from slurm_elastic.slurm.backend import StepSpec
-from slurm_elastic.slurm.parse import StepInfo
+from slurm_elastic.slurm.parse import JobInfo, StepInfo
 
 
 class ListedSteps:
@@ -15,6 +16,12 @@ class ListedSteps:
 
     def __init__(self, steps: list[StepInfo] | None = None) -> None:
         self.steps: list[StepInfo] = list(steps or [])
+        self.job_nodes: tuple[str, ...] = ()
+        self.job_info_calls = 0
+
+    def job_info(self, job_id: int) -> JobInfo:
+        self.job_info_calls += 1
+        return JobInfo(job_id, "train", "RUNNING", self.job_nodes, (self.job_nodes or ("",))[0], "", "me", "gpu")
 
     def list_steps(self, job_id: int) -> list[StepInfo]:
         return list(self.steps)

@@ -19,6 +19,7 @@ from slurm_elastic.controller.burst_jobs import TERM_DRAINS_ENV, BurstJobs, burs
 from slurm_elastic.controller.burst_manager import BurstManager
 from slurm_elastic.controller.changes import Changes
 from slurm_elastic.controller.config import ElasticConfig
+from slurm_elastic.controller.pause_watch import PauseWatch
 from slurm_elastic.controller.state import StateFile
 from slurm_elastic.controller.step_specs import agent_step_spec, worker_step_spec
 from slurm_elastic.controller.weights import WeightsRecord, restore_weights, weights_book
@@ -112,6 +113,10 @@ class ControllerBase:
         self._busy_lock = threading.Lock()  # heartbeats add while a tick reads
         self.started_at_s = clock()
         self.state_notes: list[str] = []  # what loading the job's saved state could not keep, and why
+        self.left_nodes: list[dict[str, Any]] = []  # nodes Slurm took out of the running job (a node failure)
+        self.allocation_checked_s = self.started_at_s  # the last read of the job's nodes
+        self.allocation_check_due = False  # read them at the next tick (a worker step ended unasked)
+        self.pause_watch: PauseWatch | None = None  # time the process did not run (run_forever starts one)
         self.state_file = StateFile(state_dir / "state.json", job_id)
         self._saved_durable = ""  # the last written state without live fields, as JSON
         self._saved_at_s = float("-inf")  # time.monotonic() of the last write

@@ -13,9 +13,11 @@ from typing import Any
 
 from slurm_elastic.controller.base import STATE_REFRESH_S
 from slurm_elastic.controller.control_plane import ControlPlane, UnknownWorkerError
+from slurm_elastic.controller.pause_watch import PauseWatch
 from slurm_elastic.controller.step_specs import foreign_gpus_by_node
 from slurm_elastic.controller.views import StatusViews
 from slurm_elastic.core.cordons import CordonChange
+from slurm_elastic.core.defaults import ALLOCATION_CHECK_S
 from slurm_elastic.core.lifecycle import WorkerState
 from slurm_elastic.core.naming import AGENT_PREFIX, worker_id_of_step
 from slurm_elastic.core.placement import Allocation
@@ -57,7 +59,8 @@ class Controller(ControlPlane, StatusViews):
                                         if job_id not in releasing)
 
     def observation(self, steps: list[StepInfo] | None, now_s: float, *, with_queue: bool = True,
-                    running_burst: dict[int, dict[str, tuple[int, ...]]] | None = None) -> Observation:
+                    running_burst: dict[int, dict[str, tuple[int, ...]]] | None = None,
+                    paused_s: float = 0.0) -> Observation:
         """What the core decides on: the listing, the queue's numbers (when the autoscaler reads
         them), busy workers and the routers' load; burst jobs being given back, and the slots more
         burst jobs could add."""
@@ -82,19 +85,50 @@ class Controller(ControlPlane, StatusViews):
             busy_worker_s=self.busy_worker_s(now_s) if snapshot else None,
             outstanding_by_worker=self.outstanding_of_draining(now_s),
             total_outstanding=self.endpoints.total_outstanding(now_s) if self.is_server else None,
+            paused_s=paused_s,
         )
+
+    def check_allocation(self, now_s: float) -> None:
+        """Read the job's nodes from Slurm. A node that left the running job (a failed node of a
+        ``--no-kill`` job; Slurm never gives one back) gets no more workers or agents, its cordons
+        and samples are dropped, and status names it."""
+        self.allocation_checked_s, self.allocation_check_due = now_s, False
+        try:
+            job = self.backend.job_info(self.job_id)
+        except SlurmElasticError as exc:
+            self._record_error("allocation", str(exc))
+            return
+        own = self.allocations[0].gpus_by_node
+        gone = sorted(set(own) - set(job.nodes)) if job.is_running and job.nodes else []
+        if not gone:
+            return
+        with self.lock:
+            kept = {node: gpus for node, gpus in own.items() if node not in gone}
+            self.allocations = (Allocation(self.job_id, kept), *self.allocations[1:])
+            for node in gone:
+                self.state.cordons.forget_node(node)
+                self.left_nodes.append({"node": node, "gpus": len(own[node]), "at_s": round(now_s, 3)})
+                log.warning("node %s left job %d (Slurm took it out of the allocation: a node failure); its %d GPUs "
+                            "get no more workers, the job runs on with %s", node, self.job_id, len(own[node]),
+                            ",".join(kept) or "no node")
+            self.save()
 
     def tick(self) -> TickResult:
         """Observe, decide, act, persist. Never raises for Slurm trouble."""
+        if self.allocation_check_due or self.clock() - self.allocation_checked_s >= ALLOCATION_CHECK_S:
+            self.check_allocation(self.clock())
         running_burst = self.observe_burst()
         steps = self.observe(tuple(sorted(running_burst)))
         with self.lock:
+            paused_s = self.pause_watch.take() if self.pause_watch is not None else 0.0
             now_s = self.clock()
             self.ticks += 1
-            obs = self.observation(steps, now_s, with_queue=autoscales(self.state), running_burst=running_burst)
+            obs = self.observation(steps, now_s, with_queue=autoscales(self.state), running_burst=running_burst,
+                                   paused_s=paused_s)
             result = tick(obs, self.state, self.tick_config, self.burst_allocations(running_burst), now_s)
             for event in result.events:
                 if isinstance(event, Crashed):
+                    self.allocation_check_due = True  # a node failure ends every step on the node
                     log.warning("worker %s crashed on %s %s: %s", event.worker_id, event.node, list(event.gpus),
                                 event.reason)
                 elif isinstance(event, CordonChange):
@@ -145,6 +179,14 @@ class Controller(ControlPlane, StatusViews):
             self._wake.set()
 
         threading.Thread(target=wake_on_stop, name="stop-wakes-loop", daemon=True).start()
+        self.pause_watch = PauseWatch()
+        self.pause_watch.start()
+        try:
+            self._loop(stop, interval_s)
+        finally:
+            self.pause_watch.stop()
+
+    def _loop(self, stop: threading.Event, interval_s: float) -> None:
         while not (stop.is_set() or self.stop_requested.is_set()):
             self._wake.clear()
             started = time.monotonic()

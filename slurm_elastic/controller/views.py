@@ -41,6 +41,7 @@ class StatusViews(ControllerBase):
                             if w.state is not S.INACTIVE],
                 "cordoned_gpus": [{"node": n, "gpu": g, **v} for (n, g), v in sorted(self.cordoned_gpus().items())],
                 "unknown_health_nodes": sorted(self.unknown_nodes(now_s)),
+                "left_nodes": list(self.left_nodes),
                 "servers": self._servers_view(now_s) if self.is_server else None,
                 "weights": self.weights.view(),
                 "errors": self.errors[-ERROR_LIMIT:],

@@ -97,6 +97,17 @@ class CordonBook:
                 changes.extend(self._observe_one(s, now_s))
         return changes
 
+    def move_clocks_on(self, paused_s: float, now_s: float) -> None:
+        """The controller did not run for ``paused_s``: the agents were last heard that much later."""
+        self._heard_s = {node: min(now_s, heard_s + paused_s) for node, heard_s in self._heard_s.items()}
+
+    def forget_node(self, node: str) -> None:
+        """Drop everything kept for ``node`` (it left the job): its GPUs' cordons and samples, and
+        when its agent was last heard."""
+        self._heard_s.pop(node, None)
+        for key in [k for k in self._gpus if k[0] == node]:
+            del self._gpus[key]
+
     def observe_report(self, report: AgentReport, now_s: float) -> list[CordonChange]:
         """Observe one agent report. A report with no GPUs at all (say NVML failed to start)
         does not count as hearing the node: its health stays unknown."""

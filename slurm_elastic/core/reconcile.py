@@ -124,6 +124,20 @@ def reconcile(
     return plan
 
 
+def move_clocks_on(workers: dict[str, Worker], paused_s: float, now_s: float) -> None:
+    """The controller did not run for ``paused_s`` (a suspended job, a stopped process): nobody could
+    heart-beat, register or end a drain to it, so each running worker's heartbeat, start and drain
+    clocks move on by that time (never past ``now_s``)."""
+    for worker in workers.values():
+        if not worker.has_step:
+            continue
+        worker.last_heartbeat_s = min(now_s, worker.last_heartbeat_s + paused_s)
+        if worker.state is S.STARTING:
+            worker.launched_at_s = min(now_s, worker.launched_at_s + paused_s)
+        elif worker.state is S.DRAINING:
+            worker.drain_started_s = min(now_s, worker.drain_started_s + paused_s)
+
+
 def _adopt_and_refresh(workers: dict[str, Worker], by_id: dict[str, ObservedStep], now_s: float,
                        plan: Plan) -> None:
     for worker_id, step in by_id.items():

@@ -28,6 +28,7 @@ from slurm_elastic.core.reconcile import (
     Launch,
     ObservedStep,
     ReconcileConfig,
+    move_clocks_on,
     reconcile,
 )
 from slurm_elastic.core.scaling import Autoscaler, Decision, PressureInputs
@@ -61,6 +62,7 @@ class Observation:
     total_outstanding: int | None = None  # servers: all requests in flight; None for other workers
     releasing_jobs: frozenset[int] = frozenset()  # burst jobs being emptied: their workers drain
     burst_slots_possible: int = 0  # slots burst jobs not yet held could add: the autoscaler may ask for them
+    paused_s: float = 0.0  # the controller's process did not run this long since the last tick (a suspended job)
 
 
 class ScalingPolicy(Protocol):
@@ -120,6 +122,12 @@ def tick(obs: Observation, state: ControlState, cfg: TickConfig, allocations: tu
          now_s: float) -> TickResult:
     """Decide everything for one tick; ``allocations[0]`` is the controller's own job."""
     result = TickResult()
+    if obs.paused_s > 0:  # nobody could heart-beat or report to it meanwhile
+        move_clocks_on(state.workers, obs.paused_s, now_s)
+        state.cordons.move_clocks_on(obs.paused_s, now_s)
+        result.events.append(Note(f"the controller did not run for {obs.paused_s:.0f} s (the job suspended, or its "
+                                  "process stopped): the workers' heartbeat, start and drain clocks and the agents' "
+                                  "moved on by that time"))
     state.cordons.tick(now_s)
     health_drained = [*_drain_unhealthy(state, now_s), *_drain_released(state, obs.releasing_jobs, now_s)]
     cordoned = frozenset(state.cordons.cordoned())

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -98,10 +100,12 @@ def start_controller_job(cluster: DevCluster, tmp: Path, *, workers: dict[str, A
                          burst: dict[str, Any] | None = None,
                          nodes: int = 2,
                          gpus_per_node: int = 4,
-                         before_start: Callable[[int], None] | None = None) -> ControllerJob:
+                         before_start: Callable[[int], None] | None = None,
+                         sbatch_options: tuple[str, ...] = ()) -> ControllerJob:
     """Submit a job (default: 2 nodes, all 8 fake GPUs) running the controller; wait until it answers.
 
-    ``before_start(job_id)`` runs while the job is held, before it can start."""
+    ``before_start(job_id)`` runs while the job is held, before it can start; ``sbatch_options`` are
+    added to sbatch's."""
     w = {"command": [sys.executable, str(FAKE_WORKER)], "initial_workers": 0, "heartbeat_interval_s": 0.3,
          "heartbeat_grace_s": 8.0, "drain_timeout_s": 8.0, "start_timeout_s": 30.0, "backoff_base_s": 1.0,
          "backoff_max_s": 8.0, **(workers or {})}
@@ -129,7 +133,8 @@ def start_controller_job(cluster: DevCluster, tmp: Path, *, workers: dict[str, A
     tmp.mkdir(parents=True, exist_ok=True)
     hold = ["--hold"] if before_start else []
     out = run_command(["sbatch", "--parsable", *hold, f"--nodes={nodes}", "--exclusive", f"--gres=gpu:{gpus_per_node}",
-                       "--mem=0", "--job-name=se-ctl-test", f"--output={tmp}/job.out", str(script)]).stdout
+                       "--mem=0", "--job-name=se-ctl-test", f"--output={tmp}/job.out", *sbatch_options,
+                       str(script)]).stdout
     job = ControllerJob(int(out.strip().split(";")[0]), tmp, cluster)
     if before_start:
         before_start(job.job_id)
@@ -161,6 +166,17 @@ def stop_controller_job(job: ControllerJob) -> None:
     run_command(["scancel", str(job.job_id)], check=False)
     wait_for(lambda: not run_command(["squeue", "-h", "-j", str(job.job_id)], check=False).stdout.strip(),
              60, "job to end")
+
+
+def restart_slurmctld(cluster: DevCluster) -> None:
+    """Stop slurmctld and start it again (its state is kept): after a node was set DOWN under a job,
+    Slurm 22.05 keeps whole-node jobs pending ("Resources") for minutes after that job ends; a
+    restarted slurmctld schedules them at once."""
+    pid = cluster.daemon_pid("slurmctld")
+    if pid is not None:
+        os.kill(pid, signal.SIGTERM)
+        wait_for(lambda: cluster.daemon_pid("slurmctld") is None, 30, "slurmctld to stop")
+    cluster.up(wait_s=90)
 
 
 def _toml(data: dict[str, Any]) -> str:

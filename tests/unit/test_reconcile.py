@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from slurm_elastic.core.lifecycle import Worker, WorkerState
+from slurm_elastic.core.lifecycle import Worker, WorkerState, begin_drain
 from slurm_elastic.core.reconcile import (
     Cancel,
     Drain,
@@ -10,6 +10,7 @@ from slurm_elastic.core.reconcile import (
     ObservedStep,
     ReconcileConfig,
     backoff_s,
+    move_clocks_on,
     reconcile,
 )
 
@@ -119,6 +120,19 @@ def test_lost_heartbeat_kills_and_counts_as_crash() -> None:
     assert plan.actions[0] == Cancel("0001", "1", "no heartbeat for 11 s (grace 10 s)")
     plan = run(workers, [], 1, now_s=12)
     assert workers["0001"].state is S.BACKOFF and "no heartbeat" in plan.crashes[0].reason
+
+
+def test_a_pause_of_the_controller_moves_heartbeat_start_and_drain_clocks_on() -> None:
+    workers = {"0001": active("0001", "1", now_s=0), "0002": active("0002", "2", now_s=0),
+               "0003": Worker("0003", state=S.STARTING, launched_at_s=0, last_heartbeat_s=0)}
+    begin_drain(workers["0002"], 0, "scale-down")
+    observed = obs(workers["0001"], workers["0002"])  # 0003 launched, not listed yet
+
+    move_clocks_on(workers, 40, now_s=45)  # the controller did not run from 5 s to 45 s
+
+    assert run(workers, observed, 2, now_s=45).actions == []  # nobody taken for hung, timed out or never started
+    assert [workers[w].state for w in ("0001", "0002", "0003")] == [S.ACTIVE, S.DRAINING, S.STARTING]
+    assert run(workers, observed, 2, now_s=51).actions == [Cancel("0001", "1", "no heartbeat for 11 s (grace 10 s)")]
 
 
 def test_restart_adopts_running_steps_without_relaunching() -> None:

@@ -1,0 +1,64 @@
+"""Time the controller's process did not run: ``scontrol suspend`` of the job, a SIGSTOP, a frozen
+VM. Nobody could heart-beat to it then (under ``scontrol suspend`` the workers were stopped too), so
+the core moves its workers' clocks on by that time instead of finding every worker silent.
+
+A thread wakes every ``interval_s``; a wake-up more than ``threshold_s`` late counts the lateness as
+lost. :meth:`PauseWatch.take` also counts a pause the thread has not woken from yet, so a tick that
+runs first after a resume still knows."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+PAUSE_WATCH_INTERVAL_S = 0.5
+PAUSE_THRESHOLD_S = 3.0  # later than this past its wake-up: the process did not run
+
+
+class PauseWatch:
+    def __init__(self, interval_s: float = PAUSE_WATCH_INTERVAL_S, threshold_s: float = PAUSE_THRESHOLD_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.interval_s = interval_s
+        self.threshold_s = threshold_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._lost_s = 0.0
+        self._last_s = clock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        with self._lock:
+            self._last_s = self._clock()
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="pause-watch", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def beat(self) -> None:
+        """Count the lateness of this wake-up, if it is one."""
+        with self._lock:
+            now_s = self._clock()
+            self._lost_s += self._late_s(now_s)
+            self._last_s = now_s
+
+    def take(self) -> float:
+        """Seconds lost since the last call."""
+        with self._lock:
+            now_s = self._clock()
+            lost_s = self._lost_s + self._late_s(now_s)
+            self._lost_s, self._last_s = 0.0, now_s
+            return lost_s
+
+    def _late_s(self, now_s: float) -> float:
+        late_s = now_s - self._last_s - self.interval_s
+        return late_s if late_s > self.threshold_s else 0.0
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.beat()

@@ -1,0 +1,96 @@
+"""A node that leaves the running job (a failed node of a ``--no-kill`` job): the controller reads the
+job's nodes every ALLOCATION_CHECK_S and at the tick after a worker step ended unasked, and stops
+using what left. The real node failure is in tests/cluster/test_node_failure.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from slurm_elastic.controller.config import parse_config
+from slurm_elastic.controller.control_plane import UnknownWorkerError
+from slurm_elastic.controller.runtime import Controller
+from slurm_elastic.core.defaults import ALLOCATION_CHECK_S
+from slurm_elastic.core.health import AgentReport, GpuSample
+from slurm_elastic.core.naming import worker_step_name
+from slurm_elastic.errors import SlurmError
+from slurm_elastic.slurm.parse import StepInfo
+from slurm_elastic.status_view import render_status
+from tests.stub_backend import ListedSteps
+
+GPUS = {"node1": (0, 1), "node2": (0, 1)}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now_s = 1000.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def make_controller(tmp: Path) -> tuple[Controller, ListedSteps, Clock]:
+    config = parse_config({"autoscaler": {"min_workers": 0}, "workers": {"backoff_base_s": 1.0}})
+    backend, clock = ListedSteps(), Clock()
+    backend.job_nodes = ("node1", "node2")
+    controller = Controller(config, 1, backend, tmp, gpus_by_node=dict(GPUS), clock=clock)  # type: ignore[arg-type]
+    for node in GPUS:
+        controller.report_gpu_health(AgentReport(node, clock.now_s, "inject",
+                                                 [GpuSample(node, i, memory_total_mb=80_000, memory_used_mb=0,
+                                                            temperature_c=40.0, clock_event_reasons=frozenset())
+                                                  for i in GPUS[node]]))
+    return controller, backend, clock
+
+
+def test_a_node_slurm_took_out_gets_nothing_more_and_status_names_it(tmp_path: Path) -> None:
+    controller, backend, clock = make_controller(tmp_path)
+    controller.cordon("node2", 1, "flaky fan")
+    controller.tick()
+    assert backend.job_info_calls == 0  # not before ALLOCATION_CHECK_S
+
+    backend.job_nodes = ("node1",)
+    clock.now_s += ALLOCATION_CHECK_S
+    controller.tick()
+
+    assert controller.gpus_by_node == {"node1": (0, 1)}
+    status = controller.status()
+    assert status["left_nodes"] == [{"node": "node2", "gpus": 2, "at_s": clock.now_s}]
+    assert status["cordoned_gpus"] == [] and "node2" not in status["unknown_health_nodes"]
+    with pytest.raises(UnknownWorkerError):  # its agent is no longer the job's
+        controller.report_gpu_health(AgentReport("node2", clock.now_s, "inject", []))
+    clock.now_s += 120
+    text = render_status(1, {"controller": controller.status()}, now_s=clock.now_s)
+    assert "node node2 left the job 2m ago (a node failure): its 2 GPUs get no more workers" in text
+
+
+def test_a_worker_step_that_ends_unasked_makes_the_next_tick_read_the_nodes(tmp_path: Path) -> None:
+    controller, backend, _clock = make_controller(tmp_path)
+    controller.scale(4)
+    controller.tick()
+    for i, worker_id in enumerate(sorted(controller.workers)):
+        node = "node1" if i < 2 else "node2"
+        backend.steps.append(StepInfo(1, str(i), worker_step_name(worker_id), (node,), "0:01", "", "gres/gpu:1", 1))
+    controller.tick()
+    assert backend.job_info_calls == 0
+
+    backend.steps = [s for s in backend.steps if s.nodes != ("node2",)]  # node2 failed: its steps are gone
+    backend.job_nodes = ("node1",)
+    controller.tick()  # sees the crashes
+    controller.tick()  # reads the job's nodes
+
+    assert backend.job_info_calls == 1 and controller.gpus_by_node == {"node1": (0, 1)}
+    assert [left["node"] for left in controller.status()["left_nodes"]] == ["node2"]
+
+
+def test_slurm_not_answering_keeps_the_nodes_and_says_so(tmp_path: Path) -> None:
+    controller, backend, clock = make_controller(tmp_path)
+
+    def fails(job_id: int) -> None:
+        raise SlurmError("squeue: timed out")
+    backend.job_info = fails  # type: ignore[assignment,method-assign]
+    clock.now_s += ALLOCATION_CHECK_S
+    controller.tick()
+
+    assert controller.gpus_by_node == GPUS and controller.status()["left_nodes"] == []
+    assert controller.status()["errors"][-1]["where"] == "allocation"

@@ -1,0 +1,73 @@
+"""PauseWatch: time the controller's process did not run, from a thread's late wake-ups."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from slurm_elastic.controller.pause_watch import PauseWatch
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now_s = 100.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def test_late_wake_ups_count_their_lateness_once() -> None:
+    clock = Clock()
+    watch = PauseWatch(interval_s=0.5, threshold_s=3.0, clock=clock)
+    clock.now_s += 0.5
+    watch.beat()
+    clock.now_s += 2.0  # a slow wake-up, not a pause
+    watch.beat()
+    assert watch.take() == 0.0
+    clock.now_s += 20.5  # stopped for 20 s
+    watch.beat()
+    clock.now_s += 0.5
+    assert watch.take() == 20.0
+    assert watch.take() == 0.0
+
+
+def test_take_counts_a_pause_the_thread_has_not_woken_from() -> None:
+    clock = Clock()
+    watch = PauseWatch(interval_s=0.5, threshold_s=3.0, clock=clock)
+    clock.now_s += 30.5  # the tick runs first after the resume
+    assert watch.take() == 30.0
+    clock.now_s += 0.5
+    watch.beat()  # the thread wakes after it: nothing counted twice
+    assert watch.take() == 0.0
+
+
+_CHILD = """
+import sys, time
+from slurm_elastic.controller.pause_watch import PauseWatch
+watch = PauseWatch()
+watch.start()
+print("ready", flush=True)
+sys.stdin.readline()
+print(watch.take(), flush=True)
+watch.stop()
+"""
+
+
+def test_a_process_stopped_with_sigstop_knows_how_long() -> None:
+    child = subprocess.Popen([sys.executable, "-c", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        assert child.stdout.readline().strip() == "ready"
+        os.kill(child.pid, signal.SIGSTOP)
+        time.sleep(5)
+        os.kill(child.pid, signal.SIGCONT)
+        child.stdin.write("\n")
+        child.stdin.flush()
+        lost_s = float(child.stdout.readline())
+    finally:
+        child.kill()
+        child.wait()
+    assert 3.5 <= lost_s <= 5.5
