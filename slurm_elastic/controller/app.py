@@ -92,6 +92,8 @@ def run_controller(config: ElasticConfig, stop: threading.Event) -> None:
     for note in (claimed.note, token_note):
         if note:
             ctl.note_state(note)
+    if claimed.requeued:
+        ctl.end_earlier_run()
     take_prolog_results(ctl, state_dir)
     host = config.controller.listen_host or default_listen_host()
     server = ApiServer(create_controller_app(ctl, token, queue), host,

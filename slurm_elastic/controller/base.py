@@ -30,7 +30,7 @@ from slurm_elastic.core.lifecycle import Worker, WorkerState
 from slurm_elastic.core.placement import Allocation
 from slurm_elastic.core.pressure import QueueFeed
 from slurm_elastic.core.rates import PRODUCTION_WINDOW_S, WindowRate
-from slurm_elastic.core.reconcile import Cancel, Drain, Launch, ReconcileConfig
+from slurm_elastic.core.reconcile import Cancel, Drain, Launch, ReconcileConfig, end_earlier_run
 from slurm_elastic.core.scaling import Autoscaler
 from slurm_elastic.core.shape import shape_for_allocation
 from slurm_elastic.core.tick import ControlState, LaunchAgent, TickAction, TickConfig
@@ -166,6 +166,15 @@ class ControllerBase:
                     worker.launched_at_s = max(worker.launched_at_s, now_s)
         if restored.found:
             log.info("restored state: %d worker records, target %d", len(st.workers), st.target_workers)
+
+    def end_earlier_run(self) -> None:
+        """Slurm requeued the job: the workers of its earlier run ended with it (not crashes)."""
+        with self.lock:
+            ended = end_earlier_run(self.state.workers, self.job_id, self.clock())
+            if ended:
+                log.warning("job %d was requeued: the %d workers of its earlier run ended with it; new ones are "
+                            "launched", self.job_id, len(ended))
+                self.save()
 
     def note_state(self, note: str) -> None:
         """Something about the job's saved state an operator should know: logged, kept for status."""

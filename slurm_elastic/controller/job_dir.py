@@ -51,6 +51,7 @@ def write_identity(state_dir: Path, job: JobIdentity) -> None:
 class ClaimedDir:
     path: Path
     note: str = ""  # for the operator: another job's directory moved aside, or this job's lost record written again
+    requeued: bool = False  # this job's directory from an earlier run of it (Slurm requeued the job)
 
 
 def claim_state_dir(state_dir: Path, job: JobIdentity, named_by_job: bool = False) -> ClaimedDir:
@@ -71,7 +72,7 @@ def claim_state_dir(state_dir: Path, job: JobIdentity, named_by_job: bool = Fals
         if not why:
             if recorded != job:
                 write_identity(state_dir, job)  # requeued: the same job, with its new submit time
-            return ClaimedDir(state_dir)
+            return ClaimedDir(state_dir, requeued=recorded is not None and recorded != job)
         aside = _aside(state_dir)
         os.replace(state_dir, aside)
         whose = "another job" if recorded is None else recorded.describe()

@@ -138,6 +138,20 @@ def move_clocks_on(workers: dict[str, Worker], paused_s: float, now_s: float) ->
             worker.drain_started_s = min(now_s, worker.drain_started_s + paused_s)
 
 
+def end_earlier_run(workers: dict[str, Worker], job_id: int, now_s: float) -> list[str]:
+    """The job was requeued: every step of its earlier run ended with that run. Its workers end
+    (INACTIVE), not counted as crashes of their GPUs; the target launches new ones. Workers in
+    burst jobs (other jobs) are left to the listing. Returns the ids of the workers ended."""
+    ended = []
+    for worker in workers.values():
+        if worker.has_step and worker.job_id in (0, job_id):
+            transition(worker, S.INACTIVE, now_s, "its step ended with the job's earlier run (requeued)")
+            worker.step_id, worker.kill_sent_s, worker.failure_reason, worker.exit_code = "", 0.0, "", None
+            worker.busy = False
+            ended.append(worker.worker_id)
+    return ended
+
+
 def _adopt_and_refresh(workers: dict[str, Worker], by_id: dict[str, ObservedStep], now_s: float,
                        plan: Plan) -> None:
     for worker_id, step in by_id.items():

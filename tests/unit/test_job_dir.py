@@ -40,12 +40,14 @@ def test_the_same_job_keeps_its_directory(tmp_path: Path) -> None:
     state_dir = old_job_dir(tmp_path, JOB)  # a restarted controller of the same job
     claimed = claim_state_dir(state_dir, JOB)
     assert claimed.note == "" and (state_dir / "token").read_text() == "old-token\n"
+    assert not claimed.requeued
 
 
 def test_a_requeued_job_keeps_its_directory(tmp_path: Path) -> None:
     state_dir = old_job_dir(tmp_path, JOB)
     requeued = JobIdentity("dev", 17, JOB.submit_time_s + 600, 1, "alice")  # Slurm gives a new submit time
-    assert claim_state_dir(state_dir, requeued).note == ""
+    claimed = claim_state_dir(state_dir, requeued)
+    assert claimed.note == "" and claimed.requeued
     assert (state_dir / "rollouts.sqlite").exists() and read_identity(state_dir) == requeued
 
 

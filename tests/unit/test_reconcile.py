@@ -10,6 +10,7 @@ from slurm_elastic.core.reconcile import (
     ObservedStep,
     ReconcileConfig,
     backoff_s,
+    end_earlier_run,
     move_clocks_on,
     reconcile,
 )
@@ -133,6 +134,19 @@ def test_a_pause_of_the_controller_moves_heartbeat_start_and_drain_clocks_on() -
     assert run(workers, observed, 2, now_s=45).actions == []  # nobody taken for hung, timed out or never started
     assert [workers[w].state for w in ("0001", "0002", "0003")] == [S.ACTIVE, S.DRAINING, S.STARTING]
     assert run(workers, observed, 2, now_s=51).actions == [Cancel("0001", "1", "no heartbeat for 11 s (grace 10 s)")]
+
+
+def test_a_requeue_ends_the_earlier_runs_workers_without_a_crash() -> None:
+    workers = {"0001": active("0001", "1"), "0002": Worker("0002", state=S.BACKOFF, crash_count=1),
+               "0003": active("0003", "0")}
+    workers["0003"].job_id = 99  # in a burst job: left to the listing
+    assert end_earlier_run(workers, 17, now_s=5) == ["0001"]
+    assert workers["0001"].state is S.INACTIVE and workers["0001"].crash_count == 0 and not workers["0001"].step_id
+
+    plan = run(workers, [ObservedStep("0003", "0", "node1", 99)], 2, now_s=6)
+
+    assert plan.crashes == [] and [a for a in plan.actions if isinstance(a, Launch)] == [Launch("0002", ())]
+    assert workers["0002"].state is S.STARTING and workers["0003"].state is S.ACTIVE
 
 
 def test_restart_adopts_running_steps_without_relaunching() -> None:
