@@ -138,8 +138,8 @@ def render_status(job_id: int, status: dict[str, Any] | None, slurm_steps: list[
         lines += ["  " + r for r in _table(["GPU", "BY", "SINCE", "REASON"], crow)]
     now = now_s if now_s is not None else float(ctl.get("now_s", 0.0))
     for left in ctl.get("left_nodes") or []:
-        lines.append(f"node {left.get('node')} left the job {_since(left.get('at_s'), now)} (a node failure): its "
-                     f"{left.get('gpus')} GPUs get no more workers")
+        lines.append(f"node {left.get('node')} left the job {_since(left.get('at_s'), now)} (failed, or the job "
+                     f"shrunk): its {left.get('gpus')} GPUs get no more workers")
     unknown = ctl.get("unknown_health_nodes") or []
     if unknown:
         lines.append(f"health unknown (agent silent, no new workers): {', '.join(unknown)}")

@@ -113,7 +113,7 @@ class ControllerBase:
         self._busy_lock = threading.Lock()  # heartbeats add while a tick reads
         self.started_at_s = clock()
         self.state_notes: list[str] = []  # what loading the job's saved state could not keep, and why
-        self.left_nodes: list[dict[str, Any]] = []  # nodes Slurm took out of the running job (a node failure)
+        self.left_nodes: list[dict[str, Any]] = []  # nodes Slurm took out of the running job (failed, or the job shrunk)
         self.allocation_checked_s = self.started_at_s  # the last read of the job's nodes
         self.allocation_check_due = False  # read them at the next tick (a worker step ended unasked)
         self.pause_watch: PauseWatch | None = None  # time the process did not run (run_forever starts one)

@@ -90,8 +90,8 @@ class Controller(ControlPlane, StatusViews):
 
     def check_allocation(self, now_s: float) -> None:
         """Read the job's nodes from Slurm. A node that left the running job (a failed node of a
-        ``--no-kill`` job; Slurm never gives one back) gets no more workers or agents, its cordons
-        and samples are dropped, and status names it."""
+        ``--no-kill`` job, or ``scontrol update jobid=J NumNodes=N``; Slurm never gives one back) gets
+        no more workers or agents, its cordons and samples are dropped, and status names it."""
         self.allocation_checked_s, self.allocation_check_due = now_s, False
         try:
             job = self.backend.job_info(self.job_id)
@@ -108,9 +108,9 @@ class Controller(ControlPlane, StatusViews):
             for node in gone:
                 self.state.cordons.forget_node(node)
                 self.left_nodes.append({"node": node, "gpus": len(own[node]), "at_s": round(now_s, 3)})
-                log.warning("node %s left job %d (Slurm took it out of the allocation: a node failure); its %d GPUs "
-                            "get no more workers, the job runs on with %s", node, self.job_id, len(own[node]),
-                            ",".join(kept) or "no node")
+                log.warning("node %s left job %d (Slurm took it out of the allocation: it failed, or the job was "
+                            "shrunk); its %d GPUs get no more workers, the job runs on with %s", node, self.job_id,
+                            len(own[node]), ",".join(kept) or "no node")
             self.save()
 
     def tick(self) -> TickResult:

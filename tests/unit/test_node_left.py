@@ -61,7 +61,7 @@ def test_a_node_slurm_took_out_gets_nothing_more_and_status_names_it(tmp_path: P
         controller.report_gpu_health(AgentReport("node2", clock.now_s, "inject", []))
     clock.now_s += 120
     text = render_status(1, {"controller": controller.status()}, now_s=clock.now_s)
-    assert "node node2 left the job 2m ago (a node failure): its 2 GPUs get no more workers" in text
+    assert "node node2 left the job 2m ago (failed, or the job shrunk): its 2 GPUs get no more workers" in text
 
 
 def test_a_worker_step_that_ends_unasked_makes_the_next_tick_read_the_nodes(tmp_path: Path) -> None:
