@@ -129,14 +129,13 @@ def render_status(job_id: int, status: dict[str, Any] | None, slurm_steps: list[
         headers = ["WORKER", *(["JOB"] if in_burst else []), "STEP", "NODE", "GPU", "STATE", "AGE", "ROLLOUTS", "HEARTBEAT"]
         lines += ["  " + r for r in _table(headers + (["WEIGHTS"] if show_weights else []), rows)]
     lines += _burst_lines(ctl)
+    now = now_s if now_s is not None else float(ctl.get("now_s", 0.0))
     cordons = ctl.get("cordoned_gpus") or []
     if cordons:
         lines.append("cordoned GPUs:")
-        now = now_s if now_s is not None else float(ctl.get("now_s", 0.0))
         crow = [[f"{c.get('node')}:{c.get('gpu')}", str(c.get("source", "")), _since(c.get("since_s"), now),
                  str(c.get("reason", ""))] for c in cordons]
         lines += ["  " + r for r in _table(["GPU", "BY", "SINCE", "REASON"], crow)]
-    now = now_s if now_s is not None else float(ctl.get("now_s", 0.0))
     for left in ctl.get("left_nodes") or []:
         lines.append(f"node {left.get('node')} left the job {_since(left.get('at_s'), now)} (failed, or the job "
                      f"shrunk): its {left.get('gpus')} GPUs get no more workers")

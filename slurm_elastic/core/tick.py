@@ -125,9 +125,8 @@ def tick(obs: Observation, state: ControlState, cfg: TickConfig, allocations: tu
     if obs.paused_s > 0:  # nobody could heart-beat or report to it meanwhile
         move_clocks_on(state.workers, obs.paused_s, now_s)
         state.cordons.move_clocks_on(obs.paused_s, now_s)
-        result.events.append(Note(f"the controller did not run for {obs.paused_s:.0f} s (the job suspended, or its "
-                                  "process stopped): the workers' heartbeat, start and drain clocks and the agents' "
-                                  "moved on by that time"))
+        result.events.append(Note(f"the controller did not run for {obs.paused_s:.0f} s (the job was suspended, or its "
+                                  "process stopped): heartbeat, start, drain and agent timers moved on by that time"))
     state.cordons.tick(now_s)
     health_drained = [*_drain_unhealthy(state, now_s), *_drain_released(state, obs.releasing_jobs, now_s)]
     cordoned = frozenset(state.cordons.cordoned())
