@@ -17,6 +17,7 @@ from slurm_elastic.cli import main
 from slurm_elastic.client.wire import AgentReportBody
 from slurm_elastic.core.cordons import CordonBook
 from slurm_elastic.errors import EXIT_CONFIG
+from slurm_elastic.gpu import agent as agent_module
 from slurm_elastic.gpu.agent import Agent, AutoSource, ReportPoster, build_report, make_source
 from slurm_elastic.gpu.injection import InjectionSource
 from slurm_elastic.gpu.nvml import NvmlSource
@@ -161,11 +162,13 @@ def test_a_failing_source_still_gives_a_report() -> None:
     assert report.gpus == [] and "driver fell over" in report.errors[0]
 
 
-def test_auto_falls_back_to_injection_when_nvml_fails(tmp_path: Path) -> None:
-    class NoNvml:
-        def nvmlInit(self) -> None:
-            raise OSError("libnvidia-ml.so.1 not found")
+class NoNvml:
+    def nvmlInit(self) -> None:
+        raise OSError("libnvidia-ml.so.1 not found")
 
+
+def test_auto_falls_back_to_injection_when_nvml_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(agent_module, "NVIDIA_CONTROL_DEVICE", tmp_path / "no-nvidiactl")  # a node without a driver
     inject = InjectionSource("node1", drill_file(tmp_path), env={})
     auto = AutoSource(NvmlSource("node1", NoNvml(), env={}), inject)
     assert len(auto.sample(0.0).gpus) == 2 and auto.name == "inject"
@@ -173,6 +176,14 @@ def test_auto_falls_back_to_injection_when_nvml_fails(tmp_path: Path) -> None:
     reading = alone.sample(0.0)
     assert reading.gpus == [] and "NVML init failed" in reading.errors[0]
     assert make_source("inject", "n", None, 3).sample(0.0).gpus[2].index == 2
+
+
+def test_auto_stays_with_a_failing_nvml_on_a_node_with_a_driver(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "nvidiactl").touch()
+    monkeypatch.setattr(agent_module, "NVIDIA_CONTROL_DEVICE", tmp_path / "nvidiactl")
+    auto = AutoSource(NvmlSource("node1", NoNvml(), env={}), InjectionSource("node1", drill_file(tmp_path), env={}))
+    reading = auto.sample(0.0)
+    assert reading.gpus == [] and "NVML init failed" in reading.errors[0]  # never fake-healthy
 
 
 def test_cli_print_and_once(server: ThreadingHTTPServer, token_file: Path, tmp_path: Path) -> None:

@@ -9,7 +9,8 @@ import pytest
 from slurm_elastic.core.lifecycle import TRANSITIONS, Worker, WorkerState, begin_drain, transition
 from slurm_elastic.errors import TransitionError
 
-ALLOWED = [(a, b) for a, targets in TRANSITIONS.items() for b in targets]
+ORDER = list(WorkerState)
+ALLOWED = [(a, b) for a, targets in TRANSITIONS.items() for b in sorted(targets, key=ORDER.index)]  # one order for xdist
 REFUSED = [(a, b) for a, b in itertools.product(WorkerState, WorkerState) if b not in TRANSITIONS[a]]
 
 
