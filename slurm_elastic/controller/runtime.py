@@ -6,9 +6,11 @@ the records and their persistence in controller/base.py."""
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 from slurm_elastic.controller.base import STATE_REFRESH_S
@@ -29,6 +31,18 @@ from slurm_elastic.slurm.parse import StepInfo
 
 __all__ = ["STATE_REFRESH_S", "Controller", "UnknownWorkerError", "foreign_gpus_by_node"]
 log = logging.getLogger(__name__)
+OUTPUT_TAIL_BYTES = 4096  # of a step's output, read for Slurm's CANCELLED line
+
+
+def step_output_says_cancelled(path: Path, step: str) -> bool:
+    """Whether the end of a step's output holds slurmstepd's ``*** STEP {step} ON ... CANCELLED``."""
+    try:
+        with path.open("rb") as out:
+            out.seek(max(0, out.seek(0, os.SEEK_END) - OUTPUT_TAIL_BYTES))
+            tail = out.read().decode(errors="replace")
+    except OSError:
+        return False
+    return any(f"*** STEP {step} ON " in line and " CANCELLED AT " in line for line in tail.splitlines())
 
 
 class Controller(ControlPlane, StatusViews):
@@ -86,7 +100,19 @@ class Controller(ControlPlane, StatusViews):
             outstanding_by_worker=self.outstanding_of_draining(now_s),
             total_outstanding=self.endpoints.total_outstanding(now_s) if self.is_server else None,
             paused_s=paused_s,
+            cancelled_worker_ids=frozenset() if steps is None else self.cancelled_worker_ids(steps),
         )
+
+    def cancelled_worker_ids(self, steps: list[StepInfo]) -> frozenset[str]:
+        """Workers whose step left the listing because someone cancelled it: slurmstepd writes
+        ``*** STEP J.S ON node CANCELLED AT ... ***`` to the step's output (``scancel J.S`` kills
+        without a signal the wrapper could report)."""
+        listed = {worker_id_of_step(st.name) for st in steps}
+        return frozenset(
+            w.worker_id for w in self.state.workers.values()
+            if w.step_id and w.has_step and w.worker_id not in listed and not w.failure_reason
+            and step_output_says_cancelled(self.state_dir / "logs" / f"worker-{w.worker_id}.out",
+                                           f"{w.job_id or self.job_id}.{w.step_id}"))
 
     def check_allocation(self, now_s: float) -> None:
         """Read the job's nodes from Slurm. A node that left the running job (a failed node of a
@@ -129,8 +155,9 @@ class Controller(ControlPlane, StatusViews):
             for event in result.events:
                 if isinstance(event, Crashed):
                     self.allocation_check_due = True  # a node failure ends every step on the node
-                    log.warning("worker %s crashed on %s %s: %s", event.worker_id, event.node, list(event.gpus),
-                                event.reason)
+                    log.warning("worker %s %s on %s %s: %s", event.worker_id,
+                                "crashed" if event.counted else "ended (not counted against its GPU)", event.node,
+                                list(event.gpus), event.reason)
                 elif isinstance(event, CordonChange):
                     log.warning("cordoned %s:%d: %s", event.node, event.gpu, event.reason)
                 else:

@@ -34,6 +34,7 @@ class ObservedStep:
 
 
 EXITED_CLEANLY = "exited cleanly"  # a worker that left on its own with exit code 0 (history reason)
+STOPPED_FROM_OUTSIDE = "stopped from outside (cancelled or sent SIGTERM by someone else than the controller: scancel)"
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,7 @@ class Crashed:
     gpus: tuple[int, ...]
     reason: str
     gpu_keys: tuple[tuple[str, int], ...] = ()
+    counted: bool = True  # against its GPUs; not when the step was stopped from outside (an operator's scancel)
 
 
 Action = Launch | Drain | Cancel
@@ -107,15 +109,17 @@ def reconcile(
     now_s: float,
     next_number: int,
     drain_first_jobs: frozenset[int] = frozenset(),
+    cancelled: frozenset[str] = frozenset(),
 ) -> Plan:
     """One tick. ``observed`` None means Slurm could not be listed: keep everything as it is.
-    A scale-down drains workers in ``drain_first_jobs`` (burst jobs) before any other."""
+    A scale-down drains workers in ``drain_first_jobs`` (burst jobs) before any other. ``cancelled``:
+    workers whose step Slurm says was cancelled (by anyone: the controller's own cancels are known)."""
     plan = Plan(next_number=next_number)
     if observed is None:
         return plan
     by_id = {o.worker_id: o for o in observed}
     _adopt_and_refresh(workers, by_id, now_s, plan)
-    _handle_vanished(workers, by_id, cfg, now_s, plan)
+    _handle_vanished(workers, by_id, cfg, now_s, plan, cancelled)
     for worker in drain_not_live(workers.values(), cfg.liveness_failure_threshold, now_s):
         if worker.step_id:
             plan.actions.append(Drain(worker.worker_id, worker.step_id, worker.job_id))
@@ -174,7 +178,7 @@ def _adopt_and_refresh(workers: dict[str, Worker], by_id: dict[str, ObservedStep
 
 
 def _handle_vanished(workers: dict[str, Worker], by_id: dict[str, ObservedStep], cfg: ReconcileConfig,
-                     now_s: float, plan: Plan) -> None:
+                     now_s: float, plan: Plan, cancelled: frozenset[str] = frozenset()) -> None:
     for worker in workers.values():
         if not worker.has_step or worker.worker_id in by_id:
             continue
@@ -186,6 +190,13 @@ def _handle_vanished(workers: dict[str, Worker], by_id: dict[str, ObservedStep],
             transition(worker, S.INACTIVE, now_s, "placeholder released")
         elif worker.exit_code == 0 and worker.state is not S.DRAINING:
             transition(worker, S.INACTIVE, now_s, EXITED_CLEANLY)
+        elif (worker.terminated_by_signal or worker.worker_id in cancelled) and not worker.failure_reason:
+            # stopped by someone else than the controller: nothing says its GPU is at fault
+            transition(worker, S.FAILED, now_s, STOPPED_FROM_OUTSIDE)
+            plan.crashes.append(Crashed(worker.worker_id, worker.node, worker.gpus, STOPPED_FROM_OUTSIDE,
+                                        worker.gpu_keys, counted=False))
+            worker.backoff_until_s = now_s
+            transition(worker, S.BACKOFF, now_s, "relaunch at once")
         else:
             reason = worker.failure_reason or (
                 "step never appeared in Slurm" if not worker.step_id
@@ -197,7 +208,7 @@ def _handle_vanished(workers: dict[str, Worker], by_id: dict[str, ObservedStep],
             worker.backoff_until_s = now_s + backoff_s(worker.crash_count, cfg)
             transition(worker, S.BACKOFF, now_s, f"crash-loop backoff {backoff_s(worker.crash_count, cfg):g} s")
         worker.step_id, worker.kill_sent_s, worker.failure_reason, worker.exit_code = "", 0.0, "", None
-        worker.busy = False
+        worker.busy = worker.terminated_by_signal = False
 
 
 def _enforce_heartbeats_and_timeouts(workers: dict[str, Worker], cfg: ReconcileConfig,

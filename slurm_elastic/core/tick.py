@@ -63,6 +63,7 @@ class Observation:
     releasing_jobs: frozenset[int] = frozenset()  # burst jobs being emptied: their workers drain
     burst_slots_possible: int = 0  # slots burst jobs not yet held could add: the autoscaler may ask for them
     paused_s: float = 0.0  # the controller's process did not run this long since the last tick (a suspended job)
+    cancelled_worker_ids: frozenset[str] = frozenset()  # steps gone from the listing that Slurm says were cancelled
 
 
 class ScalingPolicy(Protocol):
@@ -144,10 +145,13 @@ def tick(obs: Observation, state: ControlState, cfg: TickConfig, allocations: tu
     exclude = result.slots[0].exclude_nodes if result.slots else ()
     burst_jobs = frozenset(a.job_id for a in allocations[1:]) | obs.releasing_jobs
     plan = reconcile(state.workers, None if obs.steps is None else list(obs.steps), result.desired, allowed,
-                     exclude, cordoned, cfg.reconcile, now_s, state.next_number, drain_first_jobs=burst_jobs)
+                     exclude, cordoned, cfg.reconcile, now_s, state.next_number, drain_first_jobs=burst_jobs,
+                     cancelled=obs.cancelled_worker_ids)
     state.next_number = plan.next_number
     for crash in plan.crashes:
         result.events.append(crash)
+        if not crash.counted:
+            continue
         for node, gpu in crash.gpu_keys or [(crash.node, g) for g in crash.gpus]:  # repeated crashes cordon a GPU
             result.events.extend(state.cordons.record_crash(node, gpu, now_s))
     launches = [a for a in plan.actions if isinstance(a, Launch)]

@@ -14,8 +14,8 @@ from tests.cluster.controller_harness import start_controller_job, stop_controll
 
 pytestmark = pytest.mark.cluster
 
-GRACE_S = 8.0  # the harness's heartbeat_grace_s
-STOPPED_S = 20.0  # suspended this long
+GRACE_S = 4.0
+STOPPED_S = 12.0  # suspended this long
 
 
 def test_a_job_stopped_past_the_heartbeat_grace_keeps_its_workers(devcluster: DevCluster, tmp_path: Path) -> None:

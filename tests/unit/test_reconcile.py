@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from slurm_elastic.core.lifecycle import Worker, WorkerState, begin_drain
 from slurm_elastic.core.reconcile import (
+    STOPPED_FROM_OUTSIDE,
     Cancel,
+    Crashed,
     Drain,
     Launch,
     ObservedStep,
@@ -112,6 +114,25 @@ def test_clean_exit_is_not_a_crash() -> None:
     workers["0001"].exit_code = 0
     plan = run(workers, [], 0, now_s=1)
     assert workers["0001"].state is S.INACTIVE and plan.crashes == []
+
+
+def test_a_step_stopped_from_outside_is_relaunched_at_once_and_not_counted_against_its_gpu() -> None:
+    workers = {"0001": active("0001", "1", gpu=2)}
+    workers["0001"].exit_code, workers["0001"].terminated_by_signal = -15, True  # the wrapper's last report
+    plan = run(workers, [], 1, now_s=10)
+    assert plan.crashes == [Crashed("0001", "node1", (2,), STOPPED_FROM_OUTSIDE, (("node1", 2),), counted=False)]
+    assert plan.actions == [Launch("0001", ())]  # in the same tick: no backoff
+    assert workers["0001"].state is S.STARTING and workers["0001"].crash_count == 0
+    assert not workers["0001"].terminated_by_signal
+
+
+def test_a_worker_killed_for_cause_still_counts_though_it_saw_the_sigterm() -> None:
+    workers = {"0001": active("0001", "1", now_s=0)}
+    observed = obs(workers["0001"])
+    run(workers, observed, 1, now_s=11)  # no heartbeat: cancelled for cause
+    workers["0001"].exit_code, workers["0001"].terminated_by_signal = -15, True
+    plan = run(workers, [], 1, now_s=12)
+    assert plan.crashes[0].counted and workers["0001"].crash_count == 1
 
 
 def test_lost_heartbeat_kills_and_counts_as_crash() -> None:

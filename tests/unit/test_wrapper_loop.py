@@ -82,3 +82,24 @@ def test_a_drain_signal_reaches_the_command(tmp_path: Path, handlers_restored: N
     code = run_wrapped([sys.executable, "-c", script], CTX, calls.register, calls.heartbeat, flags=flags)
     sender.join()
     assert code == 3 and flags.signals_seen == [signal.SIGUSR1] and calls.heartbeats == [{"exit_code": 3}]
+
+
+def test_a_sigterm_from_outside_is_reported_with_the_exit_code(tmp_path: Path, handlers_restored: None) -> None:
+    marker = tmp_path / "started"
+    script = f"import pathlib, time\npathlib.Path({str(marker)!r}).touch()\ntime.sleep(60)\n"
+    flags = Flags()
+    install_handlers(flags, CTX.drain_signum)
+
+    def terminate_when_started() -> None:  # what `scancel JOB.STEP` sends first
+        for _ in range(3000):
+            if marker.exists():
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+            threading.Event().wait(0.01)
+
+    sender = threading.Thread(target=terminate_when_started, daemon=True)
+    sender.start()
+    calls = Calls()
+    code = run_wrapped([sys.executable, "-c", script], CTX, calls.register, calls.heartbeat, flags=flags)
+    sender.join()
+    assert code == -signal.SIGTERM and calls.heartbeats == [{"exit_code": code, "terminated_by_signal": True}]

@@ -1,0 +1,38 @@
+"""An operator cancels a worker's step by hand (``scancel JOB.STEP``): the worker is relaunched at
+once, and the cancels are not counted as crashes of its GPU (three within the crash window would
+cordon it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from slurm_elastic.devcluster.cluster import DevCluster
+from slurm_elastic.slurm.runner import run_command
+from tests.cluster.controller_harness import start_controller_job, stop_controller_job, wait_for
+
+pytestmark = pytest.mark.cluster
+
+
+def test_a_worker_step_cancelled_by_hand_three_times_leaves_its_gpu_uncordoned(devcluster: DevCluster,
+                                                                                 tmp_path: Path) -> None:
+    job = start_controller_job(devcluster, tmp_path, workers={"initial_workers": 1},
+                               autoscaler={"min_workers": 1, "max_workers": 1})
+    try:
+        job.active(1, timeout_s=60)
+        for _ in range(3):
+            (name, step_id), = job.worker_steps().items()
+            run_command(["scancel", f"{job.job_id}.{step_id}"])
+            wait_for(lambda old=step_id, name=name: job.worker_steps().get(name) not in (None, old), 30,
+                     "the worker's relaunch")
+            job.active(1, timeout_s=30)
+
+        status = job.status()
+        assert status["cordoned_gpus"] == [], status["cordoned_gpus"]
+        (worker,) = status["workers"]
+        assert worker["crash_count"] == 0 and worker["launches"] == 4, worker
+        log = (tmp_path / "job.out").read_text()
+        assert log.count("ended (not counted against its GPU)") == 3 and " crashed on " not in log, log[-2000:]
+    finally:
+        stop_controller_job(job)
