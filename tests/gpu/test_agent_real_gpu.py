@@ -18,6 +18,7 @@ from slurm_elastic.controller.app import create_controller_app
 from slurm_elastic.controller.config import parse_config
 from slurm_elastic.controller.runtime import Controller
 from slurm_elastic.controller.serve import ApiServer
+from slurm_elastic.gpu.nvml import NvmlSource
 from slurm_elastic.slurm.cli_backend import SlurmCli
 
 pytestmark = pytest.mark.gpu
@@ -26,17 +27,9 @@ NODE = "gpu-test-node"
 TOKEN = "gpu-test-token"
 
 
-@pytest.fixture(scope="module")
-def gpu_count() -> int:
-    pynvml = pytest.importorskip("pynvml")
-    try:
-        pynvml.nvmlInit()
-    except Exception as exc:
-        pytest.skip(f"NVML cannot initialise here: {exc}")
-    try:
-        return int(pynvml.nvmlDeviceGetCount())
-    finally:
-        pynvml.nvmlShutdown()
+@pytest.fixture
+def gpu_count(nvml_source: NvmlSource) -> int:
+    return len(nvml_source.sample(0.0).gpus)
 
 
 @pytest.fixture

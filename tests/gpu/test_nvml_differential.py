@@ -8,7 +8,6 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
 
 import pytest
 
@@ -34,20 +33,10 @@ while time.time() < end:
 """
 
 
-@pytest.fixture(scope="module")
-def nvml_source() -> Iterator[NvmlSource]:
-    pynvml = pytest.importorskip("pynvml")
+@pytest.fixture(autouse=True)
+def _nvidia_smi() -> None:
     if shutil.which("nvidia-smi") is None:
         pytest.skip("no nvidia-smi here")
-    try:
-        pynvml.nvmlInit()
-    except Exception as exc:
-        pytest.skip(f"NVML cannot initialise here: {exc}")
-    try:
-        with NvmlSource("gpu-test-node", pynvml, env={}) as src:
-            yield src
-    finally:
-        pynvml.nvmlShutdown()
 
 
 def smi_query(fields: tuple[str, ...]) -> list[list[str]]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import pytest
 
@@ -12,20 +11,6 @@ from slurm_elastic.core.health import CLOCK_EVENT_FLAGS, HealthRules, evaluate
 from slurm_elastic.gpu.nvml import NvmlSource
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module")
-def nvml_source() -> Iterator[NvmlSource]:
-    pynvml = pytest.importorskip("pynvml")
-    try:
-        pynvml.nvmlInit()
-    except Exception as exc:
-        pytest.skip(f"NVML cannot initialise here: {exc}")
-    try:
-        with NvmlSource("gpu-test-node", pynvml, env={}) as src:
-            yield src
-    finally:
-        pynvml.nvmlShutdown()
 
 
 def test_reads_every_gpu(nvml_source: NvmlSource) -> None:

@@ -34,6 +34,20 @@ class Calls:
         return {}
 
 
+def signal_when(marker: Path, signum: int) -> threading.Thread:
+    """Send ``signum`` to this process once the command has written ``marker``."""
+    def send() -> None:
+        for _ in range(3000):
+            if marker.exists():
+                os.kill(os.getpid(), signum)
+                return
+            threading.Event().wait(0.01)
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    return sender
+
+
 @pytest.fixture
 def handlers_restored() -> Iterator[None]:
     saved = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)}
@@ -68,16 +82,7 @@ def test_a_drain_signal_reaches_the_command(tmp_path: Path, handlers_restored: N
               "time.sleep(60)\n")
     flags = Flags()
     install_handlers(flags, CTX.drain_signum)
-
-    def drain_when_trapped() -> None:
-        for _ in range(3000):
-            if marker.exists():
-                os.kill(os.getpid(), signal.SIGUSR1)
-                return
-            threading.Event().wait(0.01)
-
-    sender = threading.Thread(target=drain_when_trapped, daemon=True)
-    sender.start()
+    sender = signal_when(marker, signal.SIGUSR1)
     calls = Calls()
     code = run_wrapped([sys.executable, "-c", script], CTX, calls.register, calls.heartbeat, flags=flags)
     sender.join()
@@ -89,16 +94,7 @@ def test_a_sigterm_from_outside_is_reported_with_the_exit_code(tmp_path: Path, h
     script = f"import pathlib, time\npathlib.Path({str(marker)!r}).touch()\ntime.sleep(60)\n"
     flags = Flags()
     install_handlers(flags, CTX.drain_signum)
-
-    def terminate_when_started() -> None:  # what `scancel JOB.STEP` sends first
-        for _ in range(3000):
-            if marker.exists():
-                os.kill(os.getpid(), signal.SIGTERM)
-                return
-            threading.Event().wait(0.01)
-
-    sender = threading.Thread(target=terminate_when_started, daemon=True)
-    sender.start()
+    sender = signal_when(marker, signal.SIGTERM)  # what `scancel --signal=TERM JOB.STEP` sends
     calls = Calls()
     code = run_wrapped([sys.executable, "-c", script], CTX, calls.register, calls.heartbeat, flags=flags)
     sender.join()
