@@ -104,13 +104,14 @@ class Controller(ControlPlane, StatusViews):
         )
 
     def cancelled_worker_ids(self, steps: list[StepInfo]) -> frozenset[str]:
-        """Workers whose step left the listing because someone cancelled it: slurmstepd writes
-        ``*** STEP J.S ON node CANCELLED AT ... ***`` to the step's output (``scancel J.S`` kills
-        without a signal the wrapper could report)."""
+        """Workers whose step left the listing because someone cancelled it (``scancel J.S``):
+        slurmstepd wrote ``*** STEP J.S ON node CANCELLED AT ... ***`` to the step's output, and the
+        wrapper reported no exit code (scancel kills it outright). A step srun ends because one of
+        its tasks failed gets the same line, but its wrapper reports the exit of its command."""
         listed = {worker_id_of_step(st.name) for st in steps}
         return frozenset(
             w.worker_id for w in self.state.workers.values()
-            if w.step_id and w.has_step and w.worker_id not in listed and not w.failure_reason
+            if w.step_id and w.has_step and w.worker_id not in listed and not w.failure_reason and w.exit_code is None
             and step_output_says_cancelled(self.state_dir / "logs" / f"worker-{w.worker_id}.out",
                                            f"{w.job_id or self.job_id}.{w.step_id}"))
 

@@ -62,7 +62,6 @@ class WorkerRecord(_Model):
     kill_sent_s: StrictFloat = 0.0
     failure_reason: StrictStr = ""
     exit_code: StrictInt | None = None
-    terminated_by_signal: StrictBool = False
     drain_signaled: StrictBool = False
     liveness_failures: Count = 0
     weights_version: Count | None = None

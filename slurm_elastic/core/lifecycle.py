@@ -61,7 +61,6 @@ class Worker:
     kill_sent_s: float = 0.0
     failure_reason: str = ""  # set when the controller kills it for cause (e.g. lost heartbeat)
     exit_code: int | None = None  # reported by the worker wrapper as it exits
-    terminated_by_signal: bool = False  # the wrapper reported a SIGTERM or SIGINT before its exit
     drain_signaled: bool = False  # servers: the drain signal waits until nothing is in flight
     liveness_failures: int = 0  # servers: failed liveness probes in a row, as the wrapper reports them
     weights_version: int | None = None  # servers: the published weights version it runs (None: its own)

@@ -34,7 +34,7 @@ class ObservedStep:
 
 
 EXITED_CLEANLY = "exited cleanly"  # a worker that left on its own with exit code 0 (history reason)
-STOPPED_FROM_OUTSIDE = "stopped from outside (cancelled or sent SIGTERM by someone else than the controller: scancel)"
+STOPPED_FROM_OUTSIDE = "its step was cancelled by someone else than the controller (scancel)"
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ class Crashed:
     gpus: tuple[int, ...]
     reason: str
     gpu_keys: tuple[tuple[str, int], ...] = ()
-    counted: bool = True  # against its GPUs; not when the step was stopped from outside (an operator's scancel)
+    counted: bool = True  # against its GPUs; not when someone else cancelled its step (an operator's scancel)
 
 
 Action = Launch | Drain | Cancel
@@ -190,8 +190,7 @@ def _handle_vanished(workers: dict[str, Worker], by_id: dict[str, ObservedStep],
             transition(worker, S.INACTIVE, now_s, "placeholder released")
         elif worker.exit_code == 0 and worker.state is not S.DRAINING:
             transition(worker, S.INACTIVE, now_s, EXITED_CLEANLY)
-        elif (worker.terminated_by_signal or worker.worker_id in cancelled) and not worker.failure_reason:
-            # stopped by someone else than the controller: nothing says its GPU is at fault
+        elif worker.worker_id in cancelled and not worker.failure_reason:  # by someone else: not its GPU's fault
             transition(worker, S.FAILED, now_s, STOPPED_FROM_OUTSIDE)
             plan.crashes.append(Crashed(worker.worker_id, worker.node, worker.gpus, STOPPED_FROM_OUTSIDE,
                                         worker.gpu_keys, counted=False))
@@ -208,7 +207,7 @@ def _handle_vanished(workers: dict[str, Worker], by_id: dict[str, ObservedStep],
             worker.backoff_until_s = now_s + backoff_s(worker.crash_count, cfg)
             transition(worker, S.BACKOFF, now_s, f"crash-loop backoff {backoff_s(worker.crash_count, cfg):g} s")
         worker.step_id, worker.kill_sent_s, worker.failure_reason, worker.exit_code = "", 0.0, "", None
-        worker.busy = worker.terminated_by_signal = False
+        worker.busy = False
 
 
 def _enforce_heartbeats_and_timeouts(workers: dict[str, Worker], cfg: ReconcileConfig,

@@ -23,7 +23,9 @@ def test_the_cancelled_line_of_this_step_and_no_other(tmp_path: Path) -> None:
     assert not step_output_says_cancelled(out, "7.30") and not step_output_says_cancelled(out, "8.3")
 
 
-def test_a_step_cancelled_by_hand_is_relaunched_and_not_counted(tmp_path: Path) -> None:
+def cancel_the_step(tmp_path: Path, exit_code: int | None) -> Controller:
+    """A worker's step leaves the listing with Slurm's CANCELLED line in its output, after its
+    wrapper reported ``exit_code`` (None: none, as when scancel kills it outright)."""
     config = parse_config({"agent": {"enabled": False}, "autoscaler": {"min_workers": 0}})
     backend = ListedSteps()
     controller = Controller(config, 7, backend, tmp_path, gpus_by_node={"node1": (0, 1)})  # type: ignore[arg-type]
@@ -34,10 +36,20 @@ def test_a_step_cancelled_by_hand_is_relaunched_and_not_counted(tmp_path: Path) 
     controller.tick()
     (tmp_path / "logs").mkdir(exist_ok=True)
     (tmp_path / "logs" / f"worker-{worker_id}.out").write_text(CANCELLED)
+    controller.workers[worker_id].exit_code = exit_code
     backend.steps = []
-
     controller.tick()
+    return controller
 
-    worker = controller.workers[worker_id]
+
+def test_a_step_cancelled_by_hand_is_relaunched_and_not_counted(tmp_path: Path) -> None:
+    controller = cancel_the_step(tmp_path, exit_code=None)
+    (worker,) = controller.workers.values()
     assert worker.crash_count == 0 and worker.launches == 2 and controller.cordoned_gpus() == {}
-    assert "stopped from outside" in worker.history[-3][3]
+    assert "cancelled by someone else" in worker.history[-3][3]
+
+
+def test_a_step_srun_ended_after_a_task_failed_is_a_crash(tmp_path: Path) -> None:
+    controller = cancel_the_step(tmp_path, exit_code=241)  # the wrapper's command, stopped by srun
+    (worker,) = controller.workers.values()
+    assert worker.crash_count == 1 and worker.state.value == "BACKOFF"

@@ -116,22 +116,18 @@ def test_clean_exit_is_not_a_crash() -> None:
     assert workers["0001"].state is S.INACTIVE and plan.crashes == []
 
 
-def test_a_step_stopped_from_outside_is_relaunched_at_once_and_not_counted_against_its_gpu() -> None:
+def test_a_step_someone_else_cancelled_is_relaunched_at_once_and_not_counted_against_its_gpu() -> None:
     workers = {"0001": active("0001", "1", gpu=2)}
-    workers["0001"].exit_code, workers["0001"].terminated_by_signal = -15, True  # the wrapper's last report
-    plan = run(workers, [], 1, now_s=10)
+    plan = reconcile(workers, [], 1, 8, (), NONE, CFG, 10, 1, cancelled=frozenset({"0001"}))
     assert plan.crashes == [Crashed("0001", "node1", (2,), STOPPED_FROM_OUTSIDE, (("node1", 2),), counted=False)]
     assert plan.actions == [Launch("0001", ())]  # in the same tick: no backoff
     assert workers["0001"].state is S.STARTING and workers["0001"].crash_count == 0
-    assert not workers["0001"].terminated_by_signal
 
 
-def test_a_worker_killed_for_cause_still_counts_though_it_saw_the_sigterm() -> None:
+def test_a_worker_the_controller_cancelled_for_cause_still_counts() -> None:
     workers = {"0001": active("0001", "1", now_s=0)}
-    observed = obs(workers["0001"])
-    run(workers, observed, 1, now_s=11)  # no heartbeat: cancelled for cause
-    workers["0001"].exit_code, workers["0001"].terminated_by_signal = -15, True
-    plan = run(workers, [], 1, now_s=12)
+    run(workers, obs(workers["0001"]), 1, now_s=11)  # no heartbeat: cancelled for cause
+    plan = reconcile(workers, [], 1, 8, (), NONE, CFG, 12, 1, cancelled=frozenset({"0001"}))
     assert plan.crashes[0].counted and workers["0001"].crash_count == 1
 
 
