@@ -34,7 +34,7 @@ class ObservedStep:
 
 
 EXITED_CLEANLY = "exited cleanly"  # a worker that left on its own with exit code 0 (history reason)
-STOPPED_FROM_OUTSIDE = "its step was cancelled by someone else than the controller (scancel)"
+CANCELLED_BY_SOMEONE_ELSE = "its step was cancelled by someone else than the controller (scancel)"
 
 
 @dataclass(frozen=True)
@@ -191,8 +191,8 @@ def _handle_vanished(workers: dict[str, Worker], by_id: dict[str, ObservedStep],
         elif worker.exit_code == 0 and worker.state is not S.DRAINING:
             transition(worker, S.INACTIVE, now_s, EXITED_CLEANLY)
         elif worker.worker_id in cancelled and not worker.failure_reason:  # by someone else: not its GPU's fault
-            transition(worker, S.FAILED, now_s, STOPPED_FROM_OUTSIDE)
-            plan.crashes.append(Crashed(worker.worker_id, worker.node, worker.gpus, STOPPED_FROM_OUTSIDE,
+            transition(worker, S.FAILED, now_s, CANCELLED_BY_SOMEONE_ELSE)
+            plan.crashes.append(Crashed(worker.worker_id, worker.node, worker.gpus, CANCELLED_BY_SOMEONE_ELSE,
                                         worker.gpu_keys, counted=False))
             worker.backoff_until_s = now_s
             transition(worker, S.BACKOFF, now_s, "relaunch at once")

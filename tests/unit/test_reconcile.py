@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from slurm_elastic.core.lifecycle import Worker, WorkerState, begin_drain
 from slurm_elastic.core.reconcile import (
-    STOPPED_FROM_OUTSIDE,
+    CANCELLED_BY_SOMEONE_ELSE,
     Cancel,
     Crashed,
     Drain,
@@ -119,7 +119,7 @@ def test_clean_exit_is_not_a_crash() -> None:
 def test_a_step_someone_else_cancelled_is_relaunched_at_once_and_not_counted_against_its_gpu() -> None:
     workers = {"0001": active("0001", "1", gpu=2)}
     plan = reconcile(workers, [], 1, 8, (), NONE, CFG, 10, 1, cancelled=frozenset({"0001"}))
-    assert plan.crashes == [Crashed("0001", "node1", (2,), STOPPED_FROM_OUTSIDE, (("node1", 2),), counted=False)]
+    assert plan.crashes == [Crashed("0001", "node1", (2,), CANCELLED_BY_SOMEONE_ELSE, (("node1", 2),), counted=False)]
     assert plan.actions == [Launch("0001", ())]  # in the same tick: no backoff
     assert workers["0001"].state is S.STARTING and workers["0001"].crash_count == 0
 
