@@ -153,6 +153,8 @@ class Controller(ControlPlane, StatusViews):
             obs = self.observation(steps, now_s, with_queue=autoscales(self.state), running_burst=running_burst,
                                    paused_s=paused_s)
             result = tick(obs, self.state, self.tick_config, self.burst_allocations(running_burst), now_s)
+            if any(w.vanished_at_s == now_s for w in self.state.workers.values()):
+                self.allocation_check_due = True  # a step ended unasked: a node failure ends every step on it
             for event in result.events:
                 if isinstance(event, Crashed):
                     self.allocation_check_due = True  # a node failure ends every step on the node

@@ -11,6 +11,7 @@ HEARTBEAT_INTERVAL_S = 5.0  # between two heartbeats of a worker
 HEARTBEAT_GRACE_S = 60.0  # a worker silent this long is killed and replaced
 START_TIMEOUT_S = 120.0  # launch to registration, else the launch failed
 DRAIN_TIMEOUT_S = 120.0  # a draining worker is cancelled after this
+STEP_END_SETTLE_S = 3.0  # a step gone from the listing without an exit waits this long for Slurm's word on why
 BACKOFF_BASE_S = 5.0  # the first crash-loop backoff; doubles per crash
 BACKOFF_MAX_S = 300.0  # the longest crash-loop backoff
 SERVER_DRAIN_GRACE_S = 1.0  # servers: out of discovery at least this long before the drain signal

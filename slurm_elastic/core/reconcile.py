@@ -14,6 +14,7 @@ from slurm_elastic.core.defaults import (
     DRAIN_TIMEOUT_S,
     HEARTBEAT_GRACE_S,
     START_TIMEOUT_S,
+    STEP_END_SETTLE_S,
 )
 from slurm_elastic.core.lifecycle import Worker, WorkerState, begin_drain, transition
 from slurm_elastic.core.liveness import drain_not_live
@@ -46,6 +47,7 @@ class ReconcileConfig:
     backoff_max_s: float = BACKOFF_MAX_S
     kill_resend_s: float = 30.0  # re-send a cancel that did not take
     liveness_failure_threshold: int = 0  # servers: failed liveness probes in a row that drain one; 0: off
+    step_end_settle_s: float = STEP_END_SETTLE_S  # a step gone without an exit waits for Slurm's CANCELLED line
 
 
 @dataclass(frozen=True)
@@ -196,6 +198,8 @@ def _handle_vanished(workers: dict[str, Worker], by_id: dict[str, ObservedStep],
                                         worker.gpu_keys, counted=False))
             worker.backoff_until_s = now_s
             transition(worker, S.BACKOFF, now_s, "relaunch at once")
+        elif _word_on_why_may_follow(worker, cfg, now_s):
+            continue
         else:
             reason = worker.failure_reason or (
                 "step never appeared in Slurm" if not worker.step_id
@@ -207,7 +211,18 @@ def _handle_vanished(workers: dict[str, Worker], by_id: dict[str, ObservedStep],
             worker.backoff_until_s = now_s + backoff_s(worker.crash_count, cfg)
             transition(worker, S.BACKOFF, now_s, f"crash-loop backoff {backoff_s(worker.crash_count, cfg):g} s")
         worker.step_id, worker.kill_sent_s, worker.failure_reason, worker.exit_code = "", 0.0, "", None
-        worker.busy = False
+        worker.busy, worker.vanished_at_s = False, 0.0
+
+
+def _word_on_why_may_follow(worker: Worker, cfg: ReconcileConfig, now_s: float) -> bool:
+    """A listed step that left with no exit reported and no kill of ours waits ``step_end_settle_s``
+    before it counts as a crash: srun writes Slurm's CANCELLED line to the step's output on its own
+    time, and the listing can change first."""
+    if not worker.step_id or worker.exit_code is not None or worker.failure_reason:
+        return False
+    if not worker.vanished_at_s:
+        worker.vanished_at_s = now_s
+    return now_s - worker.vanished_at_s < cfg.step_end_settle_s
 
 
 def _enforce_heartbeats_and_timeouts(workers: dict[str, Worker], cfg: ReconcileConfig,

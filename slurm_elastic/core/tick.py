@@ -148,12 +148,14 @@ def tick(obs: Observation, state: ControlState, cfg: TickConfig, allocations: tu
                      exclude, cordoned, cfg.reconcile, now_s, state.next_number, drain_first_jobs=burst_jobs,
                      cancelled=obs.cancelled_worker_ids)
     state.next_number = plan.next_number
+    held_nodes = {n for a in allocations for n in a.gpus_by_node}
     for crash in plan.crashes:
         result.events.append(crash)
         if not crash.counted:
             continue
         for node, gpu in crash.gpu_keys or [(crash.node, g) for g in crash.gpus]:  # repeated crashes cordon a GPU
-            result.events.extend(state.cordons.record_crash(node, gpu, now_s))
+            if node in held_nodes:  # a node that left the job (or an ended burst job) is not ours to cordon
+                result.events.extend(state.cordons.record_crash(node, gpu, now_s))
     launches = [a for a in plan.actions if isinstance(a, Launch)]
     result.actions.extend(_place(launches, state, result.slots, cordoned))
     result.actions.extend(a for a in plan.actions if isinstance(a, Cancel))

@@ -343,6 +343,7 @@ class Simulation:
         running = sorted(w for w, p in self.procs.items() if p.registered and not p.drain)
         for worker_id in self.failure_rng.sample(running, min(n_workers, len(running))):
             self.counters["failures"] += 1
+            self.records[worker_id].exit_code = 1  # its wrapper reports the command's failure as the step ends
             self._exit(self.procs[worker_id], killed=True)
 
     # ---- the trainer -------------------------------------------------------------------------

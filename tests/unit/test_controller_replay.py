@@ -13,6 +13,7 @@ import pytest
 
 from slurm_elastic.controller.config import parse_config
 from slurm_elastic.controller.runtime import Controller
+from slurm_elastic.core.defaults import STEP_END_SETTLE_S
 from slurm_elastic.core.health import AgentReport, GpuSample
 from slurm_elastic.core.lifecycle import WorkerState
 from slurm_elastic.core.reconcile import Drain, Launch
@@ -148,6 +149,9 @@ def test_a_vanished_worker_backs_off_and_is_relaunched_under_the_same_id(tmp_pat
     backend.steps = listing("vanished")
     controller.tick()
     worker = controller.workers["0002"]
+    assert (worker.state, worker.crash_count) == (S.ACTIVE, 0)  # gone without a word: Slurm's may follow
+    clock.now_s += STEP_END_SETTLE_S
+    controller.tick()
     assert (worker.state, worker.crash_count, worker.backoff_until_s) == (S.BACKOFF, 1, clock.now_s + 5.0)
     clock.now_s += 4.9
     controller.tick()
@@ -267,7 +271,8 @@ def test_a_crash_loop_backs_off_exponentially_and_cordons_the_gpu(tmp_path: Path
     worker = controller.workers["0002"]
     gpu = (worker.node, worker.gpus[0])
     for crash in range(1, 4):
-        backend.steps = listing("vanished")  # its command exits: the step is gone
+        worker.exit_code = 1  # its command exits (the wrapper reports it): the step is gone
+        backend.steps = listing("vanished")
         controller.tick()
         assert (worker.state, worker.crash_count) == (S.BACKOFF, crash)
         clock.now_s = worker.backoff_until_s

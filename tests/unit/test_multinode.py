@@ -18,6 +18,7 @@ from slurm_elastic.controller.runtime import Controller
 from slurm_elastic.controller.state_model import restore_state
 from slurm_elastic.core.autoscaler_config import AutoscalerConfig
 from slurm_elastic.core.cordons import CordonBook
+from slurm_elastic.core.defaults import STEP_END_SETTLE_S
 from slurm_elastic.core.health import GpuSample, HealthRules
 from slurm_elastic.core.lifecycle import Worker, WorkerState
 from slurm_elastic.core.placement import Allocation, multi_node_slots, placement
@@ -124,7 +125,8 @@ def test_an_operator_cordon_on_the_second_node_keeps_the_worker_and_launches_non
 def test_a_multi_node_step_that_loses_a_task_counts_a_crash_on_every_gpu_of_both_nodes() -> None:
     st = state(1, HealthRules(crash_threshold=1))
     st.workers["0001"] = eight_gpu_worker()
-    result = tick(Observation(steps=()), st, EIGHT, (TWO_NODES,), 1.0)
+    tick(Observation(steps=()), st, EIGHT, (TWO_NODES,), 1.0)  # gone without a word: Slurm's may follow
+    result = tick(Observation(steps=()), st, EIGHT, (TWO_NODES,), 1.0 + STEP_END_SETTLE_S)
     crash = next(e for e in result.events if isinstance(e, Crashed))
     assert crash.gpu_keys == ALL_N1 + ALL_N2
     assert set(st.cordons.cordoned()) == set(ALL_N1 + ALL_N2)

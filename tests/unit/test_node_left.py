@@ -11,7 +11,7 @@ import pytest
 from slurm_elastic.controller.config import parse_config
 from slurm_elastic.controller.control_plane import UnknownWorkerError
 from slurm_elastic.controller.runtime import Controller
-from slurm_elastic.core.defaults import ALLOCATION_CHECK_S
+from slurm_elastic.core.defaults import ALLOCATION_CHECK_S, STEP_END_SETTLE_S
 from slurm_elastic.core.health import AgentReport, GpuSample
 from slurm_elastic.core.naming import worker_step_name
 from slurm_elastic.errors import SlurmError
@@ -65,7 +65,7 @@ def test_a_node_slurm_took_out_gets_nothing_more_and_status_names_it(tmp_path: P
 
 
 def test_a_worker_step_that_ends_unasked_makes_the_next_tick_read_the_nodes(tmp_path: Path) -> None:
-    controller, backend, _clock = make_controller(tmp_path)
+    controller, backend, clock = make_controller(tmp_path)
     controller.scale(4)
     controller.tick()
     for i, worker_id in enumerate(sorted(controller.workers)):
@@ -81,6 +81,11 @@ def test_a_worker_step_that_ends_unasked_makes_the_next_tick_read_the_nodes(tmp_
 
     assert backend.job_info_calls == 1 and controller.gpus_by_node == {"node1": (0, 1)}
     assert [left["node"] for left in controller.status()["left_nodes"]] == ["node2"]
+
+    clock.now_s += STEP_END_SETTLE_S
+    controller.tick()  # node2's workers crash, but its GPUs are no longer the job's to count against
+    assert sum(w.crash_count for w in controller.workers.values()) == 2
+    assert not any(key[0] == "node2" for key in controller.state.cordons._gpus)
 
 
 def test_slurm_not_answering_keeps_the_nodes_and_says_so(tmp_path: Path) -> None:

@@ -101,12 +101,27 @@ def test_drain_timeout_cancels_once_then_resends() -> None:
 
 def test_unexpected_exit_crashes_with_exponential_backoff_and_same_id_relaunch() -> None:
     workers = {"0001": active("0001", "1", gpu=2)}
+    workers["0001"].exit_code = 1
     plan = run(workers, [], 1, now_s=10)
     assert workers["0001"].state is S.BACKOFF and plan.crashes[0].gpus == (2,)
     assert plan.actions == []  # backing off: no relaunch and no fresh worker in its place
     plan = run(workers, [], 1, now_s=12)
     assert plan.actions == [Launch("0001", ())] and workers["0001"].launches == 1
     assert [backoff_s(n, CFG) for n in (1, 2, 3, 4, 5, 6)] == [2, 4, 8, 16, 16, 16]
+
+
+def test_a_step_gone_without_an_exit_waits_for_slurms_word_before_it_counts_as_a_crash() -> None:
+    workers = {"0001": active("0001", "1", gpu=2)}
+    plan = run(workers, [], 1, now_s=10)  # no exit reported: the CANCELLED line may still be on its way
+    assert workers["0001"].state is S.ACTIVE and plan.crashes == [] and plan.actions == []
+    assert workers["0001"].vanished_at_s == 10
+    plan = reconcile(workers, [], 1, 8, (), NONE, CFG, 11, 1, cancelled=frozenset({"0001"}))
+    assert [c.counted for c in plan.crashes] == [False] and workers["0001"].vanished_at_s == 0
+    workers = {"0002": active("0002", "2")}
+    run(workers, [], 1, now_s=10)
+    plan = run(workers, [], 1, now_s=10 + CFG.step_end_settle_s)  # nothing came: a crash
+    assert workers["0002"].state is S.BACKOFF and plan.crashes[0].reason == "step ended unexpectedly"
+    assert workers["0002"].crash_count == 1 and workers["0002"].vanished_at_s == 0
 
 
 def test_clean_exit_is_not_a_crash() -> None:
