@@ -158,6 +158,7 @@ class ControllerBase:
             st.autoscaler = Autoscaler.from_state(st.autoscaler.config, {})
         if restored.cordons is not None:
             st.cordons = CordonBook.from_state(restored.cordons, self.health_rules)
+        self.left_nodes = [left for left in restored.left_nodes if left["node"] not in self.gpus_by_node]
         now_s = self.clock()
         for worker in st.workers.values():  # nobody could heart-beat while no controller ran
             if worker.has_step:
@@ -191,6 +192,7 @@ class ControllerBase:
             "manual_target": st.manual_target, "paused": st.paused, "wake_all_active": st.wake_all_active,
             "cordons": st.cordons.to_state(),
             "autoscaler": st.autoscaler.to_state(),
+            "left_nodes": list(self.left_nodes),
         }
 
     def save(self) -> None:

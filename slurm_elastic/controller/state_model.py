@@ -100,6 +100,14 @@ class AutoscalerMemory(_Model):
                  Annotated[StrictFloat, Field(allow_inf_nan=False)]] | None = None
 
 
+class LeftNode(_Model):
+    """A node Slurm took out of the running job, as status shows it."""
+
+    node: Annotated[StrictStr, Field(min_length=1, max_length=256)]
+    gpus: Count
+    at_s: StrictFloat
+
+
 Workers = Annotated[StrictInt, Field(ge=0, le=100_000)]
 SCALARS: dict[str, TypeAdapter[Any]] = {  # the state's single values, each validated on its own
     "next_number": TypeAdapter(Annotated[StrictInt, Field(ge=1, le=2**31)]),
@@ -107,6 +115,7 @@ SCALARS: dict[str, TypeAdapter[Any]] = {  # the state's single values, each vali
     "manual_target": TypeAdapter(Workers | None),
     "paused": TypeAdapter(StrictBool),
     "wake_all_active": TypeAdapter(StrictBool),
+    "left_nodes": TypeAdapter(Annotated[list[LeftNode], Field(max_length=10_000)]),
 }
 
 
@@ -120,6 +129,7 @@ class RestoredState:
     manual_target: int | None = None
     paused: bool = False
     wake_all_active: bool = False
+    left_nodes: tuple[dict[str, Any], ...] = ()
     autoscaler: dict[str, Any] | None = None
     cordons: dict[str, Any] | None = None
     notes: tuple[str, ...] = ()
@@ -139,6 +149,8 @@ def restore_state(body: dict[str, Any]) -> RestoredState:
             values[name] = adapter.validate_python(body[name])
         except ValidationError as exc:
             notes.append(f"{name} {_shown(body[name])} is not valid ({_first_error(exc)}): not restored")
+    if "left_nodes" in values:
+        values["left_nodes"] = tuple(left.model_dump() for left in values["left_nodes"])
     if "next_number" not in values and workers:
         values["next_number"] = 1 + max((int(k) for k in workers if k.isdigit()), default=0)
     autoscaler = None

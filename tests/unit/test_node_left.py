@@ -4,6 +4,7 @@ using what left. The real node failure is in tests/cluster/test_node_failure.py.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -99,3 +100,30 @@ def test_slurm_not_answering_keeps_the_nodes_and_says_so(tmp_path: Path) -> None
 
     assert controller.gpus_by_node == GPUS and controller.status()["left_nodes"] == []
     assert controller.status()["errors"][-1]["where"] == "allocation"
+
+
+def test_a_restarted_controller_still_names_the_node_that_left(tmp_path: Path) -> None:
+    controller, backend, clock = make_controller(tmp_path)
+    backend.job_nodes = ("node1",)
+    clock.now_s += ALLOCATION_CHECK_S
+    controller.tick()
+    left = controller.status()["left_nodes"]
+
+    config = parse_config({"autoscaler": {"min_workers": 0}})
+    restarted = Controller(config, 1, backend, tmp_path, gpus_by_node={"node1": (0, 1)},  # type: ignore[arg-type]
+                           clock=clock)
+    assert restarted.status()["left_nodes"] == left == [{"node": "node2", "gpus": 2, "at_s": clock.now_s}]
+    requeued_onto_it = Controller(config, 1, backend, tmp_path, gpus_by_node=dict(GPUS),  # type: ignore[arg-type]
+                                  clock=clock)
+    assert requeued_onto_it.status()["left_nodes"] == []  # the node is the job's again
+
+
+def test_a_damaged_left_nodes_record_is_noted_and_not_restored(tmp_path: Path) -> None:
+    controller, _backend, _clock = make_controller(tmp_path)
+    controller.save()
+    body = json.loads((tmp_path / "state.json").read_text())
+    body["state"]["left_nodes"] = [{"node": "node2", "gpus": "four", "at_s": 1.0}]
+    (tmp_path / "state.json").write_text(json.dumps(body))
+    restarted, _, _ = make_controller(tmp_path)
+    assert restarted.status()["left_nodes"] == []
+    assert any("left_nodes" in note for note in restarted.state_notes)
