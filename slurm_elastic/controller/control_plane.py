@@ -94,6 +94,7 @@ class ControlPlane(ControllerBase):
                 self._record_busy_s(worker_id, float(info["busy_s"]))
             if info.get("exit_code") is not None:
                 worker.exit_code = int(info["exit_code"])
+                worker.terminated_by_signal = bool(info.get("terminated_by_signal"))
             if "outstanding_requests" in info:
                 worker.busy = int(info["outstanding_requests"]) > 0
             if "liveness_failures" in info:

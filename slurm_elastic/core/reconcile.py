@@ -153,7 +153,7 @@ def end_earlier_run(workers: dict[str, Worker], job_id: int, now_s: float) -> li
         if worker.has_step and worker.job_id in (0, job_id):
             transition(worker, S.INACTIVE, now_s, "its step ended with the job's earlier run (requeued)")
             worker.step_id, worker.kill_sent_s, worker.failure_reason, worker.exit_code = "", 0.0, "", None
-            worker.busy = False
+            worker.busy, worker.vanished_at_s, worker.terminated_by_signal = False, 0.0, False
             ended.append(worker.worker_id)
     return ended
 
@@ -211,14 +211,14 @@ def _handle_vanished(workers: dict[str, Worker], by_id: dict[str, ObservedStep],
             worker.backoff_until_s = now_s + backoff_s(worker.crash_count, cfg)
             transition(worker, S.BACKOFF, now_s, f"crash-loop backoff {backoff_s(worker.crash_count, cfg):g} s")
         worker.step_id, worker.kill_sent_s, worker.failure_reason, worker.exit_code = "", 0.0, "", None
-        worker.busy, worker.vanished_at_s = False, 0.0
+        worker.busy, worker.vanished_at_s, worker.terminated_by_signal = False, 0.0, False
 
 
 def _word_on_why_may_follow(worker: Worker, cfg: ReconcileConfig, now_s: float) -> bool:
-    """A listed step that left with no exit reported and no kill of ours waits ``step_end_settle_s``
-    before it counts as a crash: srun writes Slurm's CANCELLED line to the step's output on its own
-    time, and the listing can change first."""
-    if not worker.step_id or worker.exit_code is not None or worker.failure_reason:
+    """A listed step that left with no exit reported (or one after a SIGTERM) and no kill of ours
+    waits ``step_end_settle_s`` before it counts as a crash: srun writes Slurm's CANCELLED line to
+    the step's output on its own time, and the listing can change first."""
+    if not worker.step_id or worker.failure_reason or (worker.exit_code is not None and not worker.terminated_by_signal):
         return False
     if not worker.vanished_at_s:
         worker.vanished_at_s = now_s

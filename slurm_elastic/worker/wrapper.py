@@ -148,7 +148,7 @@ def _supervise(child: subprocess.Popen[bytes], ctx: StepContext, register: Call,
         if code is not None:
             if liveness is not None:
                 liveness.stop()
-            _final(heartbeat, code)
+            _final(heartbeat, code, terminated=any(s in (signal.SIGTERM, signal.SIGINT) for s in flags.signals_seen))
             return code
         if not ready and is_ready(port, ctx.readiness_path):
             ready = True
@@ -272,8 +272,9 @@ def _beat(ctx: StepContext, register: Call, heartbeat: Call, payload: dict[str, 
     return {}
 
 
-def _final(heartbeat: Call, exit_code: int) -> None:
+def _final(heartbeat: Call, exit_code: int, terminated: bool = False) -> None:
+    """The exit code, and whether a SIGTERM or SIGINT came first (``terminated``)."""
     try:
-        heartbeat({"exit_code": exit_code})
+        heartbeat({"exit_code": exit_code, **({"terminated_by_signal": True} if terminated else {})})
     except (KeyError, SlurmElasticError) as exc:
         log.warning("could not report exit code %d: %s", exit_code, exc)

@@ -4,6 +4,7 @@ real scancel is in tests/cluster/test_operator_scancel.py."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from slurm_elastic.controller.config import parse_config
@@ -24,20 +25,26 @@ def test_the_cancelled_line_of_this_step_and_no_other(tmp_path: Path) -> None:
     assert not step_output_says_cancelled(out, "7.30") and not step_output_says_cancelled(out, "8.3")
 
 
-def cancel_the_step(tmp_path: Path, exit_code: int | None) -> Controller:
-    """A worker's step leaves the listing with Slurm's CANCELLED line in its output, after its
-    wrapper reported ``exit_code`` (None: none, as when scancel kills it outright)."""
+def cancel_the_step(tmp_path: Path, exit_code: int | None, terminated: bool = False,
+                    nodes: tuple[str, ...] = ("node1",)) -> Controller:
+    """A worker's step on ``nodes`` leaves the listing with Slurm's CANCELLED line in its output,
+    after its wrapper reported ``exit_code`` (None: none, as when scancel kills it outright), and
+    whether a SIGTERM came before it."""
     config = parse_config({"agent": {"enabled": False}, "autoscaler": {"min_workers": 0}})
     backend = ListedSteps()
     controller = Controller(config, 7, backend, tmp_path, gpus_by_node={"node1": (0, 1)})  # type: ignore[arg-type]
     controller.scale(1)
     controller.tick()
     (worker_id,) = controller.workers
-    backend.steps = [StepInfo(7, "3", worker_step_name(worker_id), ("node1",), "0:01", "", "gres/gpu:1", 1)]
+    backend.steps = [StepInfo(7, "3", worker_step_name(worker_id), nodes, "0:01", "", "gres/gpu:1", 1)]
     controller.tick()
     (tmp_path / "logs").mkdir(exist_ok=True)
     (tmp_path / "logs" / f"worker-{worker_id}.out").write_text(CANCELLED)
-    controller.workers[worker_id].exit_code = exit_code
+    heartbeat: dict[str, object] = {} if exit_code is None else {"exit_code": exit_code}
+    if terminated:
+        heartbeat["terminated_by_signal"] = True
+    if heartbeat:
+        controller.heartbeat(worker_id, heartbeat)
     backend.steps = []
     controller.tick()
     return controller
@@ -101,3 +108,25 @@ def test_a_step_gone_without_a_word_is_a_crash_once_slurm_had_time_to_say_why(tm
     worker = controller.workers[worker_id]
     assert worker.crash_count == 1 and worker.state.value == "BACKOFF"
     assert "step ended unexpectedly" in worker.history[-2][3]
+
+
+def test_a_one_task_step_sent_sigterm_by_hand_is_not_counted(tmp_path: Path) -> None:
+    controller = cancel_the_step(tmp_path, exit_code=-15, terminated=True)  # scancel --signal=TERM J.S
+    (worker,) = controller.workers.values()
+    assert worker.crash_count == 0 and worker.launches == 2 and not worker.terminated_by_signal
+
+
+def test_a_step_of_two_nodes_that_saw_a_sigterm_still_counts(tmp_path: Path) -> None:
+    """srun sends SIGTERM to the other tasks of a step one of whose tasks failed: rank 0's report
+    cannot tell that from an operator's."""
+    controller = cancel_the_step(tmp_path, exit_code=241, terminated=True, nodes=("node1", "node2"))
+    controller.clock = lambda: time.time() + STEP_END_SETTLE_S  # it waited for Slurm's word as well
+    controller.tick()
+    (worker,) = controller.workers.values()
+    assert worker.crash_count == 1
+
+
+def test_a_one_task_step_whose_command_failed_by_itself_counts(tmp_path: Path) -> None:
+    controller = cancel_the_step(tmp_path, exit_code=3)  # no SIGTERM before it: its own failure
+    (worker,) = controller.workers.values()
+    assert worker.crash_count == 1

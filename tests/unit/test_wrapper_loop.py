@@ -89,13 +89,13 @@ def test_a_drain_signal_reaches_the_command(tmp_path: Path, handlers_restored: N
     assert code == 3 and flags.signals_seen == [signal.SIGUSR1] and calls.heartbeats == [{"exit_code": 3}]
 
 
-def test_a_sigterm_reaches_the_command_and_its_exit_code_is_reported(tmp_path: Path, handlers_restored: None) -> None:
+def test_a_sigterm_reaches_the_command_and_its_exit_is_reported_with_it(tmp_path: Path, handlers_restored: None) -> None:
     marker = tmp_path / "started"
     script = f"import pathlib, time\npathlib.Path({str(marker)!r}).touch()\ntime.sleep(60)\n"
     flags = Flags()
     install_handlers(flags, CTX.drain_signum)
-    sender = signal_when(marker, signal.SIGTERM)
+    sender = signal_when(marker, signal.SIGTERM)  # what `scancel --signal=TERM JOB.STEP` sends
     calls = Calls()
     code = run_wrapped([sys.executable, "-c", script], CTX, calls.register, calls.heartbeat, flags=flags)
     sender.join()
-    assert code == -signal.SIGTERM and calls.heartbeats == [{"exit_code": code}]
+    assert code == -signal.SIGTERM and calls.heartbeats == [{"exit_code": code, "terminated_by_signal": True}]
