@@ -189,11 +189,18 @@ class Agent:
         return 0
 
     def install_signal_handlers(self) -> None:
-        """SIGTERM and SIGINT set the stop flag (the loop exits at its next check)."""
+        """SIGTERM and SIGINT set the stop flag (the loop exits at its next check). SIGUSR1 and
+        SIGUSR2, the workers' drain signals, reach every step when someone signals the whole job
+        (``scancel --signal=USR1 JOB``): an agent has nothing to drain and samples on."""
 
         def handler(signum: int, _frame: FrameType | None) -> None:
             log.info("signal %d: stopping", signum)
             self.stop.set()
 
+        def drain_signal(signum: int, _frame: FrameType | None) -> None:
+            log.info("signal %d: a drain signal; an agent has nothing to drain and samples on", signum)
+
         signal.signal(signal.SIGTERM, handler)
         signal.signal(signal.SIGINT, handler)
+        signal.signal(signal.SIGUSR1, drain_signal)
+        signal.signal(signal.SIGUSR2, drain_signal)

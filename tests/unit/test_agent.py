@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import threading
 from collections.abc import Iterator
@@ -137,6 +139,23 @@ def test_stop_flag_ends_the_loop(server: ThreadingHTTPServer, token_file: Path) 
     agent.stop.set()  # what the SIGTERM handler does
     assert agent.run() == 0
     assert server.received == []  # type: ignore[attr-defined]
+
+
+def test_a_drain_signal_to_the_whole_job_leaves_the_agent_sampling(token_file: Path) -> None:
+    """``scancel --signal=USR1 JOB`` reaches the agent's step too: it has nothing to drain."""
+    agent = Agent(InjectionSource("node1", None, gpus=1, env={}), ReportPoster("http://127.0.0.1:9", str(token_file)),
+                  "node1", interval_s=3600.0)
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)}
+    try:
+        agent.install_signal_handlers()
+        for signum in (signal.SIGUSR1, signal.SIGUSR2):
+            os.kill(os.getpid(), signum)  # the default action would end this process
+        assert not agent.stop.is_set()
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert agent.stop.is_set()
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
 
 
 def test_missing_token_file_is_a_failed_round_not_a_crash(
