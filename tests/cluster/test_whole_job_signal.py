@@ -1,6 +1,7 @@
 """``scancel --signal=USR1 JOB`` (the whole job, not one step) through the rendered batch script:
 the workers drain and are replaced, while the trainer step, which handles no signal, and the GPU
-agents run on (before, both died: USR1 ends a process that does not handle it)."""
+agents run on (before, both died: USR1 ends a process that does not handle it). With ``--full``
+the batch script gets it too, and runs on."""
 
 from __future__ import annotations
 
@@ -67,6 +68,11 @@ def test_usr1_to_the_whole_job_drains_the_workers_and_spares_the_trainer_and_age
             workers = client.status()["workers"]  # the drained two are gone from it: new ones run
             assert {f"se-w-{w['worker_id']}" for w in workers}.isdisjoint(old_workers), workers
             assert all(w["crash_count"] == 0 and w["launches"] == 1 for w in workers), workers
+
+            run_command(["scancel", "--full", "--signal=USR1", str(job_id)], check=False)  # the batch script too
+            time.sleep(2.0)
+            assert client.status()["workers_by_state"]  # the controller answers
+            assert steps_by_name(job_id)["se-trainer"] == before["se-trainer"]
     finally:
         run_command(["scancel", str(job_id)], check=False)
         wait_for(lambda: not run_command(["squeue", "-h", "-j", str(job_id)], check=False).stdout.strip(),
