@@ -129,7 +129,11 @@ class ControlPlane(ControllerBase):
             st.manual_target, st.wake_all_active, st.paused = max(0, int(n)), False, True
             self.save()
             self.wake_loop()
-            return {"target_workers": st.manual_target, "paused": True}
+            answer: dict[str, Any] = {"target_workers": st.manual_target, "paused": True}
+            if self.usable_slots is not None and st.manual_target > self.usable_slots:
+                answer["note"] = (f"{st.manual_target} workers asked; {self.usable_slots} GPU slots are usable now, so "
+                                  f"{self.usable_slots} run and the rest wait for GPUs (a lifted cordon, a burst job)")
+            return answer
 
     def pause(self) -> dict[str, Any]:
         with self.lock:

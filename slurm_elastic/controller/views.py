@@ -31,6 +31,7 @@ class StatusViews(ControllerBase):
                 "tick_duration_s": self.tick_duration_summary(),
                 "heartbeats": self.heartbeats,
                 "target_workers": st.target_workers,
+                "usable_slots": self.usable_slots,
                 "paused": st.paused,
                 "manual_target": st.manual_target,
                 "wake_all": st.wake_all_active,

@@ -19,6 +19,7 @@ from slurm_elastic.core.lifecycle import WorkerState
 from slurm_elastic.core.reconcile import Drain, Launch
 from slurm_elastic.slurm.backend import StepSpec
 from slurm_elastic.slurm.parse import StepInfo, parse_step_lines
+from slurm_elastic.status_view import render_status
 from tests.stub_backend import ListedSteps
 
 DATA = Path(__file__).parent / "data"
@@ -115,10 +116,16 @@ def test_a_restart_without_state_adopts_every_running_step_and_launches_nothing(
 def test_scale_up_fills_the_free_gpus_of_the_allocation_and_no_more(tmp_path: Path) -> None:
     controller, backend = make(tmp_path, RUNNING, Clock())
     controller.tick()
+    answer = controller.scale(10)
+    assert answer["note"] == ("10 workers asked; 6 GPU slots are usable now, so 6 run and the rest wait for GPUs "
+                              "(a lifted cordon, a burst job)")
+    assert "note" not in controller.scale(6)
     controller.scale(10)
     result = controller.tick()
     launches = [a for a in result.actions if isinstance(a, Launch)]
     assert [a.worker_id for a in launches] == ["0004", "0005", "0006"]  # 6 slots, 3 held
+    text = render_status(JOB_ID, {"controller": controller.status()}, now_s=controller.clock())
+    assert "target: 10 workers (paused; only 6 GPU slots usable now)" in text
     assert all(a.job_id == JOB_ID for a in launches)
     assert [s.job_id for s in backend.launched] == [JOB_ID] * 3
     assert all(controller.workers[a.worker_id].job_id == JOB_ID for a in launches)
