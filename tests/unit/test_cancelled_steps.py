@@ -63,47 +63,51 @@ def test_a_step_srun_ended_after_a_task_failed_is_a_crash(tmp_path: Path) -> Non
     assert worker.crash_count == 1 and worker.state.value == "BACKOFF"
 
 
-def test_the_cancelled_line_written_after_the_step_left_the_listing_still_counts(tmp_path: Path) -> None:
-    """srun writes Slurm's line on its own time: the listing can change first (seen on a loaded
-    2-core machine). The worker waits STEP_END_SETTLE_S for it before it counts as a crash."""
-    now_s = [100.0]
+class Clock:
+    def __init__(self) -> None:
+        self.now_s = 100.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def a_step_that_left(tmp_path: Path, clock: Clock) -> tuple[Controller, str]:
+    """A worker whose step was listed, then left the listing with no word from its wrapper."""
     config = parse_config({"agent": {"enabled": False}, "autoscaler": {"min_workers": 0}})
     backend = ListedSteps()
     controller = Controller(config, 7, backend, tmp_path, gpus_by_node={"node1": (0, 1)},  # type: ignore[arg-type]
-                            clock=lambda: now_s[0])
+                            clock=clock)
     controller.scale(1)
     controller.tick()
     (worker_id,) = controller.workers
     backend.steps = [StepInfo(7, "3", worker_step_name(worker_id), ("node1",), "0:01", "", "gres/gpu:1", 1)]
     controller.tick()
     backend.steps = []
-    now_s[0] += 1
-    controller.tick()  # gone, no line yet
+    clock.now_s += 1
+    controller.tick()
+    return controller, worker_id
+
+
+def test_the_cancelled_line_written_after_the_step_left_the_listing_still_counts(tmp_path: Path) -> None:
+    """srun writes Slurm's line on its own time: the listing can change first (seen on a loaded
+    2-core machine). The worker waits STEP_END_SETTLE_S for it before it counts as a crash."""
+    clock = Clock()
+    controller, worker_id = a_step_that_left(tmp_path, clock)
     worker = controller.workers[worker_id]
     assert worker.state.value == "STARTING" and worker.crash_count == 0 and worker.vanished_at_s == 101
 
     (tmp_path / "logs").mkdir(exist_ok=True)
     (tmp_path / "logs" / f"worker-{worker_id}.out").write_text(CANCELLED)
-    now_s[0] += 1
+    clock.now_s += 1
     controller.tick()
     assert worker.crash_count == 0 and worker.launches == 2 and controller.cordoned_gpus() == {}
     assert "cancelled by someone else" in worker.history[-3][3]
 
 
 def test_a_step_gone_without_a_word_is_a_crash_once_slurm_had_time_to_say_why(tmp_path: Path) -> None:
-    now_s = [100.0]
-    config = parse_config({"agent": {"enabled": False}, "autoscaler": {"min_workers": 0}})
-    backend = ListedSteps()
-    controller = Controller(config, 7, backend, tmp_path, gpus_by_node={"node1": (0, 1)},  # type: ignore[arg-type]
-                            clock=lambda: now_s[0])
-    controller.scale(1)
-    controller.tick()
-    (worker_id,) = controller.workers
-    backend.steps = [StepInfo(7, "3", worker_step_name(worker_id), ("node1",), "0:01", "", "gres/gpu:1", 1)]
-    controller.tick()
-    backend.steps = []
-    controller.tick()
-    now_s[0] += STEP_END_SETTLE_S
+    clock = Clock()
+    controller, worker_id = a_step_that_left(tmp_path, clock)
+    clock.now_s += STEP_END_SETTLE_S
     controller.tick()
     worker = controller.workers[worker_id]
     assert worker.crash_count == 1 and worker.state.value == "BACKOFF"
