@@ -149,7 +149,8 @@ class JobSection(_Section):
     partition: str = Field("", description="#SBATCH --partition; empty: the default partition.")
     output: str = Field("slurm-elastic-%j.out", description="#SBATCH --output.")
     setup: str = Field("", description="Shell lines run first (e.g. activating a virtual environment).")
-    trainer_command: list[str] = Field(default_factory=list, description="The trainer, run as its own step.")
+    trainer_command: list[str] = Field(default_factory=list, description=(
+        "The trainer, run as its own step; it starts with USR1 and USR2 (the drain signals) ignored."))
     trainer_gpus: int = Field(1, ge=0, description="GPUs of the trainer step.")
 
     @field_validator("trainer_command", mode="before")
