@@ -49,7 +49,8 @@ def test_usr1_to_the_whole_job_drains_the_workers_and_spares_the_trainer_and_age
         before = wait_for(lambda: (s := steps_by_name(job_id)) and "se-trainer" in s
                           and sum(n.startswith("se-agent") for n in s) == 2
                           and sum(n.startswith("se-w-") for n in s) == 2 and s, 90, "trainer, 2 agents, 2 workers")
-        url, token = wait_for(lambda: (state_dir / "token").exists() and locate_in(state_dir, job_id), 30, "controller")
+        url, token = wait_for(lambda: all((state_dir / f).exists() for f in ("token", "controller.json"))
+                              and locate_in(state_dir, job_id), 30, "the controller's address")
         with ControlClient(url, token) as client:
             wait_for(lambda: client.status()["workers_by_state"]["ACTIVE"] == 2, 60, "2 active workers")
 
