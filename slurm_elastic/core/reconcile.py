@@ -152,8 +152,7 @@ def end_earlier_run(workers: dict[str, Worker], job_id: int, now_s: float) -> li
     for worker in workers.values():
         if worker.has_step and worker.job_id in (0, job_id):
             transition(worker, S.INACTIVE, now_s, "its step ended with the job's earlier run (requeued)")
-            worker.step_id, worker.kill_sent_s, worker.failure_reason, worker.exit_code = "", 0.0, "", None
-            worker.busy, worker.vanished_at_s, worker.terminated_by_signal = False, 0.0, False
+            _forget_step(worker)
             ended.append(worker.worker_id)
     return ended
 
@@ -210,8 +209,13 @@ def _handle_vanished(workers: dict[str, Worker], by_id: dict[str, ObservedStep],
             plan.crashes.append(Crashed(worker.worker_id, worker.node, worker.gpus, reason, worker.gpu_keys))
             worker.backoff_until_s = now_s + backoff_s(worker.crash_count, cfg)
             transition(worker, S.BACKOFF, now_s, f"crash-loop backoff {backoff_s(worker.crash_count, cfg):g} s")
-        worker.step_id, worker.kill_sent_s, worker.failure_reason, worker.exit_code = "", 0.0, "", None
-        worker.busy, worker.vanished_at_s, worker.terminated_by_signal = False, 0.0, False
+        _forget_step(worker)
+
+
+def _forget_step(worker: Worker) -> None:
+    """Clear what belonged to the step that ended."""
+    worker.step_id, worker.kill_sent_s, worker.failure_reason, worker.exit_code = "", 0.0, "", None
+    worker.busy, worker.vanished_at_s, worker.terminated_by_signal = False, 0.0, False
 
 
 def _word_on_why_may_follow(worker: Worker, cfg: ReconcileConfig, now_s: float) -> bool:
