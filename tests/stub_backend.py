@@ -18,10 +18,14 @@ class ListedSteps:
         self.steps: list[StepInfo] = list(steps or [])
         self.job_nodes: tuple[str, ...] = ()
         self.job_info_calls = 0
+        self.comment = ""
+
+    def set_job_comment(self, job_id: int, comment: str) -> None:
+        self.comment = comment
 
     def job_info(self, job_id: int) -> JobInfo:
         self.job_info_calls += 1
-        return JobInfo(job_id, "train", "RUNNING", self.job_nodes, (self.job_nodes or ("",))[0], "", "me", "gpu")
+        return JobInfo(job_id, "train", "RUNNING", self.job_nodes, (self.job_nodes or ("",))[0], self.comment, "me", "gpu")
 
     def list_steps(self, job_id: int) -> list[StepInfo]:
         return list(self.steps)

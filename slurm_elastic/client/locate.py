@@ -72,6 +72,12 @@ class JobHandle:
     info: dict[str, Any]
 
 
+def job_comment(state_dir: Path) -> str:
+    """The Slurm comment a controller sets on its job: how the CLI, the epilog and a restarted
+    controller find the job's state directory from the job alone."""
+    return f"{COMMENT_PREFIX}{state_dir}"
+
+
 def state_dir_from_comment(comment: str) -> Path | None:
     if comment.startswith(COMMENT_PREFIX):
         return Path(comment.removeprefix(COMMENT_PREFIX).strip())

@@ -8,7 +8,7 @@ import threading
 from pathlib import Path
 
 from slurm_elastic import __version__
-from slurm_elastic.client.locate import COMMENT_PREFIX
+from slurm_elastic.client.locate import job_comment
 from slurm_elastic.controller.beats import HeartbeatEndpoint
 from slurm_elastic.controller.config import ElasticConfig
 from slurm_elastic.controller.files import ensure_token, previous_port, publish
@@ -31,7 +31,6 @@ from slurm_elastic.controller.weights import WeightsPusher
 from slurm_elastic.errors import SlurmError
 from slurm_elastic.rollouts.queue import QueueConfig, RolloutQueue
 from slurm_elastic.rollouts.store import RolloutStore
-from slurm_elastic.slurm.cli_backend import set_job_comment
 
 log = logging.getLogger(__name__)
 
@@ -104,8 +103,8 @@ def run_controller(config: ElasticConfig, stop: threading.Event) -> None:
     ctl.controller_url = server.url
     publish(state_dir, server.url, job_id)
     try:
-        set_job_comment(job_id, f"{COMMENT_PREFIX}{state_dir}")
-    except SlurmError as exc:  # a convenience for the CLI, never fatal
+        backend.set_job_comment(job_id, job_comment(state_dir))
+    except SlurmError as exc:  # never fatal: each allocation check tries again
         log.warning("could not record the state directory in the job comment: %s", exc)
     log.info("controller for job %d at %s (state %s)", job_id, server.url, state_dir)
     try:

@@ -13,6 +13,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from slurm_elastic.client.locate import job_comment
 from slurm_elastic.controller.base import STATE_REFRESH_S
 from slurm_elastic.controller.control_plane import ControlPlane, UnknownWorkerError
 from slurm_elastic.controller.pause_watch import PauseWatch
@@ -121,15 +122,18 @@ class Controller(ControlPlane, StatusViews):
                                            f"{w.job_id or self.job_id}.{w.step_id}"))
 
     def check_allocation(self, now_s: float) -> None:
-        """Read the job's nodes from Slurm. A node that left the running job (a failed node of a
-        ``--no-kill`` job, or ``scontrol update jobid=J NumNodes=N``; Slurm never gives one back) gets
-        no more workers or agents, its cordons and samples are dropped, and status names it."""
+        """Read the job's nodes and comment from Slurm. A node that left the running job (a failed
+        node of a ``--no-kill`` job, or ``scontrol update jobid=J NumNodes=N``; Slurm never gives one
+        back) gets no more workers or agents, its cordons and samples are dropped, and status names
+        it. A comment that no longer names the state directory is set again."""
         self.allocation_checked_s, self.allocation_check_due = now_s, False
         try:
             job = self.backend.job_info(self.job_id)
         except SlurmElasticError as exc:
             self._record_error("allocation", str(exc))
             return
+        if job.is_running and job.comment != job_comment(self.state_dir):
+            self.restore_job_comment(job.comment)
         own = self.allocations[0].gpus_by_node
         gone = sorted(set(own) - set(job.nodes)) if job.is_running and job.nodes else []
         if not gone:
@@ -144,6 +148,21 @@ class Controller(ControlPlane, StatusViews):
                             "shrunk); its %d GPUs get no more workers, the job runs on with %s", node, self.job_id,
                             len(own[node]), ",".join(kept) or "no node")
             self.save()
+
+    def restore_job_comment(self, found: str) -> None:
+        """Set the job's comment back to the state directory: the CLI, the epilog (a burst job's
+        cleanup) and a restarted controller find the job's state through it."""
+        wanted = job_comment(self.state_dir)
+        try:
+            self.backend.set_job_comment(self.job_id, wanted)
+        except SlurmElasticError as exc:
+            self._record_error("comment", f"could not set the job's comment back to {wanted!r}: {exc}")
+            return
+        if found:
+            message = (f"the job's Slurm comment read {found!r}; set back to {wanted!r}, through which "
+                       "`slurm-elastic status`, the epilog and a restarted controller find this job's state")
+            log.warning("%s", message)
+            self._record_error("comment", message)
 
     def tick(self) -> TickResult:
         """Observe, decide, act, persist. Never raises for Slurm trouble."""

@@ -82,6 +82,10 @@ class SlurmBackend(Protocol):
         """The job's state, nodes, batch host and comment. Raises SlurmError if unknown."""
         ...
 
+    def set_job_comment(self, job_id: int, comment: str) -> None:
+        """Set the job's comment (``scontrol update``). Raises SlurmError if Slurm refuses."""
+        ...
+
     def launch_step(self, spec: StepSpec, launcher_log: Path) -> int:
         """Start ``srun`` detached (own session); returns the launcher's pid."""
         ...

@@ -68,6 +68,9 @@ class SlurmCli:
             raise SlurmError(f"job {job_id} is unknown to Slurm (finished long ago, or never existed)")
         return jobs[0]
 
+    def set_job_comment(self, job_id: int, comment: str) -> None:
+        set_job_comment(job_id, comment, timeout_s=self.timeout_s)
+
     def launch_step(self, spec: StepSpec, launcher_log: Path) -> int:
         env = {**step_launch_environ(os.environ, spec.job_id), **spec.env}
         return spawn_detached(build_srun_argv(spec), log_path=launcher_log, env=env)

@@ -240,6 +240,9 @@ class PySlurm:
     def cancel_job(self, job_id: int) -> None:
         self._cli.cancel_job(job_id)
 
+    def set_job_comment(self, job_id: int, comment: str) -> None:
+        self._cli.set_job_comment(job_id, comment)
+
     def _load_step(self, job_id: int, step_id: str) -> Any:
         """The loaded step, or None when it no longer exists (it ended: nothing to signal)."""
         key: int | str = int(step_id) if step_id.isdigit() else step_id

@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from slurm_elastic.cli import main
+from slurm_elastic.slurm.cli_backend import SlurmCli
 from slurm_elastic.slurm.runner import run_command
 from tests.cluster.controller_harness import ControllerJob, wait_for
 
@@ -62,6 +63,20 @@ def test_status_shows_the_live_queues_buffer_line(job: ControllerJob) -> None:
     assert code == 0, out
     assert (f"buffer: 4/32 sequences  staleness capacity {queue['staleness_capacity']}  trainer version 3"
             "  delivered 8\n") in out
+
+
+def test_an_overwritten_job_comment_is_set_back(job: ControllerJob) -> None:
+    """An operator's ``scontrol update Comment=`` hides the state directory from the CLI (and the
+    epilog, and a restarted controller) until the controller's next allocation check sets it back."""
+    run_command(["scontrol", "update", f"JobId={job.job_id}", "Comment=my own note"])
+    code, out = cli("status", str(job.job_id))
+    assert code != 0 and "Traceback" not in out, out
+    wait_for(lambda: SlurmCli().job_info(job.job_id).comment == f"slurm-elastic:{job.state_dir}", 45,
+             "the controller to set the comment back")
+    code, out = cli("status", str(job.job_id), "--json")
+    assert code == 0, out
+    errors = [e["error"] for e in json.loads(out)["controller"]["errors"] if e["where"] == "comment"]
+    assert len(errors) == 1 and "'my own note'" in errors[0], errors
 
 
 def test_wake_all_pause_resume_drain_cordon(job: ControllerJob) -> None:

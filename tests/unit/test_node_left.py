@@ -127,3 +127,26 @@ def test_a_damaged_left_nodes_record_is_noted_and_not_restored(tmp_path: Path) -
     restarted, _, _ = make_controller(tmp_path)
     assert restarted.status()["left_nodes"] == []
     assert any("left_nodes" in note for note in restarted.state_notes)
+
+
+def test_a_job_comment_someone_overwrote_is_set_back_and_said(tmp_path: Path) -> None:
+    """The comment names the state directory for the CLI, the epilog and a restarted controller."""
+    controller, backend, clock = make_controller(tmp_path)
+    backend.comment = "my own note"
+    clock.now_s += ALLOCATION_CHECK_S
+    controller.tick()
+    assert backend.comment == f"slurm-elastic:{tmp_path}"
+    [error] = [e["error"] for e in controller.status()["errors"] if e["where"] == "comment"]
+    assert "'my own note'" in error
+
+    def refuse(job_id: int, comment: str) -> None:
+        raise SlurmError("scontrol: Access/permission denied")
+
+    backend.comment = ""
+    backend.set_job_comment = refuse  # type: ignore[method-assign]
+    clock.now_s += ALLOCATION_CHECK_S
+    controller.tick()  # a refusal is shown, never fatal, and tried again at the next check
+    assert "permission denied" in controller.status()["errors"][-1]["error"]
+    clock.now_s += ALLOCATION_CHECK_S
+    controller.tick()
+    assert [e["where"] for e in controller.status()["errors"]].count("comment") == 3
