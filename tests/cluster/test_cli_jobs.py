@@ -41,6 +41,10 @@ def test_status_table_and_json(job: ControllerJob) -> None:
     doc = json.loads(out)
     assert doc["schema_version"] == 1 and doc["controller_reachable"] is True
     assert doc["controller"]["workers_by_state"]["ACTIVE"] == 2
+    slots = doc["controller"]["usable_slots"]
+    code, out = cli("scale", str(job.job_id), "100000")  # more than the job's GPUs: said, not refused
+    assert code == 0 and json.loads(out)["note"].startswith(f"100000 workers asked; {slots} GPU slots are usable now"), out
+    assert f"target: 100000 workers (paused; only {slots} GPU slots usable now)" in cli("status", str(job.job_id))[1]
 
 
 @pytest.mark.parametrize("job", [{"queue": {"batch_size": 8, "capacity_seqs": 32, "max_staleness": 1}}], indirect=True)
