@@ -84,6 +84,8 @@ class ControlPlane(ControllerBase):
             worker = self.state.workers.get(worker_id)
             if worker is None or not worker.has_step:
                 raise UnknownWorkerError(worker_id)
+            if info.get("rank"):
+                return self._rank_failed(worker, int(info["rank"]), info.get("exit_code"))
             worker.last_heartbeat_s = self.clock()
             self.heartbeats += 1
             if "busy" in info:
@@ -106,6 +108,16 @@ class ControlPlane(ControllerBase):
                 not self.is_server or worker.drain_signaled)
             # a record still STARTING (e.g. restored from before its registration was saved): ask again
             return {"drain": drain, "hold": worker.placeholder, "register": worker.state is S.STARTING}
+
+    def _rank_failed(self, worker: Worker, rank: int, exit_code: int | None) -> dict[str, Any]:
+        """Another task of the worker's step says its command failed on its own (no SIGTERM, drain or
+        interrupt came first): srun now ends the step, and its end is a crash of the worker, however
+        rank 0 reports it."""
+        if exit_code and not worker.failure_reason:
+            worker.failure_reason = f"its task {rank} exited with code {exit_code}"
+            log.warning("worker %s: %s; the step ends", worker.worker_id, worker.failure_reason)
+            self.save()
+        return {"drain": False, "hold": False, "register": False}
 
     def _record_busy_s(self, worker_id: str, busy_s: float) -> None:
         """A worker's cumulative seconds inside rollouts: the increase goes into the busy meter."""

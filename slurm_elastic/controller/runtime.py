@@ -106,18 +106,17 @@ class Controller(ControlPlane, StatusViews):
 
     def cancelled_worker_ids(self, steps: list[StepInfo]) -> frozenset[str]:
         """Workers whose step left the listing because someone cancelled it: slurmstepd wrote
-        ``*** STEP J.S ON node CANCELLED AT ... ***`` to the step's output, and either the wrapper
-        reported no exit code (``scancel J.S`` kills it outright) or, in a one-task step, it reported
-        the exit that followed a SIGTERM (``scancel --signal=TERM J.S``). A step srun ends because one
-        of its tasks failed gets the same line; its own task reports the failure without a SIGTERM,
-        and in a step of several tasks srun's SIGTERM to the others looks like an operator's, so
-        there only an unreported exit counts as a cancel."""
+        ``*** STEP J.S ON node CANCELLED AT ... ***`` to the step's output, and the wrapper reported
+        no exit code (``scancel J.S`` kills it outright) or the exit that followed a SIGTERM
+        (``scancel --signal=TERM J.S``). A step srun ends because one of its tasks failed gets the
+        same line, and srun's SIGTERM to the other tasks looks like an operator's; the failed task
+        says so first (rank 0 in its exit, another task through :meth:`_rank_failed`, which sets
+        ``failure_reason``), so that end counts as a crash."""
         listed = {worker_id_of_step(st.name) for st in steps}
-        one_task = self.config.workers.tasks_per_node == 1
         return frozenset(
             w.worker_id for w in self.state.workers.values()
             if w.step_id and w.has_step and w.worker_id not in listed and not w.failure_reason
-            and (w.exit_code is None or (w.terminated_by_signal and one_task and len(w.all_nodes) <= 1))
+            and (w.exit_code is None or w.terminated_by_signal)
             and step_output_says_cancelled(self.state_dir / "logs" / f"worker-{w.worker_id}.out",
                                            f"{w.job_id or self.job_id}.{w.step_id}"))
 

@@ -189,7 +189,7 @@ def _handle_vanished(workers: dict[str, Worker], by_id: dict[str, ObservedStep],
             transition(worker, S.INACTIVE, now_s, "step ended after drain")
         elif worker.placeholder:
             transition(worker, S.INACTIVE, now_s, "placeholder released")
-        elif worker.exit_code == 0 and worker.state is not S.DRAINING:
+        elif worker.exit_code == 0 and worker.state is not S.DRAINING and not worker.failure_reason:
             transition(worker, S.INACTIVE, now_s, EXITED_CLEANLY)
         elif worker.worker_id in cancelled and not worker.failure_reason:  # by someone else: not its GPU's fault
             transition(worker, S.FAILED, now_s, CANCELLED_BY_SOMEONE_ELSE)

@@ -107,7 +107,7 @@ def run_wrapped(
     """Register, then run ``command`` (or hold as a placeholder) until it exits; returns its exit code."""
     flags = flags or Flags()
     if ctx.rank > 0:
-        return run_secondary(command, ctx, register, flags, register_timeout_s)
+        return run_secondary(command, ctx, register, flags, register_timeout_s, heartbeat)
     port = free_port()
     info = {**ctx.registration(), "endpoint": ""}
     answer = register_with_retry(register, info, time.monotonic() + register_timeout_s, flags)
@@ -191,9 +191,11 @@ def _supervise(child: subprocess.Popen[bytes], ctx: StepContext, register: Call,
 
 
 def run_secondary(command: list[str], ctx: StepContext, register: Call, flags: Flags,
-                  register_timeout_s: float = 300.0) -> int:
+                  register_timeout_s: float = 300.0, heartbeat: Call | None = None) -> int:
     """A task above rank 0 of a multi-node step: report where it is, run CMD, forward a drain or
-    a SIGTERM to it, exit with its code (no heartbeats: rank 0 speaks for the step)."""
+    a SIGTERM to it, exit with its code (no heartbeats: rank 0 speaks for the step). A CMD that
+    fails on its own (no signal came first) is reported before the exit: srun then stops the
+    step's other tasks with a SIGTERM, and the controller counts a crash, not a cancel."""
     answer = register_with_retry(register, ctx.registration(), time.monotonic() + register_timeout_s, flags)
     if answer.get("action") in ("hold", "drain"):  # a placeholder's other nodes only hold their GPUs
         while not flags.terminate.is_set() and not flags.drain.is_set():
@@ -205,15 +207,21 @@ def run_secondary(command: list[str], ctx: StepContext, register: Call, flags: F
     except OSError as exc:
         log.error("cannot start worker command %s: %s", argv[0], exc)
         return 127
-    forwarded = False
+    forwarded = stopped = False
     while (code := child.poll()) is None:
         if flags.terminate.is_set():
             child.send_signal(signal.SIGTERM)
             flags.terminate.clear()
+            stopped = True
         if flags.drain.is_set() and not forwarded:
             child.send_signal(ctx.drain_signum)
             forwarded = True
         time.sleep(0.05)
+    if code != 0 and not (stopped or forwarded or flags.signals_seen or flags.terminate.is_set()) and heartbeat:
+        try:
+            heartbeat({"rank": ctx.rank, "exit_code": max(-255, min(255, code))})
+        except (KeyError, SlurmElasticError) as exc:
+            log.warning("could not report exit code %d of task %d: %s", code, ctx.rank, exc)
     return code
 
 

@@ -1,6 +1,7 @@
 """Servers bigger than one node on the dev cluster (2 nodes x 4 fake GPUs): an 8-GPU server is one
 step over both nodes with one endpoint (task 0's), serves, drains (the signal reaches both tasks),
-and a lost task on the second node is a crash of the whole worker; 2-GPU servers take a pair of
+a lost task on the second node is a crash of the whole worker, and an operator's SIGTERM to the
+step is not; 2-GPU servers take a pair of
 GPUs each, two per node."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import pytest
 
 from slurm_elastic.router import Router
 from slurm_elastic.slurm.cli_backend import SlurmCli
+from slurm_elastic.slurm.runner import run_command
 from tests.cluster.controller_harness import ControllerJob, locate_in, wait_for
 
 pytestmark = pytest.mark.cluster
@@ -74,8 +76,25 @@ def test_an_8_gpu_server_that_loses_its_second_nodes_task_crashes_and_is_relaunc
         os.kill(int(second["pid"]), signal.SIGKILL)  # the engine's process on the second node dies
         crashed = wait_for(lambda: (w := job.status()["workers"]) and w[0]["crash_count"] == 1 and w[0], 30,
                            "the crash")
-        assert any("step ended unexpectedly" in h[3] for h in crashed["history"])
+        assert any("its task 1 exited with code -9" in h[3] for h in crashed["history"]), crashed["history"]
         job.active(1, timeout_s=40)  # relaunched after its backoff (same id, both nodes again)
+        c.scale(0)
+        job.active(0)
+
+
+@pytest.mark.parametrize("job", [servers(8)], indirect=True)
+def test_an_8_gpu_server_an_operator_sends_sigterm_is_relaunched_and_not_counted(job: ControllerJob) -> None:
+    """``scancel --signal=TERM J.S`` reaches both tasks, as srun's own SIGTERM after a failed task
+    would; no task failed by itself, so it is a cancel."""
+    with job.client() as c:
+        c.scale(1)
+        job.active(1)
+        (name, step_id), = job.worker_steps().items()
+        run_command(["scancel", "--signal=TERM", f"{job.job_id}.{step_id}"], check=False)  # 22.05: rc 225
+        wait_for(lambda: job.worker_steps().get(name) not in (None, step_id), 30, "the relaunch")
+        (worker,) = job.active(1, timeout_s=30)["workers"]
+        assert worker["crash_count"] == 0 and worker["launches"] == 2, worker
+        assert any("cancelled by someone else" in h[3] for h in worker["history"]), worker["history"]
         c.scale(0)
         job.active(0)
 

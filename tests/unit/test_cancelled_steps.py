@@ -4,8 +4,9 @@ real scancel is in tests/cluster/test_operator_scancel.py."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
+
+import pytest
 
 from slurm_elastic.controller.config import parse_config
 from slurm_elastic.controller.runtime import Controller, step_output_says_cancelled
@@ -26,10 +27,10 @@ def test_the_cancelled_line_of_this_step_and_no_other(tmp_path: Path) -> None:
 
 
 def cancel_the_step(tmp_path: Path, exit_code: int | None, terminated: bool = False,
-                    nodes: tuple[str, ...] = ("node1",)) -> Controller:
+                    nodes: tuple[str, ...] = ("node1",), other_task_exit: int | None = None) -> Controller:
     """A worker's step on ``nodes`` leaves the listing with Slurm's CANCELLED line in its output,
     after its wrapper reported ``exit_code`` (None: none, as when scancel kills it outright), and
-    whether a SIGTERM came before it."""
+    whether a SIGTERM came before it; ``other_task_exit``: task 1 reported its command's failure first."""
     config = parse_config({"agent": {"enabled": False}, "autoscaler": {"min_workers": 0}})
     backend = ListedSteps()
     controller = Controller(config, 7, backend, tmp_path, gpus_by_node={"node1": (0, 1)})  # type: ignore[arg-type]
@@ -40,6 +41,8 @@ def cancel_the_step(tmp_path: Path, exit_code: int | None, terminated: bool = Fa
     controller.tick()
     (tmp_path / "logs").mkdir(exist_ok=True)
     (tmp_path / "logs" / f"worker-{worker_id}.out").write_text(CANCELLED)
+    if other_task_exit is not None:
+        controller.heartbeat(worker_id, {"rank": 1, "exit_code": other_task_exit})
     heartbeat: dict[str, object] = {} if exit_code is None else {"exit_code": exit_code}
     if terminated:
         heartbeat["terminated_by_signal"] = True
@@ -120,14 +123,23 @@ def test_a_one_task_step_sent_sigterm_by_hand_is_not_counted(tmp_path: Path) -> 
     assert worker.crash_count == 0 and worker.launches == 2 and not worker.terminated_by_signal
 
 
-def test_a_step_of_two_nodes_that_saw_a_sigterm_still_counts(tmp_path: Path) -> None:
-    """srun sends SIGTERM to the other tasks of a step one of whose tasks failed: rank 0's report
-    cannot tell that from an operator's."""
-    controller = cancel_the_step(tmp_path, exit_code=241, terminated=True, nodes=("node1", "node2"))
-    controller.clock = lambda: time.time() + STEP_END_SETTLE_S  # it waited for Slurm's word as well
-    controller.tick()
+def test_a_step_of_two_nodes_sent_sigterm_by_hand_is_not_counted(tmp_path: Path) -> None:
+    controller = cancel_the_step(tmp_path, exit_code=-15, terminated=True, nodes=("node1", "node2"))
+    (worker,) = controller.workers.values()
+    assert worker.crash_count == 0 and worker.launches == 2
+
+
+@pytest.mark.parametrize("rank_0_exit", [-15, 0])
+def test_a_step_of_two_nodes_ended_by_srun_after_its_other_task_failed_counts(tmp_path: Path,
+                                                                              rank_0_exit: int) -> None:
+    """srun sends SIGTERM to the other tasks of a step one of whose tasks failed, which rank 0 cannot
+    tell from an operator's; the failed task reported first, so the end is a crash, even where rank
+    0's command took the SIGTERM as a clean stop (exit 0)."""
+    controller = cancel_the_step(tmp_path, exit_code=rank_0_exit, terminated=True, nodes=("node1", "node2"),
+                                 other_task_exit=9)
     (worker,) = controller.workers.values()
     assert worker.crash_count == 1
+    assert "its task 1 exited with code 9" in worker.history[-2][3]
 
 
 def test_a_one_task_step_whose_command_failed_by_itself_counts(tmp_path: Path) -> None:

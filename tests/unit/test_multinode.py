@@ -254,3 +254,27 @@ def test_a_task_above_rank_0_reports_once_runs_the_command_and_forwards_the_drai
     assert run_secondary([sys.executable, "-c", script], ctx, register, flags) == 0
     assert marker.exists() and [(r["rank"], r["node"], r["gpus"]) for r in reports] == [(1, "n2", [0, 1])]
     assert ctx.drain_signum == signal.SIGUSR1
+
+
+@pytest.mark.parametrize(("script", "stop", "reported"), [
+    ("import sys; sys.exit(3)", None, [{"rank": 1, "exit_code": 3}]),  # its own failure: said before the exit
+    ("import time; time.sleep(30)", "terminate", []),  # srun's (or an operator's) SIGTERM came first
+    ("import signal,sys,time; signal.signal(signal.SIGUSR1, lambda *a: sys.exit(1)); time.sleep(30)", "drain", []),
+    ("import sys; sys.exit(0)", None, []),
+])
+def test_a_task_above_rank_0_reports_only_a_failure_of_its_own(script: str, stop: str | None,
+                                                               reported: list[dict[str, Any]]) -> None:
+    ctx = StepContext("0001", "http://x", "", 5.0, "USR1", "n2", (0, 1), "5", "7", rank=1)
+    flags, beats = Flags(), []
+
+    def register(info: dict[str, Any]) -> dict[str, Any]:
+        if stop:
+            threading.Timer(0.5, getattr(flags, stop).set).start()
+        return {"action": "run"}
+
+    def heartbeat(info: dict[str, Any]) -> dict[str, Any]:
+        beats.append(info)
+        return {}
+
+    run_secondary([sys.executable, "-c", script], ctx, register, flags, heartbeat=heartbeat)
+    assert beats == reported
