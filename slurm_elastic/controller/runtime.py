@@ -155,8 +155,11 @@ class Controller(ControlPlane, StatusViews):
         try:
             self.backend.set_job_comment(self.job_id, wanted)
         except SlurmElasticError as exc:
-            self._record_error("comment", f"could not set the job's comment back to {wanted!r}: {exc}")
+            if str(exc) != self.comment_refusal:  # said once, not at every allocation check
+                self.comment_refusal = str(exc)
+                self._record_error("comment", f"could not set the job's comment back to {wanted!r}: {exc}")
             return
+        self.comment_refusal = ""
         if found:
             message = (f"the job's Slurm comment read {found!r}; set back to {wanted!r}, through which "
                        "`slurm-elastic status`, the epilog and a restarted controller find this job's state")
