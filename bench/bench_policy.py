@@ -31,9 +31,9 @@ from slurm_elastic.sim.trace import Trace
 
 TRACES = Path(__file__).resolve().parent.parent / "examples" / "traces"
 TRACE_NAMES = ("steady", "bursty", "phase_shift", "failures", "eval_pauses", "long_warmup", "checkpoint_stalls",
-               "big_batch_pareto", "fixed_rollouts_faster_trainer")
+               "big_batch_pareto", "fixed_rollouts_faster_trainer", "irregular_pauses")
 HELD_OUT = ("ramp", "speedup_bursts", "sine_trainer", "shrinking_episodes", "wide_groups_exponential",
-            "many_slots_concise", "irregular_pauses", "drifting_rollouts",
+            "many_slots_concise", "drifting_rollouts",
             "agentic_long_tail", "concise_then_verbose")  # written after the policy was tuned
 METRICS = ("trainer_idle_fraction", "gpu_seconds", "max_staleness", "scale_actions", "reversals")
 SLACKS_FULL = (0.0, 0.02, 0.05, 0.1, 0.2)

@@ -51,6 +51,7 @@ from typing import Any
 
 from slurm_elastic.core.autoscaler_config import AutoscalerConfig
 from slurm_elastic.core.speedup import SPEEDUP_LOOKBACK_S, UsualCount, speedup_resize
+from slurm_elastic.core.stalls import StallMemory
 from slurm_elastic.core.startup import measured, sizing_step, startup_recommendation
 
 
@@ -145,6 +146,9 @@ class Autoscaler:
     starting: bool = False  # the start-up decided, and its sizing step is still to come
     direct_step: bool = False  # this decision is a speed-up resize (no votes, stable period or step cap)
     usual: UsualCount | None = None  # the count at the trainer's normal pace (core.speedup)
+    stalls: StallMemory = field(default_factory=StallMemory)  # the trainer's recurring stalls (core.stalls)
+    lead_s: float | None = None  # a new worker's launch to its first rollout, measured at the start-up
+    first_seen_s: float | None = None  # the first decision of a job's start-up (None: not seen)
 
     def decide(self, x: PressureInputs, now_s: float) -> Decision:
         """One decision; its reason names, in plain words, the pressure and whatever term, bound,
@@ -242,6 +246,11 @@ class Autoscaler:
         dt = 0.0 if self.last_now_s is None else max(0.0, now_s - self.last_now_s)
         d_queued = 0.0 if self.last_queued is None or dt == 0 else (x.queued_seqs - self.last_queued) / dt
         self.last_now_s, self.last_queued = now_s, x.queued_seqs
+        if self.lead_s is None and not self.ramped:  # the start-up measures a worker's lead time
+            if self.first_seen_s is None:
+                self.first_seen_s = now_s
+            elif _positive(x.per_worker_seqs_per_s):
+                self.lead_s = now_s - self.first_seen_s
         if not self.ramped and measured(x):
             self.ramped = True
             if self.starting:  # a start-up ran: it ends with one sizing step
@@ -253,6 +262,12 @@ class Autoscaler:
             self.direct_step = True
             self.integral = max(self.integral, 0.0)  # what the stall wound down no longer holds
             return float(jump[0]), f"{_pressure_words(x.queued_seqs, setpoint)}; {jump[1]}", (error, None, None, None)
+        stall = self.stalls.advice(now_s, self.lead_s, self.usual.workers, current) if self.usual else None
+        if stall is not None:  # a recurring stall: its workers back before it ends, then held
+            if stall[0] is None:
+                return None, stall[1], (error, None, None, None)
+            self.direct_step = True
+            return float(stall[0]), f"{_pressure_words(x.queued_seqs, setpoint)}; {stall[1]}", (error, None, None, None)
         full = None
         if x.staleness_capacity_seqs is not None and x.staleness_capacity_seqs <= 0:
             full = "staleness bound reached (capacity 0)"
@@ -303,6 +318,8 @@ class Autoscaler:
             else:
                 self.usual.observe(current, demand, now_s)
         latest, rate = _positive(x.trainer_latest_demand_seqs_per_s), _positive(x.per_worker_seqs_per_s)
+        if latest is not None and self.usual is not None:
+            self.stalls.observe(latest, self.usual.demand_seqs_per_s, now_s)
         if latest is None or rate is None:
             return None
         recent = [then for t, _r, then in self.window if then is not None and now_s - t <= SPEEDUP_LOOKBACK_S]
@@ -329,7 +346,8 @@ class Autoscaler:
                 "window": [list(w) for w in self.window], "held_dir": self.held_dir, "ramped": self.ramped,
                 "starting": self.starting,
                 "usual": None if self.usual is None else [self.usual.workers, self.usual.demand_seqs_per_s,
-                                                          self.usual.at_s]}
+                                                          self.usual.at_s],
+                "stalls": self.stalls.to_state(), "lead_s": self.lead_s}
 
     @classmethod
     def from_state(cls, config: AutoscalerConfig, state: Mapping[str, Any]) -> Autoscaler:
@@ -350,4 +368,7 @@ class Autoscaler:
         scaler.starting = bool(state.get("starting", False))
         usual = state.get("usual")
         scaler.usual = None if usual is None else UsualCount(float(usual[0]), float(usual[1]), float(usual[2]))
+        scaler.stalls = StallMemory.from_state(state.get("stalls"))
+        lead = state.get("lead_s")
+        scaler.lead_s = float(lead) if isinstance(lead, (int, float)) and lead > 0 else None
         return scaler
