@@ -34,7 +34,8 @@ action. The trainer's demand is batch_size / its compute time per step, measured
 (core.rates.TrainerSteps). Workers still starting count as capacity,
 draining ones do not, so nothing is counted twice. Before the rates are measured the start-up
 (core.startup) decides, and one sizing step hands over to this law. A trainer back from a stall
-gets the count it needs in one step (core.speedup), before the full bounds are looked at.
+gets the count it needs in one step (core.speedup), before the full bounds are looked at, and a
+trainer whose stalls recur alike gets it a worker's lead time before one ends (core.stalls).
 
 For inference servers a second source, the load ratio L = outstanding / (active · capacity),
 recommends ceil(outstanding / (capacity · scale_up_threshold)) workers when L leaves the
