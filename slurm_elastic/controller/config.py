@@ -35,6 +35,9 @@ class ControllerSection(_Section):
     """Where the controller keeps its state and how often it reconciles."""
 
     tick_interval_s: float = Field(d.TICK_INTERVAL_S, gt=0, le=600, description="Seconds between reconcile ticks.")
+    allocation_check_s: float = Field(d.ALLOCATION_CHECK_S, gt=0, le=3600, description="Seconds between two reads of "
+                                      "the job's nodes (a node that left it) and comment (set back if someone "
+                                      "changed it); a worker step that ended unasked also triggers one.")
     state_dir: str = Field("", description="State directory; default ~/.slurm-elastic/jobs/<cluster>/<job id>; {cluster} and {job_id} are filled in.")
     listen_host: str = Field("", description="Address to serve the API on; default: this host's name.")
     listen_port: int = Field(0, ge=0, le=65535, description="API port; 0: the port of the job's previous controller if it is free again, else any free one.")

@@ -20,7 +20,6 @@ from slurm_elastic.controller.pause_watch import PauseWatch
 from slurm_elastic.controller.step_specs import foreign_gpus_by_node
 from slurm_elastic.controller.views import StatusViews
 from slurm_elastic.core.cordons import CordonChange
-from slurm_elastic.core.defaults import ALLOCATION_CHECK_S
 from slurm_elastic.core.lifecycle import WorkerState
 from slurm_elastic.core.naming import AGENT_PREFIX, worker_id_of_step
 from slurm_elastic.core.placement import Allocation
@@ -168,7 +167,8 @@ class Controller(ControlPlane, StatusViews):
 
     def tick(self) -> TickResult:
         """Observe, decide, act, persist. Never raises for Slurm trouble."""
-        if self.allocation_check_due or self.clock() - self.allocation_checked_s >= ALLOCATION_CHECK_S:
+        if (self.allocation_check_due
+                or self.clock() - self.allocation_checked_s >= self.config.controller.allocation_check_s):
             self.check_allocation(self.clock())
         running_burst = self.observe_burst()
         steps = self.observe(tuple(sorted(running_burst)))

@@ -69,13 +69,14 @@ def test_status_shows_the_live_queues_buffer_line(job: ControllerJob) -> None:
             "  delivered 8\n") in out
 
 
+@pytest.mark.parametrize("job", [{"controller": {"allocation_check_s": 2.0}}], indirect=True)
 def test_an_overwritten_job_comment_is_set_back(job: ControllerJob) -> None:
     """An operator's ``scontrol update Comment=`` hides the state directory from the CLI (and the
     epilog, and a restarted controller) until the controller's next allocation check sets it back."""
     run_command(["scontrol", "update", f"JobId={job.job_id}", "Comment=my own note"])
     code, out = cli("status", str(job.job_id))
     assert code != 0 and "Traceback" not in out, out
-    wait_for(lambda: SlurmCli().job_info(job.job_id).comment == f"slurm-elastic:{job.state_dir}", 45,
+    wait_for(lambda: SlurmCli().job_info(job.job_id).comment == f"slurm-elastic:{job.state_dir}", 20,
              "the controller to set the comment back")
     code, out = cli("status", str(job.job_id), "--json")
     assert code == 0, out
