@@ -104,6 +104,10 @@ class Router:
             try:
                 view = self._control.endpoints(self._version, self.poll_wait_s, self.latest_weights_only)
                 delay_s = 0.2
+            except RuntimeError:  # httpx's "client has been closed": close() came between the check and the call
+                if self._stop.is_set():
+                    return
+                raise
             except (ControllerUnreachableError, SlurmElasticError, KeyError) as exc:
                 log.debug("discovery: %s (keeping %d known endpoints)", exc, len(self._endpoints))
                 self._follow_controller()
@@ -208,6 +212,9 @@ class Router:
             totals = (self.sent, self.retried, self.failed)
         try:
             self._control.report_load(self.client_id, outstanding, *totals)
+        except RuntimeError:  # httpx's "client has been closed": the router closed under this report
+            if not self._stop.is_set():
+                raise
         except (SlurmElasticError, KeyError) as exc:
             log.debug("load report failed: %s", exc)
 
