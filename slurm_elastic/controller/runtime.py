@@ -131,7 +131,7 @@ class Controller(ControlPlane, StatusViews):
             self._record_error("allocation", str(exc))
             return
         if job.is_running and job.comment != job_comment(self.state_dir):
-            self.restore_job_comment(job.comment)
+            self._restore_job_comment(job.comment)
         own = self.allocations[0].gpus_by_node
         gone = sorted(set(own) - set(job.nodes)) if job.is_running and job.nodes else []
         if not gone:
@@ -147,7 +147,7 @@ class Controller(ControlPlane, StatusViews):
                             len(own[node]), ",".join(kept) or "no node")
             self.save()
 
-    def restore_job_comment(self, found: str) -> None:
+    def _restore_job_comment(self, found: str) -> None:
         """Set the job's comment back to the state directory: the CLI, the epilog (a burst job's
         cleanup) and a restarted controller find the job's state through it."""
         wanted = job_comment(self.state_dir)
