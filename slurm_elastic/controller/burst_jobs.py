@@ -27,7 +27,7 @@ from slurm_elastic.core.burst import (
 )
 from slurm_elastic.render import render_burst_script
 from slurm_elastic.slurm.backend import SlurmBackend
-from slurm_elastic.slurm.cli_backend import job_gpus_by_node, set_job_comment
+from slurm_elastic.slurm.cli_backend import job_gpus_by_node
 from slurm_elastic.slurm.parse import QueuedJob
 
 log = logging.getLogger(__name__)
@@ -83,9 +83,17 @@ class BurstJobs:
         log.info("submitted burst job %d for job %d", job_id, self.parent_job_id)
         return job_id
 
+    def named(self) -> list[QueuedJob]:
+        """The jobs Slurm lists under this parent's burst-job name, whatever their comment. One squeue call."""
+        return self.backend.list_jobs_named(self.name)
+
     def listed(self) -> list[QueuedJob]:
         """This parent's burst jobs Slurm still lists (name and comment both match). One squeue call."""
-        return [j for j in self.backend.list_jobs_named(self.name) if parent_of_comment(j.comment) == self.parent_job_id]
+        return [j for j in self.named() if self.is_ours(j)]
+
+    def is_ours(self, job: QueuedJob) -> bool:
+        """Whether a listed job's comment names this parent (a look-alike's does not)."""
+        return parent_of_comment(job.comment) == self.parent_job_id
 
     def cancel(self, job_id: int) -> None:
         log.info("cancelling burst job %d of job %d", job_id, self.parent_job_id)
@@ -93,7 +101,10 @@ class BurstJobs:
 
     def mark_released(self, job_id: int, released: bool) -> None:
         """Record in the job's comment that it is being emptied (or is needed again)."""
-        set_job_comment(job_id, burst_job_comment(self.parent_job_id, released))
+        self.set_comment(job_id, burst_job_comment(self.parent_job_id, released))
+
+    def set_comment(self, job_id: int, comment: str) -> None:
+        self.backend.set_job_comment(job_id, comment)
 
     def gpus_by_node(self, job_id: int) -> dict[str, tuple[int, ...]]:
         """The GPU indexes a running burst job holds on each node (``scontrol show job -d``: this one job)."""

@@ -3,7 +3,8 @@
 Slurm holds all the state: which jobs exist (name and comment), which run, and which are being
 emptied (the comment's ``released`` mark), so a restarted controller adopts its burst jobs from
 the first listing and duplicates none. What the manager keeps in memory is only derived: the GPU
-indexes of running jobs (read once per job), the time of the last submission, counters.
+indexes of running jobs (read once per job), the comment it last gave each job (one that someone
+overwrote is set back), the time of the last submission, counters.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from slurm_elastic.core.burst import (
     BurstDecision,
     BurstJob,
     BurstPolicy,
+    burst_job_comment,
     decide_burst,
     is_released_comment,
     lost_jobs,
@@ -56,18 +58,42 @@ class BurstManager:
         self._last_seen_s: float | None = None
         self._ending: set[int] = set()
         self._given_back: set[int] = set()  # jobs this controller cancelled or released: not lost when they end
+        self._comments: dict[int, str] = {}  # job -> the comment this controller submitted, adopted or set
+        self._comment_refusals: dict[int, str] = {}  # job -> why Slurm refused to set its comment back
 
     # ---- observe -------------------------------------------------------------------------------
     def observe(self) -> bool:
         """List the burst jobs (one call); on failure keep the last view. Returns whether it worked."""
         try:
-            self.listed = self.jobs.listed()
+            named = self.jobs.named()
         except SlurmError as exc:
             self._error(f"listing burst jobs failed: {exc}")
             return False
+        self.listed = [self._own(j) for j in named if self.jobs.is_ours(j) or j.job_id in self._comments]
         known = {j.job_id for j in self.listed}
         self._gpus = {k: v for k, v in self._gpus.items() if k in known}
+        self._comments = {k: v for k, v in self._comments.items() if k in known}
         return True
+
+    def _own(self, job: QueuedJob) -> QueuedJob:
+        """A job of this parent as listed: its comment recorded, or set back to the recorded one
+        when someone overwrote it (``scontrol update ... Comment=``): the epilog, ``stop`` and a
+        restarted controller find burst jobs by that comment."""
+        if self.jobs.is_ours(job):
+            self._comments[job.job_id] = job.comment
+            return job
+        wanted = self._comments[job.job_id]
+        try:
+            self.jobs.set_comment(job.job_id, wanted)
+        except SlurmError as exc:
+            if self._comment_refusals.get(job.job_id) != str(exc):  # said once, not at every tick
+                self._comment_refusals[job.job_id] = str(exc)
+                self._error(f"setting burst job {job.job_id}'s comment back to {wanted!r} failed: {exc}")
+        else:
+            self._comment_refusals.pop(job.job_id, None)
+            log.warning("burst job %d's Slurm comment read %r; set back to %r, through which the epilog, "
+                        "`slurm-elastic stop` and a restarted controller find it", job.job_id, job.comment, wanted)
+        return replace(job, comment=wanted)
 
     @property
     def releasing(self) -> frozenset[int]:
@@ -102,7 +128,7 @@ class BurstManager:
         self.counters.lost += len(new_ending)  # preempted or at its time limit: lost to the pool
         self._ending = (self._ending | new_ending) & listed_ids
         for job_id in sorted(self._ending - self.releasing):
-            self._try(f"release ending burst job {job_id}", lambda j=job_id: self.jobs.mark_released(j, True))
+            self._mark(job_id, True, "ending ")
         current = core_jobs(self.listed, self.policy.worker_slots_per_job, workers_by_job, draining_by_job)
         releasing = self.releasing | self._ending
         self._given_back |= releasing
@@ -119,12 +145,15 @@ class BurstManager:
             self._try(f"cancel burst job {job_id}", lambda j=job_id: self.jobs.cancel(j))
             self.counters.cancelled += 1
         for job_id in decision.release:
-            self._try(f"release burst job {job_id}", lambda j=job_id: self.jobs.mark_released(j, True))
+            self._mark(job_id, True)
         for job_id in decision.keep:
-            self._try(f"keep burst job {job_id}", lambda j=job_id: self.jobs.mark_released(j, False))
+            self._mark(job_id, False)
         for _ in range(decision.submit):
-            if self._try("submit a burst job", self.jobs.submit):
+            try:
+                self._comments[self.jobs.submit()] = burst_job_comment(self.jobs.parent_job_id)
                 self.counters.submitted += 1
+            except SlurmError as exc:
+                self._error(f"submit a burst job failed: {exc}")
             self.last_submit_s = now_s  # a refused submission waits the cooldown too
         if decision.submit or decision.cancel or decision.release or decision.keep:
             log.info("%s", decision.reason)
@@ -149,6 +178,12 @@ class BurstManager:
                     self.counters.gpu_s_held += dt_s * listed.gpus_per_node * max(1, listed.node_count)
                     self.counters.gpu_s_used += dt_s * self.gpus_per_worker * workers_by_job.get(job.job_id, 0)
         self._last_seen_s = now_s
+
+    def _mark(self, job_id: int, released: bool, kind: str = "") -> None:
+        """Mark a job released (being emptied) or kept in its comment, and remember the comment."""
+        if self._try(f"{'release' if released else 'keep'} {kind}burst job {job_id}",
+                     lambda: self.jobs.mark_released(job_id, released)):
+            self._comments[job_id] = burst_job_comment(self.jobs.parent_job_id, released)
 
     def _try(self, what: str, action: Any) -> bool:
         try:

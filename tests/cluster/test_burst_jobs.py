@@ -13,6 +13,7 @@ import pytest
 from slurm_elastic.controller.burst_jobs import BurstJobs, burst_policy
 from slurm_elastic.controller.burst_manager import BurstManager
 from slurm_elastic.controller.config import parse_config
+from slurm_elastic.core.burst import burst_job_comment
 from slurm_elastic.devcluster.cluster import DevCluster
 from slurm_elastic.slurm.cli_backend import SlurmCli
 from slurm_elastic.slurm.runner import run_command
@@ -24,6 +25,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 def records(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def comment_of(job_id: int) -> str:
+    return run_command(["squeue", "-h", "-j", str(job_id), "--format=%k"]).stdout.strip()
 
 
 def gone(job_id: int) -> bool:
@@ -108,6 +113,11 @@ def test_the_manager_submits_releases_through_slurm_is_adopted_after_a_restart_a
         decision = restarted.step(target_workers=6, allocation_slots=4, workers_by_job={a: 2, b: 1},
                                   draining_by_job={}, now_s=2)
         assert decision.release == (b,) and decision.cancel == ()
+        for job_id in (a, b):  # an operator's note over both comments: each is set back, b's mark with it
+            run_command(["scontrol", "update", f"JobId={job_id}", "Comment=my own note"])
+        restarted.observe()
+        assert sorted(j.job_id for j in restarted.listed) == [a, b] and restarted.releasing == {b}
+        assert comment_of(a) == burst_job_comment(888888) and comment_of(b) == burst_job_comment(888888, True)
         again = manager()  # the mark is in Slurm: another restart knows b is being emptied
         assert again.releasing == {b}
         assert [r["state"] for r in again.status_rows({a: 2})] == ["RUNNING", "RELEASING"]

@@ -1,0 +1,93 @@
+"""A burst job whose Slurm comment someone overwrote: the manager sets it back (the epilog,
+`stop` and a restarted controller find burst jobs by it); a look-alike is left alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from slurm_elastic.controller.burst_jobs import BurstJobs, burst_policy
+from slurm_elastic.controller.burst_manager import BurstManager
+from slurm_elastic.controller.config import parse_config
+from slurm_elastic.core.burst import burst_job_comment, burst_job_name
+from slurm_elastic.errors import SlurmCommandError
+from slurm_elastic.slurm.parse import QueuedJob
+
+PARENT = 4242
+CONFIG = parse_config({"burst": {"max_jobs": 2, "gpus_per_job": 2, "submit_cooldown_s": 0}})
+
+
+class FakeSlurm:
+    """Jobs by id -> (name, comment); sbatch gives a burst job its parent's comment."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[int, tuple[str, str]] = {}
+        self.refusal: str | None = None
+        self.comment_calls = 0
+
+    def submit_batch(self, script: Path) -> int:
+        job_id = 100 + len(self.jobs)
+        self.jobs[job_id] = (burst_job_name(PARENT), burst_job_comment(PARENT))
+        return job_id
+
+    def list_jobs_named(self, name: str, user: str | None = None) -> list[QueuedJob]:
+        return [QueuedJob(job_id, "RUNNING", ("node1",), 2, "", "", 1, "p", n, comment)
+                for job_id, (n, comment) in self.jobs.items() if n == name]
+
+    def set_job_comment(self, job_id: int, comment: str) -> None:
+        self.comment_calls += 1
+        if self.refusal:
+            raise SlurmCommandError(["scontrol", "update"], 1, "", self.refusal)
+        self.jobs[job_id] = (self.jobs[job_id][0], comment)
+
+    def overwrite(self, job_id: int, comment: str) -> None:
+        self.jobs[job_id] = (self.jobs[job_id][0], comment)
+
+
+def manager(slurm: FakeSlurm, tmp_path: Path) -> BurstManager:
+    made = BurstManager(BurstJobs(slurm, CONFIG, PARENT, tmp_path), burst_policy(CONFIG), 1)  # type: ignore[arg-type]
+    made.observe()
+    return made
+
+
+def step(made: BurstManager, target: int, workers: dict[int, int]) -> None:
+    made.step(target_workers=target, allocation_slots=4, workers_by_job=workers, draining_by_job={}, now_s=0)
+
+
+def test_an_overwritten_comment_is_set_back_with_its_released_mark(tmp_path: Path) -> None:
+    slurm = FakeSlurm()
+    made = manager(slurm, tmp_path)
+    step(made, 8, {})
+    made.observe()
+    a, b = sorted(slurm.jobs)
+    step(made, 6, {a: 2, b: 1})  # b is emptied: its comment says so
+    made.observe()
+    assert made.releasing == {b}
+    slurm.overwrite(a, "my own note")
+    slurm.overwrite(b, "")
+    made.observe()
+    assert [j.job_id for j in made.listed] == [a, b] and made.releasing == {b}
+    assert slurm.jobs[a][1] == burst_job_comment(PARENT) and slurm.jobs[b][1] == burst_job_comment(PARENT, True)
+    assert manager(slurm, tmp_path).releasing == {b}  # a restarted controller reads it from Slurm again
+
+
+def test_a_look_alike_is_neither_listed_nor_touched(tmp_path: Path) -> None:
+    slurm = FakeSlurm()
+    slurm.jobs[7] = (burst_job_name(PARENT), "someone else's")
+    made = manager(slurm, tmp_path)
+    assert made.listed == [] and slurm.comment_calls == 0 and slurm.jobs[7][1] == "someone else's"
+
+
+def test_a_refused_set_back_is_reported_once_and_the_job_kept(tmp_path: Path) -> None:
+    slurm = FakeSlurm()
+    made = manager(slurm, tmp_path)
+    step(made, 6, {})
+    made.observe()
+    (job_id,) = slurm.jobs
+    slurm.overwrite(job_id, "my own note")
+    slurm.refusal = "Access/permission denied"
+    for _ in range(3):
+        made.observe()
+    assert [j.job_id for j in made.listed] == [job_id] and slurm.comment_calls == 3
+    assert [e for e in made.counters.errors if "comment back" in e] == [
+        f"setting burst job {job_id}'s comment back to {burst_job_comment(PARENT)!r} failed: "
+        f"{SlurmCommandError(['scontrol', 'update'], 1, '', 'Access/permission denied')}"]
