@@ -78,6 +78,15 @@ class WorkerRecord(_Model):
         return Worker(**data)
 
 
+class StallMemoryState(_Model):
+    """The trainer's recurring stalls as :meth:`core.stalls.StallMemory.to_state` writes them."""
+
+    durations_s: Annotated[list[Annotated[StrictFloat, Field(ge=0, allow_inf_nan=False)]], Field(max_length=100)] = Field(
+        default_factory=list)
+    since_s: Time = None
+    restored: StrictBool = False
+
+
 class AutoscalerMemory(_Model):
     """The autoscaler's memory as :meth:`Autoscaler.to_state` writes it."""
 
@@ -99,6 +108,8 @@ class AutoscalerMemory(_Model):
     usual: tuple[Annotated[StrictFloat, Field(ge=0, le=100_000, allow_inf_nan=False)],
                  Annotated[StrictFloat, Field(gt=0, allow_inf_nan=False)],
                  Annotated[StrictFloat, Field(allow_inf_nan=False)]] | None = None
+    stalls: StallMemoryState | None = None
+    lead_s: Annotated[StrictFloat, Field(gt=0, allow_inf_nan=False)] | None = None  # launch to first rollout
 
 
 class LeftNode(_Model):
