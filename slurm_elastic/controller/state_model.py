@@ -110,6 +110,7 @@ class AutoscalerMemory(_Model):
                  Annotated[StrictFloat, Field(allow_inf_nan=False)]] | None = None
     stalls: StallMemoryState | None = None
     lead_s: Annotated[StrictFloat, Field(gt=0, allow_inf_nan=False)] | None = None  # launch to first rollout
+    first_seen_s: Annotated[StrictFloat, Field(allow_inf_nan=False)] | None = None  # the start-up's first decision
 
 
 class LeftNode(_Model):

@@ -348,7 +348,7 @@ class Autoscaler:
                 "starting": self.starting,
                 "usual": None if self.usual is None else [self.usual.workers, self.usual.demand_seqs_per_s,
                                                           self.usual.at_s],
-                "stalls": self.stalls.to_state(), "lead_s": self.lead_s}
+                "stalls": self.stalls.to_state(), "lead_s": self.lead_s, "first_seen_s": self.first_seen_s}
 
     @classmethod
     def from_state(cls, config: AutoscalerConfig, state: Mapping[str, Any]) -> Autoscaler:
@@ -372,4 +372,6 @@ class Autoscaler:
         scaler.stalls = StallMemory.from_state(state.get("stalls"))
         lead = state.get("lead_s")
         scaler.lead_s = float(lead) if isinstance(lead, (int, float)) and lead > 0 else None
+        first = state.get("first_seen_s")
+        scaler.first_seen_s = float(first) if isinstance(first, (int, float)) and math.isfinite(first) else None
         return scaler

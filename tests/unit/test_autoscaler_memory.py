@@ -27,7 +27,7 @@ def test_the_autoscalers_memory_survives_a_restart_through_the_state_file(tmp_pa
     scaler.ramped, scaler.starting = False, True
     scaler.usual = UsualCount(11.5, 12.0, 990.0)
     scaler.stalls = StallMemory([138.0, 150.0], since_s=980.0, restored=True)  # a recurring stall, in progress
-    scaler.lead_s = 54.0
+    scaler.lead_s, scaler.first_seen_s = 54.0, 940.0
     first.save()
     again = controller_with_two_workers(tmp_path, clock)
     assert again.state_notes == []
@@ -35,7 +35,7 @@ def test_the_autoscalers_memory_survives_a_restart_through_the_state_file(tmp_pa
     assert (again.state.autoscaler.ramped, again.state.autoscaler.starting) == (False, True)
     assert again.state.autoscaler.usual == UsualCount(11.5, 12.0, 990.0)
     assert again.state.autoscaler.stalls == StallMemory([138.0, 150.0], since_s=980.0, restored=True)
-    assert again.state.autoscaler.lead_s == 54.0
+    assert (again.state.autoscaler.lead_s, again.state.autoscaler.first_seen_s) == (54.0, 940.0)
 
 
 @pytest.mark.parametrize("usual", [[11.5, 0.0, 990.0], [11.5, "fast", 990.0], [-1.0, 12.0, 990.0], [11.5, 12.0]])
@@ -54,7 +54,8 @@ def test_a_damaged_usual_count_is_dropped_with_a_note(tmp_path: Path, usual: lis
 
 
 @pytest.mark.parametrize("key, value", [("stalls", {"durations_s": [138.0, -5.0]}), ("stalls", {"since_s": "now"}),
-                                        ("stalls", [138.0]), ("lead_s", 0.0), ("lead_s", "54 s")])
+                                        ("stalls", [138.0]), ("lead_s", 0.0), ("lead_s", "54 s"),
+                                        ("first_seen_s", "then")])
 def test_a_damaged_stall_memory_or_lead_time_is_dropped_with_a_note(tmp_path: Path, key: str, value: object) -> None:
     clock = Clock()
     first = controller_with_two_workers(tmp_path, clock)

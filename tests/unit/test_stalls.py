@@ -8,7 +8,7 @@ from slurm_elastic.core.scaling import Autoscaler
 from slurm_elastic.core.stalls import StallMemory
 from slurm_elastic.sim.engine import simulate
 from slurm_elastic.sim.output import load_trace
-from tests.unit.test_scaling import SLOW
+from tests.unit.test_scaling import SLOW, inputs
 
 USUAL = 12.0  # seqs/s: the trainer's usual demand
 TRACES = Path(__file__).resolve().parents[2] / "examples" / "traces"
@@ -67,6 +67,16 @@ def test_the_memory_and_the_lead_survive_a_restart_and_damage_is_forgotten() -> 
     again = Autoscaler.from_state(SLOW, damaged)
     assert again.stalls.durations_s == [] and again.lead_s is None
     assert Autoscaler.from_state(SLOW, {}).lead_s is None  # saved before: no lead, nothing anticipated
+
+
+def test_a_controller_restarted_during_the_start_up_measures_the_lead_from_the_jobs_first_decision() -> None:
+    waiting = inputs(queued=0, active=2, rate=None, consumption=None, trainer_waiting=True, allowed_slots=14)
+    scaler = Autoscaler(SLOW)
+    scaler.decide(waiting, 100.0)  # the job's first decision
+    again = Autoscaler.from_state(SLOW, scaler.to_state())  # restarted at 130 s, nothing measured yet
+    again.decide(waiting, 130.0)
+    again.decide(inputs(queued=0, active=10, rate=1.2, consumption=None, trainer_waiting=True, allowed_slots=14), 154.0)
+    assert again.lead_s == 54.0
 
 
 def test_checkpoint_stalls_gets_its_workers_back_before_the_third_stall_ends() -> None:
