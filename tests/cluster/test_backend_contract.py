@@ -207,6 +207,21 @@ def test_cancel_ends_the_step_and_an_ended_step_is_no_error(target: Target, allo
     target.backend.cancel_step(alloc, step.step_id)
 
 
+def test_the_jobs_comment_is_set_read_back_and_listed_with_the_job_by_name(target: Target, alloc: int) -> None:
+    """What the controller and burst jobs are found by: the comment (spaces and '=' kept), and
+    the listing of one user's jobs by name; an ended job cancelled again is no error."""
+    comment = "slurm-elastic state=/tmp/a dir/42"
+    target.backend.set_job_comment(alloc, comment)
+    assert target.backend.job_info(alloc).comment == comment
+    (listed,) = [j for j in target.backend.list_jobs_named("se-contract") if j.job_id == alloc]
+    assert (listed.state, listed.comment, listed.name) == ("RUNNING", comment, "se-contract")
+    assert target.backend.list_jobs_named("se-contract-none") == []
+    target.backend.cancel_job(alloc)
+    wait_for(lambda: not run_command(["squeue", "-h", "-t", "RUNNING", "-j", str(alloc)], check=False).stdout.strip(),
+             30, "the job to end")
+    target.backend.cancel_job(alloc)
+
+
 # ---- selection, and what only the pyslurm backend has ------------------------------------------
 def test_shared_cluster_selects_cli_and_says_why(devcluster: DevCluster, monkeypatch: pytest.MonkeyPatch,
                                                  caplog: pytest.LogCaptureFixture) -> None:
