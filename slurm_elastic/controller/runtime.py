@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import time
 from collections import Counter
@@ -36,13 +37,24 @@ OUTPUT_TAIL_BYTES = 4096  # of a step's output, read for Slurm's CANCELLED line
 
 def step_output_says_cancelled(path: Path, step: str) -> bool:
     """Whether the end of a step's output holds slurmstepd's ``*** STEP {step} ON ... CANCELLED``."""
+    return any(f"*** STEP {step} ON " in line and " CANCELLED AT " in line for line in _tail_lines(path))
+
+
+def srun_log_says_terminated(path: Path, step: str) -> bool:
+    """Whether the end of the step's srun log holds srun's ``_step_signal: Terminating StepId={step}``:
+    srun's own record that Slurm cancelled the step, written even where slurmstepd's line in the
+    step's output is not (a step cancelled while it was starting)."""
+    pattern = re.compile(rf"Terminating StepId={re.escape(step)}(?![0-9])")
+    return any(pattern.search(line) for line in _tail_lines(path))
+
+
+def _tail_lines(path: Path) -> list[str]:
     try:
         with path.open("rb") as out:
             out.seek(max(0, out.seek(0, os.SEEK_END) - OUTPUT_TAIL_BYTES))
-            tail = out.read().decode(errors="replace")
+            return out.read().decode(errors="replace").splitlines()
     except OSError:
-        return False
-    return any(f"*** STEP {step} ON " in line and " CANCELLED AT " in line for line in tail.splitlines())
+        return []
 
 
 class Controller(ControlPlane, StatusViews):
@@ -105,7 +117,8 @@ class Controller(ControlPlane, StatusViews):
 
     def cancelled_worker_ids(self, steps: list[StepInfo]) -> frozenset[str]:
         """Workers whose step left the listing because someone cancelled it: slurmstepd wrote
-        ``*** STEP J.S ON node CANCELLED AT ... ***`` to the step's output, and the wrapper reported
+        ``*** STEP J.S ON node CANCELLED AT ... ***`` to the step's output (or srun logged
+        ``Terminating StepId=J.S``, where that line did not come), and the wrapper reported
         no exit code (``scancel J.S`` kills it outright) or the exit that followed a SIGTERM
         (``scancel --signal=TERM J.S``). A step srun ends because one of its tasks failed gets the
         same line, and srun's SIGTERM to the other tasks looks like an operator's; the failed task
@@ -116,8 +129,12 @@ class Controller(ControlPlane, StatusViews):
             w.worker_id for w in self.state.workers.values()
             if w.step_id and w.has_step and w.worker_id not in listed and not w.failure_reason
             and (w.exit_code is None or w.terminated_by_signal)
-            and step_output_says_cancelled(self.state_dir / "logs" / f"worker-{w.worker_id}.out",
-                                           f"{w.job_id or self.job_id}.{w.step_id}"))
+            and self._says_cancelled(w.worker_id, f"{w.job_id or self.job_id}.{w.step_id}"))
+
+    def _says_cancelled(self, worker_id: str, step: str) -> bool:
+        logs = self.state_dir / "logs"
+        return (step_output_says_cancelled(logs / f"worker-{worker_id}.out", step)
+                or srun_log_says_terminated(logs / "srun" / f"{worker_id}.log", step))
 
     def check_allocation(self, now_s: float) -> None:
         """Read the job's nodes and comment from Slurm. A node that left the running job (a failed

@@ -148,6 +148,7 @@ def _supervise(child: subprocess.Popen[bytes], ctx: StepContext, register: Call,
         if code is not None:
             if liveness is not None:
                 liveness.stop()
+            code = drained_exit(code, ctx, flags)
             _final(heartbeat, code, terminated=any(s in (signal.SIGTERM, signal.SIGINT) for s in flags.signals_seen))
             return code
         if not ready and is_ready(port, ctx.readiness_path):
@@ -217,11 +218,23 @@ def run_secondary(command: list[str], ctx: StepContext, register: Call, flags: F
             child.send_signal(ctx.drain_signum)
             forwarded = True
         time.sleep(0.05)
+    code = drained_exit(code, ctx, flags)
     if code != 0 and not (stopped or forwarded or flags.signals_seen or flags.terminate.is_set()) and heartbeat:
         try:
             heartbeat({"rank": ctx.rank, "exit_code": max(-255, min(255, code))})
         except (KeyError, SlurmElasticError) as exc:
             log.warning("could not report exit code %d of task %d: %s", code, ctx.rank, exc)
+    return code
+
+
+def drained_exit(code: int, ctx: StepContext, flags: Flags) -> int:
+    """0 for a command that a drain ended by the drain signal itself: it got the signal before it
+    had set up its handler (it was starting), so it had no rollout of its own to hand over. Any
+    other exit code as it is."""
+    if flags.drain.is_set() and code == -ctx.drain_signum:
+        log.info("worker %s: the command ended on the drain signal before it handled it (it was "
+                 "starting): a drain with nothing to hand over", ctx.worker_id)
+        return 0
     return code
 
 

@@ -9,7 +9,11 @@ from pathlib import Path
 import pytest
 
 from slurm_elastic.controller.config import parse_config
-from slurm_elastic.controller.runtime import Controller, step_output_says_cancelled
+from slurm_elastic.controller.runtime import (
+    Controller,
+    srun_log_says_terminated,
+    step_output_says_cancelled,
+)
 from slurm_elastic.core.defaults import STEP_END_SETTLE_S
 from slurm_elastic.core.naming import worker_step_name
 from slurm_elastic.slurm.parse import StepInfo
@@ -24,6 +28,32 @@ def test_the_cancelled_line_of_this_step_and_no_other(tmp_path: Path) -> None:
     out.write_text("x" * 10_000 + "\n" + CANCELLED)
     assert step_output_says_cancelled(out, "7.3")
     assert not step_output_says_cancelled(out, "7.30") and not step_output_says_cancelled(out, "8.3")
+
+
+SRUN_TERMINATING = ("srun: launch/slurm: _step_signal: Terminating StepId=7.3\n"
+                    "srun: Job step aborted: Waiting up to 7 seconds for job step to finish.\n")
+
+
+def test_sruns_own_line_of_this_step_and_no_other(tmp_path: Path) -> None:
+    log = tmp_path / "0001.log"
+    assert not srun_log_says_terminated(log, "7.3")  # no log at all
+    log.write_text("srun: launch/slurm: _step_signal: Terminating StepId=7.30\n" + SRUN_TERMINATING)
+    assert srun_log_says_terminated(log, "7.3")
+    assert not srun_log_says_terminated(log, "8.3") and not srun_log_says_terminated(log, "7.31")
+
+
+def test_a_step_cancelled_while_starting_with_only_sruns_word_is_not_counted(tmp_path: Path) -> None:
+    """Seen on CI: ``scancel J.S`` right after a worker registered; slurmstepd wrote no CANCELLED
+    line to the step's output in time, srun's log of the step said it was cancelled."""
+    clock = Clock()
+    controller, worker_id = a_step_that_left(tmp_path, clock)
+    (tmp_path / "logs" / "srun").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "logs" / "srun" / f"{worker_id}.log").write_text(SRUN_TERMINATING)
+    clock.now_s += 1
+    controller.tick()
+    worker = controller.workers[worker_id]
+    assert worker.crash_count == 0 and worker.launches == 2 and controller.cordoned_gpus() == {}
+    assert "cancelled by someone else" in worker.history[-3][3]
 
 
 def cancel_the_step(tmp_path: Path, exit_code: int | None, terminated: bool = False,

@@ -99,3 +99,26 @@ def test_a_sigterm_reaches_the_command_and_its_exit_is_reported_with_it(tmp_path
     code = run_wrapped([sys.executable, "-c", script], CTX, calls.register, calls.heartbeat, flags=flags)
     sender.join()
     assert code == -signal.SIGTERM and calls.heartbeats == [{"exit_code": code, "terminated_by_signal": True}]
+
+
+def test_a_command_the_drain_signal_ends_before_it_handles_it_has_drained(tmp_path: Path,
+                                                                             handlers_restored: None) -> None:
+    """``scancel --signal=USR1 JOB`` just after a worker started: its command, still starting, has
+    no handler yet and dies of the signal. That is a drain with nothing to hand over (exit 0), not
+    a crash the controller would count against the GPU and relaunch."""
+    marker = tmp_path / "started"
+    script = f"import pathlib, time\npathlib.Path({str(marker)!r}).touch()\ntime.sleep(60)\n"  # no USR1 handler
+    flags = Flags()
+    install_handlers(flags, CTX.drain_signum)
+    sender = signal_when(marker, signal.SIGUSR1)
+    calls = Calls()
+    code = run_wrapped([sys.executable, "-c", script], CTX, calls.register, calls.heartbeat, flags=flags)
+    sender.join()
+    assert code == 0 and calls.heartbeats == [{"exit_code": 0}]
+
+
+def test_a_command_killed_by_the_drain_signal_with_no_drain_asked_still_reports_it(tmp_path: Path) -> None:
+    calls = Calls()
+    script = "import os, signal\nos.kill(os.getpid(), signal.SIGUSR1)\n"  # not a drain: the wrapper got nothing
+    code = run_wrapped([sys.executable, "-c", script], CTX, calls.register, calls.heartbeat)
+    assert code == -signal.SIGUSR1 and calls.heartbeats == [{"exit_code": -signal.SIGUSR1}]
