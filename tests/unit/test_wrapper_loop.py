@@ -48,6 +48,18 @@ def signal_when(marker: Path, signum: int) -> threading.Thread:
     return sender
 
 
+def run_signalled(script: str, marker: Path, signum: int) -> tuple[int, Flags, Calls]:
+    """Run ``script`` under the wrapper, with its handlers, and send this process ``signum`` once
+    the script has written ``marker``; the exit code, the flags and the calls."""
+    flags = Flags()
+    install_handlers(flags, CTX.drain_signum)
+    sender = signal_when(marker, signum)
+    calls = Calls()
+    code = run_wrapped([sys.executable, "-c", script], CTX, calls.register, calls.heartbeat, flags=flags)
+    sender.join()
+    return code, flags, calls
+
+
 @pytest.fixture
 def handlers_restored() -> Iterator[None]:
     saved = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)}
@@ -80,24 +92,14 @@ def test_a_drain_signal_reaches_the_command(tmp_path: Path, handlers_restored: N
               "signal.signal(signal.SIGUSR1, lambda *_: sys.exit(3))\n"
               f"pathlib.Path({str(marker)!r}).touch()\n"
               "time.sleep(60)\n")
-    flags = Flags()
-    install_handlers(flags, CTX.drain_signum)
-    sender = signal_when(marker, signal.SIGUSR1)
-    calls = Calls()
-    code = run_wrapped([sys.executable, "-c", script], CTX, calls.register, calls.heartbeat, flags=flags)
-    sender.join()
+    code, flags, calls = run_signalled(script, marker, signal.SIGUSR1)
     assert code == 3 and flags.signals_seen == [signal.SIGUSR1] and calls.heartbeats == [{"exit_code": 3}]
 
 
 def test_a_sigterm_reaches_the_command_and_its_exit_is_reported_with_it(tmp_path: Path, handlers_restored: None) -> None:
     marker = tmp_path / "started"
     script = f"import pathlib, time\npathlib.Path({str(marker)!r}).touch()\ntime.sleep(60)\n"
-    flags = Flags()
-    install_handlers(flags, CTX.drain_signum)
-    sender = signal_when(marker, signal.SIGTERM)  # what `scancel --signal=TERM JOB.STEP` sends
-    calls = Calls()
-    code = run_wrapped([sys.executable, "-c", script], CTX, calls.register, calls.heartbeat, flags=flags)
-    sender.join()
+    code, _, calls = run_signalled(script, marker, signal.SIGTERM)  # what `scancel --signal=TERM JOB.STEP` sends
     assert code == -signal.SIGTERM and calls.heartbeats == [{"exit_code": code, "terminated_by_signal": True}]
 
 
@@ -108,12 +110,7 @@ def test_a_command_the_drain_signal_ends_before_it_handles_it_has_drained(tmp_pa
     a crash the controller would count against the GPU and relaunch."""
     marker = tmp_path / "started"
     script = f"import pathlib, time\npathlib.Path({str(marker)!r}).touch()\ntime.sleep(60)\n"  # no USR1 handler
-    flags = Flags()
-    install_handlers(flags, CTX.drain_signum)
-    sender = signal_when(marker, signal.SIGUSR1)
-    calls = Calls()
-    code = run_wrapped([sys.executable, "-c", script], CTX, calls.register, calls.heartbeat, flags=flags)
-    sender.join()
+    code, _, calls = run_signalled(script, marker, signal.SIGUSR1)
     assert code == 0 and calls.heartbeats == [{"exit_code": 0}]
 
 
