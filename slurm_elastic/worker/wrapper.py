@@ -228,9 +228,9 @@ def run_secondary(command: list[str], ctx: StepContext, register: Call, flags: F
 
 
 def drained_exit(code: int, ctx: StepContext, flags: Flags) -> int:
-    """0 for a command that a drain ended by the drain signal itself: it got the signal before it
-    had set up its handler (it was starting), so it had no rollout of its own to hand over. Any
-    other exit code as it is."""
+    """0 for a command that a drain ended by the drain signal itself: it had no handler for it (yet:
+    it was starting). A drain was asked and the queue holds all it handed over, so that end is a
+    drain, not a crash. Any other exit code as it is."""
     if flags.drain.is_set() and code == -ctx.drain_signum:
         log.info("worker %s: the command ended on the drain signal before it handled it (it was "
                  "starting): a drain with nothing to hand over", ctx.worker_id)
