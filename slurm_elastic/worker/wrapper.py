@@ -232,8 +232,8 @@ def drained_exit(code: int, ctx: StepContext, flags: Flags) -> int:
     it was starting). A drain was asked and the queue holds all it handed over, so that end is a
     drain, not a crash. Any other exit code as it is."""
     if flags.drain.is_set() and code == -ctx.drain_signum:
-        log.info("worker %s: the command ended on the drain signal before it handled it (it was "
-                 "starting): a drain with nothing to hand over", ctx.worker_id)
+        log.info("worker %s: the command ended on the drain signal, which it did not handle (yet): "
+                 "a drain, reported as exit 0", ctx.worker_id)
         return 0
     return code
 
