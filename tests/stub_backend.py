@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from slurm_elastic.slurm.backend import StepSpec
-from slurm_elastic.slurm.parse import JobInfo, StepInfo
+from slurm_elastic.slurm.parse import JobInfo, NodeState, StepInfo
 
 
 class ListedSteps:
@@ -19,6 +19,7 @@ class ListedSteps:
         self.job_nodes: tuple[str, ...] = ()
         self.job_info_calls = 0
         self.comment = ""
+        self.nodes: dict[str, NodeState] = {}  # node states Slurm reports (none: every node as usual)
 
     def set_job_comment(self, job_id: int, comment: str) -> None:
         self.comment = comment
@@ -26,6 +27,9 @@ class ListedSteps:
     def job_info(self, job_id: int) -> JobInfo:
         self.job_info_calls += 1
         return JobInfo(job_id, "train", "RUNNING", self.job_nodes, (self.job_nodes or ("",))[0], self.comment, "me", "gpu")
+
+    def node_states(self, nodes: list[str]) -> dict[str, NodeState]:
+        return {name: self.nodes.get(name, NodeState(name, "mixed")) for name in nodes}
 
     def list_steps(self, job_id: int) -> list[StepInfo]:
         return list(self.steps)

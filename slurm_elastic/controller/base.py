@@ -117,6 +117,7 @@ class ControllerBase:
         self.left_nodes: list[dict[str, Any]] = []  # nodes Slurm took out of the running job (failed, or the job shrunk)
         self.allocation_checked_s = self.started_at_s  # the last read of the job's nodes
         self.allocation_check_due = False  # read them at the next tick (a worker step ended unasked)
+        self.node_states_read_for: frozenset[int] = frozenset()  # the burst jobs whose nodes the last check read
         self.comment_refusal = ""  # why Slurm last refused to set the job's comment ('' once it took it)
         self.pause_watch: PauseWatch | None = None  # time the process did not run (run_forever starts one)
         self.state_file = StateFile(state_dir / "state.json", job_id)

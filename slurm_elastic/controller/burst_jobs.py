@@ -87,6 +87,14 @@ class BurstJobs:
         """The jobs Slurm lists under this parent's burst-job name, whatever their comment. One squeue call."""
         return self.backend.list_jobs_named(self.name)
 
+    def by_ids(self, job_ids: set[int]) -> list[QueuedJob]:
+        """Those of ``job_ids`` Slurm still lists, whatever their name. One squeue call."""
+        return self.backend.list_jobs(sorted(job_ids))
+
+    def set_name(self, job_id: int) -> None:
+        """Name the job as this parent's burst jobs are named."""
+        self.backend.set_job_name(job_id, self.name)
+
     def listed(self) -> list[QueuedJob]:
         """This parent's burst jobs Slurm still lists (name and comment both match). One squeue call."""
         return [j for j in self.named() if self.is_ours(j)]

@@ -20,6 +20,7 @@ from slurm_elastic.core.burst import (
     BurstJob,
     BurstPolicy,
     burst_job_comment,
+    burst_phase,
     decide_burst,
     is_released_comment,
     lost_jobs,
@@ -60,20 +61,45 @@ class BurstManager:
         self._given_back: set[int] = set()  # jobs this controller cancelled or released: not lost when they end
         self._comments: dict[int, str] = {}  # job -> the comment this controller submitted, adopted or set
         self._comment_refusals: dict[int, str] = {}  # job -> why Slurm refused to set its comment back
+        self._name_refusals: dict[int, str] = {}  # job -> why Slurm refused to set its name back
 
     # ---- observe -------------------------------------------------------------------------------
     def observe(self) -> bool:
         """List the burst jobs (one call); on failure keep the last view. Returns whether it worked."""
         try:
             named = self.jobs.named()
+            renamed = self._renamed({j.job_id for j in named})
         except SlurmError as exc:
             self._error(f"listing burst jobs failed: {exc}")
             return False
-        self.listed = [self._own(j) for j in named if self.jobs.is_ours(j) or j.job_id in self._comments]
+        self.listed = [self._own(j) for j in sorted(named + renamed, key=lambda j: j.job_id)
+                       if self.jobs.is_ours(j) or j.job_id in self._comments]
         known = {j.job_id for j in self.listed}
         self._gpus = {k: v for k, v in self._gpus.items() if k in known}
         self._comments = {k: v for k, v in self._comments.items() if k in known}
         return True
+
+    def _renamed(self, named_ids: set[int]) -> list[QueuedJob]:
+        """This controller's jobs missing from the listing by name that Slurm still runs or queues:
+        someone renamed them (``scontrol update JobId=B JobName=...``); their name is set back, as
+        the listing, the epilog and a restarted controller find burst jobs by it. One squeue call,
+        made only when a known job is missing (most often: it ended)."""
+        missing = set(self._comments) - named_ids
+        if not missing:
+            return []
+        found = [j for j in self.jobs.by_ids(missing) if burst_phase(j.state) != "ENDED"]
+        for job in found:
+            try:
+                self.jobs.set_name(job.job_id)
+            except SlurmError as exc:
+                if self._name_refusals.get(job.job_id) != str(exc):  # said once, not at every tick
+                    self._name_refusals[job.job_id] = str(exc)
+                    self._error(f"setting burst job {job.job_id}'s name back to {self.jobs.name!r} failed: {exc}")
+            else:
+                self._name_refusals.pop(job.job_id, None)
+                log.warning("burst job %d was renamed %r; set back to %r, by which the controller, the epilog and "
+                            "`slurm-elastic stop` find it", job.job_id, job.name, self.jobs.name)
+        return [replace(j, name=self.jobs.name) for j in found]
 
     def _own(self, job: QueuedJob) -> QueuedJob:
         """A job of this parent as listed: its comment recorded, or set back to the recorded one
@@ -118,16 +144,22 @@ class BurstManager:
 
     # ---- decide and act ------------------------------------------------------------------------
     def step(self, *, target_workers: int, allocation_slots: int, workers_by_job: Mapping[int, int],
-             draining_by_job: Mapping[int, int], now_s: float, ending_jobs: frozenset[int] = frozenset()) -> BurstDecision:
+             draining_by_job: Mapping[int, int], now_s: float, ending_jobs: frozenset[int] = frozenset(),
+             out_of_use_jobs: frozenset[int] = frozenset()) -> BurstDecision:
         """Decide with the core and act: submit, cancel, mark released (or needed again).
 
         ``ending_jobs``: burst jobs whose workers left on their own (Slurm signalled a preemption or
-        the time limit): they are released for good and cancelled once empty."""
+        the time limit); ``out_of_use_jobs``: running ones whose every node Slurm marks drained or
+        down. Both are released for good and cancelled once empty; the pool may ask for another."""
         listed_ids = {j.job_id for j in self.listed}
         new_ending = (set(ending_jobs) & listed_ids) - self._ending - self._given_back
         self.counters.lost += len(new_ending)  # preempted or at its time limit: lost to the pool
-        self._ending = (self._ending | new_ending) & listed_ids
-        for job_id in sorted(self._ending - self.releasing):
+        drained = (set(out_of_use_jobs) & listed_ids) - self._ending - self._given_back
+        for job_id in sorted(drained):
+            log.warning("burst job %d: Slurm marks every node it holds out of use; giving it back", job_id)
+        self._ending = (self._ending | new_ending | drained) & listed_ids
+        marked = {j.job_id for j in self.listed if is_released_comment(j.comment)}
+        for job_id in sorted(self._ending - marked):
             self._mark(job_id, True, "ending ")
         current = core_jobs(self.listed, self.policy.worker_slots_per_job, workers_by_job, draining_by_job)
         releasing = self.releasing | self._ending
@@ -136,9 +168,8 @@ class BurstManager:
         self._account(current, workers_by_job, now_s)
         self._previous = current
         decision = decide_burst(self.policy, target_workers=target_workers, allocation_slots=allocation_slots,
-                                jobs=current, releasing=releasing, last_submit_s=self.last_submit_s, now_s=now_s)
-        if self._ending & set(decision.keep):  # an ending job is never taken back
-            decision = replace(decision, keep=tuple(k for k in decision.keep if k not in self._ending))
+                                jobs=current, releasing=releasing, last_submit_s=self.last_submit_s, now_s=now_s,
+                                released_for_good=frozenset(self._ending))
         self.last_decision = decision
         for job_id in decision.cancel:
             self._given_back.add(job_id)

@@ -36,8 +36,9 @@ class ControllerSection(_Section):
 
     tick_interval_s: float = Field(d.TICK_INTERVAL_S, gt=0, le=600, description="Seconds between reconcile ticks.")
     allocation_check_s: float = Field(d.ALLOCATION_CHECK_S, gt=0, le=3600, description="Seconds between two reads of "
-                                      "the job's nodes (a node that left it) and comment (set back if someone "
-                                      "changed it); a worker step that ended unasked also triggers one.")
+                                      "the job's nodes (a node that left it), their states (drained or down: "
+                                      "cordoned) and comment (set back if someone changed it); a worker step that "
+                                      "ended unasked also triggers one.")
     state_dir: str = Field("", description="State directory; default ~/.slurm-elastic/jobs/<cluster>/<job id>; {cluster} and {job_id} are filled in.")
     listen_host: str = Field("", description="Address to serve the API on; default: this host's name.")
     listen_port: int = Field(0, ge=0, le=65535, description="API port; 0: the port of the job's previous controller if it is free again, else any free one.")
@@ -175,6 +176,11 @@ class HealthSection(_Section):
     cordon_on_unreadable: bool = _RULES.cordon_on_unreadable
     healthy_period_s: float = Field(_RULES.healthy_period_s, ge=0)
     on_unhealthy: Literal["drain", "keep"] = _RULES.on_unhealthy
+    on_node_out: Literal["drain", "keep"] = Field(
+        _RULES.on_node_out, description="A worker on a node Slurm marks drained, down, failing or rebooting "
+        "(`scontrol update NodeName=N State=DRAIN`, read every `controller.allocation_check_s`): `drain` it "
+        "(it hands over its rollout and leaves; its replacement goes elsewhere) or `keep` it. Either way no "
+        "new worker goes there.")
     crash_threshold: int = Field(_RULES.crash_threshold, ge=1)
     crash_window_s: float = Field(_RULES.crash_window_s, ge=0)
     crash_cordon_s: float = Field(_RULES.crash_cordon_s, ge=0)

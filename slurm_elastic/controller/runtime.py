@@ -26,6 +26,7 @@ from slurm_elastic.core.naming import AGENT_PREFIX, worker_id_of_step
 from slurm_elastic.core.placement import Allocation
 from slurm_elastic.core.reconcile import EXITED_CLEANLY, Crashed, Launch, ObservedStep
 from slurm_elastic.core.scaling import PressureInputs
+from slurm_elastic.core.slurm_nodes import out_of_use_nodes
 from slurm_elastic.core.tick import Observation, TickResult, autoscaler_inputs, autoscales, tick
 from slurm_elastic.errors import SlurmElasticError
 from slurm_elastic.slurm.parse import StepInfo
@@ -149,6 +150,7 @@ class Controller(ControlPlane, StatusViews):
             return
         if job.is_running and job.comment != job_comment(self.state_dir):
             self._restore_job_comment(job.comment)
+        self.check_node_states(now_s)
         own = self.allocations[0].gpus_by_node
         gone = sorted(set(own) - set(job.nodes)) if job.is_running and job.nodes else []
         if not gone:
@@ -163,6 +165,32 @@ class Controller(ControlPlane, StatusViews):
                             "shrunk); its %d GPUs get no more workers, the job runs on with %s", node, self.job_id,
                             len(own[node]), ",".join(kept) or "no node")
             self.save()
+
+    def check_node_states(self, now_s: float) -> None:
+        """Read the states of the nodes the job and its burst jobs hold: every GPU of a node Slurm
+        marks drained, down, failing or rebooting is cordoned (by ``slurm``) until it no longer does."""
+        burst = self.burst.running_gpus() if self.burst is not None else {}  # the last listing's
+        self.node_states_read_for = frozenset(burst)
+        with self.lock:
+            held: dict[str, set[int]] = {}
+            for gpus_by_node in [a.gpus_by_node for a in self.allocations] + list(burst.values()):
+                for node, gpus in gpus_by_node.items():
+                    held.setdefault(node, set()).update(gpus)
+        try:
+            states = self.backend.node_states(sorted(held))
+        except SlurmElasticError as exc:
+            self._record_error("node states", str(exc))
+            return
+        out = out_of_use_nodes({name: (node.state, node.reason) for name, node in states.items()})
+        with self.lock:
+            changes = self.state.cordons.observe_slurm_nodes(out, held, now_s)
+            by_node: dict[tuple[str, str, str], list[int]] = {}
+            for change in changes:
+                by_node.setdefault((change.action, change.node, change.reason), []).append(change.gpu)
+            for (action, where, reason), indexes in by_node.items():
+                log.warning("%s %s GPUs %s (slurm): %s", action, where, ",".join(map(str, indexes)), reason)
+            if changes:
+                self.save()
 
     def _restore_job_comment(self, found: str) -> None:
         """Set the job's comment back to the state directory: the CLI, the epilog (a burst job's
@@ -214,12 +242,14 @@ class Controller(ControlPlane, StatusViews):
             self._run_all(result.actions)
             self._publish_endpoints()
             self.save()
-            burst_inputs = self.burst_inputs(result, now_s) if self.burst is not None and steps is not None else None
+            burst_inputs = (self.burst_inputs(result, running_burst, now_s)
+                            if self.burst is not None and steps is not None else None)
         if burst_inputs is not None and self.burst is not None:  # sbatch/scancel outside the lock
             self.burst.step(**burst_inputs)
         return result
 
-    def burst_inputs(self, result: TickResult, now_s: float) -> dict[str, Any]:
+    def burst_inputs(self, result: TickResult, running_burst: dict[int, dict[str, tuple[int, ...]]],
+                     now_s: float) -> dict[str, Any]:
         """What the burst decision needs from this tick: the target, the own allocation's slots,
         the pool's live and draining workers in each job."""
         live: Counter[int] = Counter()
@@ -234,7 +264,13 @@ class Controller(ControlPlane, StatusViews):
             elif (worker.state is WorkerState.INACTIVE and worker.job_id != self.job_id and worker.history
                   and worker.history[-1][0] >= recent_s and worker.history[-1][3] == EXITED_CLEANLY):
                 ending.add(worker.job_id)  # left a burst job unasked: Slurm signalled its end
+        slurm_cordoned = self.state.cordons.cordoned_by("slurm")
+        out_of_use = frozenset(  # judged only by node states read while the job held its nodes
+            job_id for job_id, gpus_by_node in running_burst.items()
+            if job_id in self.node_states_read_for and gpus_by_node
+            and all((node, gpu) in slurm_cordoned for node, gpus in gpus_by_node.items() for gpu in gpus))
         return {"target_workers": self.state.target_workers, "ending_jobs": frozenset(ending),
+                "out_of_use_jobs": out_of_use,
                 "allocation_slots": result.slots[0].slots if result.slots else 0,
                 "workers_by_job": dict(live), "draining_by_job": dict(draining), "now_s": now_s}
 

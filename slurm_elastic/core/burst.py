@@ -110,17 +110,19 @@ def decide_burst(
     releasing: frozenset[int],
     last_submit_s: float | None,
     now_s: float,
+    released_for_good: frozenset[int] = frozenset(),
 ) -> BurstDecision:
     """Burst jobs to submit, cancel and release so that allocation + burst slots cover the target.
 
     ``allocation_slots``: worker slots of the parent allocation the pool may use; ``releasing``:
-    running jobs already being emptied (they count as capacity no more)."""
+    running jobs already being emptied (they count as capacity no more); ``released_for_good``: those
+    of them never taken back (ending, or on nodes Slurm took out of use)."""
     live = [j for j in jobs if j.phase != "ENDED"]
     held = [j for j in live if j.job_id not in releasing]
     beyond = max(0, target_workers - max(0, allocation_slots)) if policy.max_jobs else 0
     capacity = sum(j.worker_slots for j in held)
     keep: list[int] = []  # released jobs that still run are taken back before anything is submitted
-    for job in sorted((j for j in live if j.job_id in releasing and j.phase == "RUNNING"),
+    for job in sorted((j for j in live if j.job_id in releasing - released_for_good and j.phase == "RUNNING"),
                       key=lambda j: (-(j.workers + j.draining_workers), j.job_id)):
         if capacity >= beyond:
             break

@@ -1,7 +1,8 @@
 """The cordon book: which GPUs get no new worker, why, and since when (pure; time comes in as ``now_s``).
 
 Samples are judged by :func:`slurm_elastic.core.health.evaluate`; the book adds hysteresis,
-operator, crash, prolog and pre-flight cordons, and remembers when each node's agent was last heard.
+operator, crash, prolog, pre-flight and Slurm (a node drained or down) cordons, and remembers when
+each node's agent was last heard.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ from typing import Any, Literal
 
 from slurm_elastic.core.health import AgentReport, GpuKey, GpuSample, HealthRules, evaluate
 
-CordonSource = Literal["health", "prolog", "crash", "operator", "preflight"]
+CordonSource = Literal["health", "prolog", "crash", "operator", "preflight", "slurm"]
 
-_SOURCE_PRECEDENCE: tuple[CordonSource, ...] = ("operator", "health", "prolog", "crash", "preflight")
+_SOURCE_PRECEDENCE: tuple[CordonSource, ...] = ("operator", "slurm", "health", "prolog", "crash", "preflight")
 _WATCHED: tuple[CordonSource, ...] = ("health", "prolog")  # lifted by the healthy period of the agent's samples
 
 
@@ -40,7 +41,7 @@ class CordonChange:
     source: CordonSource
     reason: str
     drain: bool = False
-    """For a new health cordon: the rules ask to drain a worker running on this GPU."""
+    """For a new health or Slurm cordon: the rules ask to drain a worker running on this GPU."""
 
 
 @dataclass
@@ -60,8 +61,9 @@ class CordonBook:
     healthy samples), ``prolog`` (the node's prolog sampled the GPU before the job and the job's
     rules judge that sample unhealthy; lifted like a health cordon), ``crash`` (repeated worker
     crashes; lifted by an operator or after ``crash_cordon_s``), ``operator`` (by hand; only an
-    operator lifts it) and ``preflight`` (not enough free memory at launch; lifted when a later
-    sample shows enough).
+    operator lifts it), ``preflight`` (not enough free memory at launch; lifted when a later
+    sample shows enough) and ``slurm`` (Slurm marks the node drained, down, failing or rebooting;
+    lifted when it no longer does).
     Times passed in are the controller's clock, not the agents'.
     """
 
@@ -128,6 +130,28 @@ class CordonBook:
                 changes.append(CordonChange(s.node, s.index, "cordon", "prolog", reason))
         return changes
 
+    def observe_slurm_nodes(self, out_of_use: Mapping[str, str], gpus_by_node: Mapping[str, Iterable[int]],
+                            now_s: float) -> list[CordonChange]:
+        """Slurm's word on the job's nodes (``gpus_by_node``): every GPU of a node in
+        ``out_of_use`` (node -> why) is cordoned by ``slurm``; the cordon lifts once Slurm no
+        longer names the node. A changed reason replaces the old one."""
+        changes = []
+        drain = self.rules.on_node_out == "drain"
+        for node, gpus in sorted(gpus_by_node.items()):
+            why = out_of_use.get(node)
+            for gpu in sorted(gpus):
+                g = self._gpu(node, gpu)
+                old = g.entries.get("slurm")
+                if why is not None and old is None:
+                    g.entries["slurm"] = CordonEntry(why, now_s, "slurm")
+                    changes.append(CordonChange(node, gpu, "cordon", "slurm", why, drain))
+                elif why is not None and old is not None and old.reason != why:
+                    g.entries["slurm"] = replace(old, reason=why)
+                elif why is None and old is not None:
+                    del g.entries["slurm"]
+                    changes.append(CordonChange(node, gpu, "uncordon", "slurm", f"Slurm no longer marks node {node}"))
+        return changes
+
     def record_crash(self, node: str, gpu: int, now_s: float) -> list[CordonChange]:
         """Count a worker crash on this GPU; cordon it at ``crash_threshold`` in the window."""
         g = self._gpu(node, gpu)
@@ -161,7 +185,8 @@ class CordonBook:
     def uncordon_manual(self, node: str, gpu: int, now_s: float) -> list[CordonChange]:
         """Lift operator, prolog, crash and pre-flight cordons (and forget counted crashes).
 
-        A health cordon stays: it lifts by itself after the healthy period.
+        A health cordon stays: it lifts by itself after the healthy period. So does a Slurm
+        cordon: it lifts when Slurm no longer marks the node.
         """
         g = self._gpus.get((node, gpu))
         if g is None:
@@ -190,12 +215,17 @@ class CordonBook:
                     break
         return out
 
+    def cordoned_by(self, source: CordonSource) -> set[GpuKey]:
+        """The GPUs that carry a cordon of ``source`` (whichever cordon status shows for them)."""
+        return {key for key, g in self._gpus.items() if source in g.entries}
+
     def drain_targets(self) -> set[GpuKey]:
-        """GPUs whose running worker should be drained now (health cordons, if the rules say
-        ``on_unhealthy = "drain"``). Level-triggered: ask every tick."""
-        if self.rules.on_unhealthy != "drain":
-            return set()
-        return {key for key, g in self._gpus.items() if "health" in g.entries}
+        """GPUs whose running worker should be drained now: health cordons if the rules say
+        ``on_unhealthy = "drain"``, Slurm cordons if ``on_node_out = "drain"``. Level-triggered:
+        ask every tick."""
+        sources = {source for source, rule in (("health", self.rules.on_unhealthy), ("slurm", self.rules.on_node_out))
+                   if rule == "drain"}
+        return {key for key, g in self._gpus.items() if sources & g.entries.keys()}
 
     def unknown_nodes(
         self, now_s: float, silence_s: float | None = None, nodes: Iterable[str] = ()

@@ -109,6 +109,8 @@ class HealthRules:
     """A health cordon is lifted only after this long of continuous healthy samples."""
     on_unhealthy: Literal["drain", "keep"] = "drain"
     """What happens to a worker running on a GPU that becomes unhealthy."""
+    on_node_out: Literal["drain", "keep"] = "drain"
+    """What happens to a worker on a node Slurm marks drained, down, failing or rebooting."""
     crash_threshold: int = 3
     """Worker crashes on one GPU within ``crash_window_s`` that cordon it."""
     crash_window_s: float = 600.0

@@ -231,14 +231,18 @@ def drain_signals(state: ControlState, drained: Iterable[Worker], cfg: TickConfi
 
 
 def _drain_unhealthy(state: ControlState, now_s: float) -> list[Worker]:
-    """Drain workers on GPUs that became unhealthy (if the rules say drain). Level-triggered."""
+    """Drain workers on GPUs that became unhealthy or whose node Slurm took out of use (as the
+    rules say). Level-triggered."""
     targets = state.cordons.drain_targets()
     drained = []
     for worker in state.workers.values():
         hit = worker.cordoned_gpus(targets)
         if hit and worker.state in (S.ACTIVE, S.STARTING) and not worker.placeholder:
             entry = state.cordons.cordoned().get(hit[0])
-            begin_drain(worker, now_s, f"GPU {hit[0][0]}:{hit[0][1]} unhealthy: {entry.reason if entry else 'cordoned'}")
+            if entry is not None and entry.source == "slurm":
+                begin_drain(worker, now_s, entry.reason)
+            else:
+                begin_drain(worker, now_s, f"GPU {hit[0][0]}:{hit[0][1]} unhealthy: {entry.reason if entry else 'cordoned'}")
             drained.append(worker)
     return drained
 

@@ -10,7 +10,7 @@ from typing import Literal, Protocol
 
 from slurm_elastic.core.signals import signal_name
 from slurm_elastic.errors import SlurmError
-from slurm_elastic.slurm.parse import JobInfo, QueuedJob, StepInfo
+from slurm_elastic.slurm.parse import JobInfo, NodeState, QueuedJob, StepInfo
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,11 @@ class SlurmBackend(Protocol):
         """Set the job's comment (``scontrol update``). Raises SlurmError if Slurm refuses."""
         ...
 
+    def node_states(self, nodes: Sequence[str]) -> dict[str, NodeState]:
+        """The state and reason of each of ``nodes`` that Slurm knows (one call). Raises if Slurm
+        does not answer."""
+        ...
+
     def launch_step(self, spec: StepSpec, launcher_log: Path) -> int:
         """Start ``srun`` detached (own session); returns the launcher's pid."""
         ...
@@ -108,6 +113,15 @@ class SlurmBackend(Protocol):
         """The jobs of ``user`` (None: this user) named ``name`` that Slurm still lists (pending,
         running, completing), with state, nodes, GPUs per node, pending reason and (expected) start.
         One call."""
+        ...
+
+    def list_jobs(self, job_ids: Sequence[int]) -> list[QueuedJob]:
+        """Those of ``job_ids`` that Slurm still lists, as :meth:`list_jobs_named` describes them;
+        unknown and ended ones are left out. One call."""
+        ...
+
+    def set_job_name(self, job_id: int, name: str) -> None:
+        """Set the job's name (``scontrol update``). Raises SlurmError if Slurm refuses."""
         ...
 
     def cancel_job(self, job_id: int) -> None:

@@ -12,12 +12,15 @@ from slurm_elastic.errors import SlurmCommandError, SlurmError
 from slurm_elastic.slurm.backend import StepSpec, build_srun_argv, step_signal_name
 from slurm_elastic.slurm.parse import (
     JOB_FORMAT,
+    NODE_FORMAT,
     STEP_FORMAT,
     JobInfo,
+    NodeState,
     QueuedJob,
     StepInfo,
     parse_job_lines,
     parse_jobs_json,
+    parse_node_lines,
     parse_scontrol_job_gpus,
     parse_sdiag_rpc_counts,
     parse_step_lines,
@@ -71,6 +74,14 @@ class SlurmCli:
     def set_job_comment(self, job_id: int, comment: str) -> None:
         set_job_comment(job_id, comment, timeout_s=self.timeout_s)
 
+    def node_states(self, nodes: Sequence[str]) -> dict[str, NodeState]:
+        if not nodes:
+            return {}
+        result = run_command(["sinfo", "--Node", "--noheader", f"--nodes={','.join(sorted(nodes))}",
+                              f"--Format={NODE_FORMAT}"], timeout_s=self.timeout_s)
+        wanted = set(nodes)
+        return {name: node for name, node in parse_node_lines(result.stdout).items() if name in wanted}
+
     def launch_step(self, spec: StepSpec, launcher_log: Path) -> int:
         env = {**step_launch_environ(os.environ, spec.job_id), **spec.env}
         return spawn_detached(build_srun_argv(spec), log_path=launcher_log, env=env)
@@ -109,6 +120,21 @@ class SlurmCli:
         result = run_command(["squeue", who, f"--name={name}", "--noheader", f"--format={JOB_FORMAT}"],
                              timeout_s=self.timeout_s)
         return [j for j in parse_job_lines(result.stdout) if j.name == name]
+
+    def list_jobs(self, job_ids: Sequence[int]) -> list[QueuedJob]:
+        if not job_ids:
+            return []
+        wanted = {int(j) for j in job_ids}
+        result = run_command(["squeue", f"--jobs={','.join(str(j) for j in sorted(wanted))}", "--noheader",
+                              f"--format={JOB_FORMAT}"], timeout_s=self.timeout_s, check=False)
+        if result.returncode != 0:  # every id unknown: "Invalid job id specified"
+            if "Invalid job id" in result.stderr:
+                return []
+            raise SlurmCommandError(list(result.argv), result.returncode, result.stdout, result.stderr)
+        return [j for j in parse_job_lines(result.stdout) if j.job_id in wanted]
+
+    def set_job_name(self, job_id: int, name: str) -> None:
+        run_command(["scontrol", "update", f"JobId={int(job_id)}", f"JobName={name}"], timeout_s=self.timeout_s)
 
     def cancel_job(self, job_id: int) -> None:
         result = run_command(["scancel", str(int(job_id))], timeout_s=self.timeout_s, check=False)

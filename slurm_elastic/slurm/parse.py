@@ -1,4 +1,4 @@
-"""Pure parsers of Slurm output: hostlists, step listings, job JSON, sdiag.
+"""Pure parsers of Slurm output: hostlists, step listings, job JSON, node states, sdiag.
 
 Tested on recorded output (tests/unit/data/) and on live output from the dev cluster.
 """
@@ -106,6 +106,35 @@ class JobInfo:
 
 
 _BRACKET = re.compile(r"\[([^\]]*)\]")
+
+
+# sinfo --Format for node states: name and complete state, each ended by the unit separator; the
+# free-text reason last (sinfo -O pads nothing and cuts nothing where a field has a suffix).
+NODE_FORMAT = f"NodeList:{FIELD_SEP},StateComplete:{FIELD_SEP},Reason:"
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """One node as Slurm reports it: its complete state (``mixed+drain``, lower case) and the reason
+    an admin gave ("" when none)."""
+
+    name: str
+    state: str
+    reason: str = ""
+
+
+def parse_node_lines(text: str) -> dict[str, NodeState]:
+    """``sinfo --Node --noheader --Format=NODE_FORMAT`` output -> node -> state (a node is listed
+    once per partition; the lines agree)."""
+    nodes: dict[str, NodeState] = {}
+    for line in text.splitlines():
+        parts = line.split(FIELD_SEP, 2)
+        if len(parts) != 3 or not parts[0].strip():
+            continue
+        reason = parts[2].strip()
+        nodes[parts[0].strip()] = NodeState(parts[0].strip(), parts[1].strip().lower(),
+                                            "" if reason.lower() == "none" else reason)
+    return nodes
 
 
 def expand_hostlist(expr: str) -> list[str]:

@@ -41,7 +41,7 @@ from slurm_elastic.slurm.backend import (
     step_signal_name,
 )
 from slurm_elastic.slurm.cli_backend import SlurmCli
-from slurm_elastic.slurm.parse import JobInfo, QueuedJob, StepInfo, expand_hostlist
+from slurm_elastic.slurm.parse import JobInfo, NodeState, QueuedJob, StepInfo, expand_hostlist
 from slurm_elastic.slurm.runner import run_command
 
 log = logging.getLogger(__name__)
@@ -153,6 +153,11 @@ def step_info_from_pyslurm(job_id: int, step_key: object, fields: Mapping[str, A
 
 
 # ---- the backend ---------------------------------------------------------------------------------
+def node_state_from_pyslurm(name: str, state: str | None, reason: str | None) -> NodeState:
+    """pyslurm's ``Node.state`` (``MIXED+DRAIN``) and ``Node.reason`` as the CLI backend reads them."""
+    return NodeState(name, (state or "unknown").lower(), (reason or "").strip())
+
+
 def _allocated_gres(step: Any) -> dict[str, int]:
     """The step's allocated GRES counts; {} where pyslurm cannot parse its TRES (``mem=0``)."""
     try:
@@ -215,6 +220,17 @@ class PySlurm:
                    "cluster", "submit_time", "requeue_count")}
         return job_info_from_pyslurm(job_id, {**fields, "layout": layout})
 
+    def node_states(self, nodes: Sequence[str]) -> dict[str, NodeState]:
+        if not nodes:
+            return {}
+        try:
+            loaded = self._pyslurm.Nodes.load()
+        except Exception as exc:
+            raise SlurmError(f"loading the nodes failed: {exc}") from None
+        wanted = set(nodes)
+        return {name: node_state_from_pyslurm(name, node.state, node.reason)
+                for name, node in loaded.items() if name in wanted}
+
     def launch_step(self, spec: StepSpec, launcher_log: Path) -> int:
         return self._cli.launch_step(spec, launcher_log)
 
@@ -236,6 +252,12 @@ class PySlurm:
 
     def list_jobs_named(self, name: str, user: str | None = None) -> list[QueuedJob]:
         return self._cli.list_jobs_named(name, user)
+
+    def list_jobs(self, job_ids: Sequence[int]) -> list[QueuedJob]:
+        return self._cli.list_jobs(job_ids)
+
+    def set_job_name(self, job_id: int, name: str) -> None:
+        self._cli.set_job_name(job_id, name)
 
     def cancel_job(self, job_id: int) -> None:
         self._cli.cancel_job(job_id)

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from slurm_elastic.controller.runtime import foreign_gpus_by_node
+from slurm_elastic.core.slurm_nodes import out_of_use_reason
 from slurm_elastic.devcluster.cluster import DevCluster, DevClusterSpec, default_dir
 from slurm_elastic.errors import SlurmError
 from slurm_elastic.slurm.backend import SlurmBackend, StepSpec, parse_slurm_version
@@ -220,6 +221,35 @@ def test_the_jobs_comment_is_set_read_back_and_listed_with_the_job_by_name(targe
     wait_for(lambda: not run_command(["squeue", "-h", "-t", "RUNNING", "-j", str(alloc)], check=False).stdout.strip(),
              30, "the job to end")
     target.backend.cancel_job(alloc)
+
+
+def test_a_job_is_listed_by_id_whatever_its_name_and_renamed(target: Target, alloc: int) -> None:
+    """How the controller finds a burst job someone renamed: by its id, and names it back; an unknown
+    id is left out, not an error."""
+    target.backend.set_job_name(alloc, "se-contract renamed")
+    (listed,) = target.backend.list_jobs([alloc, 99_999_999])
+    assert (listed.job_id, listed.name, listed.state) == (alloc, "se-contract renamed", "RUNNING")
+    assert target.backend.list_jobs([99_999_999]) == []
+    target.backend.set_job_name(alloc, "se-contract")
+    assert [j.job_id for j in target.backend.list_jobs_named("se-contract")] == [alloc]
+
+
+def test_a_drained_node_reads_drained_with_its_reason_until_resumed(target: Target, alloc: int) -> None:
+    """What the controller cordons a node on: an admin's drain under a running job, with the reason
+    as given; an unknown node is left out, not an error."""
+    first, second = target.nodes[:2]
+    states = target.backend.node_states([first, second, "no-such-node"])
+    assert set(states) == {first, second} and not any(out_of_use_reason(n, s.state, "") for n, s in states.items())
+    run_command(["scontrol", "update", f"NodeName={second}", "State=DRAIN", "Reason=fan swap | ticket 7"])
+    try:
+        node = target.backend.node_states([second])[second]
+        assert "drain" in node.state.split("+") and node.reason == "fan swap | ticket 7", node
+        assert out_of_use_reason(second, node.state, node.reason) == \
+            f"Slurm marks node {second} {node.state.upper()}: fan swap | ticket 7"
+    finally:
+        run_command(["scontrol", "update", f"NodeName={second}", "State=RESUME"], check=False)
+    wait_for(lambda: out_of_use_reason(second, target.backend.node_states([second])[second].state, "") is None,
+             30, f"{second} to be usable again")
 
 
 # ---- selection, and what only the pyslurm backend has ------------------------------------------

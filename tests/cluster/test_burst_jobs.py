@@ -118,6 +118,10 @@ def test_the_manager_submits_releases_through_slurm_is_adopted_after_a_restart_a
         restarted.observe()
         assert sorted(j.job_id for j in restarted.listed) == [a, b] and restarted.releasing == {b}
         assert comment_of(a) == burst_job_comment(888888) and comment_of(b) == burst_job_comment(888888, True)
+        run_command(["scontrol", "update", f"JobId={a}", "JobName=my own job"])  # a rename: found by id, named back
+        restarted.observe()
+        assert sorted(j.job_id for j in restarted.listed) == [a, b]
+        assert run_command(["squeue", "-h", "-j", str(a), "-o", "%j"]).stdout.strip() == "elastic-burst-888888"
         again = manager()  # the mark is in Slurm: another restart knows b is being emptied
         assert again.releasing == {b}
         assert [r["state"] for r in again.status_rows({a: 2})] == ["RUNNING", "RELEASING"]

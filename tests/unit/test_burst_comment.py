@@ -1,5 +1,5 @@
-"""A burst job whose Slurm comment someone overwrote: the manager sets it back (the epilog,
-`stop` and a restarted controller find burst jobs by it); a look-alike is left alone."""
+"""A burst job whose Slurm comment or name someone overwrote: the manager sets it back (the epilog,
+`stop` and a restarted controller find burst jobs by both); a look-alike is left alone."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ class FakeSlurm:
         self.jobs: dict[int, tuple[str, str]] = {}
         self.refusal: str | None = None
         self.comment_calls = 0
+        self.id_listings = 0
 
     def submit_batch(self, script: Path) -> int:
         job_id = 100 + len(self.jobs)
@@ -41,6 +42,16 @@ class FakeSlurm:
 
     def overwrite(self, job_id: int, comment: str) -> None:
         self.jobs[job_id] = (self.jobs[job_id][0], comment)
+
+    def list_jobs(self, job_ids: list[int]) -> list[QueuedJob]:
+        self.id_listings += 1
+        return [QueuedJob(job_id, "RUNNING", ("node1",), 2, "", "", 1, "p", n, comment)
+                for job_id, (n, comment) in self.jobs.items() if job_id in job_ids]
+
+    def set_job_name(self, job_id: int, name: str) -> None:
+        if self.refusal:
+            raise SlurmCommandError(["scontrol", "update"], 1, "", self.refusal)
+        self.jobs[job_id] = (name, self.jobs[job_id][1])
 
 
 def manager(slurm: FakeSlurm, tmp_path: Path) -> BurstManager:
@@ -91,3 +102,34 @@ def test_a_refused_set_back_is_reported_once_and_the_job_kept(tmp_path: Path) ->
     assert [e for e in made.counters.errors if "comment back" in e] == [
         f"setting burst job {job_id}'s comment back to {burst_job_comment(PARENT)!r} failed: "
         f"{SlurmCommandError(['scontrol', 'update'], 1, '', 'Access/permission denied')}"]
+
+
+def test_a_renamed_job_is_still_listed_and_its_name_set_back(tmp_path: Path) -> None:
+    slurm = FakeSlurm()
+    made = manager(slurm, tmp_path)
+    step(made, 8, {})
+    made.observe()
+    a, b = sorted(slurm.jobs)
+    assert slurm.id_listings == 0  # nothing missing: no second call
+    slurm.jobs[a] = ("my renamed job", slurm.jobs[a][1])
+    made.observe()
+    assert [j.job_id for j in made.listed] == [a, b] and slurm.jobs[a][0] == burst_job_name(PARENT)
+    assert slurm.id_listings == 1
+    slurm.jobs[b] = ("other name", slurm.jobs[b][1])
+    slurm.refusal = "Access/permission denied"
+    for _ in range(3):
+        made.observe()
+    assert [j.job_id for j in made.listed] == [a, b]  # still counted, used and given back
+    assert len([e for e in made.counters.errors if "name back" in e]) == 1
+    del slurm.jobs[b]  # it ended: no longer listed, and no longer looked for
+    made.observe()
+    calls = slurm.id_listings
+    made.observe()
+    assert [j.job_id for j in made.listed] == [a] and slurm.id_listings == calls
+
+
+def test_a_renamed_look_alike_is_not_looked_for(tmp_path: Path) -> None:
+    slurm = FakeSlurm()
+    slurm.jobs[7] = ("someone else's", burst_job_comment(PARENT))
+    made = manager(slurm, tmp_path)
+    assert made.listed == [] and slurm.id_listings == 0

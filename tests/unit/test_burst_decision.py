@@ -99,6 +99,17 @@ def test_a_released_job_does_not_count_for_more_than_it_holds() -> None:
     assert decision.keep == (1,) and decision.submit == 1
 
 
+def test_a_job_released_for_good_is_never_taken_back_but_cancelled_once_empty_and_replaced() -> None:
+    """An ending job, or one whose nodes Slurm drained, does not hold the pool's slots even when the
+    target needs them: it is cancelled once empty, and another job is asked for."""
+    needed = decide_burst(POLICY, target_workers=8, allocation_slots=4, jobs=(running(1, workers=0, draining=2),),
+                          releasing=frozenset({1}), last_submit_s=None, now_s=1000.0, released_for_good=frozenset({1}))
+    assert needed.keep == () and needed.cancel == () and needed.submit == 1
+    empty = decide_burst(POLICY, target_workers=8, allocation_slots=4, jobs=(running(1, workers=0),),
+                         releasing=frozenset({1}), last_submit_s=None, now_s=1000.0, released_for_good=frozenset({1}))
+    assert empty.keep == () and empty.cancel == (1,) and empty.submit == 1
+
+
 def test_lost_jobs_are_running_ones_that_ended_unreleased() -> None:
     before = (running(1), running(2), pending(3))
     after = (BurstJob(1, "ENDED", 4), running(2))

@@ -1,0 +1,41 @@
+"""Which Slurm node states take a node out of placement (pure).
+
+Slurm writes a node's complete state as a base state and flags joined by ``+`` (``mixed+drain``,
+``idle+drain+reboot_requested``, ``down+not_responding``): sinfo's ``StateComplete``, pyslurm's
+``Node.state``. A node whose state holds one of :data:`OUT_OF_USE` is one an admin (or Slurm
+itself) wants emptied or cannot use: new jobs do not go there, and neither do new workers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+OUT_OF_USE = frozenset({
+    "down",  # slurmd lost, or set down by an admin
+    "drain",  # scontrol update State=DRAIN (shown as draining/drained)
+    "fail",  # State=FAIL: drain, and the node is expected to fail
+    "maint",  # a maintenance reservation holds the node now
+    "reboot_requested",  # scontrol reboot: the node reboots once it is idle
+    "reboot_issued",
+    "power_down",  # being powered down (power saving)
+    "powering_down",
+})
+
+
+def out_of_use_reason(node: str, state: str, reason: str) -> str | None:
+    """Why ``node`` in Slurm ``state`` (with the admin's ``reason``) gets no new worker; None when it may."""
+    flags = set(state.lower().split("+")) & OUT_OF_USE
+    if not flags:
+        return None
+    said = f": {reason.strip()}" if reason.strip() and reason.strip().lower() != "none" else ""
+    return f"Slurm marks node {node} {state.upper()}{said}"
+
+
+def out_of_use_nodes(states: Mapping[str, tuple[str, str]]) -> dict[str, str]:
+    """Node -> why it is out of use, from node -> (complete state, reason)."""
+    out = {}
+    for node, (state, reason) in states.items():
+        why = out_of_use_reason(node, state, reason)
+        if why is not None:
+            out[node] = why
+    return out

@@ -1,0 +1,93 @@
+"""An admin drains a node under a running job (``scontrol update NodeName=node2 State=DRAIN``):
+Slurm keeps new jobs off it but still starts steps there inside the job, so the controller reads the
+nodes' states and acts: node2's GPUs are cordoned with the admin's reason, its workers finish their
+rollout and leave, none comes back there until ``State=RESUME``."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from slurm_elastic.cli import main
+from slurm_elastic.devcluster.cluster import DevCluster
+from slurm_elastic.slurm.cli_backend import SlurmCli
+from slurm_elastic.slurm.runner import run_command
+from tests.cluster.controller_harness import start_controller_job, stop_controller_job, wait_for
+
+pytestmark = pytest.mark.cluster
+
+
+def worker_nodes(job_id: int) -> list[str]:
+    return sorted(s.nodes[0] for s in SlurmCli().list_steps(job_id) if s.name.startswith("se-w-"))
+
+
+def test_a_node_an_admin_drains_is_emptied_and_used_again_once_resumed(devcluster: DevCluster, tmp_path: Path) -> None:
+    job = start_controller_job(devcluster, tmp_path, workers={"initial_workers": 8},
+                               autoscaler={"min_workers": 8, "max_workers": 8},
+                               controller={"allocation_check_s": 1.0})
+    try:
+        status = job.active(8, timeout_s=60)
+        on_node2 = {w["worker_id"] for w in status["workers"] if w["node"] == "node2" and w["state"] == "ACTIVE"}
+        assert len(on_node2) == 4
+        run_command(["scontrol", "update", "NodeName=node2", "State=DRAIN", "Reason=fan swap"])
+
+        cordoned = wait_for(lambda: len((st := job.status())["cordoned_gpus"]) == 4 and st["cordoned_gpus"], 15,
+                            "node2's GPUs to be cordoned")
+        assert {(g["node"], g["source"]) for g in cordoned} == {("node2", "slurm")}
+        assert all(g["reason"].startswith("Slurm marks node node2 ") and g["reason"].endswith("DRAIN: fan swap")
+                   for g in cordoned), cordoned
+        wait_for(lambda: worker_nodes(job.job_id) == ["node1"] * 4, 30, "node2's workers to leave")
+        events = job.events()
+        assert {e["worker"] for e in events if e["event"] == "drained"} >= on_node2, events[-10:]  # rollout finished
+        assert not [e for e in events if e["event"] == "crash"]
+        time.sleep(3.0)  # target 8, 4 GPUs usable: nothing goes back to node2
+        assert worker_nodes(job.job_id) == ["node1"] * 4
+        text = CliRunner().invoke(main, ["status", str(job.job_id)]).output
+        assert "fan swap" in text, text
+
+        run_command(["scontrol", "update", "NodeName=node2", "State=RESUME"])
+        wait_for(lambda: job.status()["cordoned_gpus"] == [], 15, "node2's cordons to lift")
+        job.active(8, timeout_s=60)
+        assert worker_nodes(job.job_id) == ["node1"] * 4 + ["node2"] * 4
+    finally:
+        run_command(["scontrol", "update", "NodeName=node2", "State=RESUME"], check=False)  # if still drained
+        stop_controller_job(job)
+
+
+def burst_jobs_of(job_id: int) -> list[tuple[int, str]]:
+    out = run_command(["squeue", "--me", f"--name=elastic-burst-{job_id}", "-h", "-o", "%i %T"]).stdout
+    return [(int(i), s) for i, s in (line.split() for line in out.splitlines())]
+
+
+def test_a_burst_job_on_a_drained_node_is_given_back_and_asked_for_again(devcluster: DevCluster,
+                                                                         tmp_path: Path) -> None:
+    job = start_controller_job(
+        devcluster, tmp_path, nodes=1, gpus_per_node=4, controller={"allocation_check_s": 1.0},
+        burst={"max_jobs": 1, "gpus_per_job": 4, "partition": devcluster.spec.preempt_partition,
+               "submit_cooldown_s": 0, "controller_unreachable_grace_s": 60, "signal_lead_s": 0})
+    try:
+        with job.client() as c:
+            c.scale(6)
+        job.active(6, timeout_s=60)
+        [(first, _state)] = burst_jobs_of(job.job_id)
+        run_command(["scontrol", "update", "NodeName=node2", "State=DRAIN", "Reason=fan swap"])
+
+        # its workers drain, it is cancelled (node2 goes back to Slurm, drained), another one waits
+        [(second, state)] = wait_for(lambda: len(jobs := burst_jobs_of(job.job_id)) == 1 and jobs[0][0] != first
+                                     and jobs, 30, "the burst job on node2 to be given back and another asked for")
+        assert state == "PENDING"
+        status = job.active(4, timeout_s=30)
+        assert status["burst"]["lost"] == 0 and status["burst"]["submitted"] == 2
+        assert not [e for e in job.events() if e["event"] == "crash"]
+
+        run_command(["scontrol", "update", "NodeName=node2", "State=RESUME"])
+        job.active(6, timeout_s=60)
+        assert burst_jobs_of(job.job_id) == [(second, "RUNNING")]
+    finally:
+        run_command(["scontrol", "update", "NodeName=node2", "State=RESUME"], check=False)
+        stop_controller_job(job)
+        for burst_id, _state in burst_jobs_of(job.job_id):
+            run_command(["scancel", str(burst_id)], check=False)
