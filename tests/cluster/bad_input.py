@@ -426,6 +426,7 @@ def state_probes(rig: Rig) -> Iterator[Probe]:
     for label, text in (("corrupt (not JSON)", "{half a fi"),
                         ("foreign (another job's)", json.dumps({"format": "slurm-elastic-controller-state",
                                                                 "version": 1, "job_id": 1, "state": {}}))):
+        wait_for(lambda: _quiet(rig), 60, "no worker starting or draining")  # else a launch in flight lands later
         before = rig.snapshot()
         old_pid = rig.job.controller_pid()
         state_file = rig.job.state_dir / "state.json"
@@ -528,6 +529,14 @@ def _settled(rig: Rig, workers: int) -> bool:
     """``workers`` ACTIVE workers, and no other worker step left in Slurm."""
     active = [w for w in rig.job.status()["workers"] if w["state"] == "ACTIVE" and not w.get("placeholder")]
     return len(active) == workers and len(rig.job.worker_steps()) == workers
+
+
+def _quiet(rig: Rig) -> bool:
+    """Every worker step Slurm runs is an ACTIVE worker's, and no worker is starting or draining."""
+    workers = [w for w in rig.job.status()["workers"] if not w.get("placeholder")]
+    active = [w for w in workers if w["state"] == "ACTIVE"]
+    busy = [w for w in workers if w["state"] in ("STARTING", "DRAINING")]
+    return not busy and len(rig.job.worker_steps()) == len(active)
 
 
 def _restarted(rig: Rig, old_pid: int) -> bool:
