@@ -42,6 +42,22 @@ def test_sruns_own_line_of_this_step_and_no_other(tmp_path: Path) -> None:
     assert not srun_log_says_terminated(log, "8.3") and not srun_log_says_terminated(log, "7.31")
 
 
+SLURM_25_11 = {  # what Slurm 25.11.7 wrote for `scancel 30.0` of a running step (docs/real-cluster.md)
+    "srun": "srun: Job step aborted: Waiting up to 7 seconds for job step to finish.\n"
+            "srun: error: pnode1: task 0: Killed\nsrun: Terminating StepId=30.0\n",
+    "step": "[2026-11-26T15:14:14.624] error: *** STEP 30.0 ON pnode1 CANCELLED AT 2026-11-26T15:14:14 "
+            "DUE to SIGNAL Killed ***\n",
+}
+
+
+def test_slurm_25_11s_lines_for_a_cancelled_step_read_the_same(tmp_path: Path) -> None:
+    (tmp_path / "srun.log").write_text(SLURM_25_11["srun"])
+    (tmp_path / "step.out").write_text(SLURM_25_11["step"])
+    assert srun_log_says_terminated(tmp_path / "srun.log", "30.0")
+    assert step_output_says_cancelled(tmp_path / "step.out", "30.0")
+    assert not srun_log_says_terminated(tmp_path / "srun.log", "30.1")
+
+
 def test_a_step_cancelled_while_starting_with_only_sruns_word_is_not_counted(tmp_path: Path) -> None:
     """Seen on CI: ``scancel J.S`` right after a worker registered; slurmstepd wrote no CANCELLED
     line to the step's output in time, srun's log of the step said it was cancelled."""
