@@ -181,6 +181,10 @@ class HealthSection(_Section):
         "(`scontrol update NodeName=N State=DRAIN`, read every `controller.allocation_check_s`): `drain` it "
         "(it hands over its rollout and leaves; its replacement goes elsewhere) or `keep` it. Either way no "
         "new worker goes there.")
+    release_drained_nodes: bool = Field(
+        _RULES.release_drained_nodes, description="Give a node Slurm marks out of use back to Slurm once no "
+        "step but the node agents runs there (`scontrol update JobId=J NodeList=<the others>`); never the batch host, never "
+        "the last node. Slurm does not give it back to the job: the job runs on without it.")
     crash_threshold: int = Field(_RULES.crash_threshold, ge=1)
     crash_window_s: float = Field(_RULES.crash_window_s, ge=0)
     crash_cordon_s: float = Field(_RULES.crash_cordon_s, ge=0)

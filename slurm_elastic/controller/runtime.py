@@ -26,7 +26,7 @@ from slurm_elastic.core.naming import AGENT_PREFIX, worker_id_of_step
 from slurm_elastic.core.placement import Allocation
 from slurm_elastic.core.reconcile import EXITED_CLEANLY, Crashed, Launch, ObservedStep
 from slurm_elastic.core.scaling import PressureInputs
-from slurm_elastic.core.slurm_nodes import out_of_use_nodes
+from slurm_elastic.core.slurm_nodes import nodes_to_release, out_of_use_nodes
 from slurm_elastic.core.tick import Observation, TickResult, autoscaler_inputs, autoscales, tick
 from slurm_elastic.errors import SlurmElasticError
 from slurm_elastic.slurm.parse import StepInfo
@@ -150,7 +150,9 @@ class Controller(ControlPlane, StatusViews):
             return
         if job.is_running and job.comment != job_comment(self.state_dir):
             self._restore_job_comment(job.comment)
-        self.check_node_states(now_s)
+        out_of_use = self.check_node_states(now_s)
+        if out_of_use and job.is_running and self.config.health.release_drained_nodes:
+            self.release_nodes(out_of_use, job.nodes, job.batch_host)
         own = self.allocations[0].gpus_by_node
         gone = sorted(set(own) - set(job.nodes)) if job.is_running and job.nodes else []
         if not gone:
@@ -166,9 +168,10 @@ class Controller(ControlPlane, StatusViews):
                             len(own[node]), ",".join(kept) or "no node")
             self.save()
 
-    def check_node_states(self, now_s: float) -> None:
+    def check_node_states(self, now_s: float) -> dict[str, str]:
         """Read the states of the nodes the job and its burst jobs hold: every GPU of a node Slurm
-        marks drained, down, failing or rebooting is cordoned (by ``slurm``) until it no longer does."""
+        marks drained, down, failing or rebooting is cordoned (by ``slurm``) until it no longer does.
+        Returns those nodes, each with why ({} also when Slurm did not answer)."""
         burst = self.burst.running_gpus() if self.burst is not None else {}  # the last listing's
         self.node_states_read_for = frozenset(burst)
         with self.lock:
@@ -180,7 +183,7 @@ class Controller(ControlPlane, StatusViews):
             states = self.backend.node_states(sorted(held))
         except SlurmElasticError as exc:
             self._record_error("node states", str(exc))
-            return
+            return {}
         out = out_of_use_nodes({name: (node.state, node.reason) for name, node in states.items()})
         with self.lock:
             changes = self.state.cordons.observe_slurm_nodes(out, held, now_s)
@@ -191,6 +194,34 @@ class Controller(ControlPlane, StatusViews):
                 log.warning("%s %s GPUs %s (slurm): %s", action, where, ",".join(map(str, indexes)), reason)
             if changes:
                 self.save()
+        return out
+
+    def release_nodes(self, out_of_use: dict[str, str], job_nodes: tuple[str, ...], batch_host: str) -> None:
+        """Give the job's out-of-use nodes that nothing of the job uses any more back to Slurm
+        (``health.release_drained_nodes``); the next allocation check drops them."""
+        try:
+            steps = self.backend.list_steps(self.job_id)
+        except SlurmElasticError as exc:
+            self._record_error("release nodes", str(exc))
+            return
+        steps_by_node: dict[str, list[str]] = {}
+        for step in steps:
+            if step.step_id not in ("batch", "extern"):
+                for node in step.nodes:
+                    steps_by_node.setdefault(node, []).append(step.name)
+        release = nodes_to_release(out_of_use, job_nodes, batch_host, steps_by_node)
+        if not release:
+            return
+        kept = [node for node in job_nodes if node not in release]
+        try:
+            self.backend.shrink_job(self.job_id, kept)
+        except SlurmElasticError as exc:
+            self._record_error("release nodes", f"giving {','.join(release)} back to Slurm failed: {exc}")
+            return
+        for node in release:
+            log.warning("gave node %s back to Slurm (%s); job %d runs on with %s", node, out_of_use[node],
+                        self.job_id, ",".join(kept))
+        self.allocation_check_due = True
 
     def _restore_job_comment(self, found: str) -> None:
         """Set the job's comment back to the state directory: the CLI, the epilog (a burst job's

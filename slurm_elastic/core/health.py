@@ -111,6 +111,8 @@ class HealthRules:
     """What happens to a worker running on a GPU that becomes unhealthy."""
     on_node_out: Literal["drain", "keep"] = "drain"
     """What happens to a worker on a node Slurm marks drained, down, failing or rebooting."""
+    release_drained_nodes: bool = False
+    """Give such a node back to Slurm (shrink the job) once only node agents run there."""
     crash_threshold: int = 3
     """Worker crashes on one GPU within ``crash_window_s`` that cordon it."""
     crash_window_s: float = 600.0

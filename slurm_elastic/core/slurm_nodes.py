@@ -8,7 +8,9 @@ itself) wants emptied or cannot use: new jobs do not go there, and neither do ne
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+
+from slurm_elastic.core.naming import AGENT_PREFIX
 
 OUT_OF_USE = frozenset({
     "down",  # slurmd lost, or set down by an admin
@@ -39,3 +41,17 @@ def out_of_use_nodes(states: Mapping[str, tuple[str, str]]) -> dict[str, str]:
         if why is not None:
             out[node] = why
     return out
+
+
+def nodes_to_release(out_of_use: Mapping[str, str], job_nodes: Sequence[str], batch_host: str,
+                     steps_by_node: Mapping[str, Sequence[str]]) -> list[str]:
+    """The job's nodes to give back to Slurm now: out of use, not the batch host (the batch script
+    and the controller run there), and running no step but node agents (``steps_by_node``: the
+    names of the job's steps on each node; a worker still draining, the trainer, anything else
+    keeps the node). One node always stays."""
+    keep_one = [n for n in job_nodes if n not in out_of_use or n == batch_host]
+    if not keep_one:
+        return []
+    return [node for node in job_nodes
+            if node in out_of_use and node != batch_host
+            and all(name.startswith(AGENT_PREFIX) for name in steps_by_node.get(node, ()))]

@@ -120,6 +120,11 @@ class SlurmBackend(Protocol):
         unknown and ended ones are left out. One call."""
         ...
 
+    def shrink_job(self, job_id: int, nodes: Sequence[str]) -> None:
+        """Keep only ``nodes`` in the running job (``scontrol update JobId=J NodeList=...``): the
+        others go back to Slurm and their steps end. Raises SlurmError if Slurm refuses."""
+        ...
+
     def set_job_name(self, job_id: int, name: str) -> None:
         """Set the job's name (``scontrol update``). Raises SlurmError if Slurm refuses."""
         ...

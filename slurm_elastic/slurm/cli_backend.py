@@ -133,6 +133,10 @@ class SlurmCli:
             raise SlurmCommandError(list(result.argv), result.returncode, result.stdout, result.stderr)
         return [j for j in parse_job_lines(result.stdout) if j.job_id in wanted]
 
+    def shrink_job(self, job_id: int, nodes: Sequence[str]) -> None:
+        run_command(["scontrol", "update", f"JobId={int(job_id)}", f"NodeList={','.join(nodes)}"],
+                    timeout_s=self.timeout_s)
+
     def set_job_name(self, job_id: int, name: str) -> None:
         run_command(["scontrol", "update", f"JobId={int(job_id)}", f"JobName={name}"], timeout_s=self.timeout_s)
 

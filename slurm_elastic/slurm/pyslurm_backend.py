@@ -256,6 +256,9 @@ class PySlurm:
     def list_jobs(self, job_ids: Sequence[int]) -> list[QueuedJob]:
         return self._cli.list_jobs(job_ids)
 
+    def shrink_job(self, job_id: int, nodes: Sequence[str]) -> None:
+        self._cli.shrink_job(job_id, nodes)
+
     def set_job_name(self, job_id: int, name: str) -> None:
         self._cli.set_job_name(job_id, name)
 

@@ -15,7 +15,12 @@ from slurm_elastic.cli import main
 from slurm_elastic.devcluster.cluster import DevCluster
 from slurm_elastic.slurm.cli_backend import SlurmCli
 from slurm_elastic.slurm.runner import run_command
-from tests.cluster.controller_harness import start_controller_job, stop_controller_job, wait_for
+from tests.cluster.controller_harness import (
+    restart_slurmctld,
+    start_controller_job,
+    stop_controller_job,
+    wait_for,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -55,6 +60,28 @@ def test_a_node_an_admin_drains_is_emptied_and_used_again_once_resumed(devcluste
     finally:
         run_command(["scontrol", "update", "NodeName=node2", "State=RESUME"], check=False)  # if still drained
         stop_controller_job(job)
+
+
+def test_with_release_drained_nodes_the_emptied_node_goes_back_to_slurm(devcluster: DevCluster,
+                                                                       tmp_path: Path) -> None:
+    job = start_controller_job(devcluster, tmp_path, workers={"initial_workers": 8},
+                               autoscaler={"min_workers": 8, "max_workers": 8},
+                               controller={"allocation_check_s": 1.0}, health={"release_drained_nodes": True})
+    try:
+        job.active(8, timeout_s=60)
+        run_command(["scontrol", "update", "NodeName=node2", "State=DRAIN", "Reason=fan swap"])
+        status = wait_for(lambda: (st := job.status())["left_nodes"] and st, 30, "node2 to go back to Slurm")
+        assert [left["node"] for left in status["left_nodes"]] == ["node2"]
+        assert SlurmCli().job_info(job.job_id).nodes == ("node1",)
+        wait_for(lambda: devcluster.node_states()["node2"] == "drain", 15,  # drained: out of the job, nothing there
+                 "node2 to be drained (not draining)")
+        job.active(4, timeout_s=30)
+        assert worker_nodes(job.job_id) == ["node1"] * 4
+        assert not [e for e in job.events() if e["event"] == "crash"]
+    finally:
+        run_command(["scontrol", "update", "NodeName=node2", "State=RESUME"], check=False)
+        stop_controller_job(job)
+        restart_slurmctld(devcluster)  # else the next whole-node jobs wait minutes (controller_harness.py)
 
 
 def burst_jobs_of(job_id: int) -> list[tuple[int, str]]:

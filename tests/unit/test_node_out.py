@@ -15,7 +15,7 @@ from slurm_elastic.core.burst import burst_job_comment, burst_job_name
 from slurm_elastic.core.defaults import ALLOCATION_CHECK_S
 from slurm_elastic.core.health import AgentReport, GpuSample
 from slurm_elastic.core.naming import worker_step_name
-from slurm_elastic.core.slurm_nodes import out_of_use_reason
+from slurm_elastic.core.slurm_nodes import nodes_to_release, out_of_use_reason
 from slurm_elastic.errors import SlurmError
 from slurm_elastic.slurm.backend import StepSpec
 from slurm_elastic.slurm.parse import FIELD_SEP, NodeState, StepInfo, parse_node_lines
@@ -202,3 +202,54 @@ def test_a_burst_job_whose_nodes_slurm_drains_is_given_back_and_replaced(tmp_pat
     made.observe()
     assert sorted(slurm.jobs) == [b, b + 1]  # a cancelled, and another asked for in its place
     assert made.counters.lost == 0 and made.counters.cancelled == 1
+
+
+@pytest.mark.parametrize(("out", "steps", "released"), [
+    ({"node2": "drained"}, {"node2": ["se-agent-node2"]}, ["node2"]),  # only the node agent left there
+    ({"node2": "drained"}, {}, ["node2"]),
+    ({"node2": "drained"}, {"node2": ["se-w-0003"]}, []),  # a worker still draining there
+    ({"node2": "drained"}, {"node2": ["se-trainer"]}, []),  # the trainer, or any other step of the job
+    ({"node1": "drained"}, {}, []),  # the batch host: the batch script and the controller run there
+    ({"node1": "drained", "node2": "drained", "node3": "down"}, {}, ["node2", "node3"]),
+])
+def test_which_out_of_use_nodes_go_back_to_slurm(out: dict[str, str], steps: dict[str, list[str]],
+                                                   released: list[str]) -> None:
+    assert nodes_to_release(out, ("node1", "node2", "node3"), "node1", steps) == released
+
+
+def test_one_node_always_stays() -> None:
+    assert nodes_to_release({"node1": "x", "node2": "x"}, ("node1", "node2"), "", {}) == []
+
+
+class Shrinks(Recording):
+    def __init__(self) -> None:
+        super().__init__()
+        self.shrunk_to: list[list[str]] = []
+
+    def shrink_job(self, job_id: int, nodes: list[str]) -> None:
+        self.shrunk_to.append(list(nodes))
+        self.job_nodes = tuple(nodes)
+
+
+def test_a_drained_node_goes_back_to_slurm_once_its_workers_have_left(tmp_path: Path) -> None:
+    clock = Clock()
+    config = parse_config({"autoscaler": {"min_workers": 0}, "agent": {"enabled": False},
+                           "health": {"release_drained_nodes": True}})
+    backend = Shrinks()
+    backend.job_nodes = tuple(GPUS)
+    controller = Controller(config, 1, backend, tmp_path, gpus_by_node=dict(GPUS), clock=clock)  # type: ignore[arg-type]
+    controller.scale(1)
+    controller.tick()
+    (worker_id,) = controller.workers
+    backend.steps.append(StepInfo(1, "0", worker_step_name(worker_id), ("node2",), "0:01", "", "gres/gpu:1", 1))
+    controller.register_worker(worker_id, {"node": "node2", "gpus": [0], "step_id": "0"})
+    backend.nodes["node2"] = DRAINED
+    read_nodes(controller, clock)
+    assert backend.shrunk_to == []  # its worker drains first
+
+    backend.steps.clear()  # the worker has left
+    read_nodes(controller, clock)
+    assert backend.shrunk_to == [["node1"]]
+    controller.tick()  # the job's nodes are read again at once
+    assert controller.gpus_by_node == {"node1": GPUS["node1"]}
+    assert [left["node"] for left in controller.status()["left_nodes"]] == ["node2"]
