@@ -70,11 +70,15 @@ class BurstJobs:
     def name(self) -> str:
         return burst_job_name(self.parent_job_id)
 
+    @property
+    def script(self) -> Path:
+        """The batch script every burst job of this parent runs (Slurm keeps its path as the job's command)."""
+        return self.state_dir / "burst" / "burst_job.sbatch"
+
     def submit(self) -> int:
         """Render and submit one burst job; returns its id. The script is kept in ``<state dir>/burst``."""
-        directory = self.state_dir / "burst"
-        directory.mkdir(parents=True, exist_ok=True)
-        script = directory / "burst_job.sbatch"
+        script = self.script
+        script.parent.mkdir(parents=True, exist_ok=True)
         text = render_burst_script(self.config, self.parent_job_id, self.state_dir, self.python)
         tmp = script.with_suffix(".tmp")
         tmp.write_text(text)
@@ -86,6 +90,12 @@ class BurstJobs:
     def named(self) -> list[QueuedJob]:
         """The jobs Slurm lists under this parent's burst-job name, whatever their comment. One squeue call."""
         return self.backend.list_jobs_named(self.name)
+
+    def running_the_script(self) -> list[QueuedJob]:
+        """This user's jobs whose command is this parent's burst script, whatever their name and
+        comment now. One squeue call over all the user's jobs: for a controller's start only."""
+        wanted = {str(self.script), os.path.realpath(self.script)}
+        return [j for j in self.backend.list_my_jobs() if j.command and j.command in wanted]
 
     def by_ids(self, job_ids: set[int]) -> list[QueuedJob]:
         """Those of ``job_ids`` Slurm still lists, whatever their name. One squeue call."""

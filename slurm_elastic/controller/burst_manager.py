@@ -62,12 +62,15 @@ class BurstManager:
         self._comments: dict[int, str] = {}  # job -> the comment this controller submitted, adopted or set
         self._comment_refusals: dict[int, str] = {}  # job -> why Slurm refused to set its comment back
         self._name_refusals: dict[int, str] = {}  # job -> why Slurm refused to set its name back
+        self._script_checked = False  # the jobs running this parent's burst script were looked for
 
     # ---- observe -------------------------------------------------------------------------------
     def observe(self) -> bool:
         """List the burst jobs (one call); on failure keep the last view. Returns whether it worked."""
         try:
             named = self.jobs.named()
+            if not self._script_checked:
+                self._adopt_by_script()
             renamed = self._renamed({j.job_id for j in named})
         except SlurmError as exc:
             self._error(f"listing burst jobs failed: {exc}")
@@ -78,6 +81,16 @@ class BurstManager:
         self._gpus = {k: v for k, v in self._gpus.items() if k in known}
         self._comments = {k: v for k, v in self._comments.items() if k in known}
         return True
+
+    def _adopt_by_script(self) -> None:
+        """At this controller's first listing: a job running this parent's burst script is one of its
+        burst jobs even if someone changed its name or comment before this controller started
+        (Slurm lets no one change a job's command); it is adopted, and the next steps set both back."""
+        for job in self.jobs.running_the_script():
+            if job.job_id not in self._comments and burst_phase(job.state) != "ENDED":
+                ours = self.jobs.is_ours(job)
+                self._comments[job.job_id] = job.comment if ours else burst_job_comment(self.jobs.parent_job_id)
+        self._script_checked = True
 
     def _renamed(self, named_ids: set[int]) -> list[QueuedJob]:
         """This controller's jobs missing from the listing by name that Slurm still runs or queues:

@@ -115,6 +115,11 @@ class SlurmBackend(Protocol):
         One call."""
         ...
 
+    def list_my_jobs(self) -> list[QueuedJob]:
+        """Every job of this user that Slurm still lists, as :meth:`list_jobs_named` describes them.
+        One call; its answer grows with the user's jobs, so it is for rare use (a controller's start)."""
+        ...
+
     def list_jobs(self, job_ids: Sequence[int]) -> list[QueuedJob]:
         """Those of ``job_ids`` that Slurm still lists, as :meth:`list_jobs_named` describes them;
         unknown and ended ones are left out. One call."""

@@ -121,6 +121,10 @@ class SlurmCli:
                              timeout_s=self.timeout_s)
         return [j for j in parse_job_lines(result.stdout) if j.name == name]
 
+    def list_my_jobs(self) -> list[QueuedJob]:
+        result = run_command(["squeue", "--me", "--noheader", f"--format={JOB_FORMAT}"], timeout_s=self.timeout_s)
+        return parse_job_lines(result.stdout)
+
     def list_jobs(self, job_ids: Sequence[int]) -> list[QueuedJob]:
         if not job_ids:
             return []

@@ -37,8 +37,8 @@ class StepInfo:
 
 
 # squeue --format for a job listing: id, state, nodes, GPUs per node, pending reason, (expected)
-# start, node count, partition, name; the free-text comment last.
-JOB_FORMAT = FIELD_SEP.join(["%i", "%T", "%N", "%b", "%r", "%S", "%D", "%P", "%j", "%k"])
+# start, node count, partition, name, command (a batch job's script path); the free-text comment last.
+JOB_FORMAT = FIELD_SEP.join(["%i", "%T", "%N", "%b", "%r", "%S", "%D", "%P", "%j", "%o", "%k"])
 _GPU_COUNT = re.compile(r"gpu(?::[^:,]+)?:(\d+)")
 
 
@@ -56,6 +56,7 @@ class QueuedJob:
     partition: str
     name: str
     comment: str
+    command: str = ""  # a batch job's script path as submitted ("" for --wrap); no one can change it
 
 
 def parse_job_lines(text: str) -> list[QueuedJob]:
@@ -64,10 +65,11 @@ def parse_job_lines(text: str) -> list[QueuedJob]:
     for line in text.splitlines():
         if not line.strip():
             continue
-        fields = line.split(FIELD_SEP, 9)
-        if len(fields) != 10:
+        fields = line.split(FIELD_SEP, 10)
+        if len(fields) != 11:
             raise SlurmError(f"unexpected squeue job line: {line!r}")
-        job_id, state, nodes, tres, reason, start, count, partition, name, comment = (f.strip() for f in fields)
+        job_id, state, nodes, tres, reason, start, count, partition, name, command, comment = (
+            f.strip() for f in fields)
         if not job_id.isdigit():
             raise SlurmError(f"unexpected job id {job_id!r} in squeue output")
         gpus = _GPU_COUNT.search(tres)
@@ -77,7 +79,7 @@ def parse_job_lines(text: str) -> list[QueuedJob]:
             reason="" if reason in ("None", "(null)") else reason,
             start_time="" if start in ("N/A", "Unknown", "NONE", "(null)") else start,
             node_count=int(count) if count.isdigit() else 0, partition=partition, name=name,
-            comment="" if comment == "(null)" else comment,
+            comment="" if comment == "(null)" else comment, command="" if command == "(null)" else command,
         ))
     return jobs
 

@@ -253,6 +253,9 @@ class PySlurm:
     def list_jobs_named(self, name: str, user: str | None = None) -> list[QueuedJob]:
         return self._cli.list_jobs_named(name, user)
 
+    def list_my_jobs(self) -> list[QueuedJob]:
+        return self._cli.list_my_jobs()
+
     def list_jobs(self, job_ids: Sequence[int]) -> list[QueuedJob]:
         return self._cli.list_jobs(job_ids)
 

@@ -232,6 +232,7 @@ def test_a_job_is_listed_by_id_whatever_its_name_and_renamed(target: Target, all
     assert target.backend.list_jobs([99_999_999]) == []
     target.backend.set_job_name(alloc, "se-contract")
     assert [j.job_id for j in target.backend.list_jobs_named("se-contract")] == [alloc]
+    assert alloc in [j.job_id for j in target.backend.list_my_jobs()]
 
 
 def test_a_drained_node_reads_drained_with_its_reason_until_resumed(target: Target, alloc: int) -> None:

@@ -122,6 +122,11 @@ def test_the_manager_submits_releases_through_slurm_is_adopted_after_a_restart_a
         restarted.observe()
         assert sorted(j.job_id for j in restarted.listed) == [a, b]
         assert run_command(["squeue", "-h", "-j", str(a), "-o", "%j"]).stdout.strip() == "elastic-burst-888888"
+        run_command(["scontrol", "update", f"JobId={a}", "JobName=my own job", "Comment=my own note"])
+        started_after = manager()  # a controller started after both changes finds a by its script
+        assert sorted(j.job_id for j in started_after.listed) == [a, b]
+        assert comment_of(a) == burst_job_comment(888888)
+        assert run_command(["squeue", "-h", "-j", str(a), "-o", "%j"]).stdout.strip() == "elastic-burst-888888"
         again = manager()  # the mark is in Slurm: another restart knows b is being emptied
         assert again.releasing == {b}
         assert [r["state"] for r in again.status_rows({a: 2})] == ["RUNNING", "RELEASING"]

@@ -17,22 +17,33 @@ CONFIG = parse_config({"burst": {"max_jobs": 2, "gpus_per_job": 2, "submit_coold
 
 
 class FakeSlurm:
-    """Jobs by id -> (name, comment); sbatch gives a burst job its parent's comment."""
+    """Jobs by id -> (name, comment); sbatch gives a burst job its parent's comment and records its
+    script as the job's command."""
 
     def __init__(self) -> None:
         self.jobs: dict[int, tuple[str, str]] = {}
+        self.commands: dict[int, str] = {}
         self.refusal: str | None = None
         self.comment_calls = 0
         self.id_listings = 0
+        self.user_listings = 0
 
     def submit_batch(self, script: Path) -> int:
         job_id = 100 + len(self.jobs)
         self.jobs[job_id] = (burst_job_name(PARENT), burst_job_comment(PARENT))
+        self.commands[job_id] = str(script)
         return job_id
 
+    def _listed(self, job_id: int) -> QueuedJob:
+        name, comment = self.jobs[job_id]
+        return QueuedJob(job_id, "RUNNING", ("node1",), 2, "", "", 1, "p", name, comment, self.commands.get(job_id, ""))
+
     def list_jobs_named(self, name: str, user: str | None = None) -> list[QueuedJob]:
-        return [QueuedJob(job_id, "RUNNING", ("node1",), 2, "", "", 1, "p", n, comment)
-                for job_id, (n, comment) in self.jobs.items() if n == name]
+        return [self._listed(job_id) for job_id, (n, _) in self.jobs.items() if n == name]
+
+    def list_my_jobs(self) -> list[QueuedJob]:
+        self.user_listings += 1
+        return [self._listed(job_id) for job_id in self.jobs]
 
     def set_job_comment(self, job_id: int, comment: str) -> None:
         self.comment_calls += 1
@@ -45,8 +56,7 @@ class FakeSlurm:
 
     def list_jobs(self, job_ids: list[int]) -> list[QueuedJob]:
         self.id_listings += 1
-        return [QueuedJob(job_id, "RUNNING", ("node1",), 2, "", "", 1, "p", n, comment)
-                for job_id, (n, comment) in self.jobs.items() if job_id in job_ids]
+        return [self._listed(job_id) for job_id in self.jobs if job_id in job_ids]
 
     def set_job_name(self, job_id: int, name: str) -> None:
         if self.refusal:
@@ -133,3 +143,20 @@ def test_a_renamed_look_alike_is_not_looked_for(tmp_path: Path) -> None:
     slurm.jobs[7] = ("someone else's", burst_job_comment(PARENT))
     made = manager(slurm, tmp_path)
     assert made.listed == [] and slurm.id_listings == 0
+
+
+def test_a_controller_started_after_a_rename_and_an_overwrite_finds_its_jobs_by_their_script(tmp_path: Path) -> None:
+    """Slurm lets no one change a job's command: the burst script's path names the parent's jobs."""
+    slurm = FakeSlurm()
+    made = manager(slurm, tmp_path)
+    step(made, 8, {})
+    a, b = sorted(slurm.jobs)
+    slurm.jobs[a] = ("my renamed job", "my own note")
+    slurm.overwrite(b, "")
+    slurm.jobs[7] = (burst_job_name(PARENT), "someone else's")  # a look-alike: another command
+    restarted = manager(slurm, tmp_path)
+    assert [j.job_id for j in restarted.listed] == [a, b] and slurm.user_listings == 2
+    assert slurm.jobs[a] == slurm.jobs[b] == (burst_job_name(PARENT), burst_job_comment(PARENT))
+    assert slurm.jobs[7] == (burst_job_name(PARENT), "someone else's")
+    restarted.observe()
+    assert slurm.user_listings == 2  # once per controller

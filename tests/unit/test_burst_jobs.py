@@ -129,10 +129,11 @@ def test_policy_and_slots_from_the_config() -> None:
 # recorded on the dev cluster (Slurm 22.05): squeue --me --name=elastic-burst-99 --noheader --format=JOB_FORMAT
 RECORDED = "\n".join(FIELD_SEP.join(f) for f in [
     ["15", "PENDING", "", "gres:gpu:4", "Resources", "N/A", "2", "scavenger", "elastic-burst-99",
-     "slurm-elastic burst parent=99"],
+     "/s/99/burst/burst_job.sbatch", "slurm-elastic burst parent=99"],
     ["14", "RUNNING", "node[1-2]", "gres:gpu:a100:4", "None", "2026-11-23T14:44:53", "2", "scavenger",
-     "elastic-burst-99", "slurm-elastic burst parent=99"],
-    ["16", "PENDING", "", "(null)", "Priority", "2026-11-23T15:44:53", "1", "debug", "elastic-burst-99", "(null)"],
+     "elastic-burst-99", "/s/99/burst/burst_job.sbatch", "slurm-elastic burst parent=99"],
+    ["16", "PENDING", "", "(null)", "Priority", "2026-11-23T15:44:53", "1", "debug", "elastic-burst-99", "(null)",
+     "(null)"],
 ]) + "\n"
 
 
@@ -141,7 +142,8 @@ def test_the_job_listing_parses_state_gpus_reason_and_start() -> None:
     assert (pending.job_id, pending.state, pending.nodes, pending.gpus_per_node, pending.reason, pending.start_time) == (
         15, "PENDING", (), 4, "Resources", "")
     assert running.nodes == ("node1", "node2") and running.gpus_per_node == 4 and running.reason == ""
-    assert other.comment == "" and other.gpus_per_node == 0
+    assert other.comment == "" and other.gpus_per_node == 0 and other.command == ""
+    assert running.command == "/s/99/burst/burst_job.sbatch"
     jobs = core_jobs([pending, running, other], 4, {14: 3}, {14: 1})
     assert [(j.phase, j.workers, j.draining_workers) for j in jobs] == [("PENDING", 0, 0), ("RUNNING", 3, 1),
                                                                        ("PENDING", 0, 0)]
