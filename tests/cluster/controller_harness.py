@@ -133,7 +133,8 @@ def start_controller_job(cluster: DevCluster, tmp: Path, *, workers: dict[str, A
     tmp.mkdir(parents=True, exist_ok=True)
     hold = ["--hold"] if before_start else []
     out = run_command(["sbatch", "--parsable", *hold, f"--nodes={nodes}", "--exclusive", f"--gres=gpu:{gpus_per_node}",
-                       "--mem=0", "--job-name=se-ctl-test", f"--output={tmp}/job.out", *sbatch_options,
+                       "--mem=0", "--job-name=se-ctl-test", f"--output={tmp}/job.out", f"--chdir={tmp}",
+                       *sbatch_options,  # the job's working directory: Slurm writes a shrunk job's resize scripts there
                        str(script)]).stdout
     job = ControllerJob(int(out.strip().split(";")[0]), tmp, cluster)
     if before_start:
