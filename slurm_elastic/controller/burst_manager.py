@@ -10,8 +10,9 @@ overwrote is set back), the time of the last submission, counters.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from slurm_elastic.controller.burst_jobs import BurstJobs, core_jobs
@@ -60,8 +61,7 @@ class BurstManager:
         self._ending: set[int] = set()
         self._given_back: set[int] = set()  # jobs this controller cancelled or released: not lost when they end
         self._comments: dict[int, str] = {}  # job -> the comment this controller submitted, adopted or set
-        self._comment_refusals: dict[int, str] = {}  # job -> why Slurm refused to set its comment back
-        self._name_refusals: dict[int, str] = {}  # job -> why Slurm refused to set its name back
+        self._refusals: dict[tuple[int, str], str] = {}  # (job, "name"/"comment") -> why Slurm refused to set it back
         self._script_checked = False  # the jobs running this parent's burst script were looked for
 
     # ---- observe -------------------------------------------------------------------------------
@@ -102,16 +102,7 @@ class BurstManager:
             return []
         found = [j for j in self.jobs.by_ids(missing) if burst_phase(j.state) != "ENDED"]
         for job in found:
-            try:
-                self.jobs.set_name(job.job_id)
-            except SlurmError as exc:
-                if self._name_refusals.get(job.job_id) != str(exc):  # said once, not at every tick
-                    self._name_refusals[job.job_id] = str(exc)
-                    self._error(f"setting burst job {job.job_id}'s name back to {self.jobs.name!r} failed: {exc}")
-            else:
-                self._name_refusals.pop(job.job_id, None)
-                log.warning("burst job %d was renamed %r; set back to %r, by which the controller, the epilog and "
-                            "`slurm-elastic stop` find it", job.job_id, job.name, self.jobs.name)
+            self._set_back(job.job_id, "name", job.name, self.jobs.name, partial(self.jobs.set_name, job.job_id))
         return [replace(j, name=self.jobs.name) for j in found]
 
     def _own(self, job: QueuedJob) -> QueuedJob:
@@ -122,17 +113,23 @@ class BurstManager:
             self._comments[job.job_id] = job.comment
             return job
         wanted = self._comments[job.job_id]
-        try:
-            self.jobs.set_comment(job.job_id, wanted)
-        except SlurmError as exc:
-            if self._comment_refusals.get(job.job_id) != str(exc):  # said once, not at every tick
-                self._comment_refusals[job.job_id] = str(exc)
-                self._error(f"setting burst job {job.job_id}'s comment back to {wanted!r} failed: {exc}")
-        else:
-            self._comment_refusals.pop(job.job_id, None)
-            log.warning("burst job %d's Slurm comment read %r; set back to %r, through which the epilog, "
-                        "`slurm-elastic stop` and a restarted controller find it", job.job_id, job.comment, wanted)
+        self._set_back(job.job_id, "comment", job.comment, wanted, partial(self.jobs.set_comment, job.job_id, wanted))
         return replace(job, comment=wanted)
+
+    def _set_back(self, job_id: int, what: str, found: str, wanted: str, set_it: Callable[[], None]) -> None:
+        """Set a burst job's name or comment, which someone changed to ``found``, back to ``wanted``:
+        the controller, the epilog and ``stop`` find burst jobs by both. A refusal is said once, not
+        at every tick."""
+        try:
+            set_it()
+        except SlurmError as exc:
+            if self._refusals.get((job_id, what)) != str(exc):
+                self._refusals[(job_id, what)] = str(exc)
+                self._error(f"setting burst job {job_id}'s {what} back to {wanted!r} failed: {exc}")
+            return
+        self._refusals.pop((job_id, what), None)
+        log.warning("burst job %d's Slurm %s read %r; set back to %r, by which the controller, the epilog and "
+                    "`slurm-elastic stop` find it", job_id, what, found, wanted)
 
     @property
     def releasing(self) -> frozenset[int]:

@@ -173,7 +173,6 @@ class Controller(ControlPlane, StatusViews):
         marks drained, down, failing or rebooting is cordoned (by ``slurm``) until it no longer does.
         Returns those nodes, each with why ({} also when Slurm did not answer)."""
         burst = self.burst.running_gpus() if self.burst is not None else {}  # the last listing's
-        self.node_states_read_for = frozenset(burst)
         with self.lock:
             held: dict[str, set[int]] = {}
             for gpus_by_node in [a.gpus_by_node for a in self.allocations] + list(burst.values()):
@@ -184,6 +183,7 @@ class Controller(ControlPlane, StatusViews):
         except SlurmElasticError as exc:
             self._record_error("node states", str(exc))
             return {}
+        self.node_states_read_for = frozenset(burst)
         out = out_of_use_nodes({name: (node.state, node.reason) for name, node in states.items()})
         with self.lock:
             changes = self.state.cordons.observe_slurm_nodes(out, held, now_s)

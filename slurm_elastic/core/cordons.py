@@ -215,6 +215,11 @@ class CordonBook:
                     break
         return out
 
+    def entry(self, key: GpuKey, source: CordonSource) -> CordonEntry | None:
+        """The cordon of ``source`` on a GPU, if it has one."""
+        g = self._gpus.get(key)
+        return None if g is None else g.entries.get(source)
+
     def cordoned_by(self, source: CordonSource) -> set[GpuKey]:
         """The GPUs that carry a cordon of ``source`` (whichever cordon status shows for them)."""
         return {key for key, g in self._gpus.items() if source in g.entries}

@@ -238,11 +238,11 @@ def _drain_unhealthy(state: ControlState, now_s: float) -> list[Worker]:
     for worker in state.workers.values():
         hit = worker.cordoned_gpus(targets)
         if hit and worker.state in (S.ACTIVE, S.STARTING) and not worker.placeholder:
-            entry = state.cordons.cordoned().get(hit[0])
-            if entry is not None and entry.source == "slurm":
-                begin_drain(worker, now_s, entry.reason)
+            node_out, health = state.cordons.entry(hit[0], "slurm"), state.cordons.entry(hit[0], "health")
+            if node_out is not None and state.cordons.rules.on_node_out == "drain":
+                begin_drain(worker, now_s, node_out.reason)
             else:
-                begin_drain(worker, now_s, f"GPU {hit[0][0]}:{hit[0][1]} unhealthy: {entry.reason if entry else 'cordoned'}")
+                begin_drain(worker, now_s, f"GPU {hit[0][0]}:{hit[0][1]} unhealthy: {health.reason if health else 'cordoned'}")
             drained.append(worker)
     return drained
 
