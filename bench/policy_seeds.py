@@ -4,6 +4,7 @@ seed, and how far ours lies above the fixed counts' curve.
     .venv/bin/python bench/policy_seeds.py eval_pauses,long_warmup [--seeds 20] [--jobs 2]
     .venv/bin/python bench/policy_seeds.py all --code /path/to/an/older/checkout   # its policy
     .venv/bin/python bench/policy_seeds.py long_warmup --initial-workers 8          # another start
+    .venv/bin/python bench/policy_seeds.py all --code /tmp/variant --fixed-code .   # a variant of ours
 
 For each trace and seed 0..N-1: ours, and every fixed count from min_workers to the top. A fixed
 count dominates ours on a seed when it idles no more on no more GPU-seconds, one strictly. The
@@ -13,20 +14,39 @@ idles less than running a mix of fixed counts with its GPU-seconds. ``--code`` s
 ``slurm_elastic/`` of another checkout on this checkout's traces (the figures "earlier policy →
 now" in docs/autoscaler.md). Prints one line per trace, naming the fixed counts whose medians
 dominate ours' medians, with theirs; pure simulation, ``--jobs`` processes.
+
+The fixed counts are most of the work (every count, every seed) and do not run through the
+autoscaler, so they are kept in ``--cache`` (a JSON file), keyed by a hash of the trace's text and
+of every source file of the checkout that simulated them. A variant of the policy, an ad-hoc copy
+of the code given as ``--code``, can take its fixed counts from the checkout it was copied from
+with ``--fixed-code``: all nineteen traces at 20 seeds then take about a minute on 2 cores once
+that checkout's fixed counts are cached (about half an hour the first time).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import itertools
+import json
+import multiprocessing
 import statistics
 import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Any, Protocol
 
 TRACES = Path(__file__).resolve().parent.parent / "examples" / "traces"
+CACHE = Path.home() / ".cache" / "slurm-elastic" / "policy_seeds.json"
 Run = tuple[float, float]  # (trainer idle fraction, GPU-seconds)
+
+
+class Pool(Protocol):
+    """What runs the simulations: a process pool (or, in a test, anything with its ``map``)."""
+
+    def map(self, fn: Callable[..., Any], *iterables: Iterable[Any]) -> Iterator[Any]: ...
 
 
 def _use_code(code: str) -> None:
@@ -63,17 +83,42 @@ def _dominates(fixed: Run, ours: Run) -> bool:
     return fixed[0] <= ours[0] and fixed[1] <= ours[1] and (fixed[0] < ours[0] or fixed[1] < ours[1])
 
 
-def report(code: str, name: str, seeds: int, jobs: int, initial_workers: int) -> str:
-    _use_code(code)
-    from slurm_elastic.sim.output import load_trace
+def _digest(*parts: bytes) -> str:
+    hasher = hashlib.sha256()
+    for part in parts:
+        hasher.update(hashlib.sha256(part).digest())
+    return hasher.hexdigest()[:16]
 
-    trace = load_trace(TRACES / f"{name}.toml")
-    counts = range(trace.autoscaler.min_workers, min(trace.cluster.gpu_slots, trace.autoscaler.max_workers) + 1)
-    tasks = [(code, name, "ours", s, initial_workers) for s in range(seeds)]
-    tasks += [(code, name, "static-mid", s, n) for n in counts for s in range(seeds)]
-    with ProcessPoolExecutor(jobs) as pool:
-        runs = list(pool.map(_run, *zip(*tasks, strict=True)))
-    ours, fixed = runs[:seeds], runs[seeds:]
+
+def code_digest(code: str) -> str:
+    """A hash of every source file of ``code``'s ``slurm_elastic/``, names included."""
+    files = sorted((Path(code) / "slurm_elastic").rglob("*.py"))
+    return _digest(*(str(f.relative_to(code)).encode() + b"\0" + f.read_bytes() for f in files))
+
+
+def _counts(name: str) -> range:
+    """Every fixed count of the trace, from min_workers to the top (read without importing the code)."""
+    import tomllib
+
+    doc = tomllib.loads((TRACES / f"{name}.toml").read_text())
+    scaler = doc.get("autoscaler", {})
+    top = min(doc["cluster"]["gpu_slots"], scaler.get("max_workers", 64))
+    return range(scaler.get("min_workers", 1), top + 1)
+
+
+def report(code: str, fixed_code: str, name: str, seeds: int, pools: Mapping[str, Pool],
+           initial_workers: int, cache: dict[str, Run]) -> str:
+    """One trace's line; the fixed counts from ``cache`` where there, added to it where not."""
+    counts = _counts(name)
+    key = f"{code_digest(fixed_code)}:{_digest((TRACES / f'{name}.toml').read_bytes())}"
+    missing = [(fixed_code, name, "static-mid", s, n) for n in counts for s in range(seeds)
+               if f"{key}:{s}:{n}" not in cache]
+    ours = list(pools[code].map(_run, *zip(*[(code, name, "ours", s, initial_workers) for s in range(seeds)],
+                                           strict=True)))
+    if missing:
+        for task, run in zip(missing, pools[fixed_code].map(_run, *zip(*missing, strict=True)), strict=True):
+            cache[f"{key}:{task[3]}:{task[4]}"] = run
+    fixed = [cache[f"{key}:{s}:{n}"] for n in counts for s in range(seeds)]
     by_seed = [[fixed[i * seeds + s] for i in range(len(counts))] for s in range(seeds)]
     dominated = sum(any(_dominates(f, ours[s]) for f in by_seed[s]) for s in range(seeds))
     gaps = [ours[s][0] - at for s in range(seeds) if (at := _curve_at(by_seed[s], ours[s][1])) is not None]
@@ -97,11 +142,29 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1, help="processes")
     parser.add_argument("--code", default=str(Path(__file__).resolve().parents[1]),
                         help="the checkout whose slurm_elastic/ is simulated (default: this one)")
+    parser.add_argument("--fixed-code", default=None,
+                        help="the checkout whose code simulates the fixed counts (default: --code)")
     parser.add_argument("--initial-workers", type=int, default=0, help="ours' workers at t = 0 (0: the trace's)")
+    parser.add_argument("--cache", type=Path, default=CACHE, help=f"the fixed counts' results (default: {CACHE})")
     args = parser.parse_args()
     names = sorted(p.stem for p in TRACES.glob("*.toml")) if args.traces == "all" else args.traces.split(",")
-    for name in names:
-        print(report(str(Path(args.code).resolve()), name, args.seeds, args.jobs, args.initial_workers), flush=True)
+    code = str(Path(args.code).resolve())
+    fixed_code = str(Path(args.fixed_code).resolve()) if args.fixed_code else code
+    try:
+        cache = {k: (v[0], v[1]) for k, v in json.loads(args.cache.read_text()).items()}
+    except (OSError, ValueError):
+        cache = {}  # none yet, or unreadable: simulated anew
+    # a pool per checkout, spawned: a process imports slurm_elastic once, from the checkout of its pool
+    pools: dict[str, ProcessPoolExecutor] = {c: ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn"))
+             for c in {code, fixed_code}}
+    try:
+        for name in names:
+            print(report(code, fixed_code, name, args.seeds, pools, args.initial_workers, cache), flush=True)
+            args.cache.parent.mkdir(parents=True, exist_ok=True)
+            args.cache.write_text(json.dumps(cache))
+    finally:
+        for pool in pools.values():
+            pool.shutdown()
 
 
 if __name__ == "__main__":
