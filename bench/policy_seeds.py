@@ -155,8 +155,8 @@ def main() -> None:
     except (OSError, ValueError):
         cache = {}  # none yet, or unreadable: simulated anew
     # a pool per checkout, spawned: a process imports slurm_elastic once, from the checkout of its pool
-    pools: dict[str, ProcessPoolExecutor] = {c: ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn"))
-             for c in {code, fixed_code}}
+    spawn = multiprocessing.get_context("spawn")
+    pools = {c: ProcessPoolExecutor(args.jobs, mp_context=spawn) for c in {code, fixed_code}}
     try:
         for name in names:
             print(report(code, fixed_code, name, args.seeds, pools, args.initial_workers, cache), flush=True)
