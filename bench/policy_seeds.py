@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import hashlib
 import itertools
 import json
@@ -90,14 +91,16 @@ def _digest(*parts: bytes) -> str:
     return hasher.hexdigest()[:16]
 
 
+@functools.cache
 def code_digest(code: str) -> str:
-    """A hash of every source file of ``code``'s ``slurm_elastic/``, names included."""
+    """A hash of every source file of ``code``'s ``slurm_elastic/``, names included (once per run)."""
     files = sorted((Path(code) / "slurm_elastic").rglob("*.py"))
     return _digest(*(str(f.relative_to(code)).encode() + b"\0" + f.read_bytes() for f in files))
 
 
 def _counts(name: str) -> range:
-    """Every fixed count of the trace, from min_workers to the top (read without importing the code)."""
+    """Every fixed count of the trace, from min_workers to the top, read without importing the code
+    (the defaults are AutoscalerConfig's; tests/unit/test_policy_seeds.py holds them to the loader)."""
     import tomllib
 
     doc = tomllib.loads((TRACES / f"{name}.toml").read_text())

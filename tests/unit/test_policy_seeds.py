@@ -6,7 +6,10 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from bench import policy_seeds
+from slurm_elastic.sim.output import load_trace
 
 
 class RecordingPool:
@@ -51,3 +54,10 @@ def test_fixed_counts_are_simulated_once_per_code_and_trace(tmp_path: Path) -> N
 
     policy_seeds.report(variant, variant, "steady", 2, {variant: ours}, 0, cache)
     assert len(cache) == 4 * len(counts)  # another code: its own fixed counts
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in policy_seeds.TRACES.glob("*.toml")))
+def test_the_fixed_counts_read_from_the_toml_are_the_loaders(name: str) -> None:
+    trace = load_trace(policy_seeds.TRACES / f"{name}.toml")
+    top = min(trace.cluster.gpu_slots, trace.autoscaler.max_workers)
+    assert policy_seeds._counts(name) == range(trace.autoscaler.min_workers, top + 1)
