@@ -14,7 +14,8 @@ staleness capacity is then one window less what is still buffered, not inflated 
 publish may not go below the current version nor more than ``max_staleness + 1`` past it (an
 ``ApiError`` with status 409 that names ``recovered=true``). A batch that was handed out but never
 acknowledged (the trainer or the controller died) is handed out again with the same id, so a
-trainer that remembers acknowledged ids processes every rollout exactly once.
+trainer that remembers acknowledged ids processes every rollout exactly once. A pull whose
+answer is lost is retried with the same ``pull_id``, which gets that same batch.
 
 A group whose stored copy was found damaged is never delivered: the controller quarantines it
 and names it in the next batch (``lost_group_ids``). The trainer logs a warning, keeps the ids
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,13 +90,18 @@ class Trainer:
                 time.sleep(0.5)
 
     def next_batch(self, timeout_s: float = 3600.0) -> Batch | None:
-        """The next batch not yet acknowledged by this trainer (None after ``timeout_s``)."""
+        """The next batch not yet acknowledged by this trainer (None after ``timeout_s``). Each
+        pull carries a ``pull_id`` that its retries repeat, so a batch whose answer was lost
+        (a timeout, a dropped connection) comes back to the retry instead of waiting for a
+        re-registration; the id changes once a batch has arrived."""
         deadline = time.monotonic() + timeout_s
+        pull_id = uuid.uuid4().hex
         while time.monotonic() < deadline:
-            got = self._retry(self.client.pull_batch)
+            got = self._retry(lambda: self.client.pull_batch(pull_id))  # noqa: B023 (called at once)
             if got is None:
                 time.sleep(self.poll_s)
                 continue
+            pull_id = uuid.uuid4().hex
             lost = [str(g) for g in got.get("lost_group_ids") or []]
             if lost:
                 self._lost(lost)

@@ -81,7 +81,8 @@ class ControlClient:
         """Submit one scored group; never drops it while ``max_wait_s`` lasts. A full buffer (429)
         or a server error (5xx: the store failed, a restart) is tried again after ``Retry-After``
         (or a backoff of up to 10 s), as is a controller that does not answer; a refusal (4xx)
-        raises :class:`ApiError` at once.
+        raises :class:`ApiError` at once (409: ``policy_version`` past the trainer's). A group
+        already too stale is answered ``{"accepted": false, "reason": "stale", ...}`` (not stored).
 
         A resend is safe: the group id makes the submit idempotent.
         """
@@ -119,10 +120,13 @@ class ControlClient:
     def trainer_register(self, trainer_id: str = "trainer") -> dict[str, Any]:
         return self._call("POST", "/trainer/register", {"trainer_id": trainer_id})
 
-    def pull_batch(self) -> dict[str, Any] | None:
-        """The next batch ({batch_id, groups}), or None when not enough sequences are buffered."""
+    def pull_batch(self, pull_id: str | None = None) -> dict[str, Any] | None:
+        """The next batch ({batch_id, groups}), or None when not enough sequences are buffered.
+        ``pull_id`` (up to 64 of ``[0-9A-Za-z_-]``): sent again with a retry, it gets the batch the
+        first try got if that answer was lost (while it is not acknowledged)."""
         try:
-            response = self._http.post("/trainer/batch")
+            params = {"pull_id": pull_id} if pull_id is not None else None
+            response = self._http.post("/trainer/batch", params=params)
         except httpx.TransportError as exc:
             raise ControllerUnreachableError(f"controller at {self.url} did not answer: {exc}") from None
         if response.status_code == 204:

@@ -1,9 +1,10 @@
 """The request bodies the controller's routes accept, shared by the routes and the clients.
 
 Each model refuses unknown keys, values of another JSON type (no numbers as strings, no
-booleans or fractions as integers) and numbers that are not finite, and bounds every number; :class:`AgentReportBody` also turns a
-node agent's report into the core's frozen :class:`~slurm_elastic.core.health.AgentReport`
-(and back, for the agent that posts it).
+booleans or fractions as integers) and numbers that are not finite, and bounds every number and
+list (a list over its cap is refused before its items are read, so a huge one costs one error);
+:class:`AgentReportBody` also turns a node agent's report into the core's frozen
+:class:`~slurm_elastic.core.health.AgentReport` (and back, for the agent that posts it).
 """
 
 from __future__ import annotations
@@ -20,6 +21,12 @@ WORKER_ID = r"^[A-Za-z0-9_]{1,64}$"
 ID = r"^[A-Za-z0-9_.:-]{1,128}$"
 INT64_MAX = 2**63 - 1  # what the store (SQLite) and the state file's readers hold
 Count = Annotated[int, Field(ge=0, le=INT64_MAX)]
+GPU_INDEX_MAX = 1024  # the highest GPU index a body may name
+NODE_GPUS_MAX = 64  # GPUs one node may report or one worker hold
+NodeName = Annotated[str, Field(min_length=1, max_length=256)]  # a Slurm node name
+TEXT_MAX = 4096  # characters of an agent's error message
+NOTES_MAX = 64  # messages or flags in one list of an agent's report (a sample reads about 15 fields)
+Note = Annotated[str, Field(max_length=TEXT_MAX)]
 
 
 class _Body(BaseModel):
@@ -31,7 +38,7 @@ class _Body(BaseModel):
 
 class Registration(_Body):
     node: str = Field(min_length=1, max_length=256)
-    gpus: list[Annotated[int, Field(ge=0, le=1024)]] = Field(default_factory=list, max_length=64)
+    gpus: list[Annotated[int, Field(ge=0, le=GPU_INDEX_MAX)]] = Field(default_factory=list, max_length=NODE_GPUS_MAX)
     step_id: str = Field("", max_length=64)
     pid: Count = 0
     endpoint: str = Field("", max_length=512)
@@ -80,7 +87,7 @@ def _printable(text: str) -> str:
 
 class GpuRef(_Body):
     node: str = Field(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9._-]+$")  # a Slurm node name
-    gpu: int = Field(ge=0, le=1024)
+    gpu: int = Field(ge=0, le=GPU_INDEX_MAX)
     reason: Annotated[str, AfterValidator(_printable)] = Field("", max_length=256)
 
 
@@ -113,12 +120,12 @@ class GpuSampleBody(BaseModel):
     :class:`GpuRef` bounds them; ``null`` means the agent could not read the field."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
-    node: str = Field(min_length=1)
-    index: int = Field(ge=0, le=1024)
-    uuid: str = ""
-    pci_bus_id: str | None = None
+    node: NodeName
+    index: int = Field(ge=0, le=GPU_INDEX_MAX)
+    uuid: str = Field("", max_length=256)
+    pci_bus_id: str | None = Field(None, max_length=256)
     temperature_c: float | None = None
-    clock_event_reasons: list[str] | None = None
+    clock_event_reasons: list[Annotated[str, Field(max_length=256)]] | None = Field(None, max_length=NOTES_MAX)
     memory_used_mb: Count | None = None
     memory_total_mb: Count | None = None
     utilization_pct: float | None = Field(None, ge=0, le=100)
@@ -129,7 +136,7 @@ class GpuSampleBody(BaseModel):
     remapped_rows_pending: bool | None = None
     remapped_rows_failure: bool | None = None
     lost: bool = False
-    errors: list[str] = Field(default_factory=list)
+    errors: list[Note] = Field(default_factory=list, max_length=NOTES_MAX)
 
     def to_core(self) -> GpuSample:
         fields = self.model_dump()
@@ -139,14 +146,15 @@ class GpuSampleBody(BaseModel):
 
 class AgentReportBody(BaseModel):
     """What a node agent posts: ``{node, sampled_at_s, source, gpus: [...], errors}``; every
-    sample names the report's node. Keys of the report besides these are ignored."""
+    sample names the report's node, at most :data:`NODE_GPUS_MAX` samples and :data:`NOTES_MAX`
+    errors. Keys of the report besides these are ignored."""
 
     model_config = ConfigDict(extra="ignore", strict=True, frozen=True, allow_inf_nan=False)
-    node: str = Field(min_length=1)
+    node: NodeName
     sampled_at_s: float
-    source: str = ""
-    gpus: list[GpuSampleBody]
-    errors: list[str] = Field(default_factory=list)
+    source: str = Field("", max_length=256)
+    gpus: list[GpuSampleBody] = Field(max_length=NODE_GPUS_MAX)
+    errors: list[Note] = Field(default_factory=list, max_length=NOTES_MAX)
 
     @model_validator(mode="after")
     def _one_node(self) -> AgentReportBody:

@@ -7,6 +7,8 @@ import logging
 import threading
 from pathlib import Path
 
+from starlette.types import Receive, Scope, Send
+
 from slurm_elastic import __version__
 from slurm_elastic.client.locate import job_comment
 from slurm_elastic.controller.beats import HeartbeatEndpoint
@@ -14,6 +16,7 @@ from slurm_elastic.controller.config import ElasticConfig
 from slurm_elastic.controller.files import ensure_token, previous_port, publish
 from slurm_elastic.controller.guard import BODY_MAX_BYTES, RequestGuard
 from slurm_elastic.controller.http import control_router
+from slurm_elastic.controller.json_body import JsonBodies
 from slurm_elastic.controller.main import (
     build_controller,
     check_worker_shape,
@@ -35,16 +38,35 @@ from slurm_elastic.rollouts.store import RolloutStore
 log = logging.getLogger(__name__)
 
 
+class HttpOnlyApp(ControllerApp):
+    """:class:`ControllerApp` for HTTP requests and lifespan events only: a WebSocket handshake is
+    refused (closed before it is accepted: the server answers 403) whatever it carries, as no
+    route speaks WebSocket and the token check is the HTTP requests'. Any other kind of scope is
+    an error."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "websocket":
+            await send({"type": "websocket.close", "code": 1008, "reason": "no WebSocket routes"})
+        elif kind in ("http", "lifespan"):
+            await super().__call__(scope, receive, send)
+        else:
+            raise ValueError(f"the controller's API serves no {kind!r} scope")
+
+
 def create_controller_app(controller: Controller, token: str, queue: RolloutQueue | None = None) -> ControllerApp:
     """The controller's ASGI app: /healthz, the control plane, the rollout queue and the schema
     (/openapi.json), every route behind the job's token, checked with the body's size before any
-    body is read. No interactive docs pages (they would be the only unauthenticated routes).
-    ``queue`` is the one ``controller`` was built with (its numbers drive the autoscaler)."""
+    body is read; the framework's routes take their body as JSON whatever its Content-Type, refused
+    when nested too deeply (:mod:`.json_body`). No interactive docs pages (they would be the only
+    unauthenticated routes), no WebSocket. ``queue`` is the one ``controller`` was built with (its
+    numbers drive the autoscaler)."""
     if queue is not None and controller.queue is not queue:
         raise ValueError("the routes would serve another queue than the controller reads: build the controller with queue=")
     submit_max_bytes = queue.config.max_group_bytes if queue is not None else BODY_MAX_BYTES
-    app = ControllerApp(RequestGuard(token, submit_max_bytes), title="slurm-elastic controller", version=__version__,
-                        docs_url=None, redoc_url=None)
+    app = HttpOnlyApp(RequestGuard(token, submit_max_bytes), title="slurm-elastic controller", version=__version__,
+                      docs_url=None, redoc_url=None)
+    app.add_middleware(JsonBodies)
 
     @app.get("/healthz", tags=["status"])
     def healthz() -> dict[str, str]:

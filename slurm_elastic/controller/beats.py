@@ -21,7 +21,7 @@ from slurm_elastic.client.wire import WORKER_ID, Heartbeat
 from slurm_elastic.controller.guard import Headers
 from slurm_elastic.controller.runtime import Controller, UnknownWorkerError
 
-_PATH = re.compile("^/workers/(" + WORKER_ID.strip("^$") + ")/heartbeat$")
+_PATH = re.compile("/workers/(" + WORKER_ID.strip("^$") + ")/heartbeat")  # whole paths only (fullmatch)
 _JSON: Headers = [(b"content-type", b"application/json")]
 
 
@@ -36,7 +36,7 @@ class HeartbeatEndpoint:
         """The worker id of a heartbeat request, or None for any other request."""
         if scope["method"] != "POST":
             return None
-        match = _PATH.match(scope["path"])
+        match = _PATH.fullmatch(scope["path"])
         return match.group(1) if match else None
 
     def answer(self, worker_id: str, body: bytes) -> tuple[int, bytes, Headers] | None:

@@ -5,6 +5,7 @@ through it (an operator drain is :func:`slurm_elastic.core.tick.operator_drain`)
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any
 
 from slurm_elastic.controller.base import ControllerBase
@@ -211,14 +212,23 @@ class ControlPlane(ControllerBase):
                     "reason": still.reason if still else ""}
 
     def report_gpu_health(self, parsed: AgentReport) -> dict[str, Any]:
-        """A node agent's telemetry (validated by the route)."""
+        """A node agent's telemetry (validated by the route). Only the job's GPUs on that node are
+        taken in; the answer lists the indexes left out (an agent that sees the whole node)."""
         if not any(parsed.node in a.gpus_by_node for a in self.allocations):
             raise UnknownWorkerError(f"node {parsed.node} is not part of job {self.job_id}")
+        held = {gpu for a in self.allocations for gpu in a.gpus_by_node.get(parsed.node, ())}
+        ignored = sorted({s.index for s in parsed.gpus if s.index not in held})
+        if ignored:
+            parsed = replace(parsed, gpus=[s for s in parsed.gpus if s.index in held])
         with self.lock:
+            self.state.cordons.keep_only(parsed.node, held)
             changes = self.state.cordons.observe_report(parsed, self.clock())
             for change in changes:
                 log.warning("%s %s:%d (%s): %s", change.action, change.node, change.gpu, change.source, change.reason)
-            return {"node": parsed.node, "changes": [c.__dict__ for c in changes]}
+            answer: dict[str, Any] = {"node": parsed.node, "changes": [c.__dict__ for c in changes]}
+            if ignored:
+                answer["ignored_gpus"] = ignored
+            return answer
 
     def _check_gpu(self, node: str, gpu: int) -> None:
         if not any(gpu in a.gpus_by_node.get(node, ()) for a in self.allocations):

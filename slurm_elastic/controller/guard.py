@@ -1,10 +1,11 @@
 """What every request to the controller passes before anything reads its body: one
 ``Authorization`` header (400 with more than one: which of them counts is not the client's to
-choose), the job's token (401 without one, 403 with a wrong one), then the body's size (413
-over the route's cap, from ``Content-Length`` before a byte is read, or counted as a chunked
-body streams in), then the body's time: it must arrive whole within ``body_timeout_s`` of its
-head (408 otherwise), so a client that trickles a body, or declares more than it sends, holds
-its connection that long at most.
+choose), the job's token (401 without one, 403 with a wrong one), a path of printable characters
+(404 otherwise: Starlette's routes, ending in ``$``, would take ``/admin/scale`` followed by a
+newline), then the body's size (413 over the route's cap, from ``Content-Length`` before a byte
+is read, or counted as a chunked body streams in), then the body's time: it must arrive whole
+within ``body_timeout_s`` of its head (408 otherwise), so a client that trickles a body, or
+declares more than it sends, holds its connection that long at most.
 
 One check in the ASGI layer, in front of routing (:class:`~slurm_elastic.controller.rollout_http.ControllerApp`
 calls it), so that no route can parse a body first. A refusal closes the connection: the
@@ -75,6 +76,8 @@ class RequestGuard:
             return refusal(401, "missing bearer token", [(b"www-authenticate", b"Bearer")]), False, False
         if not hmac.compare_digest(token, self.token):
             return refusal(403, "wrong token for this job"), False, False
+        if not scope["path"].isprintable():  # the router's `$` would take a trailing newline
+            return refusal(404, "no route: the path holds a control character"), False, False
         limit = self.limit_bytes(scope)
         if content_length and (not content_length.isdigit() or int(content_length) > limit):
             return self.too_big(limit), False, False

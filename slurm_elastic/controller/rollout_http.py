@@ -14,7 +14,7 @@ import math
 import threading
 from typing import Annotated, Any, Generic, TypeVar
 
-from fastapi import APIRouter, FastAPI, HTTPException, Request, Response, status
+from fastapi import APIRouter, FastAPI, HTTPException, Query, Request, Response, status
 from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
 from prometheus_client import generate_latest
@@ -31,13 +31,24 @@ from slurm_elastic.client.wire import (
 )
 from slurm_elastic.controller.beats import HeartbeatEndpoint, read_body, replaying
 from slurm_elastic.controller.guard import Headers, RequestGuard, send_answer
-from slurm_elastic.controller.http_errors import invalid_request, retry_after, storage_failed
+from slurm_elastic.controller.http_errors import (
+    error_detail,
+    invalid_request,
+    retry_after,
+    storage_failed,
+)
 from slurm_elastic.controller.metrics import metrics_registry
 from slurm_elastic.controller.runtime import Controller
 from slurm_elastic.controller.weights import publish_weights
 from slurm_elastic.core.staleness import VersionRefused
 from slurm_elastic.errors import StateFileError
-from slurm_elastic.rollouts.queue import QueueFull, RolloutQueue, UnknownBatchError
+from slurm_elastic.rollouts.queue import (
+    QueueFull,
+    RolloutQueue,
+    StaleGroup,
+    UnknownBatchError,
+    VersionAhead,
+)
 from slurm_elastic.rollouts.wire import check_mask_values, check_token_ids
 
 log = logging.getLogger(__name__)
@@ -57,12 +68,12 @@ class Sequence(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, val_json_bytes="base64",
                               ser_json_bytes="base64")
-    tokens: list[Annotated[int, Field(ge=0, lt=2**31)]] | None = Field(None, max_length=1_000_000)
+    tokens: list[Annotated[int, Field(ge=0, lt=2**31)]] | None = Field(None, max_length=1_000_000, fail_fast=True)
     tokens_b64: bytes | None = _compact("token ids as little-endian int32", 4_000_000)
-    mask: list[Annotated[int, Field(ge=0, le=1)]] | None = Field(None, max_length=1_000_000)
+    mask: list[Annotated[int, Field(ge=0, le=1)]] | None = Field(None, max_length=1_000_000, fail_fast=True)
     mask_b64: bytes | None = _compact("loss mask as one byte (0 or 1) per token", 1_000_000)
     score: float
-    logprobs: list[float] | None = Field(None, max_length=1_000_000, description="one per token")
+    logprobs: list[float] | None = Field(None, max_length=1_000_000, fail_fast=True, description="one per token")
 
 
 class RolloutGroup(BaseModel):
@@ -160,8 +171,9 @@ def _error(status_code: int, detail: Any, headers: Headers | None = None) -> tup
 class SubmitEndpoint:
     """``POST /rollouts`` as a plain ASGI handler, after the token and size checks of the
     :class:`RequestGuard`: validation from the raw bytes (422 naming the field, a group larger
-    than a batch included), backpressure (429), then the group commit (503 with Retry-After if
-    the store fails: nothing was stored). Answered in front of the framework
+    than a batch included), a ``policy_version`` past the trainer's (409) or already stale (200
+    ``{"accepted": false, "reason": "stale", ...}``), backpressure (429), then the group commit
+    (503 with Retry-After if the store fails: nothing was stored). Answered in front of the framework
     (:class:`ControllerApp`) so the hot route skips its per-request machinery; the FastAPI route
     with the same handler documents it in OpenAPI."""
 
@@ -181,8 +193,8 @@ class SubmitEndpoint:
         try:
             group = RolloutGroup.model_validate_json(body)
         except ValidationError as exc:
-            return _error(422, [{"loc": ["body", *e["loc"]], "msg": e["msg"], "type": e["type"]}
-                                for e in exc.errors(include_url=False, include_context=False, include_input=False)])
+            return 422, json.dumps(error_detail(exc.errors(include_url=False, include_context=False, include_input=False),
+                                                exc.error_count(), ("body",))).encode(), JSON
         batch_size = self.queue.config.batch_size
         if group.group_size > batch_size:
             return _error(422, [{"loc": ["body", "group_size"], "type": "group_over_batch_size",
@@ -197,6 +209,15 @@ class SubmitEndpoint:
         except QueueFull as exc:
             return _error(status.HTTP_429_TOO_MANY_REQUESTS, str(exc),
                           [(b"retry-after", str(max(1, round(exc.retry_after_s))).encode())])
+        except VersionAhead as exc:
+            return _error(status.HTTP_409_CONFLICT, [{"loc": ["body", "policy_version"], "msg": str(exc),
+                                                      "type": "policy_version_ahead",
+                                                      "current_version": exc.current_version}])
+        except StaleGroup as exc:  # not stored; the worker's lease gave those sequences back
+            await asyncio.get_running_loop().run_in_executor(None, self.queue.save_counts)  # off the loop
+            return 200, json.dumps({"accepted": False, "reason": "stale", "detail": str(exc),
+                                    "policy_version": exc.policy_version, "current_version": exc.current_version,
+                                    "max_staleness": exc.max_staleness}).encode(), JSON
         except Exception as exc:  # the store failed this commit: nothing was stored, a retry is safe
             log.warning("the rollout store did not take group %s: %s", group.id, exc)
             return _error(status.HTTP_503_SERVICE_UNAVAILABLE, f"the rollout store did not take the group: {exc}",
@@ -275,7 +296,10 @@ def rollout_router(controller: Controller, queue: RolloutQueue) -> APIRouter:
 
     @router.post("/rollouts", tags=["rollouts"], openapi_extra={
         "requestBody": {"required": True, "content": {"application/json": {"schema": inline_schema(RolloutGroup)}}}},
-        responses={413: {"description": "group over the size limit"},
+        responses={200: {"description": '{"accepted": true}; false: a retry of a stored group, or with '
+                                        '"reason": "stale" a group too old to train on (not stored)'},
+                   409: {"description": "policy_version is past the trainer's current version (not stored)"},
+                   413: {"description": "group over the size limit"},
                    429: {"description": "buffer full: retry after Retry-After seconds"},
                    503: {"description": "the store did not take the group: retry after Retry-After seconds"}})
     async def submit(request: Request) -> Response:
@@ -298,10 +322,12 @@ def rollout_router(controller: Controller, queue: RolloutQueue) -> APIRouter:
 
     @router.post("/trainer/batch", tags=["trainer"], responses={
         503: {"description": "the store cannot record the hand-out (disk full): nothing changed, retry"}})
-    def pull() -> Response:
+    def pull(pull_id: Annotated[str | None, Query(pattern=r"^[0-9A-Za-z_-]{1,64}$", description=(
+            "the trainer's name for this pull: a retry with the same id gets the same batch while it is "
+            "not acknowledged (204 once it is)"))] = None) -> Response:
         """The next batch; ``lost_group_ids`` names the groups quarantined (damaged on disk,
         never delivered) since the previous batch."""
-        batch = queue.pull()  # StoreUnavailableError: 503 with Retry-After (storage_failed)
+        batch = queue.pull(pull_id)  # StoreUnavailableError: 503 with Retry-After (storage_failed)
         if batch is None:
             return Response(status_code=status.HTTP_204_NO_CONTENT)
         batch_id, payloads = batch

@@ -11,7 +11,8 @@ a byte at a time, is never cut off), ``limit_concurrency``
 answers 503 once a head has been parsed and keeps the connection's descriptor, and
 ``h11_max_incomplete_event_size`` holds only for the pure-Python h11 implementation. The token
 and the body's size are checked in the ASGI app, before routing
-(:class:`~slurm_elastic.controller.guard.RequestGuard`)."""
+(:class:`~slurm_elastic.controller.guard.RequestGuard`). No WebSocket implementation is loaded
+(``ws="none"``): a request asking for an upgrade is an HTTP request like any other."""
 
 from __future__ import annotations
 
@@ -82,7 +83,7 @@ class ApiServer:
         app.state.connections = self.connections  # the app reports them (/metrics)
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
                                 timeout_graceful_shutdown=2, http=guarded(http_protocol_class(), self.connections),
-                                timeout_keep_alive=KEEP_ALIVE_S,
+                                timeout_keep_alive=KEEP_ALIVE_S, ws="none",  # an Upgrade request is plain HTTP
                                 proxy_headers=False)  # clients reach the controller directly, never via a proxy
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},

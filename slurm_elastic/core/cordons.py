@@ -110,6 +110,12 @@ class CordonBook:
         for key in [k for k in self._gpus if k[0] == node]:
             del self._gpus[key]
 
+    def keep_only(self, node: str, gpus: Iterable[int]) -> None:
+        """Drop what is kept for ``node``'s GPUs outside ``gpus`` (the job does not hold them)."""
+        held = set(gpus)
+        for key in [k for k in self._gpus if k[0] == node and k[1] not in held]:
+            del self._gpus[key]
+
     def observe_report(self, report: AgentReport, now_s: float) -> list[CordonChange]:
         """Observe one agent report. A report with no GPUs at all (say NVML failed to start)
         does not count as hearing the node: its health stays unknown."""

@@ -2,11 +2,11 @@
 
 AReaL's capacity (:class:`~slurm_elastic.core.staleness.StalenessManager`) and the workers'
 admission leases (:class:`~slurm_elastic.core.staleness.AdmissionLeases`), moved by the queue's
-arrivals, drops and losses and by the trainer's versions. Every admission and version change
-is saved to the store (:class:`~slurm_elastic.core.staleness.StalenessSnapshot`: the version,
-the accepted count plus the sequences freed, the leases, and the arrival number they are
-current up to) before it is answered; at a restart the groups stored after that arrival number
-move the counts on.
+arrivals, drops and losses, by stale groups refused and by the trainer's versions. Every
+admission, version change and stale refusal is saved to the store
+(:class:`~slurm_elastic.core.staleness.StalenessSnapshot`: the version, the accepted count plus
+the sequences freed, the leases, and the arrival number they are current up to) before it is
+answered; at a restart the groups stored after that arrival number move the counts on.
 """
 
 from __future__ import annotations
@@ -75,6 +75,19 @@ class StalenessBook:
         """A group arrived with arrival number ``seq`` (lock held)."""
         self.last_seq = max(self.last_seq, seq)
         self.leases.accept(worker_id, n_seqs, now_s)
+
+    def refused(self, worker_id: str, n_seqs: int, now_s: float) -> None:
+        """``worker_id``'s group of ``n_seqs`` sequences was refused (stale): they leave its lease
+        as AReaL's ``on_rollout_rejected`` (lock held; saved by the next :meth:`save`)."""
+        self.leases.expire(now_s)
+        self.leases.revoke(worker_id, n_seqs)
+        self._changed()
+
+    def save(self) -> None:
+        """Save the counts unless the last save holds every change made so far."""
+        with self.lock:
+            wanted = self._changes
+        self._save(wanted)
 
     def freed(self, n_seqs: int) -> None:
         """Accepted sequences that will never be consumed (dropped, lost): they hold no capacity

@@ -1,10 +1,13 @@
 """The bounded rollout queue: sequences in memory as small records, payloads on disk.
 
-Submits past the capacity (sequences or bytes) are refused with a retry-after hint; the
-trainer pulls batches of exactly ``batch_size`` sequences made of whole groups (O(batch) work,
-however long the queue); groups older than the staleness bound when the trainer pulls are
-dropped and counted. Batches are acknowledged by the trainer; unacknowledged ones are handed
-out again (same id, same content) after a restart of the trainer or of the controller.
+Submits past the capacity (sequences or bytes) are refused with a retry-after hint, and so
+are groups already too stale or of a version the trainer has not reached (nothing stored). The
+trainer pulls batches of exactly ``batch_size`` sequences made of whole groups, the oldest that
+make one within a bounded look-ahead (:mod:`.packing`), however long the queue; groups older than
+the staleness bound when the trainer pulls are dropped and counted. Batches are acknowledged by
+the trainer; unacknowledged ones are handed out again (same id, same content) after a restart of
+the trainer or of the controller, and to a pull that repeats the ``pull_id`` of the one that got
+it (a retry after a lost answer).
 
 The queue keeps its groups through a :class:`~slurm_elastic.rollouts.storage.RolloutStorage`
 and its staleness counts in a :class:`~slurm_elastic.rollouts.admissions.StalenessBook`; both
@@ -14,6 +17,7 @@ survive a controller restart exactly.
 from __future__ import annotations
 
 import collections
+import logging
 import threading
 import time
 import uuid
@@ -29,24 +33,23 @@ from slurm_elastic.core.rates import (
     WindowRate,
 )
 from slurm_elastic.core.staleness import AdmissionLeases, StalenessManager, VersionRefused, is_stale
-from slurm_elastic.errors import SlurmElasticError
+from slurm_elastic.errors import StateFileError
 from slurm_elastic.rollouts.admissions import StalenessBook
 from slurm_elastic.rollouts.config import QueueConfig
+from slurm_elastic.rollouts.queued import QueuedGroups
+from slurm_elastic.rollouts.refusals import (
+    GroupRefused,
+    QueueFull,
+    StaleGroup,
+    UnknownBatchError,
+    VersionAhead,
+)
 from slurm_elastic.rollouts.storage import LostGroup, RolloutStorage, StoredGroup, Then, settle
 
-__all__ = ["QueueConfig", "QueueFull", "RolloutQueue", "UnknownBatchError", "VersionRefused"]
-
-
-class QueueFull(SlurmElasticError):
-    """Backpressure: the buffer is at its bound; try again after ``retry_after_s``."""
-
-    def __init__(self, message: str, retry_after_s: float) -> None:
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
-
-
-class UnknownBatchError(KeyError):
-    """An ack named a batch the queue never handed out."""
+__all__ = ["GroupRefused", "QueueConfig", "QueueFull", "RolloutQueue", "StaleGroup", "UnknownBatchError",
+           "VersionAhead", "VersionRefused"]
+log = logging.getLogger(__name__)
+PULL_IDS_KEPT = 1024  # pull ids remembered (with their batch) for retries of those pulls
 
 
 class RolloutQueue:
@@ -57,16 +60,13 @@ class RolloutQueue:
         self.config = config
         self.clock = clock
         self._lock = threading.Lock()
-        self._queue: collections.deque[StoredGroup] = collections.deque()
-        self._ids: set[str] = set()
-        self._by_version: dict[int, dict[str, StoredGroup]] = {}  # queued groups by policy version
-        self._dropped_ids: set[str] = set()  # dropped as stale, still in _queue until a scan passes them
-        self._queued_seqs = 0
-        self._queued_bytes = 0
+        self._queued = QueuedGroups()
         self._committing_seqs = 0  # accepted under the bound, waiting for their group commit
         self._committing_bytes = 0
         self._rehand: collections.deque[tuple[str, list[StoredGroup]]] = collections.deque()
         self._handed: dict[str, list[StoredGroup]] = {}
+        self._pull_ids: collections.OrderedDict[str, str] = collections.OrderedDict()  # pull id -> its batch
+        self._pull_lock = threading.Lock()  # one pull at a time: a retry waits for the pull it repeats
         self.delivered_seqs = 0
         self.dropped_stale_seqs = 0
         self.refused_submits = 0
@@ -95,7 +95,7 @@ class RolloutQueue:
             self._rehand.append((batch_id, groups))
             self._handed[batch_id] = groups
         for group in recovered.queued:
-            self._append(group)
+            self._queued.append(group)
         counts = recovered.seqs_by_state
         self.in_use = bool(counts)
         self.lost_groups, self.lost_seqs = len(recovered.lost), sum(g.n_seqs for g in recovered.lost)
@@ -106,18 +106,7 @@ class RolloutQueue:
 
     def _buffered_seqs(self) -> int:
         """Sequences the trainer will still get: queued, or handed out and not acknowledged."""
-        return self._queued_seqs + sum(g.n_seqs for groups in self._handed.values() for g in groups)
-
-    def _append(self, group: StoredGroup, at: int | None = None) -> None:
-        """Queue ``group``: last, or at position ``at``."""
-        if at is None:
-            self._queue.append(group)
-        else:
-            self._queue.insert(at, group)
-        self._ids.add(group.id)
-        self._by_version.setdefault(group.version, {})[group.id] = group
-        self._queued_seqs += group.n_seqs
-        self._queued_bytes += group.nbytes
+        return self._queued.seqs + sum(g.n_seqs for groups in self._handed.values() for g in groups)
 
     # ---- workers -----------------------------------------------------------------------------
     def admit(self, n_seqs: int, worker_id: str) -> int:
@@ -131,8 +120,13 @@ class RolloutQueue:
             self.leases.expire(self.clock())
 
     def submit(self, group_id: str, worker_id: str, n_seqs: int, version: int, payload: bytes) -> bool:
-        """Store a group durably; False if that id was already accepted (a retry). Raises QueueFull."""
-        return self.submit_later(group_id, worker_id, n_seqs, version, payload).result()
+        """Store a group durably; False if that id was already accepted (a retry). Raises
+        QueueFull, VersionAhead, or StaleGroup (its lease's release saved first)."""
+        try:
+            return self.submit_later(group_id, worker_id, n_seqs, version, payload).result()
+        except StaleGroup:
+            self.save_counts()
+            raise
 
     def submit_later(self, group_id: str, worker_id: str, n_seqs: int, version: int,
                      payload: bytes) -> Future[bool]:
@@ -146,13 +140,14 @@ class RolloutQueue:
                     then: Then[bool]) -> None:
         """Like :meth:`submit`, for an event loop: ``then`` hears whether the group was stored
         (False: a retry of one accepted already) once it is durable, on the store's committing
-        loop. QueueFull is raised at once."""
+        loop. QueueFull and the refusals of :meth:`_check_version` are raised at once."""
         cfg = self.config
         with self._lock:
-            retry = group_id in self._ids  # a retry of a queued group (the store catches older ones)
+            retry = group_id in self._queued  # a retry of a queued group (the store catches older ones)
             if not retry:
-                queued_seqs = self._queued_seqs + self._committing_seqs
-                queued_bytes = self._queued_bytes + self._committing_bytes
+                self._check_version(worker_id, n_seqs, version)
+                queued_seqs = self._queued.seqs + self._committing_seqs
+                queued_bytes = self._queued.nbytes + self._committing_bytes
                 if queued_seqs + n_seqs > cfg.capacity_seqs or queued_bytes + len(payload) > cfg.capacity_bytes:
                     self.refused_submits += 1
                     raise QueueFull(f"rollout buffer full ({queued_seqs}/{cfg.capacity_seqs} sequences, "
@@ -168,7 +163,7 @@ class RolloutQueue:
                 self._committing_seqs -= n_seqs
                 self._committing_bytes -= len(payload)
                 if seq is not None:
-                    self._append(StoredGroup(seq, group_id, worker_id, n_seqs, version, len(payload)))
+                    self._queued.append(StoredGroup(seq, group_id, worker_id, n_seqs, version, len(payload)))
                     self.in_use = True
                     now_s = self.clock()
                     self.book.accepted(worker_id, n_seqs, seq, now_s)
@@ -183,32 +178,77 @@ class RolloutQueue:
                 self._committing_bytes -= len(payload)
             raise
 
+    def _check_version(self, worker_id: str, n_seqs: int, version: int) -> None:
+        """Refuse a group no trainer step could use (lock held): VersionAhead past the trainer's
+        version; StaleGroup older than the bound, its sequences taken off ``worker_id``'s lease
+        (AReaL's ``on_rollout_rejected``; saved by :meth:`save_counts`)."""
+        current, max_staleness = self.staleness.version, self.config.max_staleness
+        if version > current:
+            raise VersionAhead(version, current)
+        if is_stale(version, current, max_staleness):
+            self.book.refused(worker_id, n_seqs, self.clock())
+            raise StaleGroup(version, current, max_staleness)
+
+    def save_counts(self) -> None:
+        """Save the staleness counts changed in memory only (a stale group's lease released). A
+        store that cannot write is logged: the counts stay right here and the next admission or
+        version saves them."""
+        try:
+            self.book.save()
+        except (OSError, StateFileError) as exc:
+            log.warning("could not save the staleness counts (the next admission will): %s", exc)
+
     def _retry_after_s(self) -> float:
         rate = self._pulls.rate(self.clock())
         return 1.0 if not rate else max(0.1, min(30.0, self.config.batch_size / rate))
 
     # ---- trainer -----------------------------------------------------------------------------
-    def pull(self) -> tuple[str, list[bytes]] | None:
+    def pull(self, pull_id: str | None = None) -> tuple[str, list[bytes]] | None:
         """The next batch (id, group payloads) of exactly ``batch_size`` sequences, or None if
-        not enough. Every payload is checked first: a damaged group is quarantined (see
-        :meth:`take_lost_ids`) and the batch is made of others. A batch handed out again keeps
-        its id, without any of its groups lost since. StoreUnavailableError (disk full): nothing
-        changed, try again."""
-        with self._lock:
-            self.in_use = True
-            self._trainer_steps.asked(self.clock())
-            rehand = self._rehand.popleft() if self._rehand else None
-        if rehand is not None:
-            return self._hand_again(rehand[0])
+        not enough. Unacknowledged batches to hand out again (after a restart) come first; a
+        ``pull_id`` that got a batch still unacknowledged gets that batch again (a retry after a
+        lost answer), one whose batch was acknowledged gets None. Every payload is checked first:
+        a damaged group is quarantined (see :meth:`take_lost_ids`) and the batch is made of
+        others. A batch handed out again keeps its id, without any of its groups lost since.
+        StoreUnavailableError (disk full): nothing changed, try again."""
+        with self._pull_lock:
+            with self._lock:
+                self.in_use = True
+                self._trainer_steps.asked(self.clock())
+                earlier = self._pull_ids.get(pull_id) if pull_id is not None else None
+                if earlier is not None and earlier not in self._handed:
+                    return None  # a late copy of a pull whose batch was acknowledged
+            batch = None if earlier is None else self._hand_again(earlier, requeue=False)
+            if batch is None:
+                batch = self._pull_fresh()
+            if batch is not None and pull_id is not None:
+                with self._lock:
+                    self._rehand = collections.deque(b for b in self._rehand if b[0] != batch[0])
+                    self._pull_ids[pull_id] = batch[0]
+                    self._pull_ids.move_to_end(pull_id)
+                    if len(self._pull_ids) > PULL_IDS_KEPT:
+                        self._pull_ids.popitem(last=False)
+            return batch
+
+    def _pull_fresh(self) -> tuple[str, list[bytes]] | None:
+        """A batch waiting to be handed out again, else a new one."""
+        while True:
+            with self._lock:
+                rehand = self._rehand.popleft() if self._rehand else None
+            if rehand is None:
+                return self._pull_new()
+            batch = self._hand_again(rehand[0], requeue=True)
+            if batch is not None:
+                return batch
+
+    def _pull_new(self) -> tuple[str, list[bytes]] | None:
+        """A new batch packed from the queue, its hand-out recorded."""
         while True:
             with self._lock:
                 self._drop_stale()
-                chosen = self._pack()
-                if chosen is None:
+                chosen = self._queued.take_batch(self.config.batch_size, self.config.lookahead_groups)
+                if chosen is None:  # (taken out of the queue while their hand-out is recorded)
                     return None
-                for group in chosen:  # out of the queue while their hand-out is recorded
-                    self._forget(group)
-                    self._queue.remove(group)  # found within the head + look-ahead: O(batch), not O(queue)
             batch_id = uuid.uuid4().hex
             try:
                 pulled = self.store.pull(batch_id, [g.id for g in chosen], self.clock())
@@ -226,33 +266,30 @@ class RolloutQueue:
                 self._trainer_steps.served(self.clock())
             return batch_id, pulled.payloads
 
-    def _hand_again(self, batch_id: str) -> tuple[str, list[bytes]] | None:
-        """An unacknowledged batch, again: its groups checked, the damaged ones quarantined."""
+    def _hand_again(self, batch_id: str, requeue: bool) -> tuple[str, list[bytes]] | None:
+        """An unacknowledged batch, again: its groups checked, the damaged ones quarantined.
+        None if every group of it was lost (it is acknowledged then: nothing is left of it).
+        ``requeue``: if the store fails, it is first to be handed out again."""
         try:
             pulled = self.store.pull_again(batch_id)
             if pulled.lost:
                 self._lost(pulled.lost, queued=False)
         except BaseException:
             with self._lock:
-                if batch_id in self._handed:
+                if requeue and batch_id in self._handed:
                     self._rehand.appendleft((batch_id, self._handed[batch_id]))
             raise
-        if not pulled.payloads:  # every group of it lost: nothing left to hand out or acknowledge
+        if not pulled.payloads:
             self.ack(batch_id)
-            return self.pull()
+            return None
         with self._lock:
             self._trainer_steps.served(self.clock())
         return batch_id, pulled.payloads
 
     def _put_back(self, groups: list[StoredGroup]) -> None:
-        """Groups taken for a batch that was not recorded: queued again where they were
-        (arrival order; they were near the head)."""
+        """Groups taken for a batch that was not recorded: queued again where they were."""
         with self._lock:
-            for group in sorted(groups, key=lambda g: g.seq, reverse=True):
-                at = 0
-                while at < len(self._queue) and self._queue[at].seq < group.seq:
-                    at += 1
-                self._append(group, at)
+            self._queued.put_back(groups)
 
     def _lost(self, lost: list[LostGroup], queued: bool) -> None:
         """Groups quarantined: counted, to be told to the trainer, out of their batch; they
@@ -274,56 +311,12 @@ class RolloutQueue:
             ids, self._lost_unreported = self._lost_unreported, []
             return ids
 
-    def _pack(self) -> list[StoredGroup] | None:
-        """Whole groups from the head summing to exactly batch_size (a bounded look-ahead).
-
-        Groups already dropped as stale are skipped and taken out of the deque as the scan passes
-        them, so each costs one step of one scan: O(batch + look-ahead) amortized."""
-        need = self.config.batch_size
-        chosen: list[StoredGroup] = []
-        passed: list[StoredGroup] = []
-        looked = 0
-        for group in self._queue:
-            if group.id in self._dropped_ids:
-                passed.append(group)
-                continue
-            if looked >= self.config.lookahead_groups + len(chosen):
-                break
-            looked += 1
-            if group.n_seqs <= need:
-                chosen.append(group)
-                need -= group.n_seqs
-                if need == 0:
-                    break
-        for group in passed:
-            self._dropped_ids.discard(group.id)
-            self._queue.remove(group)
-        return chosen if need == 0 else None
-
-    def _forget(self, group: StoredGroup) -> None:
-        """No longer queued (handed out or dropped): out of the counts and the version index."""
-        self._ids.discard(group.id)
-        self._queued_seqs -= group.n_seqs
-        self._queued_bytes -= group.nbytes
-        same_version = self._by_version[group.version]
-        del same_version[group.id]
-        if not same_version:
-            del self._by_version[group.version]
-
     def _drop_stale(self) -> None:
-        """Drop every queued group older than the bound, wherever it sits in the queue (by version:
-        O(groups dropped + versions queued))."""
-        version, max_staleness = self.staleness.version, self.config.max_staleness
-        stale = [g for v in [v for v in self._by_version if is_stale(v, version, max_staleness)]
-                 for g in self._by_version[v].values()]
+        """Drop every queued group older than the bound, wherever it sits in the queue (lock held)."""
+        stale = self._queued.stale(self.staleness.version, self.config.max_staleness)
         if stale:
             self.store.drop(g.id for g in stale)  # first: if the store cannot, nothing changes here
-        for group in stale:
-            self._forget(group)
-            self._dropped_ids.add(group.id)
-        while self._queue and self._queue[0].id in self._dropped_ids:
-            self._dropped_ids.discard(self._queue.popleft().id)
-        if stale:
+            self._queued.drop(stale)
             dropped = sum(g.n_seqs for g in stale)
             self.dropped_stale_seqs += dropped
             self.book.freed(dropped)  # never consumed: they must not hold capacity
@@ -363,7 +356,7 @@ class RolloutQueue:
             if not self.in_use:
                 return None
             return QueueSnapshot(
-                self._queued_seqs, self.config.batch_size, self._pulls.rate(now_s), self._accepts.rate(now_s),
+                self._queued.seqs, self.config.batch_size, self._pulls.rate(now_s), self._accepts.rate(now_s),
                 self.staleness.running, self.config.max_staleness, self.staleness.capacity(),
                 self.config.capacity_seqs, self._trainer_steps.step_s(now_s), self._trainer_steps.waiting(),
                 round(self._accepts.total(now_s)), self._trainer_steps.latest_step_s(now_s))
@@ -373,8 +366,8 @@ class RolloutQueue:
         with self._lock:
             self.leases.expire(now_s)
             return {
-                "queued_sequences": self._queued_seqs, "queued_groups": len(self._ids),
-                "queued_bytes": self._queued_bytes, "capacity_sequences": self.config.capacity_seqs,
+                "queued_sequences": self._queued.seqs, "queued_groups": len(self._queued),
+                "queued_bytes": self._queued.nbytes, "capacity_sequences": self.config.capacity_seqs,
                 "capacity_bytes": self.config.capacity_bytes, "batch_size": self.config.batch_size,
                 "policy_version": self.staleness.version, "staleness_capacity": self.staleness.capacity(),
                 "max_staleness": self.config.max_staleness, "running_rollouts": self.staleness.running,

@@ -125,8 +125,12 @@ class RolloutWorker:
     def submit(self, group: dict[str, Any]) -> dict[str, Any]:
         """Hand a scored group to the controller's queue, durably. Waits while the buffer is full (429),
         while the controller answers a server error (5xx: its store failed) and while it restarts;
-        the group id makes a resend safe. Never drops the group; a group the controller refuses
-        (4xx: invalid) raises :class:`~slurm_elastic.errors.ApiError`.
+        the group id makes a resend safe. Never drops a group the controller could store; a group
+        the controller refuses as invalid (4xx) raises :class:`~slurm_elastic.errors.ApiError`.
+        A group no trainer step can use is not stored and answered with ``accepted`` false and
+        a ``reason`` (logged, not raised: the loop goes on): ``"stale"`` (older than the staleness
+        bound allows at the trainer's version) or ``"policy_version_ahead"`` (past the trainer's
+        version: a trainer that resumed from an earlier checkpoint, or a wrong version).
         Token ids and masks travel in the compact form (``tokens_b64``, ``mask_b64``); the trainer
         helper turns them back into lists."""
         body = pack_group({"worker_id": self.ctx.worker_id, **group})
@@ -135,10 +139,15 @@ class RolloutWorker:
                 answer = self._through_outages(lambda: self.control.client.submit_group(body),
                                                give_up_on_drain=False)
             except ApiError as exc:  # 429 or 5xx for longer than the client waits: go on waiting
+                if exc.status_code == 409:  # policy_version past the trainer's: not stored
+                    log.warning("rollout group %s not stored: %s", group.get("id"), exc.detail)
+                    return {"accepted": False, "reason": "policy_version_ahead", "detail": exc.detail}
                 if exc.status_code != 429 and exc.status_code < 500:
                     raise  # refused (4xx): resending the same group cannot help
                 continue
             if answer is not None:
+                if answer.get("reason") == "stale":
+                    log.info("rollout group %s not stored: %s", group.get("id"), answer.get("detail"))
                 return answer
 
     def _through_outages(self, call: Any, give_up_on_drain: bool = True) -> dict[str, Any] | None:

@@ -150,3 +150,32 @@ def test_a_job_comment_someone_overwrote_is_set_back_and_said(tmp_path: Path) ->
     clock.now_s += ALLOCATION_CHECK_S
     controller.tick()  # the same refusal again: not said again
     assert [e["where"] for e in controller.status()["errors"]].count("comment") == 2
+
+
+def test_an_agent_report_takes_in_only_the_jobs_gpus_on_its_node(tmp_path: Path) -> None:
+    """An agent that sees the whole node (or lies) cannot cordon a GPU the job does not hold: such
+    a cordon could not be lifted (uncordon answers 404 for it) and would outlive restarts."""
+    controller, _backend, clock = make_controller(tmp_path)
+    bad = [GpuSample("node1", i, ecc_uncorrectable_volatile=5 if i else 0, memory_total_mb=80_000,
+                     memory_used_mb=0, temperature_c=40.0, clock_event_reasons=frozenset()) for i in (0, 1, 7, 1000)]
+    answer = controller.report_gpu_health(AgentReport("node1", clock.now_s, "nvml", bad))
+    assert answer["ignored_gpus"] == [7, 1000]
+    assert [(c["node"], c["gpu"]) for c in answer["changes"]] == [("node1", 1)]  # the job's GPU 1 only
+    assert {(g["node"], g["gpu"]) for g in controller.status()["cordoned_gpus"]} == {("node1", 1)}
+    good = [GpuSample("node1", i, memory_total_mb=80_000, memory_used_mb=0, temperature_c=40.0,
+                      clock_event_reasons=frozenset()) for i in (0, 1)]
+    assert "ignored_gpus" not in controller.report_gpu_health(AgentReport("node1", clock.now_s, "nvml", good))
+
+
+
+def test_a_cordon_kept_for_a_gpu_outside_the_job_goes_at_the_next_report(tmp_path: Path) -> None:
+    """One an agent's report made before the job's GPUs were checked (kept in the state file)."""
+    controller, _backend, clock = make_controller(tmp_path)
+    stray = GpuSample("node1", 9, ecc_uncorrectable_volatile=5, memory_total_mb=80_000, memory_used_mb=0,
+                      temperature_c=40.0, clock_event_reasons=frozenset())
+    good = [GpuSample("node1", i, memory_total_mb=80_000, memory_used_mb=0, temperature_c=40.0,
+                      clock_event_reasons=frozenset()) for i in (0, 1)]
+    controller.state.cordons.observe([*good, stray], clock.now_s)
+    assert set(controller.state.cordons.cordoned()) == {("node1", 9)}
+    controller.report_gpu_health(AgentReport("node1", clock.now_s, "nvml", good))
+    assert controller.state.cordons.cordoned() == {}

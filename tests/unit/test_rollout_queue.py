@@ -78,12 +78,19 @@ def test_duplicates_are_not_stored_twice(tmp_path: Path) -> None:
     assert not submit(q, "g")  # even after delivery
 
 
+def submit_at(q: RolloutQueue, group_id: str, version: int, n: int = 4) -> bool:
+    """A group made while the trainer was at ``version`` (a resume moves it there, back or forth)."""
+    q.set_version(version, recovered=True)
+    return submit(q, group_id, n, version)
+
+
 def test_stale_groups_are_dropped_and_counted(tmp_path: Path) -> None:
     q = make(tmp_path, capacity_seqs=100)
     submit(q, "old", 4, version=0)
+    q.set_version(1)
+    q.set_version(2)
     submit(q, "new1", 4, version=2)
     submit(q, "new2", 4, version=2)
-    q.set_version(2)
     batch = q.pull()
     assert batch is not None and [json.loads(p)["id"] for p in batch[1]] == ["new1", "new2"]
     assert q.stats()["dropped_stale_sequences"] == 4
@@ -102,9 +109,8 @@ def test_every_stale_group_is_dropped_wherever_it_sits(
         dropped_seqs: int, left_seqs: int) -> None:
     q = make(tmp_path, capacity_seqs=100)  # max_staleness 1
     for group_id, group_version in groups:
-        submit(q, group_id, 4, version=group_version)
-    for step in range(1, version + 1):
-        q.set_version(step)
+        submit_at(q, group_id, group_version)
+    q.set_version(version, recovered=True)
     batch = q.pull()
     assert (None if batch is None else [json.loads(p)["id"] for p in batch[1]]) == handed
     stats = q.stats()
@@ -114,9 +120,11 @@ def test_every_stale_group_is_dropped_wherever_it_sits(
 
 def test_a_group_dropped_behind_the_head_is_never_handed_out_later(tmp_path: Path) -> None:
     q = make(tmp_path, capacity_seqs=100)
-    for group_id, group_version in [("a", 0), ("b", 0), ("c", 0), ("d", 1), ("e", 1)]:
-        submit(q, group_id, 4, version=group_version)
+    for group_id in ["a", "b", "c"]:
+        submit(q, group_id, 4, version=0)
     q.set_version(1)
+    for group_id in ["d", "e"]:
+        submit(q, group_id, 4, version=1)
     first = q.pull()
     assert first is not None and [json.loads(p)["id"] for p in first[1]] == ["a", "b"]
     q.set_version(2)  # c (version 0) is now too old; d and e (version 1) are fine

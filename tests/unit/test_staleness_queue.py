@@ -195,6 +195,7 @@ def test_the_simulator_drops_by_the_queues_rule(versions: list[int], trainer_ver
     with tempfile.TemporaryDirectory() as tmp:
         q = make(Path(tmp), max_staleness=max_staleness, batch_size=1000)
         for i, version in enumerate(versions):
+            q.set_version(version, recovered=True)  # made while the trainer was there
             submit(q, f"g{i}", n=2, version=version)
             sim.buffer.append((version, 2))
             sim.queued_seqs += 2

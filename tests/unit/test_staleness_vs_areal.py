@@ -8,6 +8,8 @@ capacity, ``running`` and ``accepted`` agree, where our documented extensions (d
 "Staleness: AReaL's rule and ours") are applied to AReaL's counts explicitly, here:
 
 - a group dropped as stale frees its capacity: ``accepted -= n`` (AReaL has no such call);
+- a group already stale when it arrives is refused, and what its worker's lease covered of it is
+  released as AReaL's ``on_rollout_rejected``;
 - the capacity we report is floored at 0;
 - an admission is a lease per worker; one older than the TTL is released as AReaL's
   ``on_rollout_rejected``; a result no open lease covers (late, or never admitted) is accepted
@@ -30,7 +32,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from slurm_elastic.core.staleness import VersionRefused, max_version_step, oldest_fresh_version
-from slurm_elastic.rollouts.queue import QueueConfig, RolloutQueue
+from slurm_elastic.rollouts.queue import QueueConfig, RolloutQueue, StaleGroup
 from slurm_elastic.rollouts.store import RolloutStore
 from tests.unit.areal_reference import load_staleness_manager
 
@@ -60,7 +62,7 @@ class Trainer:
 class Totals:
     """What the runs compared (printed with -s)."""
 
-    steps = restarts = admitted = submitted = 0
+    steps = restarts = admitted = submitted = refused = 0
 
 
 class StalenessVsAReaL(RuleBasedStateMachine):
@@ -117,21 +119,28 @@ class StalenessVsAReaL(RuleBasedStateMachine):
         self.groups += 1
         group_id = f"g{self.groups}"
         body = json.dumps({"id": group_id, "group_size": size, "policy_version": version}).encode()
-        assert self.queue.submit(group_id, worker, size, version, body)
         unused, granted_at = self.leases.get(worker, (0, 0.0))
         used = min(size, unused)
-        for _ in range(used):
-            self.areal.on_rollout_accepted()
-        for _ in range(size - used):  # not covered by a lease: started and finished at once
-            self.areal.on_rollout_enqueued()
-            self.areal.on_rollout_submitted()
-            self.areal.on_rollout_accepted()
+        if version < oldest_fresh_version(self.trainer.version, self.config.max_staleness):
+            with pytest.raises(StaleGroup):
+                self.queue.submit(group_id, worker, size, version, body)
+            for _ in range(used):  # extension: refused on arrival, its lease released
+                self.areal.on_rollout_rejected()
+            Totals.refused += size
+        else:
+            assert self.queue.submit(group_id, worker, size, version, body)
+            for _ in range(used):
+                self.areal.on_rollout_accepted()
+            for _ in range(size - used):  # not covered by a lease: started and finished at once
+                self.areal.on_rollout_enqueued()
+                self.areal.on_rollout_submitted()
+                self.areal.on_rollout_accepted()
+            self.queued[group_id] = (size, version)
+            Totals.submitted += size
         if unused - used:
             self.leases[worker] = (unused - used, granted_at)
         else:
             self.leases.pop(worker, None)
-        self.queued[group_id] = (size, version)
-        Totals.submitted += size
 
     @rule()
     def pull(self) -> None:

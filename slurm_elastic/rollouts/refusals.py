@@ -1,0 +1,48 @@
+"""What the rollout queue refuses, as errors that say why (the API's routes turn them into answers)."""
+
+from __future__ import annotations
+
+from slurm_elastic.errors import SlurmElasticError
+
+
+class QueueFull(SlurmElasticError):
+    """Backpressure: the buffer is at its bound; try again after ``retry_after_s``."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class UnknownBatchError(KeyError):
+    """An ack named a batch the queue never handed out."""
+
+
+class GroupRefused(SlurmElasticError):
+    """A group refused for its ``policy_version`` (nothing stored; a resend is refused too)."""
+
+    def __init__(self, message: str, policy_version: int, current_version: int) -> None:
+        super().__init__(message)
+        self.policy_version = policy_version
+        self.current_version = current_version
+
+
+class StaleGroup(GroupRefused):
+    """The group is older than the staleness bound allows at the trainer's current version: it
+    could only be dropped. Its sequences left the worker's admission lease (in memory;
+    ``RolloutQueue.save_counts`` saves that)."""
+
+    def __init__(self, policy_version: int, current_version: int, max_staleness: int) -> None:
+        oldest = current_version - max_staleness
+        super().__init__(f"policy_version {policy_version} is stale: the trainer is at version {current_version} "
+                         f"and takes rollouts of version {oldest} or newer (max_staleness {max_staleness}); "
+                         "the group was not stored", policy_version, current_version)
+        self.max_staleness = max_staleness
+
+
+class VersionAhead(GroupRefused):
+    """The group names a policy version past the trainer's current one (never published)."""
+
+    def __init__(self, policy_version: int, current_version: int) -> None:
+        super().__init__(f"policy_version {policy_version} is ahead of the trainer's current policy version "
+                         f"{current_version}: no rollout can come from a policy not yet published; the group "
+                         "was not stored", policy_version, current_version)

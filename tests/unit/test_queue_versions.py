@@ -1,0 +1,152 @@
+"""Submits for a policy version no trainer step can use: one already too stale is answered as not
+accepted (with the versions) and its worker's lease gives those sequences back; one past the
+trainer's version is refused (409 naming the field and the current version). Neither is stored,
+and the worker SDK goes on after either."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from slurm_elastic.rollouts.queue import QueueConfig, RolloutQueue, StaleGroup, VersionAhead
+from slurm_elastic.rollouts.store import RolloutStore
+from slurm_elastic.worker import RolloutWorker, StepContext
+from tests.unit.served_controller import ServedController
+
+TOKEN = "version-token"
+
+
+def make(tmp: Path) -> RolloutQueue:
+    config = QueueConfig(batch_size=1, capacity_seqs=100, max_staleness=4, max_concurrent=1000, fsync="off")
+    return RolloutQueue(RolloutStore(tmp / "q.sqlite", fsync="off"), config, clock=lambda: 1000.0)
+
+
+def at_version_10(tmp: Path) -> RolloutQueue:
+    q = make(tmp)
+    for version in range(1, 11):
+        q.set_version(version)
+    return q
+
+
+def submit(q: RolloutQueue, group_id: str, version: int, n: int = 1, worker: str = "0001") -> bool:
+    return q.submit(group_id, worker, n, version, b'{"id": "%s"}' % group_id.encode())
+
+
+def test_a_stale_group_is_refused_with_the_versions_and_not_stored(tmp_path: Path) -> None:
+    q = at_version_10(tmp_path)
+    with pytest.raises(StaleGroup) as refused:
+        submit(q, "old", 0)
+    assert (refused.value.policy_version, refused.value.current_version, refused.value.max_staleness) == (0, 10, 4)
+    assert "stale" in str(refused.value) and "version 6 or newer" in str(refused.value)
+    assert submit(q, "oldest-fresh", 6)  # version - max_staleness: still taken
+    stats = q.stats()
+    assert (stats["queued_sequences"], stats["dropped_stale_sequences"]) == (1, 0)
+    assert q.pull() is not None and q.pull() is None
+
+
+def test_a_stale_refusal_gives_the_lease_back_and_that_survives_a_restart(tmp_path: Path) -> None:
+    q = at_version_10(tmp_path)
+    assert q.admit(6, "0001") == 6
+    with pytest.raises(StaleGroup):
+        submit(q, "old", 3, n=4)
+    assert q.staleness.running == 2 and q.leases.leases["0001"].unused_seqs == 2
+    q.store.close()
+    again = make(tmp_path)
+    assert again.staleness.running == 2 and again.leases.leases["0001"].unused_seqs == 2
+    assert again.stats()["staleness_capacity"] == q.stats()["staleness_capacity"]
+
+
+def test_a_stale_refusal_is_answered_even_when_its_counts_cannot_be_saved(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    q = at_version_10(tmp_path)
+    assert q.admit(4, "0001") == 4
+
+    def full_disk(key: str, value: str) -> None:
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(q.store, "set_meta", full_disk)
+    with caplog.at_level(logging.WARNING), pytest.raises(StaleGroup):
+        submit(q, "old", 0, n=4)
+    assert q.staleness.running == 0 and "could not save the staleness counts" in caplog.text
+    monkeypatch.undo()
+    assert q.admit(1, "0002") == 1  # the next save holds the refusal too
+    q.store.close()
+    assert make(tmp_path).staleness.running == 1
+
+
+def test_a_group_ahead_of_the_trainer_is_refused_and_keeps_the_lease(tmp_path: Path) -> None:
+    q = at_version_10(tmp_path)
+    assert q.admit(2, "0001") == 2
+    for version in (11, 10**15, 2**63 - 1):
+        with pytest.raises(VersionAhead) as refused:
+            submit(q, f"future-{version}", version)
+        assert (refused.value.policy_version, refused.value.current_version) == (version, 10)
+        assert "ahead of the trainer's current policy version 10" in str(refused.value)
+    assert q.stats()["queued_sequences"] == 0 and q.staleness.running == 2
+
+
+def test_a_resend_of_a_queued_group_that_went_stale_is_a_retry(tmp_path: Path) -> None:
+    q = make(tmp_path)
+    assert submit(q, "g", 0)
+    q.set_version(5)  # g is stale now, still queued until the next pull
+    assert submit(q, "g", 0) is False  # accepted already: not refused, not stored twice
+    assert q.pull() is None and q.stats()["dropped_stale_sequences"] == 1
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[ServedController]:
+    server = ServedController(tmp_path, TOKEN, {"autoscaler": {"min_workers": 0}}, batch_size=1)
+    for version in range(1, 11):
+        server.queue.set_version(version)
+    yield server
+    server.close()
+
+
+def group(gid: str, version: int) -> dict[str, object]:
+    return {"id": gid, "worker_id": "0001", "policy_version": version, "group_size": 1,
+            "sequences": [{"tokens": [1, 2, 3], "score": 0.5}]}
+
+
+def test_the_routes_answer_the_auditors_versions(served: ServedController) -> None:
+    with httpx.Client(base_url=served.url, headers={"Authorization": f"Bearer {TOKEN}"}) as http:
+        stale = http.post("/rollouts", json=group("old", 0))
+        assert stale.status_code == 200
+        answer = stale.json()
+        assert (answer["accepted"], answer["reason"], answer["policy_version"], answer["current_version"],
+                answer["max_staleness"]) == (False, "stale", 0, 10, 4)
+        assert "not stored" in answer["detail"]
+        ahead = http.post("/rollouts", json=group("future", 10**15))
+        assert ahead.status_code == 409
+        [error] = ahead.json()["detail"]
+        assert error["loc"] == ["body", "policy_version"] and error["current_version"] == 10
+        assert "current policy version 10" in error["msg"]
+        assert http.post("/rollouts", json=group("fresh", 10)).json() == {"accepted": True}
+        pulled = http.post("/trainer/batch")
+        assert [g["id"] for g in pulled.json()["groups"]] == ["fresh"]
+        assert http.post("/trainer/batch").status_code == 204
+        queue = http.get("/status").json()["queue"]
+    assert (queue["queued_sequences"], queue["dropped_stale_sequences"]) == (0, 0)
+
+
+def test_the_worker_sdk_goes_on_after_either_refusal(served: ServedController,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    ctx = StepContext(worker_id="0001", controller_url=served.url, token=TOKEN, heartbeat_interval_s=60,
+                      drain_signal="USR1", node="node1", gpus=(0,), step_id="3", job_id="1")
+    worker = RolloutWorker(ctx)
+    try:
+        with caplog.at_level(logging.INFO, logger="slurm_elastic.worker"):
+            stale = worker.submit({"id": "old", "policy_version": 0, "group_size": 1,
+                                   "sequences": [{"tokens": [1, 2], "score": 1.0}]})
+            ahead = worker.submit({"id": "new", "policy_version": 11, "group_size": 1,
+                                   "sequences": [{"tokens": [1, 2], "score": 1.0}]})
+        assert (stale["accepted"], stale["reason"]) == (False, "stale")
+        assert (ahead["accepted"], ahead["reason"]) == (False, "policy_version_ahead")
+        assert "policy_version 11 is ahead" in ahead["detail"]
+        assert "rollout group old not stored" in caplog.text and "rollout group new not stored" in caplog.text
+        assert served.queue.stats()["queued_sequences"] == 0
+    finally:
+        worker.close()
