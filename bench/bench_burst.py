@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/bench_burst.py [--seeds N] [--quick]
 
-Each trace of `examples/traces/` runs with the controller's policy three ways: in a static
+Five traces of `examples/traces/` (steady, bursty, ramp, phase_shift, speedup_bursts) run with
+the controller's policy three ways: in a static
 allocation of the trace's `gpu_slots` (the peak), in a 4-slot allocation alone, and in that
 allocation with burst jobs of 4 slots (as many as the peak needs), each waiting in Slurm's queue
 (exponential, mean 120 s) and preempted at 1 per job-hour. Medians over seeds; writes

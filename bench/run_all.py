@@ -35,7 +35,7 @@ BENCHES: dict[str, tuple[list[str], list[str]]] = {
     "controller": ([], []),
     "router": ([], []),
     "ingest": ([], ["--quick"]),
-    "policy": ([], ["--seeds", "3"]),
+    "policy": ([], ["--seeds", "3"]),  # not --quick: the headline's verdicts stay over 20 seeds
     "burst": ([], ["--quick"]),
     "bad_input": ([], []),
     "chaos": (["--duration-s", "600"], ["--quick"]),

@@ -44,7 +44,7 @@ class ControllerSection(_Section):
     listen_port: int = Field(0, ge=0, le=65535, description="API port; 0: the port of the job's previous controller if it is free again, else any free one.")
     slurm_backend: Literal["auto", "cli", "pyslurm"] = Field("auto", description="How to talk to Slurm.")
     slurm_timeout_s: float = Field(d.SLURM_TIMEOUT_S, gt=0, description="Timeout of one Slurm command the controller runs "
-                                   "(squeue, scontrol, scancel, sbatch); worker srun steps are not timed.")
+                                   "(squeue, sinfo, scontrol, scancel, sbatch); worker srun steps are not timed.")
     gpus_per_node: int = Field(0, ge=0, description="GPUs per node of the allocation; 0 reads it from Slurm.")
 
 

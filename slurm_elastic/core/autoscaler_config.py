@@ -63,14 +63,16 @@ class AutoscalerConfig:
         """Validate ``[autoscaler]``; verl's names are accepted; errors name the key."""
         known = {f.name: f for f in fields(cls)}
         values: dict[str, Any] = {}
+        given_as: dict[str, str] = {}  # our name -> the key that gave it (ours or verl's)
         for key, value in data.items():
             if key in REFUSED_KEYS:
                 raise ConfigError(f"{prefix}.{key}: not an [autoscaler] key here; {REFUSED_KEYS[key]}")
             name = VERL_ALIASES.get(key, key)
             if name not in known:
                 raise ConfigError(f"{prefix}.{key}: unknown key")
-            if name in values:
-                raise ConfigError(f"{prefix}.{key}: given twice (also as {name})")
+            if name in given_as:
+                raise ConfigError(f"{prefix}.{key}: given twice (also as {prefix}.{given_as[name]})")
+            given_as[name] = key
             default = known[name].default
             if isinstance(default, bool):
                 if not isinstance(value, bool):

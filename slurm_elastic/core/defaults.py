@@ -6,7 +6,7 @@ from __future__ import annotations
 
 TICK_INTERVAL_S = 2.0  # between two controller ticks
 ALLOCATION_CHECK_S = 30.0  # between two reads of the job's nodes (a failed node leaves a --no-kill job)
-SLURM_TIMEOUT_S = 30.0  # one Slurm command the controller runs (squeue, scancel, scontrol, sdiag)
+SLURM_TIMEOUT_S = 30.0  # one Slurm command the controller runs (squeue, sinfo, scontrol, scancel, sbatch)
 HEARTBEAT_INTERVAL_S = 5.0  # between two heartbeats of a worker
 HEARTBEAT_GRACE_S = 60.0  # a worker silent this long is killed and replaced
 START_TIMEOUT_S = 120.0  # launch to registration, else the launch failed

@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 
 
 class SlurmCli:
-    """Slurm through ``squeue``/``srun``/``scancel``/``sdiag``.
+    """Slurm through ``squeue``/``sinfo``/``scontrol``/``srun``/``scancel`` (and ``sdiag`` for benchmarks).
 
     Steps are listed with one ``squeue --steps --format`` call: on Slurm 22.05 ``squeue --json``
     ignores ``--steps`` and prints jobs only, so the JSON path cannot list steps there.

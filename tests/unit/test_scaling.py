@@ -166,7 +166,10 @@ def test_verl_knobs_another_key_holds_are_refused_naming_that_key(key: str, inst
     ({"min_workers": "2"}, "autoscaler.min_workers: must be an integer"),
     ({"kp": -1.0}, "autoscaler.kp: must be >= 0"),
     ({"min_workers": 5, "max_workers": 2}, "min_workers"),
-    ({"scale_up_cooldown": 1.0, "scale_up_cooldown_s": 2.0}, "given twice"),
+    ({"scale_up_cooldown": 1.0, "scale_up_cooldown_s": 2.0},
+     r"autoscaler.scale_up_cooldown_s: given twice \(also as autoscaler.scale_up_cooldown\)"),
+    ({"scale_up_cooldown_s": 2.0, "scale_up_cooldown": 1.0},
+     r"autoscaler.scale_up_cooldown: given twice \(also as autoscaler.scale_up_cooldown_s\)"),
 ])
 def test_config_errors_name_the_key(data: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
