@@ -1,6 +1,7 @@
 """The request body as the FastAPI routes get it, checked once in front of them: JSON nested more
 than :data:`JSON_MAX_DEPTH` levels is refused (422, ``json_invalid``) before it is parsed, and the
-body is read as JSON whatever its ``Content-Type`` says (``curl -d`` sends
+body is read as JSON whatever its ``Content-Type`` says, and must be UTF-8 (RFC 8259; UTF-16 and
+UTF-32, which Python's parser would decode, are refused: the depth check reads UTF-8) (``curl -d`` sends
 ``application/x-www-form-urlencoded``), as ``POST /rollouts`` and the heartbeat fast path, which
 parse the raw bytes, always did.
 
@@ -40,11 +41,15 @@ def nested_deeper_than(body: bytes, limit: int = JSON_MAX_DEPTH) -> bool:
     return max(accumulate(map(_STEP.__getitem__, brackets)), default=0) > limit
 
 
-def too_deep_answer(limit: int = JSON_MAX_DEPTH) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
-    """The 422 for a body nested deeper than ``limit``, shaped like the routes' other JSON errors."""
-    detail = [{"type": "json_invalid", "loc": ["body"],
-               "msg": f"JSON nested too deeply: more than {limit} levels of arrays and objects"}]
+def json_invalid(message: str) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
+    """A 422 for a body refused before it is parsed, shaped like the routes' other JSON errors."""
+    detail = [{"type": "json_invalid", "loc": ["body"], "msg": message}]
     return 422, json.dumps({"detail": detail}).encode(), [(b"content-type", b"application/json")]
+
+
+def too_deep_answer(limit: int = JSON_MAX_DEPTH) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
+    """The 422 for a body nested deeper than ``limit``."""
+    return json_invalid(f"JSON nested too deeply: more than {limit} levels of arrays and objects")
 
 
 def _has_body(scope: Scope) -> bool:
@@ -75,6 +80,9 @@ class JsonBodies:
             return
         body = await read_body(receive)
         if body is None:  # the client went away, or the guard refused the body and has answered
+            return
+        if json.detect_encoding(body) != "utf-8":  # what the depth scan reads; JSON between systems is UTF-8
+            await send_answer(send, json_invalid("JSON must be UTF-8 (without a byte order mark)"))
             return
         if nested_deeper_than(body, self.max_depth):
             await send_answer(send, too_deep_answer(self.max_depth))

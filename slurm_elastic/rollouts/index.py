@@ -203,6 +203,11 @@ class StoreIndex:
                 group_ids)}
         return [_body(rows[g]) for g in group_ids]
 
+    def known(self, group_id: str) -> bool:
+        """A group of this id was stored, in any state."""
+        with self.reading() as db:
+            return db.execute("SELECT 1 FROM groups WHERE id = ?", (group_id,)).fetchone() is not None
+
     def batch_bodies(self, batch_id: str) -> list[GroupBody]:
         """A batch's groups (lost ones left out), in arrival order."""
         with self.reading() as db:

@@ -140,12 +140,20 @@ class RolloutQueue:
                     then: Then[bool]) -> None:
         """Like :meth:`submit`, for an event loop: ``then`` hears whether the group was stored
         (False: a retry of one accepted already) once it is durable, on the store's committing
-        loop. QueueFull and the refusals of :meth:`_check_version` are raised at once."""
+        loop. QueueFull and the refusals of :meth:`_version_refusal` are raised at once; a resend
+        of a group stored before is a retry whatever its version now (nothing released twice)."""
         cfg = self.config
         with self._lock:
             retry = group_id in self._queued  # a retry of a queued group (the store catches older ones)
+            refusal = None if retry else self._version_refusal(version)
+        if refusal is not None and self.store.known(group_id):  # outside the lock: the index may be busy
+            retry, refusal = True, None  # delivered, dropped or handed out already: its answer is "retry"
+        with self._lock:
+            if refusal is not None:
+                if isinstance(refusal, StaleGroup):  # AReaL's on_rollout_rejected (saved by save_counts)
+                    self.book.refused(worker_id, n_seqs, self.clock())
+                raise refusal
             if not retry:
-                self._check_version(worker_id, n_seqs, version)
                 queued_seqs = self._queued.seqs + self._committing_seqs
                 queued_bytes = self._queued.nbytes + self._committing_bytes
                 if queued_seqs + n_seqs > cfg.capacity_seqs or queued_bytes + len(payload) > cfg.capacity_bytes:
@@ -178,16 +186,15 @@ class RolloutQueue:
                 self._committing_bytes -= len(payload)
             raise
 
-    def _check_version(self, worker_id: str, n_seqs: int, version: int) -> None:
-        """Refuse a group no trainer step could use (lock held): VersionAhead past the trainer's
-        version; StaleGroup older than the bound, its sequences taken off ``worker_id``'s lease
-        (AReaL's ``on_rollout_rejected``; saved by :meth:`save_counts`)."""
+    def _version_refusal(self, version: int) -> VersionAhead | StaleGroup | None:
+        """Why no trainer step could use a group of ``version`` (lock held): VersionAhead past the
+        trainer's version, StaleGroup older than the bound; None if one can."""
         current, max_staleness = self.staleness.version, self.config.max_staleness
         if version > current:
-            raise VersionAhead(version, current)
+            return VersionAhead(version, current)
         if is_stale(version, current, max_staleness):
-            self.book.refused(worker_id, n_seqs, self.clock())
-            raise StaleGroup(version, current, max_staleness)
+            return StaleGroup(version, current, max_staleness)
+        return None
 
     def save_counts(self) -> None:
         """Save the staleness counts changed in memory only (a stale group's lease released). A
@@ -219,6 +226,10 @@ class RolloutQueue:
                 if earlier is not None and earlier not in self._handed:
                     return None  # a late copy of a pull whose batch was acknowledged
             batch = None if earlier is None else self._hand_again(earlier, requeue=False)
+            if batch is not None:
+                with self._lock:
+                    if earlier not in self._handed:  # acknowledged while it was read again: a late copy
+                        return None
             if batch is None:
                 batch = self._pull_fresh()
             if batch is not None and pull_id is not None:

@@ -20,6 +20,8 @@ class QueuedGroups:
         self._ids: set[str] = set()
         self._by_version: dict[int, dict[str, StoredGroup]] = {}
         self._dropped_ids: set[str] = set()  # dropped, still in _order until passed
+        self._arrivals = 0  # groups ever appended: what the whole-queue search was last run at
+        self._searched_whole_at: int | None = None  # _arrivals when a search of the whole queue found nothing
         self.seqs = 0
         self.nbytes = 0
 
@@ -36,6 +38,7 @@ class QueuedGroups:
         else:
             self._order.insert(at, group)
         self._ids.add(group.id)
+        self._arrivals += 1
         self._by_version.setdefault(group.version, {})[group.id] = group
         self.seqs += group.n_seqs
         self.nbytes += group.nbytes
@@ -66,12 +69,23 @@ class QueuedGroups:
     def take_batch(self, batch_size: int, lookahead_groups: int) -> list[StoredGroup] | None:
         """Take out whole groups summing to exactly ``batch_size``: the oldest that make one
         among the first ``batch_size + lookahead_groups`` (a batch has at most ``batch_size``
-        groups, so up to ``lookahead_groups`` are passed over; :func:`.oldest_exact_batch`); None
-        if none do. The window is read from the head only as far as the packing needs; the groups
-        not taken go back in order: O(window)."""
+        groups, so up to ``lookahead_groups`` are passed over; :func:`.oldest_exact_batch`); when
+        that window holds none, the oldest among all queued groups (so groups that fit with nothing
+        cannot fill the window and block the queue; searched again only once more have arrived);
+        None if no batch can be made."""
         if self.seqs < batch_size:
             return None
-        limit = batch_size + lookahead_groups
+        batch = self._take(batch_size, batch_size + lookahead_groups)
+        if batch is None and len(self._order) > batch_size + lookahead_groups \
+                and self._searched_whole_at != self._arrivals:
+            batch = self._take(batch_size, len(self._order))
+            self._searched_whole_at = None if batch else self._arrivals
+        return batch
+
+    def _take(self, batch_size: int, limit: int) -> list[StoredGroup] | None:
+        """The oldest exact batch among the first ``limit`` groups, taken out. The window is read
+        from the head only as far as the packing needs; the groups not taken go back in order:
+        O(window)."""
         window: list[StoredGroup] = []
 
         def sizes() -> Iterator[int]:

@@ -110,6 +110,9 @@ class RolloutStorage(Protocol):
     def ack(self, batch_id: str) -> bool | None:
         """Mark a batch delivered. None: unknown batch; False: acknowledged already."""
 
+    def known(self, group_id: str) -> bool:
+        """A group of this id was stored, in any state."""
+
     def drop(self, group_ids: Iterable[str]) -> None:
         """Queued groups dropped as too stale."""
 

@@ -88,10 +88,9 @@ class RolloutStore(GroupCommits):
             self._index.close()
             raise
         self._next_seq = index_log_tail(self._index, self.log) + 1
-        self._live: collections.Counter[int] = collections.Counter()
+        self._live: collections.Counter[int] = collections.Counter(self._index.live_per_segment())
         _good, damaged = self._check(self._index.live_bodies())
-        lost = self.quarantine(damaged) if damaged else []
-        self._live.update(self._index.live_per_segment())
+        lost = self.quarantine(damaged) if damaged else []  # counted live first: only an emptied segment goes
         if self.log.size or damaged:  # never append where an earlier writer wrote, or the index points
             self.log.roll_over()
         for number in self.log.numbers():
@@ -214,6 +213,10 @@ class RolloutStore(GroupCommits):
     def queued(self) -> list[StoredGroup]:
         """Groups waiting, in arrival order (for a restart)."""
         return self._index.queued()
+
+    def known(self, group_id: str) -> bool:
+        """A group of this id was stored (queued, handed out, delivered, dropped or lost)."""
+        return self._index.known(group_id)
 
     def counts(self) -> dict[str, int]:
         """Sequences per state (for status after a restart)."""

@@ -187,6 +187,17 @@ def test_a_json_body_is_taken_whatever_its_content_type(served: Served, content_
     assert form.status_code == 422 and form.json()["detail"][0]["type"] == "json_invalid", form.text
 
 
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-32", "utf-8-sig"])
+def test_a_json_body_not_in_utf_8_is_refused_before_it_is_parsed(served: Served, encoding: str) -> None:
+    """Python's parser would decode UTF-16 and UTF-32, past the depth check that reads UTF-8."""
+    before = served.unchanged()
+    deep = '{"workers": ' + "[" * 5000 + "]" * 5000 + "}"
+    for text in ('{"workers": 1}', deep):
+        answer = served.post("/admin/scale", text.encode(encoding))
+        assert answer.status_code == 422 and "UTF-8" in answer.json()["detail"][0]["msg"], answer.text
+    assert served.unchanged() == before
+
+
 @pytest.mark.parametrize("path", ["/workers/0001/heartbeat%0A", "/admin/scale%0A", "/admin/scale%0D", "/healthz%00"])
 def test_a_path_with_a_control_character_is_no_route(served: Served, path: str) -> None:
     before = served.unchanged()

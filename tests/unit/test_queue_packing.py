@@ -92,15 +92,23 @@ def test_small_groups_at_the_head_do_not_stall_a_long_queue(tmp_path: Path) -> N
     assert got[33:] == [[f"f{i}"] for i in range(35, 100)] and q.stats()["queued_sequences"] == 0
 
 
-def test_the_window_is_batch_size_plus_the_lookahead(tmp_path: Path) -> None:
+def test_the_window_is_batch_size_plus_the_lookahead_then_the_whole_queue(tmp_path: Path) -> None:
     q = make(tmp_path, batch_size=4, lookahead_groups=2)
-    fill(q, [("a", 3), ("b", 3), ("c", 3), ("d", 3), ("e", 3), ("f", 3), ("g", 1)])
-    assert pulled_ids(q) is None  # g is 7th: past 4 + 2 groups
-    fill(q, [("h", 4)])
-    assert pulled_ids(q) is None
-    q.store.close()
-    wide = make(tmp_path, batch_size=4, lookahead_groups=5)
-    assert pulled_ids(wide) == ["a", "g"]
+    fill(q, [("a", 3), ("b", 3), ("c", 3), ("d", 3), ("e", 3), ("f", 3), ("g", 4), ("h", 1)])
+    assert pulled_ids(q) == ["a", "h"]  # h is past 4 + 2 groups: the window holds none, the queue does
+    assert pulled_ids(q) == ["g"]  # in the window now
+    assert pulled_ids(q) is None  # nothing left that makes 4, searched once
+    fill(q, [("i", 1)])
+    assert pulled_ids(q) == ["b", "i"]
+
+
+def test_groups_that_fit_with_nothing_cannot_block_the_queue(tmp_path: Path) -> None:
+    """Twelve groups of 3 fill a window of 8 + 4 and make no batch of 8 among themselves; the
+    4s behind them still make batches (before, every pull answered 204 for ever)."""
+    q = make(tmp_path, batch_size=8, lookahead_groups=4)
+    fill(q, [(f"three{i}", 3) for i in range(12)] + [(f"four{i}", 4) for i in range(20)])
+    assert [pulled_ids(q) for _ in range(10)] == [[f"four{2 * i}", f"four{2 * i + 1}"] for i in range(10)]
+    assert pulled_ids(q) is None and q.stats()["queued_sequences"] == 36
 
 
 def test_groups_dropped_as_stale_inside_the_window_are_passed(tmp_path: Path) -> None:
@@ -119,8 +127,9 @@ def test_groups_dropped_as_stale_inside_the_window_are_passed(tmp_path: Path) ->
        lookahead_groups=st.integers(1, 6))
 @settings(max_examples=60, deadline=None)
 def test_pulls_from_a_real_queue(sizes: list[int], batch_size: int, lookahead_groups: int) -> None:
-    """Whenever some of the first ``lookahead_groups`` groups sum to batch_size a pull answers a
-    batch; every batch is exactly batch_size of whole groups; no group is handed out twice."""
+    """Whenever some queued groups sum to batch_size a pull answers a batch: the oldest in the
+    window of batch_size + lookahead_groups, else in the whole queue; every batch is exactly
+    batch_size of whole groups; no group is handed out twice."""
     sizes = [min(n, batch_size) for n in sizes]  # a group over batch_size is refused at the door
     with tempfile.TemporaryDirectory() as tmp:
         q = make(Path(tmp), batch_size, lookahead_groups)
@@ -130,10 +139,12 @@ def test_pulls_from_a_real_queue(sizes: list[int], batch_size: int, lookahead_gr
         seen: set[str] = set()
         while True:
             fits = any(sum(size_of[g] for g in subset) == batch_size
-                       for r in range(1, len(left[:lookahead_groups]) + 1)
-                       for subset in itertools.combinations(left[:lookahead_groups], r))
+                       for r in range(1, len(left) + 1) for subset in itertools.combinations(left, r))
             window = left[:batch_size + lookahead_groups]
             oldest = oldest_by_brute_force([size_of[g] for g in window], batch_size)
+            if oldest is None:
+                window = left
+                oldest = oldest_by_brute_force([size_of[g] for g in window], batch_size)
             got = pulled_ids(q)
             assert got == (None if oldest is None else [window[i] for i in oldest])
             if got is None:

@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -50,6 +51,25 @@ def test_a_retried_pull_gets_the_batch_its_first_try_got(tmp_path: Path) -> None
     assert first is not None and q.ack(first[0])
     assert q.pull("p1") is None  # a late copy of a finished pull hands nothing out
     assert q.pull("p2") == second and q.stats()["unacked_batches"] == 1
+
+
+def test_a_retry_whose_batch_is_acknowledged_while_it_reads_it_hands_nothing_out(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trainer got the first answer after all and acknowledged it while the retry read the
+    batch again (a slow disk): the retry answers 204, not the acknowledged batch."""
+    q = filled(tmp_path, 4)
+    first = q.pull("p1")
+    assert first is not None
+    read_again = q.store.pull_again
+
+    def ack_meanwhile(batch_id: str) -> Any:
+        assert q.ack(first[0])
+        return read_again(batch_id)
+
+    monkeypatch.setattr(q.store, "pull_again", ack_meanwhile)
+    assert q.pull("p1") is None
+    monkeypatch.undo()
+    assert ids(q.pull("p3")) == ["g2", "g3"]
 
 
 def test_pulls_without_an_id_get_a_new_batch_each(tmp_path: Path) -> None:

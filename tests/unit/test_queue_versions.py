@@ -89,6 +89,26 @@ def test_a_group_ahead_of_the_trainer_is_refused_and_keeps_the_lease(tmp_path: P
     assert q.stats()["queued_sequences"] == 0 and q.staleness.running == 2
 
 
+def test_a_resend_of_a_delivered_group_at_a_version_now_stale_or_ahead_is_a_retry(tmp_path: Path) -> None:
+    """A worker whose first answer was lost sends the group again, later: it was stored, so the
+    answer is a retry, and nothing of the worker's current lease is released for it."""
+    q = make(tmp_path)
+    assert submit(q, "g", 0) and submit(q, "h", 0)
+    for _ in range(2):
+        batch = q.pull()
+        assert batch is not None
+        q.ack(batch[0])
+    for version in range(1, 6):
+        q.set_version(version)  # g and h are stale now
+    assert q.admit(3, "0001") == 3
+    assert submit(q, "g", 0) is False  # not StaleGroup: its sequence is not taken off the lease
+    assert q.staleness.running == 3 and q.leases.leases["0001"].unused_seqs == 3
+    q.set_version(0, recovered=True)  # a resume from an earlier checkpoint: h is "ahead" now
+    assert submit(q, "h", 5) is False  # not VersionAhead: it was stored (and trained on) before
+    with pytest.raises(VersionAhead):
+        submit(q, "new", 5)
+
+
 def test_a_resend_of_a_queued_group_that_went_stale_is_a_retry(tmp_path: Path) -> None:
     q = make(tmp_path)
     assert submit(q, "g", 0)

@@ -102,6 +102,19 @@ def test_damage_found_at_open_is_quarantined_before_anything_is_handed_out(tmp_p
     q.store.close()
 
 
+def test_damage_found_at_open_in_an_older_segment_loses_only_the_damaged_group(tmp_path: Path) -> None:
+    """The segment is no longer the one appended to (a restart rolled over): its other groups
+    stay readable, not deleted with it."""
+    filled(tmp_path, ["a", "b", "c"]).close()
+    RolloutStore(tmp_path / "q.sqlite").close()  # a restart: appends go to a new segment
+    flip_byte(tmp_path, "b", at=0)
+    q = RolloutQueue(RolloutStore(tmp_path / "q.sqlite"), QueueConfig(batch_size=8, capacity_seqs=100))
+    assert q.take_lost_ids() == ["b"] and where(tmp_path, "a")[0].exists()
+    batch = q.pull()
+    assert batch is not None and ids(batch[1]) == ["a", "c"] and q.stats()["lost_groups"] == 1
+    q.store.close()
+
+
 def test_a_truncated_segment_loses_only_what_was_cut_and_new_groups_stay_readable(tmp_path: Path) -> None:
     filled(tmp_path, [f"g{i}" for i in range(6)]).close()
     path, offset, _n = where(tmp_path, "g3")
