@@ -7,8 +7,6 @@ import logging
 import threading
 from pathlib import Path
 
-from starlette.types import Receive, Scope, Send
-
 from slurm_elastic import __version__
 from slurm_elastic.client.locate import job_comment
 from slurm_elastic.controller.beats import HeartbeatEndpoint
@@ -38,22 +36,6 @@ from slurm_elastic.rollouts.store import RolloutStore
 log = logging.getLogger(__name__)
 
 
-class HttpOnlyApp(ControllerApp):
-    """:class:`ControllerApp` for HTTP requests and lifespan events only: a WebSocket handshake is
-    refused (closed before it is accepted: the server answers 403) whatever it carries, as no
-    route speaks WebSocket and the token check is the HTTP requests'. Any other kind of scope is
-    an error."""
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        kind = scope["type"]
-        if kind == "websocket":
-            await send({"type": "websocket.close", "code": 1008, "reason": "no WebSocket routes"})
-        elif kind in ("http", "lifespan"):
-            await super().__call__(scope, receive, send)
-        else:
-            raise ValueError(f"the controller's API serves no {kind!r} scope")
-
-
 def create_controller_app(controller: Controller, token: str, queue: RolloutQueue | None = None) -> ControllerApp:
     """The controller's ASGI app: /healthz, the control plane, the rollout queue and the schema
     (/openapi.json), every route behind the job's token, checked with the body's size before any
@@ -64,8 +46,8 @@ def create_controller_app(controller: Controller, token: str, queue: RolloutQueu
     if queue is not None and controller.queue is not queue:
         raise ValueError("the routes would serve another queue than the controller reads: build the controller with queue=")
     submit_max_bytes = queue.config.max_group_bytes if queue is not None else BODY_MAX_BYTES
-    app = HttpOnlyApp(RequestGuard(token, submit_max_bytes), title="slurm-elastic controller", version=__version__,
-                      docs_url=None, redoc_url=None)
+    app = ControllerApp(RequestGuard(token, submit_max_bytes), title="slurm-elastic controller", version=__version__,
+                        docs_url=None, redoc_url=None)
     app.add_middleware(JsonBodies)
 
     @app.get("/healthz", tags=["status"])

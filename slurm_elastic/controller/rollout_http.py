@@ -255,7 +255,9 @@ class ControllerApp(FastAPI):
     token, then the body's size, before any body is read); ``POST /rollouts`` is then answered
     before the framework's per-request machinery (telemetry hooks, middleware, routing), so the
     hot route costs only its own checks (the same handler is also a FastAPI route, so OpenAPI
-    documents it); so are heartbeats when they can be (:mod:`.beats`)."""
+    documents it); so are heartbeats when they can be (:mod:`.beats`). A WebSocket handshake is
+    closed before it is accepted (the server answers 403), whatever it carries: no route speaks
+    WebSocket and the token check is the HTTP requests'; only lifespan events pass besides."""
 
     def __init__(self, guard: RequestGuard, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -267,7 +269,12 @@ class ControllerApp(FastAPI):
         self.add_exception_handler(RequestValidationError, invalid_request)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008, "reason": "no WebSocket routes"})
+            return
         if scope["type"] != "http":
+            if scope["type"] != "lifespan":
+                raise ValueError(f"the controller's API serves no {scope['type']!r} scope")
             await super().__call__(scope, receive, send)
             return
         passed = await self.guard(scope, receive, send)
