@@ -18,8 +18,9 @@ trainer that remembers acknowledged ids processes every rollout exactly once. A 
 answer is lost is retried with the same ``pull_id``, which gets that same batch.
 
 A group whose stored copy was found damaged is never delivered: the controller quarantines it
-and names it in the next batch (``lost_group_ids``). The trainer logs a warning, keeps the ids
-in ``Trainer.lost_group_ids`` and calls ``on_lost(ids)`` if given. A batch handed out again
+and names it in the next batch (``lost_group_ids``; again with that batch until it is
+acknowledged). The trainer logs a warning, keeps the ids in ``Trainer.lost_group_ids`` and
+calls ``on_lost(ids)`` if given, once per id. A batch handed out again
 keeps its id without the groups lost since. While the controller's disk is full (503) the
 trainer waits and asks again.
 """
@@ -103,8 +104,9 @@ class Trainer:
                 continue
             pull_id = uuid.uuid4().hex
             lost = [str(g) for g in got.get("lost_group_ids") or []]
-            if lost:
-                self._lost(lost)
+            new_lost = [g for g in lost if g not in self.lost_group_ids]  # named again until the ack
+            if new_lost:
+                self._lost(new_lost)
             if got["batch_id"] in self.acked:  # handed out again after a restart: already consumed
                 batch_id = got["batch_id"]
                 self._retry(lambda: self.client.ack_batch(batch_id))  # noqa: B023 (called at once)

@@ -26,6 +26,7 @@ def metrics_registry(controller: Controller, queue: RolloutQueue, connections: C
         ("delivered_sequences_total", "Sequences acknowledged by the trainer", q["delivered_sequences"]),
         ("dropped_stale_sequences_total", "Sequences dropped as too stale", q["dropped_stale_sequences"]),
         ("refused_submits_total", "Submits refused with 429 (backpressure)", q["refused_submits"]),
+        ("refused_stale_sequences_total", "Sequences in submits refused as too stale", q["refused_stale_sequences"]),
         ("lost_groups_total", "Groups quarantined: damaged in the payload log, never delivered", q["lost_groups"]),
         ("lost_sequences_total", "Sequences in the groups quarantined as lost", q["lost_sequences"]),
         ("target_workers", "The worker count the controller steers to", ctl["target_workers"]),

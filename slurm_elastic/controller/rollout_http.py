@@ -333,12 +333,12 @@ def rollout_router(controller: Controller, queue: RolloutQueue) -> APIRouter:
             "the trainer's name for this pull: a retry with the same id gets the same batch while it is "
             "not acknowledged (204 once it is)"))] = None) -> Response:
         """The next batch; ``lost_group_ids`` names the groups quarantined (damaged on disk,
-        never delivered) since the previous batch."""
+        never delivered) since the previous batch, named again with it until it is acknowledged."""
         batch = queue.pull(pull_id)  # StoreUnavailableError: 503 with Retry-After (storage_failed)
         if batch is None:
             return Response(status_code=status.HTTP_204_NO_CONTENT)
         batch_id, payloads = batch
-        lost = json.dumps(queue.take_lost_ids()).encode()
+        lost = json.dumps(queue.lost_ids_for(batch_id)).encode()
         body = (b'{"batch_id":"' + batch_id.encode() + b'","groups":[' + b",".join(payloads)
                 + b'],"lost_group_ids":' + lost + b"}")
         return Response(body, media_type="application/json")

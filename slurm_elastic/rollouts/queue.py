@@ -70,9 +70,11 @@ class RolloutQueue:
         self.delivered_seqs = 0
         self.dropped_stale_seqs = 0
         self.refused_submits = 0
+        self.refused_stale_seqs = 0  # in groups refused at submit for their policy version (this run)
         self.lost_groups = 0  # quarantined: their records in the log were damaged
         self.lost_seqs = 0
         self._lost_unreported: list[str] = []  # lost group ids not yet told to the trainer
+        self._lost_told: dict[str, list[str]] = {}  # batch id -> lost ids told with it (until its ack)
         self.in_use = False  # a trainer registered or pulled, or rollouts arrived: the buffer means something
         self._pulls = WindowRate(CONSUMPTION_WINDOW_S)
         self._accepts = WindowRate(PRODUCTION_WINDOW_S)
@@ -152,6 +154,7 @@ class RolloutQueue:
             if refusal is not None:
                 if isinstance(refusal, StaleGroup):  # AReaL's on_rollout_rejected (saved by save_counts)
                     self.book.refused(worker_id, n_seqs, self.clock())
+                    self.refused_stale_seqs += n_seqs
                 raise refusal
             if not retry:
                 queued_seqs = self._queued.seqs + self._committing_seqs
@@ -215,7 +218,7 @@ class RolloutQueue:
         not enough. Unacknowledged batches to hand out again (after a restart) come first; a
         ``pull_id`` that got a batch still unacknowledged gets that batch again (a retry after a
         lost answer), one whose batch was acknowledged gets None. Every payload is checked first:
-        a damaged group is quarantined (see :meth:`take_lost_ids`) and the batch is made of
+        a damaged group is quarantined (see :meth:`lost_ids_for`) and the batch is made of
         others. A batch handed out again keeps its id, without any of its groups lost since.
         StoreUnavailableError (disk full): nothing changed, try again."""
         with self._pull_lock:
@@ -316,10 +319,15 @@ class RolloutQueue:
                         self._handed[batch_id] = [g for g in groups if g.id not in ids]
             self.book.freed(sum(g.n_seqs for g in lost))
 
-    def take_lost_ids(self) -> list[str]:
-        """Ids of the groups quarantined since the last call (for the trainer's next batch)."""
+    def lost_ids_for(self, batch_id: str) -> list[str]:
+        """The quarantined group ids to tell with batch ``batch_id``: those told with it before
+        (a retry of its pull, or the batch handed out again) and those quarantined since; told
+        again with it until it is acknowledged, so a lost answer loses none of them."""
         with self._lock:
-            ids, self._lost_unreported = self._lost_unreported, []
+            ids = self._lost_told.get(batch_id, []) + self._lost_unreported
+            self._lost_unreported = []
+            if batch_id in self._handed:
+                self._lost_told[batch_id] = ids
             return ids
 
     def _drop_stale(self) -> None:
@@ -339,6 +347,7 @@ class RolloutQueue:
             raise UnknownBatchError(batch_id)
         with self._lock:
             groups = self._handed.pop(batch_id, [])
+            self._lost_told.pop(batch_id, None)
             self._rehand = collections.deque(b for b in self._rehand if b[0] != batch_id)
             if result:
                 self.delivered_seqs += sum(g.n_seqs for g in groups)
@@ -383,7 +392,8 @@ class RolloutQueue:
                 "policy_version": self.staleness.version, "staleness_capacity": self.staleness.capacity(),
                 "max_staleness": self.config.max_staleness, "running_rollouts": self.staleness.running,
                 "delivered_sequences": self.delivered_seqs, "dropped_stale_sequences": self.dropped_stale_seqs,
-                "refused_submits": self.refused_submits, "unacked_batches": len(self._handed),
+                "refused_submits": self.refused_submits, "refused_stale_sequences": self.refused_stale_seqs,
+                "unacked_batches": len(self._handed),
                 "lost_groups": self.lost_groups, "lost_sequences": self.lost_seqs,
                 "consumption_seqs_per_s": self._pulls.rate(now_s), "production_seqs_per_s": self._accepts.rate(now_s),
                 "trainer_step_s": self._trainer_steps.step_s(now_s),

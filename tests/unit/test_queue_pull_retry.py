@@ -112,8 +112,22 @@ def test_a_retry_whose_batch_was_lost_to_damage_gets_a_new_one(tmp_path: Path) -
     assert first is not None
     for group_id in ("g0", "g1"):
         flip_byte(tmp_path, group_id, at=10)
-    assert ids(q.pull("p1")) == ["g2", "g3"]  # nothing was left of the first: never delivered
-    assert q.take_lost_ids() == ["g0", "g1"] and q.stats()["unacked_batches"] == 1
+    second = q.pull("p1")
+    assert ids(second) == ["g2", "g3"] and second is not None  # nothing was left of the first: never delivered
+    assert q.lost_ids_for(second[0]) == ["g0", "g1"] and q.stats()["unacked_batches"] == 1
+
+
+def test_the_lost_ids_told_with_a_batch_are_told_again_until_its_ack(tmp_path: Path) -> None:
+    q = filled(tmp_path, 6)
+    flip_byte(tmp_path, "g1", at=10)
+    first = q.pull("p1")
+    assert ids(first) == ["g0", "g2"] and first is not None
+    assert q.lost_ids_for(first[0]) == ["g1"]  # the answer carrying it was lost:
+    again = q.pull("p1")
+    assert again == first and q.lost_ids_for(first[0]) == ["g1"]  # the retry names it again
+    assert q.ack(first[0])
+    second = q.pull("p2")
+    assert second is not None and q.lost_ids_for(second[0]) == []  # acknowledged: told for good
 
 
 def group(gid: str) -> dict[str, object]:

@@ -44,7 +44,7 @@ def test_a_stale_group_is_refused_with_the_versions_and_not_stored(tmp_path: Pat
     assert "stale" in str(refused.value) and "version 6 or newer" in str(refused.value)
     assert submit(q, "oldest-fresh", 6)  # version - max_staleness: still taken
     stats = q.stats()
-    assert (stats["queued_sequences"], stats["dropped_stale_sequences"]) == (1, 0)
+    assert (stats["queued_sequences"], stats["dropped_stale_sequences"], stats["refused_stale_sequences"]) == (1, 0, 1)
     assert q.pull() is not None and q.pull() is None
 
 

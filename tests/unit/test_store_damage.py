@@ -70,7 +70,7 @@ def test_a_pull_skips_a_damaged_group_keeps_batches_exact_and_reports_it(tmp_pat
     flip_byte(tmp_path, "b")
     batch = q.pull()
     assert batch is not None and ids(batch[1]) == ["a", "c"]  # exactly batch_size, without b
-    assert q.take_lost_ids() == ["b"] and q.take_lost_ids() == []
+    assert q.lost_ids_for(batch[0]) == ["b"] and q.lost_ids_for("another-batch") == []
     stats = q.stats()
     assert (stats["lost_groups"], stats["lost_sequences"], stats["queued_sequences"]) == (1, 4, 4)
     assert q.ack(batch[0]) and q.stats()["delivered_sequences"] == 8
@@ -85,7 +85,7 @@ def test_a_rehanded_batch_with_a_damaged_group_keeps_its_id_without_the_group(tm
     flip_byte(tmp_path, "b", at=3)
     again = q.pull()
     assert again is not None and again[0] == first[0] and ids(again[1]) == ["a"]
-    assert q.take_lost_ids() == ["b"]
+    assert q.lost_ids_for(again[0]) == ["b"]
     assert q.ack(first[0]) and q.stats()["delivered_sequences"] == 4  # b was never delivered
     assert q.stats()["lost_sequences"] == 4
     q.store.close()
@@ -96,9 +96,9 @@ def test_damage_found_at_open_is_quarantined_before_anything_is_handed_out(tmp_p
     flip_byte(tmp_path, "c", at=0)
     q = RolloutQueue(RolloutStore(tmp_path / "q.sqlite"), QueueConfig(batch_size=8, capacity_seqs=100))
     assert [g.id for g in q.store.queued()] == ["a", "b"] and q.stats()["queued_sequences"] == 8
-    assert q.take_lost_ids() == ["c"] and "checksum" in q.store.lost()[0].reason
+    assert "checksum" in q.store.lost()[0].reason
     batch = q.pull()
-    assert batch is not None and ids(batch[1]) == ["a", "b"]
+    assert batch is not None and ids(batch[1]) == ["a", "b"] and q.lost_ids_for(batch[0]) == ["c"]
     q.store.close()
 
 
@@ -109,9 +109,10 @@ def test_damage_found_at_open_in_an_older_segment_loses_only_the_damaged_group(t
     RolloutStore(tmp_path / "q.sqlite").close()  # a restart: appends go to a new segment
     flip_byte(tmp_path, "b", at=0)
     q = RolloutQueue(RolloutStore(tmp_path / "q.sqlite"), QueueConfig(batch_size=8, capacity_seqs=100))
-    assert q.take_lost_ids() == ["b"] and where(tmp_path, "a")[0].exists()
+    assert where(tmp_path, "a")[0].exists()
     batch = q.pull()
     assert batch is not None and ids(batch[1]) == ["a", "c"] and q.stats()["lost_groups"] == 1
+    assert q.lost_ids_for(batch[0]) == ["b"]
     q.store.close()
 
 

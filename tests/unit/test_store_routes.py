@@ -55,6 +55,11 @@ def test_a_damaged_group_is_named_to_the_trainer_and_counted(served: Served, tmp
     batch = trainer.next_batch(timeout_s=30)
     assert batch is not None and [g["id"] for g in batch.groups] == ["a", "c"]
     assert batch.lost_group_ids == ("b",) and trainer.lost_group_ids == ["b"] and told == [["b"]]
+    restarted_told: list[list[str]] = []  # the trainer died before its ack: the batch comes again, so does "b"
+    restarted = Trainer(served.server.url, TOKEN, on_lost=restarted_told.append, poll_s=0.01)
+    again = restarted.next_batch(timeout_s=30)
+    assert again is not None and again.batch_id == batch.batch_id and restarted_told == [["b"]]
+    restarted.close()
     trainer.ack(batch)
     status = served.http.get("/global-status").json()
     assert (status["queue"]["lost_groups"], status["queue"]["lost_sequences"]) == (1, 4)
