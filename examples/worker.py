@@ -31,6 +31,9 @@ def main() -> None:
         while not worker.draining:
             if worker.admit(GROUP) < GROUP:  # the staleness gate said no (or we are draining)
                 continue
+            latest = Policy.load_latest(policy_dir)  # admit() waited while the trainer moved on: newest now
+            if latest.version > policy.version:
+                policy = latest
             with worker.rollout():  # busy: a drain lets this rollout finish first
                 time.sleep(rollout_time_s(rng, SCALE_S))  # "generation"
                 group = sample_group(policy, GROUP, rng, target)
@@ -41,9 +44,6 @@ def main() -> None:
                 "sequences": [{"tokens": t, "logprobs": lp, "score": s}
                               for t, lp, s in zip(group["tokens"], group["logprobs"], group["scores"], strict=True)],
             })
-            latest = Policy.load_latest(policy_dir)
-            if latest.version > policy.version:
-                policy = latest
         print(f"worker {worker.ctx.worker_id}: drained after {n} groups", flush=True)
 
 

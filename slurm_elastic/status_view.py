@@ -96,8 +96,10 @@ def render_status(job_id: int, status: dict[str, Any] | None, slurm_steps: list[
     usable = ctl.get("usable_slots")
     if isinstance(usable, int) and isinstance(ctl.get("target_workers"), int) and ctl["target_workers"] > usable:
         mode += f"; only {usable} GPU slots usable now"
-    lines.append(f"target: {ctl.get('target_workers', '?')} workers ({mode})  last decision: "
-                 f"{decision.get('action', '-')}: {decision.get('reason', '-')}")
+    action, reason = decision.get("action", "-"), str(decision.get("reason", "-"))
+    said = reason if reason.startswith(f"{action}:") else f"{action}: {reason}"  # a hold's reason says "hold:"
+    target = ctl.get("target_workers", "?")
+    lines.append(f"target: {target} worker{'' if target == 1 else 's'} ({mode})  last decision: {said}")
     queue = ctl.get("queue") or status.get("queue") or {}
     if queue:
         lines.append(
@@ -114,9 +116,7 @@ def render_status(job_id: int, status: dict[str, Any] | None, slurm_steps: list[
         at_latest = sum(1 for w in workers if w.get("weights_version") == weights.get("version"))
         lines.append(f"weights: version {weights.get('version')} ({weights.get('ref')})  servers at it: "
                      f"{at_latest}/{len(workers)}" + ("" if weights.get("enforced") else "  (no update hook)"))
-    by_state = ctl.get("workers_by_state") or {}
-    counts = "  ".join(f"{k.lower()} {v}" for k, v in by_state.items() if v)
-    lines.append(f"workers: {counts or 'none'}")
+    lines.append(f"workers: {worker_counts(ctl) or 'none'}")
     rows = []
     workers = ctl.get("workers", [])
     in_burst = any(w.get("job_id") not in (None, job_id) for w in workers)  # a JOB column only when it says something
@@ -165,6 +165,14 @@ def _burst_lines(ctl: dict[str, Any]) -> list[str]:
     if rows:
         lines += ["  " + r for r in _table(["JOB", "STATE", "NODE", "GPUS", "WORKERS", "REASON"], rows)]
     return lines
+
+
+def worker_counts(ctl: dict[str, Any]) -> str:
+    """Workers per state, and the steps holding cordoned GPUs apart ("active 6  placeholders 1")."""
+    counts = [(k.lower(), v) for k, v in (ctl.get("workers_by_state") or {}).items() if v]
+    if ctl.get("placeholders"):
+        counts.append(("placeholders", ctl["placeholders"]))
+    return "  ".join(f"{k} {v}" for k, v in counts)
 
 
 def _trainer_line(queue: dict[str, Any]) -> str:

@@ -125,13 +125,12 @@ def locate(job_id: int, slurm: SlurmCli | None = None, view: SlurmView | None = 
     cluster = local_cluster_name()
     candidates = [job_state_dir(cluster, job_id)] if cluster else []
     if not any((c / CONTROLLER_FILE).exists() for c in candidates):
-        if view is not None:
-            job = view.job
-        else:
+        if view is None:
             try:
-                job = (slurm or SlurmCli()).job_info(job_id)
-            except SlurmError:
-                job = None
+                view = ask_slurm(job_id, slurm or SlurmCli())
+            except SlurmError as exc:
+                view = SlurmView(None, str(exc))
+        job = view.job
         if job is not None:
             comment_dir = state_dir_from_comment(job.comment)
             candidates += [d for d in (comment_dir, job_state_dir(job.cluster, job_id))
@@ -145,8 +144,9 @@ def locate(job_id: int, slurm: SlurmCli | None = None, view: SlurmView | None = 
         except (OSError, ValueError) as exc:
             raise ControllerUnreachableError(f"cannot read {path}: {exc}{REWRITTEN}") from None
         return JobHandle(job_id, state_dir, controller_url(path, info), read_token(state_dir / TOKEN_FILE), info)
+    why = f"; {view.error} (is SLURM_CONF set for this job's cluster?)" if view is not None and view.error else ""
     raise ControllerUnreachableError(
-        f"no controller found for job {job_id} (looked in {', '.join(str(c) for c in candidates) or 'no place'})"
+        f"no controller found for job {job_id} (looked in {', '.join(str(c) for c in candidates) or 'no place'}){why}"
     )
 
 

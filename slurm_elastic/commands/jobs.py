@@ -22,9 +22,10 @@ from slurm_elastic.client.locate import (
 from slurm_elastic.client.wire import WORKER_ID
 from slurm_elastic.commands.params import Seconds
 from slurm_elastic.core.health import parse_gpu_ref
+from slurm_elastic.core.naming import WORKER_PREFIX
 from slurm_elastic.errors import ControllerUnreachableError, SlurmError
 from slurm_elastic.slurm.cli_backend import SlurmCli
-from slurm_elastic.status_view import render_status
+from slurm_elastic.status_view import render_status, worker_counts
 
 STATUS_SCHEMA_VERSION = 1
 STOP_WAIT_S = 30.0  # how long a stopped controller may take to stop answering
@@ -115,7 +116,7 @@ def status(job_id: int, as_json: bool, watch: bool, interval_s: float) -> None:
             return
 
 
-@click.command()
+@click.command(context_settings={"ignore_unknown_options": True})  # "-1" is a count, refused by its range
 @click.argument("job_id", type=int)
 @click.argument("workers", type=click.IntRange(0))
 @click.option("--wait", is_flag=True, help="Wait until the job has that many active workers.")
@@ -128,9 +129,11 @@ def scale(job_id: int, workers: int, wait: bool, timeout_s: float) -> None:
 
 
 def _settled(ctl: dict[str, Any], workers: int) -> bool:
+    """``workers`` are ACTIVE, or as many as the usable GPU slots allow, and none is on its way."""
     by_state = ctl.get("workers_by_state", {})
     busy = by_state.get("STARTING", 0) + by_state.get("DRAINING", 0) + by_state.get("BACKOFF", 0)
-    return bool(by_state.get("ACTIVE", 0) - ctl.get("placeholders", 0) == workers and busy == 0)
+    usable = ctl.get("usable_slots") or 0
+    return bool(by_state.get("ACTIVE", 0) == (min(workers, usable) if usable > 0 else workers) and busy == 0)
 
 
 def _wait_for(job_id: int, done: Any, what: str, timeout_s: float) -> dict[str, Any]:
@@ -145,8 +148,7 @@ def _wait_for(job_id: int, done: Any, what: str, timeout_s: float) -> dict[str, 
             if done(ctl):
                 click.echo(f"done: {what}", err=True)
                 return ctl
-            by_state = ctl.get("workers_by_state", {})
-            line = "  ".join(f"{k.lower()} {v}" for k, v in by_state.items() if v) or "no workers"
+            line = worker_counts(ctl) or "no workers"
             if view.error:
                 line += f" (warning: {_unchecked(view, handle)})"
         except JobEndedError:
@@ -188,9 +190,12 @@ def drain(job_id: int, worker_id: str) -> None:
 
 def _gpu(ref: str) -> tuple[str, int]:
     try:
-        return parse_gpu_ref(ref)
+        node, gpu = parse_gpu_ref(ref)
     except ValueError as exc:
-        raise click.BadParameter(f"{ref!r}: {exc} (expected NODE:GPU, e.g. node1:2)") from None
+        raise click.BadParameter(str(exc)) from None
+    if not re.fullmatch(r"[A-Za-z0-9._-]+", node):
+        raise click.BadParameter(f"{node!r} is not one node's name (one GPU at a time, e.g. node1:2; no ranges)")
+    return node, gpu
 
 
 @click.command()
@@ -210,7 +215,17 @@ def cordon(job_id: int, gpu_ref: str, reason: str) -> None:
 def uncordon(job_id: int, gpu_ref: str, reason: str) -> None:
     """Lift an operator's, crash, prolog or pre-flight cordon; health cordons lift themselves after a healthy period."""
     node, gpu = _gpu(gpu_ref)
-    click.echo(json.dumps(_call(job_id, "uncordon", node, gpu, reason)))
+    answer = _call(job_id, "uncordon", node, gpu, reason)
+    click.echo(json.dumps(answer))
+    if answer.get("cordoned"):
+        click.echo(f"{node}:{gpu} stays cordoned: {answer.get('reason')}; "
+                   + STILL_CORDONED.get(answer.get("source", ""), "it lifts when its cause is gone").format(node=node), err=True)
+
+
+STILL_CORDONED = {  # why an operator's uncordon leaves a cordon, and what lifts it
+    "health": "a health cordon lifts by itself once the GPU reads healthy for the healthy period",
+    "slurm": "Slurm keeps the node out of use: an admin resumes it (scontrol update nodename={node} state=resume)",
+}
 
 
 @click.command(name="wait-ready")
@@ -231,9 +246,24 @@ def stop(job_id: int, drain_timeout_s: float) -> None:
                                           and not w.get("placeholder") for w in ctl.get("workers", [])),
               "every worker to drain", drain_timeout_s)
     _stop_controller(job_id)
-    ended = SlurmCli().cancel_burst_jobs(job_id)
+    slurm = SlurmCli()
+    ended = slurm.cancel_burst_jobs(job_id)
     click.echo(f"job {job_id}: workers drained, controller stopped"
                + (f", burst jobs {', '.join(map(str, ended))} cancelled" if ended else ""))
+    left = _other_steps(slurm, job_id)
+    if left:
+        click.echo(f"job {job_id} still holds its allocation: steps {', '.join(left)} still run (the trainer, "
+                   f"node agents); they end by themselves, or `scancel {job_id}` ends the job now", err=True)
+
+
+def _other_steps(slurm: SlurmCli, job_id: int) -> list[str]:
+    """The job's steps still running besides its batch script and workers ("3893.2 (trainer)")."""
+    try:
+        steps = slurm.list_steps(job_id)
+    except SlurmError:
+        return []
+    return [f"{s.step_ref} ({s.name})" for s in steps
+            if s.step_id.isdigit() and not s.name.startswith(WORKER_PREFIX)]
 
 
 

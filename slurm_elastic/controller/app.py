@@ -118,4 +118,8 @@ def run_controller(config: ElasticConfig, stop: threading.Event) -> None:
         pusher.stop()
         server.stop()
         queue.store.close()
-        log.info("controller stopped; worker steps keep running and a new controller adopts them")
+        if ctl.stop_requested.is_set():
+            log.info("controller stopped by the operator (slurm-elastic stop): no controller follows; the job's "
+                     "other steps run until they end or `scancel %d`", job_id)
+        else:
+            log.info("controller stopped; worker steps keep running and a new controller adopts them")

@@ -84,7 +84,8 @@ class ControlPlane(ControllerBase):
         with self.lock:
             worker = self.state.workers.get(worker_id)
             if worker is None or not worker.has_step:
-                raise UnknownWorkerError(worker_id)
+                raise UnknownWorkerError(f"worker {worker_id}: no live worker of that id in job {self.job_id} "
+                                         f"(`slurm-elastic status {self.job_id}` lists them)")
             if info.get("rank"):
                 return self._rank_failed(worker, int(info["rank"]), info.get("exit_code"))
             worker.last_heartbeat_s = self.clock()
@@ -209,7 +210,7 @@ class ControlPlane(ControllerBase):
             self.save()
             still = self.state.cordons.cordoned().get((node, gpu))
             return {"node": node, "gpu": gpu, "cordoned": still is not None,
-                    "reason": still.reason if still else ""}
+                    "reason": still.reason if still else "", "source": still.source if still else ""}
 
     def report_gpu_health(self, parsed: AgentReport) -> dict[str, Any]:
         """A node agent's telemetry (validated by the route). Only the job's GPUs on that node are
@@ -232,7 +233,8 @@ class ControlPlane(ControllerBase):
 
     def _check_gpu(self, node: str, gpu: int) -> None:
         if not any(gpu in a.gpus_by_node.get(node, ()) for a in self.allocations):
-            raise UnknownWorkerError(f"{node}:{gpu} is not a GPU of job {self.job_id}")
+            raise UnknownWorkerError(f"{node}:{gpu} is not a GPU of job {self.job_id} "
+                                     f"(`slurm-elastic status {self.job_id}` lists its workers' GPUs)")
 
     def endpoints_view(self, latest_weights_only: bool = False) -> dict[str, Any]:
         """The routable servers (version, endpoints with their load) for discovery."""

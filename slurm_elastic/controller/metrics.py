@@ -47,6 +47,8 @@ def metrics_registry(controller: Controller, queue: RolloutQueue, connections: C
     for quantile, key in (("0.5", "p50"), ("0.95", "p95"), ("1", "max")):
         tick.labels(quantile=quantile).set(ctl["tick_duration_s"][key])
     Gauge("slurm_elastic_cordoned_gpus", "Cordoned GPUs", registry=registry).set(len(ctl["cordoned_gpus"]))
+    Gauge("slurm_elastic_placeholders", "Steps holding cordoned GPUs (not workers)", registry=registry).set(
+        ctl["placeholders"])
     if connections is not None:
         Gauge("slurm_elastic_api_connections", "Open API connections", registry=registry).set(len(connections.open))
         closed = Gauge("slurm_elastic_api_connections_closed_total",

@@ -21,7 +21,7 @@ from slurm_elastic.controller.pause_watch import PauseWatch
 from slurm_elastic.controller.step_specs import foreign_gpus_by_node
 from slurm_elastic.controller.views import StatusViews
 from slurm_elastic.core.cordons import CordonChange
-from slurm_elastic.core.lifecycle import WorkerState
+from slurm_elastic.core.lifecycle import WorkerState, commands_ended
 from slurm_elastic.core.naming import AGENT_PREFIX, worker_id_of_step
 from slurm_elastic.core.placement import Allocation
 from slurm_elastic.core.reconcile import EXITED_CLEANLY, Crashed, Launch, ObservedStep
@@ -268,6 +268,7 @@ class Controller(ControlPlane, StatusViews):
                     log.warning("cordoned %s:%d: %s", event.node, event.gpu, event.reason)
                 else:
                     log.warning("%s", event.message)
+            self._release_leases(result)
             if any(isinstance(a, Launch) for a in result.actions):
                 self.save()  # write-ahead: a controller killed mid-launch leaves records its successor waits for
             self._run_all(result.actions)
@@ -278,6 +279,16 @@ class Controller(ControlPlane, StatusViews):
         if burst_inputs is not None and self.burst is not None:  # sbatch/scancel outside the lock
             self.burst.step(**burst_inputs)
         return result
+
+    def _release_leases(self, result: TickResult) -> None:
+        """Release the queue's admissions held under ids whose command ended or is relaunched
+        now (before the launch: a new step starts with none)."""
+        if self.queue is None:
+            return
+        launched = {a.worker_id for a in result.actions if isinstance(a, Launch)}
+        released = self.queue.release_leases(commands_ended(self.state.workers.values(), launched))
+        if released:
+            log.info("released %d admitted sequences held under worker ids whose command ended", released)
 
     def burst_inputs(self, result: TickResult, running_burst: dict[int, dict[str, tuple[int, ...]]],
                      now_s: float) -> dict[str, Any]:

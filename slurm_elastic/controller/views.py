@@ -21,7 +21,8 @@ class StatusViews(ControllerBase):
             st = self.state
             by_state = {s.value: 0 for s in WorkerState}
             for worker in st.workers.values():
-                by_state[worker.state.value] += 1
+                if not (worker.placeholder and worker.has_step):  # a step holding a cordoned GPU is no worker
+                    by_state[worker.state.value] += 1
             return {
                 "job_id": self.job_id,
                 "controller_url": self.controller_url,

@@ -8,7 +8,7 @@ Anything not in :data:`TRANSITIONS` is refused with :class:`TransitionError`.
 from __future__ import annotations
 
 import enum
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,6 +122,14 @@ class Worker:
         kwargs["node_gpus"] = {str(n): tuple(int(g) for g in gs) for n, gs in kwargs.get("node_gpus", {}).items()}
         kwargs["history"] = [tuple(h) for h in kwargs.get("history", [])]
         return cls(**kwargs)
+
+
+def commands_ended(workers: Iterable[Worker], launched_ids: Collection[str]) -> list[str]:
+    """Ids under which no worker command runs any more: the step ended (FAILED, BACKOFF,
+    INACTIVE), holds only a GPU (a placeholder), or is being replaced by a new step
+    (``launched_ids``). What the queue granted under them will never be submitted under them."""
+    return [w.worker_id for w in workers
+            if w.state in (S.FAILED, S.BACKOFF, S.INACTIVE) or w.placeholder or w.worker_id in launched_ids]
 
 
 def begin_drain(worker: Worker, now_s: float, reason: str, *, failure_reason: str = "") -> None:

@@ -44,6 +44,9 @@ class QueueFeed(Protocol):
     def stats(self) -> dict[str, Any]:
         """Every number of the queue, for the status."""
 
+    def release_leases(self, worker_ids: list[str]) -> int:
+        """The steps of ``worker_ids`` have ended: their admissions are released."""
+
 
 def pressure_inputs(queue: QueueSnapshot | None, workers: Mapping[WorkerState, int], busy_worker_s: float | None,
                     allowed_slots: int, outstanding_requests: int | None = None,

@@ -291,6 +291,7 @@ def _launch(worker: Worker, exclude_nodes: tuple[str, ...], now_s: float, reason
     worker.last_heartbeat_s = now_s
     worker.step_id, worker.node, worker.gpus, worker.nodes, worker.node_gpus = "", "", (), (), {}
     worker.liveness_failures = 0
+    worker.rollouts, worker.busy = 0, False  # the new step's own, from its heartbeats (it is loading until then)
     worker.launches += 1
     plan.actions.append(Launch(worker.worker_id, exclude_nodes))
 

@@ -134,9 +134,10 @@ class Lease:
 @dataclass
 class AdmissionLeases:
     """Admissions handed out and not yet used, per worker. A submit uses its own worker's lease
-    only; what it brings beyond that lease is accepted as unadmitted. A lease not used within
-    ``ttl_s`` of its worker's last admission (the worker drained or died) is released. Used by
-    the queue and the simulator."""
+    only; what it brings beyond that lease is accepted as unadmitted. A lease is released when
+    its worker's step is seen to end (:meth:`release`; a relaunch under the same id starts with
+    none), and one not used within ``ttl_s`` of its worker's last admission (a worker that hangs)
+    is released too. Used by the queue and the simulator."""
 
     staleness: StalenessManager
     ttl_s: float
@@ -160,6 +161,15 @@ class AdmissionLeases:
         taken = min(n_seqs, held.unused_seqs)
         self.staleness.on_rejected(taken)
         self._set(worker_id, Lease(held.unused_seqs - taken, held.granted_at_s))
+
+    def release(self, worker_id: str) -> int:
+        """``worker_id``'s step has ended: what its lease holds will never be submitted under it
+        (AReaL's ``on_rollout_rejected``); returns the sequences released."""
+        held = self.leases.pop(worker_id, None)
+        if held is None:
+            return 0
+        self.staleness.on_rejected(held.unused_seqs)
+        return held.unused_seqs
 
     def accept(self, worker_id: str, n_seqs: int, now_s: float) -> int:
         """``worker_id`` handed over ``n_seqs`` sequences; returns how many its lease covered

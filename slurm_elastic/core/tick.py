@@ -141,7 +141,9 @@ def tick(obs: Observation, state: ControlState, cfg: TickConfig, allocations: tu
     result.slots = placement(allocations, cfg.gpus_per_worker, cordoned, unknown, state.foreign_gpus,
                              cfg.nodes_per_worker)
     allowed = sum(s.slots for s in result.slots)
-    result.desired = desired_workers(state, obs, allowed + obs.burst_slots_possible, cfg, now_s)
+    on_cordoned = sum(1 for w in state.workers.values()  # kept running where new ones may not go
+                      if w.counts_as_capacity and w.has_step and w.cordoned_gpus(cordoned))
+    result.desired = desired_workers(state, obs, allowed + obs.burst_slots_possible, cfg, now_s, on_cordoned)
     exclude = result.slots[0].exclude_nodes if result.slots else ()
     burst_jobs = frozenset(a.job_id for a in allocations[1:]) | obs.releasing_jobs
     plan = reconcile(state.workers, None if obs.steps is None else list(obs.steps), result.desired, allowed,
@@ -166,11 +168,14 @@ def tick(obs: Observation, state: ControlState, cfg: TickConfig, allocations: tu
     return result
 
 
-def desired_workers(state: ControlState, obs: Observation, allowed_slots: int, cfg: TickConfig, now_s: float) -> int:
-    """wake-all, else the operator's target, else (unless paused) the autoscaler's decision."""
+def desired_workers(state: ControlState, obs: Observation, allowed_slots: int, cfg: TickConfig, now_s: float,
+                    on_cordoned: int = 0) -> int:
+    """wake-all (a worker on every allowed GPU, plus the ``on_cordoned`` workers kept on cordoned
+    ones), else the operator's target, else (unless paused) the autoscaler's decision."""
     if state.wake_all_active:
-        state.target_workers = allowed_slots
-        state.last_decision = {"action": "hold", "reason": f"wake-all: every allowed GPU ({allowed_slots})"}
+        state.target_workers = allowed_slots + on_cordoned
+        kept = f", and the {on_cordoned} kept on cordoned GPUs" if on_cordoned else ""
+        state.last_decision = {"action": "hold", "reason": f"wake-all: every allowed GPU ({allowed_slots}){kept}"}
     elif state.manual_target is not None:
         state.target_workers = state.manual_target
         state.last_decision = {"action": "hold", "reason": f"manual target {state.manual_target} (autoscaler paused)"}

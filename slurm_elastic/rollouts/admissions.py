@@ -83,6 +83,15 @@ class StalenessBook:
         self.leases.revoke(worker_id, n_seqs)
         self._changed()
 
+    def released(self, worker_ids: list[str]) -> int:
+        """The steps of ``worker_ids`` have ended: their leases are released (saved by the next
+        :meth:`save`); returns the sequences released."""
+        with self.lock:
+            released = sum(self.leases.release(w) for w in worker_ids)
+            if released:
+                self._changed()
+        return released
+
     def save(self) -> None:
         """Save the counts unless the last save holds every change made so far."""
         with self.lock:

@@ -116,6 +116,16 @@ class RolloutQueue:
         concurrency); they are its lease, recorded durably before this returns."""
         return self.book.admit(worker_id, n_seqs, self.clock())
 
+    def release_leases(self, worker_ids: list[str]) -> int:
+        """The steps of ``worker_ids`` have ended (failed, drained, cancelled, or now a
+        placeholder): what their leases hold is released and saved (a save that fails is logged and
+        made by the next admission); returns the sequences released. A late submit of theirs is
+        accepted as unadmitted."""
+        released = self.book.released(worker_ids) if worker_ids else 0
+        if released:
+            self.save_counts()
+        return released
+
     def expire_admissions(self) -> None:
         """Release leases past the admission TTL (:meth:`snapshot` and :meth:`stats` do so too)."""
         with self._lock:

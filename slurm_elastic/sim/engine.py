@@ -22,9 +22,9 @@ controller's; the :class:`~slurm_elastic.core.staleness.StalenessManager` with i
   pulls), runs the tick and acts: cancels and drains first, then
   launches (a slot freed this tick is reused at once). One node, ``gpu_slots`` GPUs; Slurm's
   GPU choice is the lowest free GPU that is not cordoned.
-- failures kill running steps (their rollout in flight is lost; its admission is released only
-  by the admission TTL, as in the queue); the controller sees the step gone at its next tick and
-  relaunches after the crash-loop backoff.
+- failures kill running steps (their rollout in flight is lost); the controller sees the step
+  gone at its next tick, releases its admission, as the queue's controller does, and relaunches
+  after the crash-loop backoff.
 
 Blocking waits (admission, a full buffer, the trainer's pull) wake on the event that can end
 them rather than polling every 0.2 s, which the real loops do; the difference is below a tick.
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from slurm_elastic.core import rates
 from slurm_elastic.core.cordons import CordonBook
-from slurm_elastic.core.lifecycle import Worker, WorkerState, transition
+from slurm_elastic.core.lifecycle import Worker, WorkerState, commands_ended, transition
 from slurm_elastic.core.placement import Allocation
 from slurm_elastic.core.pressure import QueueSnapshot
 from slurm_elastic.core.reconcile import Cancel, Drain, Launch, ObservedStep, ReconcileConfig
@@ -225,6 +225,9 @@ class Simulation:
         """One controller tick on what it observes now; its actions run at once."""
         obs = self.observe()
         result = tick(obs, self.state, self.tick_cfg, self.allocations, self.now_s)
+        launched = {a.worker_id for a in result.actions if isinstance(a, Launch)}
+        for worker_id in commands_ended(self.records.values(), launched):  # as the controller does
+            self.grants.release(worker_id)
         for action in sorted(result.actions, key=_execution_rank):
             if isinstance(action, Launch):
                 self._launch(action.worker_id)

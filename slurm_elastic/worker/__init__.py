@@ -108,7 +108,7 @@ class RolloutWorker:
     def admit(self, sequences: int, wait: bool = True, poll_s: float = 0.2) -> int:
         """The staleness gate: block (unless ``wait`` is False) until ``sequences`` may start.
         What is granted is this worker's lease: its next submits use it; unused, it is released
-        after the queue's ``admission_ttl_s``.
+        when the controller sees this step end, or ``admission_ttl_s`` after its last admission.
 
         While the controller is down (it restarts), this waits too; a drain ends the wait."""
         granted = 0

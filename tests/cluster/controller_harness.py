@@ -77,7 +77,7 @@ class ControllerJob:
                 return None
             by = st["workers_by_state"]
             last.update(by=by, errors=st["errors"][-3:], placeholders=st["placeholders"])
-            real_active = by["ACTIVE"] - st["placeholders"]
+            real_active = by["ACTIVE"]  # placeholders are counted apart
             ok = real_active == n and by["STARTING"] == 0 and by["DRAINING"] == 0 and by["BACKOFF"] == 0
             return st if ok else None
         try:

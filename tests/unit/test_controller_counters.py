@@ -6,12 +6,17 @@ import threading
 from pathlib import Path
 
 import pytest
+from prometheus_client import generate_latest
 
 from slurm_elastic.controller import runtime
 from slurm_elastic.controller.config import parse_config
+from slurm_elastic.controller.metrics import metrics_registry
 from slurm_elastic.controller.runtime import Controller
 from slurm_elastic.core.naming import worker_step_name
+from slurm_elastic.rollouts.queue import QueueConfig, RolloutQueue
+from slurm_elastic.rollouts.store import RolloutStore
 from slurm_elastic.slurm.parse import StepInfo
+from slurm_elastic.status_view import worker_counts
 from tests.stub_backend import ListedSteps
 
 
@@ -69,3 +74,17 @@ def test_live_fields_are_written_after_the_refresh_interval(tmp_path: Path, monk
     monkeypatch.setattr(controller, "_saved_at_s", controller._saved_at_s - runtime.STATE_REFRESH_S)
     controller.save()
     assert controller.state_file.load().workers["w1"].rollouts == 7
+
+
+
+def test_a_placeholder_is_counted_apart_from_the_workers(tmp_path: Path) -> None:
+    controller = make_controller(tmp_path)
+    controller.cordon("node1", 0, "test")
+    assert controller.register_worker("w1", {"node": "node1", "gpus": [0], "step_id": "3"})["action"] == "hold"
+    status = controller.status()
+    assert (status["workers_by_state"]["ACTIVE"], status["placeholders"]) == (0, 1)
+    assert worker_counts(status) == "placeholders 1"
+    queue = RolloutQueue(RolloutStore(tmp_path / "q.sqlite", fsync="off"), QueueConfig())
+    text = generate_latest(metrics_registry(controller, queue)).decode()
+    assert 'slurm_elastic_workers{state="ACTIVE"} 0.0' in text and "slurm_elastic_placeholders 1.0" in text
+    queue.store.close()

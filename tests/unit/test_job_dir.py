@@ -124,3 +124,15 @@ def test_a_lost_record_of_a_directory_the_job_names_is_written_again(tmp_path: P
     assert (state_dir / "rollouts.sqlite").read_bytes() == b"old groups" and read_identity(state_dir) == JOB
     assert not list(state_dir.parent.glob("17.stale-*"))
     assert claim_state_dir(state_dir, JOB, named_by_job=True).note == ""  # the record is whole again
+
+
+def test_no_controller_found_says_why_slurm_could_not_tell(monkeypatch: pytest.MonkeyPatch) -> None:
+    from slurm_elastic.client import locate as locating
+    from slurm_elastic.errors import ControllerUnreachableError
+
+    monkeypatch.setattr(locating, "local_cluster_name", lambda: "")
+    view = locating.SlurmView(None, "Slurm did not answer: squeue: fatal: Could not establish a configuration source")
+    with pytest.raises(ControllerUnreachableError) as raised:
+        locating.locate(3893, view=view)
+    assert "looked in no place); Slurm did not answer: squeue: fatal" in str(raised.value)
+    assert "is SLURM_CONF set" in str(raised.value)

@@ -306,3 +306,45 @@ def test_with_slurm_down_the_controller_file_is_trusted_and_that_is_said(running
                              f"token to {running.server.url} on the word of {state_dir}/controller.json alone\n")
     code, out = cli("status", str(JOB))
     assert code == 0 and "warning: Slurm did not answer" in out, out
+
+
+def test_stop_says_which_steps_still_hold_the_allocation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The controller is gone, but the trainer's step runs on: the job keeps its nodes until it ends."""
+    from slurm_elastic.slurm.parse import StepInfo
+
+    class Slurm:
+        def cancel_burst_jobs(self, job_id: int) -> list[int]:
+            return []
+
+        def list_steps(self, job_id: int) -> list[StepInfo]:
+            return [StepInfo(job_id, step, name, ("node1",), "1:00", "", "", 1)
+                    for step, name in [("batch", "batch"), ("0", "se-agent-node1"), ("2", "trainer"), ("5", "se-w-0001")]]
+
+    monkeypatch.setattr(jobs, "_call", lambda *a: {})
+    monkeypatch.setattr(jobs, "_wait_for", lambda *a: {})
+    monkeypatch.setattr(jobs, "_stop_controller", lambda job_id: None)
+    monkeypatch.setattr(jobs, "SlurmCli", Slurm)
+    result = CliRunner().invoke(main, ["stop", "77"])
+    assert result.exit_code == 0 and "job 77: workers drained, controller stopped" in result.output
+    assert ("job 77 still holds its allocation: steps 77.0 (se-agent-node1), 77.2 (trainer) still run"
+            in result.output) and "`scancel 77` ends the job now" in result.output
+
+
+def test_an_uncordon_that_leaves_a_slurm_cordon_says_what_lifts_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    answer = {"node": "node2", "gpu": 1, "cordoned": True, "reason": "Slurm marks node node2 DRAIN", "source": "slurm"}
+    monkeypatch.setattr(jobs, "_call", lambda *a: answer)
+    result = CliRunner().invoke(main, ["uncordon", "77", "node2:1"])
+    assert result.exit_code == 0 and "node2:1 stays cordoned: Slurm marks node node2 DRAIN" in result.output
+    assert "scontrol update nodename=node2 state=resume" in result.output
+
+
+def test_a_gpu_ref_error_says_it_once_and_a_node_range_is_named() -> None:
+    result = CliRunner().invoke(main, ["cordon", "77", "node1:-1"])
+    assert result.exit_code == 2 and result.output.count("NODE:GPU (e.g. node1:2)") == 1
+    result = CliRunner().invoke(main, ["cordon", "77", "node[1-2]:0"])
+    assert result.exit_code == 2 and "'node[1-2]' is not one node's name" in result.output
+
+
+def test_a_negative_count_gets_the_ranges_message() -> None:
+    result = CliRunner().invoke(main, ["scale", "77", "-1"])
+    assert result.exit_code == 2 and "-1 is not in the range x>=0" in result.output

@@ -60,6 +60,19 @@ def test_a_stale_refusal_gives_the_lease_back_and_that_survives_a_restart(tmp_pa
     assert again.stats()["staleness_capacity"] == q.stats()["staleness_capacity"]
 
 
+def test_a_lease_whose_step_ended_is_released_and_that_survives_a_restart(tmp_path: Path) -> None:
+    q = at_version_10(tmp_path)
+    assert q.admit(3, "0001") == 3 and q.admit(2, "0002") == 2 and q.staleness.running == 5
+    assert q.release_leases(["0001", "0003"]) == 3  # 0003 holds nothing
+    assert q.staleness.running == 2 and "0001" not in q.leases.leases
+    assert q.release_leases([]) == 0 and q.release_leases(["0001"]) == 0  # released once
+    q.store.close()
+    again = make(tmp_path)
+    assert again.staleness.running == 2 and again.stats()["staleness_capacity"] == q.stats()["staleness_capacity"]
+    assert submit(again, "late", 10, worker="0001")  # the ended step's late submit: accepted, unadmitted
+    assert again.staleness.running == 2
+
+
 def test_a_stale_refusal_is_answered_even_when_its_counts_cannot_be_saved(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     q = at_version_10(tmp_path)

@@ -82,3 +82,9 @@ def test_trainer_line_from_the_queue_section() -> None:
     assert ("trainer: step 10.0 s (demand 6.40 seqs/s)  consumes 5.12 seqs/s  waited for rollouts 20% of its "
             "last steps\n") in text
     assert "trainer: no step measured yet\n" in render_status(7, {**STATUS, "queue": {**queue, "trainer_step_s": None}})
+
+
+def test_a_hold_is_said_once_and_one_worker_is_singular() -> None:
+    held = {**STATUS, "target_workers": 1,
+            "last_decision": {"action": "hold", "reason": "hold: 5.6 workers wanted is within the deadband"}}
+    assert "target: 1 worker (autoscaling)  last decision: hold: 5.6 workers wanted" in render_status(7, held)

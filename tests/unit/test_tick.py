@@ -118,3 +118,13 @@ def test_the_autoscaler_sees_the_burst_slots_and_the_workers_still_loading() -> 
     assert (seen[-1].workers_loading, seen[-1].burst_slots, seen[-1].allowed_slots) == (2, 4, 6)
     tick(Observation(steps=None, queue=queue, busy_worker_s=None), st, CFG, (OWN,), 1.0)
     assert seen[-1].workers_loading == 0  # workers that report no busy time: loading is not known
+
+
+def test_wake_all_fills_every_allowed_gpu_beside_a_worker_kept_on_a_cordoned_one() -> None:
+    st = state(0)
+    st.workers["0001"] = Worker("0001", state=S.ACTIVE, job_id=7, step_id="1", node="a1", gpus=(0,))
+    st.cordons.cordon_manual("a1", 0, "operator", 0.0)  # an operator's cordon keeps its worker running
+    st.wake_all_active = True
+    result = tick(Observation(steps=(ObservedStep("0001", "1", "a1", 7),)), st, CFG, (OWN,), 0.0)
+    assert result.desired == 2 and "kept on cordoned GPUs" in st.last_decision["reason"]
+    assert [a.worker_id for a in result.actions if isinstance(a, Launch)] == ["0002"]  # a1:1 gets one
