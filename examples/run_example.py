@@ -55,7 +55,7 @@ def main() -> int:
         ctl = doc["controller"]
         queue = _queue(job_id)
         version = queue.get("policy_version", 0) if queue else 0
-        active = ctl["workers_by_state"]["ACTIVE"] - ctl["placeholders"]
+        active = ctl["workers_by_state"]["ACTIVE"]  # placeholders are counted apart
         targets.append(ctl["target_workers"])
         active_seen.append(active)
         line = (f"  v{version:<3} workers {active} (target {ctl['target_workers']})  buffer "

@@ -22,7 +22,7 @@ from slurm_elastic.client.locate import (
 from slurm_elastic.client.wire import WORKER_ID
 from slurm_elastic.commands.params import Seconds
 from slurm_elastic.core.health import parse_gpu_ref
-from slurm_elastic.core.naming import WORKER_PREFIX
+from slurm_elastic.core.naming import AGENT_PREFIX, WORKER_PREFIX
 from slurm_elastic.errors import ControllerUnreachableError, SlurmError
 from slurm_elastic.slurm.cli_backend import SlurmCli
 from slurm_elastic.status_view import render_status, worker_counts
@@ -252,18 +252,19 @@ def stop(job_id: int, drain_timeout_s: float) -> None:
                + (f", burst jobs {', '.join(map(str, ended))} cancelled" if ended else ""))
     left = _other_steps(slurm, job_id)
     if left:
-        click.echo(f"job {job_id} still holds its allocation: steps {', '.join(left)} still run (the trainer, "
-                   f"node agents); they end by themselves, or `scancel {job_id}` ends the job now", err=True)
+        click.echo(f"job {job_id} still holds its allocation: steps {', '.join(left)} still run; "
+                   f"they end by themselves, or `scancel {job_id}` ends the job now", err=True)
 
 
 def _other_steps(slurm: SlurmCli, job_id: int) -> list[str]:
-    """The job's steps still running besides its batch script and workers ("3893.2 (trainer)")."""
+    """The job's steps still running besides its batch script, workers and node agents (which end
+    with the job): "3893.2 (trainer)"."""
     try:
         steps = slurm.list_steps(job_id)
     except SlurmError:
         return []
     return [f"{s.step_ref} ({s.name})" for s in steps
-            if s.step_id.isdigit() and not s.name.startswith(WORKER_PREFIX)]
+            if s.step_id.isdigit() and not s.name.startswith((WORKER_PREFIX, AGENT_PREFIX))]
 
 
 

@@ -369,7 +369,7 @@ def rollout_router(controller: Controller, queue: RolloutQueue) -> APIRouter:
         return {
             "current_step": q["policy_version"], "queue_size": q["queued_sequences"],
             "total_processed": q["delivered_sequences"],
-            "connected_workers": ctl["workers_by_state"].get("ACTIVE", 0) - ctl["placeholders"],
+            "connected_workers": ctl["workers_by_state"].get("ACTIVE", 0),  # placeholders counted apart
             "batch_size": q["batch_size"],
             "rollout_pressure": q["queued_sequences"] / max(1, q["batch_size"]),
             "staleness_capacity": q["staleness_capacity"], "workers_by_state": ctl["workers_by_state"],

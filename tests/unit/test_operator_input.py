@@ -326,8 +326,8 @@ def test_stop_says_which_steps_still_hold_the_allocation(monkeypatch: pytest.Mon
     monkeypatch.setattr(jobs, "SlurmCli", Slurm)
     result = CliRunner().invoke(main, ["stop", "77"])
     assert result.exit_code == 0 and "job 77: workers drained, controller stopped" in result.output
-    assert ("job 77 still holds its allocation: steps 77.0 (se-agent-node1), 77.2 (trainer) still run"
-            in result.output) and "`scancel 77` ends the job now" in result.output
+    assert ("job 77 still holds its allocation: steps 77.2 (trainer) still run; they end by themselves"
+            in result.output) and "`scancel 77` ends the job now" in result.output  # agents end with the job
 
 
 def test_an_uncordon_that_leaves_a_slurm_cordon_says_what_lifts_it(monkeypatch: pytest.MonkeyPatch) -> None:
