@@ -316,7 +316,7 @@ def rollout_router(controller: Controller, queue: RolloutQueue) -> APIRouter:
 
     @router.post("/rollouts/admission", tags=["rollouts"])
     def admission(body: Admission) -> dict[str, Any]:
-        granted = queue.admit(body.sequences, body.worker_id)
+        granted = queue.admit(body.sequences, body.worker_id, body.admission_id or "")
         stats = queue.stats()
         return {"granted": granted, "staleness_capacity": stats["staleness_capacity"],
                 "policy_version": stats["policy_version"]}

@@ -19,7 +19,7 @@ own lease only; a lease not used within ``ttl_s`` of its worker's last admission
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 MAX_VERSION = 2**63 - 1  # what the store's index holds (a signed 64-bit integer)
@@ -125,10 +125,13 @@ class StalenessManager:
 
 @dataclass(frozen=True)
 class Lease:
-    """A worker's admitted sequences not yet handed over, and when it was last admitted."""
+    """A worker's admitted sequences not yet handed over, when it was last admitted, and that
+    admission's id and grant (a retry of it, its answer lost, is answered the same)."""
 
     unused_seqs: int
     granted_at_s: float
+    admission_id: str = ""
+    admission_granted: int = 0
 
 
 @dataclass
@@ -143,14 +146,16 @@ class AdmissionLeases:
     ttl_s: float
     leases: dict[str, Lease] = field(default_factory=dict)
 
-    def grant(self, worker_id: str, wanted: int, now_s: float) -> int:
-        """How many of ``wanted`` sequences ``worker_id`` may start now; those are counted as running."""
+    def grant(self, worker_id: str, wanted: int, now_s: float, admission_id: str = "") -> int:
+        """How many of ``wanted`` sequences ``worker_id`` may start now; those are counted as
+        running, and the lease remembers ``admission_id`` with its grant (the queue answers a
+        repeat of it from there)."""
         self.expire(now_s)
+        held = self.leases.get(worker_id)
         granted = max(0, min(wanted, self.staleness.capacity()))
         if granted:
             self.staleness.on_submitted(granted)
-            held = self.leases.get(worker_id)
-            self.leases[worker_id] = Lease((held.unused_seqs if held else 0) + granted, now_s)
+            self.leases[worker_id] = Lease((held.unused_seqs if held else 0) + granted, now_s, admission_id, granted)
         return granted
 
     def revoke(self, worker_id: str, n_seqs: int) -> None:
@@ -160,7 +165,7 @@ class AdmissionLeases:
             return
         taken = min(n_seqs, held.unused_seqs)
         self.staleness.on_rejected(taken)
-        self._set(worker_id, Lease(held.unused_seqs - taken, held.granted_at_s))
+        self._set(worker_id, Lease(held.unused_seqs - taken, held.granted_at_s))  # its admission id forgotten
 
     def release(self, worker_id: str) -> int:
         """``worker_id``'s step has ended: what its lease holds will never be submitted under it
@@ -182,7 +187,7 @@ class AdmissionLeases:
         if used:
             assert held is not None
             self.staleness.on_accepted(used)
-            self._set(worker_id, Lease(held.unused_seqs - used, held.granted_at_s))
+            self._set(worker_id, replace(held, unused_seqs=held.unused_seqs - used))
         if n_seqs > used:
             self.staleness.on_accepted_unadmitted(n_seqs - used)
         return used
@@ -201,7 +206,7 @@ class AdmissionLeases:
         (``arrived_seqs``); ``running`` is what they hold."""
         self.leases = {}
         for worker_id, held in saved.items():
-            self._set(worker_id, Lease(max(0, held.unused_seqs - arrived_seqs.get(worker_id, 0)), held.granted_at_s))
+            self._set(worker_id, replace(held, unused_seqs=max(0, held.unused_seqs - arrived_seqs.get(worker_id, 0))))
         self.staleness.running = sum(held.unused_seqs for held in self.leases.values())
 
     def _set(self, worker_id: str, lease: Lease) -> None:
@@ -237,7 +242,8 @@ class StalenessSnapshot:
 
     def to_json(self) -> str:
         return json.dumps({"version": self.version, "gross_seqs": self.gross_seqs, "at_seq": self.at_seq,
-                           "leases": {w: [h.unused_seqs, h.granted_at_s] for w, h in self.leases.items()}},
+                           "leases": {w: [h.unused_seqs, h.granted_at_s, h.admission_id, h.admission_granted]
+                                      for w, h in self.leases.items()}},
                           separators=(",", ":"))
 
     @classmethod
@@ -245,7 +251,16 @@ class StalenessSnapshot:
         """Raises ValueError for anything but what :meth:`to_json` writes."""
         try:
             data: Any = json.loads(text)
-            leases = {str(w): Lease(int(n), float(t)) for w, (n, t) in data["leases"].items()}
+            leases = {str(w): _lease(held) for w, held in data["leases"].items()}
             return cls(int(data["version"]), int(data["gross_seqs"]), int(data["at_seq"]), leases)
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"not a staleness snapshot: {exc}") from None
+
+
+def _lease(saved: Any) -> Lease:
+    """A lease as :meth:`StalenessSnapshot.to_json` writes it: [unused, granted at, admission id,
+    its grant], or [unused, granted at] (written before admissions had ids)."""
+    if not isinstance(saved, list) or len(saved) not in (2, 4):
+        raise TypeError(f"a lease is [unused, granted_at(, admission_id, granted)], not {saved!r}")
+    unused, granted_at, *last = saved
+    return Lease(int(unused), float(granted_at), *((str(last[0]), int(last[1])) if last else ()))

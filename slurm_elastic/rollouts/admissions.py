@@ -43,11 +43,15 @@ class StalenessBook:
         saved.restore(self.leases, recovered.arrived_after_snapshot, freed_seqs)
         self.leases.expire(now_s)
 
-    def admit(self, worker_id: str, n_seqs: int, now_s: float) -> int:
+    def admit(self, worker_id: str, n_seqs: int, now_s: float, admission_id: str = "") -> int:
         """How many of ``n_seqs`` ``worker_id`` may start now; they are its lease, saved before
-        this returns (taken back if the save fails)."""
+        this returns (taken back if the save fails). A repeat of the last ``admission_id`` gets
+        its grant again (saved already)."""
         with self.lock:
-            granted = self.leases.grant(worker_id, n_seqs, now_s)
+            held = self.leases.leases.get(worker_id)
+            if admission_id and held is not None and held.admission_id == admission_id:
+                return held.admission_granted
+            granted = self.leases.grant(worker_id, n_seqs, now_s, admission_id)
             if not granted:
                 return 0
             wanted = self._changed()

@@ -111,10 +111,11 @@ class RolloutQueue:
         return self._queued.seqs + sum(g.n_seqs for groups in self._handed.values() for g in groups)
 
     # ---- workers -----------------------------------------------------------------------------
-    def admit(self, n_seqs: int, worker_id: str) -> int:
+    def admit(self, n_seqs: int, worker_id: str, admission_id: str = "") -> int:
         """The capacity gate: how many of ``n_seqs`` ``worker_id`` may start now (staleness and
-        concurrency); they are its lease, recorded durably before this returns."""
-        return self.book.admit(worker_id, n_seqs, self.clock())
+        concurrency); they are its lease, recorded durably before this returns. A retry with the
+        same ``admission_id`` (its answer lost) gets the same grant, granted once."""
+        return self.book.admit(worker_id, n_seqs, self.clock(), admission_id)
 
     def release_leases(self, worker_ids: list[str]) -> int:
         """The steps of ``worker_ids`` have ended (failed, drained, cancelled, or now a

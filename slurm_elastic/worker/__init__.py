@@ -22,6 +22,7 @@ import logging
 import signal
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -113,9 +114,9 @@ class RolloutWorker:
         While the controller is down (it restarts), this waits too; a drain ends the wait."""
         granted = 0
         while granted < sequences and not self.draining:
-            wanted = sequences - granted
+            wanted, admission_id = sequences - granted, uuid.uuid4().hex  # one id per ask, kept by its retries
             answer = self._through_outages(
-                lambda: self.control.client.admit(wanted, self.ctx.worker_id))  # noqa: B023 (called at once)
+                lambda: self.control.client.admit(wanted, self.ctx.worker_id, admission_id))  # noqa: B023
             granted += int(answer["granted"]) if answer else 0
             if granted >= sequences or not wait:
                 break

@@ -1,0 +1,89 @@
+"""An admission whose answer never reached the worker (a timeout, a dropped connection): its
+retry, with the same ``admission_id``, gets the first try's grant and is not granted again, so
+the worker's lease holds only what it will use; a controller restart in between changes nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from slurm_elastic.client.control import ControlClient
+from slurm_elastic.core.staleness import StalenessSnapshot
+from slurm_elastic.rollouts.queue import QueueConfig, RolloutQueue
+from slurm_elastic.rollouts.store import RolloutStore
+from slurm_elastic.worker import RolloutWorker
+from slurm_elastic.worker.context import StepContext
+from slurm_elastic.worker.control import FollowingControl
+from tests.unit.served_controller import ServedController
+
+TOKEN = "admit-token"
+
+
+def make(tmp: Path) -> RolloutQueue:
+    config = QueueConfig(batch_size=4, capacity_seqs=100, max_staleness=1, max_concurrent=1000, fsync="off")
+    return RolloutQueue(RolloutStore(tmp / "q.sqlite", fsync="off"), config, clock=lambda: 1000.0)
+
+
+def test_a_retried_admission_is_granted_once_even_across_a_restart(tmp_path: Path) -> None:
+    q = make(tmp_path)
+    assert q.admit(4, "0001", "a1") == 4 and q.admit(4, "0001", "a1") == 4  # the retry
+    assert q.staleness.running == 4 and q.leases.leases["0001"].unused_seqs == 4
+    q.store.close()
+    again = make(tmp_path)
+    assert again.admit(4, "0001", "a1") == 4 and again.staleness.running == 4  # its answer lost at the restart
+    assert again.admit(4, "0001", "a2") == 4 and again.staleness.running == 8  # a new ask is a new grant
+    assert again.admit(4, "0002") == 0  # (1 + 0 + 1) * 4 - 8: nothing left
+
+
+def test_a_new_id_or_none_is_a_new_admission(tmp_path: Path) -> None:
+    q = make(tmp_path)
+    assert q.admit(2, "0001", "a1") == 2 and q.admit(2, "0001") == 2 and q.admit(2, "0001") == 2
+    assert q.staleness.running == 6
+
+
+def test_leases_saved_before_admissions_had_ids_still_load() -> None:
+    old = StalenessSnapshot.from_json('{"version":3,"gross_seqs":8,"at_seq":2,"leases":{"0001":[4,99.5]}}')
+    assert (old.leases["0001"].unused_seqs, old.leases["0001"].admission_id) == (4, "")
+    with pytest.raises(ValueError, match="a lease is"):
+        StalenessSnapshot.from_json('{"version":3,"gross_seqs":8,"at_seq":2,"leases":{"0001":[4]}}')
+
+
+class LosesAdmissionAnswers(httpx.HTTPTransport):
+    """The controller grants; the first ``n`` answers never arrive."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.left = n
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = super().handle_request(request)
+        if request.url.path == "/rollouts/admission" and self.left:
+            response.read()
+            response.close()
+            self.left -= 1
+            raise httpx.ReadError("the answer was lost", request=request)
+        return response
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[ServedController]:
+    server = ServedController(tmp_path, TOKEN, {"autoscaler": {"min_workers": 0}}, batch_size=8)
+    yield server
+    server.close()
+
+
+def test_the_sdk_repeats_its_admission_id_and_holds_one_grant(served: ServedController,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURM_ELASTIC_WORKER_ID", "0001")
+    monkeypatch.setenv("SLURM_ELASTIC_CONTROLLER_URL", served.url)
+    monkeypatch.setenv("SLURM_ELASTIC_TOKEN", TOKEN)
+    ctx = StepContext.from_env()
+    transport = LosesAdmissionAnswers(3)
+    control = FollowingControl(ctx.worker_id, ctx.controller_url, ctx.token, ctx.state_dir,
+                               connect=lambda url, token: ControlClient(url, token, transport=transport))
+    with RolloutWorker(ctx, control) as worker:
+        assert worker.admit(4) == 4
+    assert transport.left == 0 and served.queue.staleness.running == 4  # not 16
