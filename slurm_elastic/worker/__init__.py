@@ -32,6 +32,8 @@ from slurm_elastic.rollouts.wire import pack_group
 from slurm_elastic.worker.context import StepContext
 from slurm_elastic.worker.control import FollowingControl
 
+SUBMIT_TRY_S = 5.0  # one submit's own retries, before the controller's URL is read again
+
 if TYPE_CHECKING:  # imported when a worker is made: the step wrapper imports this package without httpx
     from slurm_elastic.client.control import ControlClient
 
@@ -137,8 +139,8 @@ class RolloutWorker:
         body = pack_group({"worker_id": self.ctx.worker_id, **group})
         while True:
             try:
-                answer = self._through_outages(lambda: self.control.client.submit_group(body),
-                                               give_up_on_drain=False)
+                answer = self._through_outages(  # each try short: a controller back on a new port is found
+                    lambda: self.control.client.submit_group(body, max_wait_s=SUBMIT_TRY_S), give_up_on_drain=False)
             except ApiError as exc:  # 429 or 5xx for longer than the client waits: go on waiting
                 if exc.status_code == 409:  # policy_version past the trainer's: not stored
                     log.warning("rollout group %s not stored: %s", group.get("id"), exc.detail)

@@ -6,6 +6,7 @@ state directory (a restarted controller may listen elsewhere) and the call is tr
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
@@ -40,15 +41,20 @@ class FollowingControl(Generic[C]):
         self.state_dir = state_dir
         self._connect = connect
         self.client = connect(url, token)
+        self._retired: list[C] = []  # clients of earlier URLs: another thread may still be in a call on one
+        self._lock = threading.Lock()
 
     def refresh(self) -> bool:
-        """Re-read the controller's URL from the state directory; True if it changed."""
+        """Re-read the controller's URL from the state directory; True if it changed. The old
+        client stays open until :meth:`close` (the heartbeat thread and the worker's own calls
+        share this line, and one may be mid-call on it)."""
         url = read_controller_url(self.state_dir) if self.state_dir else ""
-        if not url or url.rstrip("/") == self.client.url:
-            return False
-        self.client.close()
-        self.client = self._connect(url, self.token)
-        return True
+        with self._lock:
+            if not url or url.rstrip("/") == self.client.url:
+                return False
+            self._retired.append(self.client)
+            self.client = self._connect(url, self.token)
+            return True
 
     def _call(self, method: str, payload: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -67,4 +73,5 @@ class FollowingControl(Generic[C]):
         return self._call("heartbeat", payload)
 
     def close(self) -> None:
-        self.client.close()
+        for client in (*self._retired, self.client):
+            client.close()
