@@ -14,8 +14,10 @@ staleness capacity is then one window less what is still buffered, not inflated 
 publish may not go below the current version nor more than ``max_staleness + 1`` past it (an
 ``ApiError`` with status 409 that names ``recovered=true``). A batch that was handed out but never
 acknowledged (the trainer or the controller died) is handed out again with the same id, so a
-trainer that remembers acknowledged ids processes every rollout exactly once. A pull whose
-answer is lost is retried with the same ``pull_id``, which gets that same batch.
+trainer that remembers acknowledged ids processes every rollout exactly once; one it still
+holds (prefetched, not yet acknowledged) is skipped. A pull whose answer is lost is retried with
+the same ``pull_id``, which gets that same batch. One ``Trainer`` per job (on one rank): each
+registration is taken as the trainer's restart and gets every unacknowledged batch again.
 
 A group whose stored copy was found damaged is never delivered: the controller quarantines it
 and names it in the next batch (``lost_group_ids``; again with that batch until it is
@@ -63,6 +65,7 @@ class Trainer:
         self.token, self.state_dir, self.trainer_id, self.poll_s = token, state_dir, trainer_id, poll_s
         self.client = ControlClient(url, token)
         self.acked: set[str] = set()
+        self.held: set[str] = set()  # batches returned to the caller and not yet acknowledged
         self.lost_group_ids: list[str] = []  # every group the controller reported lost
         self.on_lost = on_lost
         self.info = self._retry(lambda: self.client.trainer_register(trainer_id))
@@ -77,6 +80,8 @@ class Trainer:
         return cls(where.url, where.token, where.state_dir, **kwargs)
 
     def _retry(self, call: Any, timeout_s: float = 300.0) -> Any:
+        """``call()``, through a controller restart (its URL read again), for up to ``timeout_s``;
+        then its ControllerUnreachableError or ApiError (503) is raised."""
         deadline = time.monotonic() + timeout_s
         while True:
             try:
@@ -91,14 +96,19 @@ class Trainer:
                 time.sleep(0.5)
 
     def next_batch(self, timeout_s: float = 3600.0) -> Batch | None:
-        """The next batch not yet acknowledged by this trainer (None after ``timeout_s``). Each
+        """The next batch not yet acknowledged or held by this trainer (None after ``timeout_s``,
+        also while the controller stays unreachable that long). Each
         pull carries a ``pull_id`` that its retries repeat, so a batch whose answer was lost
         (a timeout, a dropped connection) comes back to the retry instead of waiting for a
         re-registration; the id changes once a batch has arrived."""
         deadline = time.monotonic() + timeout_s
         pull_id = uuid.uuid4().hex
         while time.monotonic() < deadline:
-            got = self._retry(lambda: self.client.pull_batch(pull_id))  # noqa: B023 (called at once)
+            try:
+                got = self._retry(lambda: self.client.pull_batch(pull_id),  # noqa: B023 (called at once)
+                                  timeout_s=max(0.0, deadline - time.monotonic()))
+            except ControllerUnreachableError:
+                return None  # still down at the deadline
             if got is None:
                 time.sleep(self.poll_s)
                 continue
@@ -111,6 +121,9 @@ class Trainer:
                 batch_id = got["batch_id"]
                 self._retry(lambda: self.client.ack_batch(batch_id))  # noqa: B023 (called at once)
                 continue
+            if got["batch_id"] in self.held:  # handed out again after a restart: this trainer holds it
+                continue
+            self.held.add(got["batch_id"])
             return Batch(got["batch_id"], [unpack_group(g) for g in got["groups"]], tuple(lost))  # lists again
         return None
 
@@ -122,15 +135,18 @@ class Trainer:
             self.on_lost(ids)
 
     def batches(self) -> Iterator[Batch]:
+        """Every batch, as it comes: waits as long as it takes (a wait over an hour is logged)."""
         while True:
             batch = self.next_batch()
             if batch is None:
-                return
+                log.warning("no batch for an hour: still waiting (workers pending in Slurm, or none running?)")
+                continue
             yield batch
 
     def ack(self, batch: Batch) -> None:
         self._retry(lambda: self.client.ack_batch(batch.batch_id))
         self.acked.add(batch.batch_id)
+        self.held.discard(batch.batch_id)
 
     def publish_version(self, version: int, recovered: bool = False, weights: str | None = None) -> dict[str, Any]:
         """The new policy version (``recovered=True`` after resuming from a checkpoint at it);

@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 
+from slurm_elastic.client.answers import stored_by_an_earlier_try
 from slurm_elastic.errors import ApiError, ControllerUnreachableError, UnknownOnControllerError
 
 __all__ = ["ControlClient", "UnknownOnControllerError"]
@@ -84,22 +85,28 @@ class ControlClient:
         raises :class:`ApiError` at once (409: ``policy_version`` past the trainer's). A group
         already too stale is answered ``{"accepted": false, "reason": "stale", ...}`` (not stored).
 
-        A resend is safe: the group id makes the submit idempotent.
+        A resend is safe: the group id makes the submit idempotent. When a try of this call may
+        have reached the controller before it failed (no answer, or a 5xx), a later "a retry of a
+        group stored before" (``accepted`` false, no reason) means that try stored it: answered
+        ``{"accepted": true, "resent": true}``.
         """
         body = group if isinstance(group, bytes) else json.dumps(group, separators=(",", ":")).encode()
         pause = sleep or time.sleep
         deadline = time.monotonic() + max_wait_s
         delay_s = 0.5
+        maybe_stored = False  # a try failed after it may have reached the controller
         while True:
             try:
                 response = self._http.post("/rollouts", content=body, headers={"content-type": "application/json"})
             except httpx.TransportError as exc:
+                maybe_stored = maybe_stored or not isinstance(exc, httpx.ConnectError)
                 if time.monotonic() > deadline:
                     raise ControllerUnreachableError(f"controller at {self.url} did not answer: {exc}") from None
                 pause(delay_s)
                 delay_s = min(10.0, delay_s * 2)
                 continue
             code = response.status_code
+            maybe_stored = maybe_stored or code >= 500
             if (code == 429 or code >= 500) and time.monotonic() < deadline:
                 if code >= 500:
                     log.warning("submit of a rollout group answered %d (%s); trying again", code, _detail(response))
@@ -109,7 +116,7 @@ class ControlClient:
             if code >= 400:
                 raise ApiError(code, _detail(response))
             result: dict[str, Any] = response.json()
-            return result
+            return stored_by_an_earlier_try(result) if maybe_stored else result
 
     def admit(self, sequences: int, worker_id: str, admission_id: str | None = None) -> dict[str, Any]:
         """Ask to start rollouts (the staleness gate); answers how many may start now. What is

@@ -4,7 +4,8 @@
 
     with RolloutWorker.from_env() as worker:
         while not worker.draining:          # SIGUSR1 (the drain signal) only sets this flag
-            worker.admit(8)                 # the staleness gate: may 8 more sequences start?
+            if worker.admit(8) < 8:         # the staleness gate: fewer only when a drain ended the wait
+                continue
             with worker.rollout():          # marks the worker busy while a rollout is in flight
                 group = generate_and_score()
             worker.submit(group)            # durable hand-over; waits while the buffer is full
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import signal
 import threading
 import time
@@ -27,12 +29,14 @@ from collections.abc import Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from slurm_elastic.client.answers import stored_by_an_earlier_try
 from slurm_elastic.errors import ApiError, ControllerUnreachableError, SlurmElasticError
 from slurm_elastic.rollouts.wire import pack_group
 from slurm_elastic.worker.context import StepContext
 from slurm_elastic.worker.control import FollowingControl
 
 SUBMIT_TRY_S = 5.0  # one submit's own retries, before the controller's URL is read again
+UNREACHABLE_LOG_S = 60.0  # a controller that does not answer is logged this often
 
 if TYPE_CHECKING:  # imported when a worker is made: the step wrapper imports this package without httpx
     from slurm_elastic.client.control import ControlClient
@@ -137,11 +141,21 @@ class RolloutWorker:
         Token ids and masks travel in the compact form (``tokens_b64``, ``mask_b64``); the trainer
         helper turns them back into lists."""
         body = pack_group({"worker_id": self.ctx.worker_id, **group})
+        maybe_stored = False  # a try that failed may have stored the group: its resend reads "accepted" false
+
+        def attempt() -> dict[str, Any]:
+            nonlocal maybe_stored
+            try:  # each try short: a controller back on a new port is found
+                return self.control.client.submit_group(body, max_wait_s=SUBMIT_TRY_S)
+            except ControllerUnreachableError:
+                maybe_stored = True
+                raise
+
         while True:
             try:
-                answer = self._through_outages(  # each try short: a controller back on a new port is found
-                    lambda: self.control.client.submit_group(body, max_wait_s=SUBMIT_TRY_S), give_up_on_drain=False)
+                answer = self._through_outages(attempt, give_up_on_drain=False)
             except ApiError as exc:  # 429 or 5xx for longer than the client waits: go on waiting
+                maybe_stored = maybe_stored or exc.status_code >= 500
                 if exc.status_code == 409:  # policy_version past the trainer's: not stored
                     log.warning("rollout group %s not stored: %s", group.get("id"), exc.detail)
                     return {"accepted": False, "reason": "policy_version_ahead", "detail": exc.detail}
@@ -149,20 +163,27 @@ class RolloutWorker:
                     raise  # refused (4xx): resending the same group cannot help
                 continue
             if answer is not None:
+                answer = stored_by_an_earlier_try(answer) if maybe_stored else answer
                 if answer.get("reason") == "stale":
                     log.info("rollout group %s not stored: %s", group.get("id"), answer.get("detail"))
                 return answer
 
     def _through_outages(self, call: Any, give_up_on_drain: bool = True) -> dict[str, Any] | None:
-        """``call()``, retried while the controller is unreachable (re-reading its URL)."""
+        """``call()``, retried while the controller is unreachable (re-reading its URL; logged at
+        the first failure and every minute after)."""
         delay_s = 0.2
+        logged_s = -math.inf
         while True:
             try:
                 result: dict[str, Any] = call()
                 return result
-            except ControllerUnreachableError:
+            except ControllerUnreachableError as exc:
                 if give_up_on_drain and self.draining:
                     return None
+                if time.monotonic() - logged_s >= UNREACHABLE_LOG_S:
+                    logged_s = time.monotonic()
+                    where = self.ctx.state_dir / "controller.json" if self.ctx.state_dir else "SLURM_ELASTIC_CONTROLLER_URL"
+                    log.warning("%s; waiting for it (its address is read again from %s)", exc, where)
                 self.control.refresh()
                 time.sleep(delay_s)
                 delay_s = min(5.0, delay_s * 2)

@@ -60,6 +60,9 @@ class StepContext:
             token = read_token_file(Path(token_file))
             if not token:
                 raise ConfigError(f"the job's token file {token_file} is missing or empty, and so is its copy")
+        if not token:
+            raise ConfigError("no token for the controller: set SLURM_ELASTIC_TOKEN_FILE (the controller sets it "
+                              "for the steps it launches) or SLURM_ELASTIC_TOKEN")
         gpus = tuple(int(g) for g in env.get("SLURM_STEP_GPUS", "").split(",") if g.strip().isdigit())
         return cls(
             worker_id=env["SLURM_ELASTIC_WORKER_ID"],

@@ -87,3 +87,37 @@ def test_the_sdk_repeats_its_admission_id_and_holds_one_grant(served: ServedCont
     with RolloutWorker(ctx, control) as worker:
         assert worker.admit(4) == 4
     assert transport.left == 0 and served.queue.staleness.running == 4  # not 16
+
+
+class LosesSubmitAnswers(httpx.HTTPTransport):
+    """The controller stores the group; the first answer never arrives."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.left = 1
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = super().handle_request(request)
+        if request.url.path == "/rollouts" and self.left:
+            response.read()
+            response.close()
+            self.left -= 1
+            raise httpx.ReadError("the answer was lost", request=request)
+        return response
+
+
+def test_a_submit_whose_first_answer_was_lost_reads_as_stored(served: ServedController) -> None:
+    transport = LosesSubmitAnswers()
+    with ControlClient(served.url, TOKEN, transport=transport) as client:
+        group = {"id": "g1", "worker_id": "0001", "policy_version": 0, "group_size": 1,
+                 "sequences": [{"tokens": [1, 2], "score": 0.5}]}
+        assert client.submit_group(group, sleep=lambda _s: None) == {"accepted": True, "resent": True}
+        assert client.submit_group(group) == {"accepted": False}  # a resend of the caller's own: as before
+    assert served.queue.stats()["queued_groups"] == 1
+
+
+def test_a_worker_without_a_token_is_told_at_once() -> None:
+    from slurm_elastic.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="no token for the controller"):
+        StepContext.from_env({"SLURM_ELASTIC_WORKER_ID": "0001", "SLURM_ELASTIC_CONTROLLER_URL": "http://x:1"})

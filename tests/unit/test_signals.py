@@ -51,7 +51,8 @@ def test_a_name_that_is_no_signal_is_refused_before_slurm_is_asked(raw: str) -> 
 
 
 def test_the_defaults_of_settings_read_in_several_places_are_the_core_ones() -> None:
-    workers, env = parse_config({}).workers, {"SLURM_ELASTIC_WORKER_ID": "1", "SLURM_ELASTIC_CONTROLLER_URL": "u"}
+    workers, env = parse_config({}).workers, {"SLURM_ELASTIC_WORKER_ID": "1", "SLURM_ELASTIC_CONTROLLER_URL": "u",
+                                               "SLURM_ELASTIC_TOKEN": "t"}
     ctx, rcfg = StepContext.from_env(env), ReconcileConfig()
     assert workers.start_timeout_s == rcfg.start_timeout_s == ctx.start_timeout_s == defaults.START_TIMEOUT_S
     assert workers.heartbeat_interval_s == ctx.heartbeat_interval_s == defaults.HEARTBEAT_INTERVAL_S
