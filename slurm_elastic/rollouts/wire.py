@@ -61,16 +61,34 @@ def check_mask_values(decoded: Sequence[bytes]) -> int | None:
 
 
 def pack_group(group: dict[str, Any]) -> dict[str, Any]:
-    """``group`` with each sequence's ``tokens`` and ``mask`` lists in the compact form."""
+    """``group`` with each sequence's ``tokens`` and ``mask`` lists in the compact form. A value
+    neither form holds raises ValueError naming it (``sequences[2].tokens: [5] is -1``)."""
     sequences = []
-    for seq in group.get("sequences", []):
+    for i, seq in enumerate(group.get("sequences", [])):
         packed = dict(seq)
-        if "tokens" in packed and packed["tokens"] is not None:
-            packed["tokens_b64"] = encode_tokens(packed.pop("tokens"))
-        if "mask" in packed and packed["mask"] is not None:
-            packed["mask_b64"] = encode_mask(packed.pop("mask"))
+        for key, encode, valid in (("tokens", encode_tokens, "whole numbers from 0 to 2**31 - 1"),
+                                   ("mask", encode_mask, "0 or 1")):
+            if key in packed and packed[key] is not None:
+                values = packed.pop(key)
+                try:
+                    packed[f"{key}_b64"] = encode(values)
+                    if key == "tokens" and values and min(values) < 0:  # int32 holds them; no token id is
+                        raise ValueError
+                except (struct.error, ValueError, TypeError, OverflowError):
+                    raise ValueError(f"sequences[{i}].{key}: {_first_bad(values, key)}; each must be {valid}") from None
         sequences.append(packed)
     return {**group, "sequences": sequences} if "sequences" in group else dict(group)
+
+
+def _first_bad(values: Any, key: str) -> str:
+    """Which value of a ``tokens`` or ``mask`` list the compact form cannot hold."""
+    top = 2**31 if key == "tokens" else 2
+    if not isinstance(values, (list, tuple)):
+        return f"a list, not {type(values).__name__}"
+    for j, value in enumerate(values):
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < top:
+            return f"[{j}] is {value!r}"
+    return "a value is out of range"
 
 
 def unpack_group(group: dict[str, Any]) -> dict[str, Any]:

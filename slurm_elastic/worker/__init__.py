@@ -139,7 +139,8 @@ class RolloutWorker:
         bound allows at the trainer's version) or ``"policy_version_ahead"`` (past the trainer's
         version: a trainer that resumed from an earlier checkpoint, or a wrong version).
         Token ids and masks travel in the compact form (``tokens_b64``, ``mask_b64``); the trainer
-        helper turns them back into lists."""
+        helper turns them back into lists. A token id or mask value that form cannot hold raises
+        ValueError naming it (``sequences[2].tokens: [5] is -1``) before anything is sent."""
         body = pack_group({"worker_id": self.ctx.worker_id, **group})
         maybe_stored = False  # a try that failed may have stored the group: its resend reads "accepted" false
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import struct
 
 import pytest
@@ -89,3 +90,15 @@ def test_malformed_base64_is_refused(raw: bytes) -> None:
     for broken in ("!" + text[1:], text + "*", text + "A=A", text[:2] + " " + text[2:]):
         with pytest.raises(ValidationError, match="tokens_b64"):
             validate(group(tokens_b64=broken))
+
+
+@pytest.mark.parametrize(("seq", "said"), [
+    ({"tokens": [1, 2**31]}, "sequences[0].tokens: [1] is 2147483648"),
+    ({"tokens": [3, -1]}, "sequences[0].tokens: [1] is -1"),
+    ({"mask": [0, 256]}, "sequences[0].mask: [1] is 256"),
+    ({"mask": [0.5]}, "sequences[0].mask: [0] is 0.5"),
+    ({"tokens": "abc"}, "sequences[0].tokens: a list, not str"),
+])
+def test_a_value_the_compact_form_cannot_hold_is_named(seq: dict[str, object], said: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(said)):
+        pack_group({"sequences": [seq]})
