@@ -51,16 +51,16 @@ def test_leases_saved_before_admissions_had_ids_still_load() -> None:
         StalenessSnapshot.from_json('{"version":3,"gross_seqs":8,"at_seq":2,"leases":{"0001":[4]}}')
 
 
-class LosesAdmissionAnswers(httpx.HTTPTransport):
-    """The controller grants; the first ``n`` answers never arrive."""
+class LosesAnswers(httpx.HTTPTransport):
+    """The controller acts on the requests to ``path``; the first ``n`` answers never arrive."""
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, path: str, n: int) -> None:
         super().__init__()
-        self.left = n
+        self.path, self.left = path, n
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         response = super().handle_request(request)
-        if request.url.path == "/rollouts/admission" and self.left:
+        if request.url.path == self.path and self.left:
             response.read()
             response.close()
             self.left -= 1
@@ -81,7 +81,7 @@ def test_the_sdk_repeats_its_admission_id_and_holds_one_grant(served: ServedCont
     monkeypatch.setenv("SLURM_ELASTIC_CONTROLLER_URL", served.url)
     monkeypatch.setenv("SLURM_ELASTIC_TOKEN", TOKEN)
     ctx = StepContext.from_env()
-    transport = LosesAdmissionAnswers(3)
+    transport = LosesAnswers("/rollouts/admission", 3)
     control = FollowingControl(ctx.worker_id, ctx.controller_url, ctx.token, ctx.state_dir,
                                connect=lambda url, token: ControlClient(url, token, transport=transport))
     with RolloutWorker(ctx, control) as worker:
@@ -89,25 +89,8 @@ def test_the_sdk_repeats_its_admission_id_and_holds_one_grant(served: ServedCont
     assert transport.left == 0 and served.queue.staleness.running == 4  # not 16
 
 
-class LosesSubmitAnswers(httpx.HTTPTransport):
-    """The controller stores the group; the first answer never arrives."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.left = 1
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        response = super().handle_request(request)
-        if request.url.path == "/rollouts" and self.left:
-            response.read()
-            response.close()
-            self.left -= 1
-            raise httpx.ReadError("the answer was lost", request=request)
-        return response
-
-
 def test_a_submit_whose_first_answer_was_lost_reads_as_stored(served: ServedController) -> None:
-    transport = LosesSubmitAnswers()
+    transport = LosesAnswers("/rollouts", 1)
     with ControlClient(served.url, TOKEN, transport=transport) as client:
         group = {"id": "g1", "worker_id": "0001", "policy_version": 0, "group_size": 1,
                  "sequences": [{"tokens": [1, 2], "score": 0.5}]}
