@@ -6,6 +6,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import httpx
+
+from slurm_elastic.controller.files import publish
 from slurm_elastic.trainer import Trainer
 from tests.unit.served_controller import ServedController
 
@@ -14,11 +17,11 @@ TOKEN = "hold-token"
 
 def serve(state_dir: Path) -> ServedController:
     server = ServedController(state_dir, TOKEN, {"autoscaler": {"min_workers": 0}}, batch_size=2)
+    publish(state_dir, server.url, 1)  # where a restarted controller says it listens
     return server
 
 
 def submit(server: ServedController, n: int) -> None:
-    import httpx
 
     with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {TOKEN}"}) as http:
         for i in range(n):
@@ -30,15 +33,11 @@ def submit(server: ServedController, n: int) -> None:
 def test_a_prefetching_trainer_trains_on_no_batch_twice_across_a_controller_restart(tmp_path: Path) -> None:
     server = serve(tmp_path)
     submit(server, 6)
-    trainer = Trainer(server.url, TOKEN, poll_s=0.01)
+    trainer = Trainer(server.url, TOKEN, state_dir=tmp_path, poll_s=0.01)
     first, second = trainer.next_batch(timeout_s=10), trainer.next_batch(timeout_s=10)
     assert first is not None and second is not None
-    server.server.stop()  # the controller restarts on the same port while the trainer holds both
-    server.queue.store.close()
-    again = ServedController(tmp_path, TOKEN, {"autoscaler": {"min_workers": 0}}, batch_size=2)
-    trainer.client.close()
-    from slurm_elastic.client.control import ControlClient
-    trainer.client = ControlClient(again.url, TOKEN)
+    server.close()  # the controller restarts (on another port) while the trainer holds both
+    again = serve(tmp_path)
     third = trainer.next_batch(timeout_s=10)
     assert third is not None and third.batch_id not in (first.batch_id, second.batch_id)
     seen = [g["id"] for b in (first, second, third) for g in b.groups]
