@@ -76,5 +76,9 @@ class ApiError(SlurmElasticError):
         super().__init__(f"HTTP {status_code}: {detail}")
 
 
+class TrainerSupersededError(ApiError):
+    """The controller refused a trainer call (409): a newer trainer registered on the job since."""
+
+
 class TelemetryError(SlurmElasticError):
     """A GPU telemetry source could not start or read (NVML missing, bad injection file)."""

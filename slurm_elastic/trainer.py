@@ -17,7 +17,10 @@ acknowledged (the trainer or the controller died) is handed out again with the s
 trainer that remembers acknowledged ids processes every rollout exactly once; one it still
 holds (prefetched, not yet acknowledged) is skipped. A pull whose answer is lost is retried with
 the same ``pull_id``, which gets that same batch. One ``Trainer`` per job (on one rank): each
-registration is taken as the trainer's restart and gets every unacknowledged batch again.
+registration is taken as the trainer's restart and gets every unacknowledged batch again, and
+the calls of a ``Trainer`` registered before it are refused from then on
+(:class:`~slurm_elastic.errors.TrainerSupersededError`, an ``ApiError`` 409): a second live
+trainer fails loudly instead of sharing the batches.
 
 A group whose stored copy was found damaged is never delivered: the controller quarantines it
 and names it in the next batch (``lost_group_ids``; again with that batch until it is
@@ -69,6 +72,7 @@ class Trainer:
         self.lost_group_ids: list[str] = []  # every group the controller reported lost
         self.on_lost = on_lost
         self.info = self._retry(lambda: self.client.trainer_register(trainer_id))
+        self.session: int | None = self.info.get("trainer_session")  # None: a controller that fences none
 
     @classmethod
     def from_env(cls, **kwargs: Any) -> Trainer:
@@ -105,7 +109,7 @@ class Trainer:
         pull_id = uuid.uuid4().hex
         while time.monotonic() < deadline:
             try:
-                got = self._retry(lambda: self.client.pull_batch(pull_id),  # noqa: B023 (called at once)
+                got = self._retry(lambda: self.client.pull_batch(pull_id, self.session),  # noqa: B023 (called at once)
                                   timeout_s=max(0.0, deadline - time.monotonic()))
             except ControllerUnreachableError:
                 return None  # still down at the deadline
@@ -119,7 +123,7 @@ class Trainer:
                 self._lost(new_lost)
             if got["batch_id"] in self.acked:  # handed out again after a restart: already consumed
                 batch_id = got["batch_id"]
-                self._retry(lambda: self.client.ack_batch(batch_id))  # noqa: B023 (called at once)
+                self._retry(lambda: self.client.ack_batch(batch_id, self.session))  # noqa: B023 (called at once)
                 continue
             if got["batch_id"] in self.held:  # handed out again after a restart: this trainer holds it
                 continue
@@ -144,7 +148,7 @@ class Trainer:
             yield batch
 
     def ack(self, batch: Batch) -> None:
-        self._retry(lambda: self.client.ack_batch(batch.batch_id))
+        self._retry(lambda: self.client.ack_batch(batch.batch_id, self.session))
         self.acked.add(batch.batch_id)
         self.held.discard(batch.batch_id)
 
@@ -154,8 +158,10 @@ class Trainer:
         are (a path on the shared filesystem, or an engine-specific reference); the controller
         keeps it and pushes it to every server worker (docs/servers.md). Raises ApiError (409) for
         a plain publish lower than the current version or more than ``max_staleness + 1`` past
-        it, (422) for ``weights`` empty, over 4096 characters or with control characters."""
-        result: dict[str, Any] = self._retry(lambda: self.client.set_version(version, recovered, weights))
+        it, (422) for ``weights`` empty, over 4096 characters or with control characters;
+        TrainerSupersededError once another Trainer registered on the job."""
+        result: dict[str, Any] = self._retry(lambda: self.client.set_version(version, recovered, weights,
+                                                                             self.session))
         return result
 
     def status(self) -> dict[str, Any]:

@@ -15,7 +15,12 @@ from typing import Any
 import httpx
 
 from slurm_elastic.client.answers import stored_by_an_earlier_try
-from slurm_elastic.errors import ApiError, ControllerUnreachableError, UnknownOnControllerError
+from slurm_elastic.errors import (
+    ApiError,
+    ControllerUnreachableError,
+    TrainerSupersededError,
+    UnknownOnControllerError,
+)
 
 __all__ = ["ControlClient", "UnknownOnControllerError"]
 
@@ -52,7 +57,7 @@ class ControlClient:
         if response.status_code == 404:
             raise UnknownOnControllerError(_detail(response))
         if response.status_code >= 400:
-            raise ApiError(response.status_code, _detail(response))
+            raise _api_error(response)
         result = response.json()
         return result if isinstance(result, dict) else {"result": result}
 
@@ -131,33 +136,39 @@ class ControlClient:
     def trainer_register(self, trainer_id: str = "trainer") -> dict[str, Any]:
         return self._call("POST", "/trainer/register", {"trainer_id": trainer_id})
 
-    def pull_batch(self, pull_id: str | None = None) -> dict[str, Any] | None:
+    def pull_batch(self, pull_id: str | None = None, session: int | None = None) -> dict[str, Any] | None:
         """The next batch ({batch_id, groups}), or None when not enough sequences are buffered.
         ``pull_id`` (up to 64 of ``[0-9A-Za-z_-]``): sent again with a retry, it gets the batch the
-        first try got if that answer was lost (while it is not acknowledged)."""
+        first try got if that answer was lost (while it is not acknowledged). ``session``: the
+        ``trainer_session`` of :meth:`trainer_register` (TrainerSupersededError once a newer
+        trainer registered)."""
+        params: dict[str, Any] = {"pull_id": pull_id} if pull_id is not None else {}
+        if session is not None:
+            params["trainer_session"] = session
         try:
-            params = {"pull_id": pull_id} if pull_id is not None else None
-            response = self._http.post("/trainer/batch", params=params)
+            response = self._http.post("/trainer/batch", params=params or None)
         except httpx.TransportError as exc:
             raise ControllerUnreachableError(f"controller at {self.url} did not answer: {exc}") from None
         if response.status_code == 204:
             return None
         if response.status_code >= 400:
-            raise ApiError(response.status_code, _detail(response))
+            raise _api_error(response)
         result: dict[str, Any] = response.json()
         return result
 
-    def ack_batch(self, batch_id: str) -> dict[str, Any]:
-        return self._call("POST", f"/trainer/batch/{batch_id}/ack")
+    def ack_batch(self, batch_id: str, session: int | None = None) -> dict[str, Any]:
+        return self._call("POST", f"/trainer/batch/{batch_id}" + _with_session("/ack", session))
 
-    def set_version(self, version: int, recovered: bool = False, weights: str | None = None) -> dict[str, Any]:
+    def set_version(self, version: int, recovered: bool = False, weights: str | None = None,
+                    session: int | None = None) -> dict[str, Any]:
         """Publish the trainer's policy version (with where its weights are, for server workers);
         ApiError 409 for a plain publish lower than the current one or more than max_staleness + 1
-        past it (``recovered=True`` after a resume), 422 for a malformed ``weights``."""
+        past it (``recovered=True`` after a resume), 422 for a malformed ``weights``,
+        TrainerSupersededError for a ``session`` older than the newest registration."""
         body: dict[str, Any] = {"version": version, "recovered": recovered}
         if weights is not None:
             body["weights"] = weights
-        return self._call("POST", "/trainer/version", body)
+        return self._call("POST", _with_session("/trainer/version", session), body)
 
     def global_status(self) -> dict[str, Any]:
         return self._call("GET", "/global-status")
@@ -201,6 +212,18 @@ def _retry_after_s(response: httpx.Response, default_s: float) -> float:
         return min(300.0, max(0.0, float(response.headers["retry-after"])))
     except (KeyError, ValueError):
         return default_s
+
+
+def _with_session(path: str, session: int | None) -> str:
+    return path if session is None else f"{path}?trainer_session={int(session)}"
+
+
+def _api_error(response: httpx.Response) -> ApiError:
+    """The error an answer of 400 or more stands for (a superseded trainer's 409 has its own)."""
+    detail = _detail(response)
+    if response.status_code == 409 and detail.startswith("trainer session superseded"):
+        return TrainerSupersededError(response.status_code, detail)
+    return ApiError(response.status_code, detail)
 
 
 def _detail(response: httpx.Response) -> str:

@@ -82,6 +82,13 @@ async def storage_failed(_request: Request, exc: Exception) -> Response:
                     media_type="application/json", headers={"Retry-After": retry_after(exc)})
 
 
+async def trainer_superseded(_request: Request, exc: Exception) -> Response:
+    """A trainer call with a session older than the newest registration: 409 (nothing changed)."""
+    log.warning("refused a trainer call: %s", exc)
+    return Response(json.dumps({"detail": str(exc)}), status_code=status.HTTP_409_CONFLICT,
+                    media_type="application/json")
+
+
 def retry_after(exc: BaseException) -> str:
     """Seconds a client waits before trying again after a storage failure: the store's own hint
     (:class:`StoreUnavailableError`), else ``STORE_RETRY_AFTER_S``."""

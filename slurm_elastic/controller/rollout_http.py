@@ -36,6 +36,7 @@ from slurm_elastic.controller.http_errors import (
     invalid_request,
     retry_after,
     storage_failed,
+    trainer_superseded,
 )
 from slurm_elastic.controller.metrics import metrics_registry
 from slurm_elastic.controller.runtime import Controller
@@ -46,6 +47,7 @@ from slurm_elastic.rollouts.queue import (
     QueueFull,
     RolloutQueue,
     StaleGroup,
+    TrainerSuperseded,
     UnknownBatchError,
     VersionAhead,
 )
@@ -53,6 +55,9 @@ from slurm_elastic.rollouts.wire import check_mask_values, check_token_ids
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+Session = Annotated[int | None, Query(ge=1, le=2**63 - 1, description=(
+    "the trainer_session its registration answered: a call with an older one than the newest registration "
+    "is refused (409), so a second live trainer cannot take batches; omitted: not checked"))]
 
 
 def _compact(what: str, max_bytes: int) -> Any:
@@ -267,6 +272,7 @@ class ControllerApp(FastAPI):
         for error in (StateFileError, OSError):
             self.add_exception_handler(error, storage_failed)
         self.add_exception_handler(RequestValidationError, invalid_request)
+        self.add_exception_handler(TrainerSuperseded, trainer_superseded)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket":
@@ -323,18 +329,19 @@ def rollout_router(controller: Controller, queue: RolloutQueue) -> APIRouter:
 
     @router.post("/trainer/register", tags=["trainer"])
     def trainer_register(body: TrainerHello) -> dict[str, Any]:
-        again = queue.trainer_restarted()
-        return {"trainer_id": body.trainer_id, "unacked_batches_handed_again": again,
+        session, again = queue.trainer_restarted()
+        return {"trainer_id": body.trainer_id, "trainer_session": session, "unacked_batches_handed_again": again,
                 "batch_size": queue.config.batch_size, "policy_version": queue.stats()["policy_version"]}
 
     @router.post("/trainer/batch", tags=["trainer"], responses={
+        409: {"description": "trainer_session is older than the newest registration: another trainer registered"},
         503: {"description": "the store cannot record the hand-out (disk full): nothing changed, retry"}})
     def pull(pull_id: Annotated[str | None, Query(pattern=r"^[0-9A-Za-z_-]{1,64}$", description=(
             "the trainer's name for this pull: a retry with the same id gets the same batch while it is "
-            "not acknowledged (204 once it is)"))] = None) -> Response:
+            "not acknowledged (204 once it is)"))] = None, trainer_session: Session = None) -> Response:
         """The next batch; ``lost_group_ids`` names the groups quarantined (damaged on disk,
         never delivered) since the previous batch, named again with it until it is acknowledged."""
-        batch = queue.pull(pull_id)  # StoreUnavailableError: 503 with Retry-After (storage_failed)
+        batch = queue.pull(pull_id, trainer_session)  # StoreUnavailableError: 503 with Retry-After
         if batch is None:
             return Response(status_code=status.HTTP_204_NO_CONTENT)
         batch_id, payloads = batch
@@ -343,19 +350,22 @@ def rollout_router(controller: Controller, queue: RolloutQueue) -> APIRouter:
                 + b'],"lost_group_ids":' + lost + b"}")
         return Response(body, media_type="application/json")
 
-    @router.post("/trainer/batch/{batch_id}/ack", tags=["trainer"])
-    def ack(batch_id: Annotated[str, PathParam(pattern=r"^[0-9a-f]{32}$")]) -> dict[str, Any]:
+    @router.post("/trainer/batch/{batch_id}/ack", tags=["trainer"], responses={
+        409: {"description": "trainer_session is older than the newest registration: another trainer registered"}})
+    def ack(batch_id: Annotated[str, PathParam(pattern=r"^[0-9a-f]{32}$")],
+            trainer_session: Session = None) -> dict[str, Any]:
         try:
-            return {"batch_id": batch_id, "acked": queue.ack(batch_id)}
+            return {"batch_id": batch_id, "acked": queue.ack(batch_id, trainer_session)}
         except UnknownBatchError:
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"unknown batch {batch_id}") from None
 
     @router.post("/trainer/version", tags=["trainer"], responses={
         409: {"description": "a plain publish lower than the current version, or more than max_staleness + 1 "
-                             "past it: publish with recovered=true after a checkpoint resume"}})
-    def version(body: VersionUpdate) -> dict[str, Any]:
+                             "past it: publish with recovered=true after a checkpoint resume; or "
+                             "trainer_session older than the newest registration"}})
+    def version(body: VersionUpdate, trainer_session: Session = None) -> dict[str, Any]:
         try:
-            queue.set_version(body.version, recovered=body.recovered)
+            queue.set_version(body.version, recovered=body.recovered, session=trainer_session)
         except VersionRefused as exc:
             raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
         weights = None if body.weights is None else publish_weights(controller, body.version, body.weights)

@@ -50,6 +50,7 @@ CREATE TABLE IF NOT EXISTS lost (
 """
 LIVE_STATES = "('queued', 'handed')"
 STALENESS_KEY = "staleness"  # the meta key of the queue's staleness counts
+TRAINER_SESSION_KEY = "trainer_session"  # ... and of the newest trainer registration's session
 UNKNOWN_LOSS = "quarantined earlier; why and when were lost with the index's lost table"
 MARKER_KEY = "store"  # a meta row written when the index is opened: meta rows without it were lost
 STATES = "('queued', 'handed', 'delivered', 'dropped', 'lost')"

@@ -41,13 +41,14 @@ from slurm_elastic.rollouts.refusals import (
     GroupRefused,
     QueueFull,
     StaleGroup,
+    TrainerSuperseded,
     UnknownBatchError,
     VersionAhead,
 )
 from slurm_elastic.rollouts.storage import LostGroup, RolloutStorage, StoredGroup, Then, settle
 
-__all__ = ["GroupRefused", "QueueConfig", "QueueFull", "RolloutQueue", "StaleGroup", "UnknownBatchError",
-           "VersionAhead", "VersionRefused"]
+__all__ = ["GroupRefused", "QueueConfig", "QueueFull", "RolloutQueue", "StaleGroup", "TrainerSuperseded",
+           "UnknownBatchError", "VersionAhead", "VersionRefused"]
 log = logging.getLogger(__name__)
 PULL_IDS_KEPT = 1024  # pull ids remembered (with their batch) for retries of those pulls
 
@@ -75,6 +76,7 @@ class RolloutQueue:
         self.lost_seqs = 0
         self._lost_unreported: list[str] = []  # lost group ids not yet told to the trainer
         self._lost_told: dict[str, list[str]] = {}  # batch id -> lost ids told with it (until its ack)
+        self._trainer_session = 0  # the newest trainer registration's session (saved; 0: none yet)
         self.in_use = False  # a trainer registered or pulled, or rollouts arrived: the buffer means something
         self._pulls = WindowRate(CONSUMPTION_WINDOW_S)
         self._accepts = WindowRate(PRODUCTION_WINDOW_S)
@@ -103,6 +105,7 @@ class RolloutQueue:
         self.lost_groups, self.lost_seqs = len(recovered.lost), sum(g.n_seqs for g in recovered.lost)
         self._lost_unreported = [g.id for g in recovered.lost_at_open]
         self.delivered_seqs = counts.get("delivered", 0)
+        self._trainer_session = recovered.trainer_session
         self.dropped_stale_seqs = counts.get("dropped", 0)
         self.book.recover(recovered, self.dropped_stale_seqs + self.lost_seqs, self.clock())
 
@@ -224,15 +227,18 @@ class RolloutQueue:
         return 1.0 if not rate else max(0.1, min(30.0, self.config.batch_size / rate))
 
     # ---- trainer -----------------------------------------------------------------------------
-    def pull(self, pull_id: str | None = None) -> tuple[str, list[bytes]] | None:
+    def pull(self, pull_id: str | None = None, session: int | None = None) -> tuple[str, list[bytes]] | None:
         """The next batch (id, group payloads) of exactly ``batch_size`` sequences, or None if
         not enough. Unacknowledged batches to hand out again (after a restart) come first; a
         ``pull_id`` that got a batch still unacknowledged gets that batch again (a retry after a
         lost answer), one whose batch was acknowledged gets None. Every payload is checked first:
         a damaged group is quarantined (see :meth:`lost_ids_for`) and the batch is made of
         others. A batch handed out again keeps its id, without any of its groups lost since.
-        StoreUnavailableError (disk full): nothing changed, try again."""
+        StoreUnavailableError (disk full): nothing changed, try again. ``session``: the
+        caller's trainer session (:meth:`trainer_restarted`); an older one than the newest is
+        refused (:class:`TrainerSuperseded`), and nothing is handed out to it."""
         with self._pull_lock:
+            self.check_trainer(session)
             with self._lock:
                 self.in_use = True
                 self._trainer_steps.asked(self.clock())
@@ -351,8 +357,10 @@ class RolloutQueue:
             self.dropped_stale_seqs += dropped
             self.book.freed(dropped)  # never consumed: they must not hold capacity
 
-    def ack(self, batch_id: str) -> bool:
-        """The trainer consumed a batch. Idempotent; raises UnknownBatchError for an unknown id."""
+    def ack(self, batch_id: str, session: int | None = None) -> bool:
+        """The trainer consumed a batch. Idempotent; raises UnknownBatchError for an unknown id,
+        TrainerSuperseded for a ``session`` older than the newest."""
+        self.check_trainer(session)
         result = self.store.ack(batch_id)
         if result is None:
             raise UnknownBatchError(batch_id)
@@ -364,18 +372,37 @@ class RolloutQueue:
                 self.delivered_seqs += sum(g.n_seqs for g in groups)
         return result
 
-    def trainer_restarted(self) -> int:
-        """A (re)registering trainer gets every unacknowledged batch again first; returns how many."""
-        with self._lock:
-            self.in_use = True
-            self._rehand = collections.deque((b, g) for b, g in self._handed.items())
-            return len(self._rehand)
+    def trainer_restarted(self) -> tuple[int, int]:
+        """A (re)registering trainer: a new session, newer than every earlier one (the clock's
+        microseconds) and saved before this returns, and every unacknowledged batch handed out
+        again first. Returns the session and how many batches. From now on a call that carries an
+        older session is refused (:meth:`check_trainer`): a second live trainer, or the old
+        process of a restarted one, cannot take batches the new one is owed."""
+        with self._pull_lock:
+            with self._lock:
+                session = max(self._trainer_session + 1, int(self.clock() * 1_000_000))
+            self.store.save_trainer_session(session)  # StoreUnavailableError: nothing changed
+            with self._lock:
+                self._trainer_session = session
+                self.in_use = True
+                self._rehand = collections.deque((b, g) for b, g in self._handed.items())
+                return session, len(self._rehand)
 
-    def set_version(self, version: int, recovered: bool = False) -> None:
+    def check_trainer(self, session: int | None) -> None:
+        """TrainerSuperseded if ``session`` is older than the newest registration's; a caller
+        that sends none (the raw API) is not checked."""
+        with self._lock:
+            newest = self._trainer_session
+        if session is not None and session < newest:
+            raise TrainerSuperseded(session, newest)
+
+    def set_version(self, version: int, recovered: bool = False, session: int | None = None) -> None:
         """The trainer's policy version. Plain: not lower than the current one and at most
         max_staleness + 1 past it, else :class:`VersionRefused`. ``recovered``: the trainer resumed
         from a checkpoint at ``version``; the accepted count is anchored there, plus what is
-        still buffered (it will be trained on first)."""
+        still buffered (it will be trained on first). TrainerSuperseded for a ``session``
+        older than the newest."""
+        self.check_trainer(session)
         self.book.set_version(version, recovered, self._buffered_seqs)
 
     # ---- numbers -----------------------------------------------------------------------------

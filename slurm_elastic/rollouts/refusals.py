@@ -17,6 +17,18 @@ class UnknownBatchError(KeyError):
     """An ack named a batch the queue never handed out."""
 
 
+class TrainerSuperseded(SlurmElasticError):
+    """A trainer call carries a session older than the newest registration on the job."""
+
+    def __init__(self, session: int, newest: int) -> None:
+        super().__init__(f"trainer session superseded: this trainer's session {session} is older than the newest "
+                         f"trainer registration on this job ({newest}). Another Trainer registered after this one "
+                         "(run one Trainer per job, on one rank), or this is the old process of a trainer that was "
+                         "restarted; the batches it holds unacknowledged go to the newer one")
+        self.session = session
+        self.newest = newest
+
+
 class GroupRefused(SlurmElasticError):
     """A group refused for its ``policy_version`` (nothing stored; a resend is refused too)."""
 

@@ -78,6 +78,7 @@ class Recovered:
     staleness: StalenessSnapshot | None  # the counts saved last; None: never saved
     last_seq: int  # the highest arrival number stored
     arrived_after_snapshot: dict[str, int]  # sequences per worker in the groups stored after the snapshot
+    trainer_session: int = 0  # the newest trainer registration's session; 0: none saved
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,9 @@ class RolloutStorage(Protocol):
 
     def save_staleness(self, snapshot: StalenessSnapshot) -> None:
         """Keep the queue's staleness counts (:meth:`recover` gives the last ones back)."""
+
+    def save_trainer_session(self, session: int) -> None:
+        """Keep the newest trainer registration's session (:meth:`recover` gives it back)."""
 
     def close(self) -> None:
         """Finish what was submitted and let go of the files."""

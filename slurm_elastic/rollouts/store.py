@@ -25,7 +25,13 @@ from pathlib import Path
 from slurm_elastic.core.staleness import StalenessSnapshot
 from slurm_elastic.errors import StateFileError
 from slurm_elastic.rollouts.commits import GroupCommits
-from slurm_elastic.rollouts.index import STALENESS_KEY, SYNCHRONOUS, GroupBody, StoreIndex
+from slurm_elastic.rollouts.index import (
+    STALENESS_KEY,
+    SYNCHRONOUS,
+    TRAINER_SESSION_KEY,
+    GroupBody,
+    StoreIndex,
+)
 from slurm_elastic.rollouts.recovery import (
     index_log_tail,
     read_body,
@@ -117,11 +123,17 @@ class RolloutStore(GroupCommits):
         except ValueError as exc:
             raise StateFileError(f"rollout store {self.path}: unreadable staleness snapshot {raw!r} ({exc})") from None
         last_seq, arrived = self._index.arrived_since(snapshot.at_seq if snapshot else 0)
+        session = self.get_meta(TRAINER_SESSION_KEY, "0")
+        if not session.isdigit():
+            raise StateFileError(f"rollout store {self.path}: unreadable trainer session {session!r}")
         return Recovered(self._index.queued(), self._index.unacked_batches(), self._index.counts(),
-                         self._index.lost(), self.lost_at_open, snapshot, last_seq, arrived)
+                         self._index.lost(), self.lost_at_open, snapshot, last_seq, arrived, int(session))
 
     def save_staleness(self, snapshot: StalenessSnapshot) -> None:
         self.set_meta(STALENESS_KEY, snapshot.to_json())
+
+    def save_trainer_session(self, session: int) -> None:
+        self.set_meta(TRAINER_SESSION_KEY, str(session))
 
     # ---- reads, hand-outs, acknowledgements --------------------------------------------------
     def _check(self, bodies: list[GroupBody]) -> Checked:

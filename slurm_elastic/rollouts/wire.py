@@ -12,6 +12,7 @@ neither side's code sees the difference.
 from __future__ import annotations
 
 import base64
+import json
 import struct
 from collections.abc import Sequence
 from typing import Any
@@ -61,8 +62,9 @@ def check_mask_values(decoded: Sequence[bytes]) -> int | None:
 
 
 def pack_group(group: dict[str, Any]) -> dict[str, Any]:
-    """``group`` with each sequence's ``tokens`` and ``mask`` lists in the compact form. A value
-    neither form holds raises ValueError naming it (``sequences[2].tokens: [5] is -1``)."""
+    """``group`` with each sequence's ``tokens`` and ``mask`` lists in the compact form (a numpy
+    array or torch tensor is taken as its ``tolist()``). A value neither form holds raises
+    ValueError naming it (``sequences[2].tokens: [5] is -1``)."""
     sequences = []
     for i, seq in enumerate(group.get("sequences", [])):
         packed = dict(seq)
@@ -70,6 +72,7 @@ def pack_group(group: dict[str, Any]) -> dict[str, Any]:
                                    ("mask", encode_mask, "0 or 1")):
             if key in packed and packed[key] is not None:
                 values = packed.pop(key)
+                values = values.tolist() if hasattr(values, "tolist") else values
                 try:
                     packed[f"{key}_b64"] = encode(values)
                     if key == "tokens" and values and min(values) < 0:  # int32 holds them; no token id is
@@ -78,6 +81,22 @@ def pack_group(group: dict[str, Any]) -> dict[str, Any]:
                     raise ValueError(f"sequences[{i}].{key}: {_first_bad(values, key)}; each must be {valid}") from None
         sequences.append(packed)
     return {**group, "sequences": sequences} if "sequences" in group else dict(group)
+
+
+def group_json(group: dict[str, Any]) -> bytes:
+    """``group`` as the JSON a submit sends; numpy and torch scalars and arrays (a ``score`` of
+    ``np.float32``) go as their ``tolist()``. A value JSON cannot hold raises ValueError naming
+    its type."""
+    try:
+        return json.dumps(group, separators=(",", ":"), default=_plain).encode()
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"rollout group {group.get('id')!r} cannot be sent as JSON: {exc}") from None
+
+
+def _plain(value: Any) -> Any:
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"a value of type {type(value).__name__} is not a JSON number, string, list or object")
 
 
 def _first_bad(values: Any, key: str) -> str:

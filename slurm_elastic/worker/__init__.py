@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from slurm_elastic.client.answers import stored_by_an_earlier_try
 from slurm_elastic.errors import ApiError, ControllerUnreachableError, SlurmElasticError
-from slurm_elastic.rollouts.wire import pack_group
+from slurm_elastic.rollouts.wire import group_json, pack_group
 from slurm_elastic.worker.context import StepContext
 from slurm_elastic.worker.control import FollowingControl
 
@@ -140,8 +140,9 @@ class RolloutWorker:
         version: a trainer that resumed from an earlier checkpoint, or a wrong version).
         Token ids and masks travel in the compact form (``tokens_b64``, ``mask_b64``); the trainer
         helper turns them back into lists. A token id or mask value that form cannot hold raises
-        ValueError naming it (``sequences[2].tokens: [5] is -1``) before anything is sent."""
-        body = pack_group({"worker_id": self.ctx.worker_id, **group})
+        ValueError naming it (``sequences[2].tokens: [5] is -1``) before anything is sent; numpy
+        and torch values (a ``score`` of ``np.float32``, ``tokens`` as an array) go as plain ones."""
+        body = group_json(pack_group({"worker_id": self.ctx.worker_id, **group}))
         maybe_stored = False  # a try that failed may have stored the group: its resend reads "accepted" false
 
         def attempt() -> dict[str, Any]:

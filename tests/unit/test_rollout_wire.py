@@ -13,7 +13,13 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from slurm_elastic.controller.rollout_http import RolloutGroup
-from slurm_elastic.rollouts.wire import check_token_ids, decode_tokens, pack_group, unpack_group
+from slurm_elastic.rollouts.wire import (
+    check_token_ids,
+    decode_tokens,
+    group_json,
+    pack_group,
+    unpack_group,
+)
 
 
 def group(**seq: object) -> dict[str, object]:
@@ -102,3 +108,17 @@ def test_malformed_base64_is_refused(raw: bytes) -> None:
 def test_a_value_the_compact_form_cannot_hold_is_named(seq: dict[str, object], said: str) -> None:
     with pytest.raises(ValueError, match=re.escape(said)):
         pack_group({"sequences": [seq]})
+
+
+def test_numpy_values_go_as_plain_ones_and_a_value_json_cannot_hold_is_named() -> None:
+    np = pytest.importorskip("numpy")
+    group = {"id": "g", "sequences": [{"tokens": np.array([5, 6], dtype=np.int64), "mask": np.array([0, 1]),
+                                       "score": np.float32(0.5), "logprobs": np.array([-0.5, -1.25])}],
+             "metadata": {"reward": np.float64(1.5)}}
+    sent = group_json(pack_group({**group, "worker_id": "0001", "policy_version": 0, "group_size": 1}))
+    RolloutGroup.model_validate_json(sent)  # what the route takes
+    seq = json.loads(sent)["sequences"][0]
+    assert seq["score"] == 0.5 and seq["logprobs"] == [-0.5, -1.25] and json.loads(sent)["metadata"] == {"reward": 1.5}
+    assert unpack_group(json.loads(sent))["sequences"][0]["tokens"] == [5, 6]
+    with pytest.raises(ValueError, match="rollout group 'g' cannot be sent as JSON: a value of type object"):
+        group_json({"id": "g", "sequences": [{"score": object()}]})

@@ -81,7 +81,7 @@ def test_a_pull_skips_a_damaged_group_keeps_batches_exact_and_reports_it(tmp_pat
 def test_a_rehanded_batch_with_a_damaged_group_keeps_its_id_without_the_group(tmp_path: Path) -> None:
     q = queue_over(tmp_path, ["a", "b"])
     first = q.pull()
-    assert first is not None and q.trainer_restarted() == 1
+    assert first is not None and q.trainer_restarted()[1] == 1
     flip_byte(tmp_path, "b", at=3)
     again = q.pull()
     assert again is not None and again[0] == first[0] and ids(again[1]) == ["a"]

@@ -59,8 +59,8 @@ def test_a_damaged_group_is_named_to_the_trainer_and_counted(served: Served, tmp
     restarted = Trainer(served.server.url, TOKEN, on_lost=restarted_told.append, poll_s=0.01)
     again = restarted.next_batch(timeout_s=30)
     assert again is not None and again.batch_id == batch.batch_id and restarted_told == [["b"]]
+    restarted.ack(again)
     restarted.close()
-    trainer.ack(batch)
     status = served.http.get("/global-status").json()
     assert (status["queue"]["lost_groups"], status["queue"]["lost_sequences"]) == (1, 4)
     assert "slurm_elastic_lost_groups_total 1.0" in served.http.get("/metrics").text
