@@ -47,6 +47,7 @@ def main() -> int:
     active_seen: list[int] = []
     last_line = ""
     doc: dict[str, Any] | None = None
+    last_queue: dict[str, Any] = {}
     while job_running(job_id):
         doc = status(job_id) or doc
         if doc is None:
@@ -54,13 +55,15 @@ def main() -> int:
             continue
         ctl = doc["controller"]
         queue = _queue(job_id)
+        last_queue = queue or last_queue
         version = queue.get("policy_version", 0) if queue else 0
         active = ctl["workers_by_state"]["ACTIVE"]  # placeholders are counted apart
         targets.append(ctl["target_workers"])
         active_seen.append(active)
+        action, reason = ctl["last_decision"].get("action", ""), ctl["last_decision"].get("reason", "")
+        said = reason if reason.startswith(f"{action}:") else f"{action}: {reason}"  # a hold's reason says "hold:"
         line = (f"  v{version:<3} workers {active} (target {ctl['target_workers']})  buffer "
-                f"{queue.get('queued_sequences', '?')}  {ctl['last_decision'].get('action', '')}: "
-                f"{ctl['last_decision'].get('reason', '')[:90]}")
+                f"{queue.get('queued_sequences', '?')}  {said[:100]}")
         if line != last_line:
             print(line, flush=True)
             last_line = line
@@ -75,7 +78,7 @@ def main() -> int:
             print(f"  >> kill -9 of the controller (pid {killed_pid}); the batch script restarts it")
             killed = True
         time.sleep(1.0)
-    return summarize(job_id, cordoned_at, targets, active_seen, killed)
+    return summarize(job_id, cordoned_at, targets, active_seen, killed, last_queue)
 
 
 def _state_dir(job_id: int) -> str:
@@ -97,7 +100,8 @@ def _queue(job_id: int) -> dict[str, Any]:
         return {}
 
 
-def summarize(job_id: int, cordoned_at: float, targets: list[int], active: list[int], killed: bool) -> int:
+def summarize(job_id: int, cordoned_at: float, targets: list[int], active: list[int], killed: bool,
+              queue: dict[str, Any]) -> int:
     state_dir = Path(_state_dir(job_id))
     rows = [line.split(",") for line in (state_dir / "reward.csv").read_text().splitlines()[1:]]
     rewards = [float(r[2]) for r in rows]
@@ -110,6 +114,12 @@ def summarize(job_id: int, cordoned_at: float, targets: list[int], active: list[
     print(f"  workers: from {min(active)} up to {max(active)} and back; targets seen {sorted(set(targets))}")
     print(f"  controller killed: {'yes, and restarted' if killed else 'no'}; workers relaunched: {len(relaunched)}")
     print(f"  workers placed on the cordoned GPU after the cordon: {len(placed_on_cordoned)}")
+    if queue:  # the last reading before the job ended; the refusals at submit count since the controller's restart
+        delivered, dropped = queue["delivered_sequences"], queue["dropped_stale_sequences"]
+        refused, lost = queue["refused_stale_sequences"], queue["lost_sequences"]
+        made = delivered + dropped + refused
+        print(f"  sequences: {delivered} trained on, {dropped} dropped stale in the buffer, {refused} refused stale "
+              f"at submit ({(dropped + refused) / max(1, made):.0%} of those made too old), {lost} lost")
     print(f"  plot: {state_dir / 'reward.png'}  log: {REPO / f'elastic-rl-{job_id}.out'}")
     ok = rewards[-1] > rewards[0] + 0.2 and max(active) > min(active) and not relaunched and not placed_on_cordoned
     print("example: OK" if ok else "example: something did not go as expected (see above)")
