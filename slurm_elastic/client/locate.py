@@ -111,11 +111,23 @@ class SlurmView:
 
 
 def ask_slurm(job_id: int, slurm: SlurmCli) -> SlurmView:
-    """Slurm's record of the job; SlurmError if Slurm answered that it does not know the job."""
+    """Slurm's record of the job; SlurmError if Slurm answered that it does not know the job
+    (naming what the job left here, if it did)."""
     try:
         return SlurmView(slurm.job_info(job_id))
     except (SlurmCommandError, SlurmUnavailableError) as exc:
         return SlurmView(None, f"Slurm did not answer: {exc}")
+    except SlurmError as exc:
+        raise SlurmError(f"{exc}{left_behind(job_id)}") from None
+
+
+def left_behind(job_id: int) -> str:
+    """Where an ended job's state directory is on this cluster's default place, if it is there."""
+    cluster = local_cluster_name()
+    state_dir = job_state_dir(cluster, job_id) if cluster else None
+    if state_dir is None or not (state_dir / "state.json").exists():
+        return ""
+    return f"; what it left is in {state_dir} (state.json: its workers and their history; logs/: each worker's output)"
 
 
 def locate(job_id: int, slurm: SlurmCli | None = None, view: SlurmView | None = None) -> JobHandle:
@@ -165,7 +177,8 @@ def locate_running(job_id: int, view: SlurmView) -> JobHandle:
     if state in NOT_STARTED:
         raise ControllerUnreachableError(f"job {job_id} is {state}: its controller does not run (yet, or again "
                                          f"after a requeue); not sending the job's token {where}")
-    raise JobEndedError(f"job {job_id} ended ({state}): its controller is gone; not sending the job's token {where}")
+    raise JobEndedError(f"job {job_id} ended ({state}): its controller is gone; not sending the job's token {where}"
+                        f"{left_behind(job_id)}")
 
 
 @dataclass(frozen=True)
