@@ -92,7 +92,9 @@ def render_status(job_id: int, status: dict[str, Any] | None, slurm_steps: list[
     decision = ctl.get("last_decision") or {}
     lines.append(f"controller: {ctl.get('controller_url', '?')}  up {_age(ctl.get('uptime_s'))}"
                  f"  ticks {ctl.get('ticks', '?')}")
-    mode = "wake-all" if ctl.get("wake_all") else "paused" if ctl.get("paused") else "autoscaling"
+    disabled = str(decision.get("reason", "")).startswith("autoscaler disabled")
+    mode = ("wake-all" if ctl.get("wake_all") else "paused" if ctl.get("paused")
+            else "autoscaler disabled" if disabled else "autoscaling")
     usable = ctl.get("usable_slots")
     if isinstance(usable, int) and isinstance(ctl.get("target_workers"), int) and ctl["target_workers"] > usable:
         mode += f"; only {usable} GPU slots usable now"

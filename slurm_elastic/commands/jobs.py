@@ -125,7 +125,11 @@ def scale(job_id: int, workers: int, wait: bool, timeout_s: float) -> None:
     """Set the worker count by hand (pauses autoscaling until `resume`)."""
     click.echo(json.dumps(_call(job_id, "scale", workers)))
     if wait:
-        _wait_for(job_id, lambda ctl: _settled(ctl, workers), f"{workers} active workers", timeout_s)
+        ctl = _wait_for(job_id, lambda ctl: _settled(ctl, workers),
+                        f"{workers} active workers, or a worker on every usable GPU slot", timeout_s)
+        active = ctl.get("workers_by_state", {}).get("ACTIVE", 0)
+        if active < workers:
+            click.echo(f"only {active} of the {workers} asked: every usable GPU slot has a worker", err=True)
 
 
 def _settled(ctl: dict[str, Any], workers: int) -> bool:
@@ -182,6 +186,7 @@ wake_all = _simple("wake-all", "wake_all", "Give every usable GPU a worker (e.g.
 @click.argument("worker_id")
 def drain(job_id: int, worker_id: str) -> None:
     """Drain one worker: it finishes its rollout, hands it over and exits (replaced if still needed)."""
+    worker_id = worker_id.zfill(4) if worker_id.isdigit() else worker_id  # "3" is worker 0003
     if not re.fullmatch(WORKER_ID, worker_id):
         raise click.BadParameter(f"{worker_id!r} is not a worker id (as `status` lists them, e.g. 0003)",
                                  param_hint="WORKER_ID")

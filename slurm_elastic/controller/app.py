@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import gc
 import logging
+import socket
 import threading
 from pathlib import Path
 
@@ -29,7 +31,7 @@ from slurm_elastic.controller.rollout_http import ControllerApp, SubmitEndpoint,
 from slurm_elastic.controller.runtime import Controller
 from slurm_elastic.controller.serve import ApiServer, default_listen_host
 from slurm_elastic.controller.weights import WeightsPusher
-from slurm_elastic.errors import SlurmError
+from slurm_elastic.errors import ConfigError, SlurmError
 from slurm_elastic.rollouts.queue import QueueConfig, RolloutQueue
 from slurm_elastic.rollouts.store import RolloutStore
 
@@ -99,8 +101,14 @@ def run_controller(config: ElasticConfig, stop: threading.Event) -> None:
         ctl.end_earlier_run()
     take_prolog_results(ctl, state_dir)
     host = config.controller.listen_host or default_listen_host()
-    server = ApiServer(create_controller_app(ctl, token, queue), host,
-                       config.controller.listen_port or previous_port(state_dir, host))
+    port = config.controller.listen_port or previous_port(state_dir, host)
+    try:
+        server = ApiServer(create_controller_app(ctl, token, queue), host, port)
+    except OSError as exc:  # socket.gaierror included: a name that does not resolve
+        if not config.controller.listen_host or not _a_config_mistake(exc):
+            raise
+        raise ConfigError(f"controller.listen_host = {host!r}: cannot serve there ({exc}); name an address of "
+                          "this host, or leave it empty for this host's name") from None
     settle_heap()
     pusher = WeightsPusher(ctl).start()
     server.start()
@@ -123,3 +131,8 @@ def run_controller(config: ElasticConfig, stop: threading.Event) -> None:
                      "other steps run until they end or `scancel %d`", job_id)
         else:
             log.info("controller stopped; worker steps keep running and a new controller adopts them")
+
+
+def _a_config_mistake(exc: OSError) -> bool:
+    """A bind error that a restart cannot cure: no such address here, or no such name."""
+    return isinstance(exc, socket.gaierror) or exc.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT)

@@ -29,7 +29,7 @@ RESERVED_SHORT_OPTIONS = {"J": "job-name", "o": "output", "N": "nodes", "G": "gp
                           "p": "partition", "q": "qos", "A": "account", "t": "time"}
 # One argument: ``--name=value`` or ``-Xvalue``; no whitespace, quotes or shell characters.
 _OPTION = re.compile(r"(--(?P<long>[A-Za-z][A-Za-z0-9-]*)|-(?P<short>[A-Za-z]))(?P<rest>[^\s\"'`$;\\]*)", re.ASCII)
-_SLURM_NAMES = re.compile(r"[A-Za-z0-9_.,-]*", re.ASCII)  # partition, QOS and account names (lists: commas)
+SLURM_NAMES = re.compile(r"[A-Za-z0-9_.,-]*", re.ASCII)  # partition, QOS and account names (lists: commas)
 # Slurm's time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S
 _TIME = re.compile(r"(?:(?P<days>\d+)-(?P<hours>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?"
                    r"|(?P<a>\d+)(?::(?P<b>\d+)(?::(?P<c>\d+))?)?)", re.ASCII)
@@ -112,7 +112,7 @@ class BurstSection(BaseModel):
     @field_validator("partition", "qos", "account")
     @classmethod
     def _slurm_names(cls, value: str) -> str:
-        if not _SLURM_NAMES.fullmatch(value):
+        if not SLURM_NAMES.fullmatch(value):
             raise ValueError(f"{value!r} is not a Slurm name (letters, digits, _ . - and commas)")
         return value
 

@@ -15,7 +15,7 @@ from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from slurm_elastic.controller.burst_config import BurstSection, time_limit_s
+from slurm_elastic.controller.burst_config import SLURM_NAMES, BurstSection, time_limit_s
 from slurm_elastic.core import defaults as d
 from slurm_elastic.core.health import CLOCK_EVENT_FLAGS, HealthRules
 from slurm_elastic.core.signals import DEFAULT_DRAIN_SIGNAL, DrainSignal
@@ -28,7 +28,9 @@ else:  # pragma: no cover
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    """Strict, as TOML is typed: no numbers as strings, no booleans as numbers, finite floats."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class ControllerSection(_Section):
@@ -88,6 +90,14 @@ class WorkersSection(_Section):
     @classmethod
     def _split_command(cls, value: Any) -> Any:
         return shlex.split(value) if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _heartbeats_fit_their_grace(self) -> WorkersSection:
+        if self.heartbeat_grace_s < 2 * self.heartbeat_interval_s:
+            raise ValueError(f"workers.heartbeat_grace_s ({self.heartbeat_grace_s:g}) must be at least twice "
+                             f"workers.heartbeat_interval_s ({self.heartbeat_interval_s:g}): a healthy worker "
+                             "would be killed between two of its heartbeats")
+        return self
 
 
 # the update hooks of [weights] presets: (method, path, JSON body); {version} and {path} are filled in
@@ -149,6 +159,9 @@ class JobSection(_Section):
     nodes: int = Field(2, ge=1, description="Nodes (#SBATCH --nodes).")
     gpus_per_node: int = Field(4, ge=0, description="GPUs per node (#SBATCH --gres=gpu:N).")
     cpus_per_node: int = Field(0, ge=0, description="CPUs per node; 0 takes whole nodes (--exclusive).")
+    mem_per_node_mb: int = Field(0, ge=0, description="Memory per node in MB (#SBATCH --mem); 0: all of each "
+                                 "node's memory, which on a cluster that schedules memory takes the nodes whole "
+                                 "whatever cpus_per_node says.")
     time_limit: str = Field("", description="#SBATCH --time, e.g. 04:00:00; empty: the partition's default.")
     partition: str = Field("", description="#SBATCH --partition; empty: the default partition.")
     output: str = Field("slurm-elastic-%j.out", description="#SBATCH --output.")
@@ -161,6 +174,26 @@ class JobSection(_Section):
     @classmethod
     def _split_trainer(cls, value: Any) -> Any:
         return shlex.split(value) if isinstance(value, str) else value
+
+    @field_validator("name", "output")
+    @classmethod
+    def _one_sbatch_word(cls, value: str) -> str:
+        if not value or any(c.isspace() or not c.isprintable() for c in value):
+            raise ValueError(f"{value!r}: an #SBATCH value must be one word (no spaces or control characters)")
+        return value
+
+    @field_validator("partition")
+    @classmethod
+    def _slurm_names(cls, value: str) -> str:
+        if not SLURM_NAMES.fullmatch(value):
+            raise ValueError(f"{value!r} is not a Slurm name (letters, digits, _ . - and commas)")
+        return value
+
+    @field_validator("time_limit")
+    @classmethod
+    def _slurm_time(cls, value: str) -> str:
+        time_limit_s(value)
+        return value
 
 
 _RULES = HealthRules()  # the one place the [health] defaults live

@@ -31,6 +31,12 @@ REFUSED_KEYS: dict[str, str] = {
 }
 
 
+POSITIVE = {  # knobs the law divides by
+    "horizon_s": "the control law closes the buffer's error within about this long",
+    "requests_per_worker_capacity": "a server's load is its outstanding requests over this",
+}
+
+
 @dataclass(frozen=True)
 class AutoscalerConfig:
     """Knobs of the policy; every duration in seconds, every amount in sequences or workers."""
@@ -84,6 +90,8 @@ class AutoscalerConfig:
                 raise ConfigError(f"{prefix}.{key}: must be a number")
             if not isinstance(value, bool) and (value < 0 or not math.isfinite(value)):
                 raise ConfigError(f"{prefix}.{key}: must be >= 0")
+            if name in POSITIVE and value <= 0:
+                raise ConfigError(f"{prefix}.{key}: must be > 0 ({POSITIVE[name]})")
             values[name] = value
         config = cls(**values)
         if config.min_workers > config.max_workers:

@@ -185,7 +185,13 @@ def desired_workers(state: ControlState, obs: Observation, allowed_slots: int, c
         state.last_decision = {"action": "hold", "reason": "autoscaler disabled (enable_elastic = false)"}
     else:
         policy = state.autoscaler if state.policy is None else state.policy
-        decision = policy.decide(autoscaler_inputs(state, obs, allowed_slots, cfg), now_s)
+        try:
+            decision = policy.decide(autoscaler_inputs(state, obs, allowed_slots, cfg), now_s)
+        except Exception as exc:  # a policy fault holds the count; the tick goes on (relaunches, drains, health)
+            state.last_decision = {"action": "hold", "error": f"{type(exc).__name__}: {exc}",
+                                   "reason": f"hold: the autoscaler failed ({type(exc).__name__}: {exc}); "
+                                             f"the count stays at {state.target_workers}"}
+            return state.target_workers
         state.target_workers = decision.target_workers
         state.last_decision = decision.to_dict()
     return state.target_workers

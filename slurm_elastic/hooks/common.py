@@ -45,6 +45,8 @@ def load_hook_config(path: Path = CONFIG_FILE) -> HookConfig:
         if isinstance(default, bool) and not isinstance(value, bool):  # bool("false") is True
             raise ValueError(f"hooks config {path}: {key} must be true or false, not {value!r}")
         values[key] = type(default)(value)
+        if isinstance(default, int | float) and not isinstance(default, bool) and values[key] < 0:
+            raise ValueError(f"hooks config {path}: {key} must be >= 0, not {value!r}")
     return HookConfig(**values)
 
 

@@ -66,14 +66,25 @@ class StalenessBook:
 
     def set_version(self, version: int, recovered: bool, buffered_seqs: Callable[[], int]) -> None:
         """A plain publish (checked: VersionRefused), or a resume from a checkpoint at
-        ``version`` with ``buffered_seqs()`` (lock held) still to be trained on; saved."""
+        ``version`` with ``buffered_seqs()`` (lock held) still to be trained on; saved, and
+        taken back if the save fails (the error is raised: nothing changed)."""
         with self.lock:
+            before_version, before_accepted = self.staleness.version, self.staleness.accepted
             if recovered:
                 self.staleness.on_version_recovered(version, buffered_seqs())
             else:
                 self.staleness.on_version(version)
+            moved_accepted = self.staleness.accepted - before_accepted
             wanted = self._changed()
-        self._save(wanted)
+        try:
+            self._save(wanted)
+        except BaseException:  # a publish that was not saved did not happen: nothing may act on it
+            with self.lock:
+                if self.staleness.version == version:
+                    self.staleness.version = before_version
+                    self.staleness.accepted -= moved_accepted
+                self._changed()
+            raise
 
     def accepted(self, worker_id: str, n_seqs: int, seq: int, now_s: float) -> None:
         """A group arrived with arrival number ``seq`` (lock held)."""

@@ -51,6 +51,7 @@ CREATE TABLE IF NOT EXISTS lost (
 LIVE_STATES = "('queued', 'handed')"
 STALENESS_KEY = "staleness"  # the meta key of the queue's staleness counts
 TRAINER_SESSION_KEY = "trainer_session"  # ... and of the newest trainer registration's session
+LOST_TOLD_KEY = "lost_told"  # ... and of how many lost groups (oldest first) an acknowledged batch named
 UNKNOWN_LOSS = "quarantined earlier; why and when were lost with the index's lost table"
 MARKER_KEY = "store"  # a meta row written when the index is opened: meta rows without it were lost
 STATES = "('queued', 'handed', 'delivered', 'dropped', 'lost')"

@@ -79,6 +79,7 @@ class Recovered:
     last_seq: int  # the highest arrival number stored
     arrived_after_snapshot: dict[str, int]  # sequences per worker in the groups stored after the snapshot
     trainer_session: int = 0  # the newest trainer registration's session; 0: none saved
+    lost_told: int = 0  # how many of ``lost`` (oldest first) an acknowledged batch named to the trainer
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,10 @@ class RolloutStorage(Protocol):
 
     def save_trainer_session(self, session: int) -> None:
         """Keep the newest trainer registration's session (:meth:`recover` gives it back)."""
+
+    def save_lost_told(self, count: int) -> None:
+        """Keep how many lost groups, oldest first, the trainer was told of with a batch it
+        acknowledged (:meth:`recover` gives it back)."""
 
     def close(self) -> None:
         """Finish what was submitted and let go of the files."""

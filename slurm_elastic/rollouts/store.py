@@ -26,6 +26,7 @@ from slurm_elastic.core.staleness import StalenessSnapshot
 from slurm_elastic.errors import StateFileError
 from slurm_elastic.rollouts.commits import GroupCommits
 from slurm_elastic.rollouts.index import (
+    LOST_TOLD_KEY,
     STALENESS_KEY,
     SYNCHRONOUS,
     TRAINER_SESSION_KEY,
@@ -123,17 +124,22 @@ class RolloutStore(GroupCommits):
         except ValueError as exc:
             raise StateFileError(f"rollout store {self.path}: unreadable staleness snapshot {raw!r} ({exc})") from None
         last_seq, arrived = self._index.arrived_since(snapshot.at_seq if snapshot else 0)
-        session = self.get_meta(TRAINER_SESSION_KEY, "0")
-        if not session.isdigit():
-            raise StateFileError(f"rollout store {self.path}: unreadable trainer session {session!r}")
+        session, told = self.get_meta(TRAINER_SESSION_KEY, "0"), self.get_meta(LOST_TOLD_KEY, "0")
+        if not (session.isdigit() and told.isdigit()):
+            raise StateFileError(f"rollout store {self.path}: unreadable trainer session {session!r} "
+                                 f"or count of lost groups told {told!r}")
         return Recovered(self._index.queued(), self._index.unacked_batches(), self._index.counts(),
-                         self._index.lost(), self.lost_at_open, snapshot, last_seq, arrived, int(session))
+                         self._index.lost(), self.lost_at_open, snapshot, last_seq, arrived, int(session),
+                         int(told))
 
     def save_staleness(self, snapshot: StalenessSnapshot) -> None:
         self.set_meta(STALENESS_KEY, snapshot.to_json())
 
     def save_trainer_session(self, session: int) -> None:
         self.set_meta(TRAINER_SESSION_KEY, str(session))
+
+    def save_lost_told(self, count: int) -> None:
+        self.set_meta(LOST_TOLD_KEY, str(count))
 
     # ---- reads, hand-outs, acknowledgements --------------------------------------------------
     def _check(self, bodies: list[GroupBody]) -> Checked:

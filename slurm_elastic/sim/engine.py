@@ -225,6 +225,8 @@ class Simulation:
         """One controller tick on what it observes now; its actions run at once."""
         obs = self.observe()
         result = tick(obs, self.state, self.tick_cfg, self.allocations, self.now_s)
+        if "error" in self.state.last_decision:  # the controller holds on; a replay must not hide it
+            raise RuntimeError(f"the policy failed at t = {self.now_s:.1f} s: {self.state.last_decision['error']}")
         launched = {a.worker_id for a in result.actions if isinstance(a, Launch)}
         for worker_id in commands_ended(self.records.values(), launched):  # as the controller does
             self.grants.release(worker_id)

@@ -348,3 +348,25 @@ def test_a_gpu_ref_error_says_it_once_and_a_node_range_is_named() -> None:
 def test_a_negative_count_gets_the_ranges_message() -> None:
     result = CliRunner().invoke(main, ["scale", "77", "-1"])
     assert result.exit_code == 2 and "-1 is not in the range x>=0" in result.output
+
+
+def test_a_worker_id_without_its_leading_zeros_names_the_same_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[tuple[Any, ...]] = []
+    monkeypatch.setattr(jobs, "_call", lambda *a: asked.append(a) or {"worker_id": a[2], "draining": True})
+    assert CliRunner().invoke(main, ["drain", "77", "3"]).exit_code == 0
+    assert asked == [(77, "drain", "0003")]
+
+
+def test_scale_wait_says_when_fewer_than_asked_fit(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(jobs, "_call", lambda *a: {"target_workers": 5})
+    monkeypatch.setattr(jobs, "_wait_for", lambda *a: {"workers_by_state": {"ACTIVE": 2}, "usable_slots": 2})
+    result = CliRunner().invoke(main, ["scale", "77", "5", "--wait"])
+    assert result.exit_code == 0 and "only 2 of the 5 asked: every usable GPU slot has a worker" in result.output
+
+
+def test_status_says_the_autoscaler_is_off_when_it_is() -> None:
+    from slurm_elastic.status_view import render_status
+
+    ctl = {"target_workers": 2, "last_decision": {"action": "hold",
+                                                  "reason": "autoscaler disabled (enable_elastic = false)"}}
+    assert "target: 2 workers (autoscaler disabled)" in render_status(77, {"controller": ctl})

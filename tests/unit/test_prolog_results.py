@@ -61,3 +61,10 @@ def test_strict_is_true_or_false_never_a_string_that_reads_as_true(tmp_path: Pat
         load_hook_config(tmp_path / "hooks.toml")
     (tmp_path / "hooks.toml").write_text("strict = true\n")
     assert load_hook_config(tmp_path / "hooks.toml").strict is True
+
+
+@pytest.mark.parametrize("text", ["kill_wait_s = -5\n", "gpus = -1\n"])
+def test_a_negative_number_is_refused_like_any_bad_value(tmp_path: Path, text: str) -> None:
+    (tmp_path / "hooks.toml").write_text(text)
+    with pytest.raises(ValueError, match="must be >= 0"):
+        load_hook_config(tmp_path / "hooks.toml")

@@ -305,3 +305,26 @@ def test_the_trainers_step_time_and_waits_are_measured_from_its_pulls(tmp_path: 
     snapshot, stats = q.snapshot(), q.stats()
     assert snapshot is not None and snapshot.trainer_step_s == pytest.approx(8.0)
     assert stats["trainer_step_s"] == pytest.approx(8.0) and stats["trainer_wait_fraction"] == pytest.approx(6 / 14)
+
+
+def test_a_publish_whose_save_fails_changes_nothing(tmp_path: Path) -> None:
+    from slurm_elastic.rollouts.storage import StoreUnavailableError
+
+    q = make(tmp_path, capacity_seqs=100, max_staleness=0)
+    submit(q, "a")  # version 0
+    saved = q.store.save_staleness
+
+    def full_disk(snapshot: object) -> None:
+        raise StoreUnavailableError("disk full", 1.0)
+
+    q.store.save_staleness = full_disk  # type: ignore[method-assign]
+    before = (q.stats()["policy_version"], q.stats()["staleness_capacity"])
+    for recovered in (False, True):
+        with pytest.raises(StoreUnavailableError):
+            q.set_version(1, recovered=recovered)
+        assert (q.stats()["policy_version"], q.stats()["staleness_capacity"]) == before == (0, 4)
+    assert submit(q, "b")  # version 0 is not stale: the refused publish never happened
+    assert q.pull() is not None and q.stats()["dropped_stale_sequences"] == 0
+    q.store.save_staleness = saved  # type: ignore[method-assign]
+    q.set_version(1)
+    assert q.stats()["policy_version"] == 1

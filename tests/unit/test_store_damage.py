@@ -254,3 +254,29 @@ def test_lost_groups_whose_record_of_why_is_gone_are_still_reported(tmp_path: Pa
     reopened = RolloutStore(tmp_path / "q.sqlite", clock=lambda: 900.0)
     assert [(g.id, g.lost_s) for g in reopened.lost()] == [("b", 500.0)]  # recorded once, kept
     reopened.close()
+
+
+def reopen(tmp: Path) -> RolloutQueue:
+    return RolloutQueue(RolloutStore(tmp / "q.sqlite"), QueueConfig(batch_size=8, capacity_seqs=100))
+
+
+def test_a_lost_group_is_named_until_a_batch_naming_it_is_acknowledged_whatever_the_restarts(tmp_path: Path) -> None:
+    filled(tmp_path, ["a", "b", "c", "d", "e"]).close()
+    flip_byte(tmp_path, "a", at=0)  # damaged while the controller was down
+    reopen(tmp_path).store.close()  # quarantined at this open; the controller dies before any pull
+    q = reopen(tmp_path)
+    first = q.pull()
+    assert first is not None and q.lost_ids_for(first[0]) == ["a"]  # still named after the second restart
+    q.store.close()  # that answer is lost, and the controller dies again
+    q = reopen(tmp_path)
+    again = q.pull()
+    assert again is not None and again[0] == first[0] and q.lost_ids_for(again[0]) == ["a"]  # handed out again
+    assert q.ack(again[0])
+    q.store.close()
+    q = reopen(tmp_path)
+    flip_byte(tmp_path, "e", at=3)
+    for name in ("f", "g", "h"):
+        q.submit(name, "0007", 4, 0, body(name))
+    later = q.pull()
+    assert later is not None and q.lost_ids_for(later[0]) == ["e"]  # "a" is told for good; the new loss is named
+    q.store.close()

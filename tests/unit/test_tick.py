@@ -128,3 +128,18 @@ def test_wake_all_fills_every_allowed_gpu_beside_a_worker_kept_on_a_cordoned_one
     result = tick(Observation(steps=(ObservedStep("0001", "1", "a1", 7),)), st, CFG, (OWN,), 0.0)
     assert result.desired == 2 and "kept on cordoned GPUs" in st.last_decision["reason"]
     assert [a.worker_id for a in result.actions if isinstance(a, Launch)] == ["0002"]  # a1:1 gets one
+
+
+def test_a_failing_policy_holds_the_count_and_the_tick_still_replaces_a_silent_worker() -> None:
+    class Broken:
+        def decide(self, x: PressureInputs, now_s: float) -> Decision:
+            raise ZeroDivisionError("float division by zero")
+
+    st = ControlState(autoscaler=Autoscaler(AutoscalerConfig()), cordons=CordonBook(), policy=Broken(),
+                      target_workers=1)
+    st.workers["0001"] = Worker("0001", state=S.ACTIVE, job_id=7, step_id="1", node="a1", gpus=(0,),
+                                last_heartbeat_s=-100.0)
+    result = tick(Observation(steps=(ObservedStep("0001", "1", "a1", 7),)), st, CFG, (OWN,), 0.0)
+    assert result.desired == 1 and st.last_decision["error"] == "ZeroDivisionError: float division by zero"
+    assert "the autoscaler failed" in st.last_decision["reason"]
+    assert Cancel("0001", "1", "no heartbeat for 100 s (grace 60 s)", 7) in result.actions

@@ -1,0 +1,55 @@
+"""Values that load and then break the job are refused at the edge, naming the key."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from slurm_elastic.controller.config import parse_config
+from slurm_elastic.core.autoscaler_config import AutoscalerConfig
+from slurm_elastic.errors import ConfigError
+
+
+@pytest.mark.parametrize(("key", "value"), [("horizon_s", 0), ("requests_per_worker_capacity", 0)])
+def test_a_knob_the_law_divides_by_must_be_positive(key: str, value: float) -> None:
+    with pytest.raises(ConfigError, match=f"autoscaler.{key}: must be > 0"):
+        AutoscalerConfig.from_mapping({key: value})
+
+
+@pytest.mark.parametrize(("doc", "named"), [
+    ({"workers": {"heartbeat_interval_s": 30, "heartbeat_grace_s": 5}}, "workers.heartbeat_grace_s (5) must be at"),
+    ({"controller": {"tick_interval_s": True}}, "controller.tick_interval_s"),
+    ({"controller": {"tick_interval_s": "2"}}, "controller.tick_interval_s"),
+    ({"workers": {"cpus_per_worker": "4"}}, "workers.cpus_per_worker"),
+    ({"job": {"time_limit": "forever"}}, "job.time_limit"),
+    ({"job": {"name": "my run"}}, "job.name"),
+    ({"job": {"partition": "a b"}}, "job.partition"),
+    ({"job": {"output": ""}}, "job.output"),
+])
+def test_a_value_that_would_break_the_job_later_is_refused_now(doc: dict[str, Any], named: str) -> None:
+    with pytest.raises(ConfigError, match=named.replace("(", r"\(").replace(")", r"\)")):
+        parse_config(doc)
+
+
+def test_good_values_still_load() -> None:
+    config = parse_config({"controller": {"tick_interval_s": 2}, "workers": {"heartbeat_interval_s": 5,
+                           "heartbeat_grace_s": 10, "command": "python w.py"},
+                           "job": {"time_limit": "1-00:00:00", "name": "rl-run_1", "partition": "gpu,scavenger",
+                                   "mem_per_node_mb": 64000}})
+    assert config.controller.tick_interval_s == 2.0 and config.job.mem_per_node_mb == 64000
+
+
+def test_a_listen_host_not_of_this_host_is_a_configuration_mistake_not_a_crash_to_restart() -> None:
+    import errno
+    import socket
+
+    from slurm_elastic.controller.app import _a_config_mistake
+
+    with socket.socket() as sock, pytest.raises(OSError) as bound:
+        sock.bind(("10.255.255.1", 0))  # an address no interface here has
+    assert _a_config_mistake(bound.value)
+    with pytest.raises(OSError) as named:
+        socket.getaddrinfo("no-such-host.invalid", 0)
+    assert _a_config_mistake(named.value)
+    assert not _a_config_mistake(OSError(errno.EADDRINUSE, "in use"))  # may free up: a restart can cure it
