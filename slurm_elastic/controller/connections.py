@@ -100,6 +100,7 @@ class GuardedConnection(asyncio.Protocol):
         self._lost = False
         self._head_bytes = 0
         self._tail = b""  # the last bytes seen while waiting for a head (an end split across reads)
+        self._head_begun = False  # a byte other than CR or LF came since waiting began
         self._written = 0  # bytes handed to the transport
         self._window_sent = 0  # of them, those that had left its write buffer when the window began
         self._window_start_s = 0.0
@@ -159,7 +160,7 @@ class GuardedConnection(asyncio.Protocol):
         if self.transport is None or self._lost or self in self.book.waiting:
             return
         self.book.waiting[self] = None
-        self._head_bytes, self._tail = 0, b""
+        self._head_bytes, self._tail, self._head_begun = 0, b"", False
         self._deadline = asyncio.get_running_loop().call_later(self.book.head_timeout_s, self._head_overdue)
 
     def _head_overdue(self) -> None:
@@ -172,16 +173,27 @@ class GuardedConnection(asyncio.Protocol):
             self.abort()
 
     def data_received(self, data: bytes) -> None:
-        if self in self.book.waiting:
-            if HEAD_END in data or HEAD_END in self._tail + data[:len(HEAD_END) - 1]:
-                self._head_arrived()
-            else:
-                self._head_bytes += len(data)
-                if self._head_bytes > self.book.head_max_bytes:
-                    self.abort()
-                    return
-                self._tail = (self._tail + data[-(len(HEAD_END) - 1):])[-(len(HEAD_END) - 1):]
+        if self in self.book.waiting and not self._watch_head(data):
+            return
         self.inner.data_received(data)
+
+    def _watch_head(self, data: bytes) -> bool:
+        """Count ``data`` against the head's limits; False if that closed the connection. Blank
+        lines before the request line (which HTTP parsers skip) do not begin a head, so an end of
+        head is looked for only after its first other byte: ``\r\n\r\n`` alone is no head."""
+        scanned = data
+        if not self._head_begun:
+            scanned = data.lstrip(b"\r\n")
+            self._head_begun = bool(scanned)
+        if HEAD_END in scanned or (scanned is data and HEAD_END in self._tail + data[:len(HEAD_END) - 1]):
+            self._head_arrived()
+            return True
+        self._head_bytes += len(data)
+        if self._head_bytes > self.book.head_max_bytes:
+            self.abort()
+            return False
+        self._tail = (self._tail + scanned[-(len(HEAD_END) - 1):])[-(len(HEAD_END) - 1):]
+        return True
 
     def _head_arrived(self) -> None:
         self.book.waiting.pop(self, None)

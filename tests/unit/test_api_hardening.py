@@ -361,3 +361,26 @@ def test_a_response_still_leaving_is_not_cut_off_and_the_cap_closes_the_longest_
         assert busy.aborted and book.refused == 1  # every open connection busy: the new one is closed
 
     asyncio.run(scenario())
+
+
+def test_blank_lines_before_a_head_do_not_count_as_its_end(tmp_path: Path) -> None:
+    """A client without the token that sends ``\\r\\n\\r\\n`` first (blank lines, which the parser
+    skips) is still under the head's time limit and size cap; a real request after blank lines
+    is still served."""
+    with served(tmp_path, "--head-timeout-s", "0.5") as (url, _server), \
+            socket.create_connection(address(url), timeout=30) as blank, \
+            socket.create_connection(address(url), timeout=30) as endless:
+        blank.sendall(b"\r\n\r\n")
+        endless.sendall(b"\r\n\r\nGET /healthz HTTP/1.1\r\nx-long: ")
+        started = time.monotonic()
+        try:
+            for _ in range(200):  # 200 x 1 KB within the time limit: the 64 KB cap cuts it first
+                endless.sendall(b"a" * 1024)
+        except OSError:
+            pass
+        assert blank.recv(1024) == b"" and time.monotonic() - started < 10  # closed at its head's deadline
+        with contextlib.suppress(OSError):
+            assert endless.recv(1024) == b""
+        with socket.create_connection(address(url), timeout=30) as polite:
+            polite.sendall(b"\r\n\r\nGET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+            assert polite.recv(1024).startswith(b"HTTP/1.1 401")  # parsed and answered: the token is checked
