@@ -4,8 +4,9 @@ well-formed ``#SBATCH`` option Slurm accepts and none overrides what the control
 from __future__ import annotations
 
 import re
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 # Options the burst script sets itself, with the key that sets them (or why they are fixed).
 RESERVED_SBATCH_OPTIONS: dict[str, str] = {
@@ -60,6 +61,21 @@ def time_limit_s(text: str) -> int | None:
     return g["a"] * 60
 
 
+def _slurm_names(value: str) -> str:
+    if not SLURM_NAMES.fullmatch(value):
+        raise ValueError(f"{value!r} is not a Slurm name (letters, digits, _ . - and commas)")
+    return value
+
+
+def _slurm_time(value: str) -> str:
+    time_limit_s(value)
+    return value
+
+
+SlurmNames = Annotated[str, AfterValidator(_slurm_names)]  # a partition, QOS or account (lists: commas)
+SlurmTime = Annotated[str, AfterValidator(_slurm_time)]  # a --time Slurm reads
+
+
 def check_sbatch_option(option: str) -> None:
     """Raise ValueError unless ``option`` is one sbatch option the burst script does not set itself."""
     match = _OPTION.fullmatch(option)
@@ -90,10 +106,10 @@ class BurstSection(BaseModel):
     max_jobs: int = Field(0, ge=0, le=1000, description="Most burst jobs at once (pending ones count); 0: no burst jobs.")
     gpus_per_job: int = Field(4, ge=1, le=4096, description="GPUs of one burst job, spread evenly over its nodes.")
     nodes_per_job: int = Field(1, ge=1, le=256, description="Nodes of one burst job.")
-    partition: str = Field("", description="Partition of burst jobs (e.g. a preemptible one); empty: Slurm's default.")
-    qos: str = Field("", description="QOS of burst jobs; empty: the account's default.")
-    account: str = Field("", description="Account charged for burst jobs; empty: the user's default.")
-    time_limit: str = Field("", description="--time of a burst job, e.g. 02:00:00; empty: the partition's default.")
+    partition: SlurmNames = Field("", description="Partition of burst jobs (e.g. a preemptible one); empty: Slurm's default.")
+    qos: SlurmNames = Field("", description="QOS of burst jobs; empty: the account's default.")
+    account: SlurmNames = Field("", description="Account charged for burst jobs; empty: the user's default.")
+    time_limit: SlurmTime = Field("", description="--time of a burst job, e.g. 02:00:00; empty: the partition's default.")
     extra_sbatch_options: list[str] = Field(default_factory=list, description="More sbatch options, each one "
                                             "argument (e.g. \"--constraint=a100\"); none of those the script sets.")
     submit_cooldown_s: float = Field(60.0, ge=0, description="Least time between two rounds of burst submissions.")
@@ -109,15 +125,3 @@ class BurstSection(BaseModel):
             check_sbatch_option(option)
         return value
 
-    @field_validator("partition", "qos", "account")
-    @classmethod
-    def _slurm_names(cls, value: str) -> str:
-        if not SLURM_NAMES.fullmatch(value):
-            raise ValueError(f"{value!r} is not a Slurm name (letters, digits, _ . - and commas)")
-        return value
-
-    @field_validator("time_limit")
-    @classmethod
-    def _slurm_time(cls, value: str) -> str:
-        time_limit_s(value)
-        return value

@@ -15,7 +15,7 @@ from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from slurm_elastic.controller.burst_config import SLURM_NAMES, BurstSection, time_limit_s
+from slurm_elastic.controller.burst_config import BurstSection, SlurmNames, SlurmTime, time_limit_s
 from slurm_elastic.core import defaults as d
 from slurm_elastic.core.health import CLOCK_EVENT_FLAGS, HealthRules
 from slurm_elastic.core.signals import DEFAULT_DRAIN_SIGNAL, DrainSignal
@@ -162,8 +162,8 @@ class JobSection(_Section):
     mem_per_node_mb: int = Field(0, ge=0, description="Memory per node in MB (#SBATCH --mem); 0: all of each "
                                  "node's memory, which on a cluster that schedules memory takes the nodes whole "
                                  "whatever cpus_per_node says.")
-    time_limit: str = Field("", description="#SBATCH --time, e.g. 04:00:00; empty: the partition's default.")
-    partition: str = Field("", description="#SBATCH --partition; empty: the default partition.")
+    time_limit: SlurmTime = Field("", description="#SBATCH --time, e.g. 04:00:00; empty: the partition's default.")
+    partition: SlurmNames = Field("", description="#SBATCH --partition; empty: the default partition.")
     output: str = Field("slurm-elastic-%j.out", description="#SBATCH --output.")
     setup: str = Field("", description="Shell lines run first (e.g. activating a virtual environment).")
     trainer_command: list[str] = Field(default_factory=list, description=(
@@ -182,18 +182,6 @@ class JobSection(_Section):
             raise ValueError(f"{value!r}: an #SBATCH value must be one word (no spaces or control characters)")
         return value
 
-    @field_validator("partition")
-    @classmethod
-    def _slurm_names(cls, value: str) -> str:
-        if not SLURM_NAMES.fullmatch(value):
-            raise ValueError(f"{value!r} is not a Slurm name (letters, digits, _ . - and commas)")
-        return value
-
-    @field_validator("time_limit")
-    @classmethod
-    def _slurm_time(cls, value: str) -> str:
-        time_limit_s(value)
-        return value
 
 
 _RULES = HealthRules()  # the one place the [health] defaults live
