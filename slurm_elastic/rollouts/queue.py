@@ -36,6 +36,7 @@ from slurm_elastic.core.staleness import AdmissionLeases, StalenessManager, Vers
 from slurm_elastic.errors import StateFileError
 from slurm_elastic.rollouts.admissions import StalenessBook
 from slurm_elastic.rollouts.config import QueueConfig
+from slurm_elastic.rollouts.lost_reports import LostReports
 from slurm_elastic.rollouts.queued import QueuedGroups
 from slurm_elastic.rollouts.refusals import (
     GroupRefused,
@@ -74,11 +75,7 @@ class RolloutQueue:
         self.refused_stale_seqs = 0  # in groups refused at submit for their policy version (this run)
         self.lost_groups = 0  # quarantined: their records in the log were damaged
         self.lost_seqs = 0
-        self._lost_unreported: list[str] = []  # lost group ids not yet told to the trainer
-        self._lost_told: dict[str, list[str]] = {}  # batch id -> lost ids told with it (until its ack)
-        self._lost_order: list[str] = []  # every lost group id, oldest first (the store's order)
-        self._lost_acked: set[str] = set()  # ids told with a batch the trainer acknowledged
-        self._lost_acked_count = 0  # how many of _lost_order, oldest first, are in _lost_acked (saved)
+        self._lost_reports = LostReports([], 0)  # which lost groups the trainer was told of
         self._trainer_session = 0  # the newest trainer registration's session (saved; 0: none yet)
         self.in_use = False  # a trainer registered or pulled, or rollouts arrived: the buffer means something
         self._pulls = WindowRate(CONSUMPTION_WINDOW_S)
@@ -106,10 +103,7 @@ class RolloutQueue:
         counts = recovered.seqs_by_state
         self.in_use = bool(counts)
         self.lost_groups, self.lost_seqs = len(recovered.lost), sum(g.n_seqs for g in recovered.lost)
-        self._lost_order = [g.id for g in recovered.lost]
-        self._lost_acked_count = min(recovered.lost_told, len(self._lost_order))
-        self._lost_acked = set(self._lost_order[:self._lost_acked_count])
-        self._lost_unreported = self._lost_order[self._lost_acked_count:]  # told again: no ack covered them
+        self._lost_reports = LostReports([g.id for g in recovered.lost], recovered.lost_told)
         self.delivered_seqs = counts.get("delivered", 0)
         self._trainer_session = recovered.trainer_session
         self.dropped_stale_seqs = counts.get("dropped", 0)
@@ -335,8 +329,7 @@ class RolloutQueue:
         with self._lock:
             self.lost_groups += len(lost)
             self.lost_seqs += sum(g.n_seqs for g in lost)
-            self._lost_unreported += [g.id for g in lost]
-            self._lost_order += [g.id for g in lost]
+            self._lost_reports.quarantined([g.id for g in lost])
             if not queued:
                 for batch_id, groups in self._handed.items():
                     if any(g.id in ids for g in groups):
@@ -348,11 +341,7 @@ class RolloutQueue:
         (a retry of its pull, or the batch handed out again) and those quarantined since; told
         again with it until it is acknowledged, so a lost answer loses none of them."""
         with self._lock:
-            ids = self._lost_told.get(batch_id, []) + self._lost_unreported
-            self._lost_unreported = []
-            if batch_id in self._handed:
-                self._lost_told[batch_id] = ids
-            return ids
+            return self._lost_reports.ids_for(batch_id, batch_id in self._handed)
 
     def _drop_stale(self) -> None:
         """Drop every queued group older than the bound, wherever it sits in the queue (lock held)."""
@@ -373,29 +362,16 @@ class RolloutQueue:
             raise UnknownBatchError(batch_id)
         with self._lock:
             groups = self._handed.pop(batch_id, [])
-            told = self._lost_told.pop(batch_id, [])
+            told_count = self._lost_reports.acknowledged(batch_id)
             self._rehand = collections.deque(b for b in self._rehand if b[0] != batch_id)
             if result:
                 self.delivered_seqs += sum(g.n_seqs for g in groups)
-        if told:
-            self._lost_acknowledged(told)
+        if told_count is not None:  # a save that fails is logged: those ids are named again after a restart
+            try:
+                self.store.save_lost_told(told_count)
+            except (OSError, StateFileError) as exc:
+                log.warning("could not save which lost groups the trainer was told of: %s", exc)
         return result
-
-    def _lost_acknowledged(self, ids: list[str]) -> None:
-        """The trainer acknowledged a batch that named ``ids``: saved as told, so a restart names
-        only the others again (a save that fails is logged: they are named again, once more)."""
-        with self._lock:
-            self._lost_acked.update(ids)
-            count = self._lost_acked_count
-            while count < len(self._lost_order) and self._lost_order[count] in self._lost_acked:
-                count += 1
-            if count == self._lost_acked_count:
-                return
-            self._lost_acked_count = count
-        try:
-            self.store.save_lost_told(count)
-        except (OSError, StateFileError) as exc:
-            log.warning("could not save which lost groups the trainer was told of: %s", exc)
 
     def trainer_restarted(self) -> tuple[int, int]:
         """A (re)registering trainer: a new session, newer than every earlier one (the clock's
