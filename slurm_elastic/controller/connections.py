@@ -117,9 +117,11 @@ class GuardedConnection(asyncio.Protocol):
         self.inner.connection_made(cast(asyncio.Transport, inner_transport))
 
     def _wrote(self, nbytes: int) -> None:
-        """A response is going out: the connection waits for its next request head."""
+        """A response is going out: the connection waits for its next request head, unless that
+        head came in already (a request pipelined behind this one, queued in the HTTP protocol)."""
         self._written += nbytes
-        self._wait_for_head()
+        if not getattr(self.inner, "pipeline", None):
+            self._wait_for_head()
 
     def _watch_writes(self) -> None:
         """Look at the write buffer every quarter of ``write_timeout_s`` until it is empty, in

@@ -8,13 +8,17 @@ parse the raw bytes, always did.
 An ASGI middleware (:class:`JsonBodies`) inside the app, so it runs after the token and size
 checks (:class:`~slurm_elastic.controller.guard.RequestGuard`) and only for requests the fast paths
 did not answer. The depth check is linear in the body and costs two ``bytes.count`` calls for a
-body with no more than :data:`JSON_MAX_DEPTH` brackets (every body a client of ours sends).
+body with no more than :data:`JSON_MAX_DEPTH` brackets (every body a client of ours sends). A body
+that is not UTF-8 or holds an integer of more digits than Python converts is refused here (422,
+``json_invalid``, saying which), where FastAPI would answer a bare 400; these bodies are small
+(control routes), so parsing them once more costs little.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import sys
 from itertools import accumulate
 
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -52,6 +56,21 @@ def too_deep_answer(limit: int = JSON_MAX_DEPTH) -> tuple[int, bytes, list[tuple
     return json_invalid(f"JSON nested too deeply: more than {limit} levels of arrays and objects")
 
 
+def unparsable(body: bytes) -> str:
+    """Why ``body`` cannot be parsed for a reason FastAPI would answer only with "There was an
+    error parsing the body" (bytes that are not UTF-8, an integer longer than Python converts);
+    "" otherwise, syntax errors included (FastAPI's own 422 says where they are)."""
+    try:
+        json.loads(body.decode("utf-8"))  # strict: json.loads(bytes) lets UTF-8-encoded surrogates pass
+    except UnicodeDecodeError as exc:
+        return f"JSON must be UTF-8: {exc.reason} at byte {exc.start}"
+    except json.JSONDecodeError:
+        return ""
+    except ValueError:  # int(): the digit limit
+        return f"a number in the JSON has more than {sys.get_int_max_str_digits()} digits"
+    return ""
+
+
 def _has_body(scope: Scope) -> bool:
     for name, value in scope["headers"]:
         if name == b"transfer-encoding" or (name == b"content-length" and value.strip(b"0 ") != b""):
@@ -86,5 +105,9 @@ class JsonBodies:
             return
         if nested_deeper_than(body, self.max_depth):
             await send_answer(send, too_deep_answer(self.max_depth))
+            return
+        refusal = unparsable(body)
+        if refusal:
+            await send_answer(send, json_invalid(refusal))
             return
         await self.app(_as_json(scope), replaying(body, receive), send)

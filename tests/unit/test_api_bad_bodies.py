@@ -198,6 +198,21 @@ def test_a_json_body_not_in_utf_8_is_refused_before_it_is_parsed(served: Served,
     assert served.unchanged() == before
 
 
+@pytest.mark.parametrize(("value", "says"), [
+    ("9" * 5000, "more than 4300 digits"),  # Python's int() refuses it: FastAPI answered a bare 400
+    ('"\xff\xfe"', "UTF-8: invalid start byte"),  # a byte that is no UTF-8, in a string
+    ('"\xed\xa0\x80"', "UTF-8"),  # a surrogate encoded as UTF-8
+])
+@pytest.mark.parametrize("path", [p for p in ROUTES if p != "/rollouts"])  # /rollouts: pydantic's parser, tested apart
+def test_a_body_python_cannot_parse_gets_a_422_saying_why(served: Served, path: str, value: str, says: str) -> None:
+    before = served.unchanged()
+    answer = served.post(path, (ROUTES[path] % value).encode("latin-1"))
+    assert answer.status_code == 422, (path, answer.status_code, answer.text)
+    [error] = answer.json()["detail"]
+    assert error["type"] == "json_invalid" and says in error["msg"], (path, error)
+    assert served.unchanged() == before, path
+
+
 @pytest.mark.parametrize("path", ["/workers/0001/heartbeat%0A", "/admin/scale%0A", "/admin/scale%0D", "/healthz%00"])
 def test_a_path_with_a_control_character_is_no_route(served: Served, path: str) -> None:
     before = served.unchanged()

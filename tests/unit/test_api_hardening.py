@@ -384,3 +384,23 @@ def test_blank_lines_before_a_head_do_not_count_as_its_end(tmp_path: Path) -> No
         with socket.create_connection(address(url), timeout=30) as polite:
             polite.sendall(b"\r\n\r\nGET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
             assert polite.recv(1024).startswith(b"HTTP/1.1 401")  # parsed and answered: the token is checked
+
+
+def test_a_request_pipelined_behind_another_is_not_cut_at_the_head_deadline(tmp_path: Path) -> None:
+    """A long-poll sent in the same write as a quick request has its head in already: the quick
+    answer does not start a wait for a next head, so the long-poll is answered, not cut at 0.5 s."""
+    with served(tmp_path, "--head-timeout-s", "0.5") as (url, _server):
+        version = httpx.get(f"{url}/endpoints", headers=AUTH, timeout=10).json()["version"]
+        auth = f"authorization: {AUTH['Authorization']}\r\nhost: x\r\n"
+        with socket.create_connection(address(url), timeout=30) as conn:
+            started = time.monotonic()
+            conn.sendall(f"GET /healthz HTTP/1.1\r\n{auth}\r\n"
+                         f"GET /endpoints?version={version}&wait_s=2 HTTP/1.1\r\n{auth}\r\n".encode())
+            answers = b""
+            while answers.count(b"HTTP/1.1 200") < 2:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    break
+                answers += chunk
+        assert answers.count(b"HTTP/1.1 200") == 2, answers
+        assert time.monotonic() - started >= 1.9  # the long-poll waited its 2 s
