@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 from dataclasses import dataclass
@@ -28,11 +29,24 @@ class HookConfig:
     kill_wait_s: float = 3.0
 
 
-def load_hook_config(path: Path = CONFIG_FILE) -> HookConfig:
-    """The optional config file; unknown keys are ignored with a log line (a hook must not fail)."""
+_KINDS = {int: "a whole number", float: "a number"}  # what a value must be, by its default's type; else a string (paths too)
+
+
+def load_hook_config(path: Path = CONFIG_FILE, problems: list[str] | None = None) -> HookConfig:
+    """The optional config file; unknown keys are ignored with a log line. A file that cannot be
+    read and a bad value raise ValueError, or, with ``problems`` given, are told there and leave
+    their keys at the defaults (a hook still does its work: the epilog's clean-up, the prolog's check)."""
+    def refuse(message: str) -> None:
+        if problems is None:
+            raise ValueError(message)
+        problems.append(message)
+
     try:
         data = tomllib.loads(path.read_text())
     except FileNotFoundError:
+        data = {}
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        refuse(f"hooks config {path} cannot be read ({exc}): every key at its default")
         data = {}
     defaults = HookConfig()
     known = HookConfig.__dataclass_fields__
@@ -43,10 +57,17 @@ def load_hook_config(path: Path = CONFIG_FILE) -> HookConfig:
             continue
         default = getattr(defaults, key)
         if isinstance(default, bool) and not isinstance(value, bool):  # bool("false") is True
-            raise ValueError(f"hooks config {path}: {key} must be true or false, not {value!r}")
-        values[key] = type(default)(value)
-        if isinstance(default, int | float) and not isinstance(default, bool) and values[key] < 0:
-            raise ValueError(f"hooks config {path}: {key} must be >= 0, not {value!r}")
+            refuse(f"hooks config {path}: {key} must be true or false, not {value!r}")
+            continue
+        try:
+            converted = type(default)(value)
+        except (TypeError, ValueError):
+            refuse(f"hooks config {path}: {key} must be {_KINDS.get(type(default), 'a string')}, not {value!r}")
+            continue
+        if isinstance(default, int | float) and not isinstance(default, bool) and not 0 <= converted < math.inf:
+            refuse(f"hooks config {path}: {key} must be a finite number >= 0, not {value!r}")
+            continue
+        values[key] = converted
     return HookConfig(**values)
 
 

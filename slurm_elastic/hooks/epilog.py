@@ -15,7 +15,7 @@ import logging
 import os
 import shutil
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import psutil
 
@@ -47,8 +47,10 @@ def leftovers(job_id: str, uid: int | None) -> list[psutil.Process]:
     return found
 
 
-def run(config: HookConfig) -> int:
+def run(config: HookConfig, problems: Sequence[str] = ()) -> int:
     log = setup_logging(config, "epilog")
+    for problem in problems:
+        log.error("%s", problem)
     job_id = os.environ.get("SLURM_JOB_ID", "")
     if not job_id:
         log.error("no SLURM_JOB_ID: not run by slurmd; nothing to do")
@@ -104,7 +106,8 @@ def cancel_burst_jobs(job_id: int, user: str, log: logging.Logger) -> list[int]:
 
 def main() -> int:
     try:
-        return run(load_hook_config())
+        problems: list[str] = []
+        return run(load_hook_config(problems=problems), problems)
     except Exception:
         logging.getLogger("epilog").exception("epilog failed; exiting 0")
         return 0

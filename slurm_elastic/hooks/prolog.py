@@ -15,6 +15,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Sequence
 
 from slurm_elastic.client.wire import report_json
 from slurm_elastic.core.health import GpuSample, HealthRules, evaluate
@@ -43,10 +44,12 @@ def result_file_name(node: str) -> str:
     return f"gpu-health-{node}.json"
 
 
-def run(config: HookConfig) -> int:
+def run(config: HookConfig, problems: Sequence[str] = ()) -> int:
     from slurm_elastic.gpu.agent import build_report, make_source
 
     log = setup_logging(config, "prolog")
+    for problem in problems:
+        log.error("%s", problem)
     job_id = os.environ.get("SLURM_JOB_ID", "")
     node = os.environ.get("SLURMD_NODENAME") or os.uname().nodename
     if not job_id:
@@ -85,7 +88,8 @@ def run(config: HookConfig) -> int:
 
 def main() -> int:
     try:
-        return run(load_hook_config())
+        problems: list[str] = []
+        return run(load_hook_config(problems=problems), problems)
     except Exception:  # a hook's own error must never drain the node
         import logging
 

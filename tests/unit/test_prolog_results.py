@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +17,8 @@ from slurm_elastic.controller.runtime import Controller
 from slurm_elastic.core.health import AgentReport, GpuSample
 from slurm_elastic.hooks.common import HookConfig, load_hook_config
 from slurm_elastic.slurm.cli_backend import SlurmCli
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def controller(tmp: Path) -> Controller:
@@ -55,7 +60,7 @@ def test_a_broken_hooks_config_does_not_stop_the_controller(tmp_path: Path, monk
 @pytest.mark.parametrize("text", ['strict = "false"\n', "strict = 0\n", 'strict = "no"\n'])
 def test_strict_is_true_or_false_never_a_string_that_reads_as_true(tmp_path: Path, text: str) -> None:
     """`strict` drains nodes: a value that is not a TOML boolean is refused (the hooks then log it and
-    exit 0), never taken as true because a non-empty string is."""
+    take the default, false), never taken as true because a non-empty string is."""
     (tmp_path / "hooks.toml").write_text(text)
     with pytest.raises(ValueError, match="strict must be true or false"):
         load_hook_config(tmp_path / "hooks.toml")
@@ -63,8 +68,45 @@ def test_strict_is_true_or_false_never_a_string_that_reads_as_true(tmp_path: Pat
     assert load_hook_config(tmp_path / "hooks.toml").strict is True
 
 
-@pytest.mark.parametrize("text", ["kill_wait_s = -5\n", "gpus = -1\n"])
-def test_a_negative_number_is_refused_like_any_bad_value(tmp_path: Path, text: str) -> None:
+@pytest.mark.parametrize("text", ["kill_wait_s = -5\n", "gpus = -1\n", "kill_wait_s = nan\n", "kill_wait_s = inf\n"])
+def test_a_negative_or_endless_number_is_refused_like_any_bad_value(tmp_path: Path, text: str) -> None:
     (tmp_path / "hooks.toml").write_text(text)
-    with pytest.raises(ValueError, match="must be >= 0"):
+    with pytest.raises(ValueError, match="must be a finite number >= 0"):
         load_hook_config(tmp_path / "hooks.toml")
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ('gpus = "many"\nkill_wait_s = 1\n', "gpus must be a whole number"),
+    ("strict = 1\nkill_wait_s = 1\n", "strict must be true or false"),
+    ("kill_wait_s = 1\nnode_state_dir = 5\n", "node_state_dir must be a string"),
+    ("kill_wait_s = [\n", "cannot be read"),
+    (b"kill_wait_s = 1\n# \xff\n", "cannot be read"),
+])
+def test_a_hook_takes_the_default_for_what_it_cannot_read_and_says_so(tmp_path: Path, text: str | bytes,
+                                                                      says: str) -> None:
+    path = tmp_path / "hooks.toml"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    problems: list[str] = []
+    config = load_hook_config(path, problems)
+    assert len(problems) == 1 and says in problems[0], problems
+    unreadable = says == "cannot be read"
+    assert config == (HookConfig() if unreadable else HookConfig(kill_wait_s=1.0))
+
+
+def test_the_epilog_with_a_broken_config_still_kills_the_jobs_leftovers(tmp_path: Path) -> None:
+    """Its clean-up does not depend on the config: a broken one is logged and the defaults taken."""
+    (tmp_path / "hooks.toml").write_text(f'kill_wait_s = "soon"\nlog_file = "{tmp_path}/hooks.log"\n')
+    leaked = subprocess.Popen(["sleep", "300"], env={**os.environ, "SLURM_JOB_ID": "97731",
+                                                     "SLURM_ELASTIC_WORKER_ID": "0001"}, start_new_session=True)
+    try:
+        env = {**os.environ, "SLURM_JOB_ID": "97731", "SLURMD_NODENAME": "n1", "SLURM_ELASTIC_PYTHON": sys.executable,
+               "SLURM_ELASTIC_HOOKS_CONFIG": str(tmp_path / "hooks.toml"), "PYTHONPATH": str(ROOT)}
+        result = subprocess.run([str(ROOT / "sbin" / "slurm-elastic-epilog")], env=env, capture_output=True,
+                                text=True, timeout=60)
+        assert result.returncode == 0
+        assert leaked.wait(timeout=10) is not None  # terminated by the epilog
+        log = (tmp_path / "hooks.log").read_text()
+        assert "kill_wait_s must be a number, not 'soon'" in log and "cleaned job 97731: 1 leftover" in log, log
+    finally:
+        leaked.kill()
+        leaked.wait()
