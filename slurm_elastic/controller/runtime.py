@@ -44,9 +44,15 @@ def step_output_says_cancelled(path: Path, step: str) -> bool:
 def srun_log_says_terminated(path: Path, step: str) -> bool:
     """Whether the end of the step's srun log holds srun's ``_step_signal: Terminating StepId={step}``:
     srun's own record that Slurm cancelled the step, written even where slurmstepd's line in the
-    step's output is not (a step cancelled while it was starting)."""
+    step's output is not (a step cancelled while it was starting). Not when the line before it is
+    ``task N: Exited with exit code M`` (M > 0): srun ending the step because a task failed
+    (``--kill-on-bad-exit``), a crash whose exit code the wrapper could not report."""
     pattern = re.compile(rf"Terminating StepId={re.escape(step)}(?![0-9])")
-    return any(pattern.search(line) for line in _tail_lines(path))
+    lines = _tail_lines(path)
+    return any(pattern.search(line) and not (i and _TASK_FAILED.search(lines[i - 1])) for i, line in enumerate(lines))
+
+
+_TASK_FAILED = re.compile(r"task \d+: Exited with exit code [1-9]")
 
 
 def _tail_lines(path: Path) -> list[str]:

@@ -45,6 +45,7 @@ def build_srun_argv(spec: StepSpec) -> list[str]:
         "--overlap" if spec.overlap else "--exact",
         "--input=none",
         f"--output={spec.output_path}",
+        "--open-mode=append",  # a relaunch keeps what the earlier step wrote (its crash)
         "--kill-on-bad-exit=1",
     ]
     if spec.nodes > 1 or spec.tasks_per_node > 1:

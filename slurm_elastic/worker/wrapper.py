@@ -157,7 +157,7 @@ def _supervise(child: subprocess.Popen[bytes], ctx: StepContext, register: Call,
             log.info("worker %s: server ready at %s", ctx.worker_id, info["endpoint"])
             try:
                 register(info)
-            except SlurmElasticError as exc:
+            except (KeyError, SlurmElasticError) as exc:
                 log.warning("could not report readiness: %s", exc)
                 ready = False
             else:
@@ -277,7 +277,9 @@ def _hold(ctx: StepContext, register: Call, heartbeat: Call, flags: Flags) -> in
 
 def _beat(ctx: StepContext, register: Call, heartbeat: Call, payload: dict[str, Any],
           info: dict[str, Any]) -> dict[str, Any]:
-    """One heartbeat; re-registers if the controller forgot us (a restart without state)."""
+    """One heartbeat; re-registers if the controller forgot us (a restart without state). Never
+    raises: a restarted controller that has not listed the job's steps yet knows no worker (its
+    404 then), and adopts this one at its next listing."""
     try:
         reply = heartbeat(payload)
         if reply.get("register") and info.get("ready", True):
@@ -286,8 +288,9 @@ def _beat(ctx: StepContext, register: Call, heartbeat: Call, payload: dict[str, 
     except KeyError:
         try:
             return register(info)
-        except SlurmElasticError as exc:
-            log.warning("re-registration failed: %s", exc)
+        except (KeyError, SlurmElasticError) as exc:
+            log.warning("re-registration failed (a restarted controller that has not listed the steps yet?): %s",
+                        exc)
     except SlurmElasticError as exc:
         log.warning("heartbeat failed (controller down?): %s", exc)
     return {}

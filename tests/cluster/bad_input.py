@@ -434,8 +434,7 @@ def state_probes(rig: Rig) -> Iterator[Probe]:
         state_file.write_text(text)
         os.kill(old_pid, signal.SIGKILL)
         wait_for(lambda pid=old_pid: _restarted(rig, pid), 60, "the controller to restart")  # type: ignore[misc]
-        wait_for(lambda steps=before["steps"]: rig.snapshot()["steps"] == steps, 30,  # type: ignore[misc]
-                 "the same steps")
+        _wait_for_the_same_steps(rig, before, 30)
         status = rig.http.get("/controller/status", headers=rig.auth).json()
         note = next((e["error"] for e in reversed(status["errors"]) if e.get("where") == "state"), "")
         moved = sorted(p.name for p in state_file.parent.glob("state.json.corrupt-*"))
@@ -468,12 +467,7 @@ def wrong_types_probe(rig: Rig) -> Probe:
     state_file.write_text(json.dumps(doc))
     os.kill(old_pid, signal.SIGKILL)
     wait_for(lambda: _restarted(rig, old_pid), 60, "the controller to restart")
-    try:
-        wait_for(lambda: rig.snapshot()["steps"] == before["steps"], 60, "the same steps")
-    except AssertionError as exc:
-        workers = [(w["worker_id"], w["state"]) for w in rig.job.status()["workers"]]
-        raise AssertionError(f"{exc}: before {before['steps']}, now {rig.snapshot()['steps']}, "
-                             f"workers {workers}") from None
+    _wait_for_the_same_steps(rig, before, 60)
     status = rig.http.get("/controller/status", headers=rig.auth).json()
     notes = status["state_notes"]
     after = rig.snapshot()
@@ -529,6 +523,17 @@ def _settled(rig: Rig, workers: int) -> bool:
     """``workers`` ACTIVE workers, and no other worker step left in Slurm."""
     active = [w for w in rig.job.status()["workers"] if w["state"] == "ACTIVE" and not w.get("placeholder")]
     return len(active) == workers and len(rig.job.worker_steps()) == workers
+
+
+def _wait_for_the_same_steps(rig: Rig, before: dict[str, Any], timeout_s: float) -> None:
+    """Until Slurm lists the worker steps of ``before`` again; else fail naming both and the workers."""
+    try:
+        wait_for(lambda: rig.snapshot()["steps"] == before["steps"], timeout_s, "the same steps")
+    except AssertionError as exc:
+        workers = [(w["worker_id"], w["state"], w["step_id"], w["history"][-3:]) for w in rig.job.status()["workers"]]
+        log = (rig.job.tmp / "job.out").read_text().splitlines()[-12:]
+        raise AssertionError(f"{exc}: before {before['steps']}, now {rig.snapshot()['steps']}, workers {workers}; "
+                             "job.out ends:\n" + "\n".join(log)) from None
 
 
 def _quiet(rig: Rig) -> bool:
@@ -667,6 +672,7 @@ def _empty_queue(rig: Rig) -> None:
 
 
 def storage_probes(rig: Rig) -> Iterator[Probe]:
+    wait_for(lambda: _quiet(rig), 60, "no worker starting or draining")  # else a launch in flight lands later
     before = rig.snapshot()
     _empty_queue(rig)  # whatever earlier probes left queued: this probe's batch is its own groups
     for gid in ("fill-0", "dmg-1", "fill-1"):
@@ -687,6 +693,7 @@ def storage_probes(rig: Rig) -> Iterator[Probe]:
                 pulled.status_code == 200 and ids == ["fill-0", "fill-1"] and batch.get("lost_group_ids") == ["dmg-1"]
                 and acked == 200 and lost == 1 and same)
 
+    wait_for(lambda: _quiet(rig), 60, "no worker starting or draining")
     before = rig.snapshot()
     old_pid = rig.job.controller_pid()
     syncer_pid = _syncer_of(old_pid)
@@ -704,7 +711,7 @@ def storage_probes(rig: Rig) -> Iterator[Probe]:
     finally:
         os.kill(syncer_pid, signal.SIGCONT)
     wait_for(lambda: _restarted(rig, old_pid), 60, "the controller to restart")
-    wait_for(lambda steps=before["steps"]: rig.snapshot()["steps"] == steps, 30, "the same steps")  # type: ignore[misc]
+    _wait_for_the_same_steps(rig, before, 30)
     kept, same = rig.kept(before)
     yield Probe("storage", "kill -9 the controller while its syncer is stopped (SIGSTOP), as on a hung disk",
                 f"the new controller waits: `{short(line[line.find('waiting for'):], 100)}`; it serves once the old "

@@ -42,6 +42,17 @@ def test_sruns_own_line_of_this_step_and_no_other(tmp_path: Path) -> None:
     assert not srun_log_says_terminated(log, "8.3") and not srun_log_says_terminated(log, "7.31")
 
 
+def test_sruns_line_after_a_failed_task_is_a_crash_not_a_cancel(tmp_path: Path) -> None:
+    """Seen on the dev cluster: a wrapper that exited 1 while the controller was down (no exit code
+    reported); srun then ended the step itself (``--kill-on-bad-exit``)."""
+    log = tmp_path / "0001.log"
+    log.write_text("srun: error: node1: task 0: Exited with exit code 1\n" + SRUN_TERMINATING.replace("7.3", "27.0"))
+    assert not srun_log_says_terminated(log, "27.0")
+    log.write_text("srun: error: node1: task 0: Exited with exit code 1\n" + SRUN_TERMINATING.replace("7.3", "27.0")
+                   + "srun: error: node1: task 0: Killed\n" + SRUN_TERMINATING.replace("7.3", "27.3"))
+    assert srun_log_says_terminated(log, "27.3")  # the relaunched step, cancelled, in the same log
+
+
 SLURM_25_11 = {  # what Slurm 25.11.7 wrote for `scancel 30.0` of a running step (docs/real-cluster.md)
     "srun": "srun: Job step aborted: Waiting up to 7 seconds for job step to finish.\n"
             "srun: error: pnode1: task 0: Killed\nsrun: Terminating StepId=30.0\n",

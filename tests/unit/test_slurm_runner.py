@@ -64,7 +64,8 @@ def test_srun_argv_golden(tmp_path: Path) -> None:
     )
     assert build_srun_argv(spec) == [
         "srun", "--jobid=42", "--job-name=se-w-0007", "--nodes=1", "--ntasks=1", "--cpus-per-task=4",
-        "--exact", "--input=none", "--output=/s/w7.out", "--kill-on-bad-exit=1", "--gres=gpu:2",
+        "--exact", "--input=none", "--output=/s/w7.out", "--open-mode=append",
+        "--kill-on-bad-exit=1", "--gres=gpu:2",
         "--mem=2048M", "--exclude=node3", "--export=ALL", "--", "python3", "-m", "worker",
     ]
 

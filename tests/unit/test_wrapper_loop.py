@@ -4,6 +4,7 @@ drain signal to the command."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import sys
@@ -14,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from slurm_elastic.errors import UnknownOnControllerError
 from slurm_elastic.worker import wakeup
 from slurm_elastic.worker.context import StepContext
 from slurm_elastic.worker.wrapper import Flags, install_handlers, run_wrapped
@@ -119,3 +121,27 @@ def test_a_command_killed_by_the_drain_signal_with_no_drain_asked_still_reports_
     script = "import os, signal\nos.kill(os.getpid(), signal.SIGUSR1)\n"  # not a drain: the wrapper got nothing
     code = run_wrapped([sys.executable, "-c", script], CTX, calls.register, calls.heartbeat)
     assert code == -signal.SIGUSR1 and calls.heartbeats == [{"exit_code": -signal.SIGUSR1}]
+
+
+def test_a_controller_that_does_not_know_the_worker_yet_does_not_end_it() -> None:
+    """A controller restarted without its state knows no worker until it lists the job's steps:
+    its 404 to a heartbeat and to the re-registration that follows is waited out, not a crash
+    (the step would end and be relaunched)."""
+    fast = dataclasses.replace(CTX, heartbeat_interval_s=0.02)
+    unknown = UnknownOnControllerError("worker w1: no live worker of that id")
+    answers = {"heartbeats": 0, "registrations": 0}
+
+    def register(info: dict[str, Any]) -> dict[str, Any]:
+        answers["registrations"] += 1
+        if 1 < answers["registrations"] <= 4:  # the first is the step's own, before the restart
+            raise unknown
+        return {"action": "run", "heartbeat_interval_s": 0.02}
+
+    def heartbeat(payload: dict[str, Any]) -> dict[str, Any]:
+        answers["heartbeats"] += 1
+        if answers["registrations"] <= 4 and "exit_code" not in payload:
+            raise unknown
+        return {}
+
+    code = run_wrapped([sys.executable, "-c", "import time; time.sleep(0.6)"], fast, register, heartbeat, flags=Flags())
+    assert code == 0 and answers["registrations"] >= 5, answers
