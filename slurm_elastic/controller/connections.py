@@ -5,7 +5,8 @@ A connection waiting for a request head (just opened, or after a response) must 
 whole head within ``head_timeout_s`` and ``head_max_bytes``, or it is closed: a client that
 sends a head a byte at a time, or never sends one, holds no descriptor for long. At most
 ``max_connections`` are open; one more closes the longest-waiting connection that has no request
-in progress, or is itself closed at once if every connection is busy. The cap is kept below the
+in progress and no response still leaving, or is itself closed at once if every connection is
+busy. An interim answer (``100 Continue``) is no response: the request's body follows it. The cap is kept below the
 process's open-files limit so that the controller's own files always open. A response whose bytes
 wait in the transport's write buffer must send at least ``min_send_rate_bytes_per_s`` times
 ``write_timeout_s`` of them in every window of ``write_timeout_s``, or its connection is closed:
@@ -17,7 +18,8 @@ drops what it still holds of the response instead of trying to deliver it for mi
 response that fits in the kernel's buffers never waits in the transport's, and is never timed.
 
 :func:`guarded` wraps any asyncio protocol class (uvicorn's ``http=`` setting takes one); it
-sees only the asyncio ``Protocol`` and ``Transport`` interfaces. The transport it hands the
+sees only the asyncio ``Protocol`` and ``Transport`` interfaces, and a wrapped protocol's
+``pipeline`` (uvicorn's queue of requests that arrived behind the one being answered). The transport it hands the
 wrapped protocol also sends a response's head together with its body (:class:`_InnerTransport`).
 """
 
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import resource
 import socket
 import struct
@@ -33,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 HEAD_END = b"\r\n\r\n"
+INTERIM = re.compile(rb"HTTP/1\.[01] 1[0-9][0-9] [^\r\n]*\r\n\r\n\Z")  # an interim answer, written whole
 RESERVED_FDS = 128  # descriptors kept for the controller itself: store, state files, Slurm commands
 MAX_CONNECTIONS = 4096
 
@@ -72,10 +76,10 @@ class ConnectionBook:
 
     def admit(self, connection: GuardedConnection) -> bool:
         if len(self.open) >= self.max_connections:
-            if not self.waiting:
+            oldest = next((c for c in self.waiting if not c.sending()), None)
+            if oldest is None:
                 self.refused += 1
                 return False
-            oldest = next(iter(self.waiting))
             self.forget(oldest)
             self.evicted += 1
             oldest.abort()
@@ -116,11 +120,13 @@ class GuardedConnection(asyncio.Protocol):
         inner_transport = _InnerTransport(transport, asyncio.get_running_loop(), self._wrote)
         self.inner.connection_made(cast(asyncio.Transport, inner_transport))
 
-    def _wrote(self, nbytes: int) -> None:
-        """A response is going out: the connection waits for its next request head, unless that
-        head came in already (a request pipelined behind this one, queued in the HTTP protocol)."""
+    def _wrote(self, nbytes: int, first: bytes) -> None:
+        """A response is going out (``first``: its first bytes written now): the connection waits
+        for its next request head, unless that head came in already (a request pipelined behind
+        this one, queued in the HTTP protocol) or this is an interim answer (``100 Continue``: the
+        request's body comes next)."""
         self._written += nbytes
-        if not getattr(self.inner, "pipeline", None):
+        if not (INTERIM.match(first) or getattr(self.inner, "pipeline", None)):
             self._wait_for_head()
 
     def _watch_writes(self) -> None:
@@ -152,6 +158,11 @@ class GuardedConnection(asyncio.Protocol):
                 return
             self._window_sent, self._window_start_s = self._written - pending, self._now_s()
         self._write_watch = asyncio.get_running_loop().call_later(self.book.write_timeout_s / 4, self._look_at_writes)
+
+    def sending(self) -> bool:
+        """Part of a response is still in the transport's write buffer (such a connection is
+        not idle: only the write watch may close it)."""
+        return self.transport is not None and bool(self.transport.get_write_buffer_size())
 
     @staticmethod
     def _now_s() -> float:
@@ -253,7 +264,7 @@ class _InnerTransport:
     __slots__ = ("_head", "_loop", "_on_write", "_transport")
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop,
-                 on_write: Callable[[int], None]) -> None:
+                 on_write: Callable[[int, bytes], None]) -> None:
         self._transport = transport
         self._loop = loop
         self._on_write = on_write
@@ -264,13 +275,13 @@ class _InnerTransport:
         if self._transport.is_closing():
             return  # closed under the app (a request pipelined behind the one that was answering)
         if head is not None:
-            self._on_write(len(head) + len(data))
+            self._on_write(len(head) + len(data), head)
             self._transport.writelines([head, data])
         elif data.endswith(HEAD_END):  # a head (or a body that ends like one: it leaves a turn later)
             self._head = data
             self._loop.call_soon(self._flush)
         else:
-            self._on_write(len(data))
+            self._on_write(len(data), data)
             self._transport.write(data)
 
     def writelines(self, parts: Any) -> None:
@@ -278,13 +289,13 @@ class _InnerTransport:
         if self._transport.is_closing():
             return
         parts = [head, *parts] if head is not None else list(parts)
-        self._on_write(sum(len(part) for part in parts))
+        self._on_write(sum(len(part) for part in parts), parts[0] if parts else b"")
         self._transport.writelines(parts)
 
     def _flush(self) -> None:
         head, self._head = self._head, None
         if head is not None and not self._transport.is_closing():
-            self._on_write(len(head))
+            self._on_write(len(head), head)
             self._transport.write(head)
 
     def close(self) -> None:

@@ -404,3 +404,38 @@ def test_a_request_pipelined_behind_another_is_not_cut_at_the_head_deadline(tmp_
                 answers += chunk
         assert answers.count(b"HTTP/1.1 200") == 2, answers
         assert time.monotonic() - started >= 1.9  # the long-poll waited its 2 s
+
+
+def test_a_body_sent_after_100_continue_is_a_body_not_a_next_head(tmp_path: Path) -> None:
+    """curl sends ``Expect: 100-continue`` for bodies over 1 MB: the interim answer does not start
+    the wait for a next head, whose 64 KB cap would cut the body."""
+    tokens = base64.b64encode(struct.pack("<50000i", *range(50_000))).decode()
+    body = json.dumps({"id": "continued", "worker_id": "0001", "policy_version": 0, "group_size": 1,
+                       "sequences": [{"tokens_b64": tokens, "score": 0.5}]}).encode()
+    with served(tmp_path) as (url, _server), socket.create_connection(address(url), timeout=30) as conn:
+        conn.sendall(f"POST /rollouts HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {TOKEN}\r\ncontent-type: "
+                     f"application/json\r\ncontent-length: {len(body)}\r\nexpect: 100-continue\r\n\r\n".encode())
+        assert conn.recv(1024) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        conn.sendall(body)
+        answer = conn.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(b'{"accepted":true}'), answer
+        assert len(body) > 200_000
+
+
+def test_a_response_still_leaving_is_not_evicted_for_a_new_connection(tmp_path: Path) -> None:
+    """At the connection cap a new connection closes the longest idle one, never one whose answer
+    is still in the write buffer: idle connections opened without a token cut no trainer's batch."""
+    with served(tmp_path, "--nofile", "256") as (url, _server):  # a cap of 128 connections
+        conn, length = _pull_big_batch(url, "kept-whole")
+        idle = [socket.create_connection(address(url), timeout=10) for _ in range(140)]
+        time.sleep(0.5)  # the server admits them while most of the batch waits in its write buffer
+        try:
+            received = 0
+            while received < length:
+                chunk = conn.recv(1 << 20)
+                assert chunk, f"cut after {received} of {length} bytes"
+                received += len(chunk)
+        finally:
+            conn.close()
+            for other in idle:
+                other.close()
