@@ -16,6 +16,7 @@ from pathlib import Path
 TOKEN_FILE = "token"
 TOKEN_COPY = ".token.copy"
 CONTROLLER_FILE = "controller.json"
+STOPPED_KEY = "stopped_by_operator_at"  # in controller.json, once its controller obeyed `slurm-elastic stop`
 
 
 def default_state_root() -> Path:
@@ -56,3 +57,13 @@ def read_controller_url(state_dir: Path) -> str:
         return str(json.loads((state_dir / CONTROLLER_FILE).read_text()).get("url", ""))
     except (OSError, ValueError, AttributeError):
         return ""
+
+
+def stopped_by_operator_at(state_dir: Path) -> float | None:
+    """When the controller named in ``controller.json`` ended on an operator's ``slurm-elastic
+    stop`` (seconds since the epoch); None if it did not (or no file says so)."""
+    try:
+        value = json.loads((state_dir / CONTROLLER_FILE).read_text()).get(STOPPED_KEY)
+    except (OSError, ValueError, AttributeError):
+        return None
+    return float(value) if isinstance(value, int | float) else None

@@ -12,17 +12,21 @@ import click
 from slurm_elastic.commands.params import Seconds
 
 log = logging.getLogger(__name__)
+STOPPED_BY_SIGNAL_EXIT = 143  # 128 + SIGTERM, as a shell reports a process a SIGTERM ended
 
 
 @click.command()
 @click.option("--config", "config_path", required=True, type=click.Path(path_type=Path), help="elastic.toml")
 def controller(config_path: Path) -> None:
-    """Run the controller inside a Slurm allocation (until SIGTERM; workers outlive it)."""
+    """Run the controller inside a Slurm allocation (workers outlive it). Exit 0 after `slurm-elastic
+    stop`; after SIGTERM or SIGINT, 128 + the signal's number, so that the batch script's loop starts
+    a new controller, which adopts the workers."""
     from slurm_elastic.controller.app import run_controller
     from slurm_elastic.controller.config import load_config
 
     logging.getLogger().setLevel(logging.INFO)
-    run_controller(load_config(config_path), stop=threading.Event())
+    if not run_controller(load_config(config_path), stop=threading.Event()):
+        sys.exit(STOPPED_BY_SIGNAL_EXIT)
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})

@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from slurm_elastic.client.control import ControlClient, UnknownOnControllerError
+from slurm_elastic.client.files import stopped_by_operator_at
 from slurm_elastic.client.locate import (
     CONTROLLER_MAY_RUN,
     JobEndedError,
@@ -29,6 +30,7 @@ from slurm_elastic.status_view import render_status, worker_counts
 
 STATUS_SCHEMA_VERSION = 1
 STOP_WAIT_S = 30.0  # how long a stopped controller may take to stop answering
+CANCEL_GRACE_S = 15.0  # past the drain time: the controller cancels the steps still draining, and sees them end
 
 
 def _client(job_id: int, view: SlurmView | None = None, warn: bool = True) -> tuple[JobHandle, ControlClient]:
@@ -243,13 +245,32 @@ def wait_ready(job_id: int, timeout_s: float) -> None:
 
 @click.command()
 @click.argument("job_id", type=int)
-@click.option("--drain-timeout-s", default=300.0, show_default=True, type=Seconds(0))
+@click.option("--drain-timeout-s", default=300.0, show_default=True, type=Seconds(0),
+              help="How long the workers get to finish their rollouts (use the job's workers.drain_timeout_s); "
+                   "the controller stops after it, drained or not.")
 def stop(job_id: int, drain_timeout_s: float) -> None:
-    """Drain every worker, then stop the job's controller (end of training)."""
-    _call(job_id, "scale", 0)
-    _wait_for(job_id, lambda ctl: not any(w.get("state") in ("STARTING", "ACTIVE", "DRAINING")
-                                          and not w.get("placeholder") for w in ctl.get("workers", [])),
-              "every worker to drain", drain_timeout_s)
+    """Drain every worker, then stop the job's controller (end of training). Workers still there
+    when the drain time is up (and the controller's cancel of their steps has had
+    ``CANCEL_GRACE_S``) do not hold the stop back: their steps end with the job. A controller
+    stopped already is no error: the batch script's own stop follows an operator's."""
+    handle, client = _client(job_id)
+    with client:
+        try:
+            client.scale(0)
+        except ControllerUnreachableError:
+            stopped_at = stopped_by_operator_at(handle.state_dir)
+            if stopped_at is None:
+                raise
+            click.echo(f"job {job_id}: its controller was stopped already (slurm-elastic stop, "
+                       f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(stopped_at))})")
+            return
+    try:
+        _wait_for(job_id, lambda ctl: not any(w.get("state") in ("STARTING", "ACTIVE", "DRAINING")
+                                              and not w.get("placeholder") for w in ctl.get("workers", [])),
+                  "every worker to drain", drain_timeout_s + CANCEL_GRACE_S)
+    except click.ClickException as exc:
+        click.echo(f"warning: {exc.message}: stopping the controller all the same (the steps left end with "
+                   "the job, or `scancel` them)", err=True)
     _stop_controller(job_id)
     slurm = SlurmCli()
     ended = slurm.cancel_burst_jobs(job_id)

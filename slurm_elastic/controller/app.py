@@ -13,7 +13,12 @@ from slurm_elastic import __version__
 from slurm_elastic.client.locate import job_comment
 from slurm_elastic.controller.beats import HeartbeatEndpoint
 from slurm_elastic.controller.config import ElasticConfig
-from slurm_elastic.controller.files import ensure_token, previous_port, publish
+from slurm_elastic.controller.files import (
+    ensure_token,
+    mark_stopped_by_operator,
+    previous_port,
+    publish,
+)
 from slurm_elastic.controller.guard import BODY_MAX_BYTES, RequestGuard
 from slurm_elastic.controller.http import control_router
 from slurm_elastic.controller.json_body import JsonBodies
@@ -81,9 +86,9 @@ def settle_heap() -> None:
     gc.set_threshold(YOUNG_GC_THRESHOLD, *gc.get_threshold()[1:])
 
 
-def run_controller(config: ElasticConfig, stop: threading.Event) -> None:
-    """Run until ``stop`` is set (SIGTERM/SIGINT set it) or an operator's ``POST /admin/stop``.
-    Worker steps keep running afterwards."""
+def run_controller(config: ElasticConfig, stop: threading.Event) -> bool:
+    """Run until ``stop`` is set (SIGTERM/SIGINT set it) or an operator's ``POST /admin/stop``;
+    whether it was the operator's stop. Worker steps keep running afterwards."""
     job_id = job_id_from_env()
     backend = slurm_backend(config)
     job = running_job(backend, job_id)
@@ -127,10 +132,13 @@ def run_controller(config: ElasticConfig, stop: threading.Event) -> None:
         server.stop()
         queue.store.close()
         if ctl.stop_requested.is_set():
+            mark_stopped_by_operator(state_dir)
             log.info("controller stopped by the operator (slurm-elastic stop): no controller follows; the job's "
                      "other steps run until they end or `scancel %d`", job_id)
         else:
-            log.info("controller stopped; worker steps keep running and a new controller adopts them")
+            log.info("controller stopped by a signal; worker steps keep running and a new controller (the batch "
+                     "script starts one) adopts them")
+    return ctl.stop_requested.is_set()
 
 
 def _a_config_mistake(exc: OSError) -> bool:

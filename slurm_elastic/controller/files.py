@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from slurm_elastic.client.files import CONTROLLER_FILE, TOKEN_COPY, TOKEN_FILE
+from slurm_elastic.client.files import CONTROLLER_FILE, STOPPED_KEY, TOKEN_COPY, TOKEN_FILE
 
 
 def write_json_atomic(path: Path, data: dict[str, Any], mode: int = 0o600, indent: int | None = 1) -> None:
@@ -100,3 +100,14 @@ def publish(state_dir: Path, url: str, job_id: int, extra: dict[str, Any] | None
         "url": url, "pid": os.getpid(), "host": socket.gethostname(), "job_id": job_id,
         "started_at": time.time(), **(extra or {}),
     }, mode=0o644)
+
+
+def mark_stopped_by_operator(state_dir: Path) -> None:
+    """Say in ``controller.json`` that its controller ended on ``slurm-elastic stop`` (a second
+    stop then knows; a new controller's :func:`publish` clears it)."""
+    path = state_dir / CONTROLLER_FILE
+    try:
+        info = json.loads(path.read_text())
+        write_json_atomic(path, {**info, STOPPED_KEY: time.time()}, mode=0o644)
+    except (OSError, ValueError, TypeError):
+        pass  # the stop happened all the same; a second stop then says the controller does not answer

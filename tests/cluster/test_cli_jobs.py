@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from slurm_elastic.cli import main
+from slurm_elastic.errors import ControllerUnreachableError
 from slurm_elastic.slurm.cli_backend import SlurmCli
 from slurm_elastic.slurm.runner import run_command
 from tests.cluster.controller_harness import ControllerJob, wait_for
@@ -138,6 +139,36 @@ def test_stop_from_another_host_stops_the_controller(job: ControllerJob) -> None
     # the controller exited 0: the job's restart loop ended, and with it the job
     wait_for(lambda: not run_command(["squeue", "-h", "-j", str(job.job_id)], check=False).stdout.strip(), 30,
              "the job to end")
+
+
+@pytest.mark.parametrize("job", [{"workers": {"drain_timeout_s": 3.0}, "worker_env": {"IGNORE_DRAIN": "1"}}],
+                         indirect=True)
+def test_stop_goes_ahead_when_a_worker_outlasts_the_drain_time(job: ControllerJob) -> None:
+    """A worker that ignores the drain signal is cancelled by the controller at its drain time;
+    `stop` waits for that, then stops the controller and exits 0 (the batch script's last command)."""
+    assert cli("scale", str(job.job_id), "1", "--wait", "--timeout-s", "40")[0] == 0
+    code, out = cli("stop", str(job.job_id), "--drain-timeout-s", "3")
+    assert code == 0 and "controller stopped" in out, out
+    wait_for(lambda: not run_command(["squeue", "-h", "-j", str(job.job_id)], check=False).stdout.strip(), 30,
+             "the job to end")
+
+
+def test_a_sigterm_to_the_controller_starts_a_new_one_that_adopts_the_workers(job: ControllerJob) -> None:
+    """Only `slurm-elastic stop` ends the batch script's restart loop: a controller ended by SIGTERM
+    exits 143, and the next one adopts the same worker steps."""
+    assert cli("scale", str(job.job_id), "2", "--wait", "--timeout-s", "40")[0] == 0
+    steps, old_pid = job.worker_steps(), job.controller_pid()
+    os.kill(old_pid, signal.SIGTERM)
+
+    def restarted() -> bool:
+        try:
+            return job.controller_pid() != old_pid and job.status()["workers_by_state"]["ACTIVE"] == 2
+        except (OSError, ValueError, ControllerUnreachableError):
+            return False
+
+    wait_for(restarted, 60, "a new controller")
+    assert job.worker_steps() == steps  # adopted, none relaunched
+    assert "controller stopped by a signal" in (job.tmp / "job.out").read_text()
 
 
 def test_api_requires_the_jobs_token(job: ControllerJob) -> None:
