@@ -53,7 +53,11 @@ class ControlClient:
             else:
                 response = self._http.request(method, path, json=body, timeout=timeout_s)
         except httpx.TransportError as exc:
-            raise ControllerUnreachableError(f"controller at {self.url} did not answer: {exc}") from None
+            sent = method != "GET" and not isinstance(exc, httpx.ConnectError)
+            raise ControllerUnreachableError(
+                f"controller at {self.url} did not answer: {exc}" + (
+                    " (the request may have reached it, and it may still carry it out: `slurm-elastic status` "
+                    "says)" if sent else "")) from None
         if response.status_code == 404:
             raise UnknownOnControllerError(_detail(response))
         if response.status_code >= 400:

@@ -292,3 +292,14 @@ def test_lifespan_events_still_reach_the_app(tmp_path: Path) -> None:
             assert client.get("/healthz").json() == {"status": "ok"}  # startup ran; shutdown runs on leaving
     finally:
         served.close()
+
+
+def test_a_group_of_a_million_empty_lists_is_refused_before_it_is_parsed(served: Served) -> None:
+    """Parsing 32 MiB of ``[]`` held the event loop for 10 s and took 2.5 GB; counted first, it is
+    refused at once. A group with a few containers per sequence is far below the cap."""
+    before = served.unchanged()
+    body = ('{"id": "lists", "worker_id": "0001", "policy_version": 0, "group_size": 1, "metadata": {"x": ['
+            + ",".join(["[]"] * 1_100_000) + ']}, "sequences": [{"tokens": [1], "score": 0.5}]}')
+    answer = served.post("/rollouts", body)
+    assert answer.status_code == 422 and "more than 1,000,000 arrays and objects" in answer.text, answer.text[:300]
+    assert served.unchanged() == before

@@ -39,7 +39,7 @@ def test_a_head_waits_for_its_body_and_a_lone_head_leaves_at_the_end_of_the_turn
         transport = RecordingTransport()
         written: list[int] = []
         wrapped = _InnerTransport(transport, asyncio.get_running_loop(),  # type: ignore[arg-type]
-                                  written.append)
+                                  lambda nbytes, _first: written.append(nbytes))
         wrapped.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n")
         assert transport.sends == [] and written == []  # nothing left yet: the connection is not told
         wrapped.write(b"{}")

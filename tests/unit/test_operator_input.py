@@ -320,7 +320,17 @@ def test_stop_says_which_steps_still_hold_the_allocation(monkeypatch: pytest.Mon
             return [StepInfo(job_id, step, name, ("node1",), "1:00", "", "", 1)
                     for step, name in [("batch", "batch"), ("0", "se-agent-node1"), ("2", "trainer"), ("5", "se-w-0001")]]
 
-    monkeypatch.setattr(jobs, "_call", lambda *a: {})
+    class Client:
+        def __enter__(self) -> Client:
+            return self
+
+        def __exit__(self, *_exc: object) -> None:
+            return None
+
+        def scale(self, workers: int) -> dict[str, Any]:
+            return {}
+
+    monkeypatch.setattr(jobs, "_client", lambda *a, **k: (None, Client()))
     monkeypatch.setattr(jobs, "_wait_for", lambda *a: {})
     monkeypatch.setattr(jobs, "_stop_controller", lambda job_id: None)
     monkeypatch.setattr(jobs, "SlurmCli", Slurm)

@@ -1,6 +1,8 @@
-"""`slurm-elastic stop` after an operator's stop (the batch script's own, at the end of training):
-the controller that obeyed the first marked ``controller.json``, so the second says so and exits 0
-instead of failing on the refused connection (which, under ``set -e``, failed the job)."""
+"""What an operator's command says when the controller does not answer: `slurm-elastic stop` after
+an earlier stop (the batch script's own, at the end of training) finds ``controller.json`` marked by
+the controller that obeyed the first, says so and exits 0 instead of failing on the refused
+connection (which, under ``set -e``, failed the job); a command that timed out says the controller
+may still carry it out."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from click.testing import CliRunner
 
@@ -49,3 +52,23 @@ def test_a_controller_that_died_otherwise_is_still_an_error(tmp_path: Path, monk
     publish(tmp_path, "http://127.0.0.1:1", 7)  # a new controller's publish: no stop mark
     code, out = run_stop(tmp_path, monkeypatch)
     assert code != 0 and "did not answer" in out, out
+
+
+def test_a_command_that_timed_out_says_the_controller_may_still_carry_it_out() -> None:
+    """A controller that was stopped (SIGSTOP, a hung disk) carries out what it read once it runs
+    again: a timed-out scale says so, and a refused connection (nothing sent) does not."""
+    from slurm_elastic.client.control import ControlClient
+
+    def timed_out(request: httpx.Request) -> httpx.Response:
+        raise httpx.ReadTimeout("timed out", request=request)
+
+    def refused(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("Connection refused", request=request)
+
+    with ControlClient("http://c", "t", transport=httpx.MockTransport(timed_out)) as client, \
+            pytest.raises(ControllerUnreachableError, match="may still carry it out"):
+        client.scale(3)
+    with ControlClient("http://c", "t", transport=httpx.MockTransport(refused)) as client, \
+            pytest.raises(ControllerUnreachableError) as refusal:
+        client.scale(3)
+    assert "may still" not in str(refusal.value)
