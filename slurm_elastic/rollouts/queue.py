@@ -360,12 +360,13 @@ class RolloutQueue:
         result = self.store.ack(batch_id)
         if result is None:
             raise UnknownBatchError(batch_id)
+        if not result:  # acknowledged already: the ack that did it settles the batch here, once
+            return result
         with self._lock:
             groups = self._handed.pop(batch_id, [])
             told_count = self._lost_reports.acknowledged(batch_id)
             self._rehand = collections.deque(b for b in self._rehand if b[0] != batch_id)
-            if result:
-                self.delivered_seqs += sum(g.n_seqs for g in groups)
+            self.delivered_seqs += sum(g.n_seqs for g in groups)
         if told_count is not None:  # a save that fails is logged: those ids are named again after a restart
             try:
                 self.store.save_lost_told(told_count)

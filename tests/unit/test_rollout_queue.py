@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -328,3 +329,32 @@ def test_a_publish_whose_save_fails_changes_nothing(tmp_path: Path) -> None:
     q.store.save_staleness = saved  # type: ignore[method-assign]
     q.set_version(1)
     assert q.stats()["policy_version"] == 1
+
+
+def test_two_acks_at_once_count_the_batch_once_whichever_finishes_first(tmp_path: Path) -> None:
+    """A retried ack racing its original: the store says True to one, False to the other. The one
+    told False may finish first; the batch's sequences are still counted delivered, once."""
+    q = make(tmp_path)
+    submit(q, "a")
+    submit(q, "b")
+    pulled = q.pull()
+    assert pulled is not None
+    batch_id = pulled[0]
+    store_ack = q.store.ack
+    winner_stored, loser_done = threading.Event(), threading.Event()
+
+    def ack_in_order(bid: str) -> bool | None:
+        result = store_ack(bid)
+        if result:  # the winner waits until the loser has done all it does
+            winner_stored.set()
+            loser_done.wait(10)
+        return result
+
+    q.store.ack = ack_in_order  # type: ignore[method-assign]
+    winner = threading.Thread(target=q.ack, args=(batch_id,))
+    winner.start()
+    assert winner_stored.wait(10)
+    assert q.ack(batch_id) is False
+    loser_done.set()
+    winner.join(10)
+    assert q.stats()["delivered_sequences"] == 8
