@@ -26,6 +26,11 @@ class Changes:
             with contextlib.suppress(RuntimeError):  # its loop is closed: nobody waits there any more
                 loop.call_soon_threadsafe(event.set)
 
+    def waiting(self) -> int:
+        """How many coroutines wait now."""
+        with self._lock:
+            return len(self._waiters)
+
     @contextlib.contextmanager
     def watch(self) -> Iterator[asyncio.Event]:
         """An event set by every :meth:`notify` while the block runs (clear it before each look)."""

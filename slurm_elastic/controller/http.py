@@ -6,7 +6,6 @@ before any body is read (:mod:`slurm_elastic.controller.guard`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response, status
@@ -23,6 +22,12 @@ from slurm_elastic.client.wire import (
 )
 from slurm_elastic.controller.runtime import Controller, UnknownWorkerError
 from slurm_elastic.errors import TransitionError
+
+
+async def _disconnect(request: Request) -> None:
+    """Returns once the client of ``request`` (a request without a body) has gone."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def control_router(controller: Controller) -> APIRouter:
@@ -64,13 +69,19 @@ def control_router(controller: Controller) -> APIRouter:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
         latest_only = weights == "latest"
-        with controller.endpoints_changed.watch() as changed:
-            view = controller.endpoints_view(latest_only)
-            while view["version"] == version and loop.time() < deadline:
-                with contextlib.suppress(asyncio.TimeoutError):  # TimeoutError itself from Python 3.11
-                    await asyncio.wait_for(changed.wait(), deadline - loop.time())
-                changed.clear()
+        gone = asyncio.ensure_future(_disconnect(request))  # a client that left ends its poll
+        try:
+            with controller.endpoints_changed.watch() as changed:
                 view = controller.endpoints_view(latest_only)
+                while view["version"] == version and loop.time() < deadline and not gone.done():
+                    change = asyncio.ensure_future(changed.wait())
+                    await asyncio.wait({change, gone}, timeout=deadline - loop.time(),
+                                       return_when=asyncio.FIRST_COMPLETED)
+                    change.cancel()
+                    changed.clear()
+                    view = controller.endpoints_view(latest_only)
+        finally:
+            gone.cancel()
         etag = f'"{view["version"]}"'
         if request.headers.get("if-none-match") == etag:
             return Response(status_code=status.HTTP_304_NOT_MODIFIED, headers={"ETag": etag})

@@ -4,6 +4,7 @@ while nothing changes it waits without looking at the controller again."""
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -65,3 +66,19 @@ def test_a_long_poll_with_nothing_changing_does_not_keep_looking(served: Served)
     before = served.views
     assert served.client.endpoints(version, wait_s=1.0)["version"] == version
     assert served.views - before <= 2, f"looked at the controller {served.views - before} times in one wait"
+
+
+def test_a_long_poll_whose_client_left_ends_with_it(served: Served) -> None:
+    """A client that sends a 60 s poll and closes its socket leaves no poll waiting behind it (each
+    would be woken by every change, and their number is not bounded by the connection cap)."""
+    version = served.client.endpoints()["version"]
+    host, port = served.url.removeprefix("http://").split(":")
+    for _ in range(50):
+        with socket.create_connection((host, int(port)), timeout=10) as conn:
+            conn.sendall(f"GET /endpoints?version={version}&wait_s=60 HTTP/1.1\r\nhost: x\r\n"
+                         f"authorization: Bearer {TOKEN}\r\n\r\n".encode())
+            time.sleep(0.01)
+    deadline = time.monotonic() + 10
+    while served.controller.endpoints_changed.waiting() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert served.controller.endpoints_changed.waiting() == 0
