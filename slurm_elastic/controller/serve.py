@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import socket
 import threading
 import time
+from collections.abc import Callable
 
 import uvicorn
 from fastapi import FastAPI
@@ -49,6 +51,40 @@ def default_listen_host() -> str:
         return socket.gethostbyname(socket.gethostname())
     except OSError:
         return "127.0.0.1"
+
+
+NOISE_LOG_INTERVAL_S = 60.0
+CLIENT_NOISE = ("Invalid HTTP request received.", "Unsupported upgrade request.", "No supported WebSocket library")
+
+
+class ClientNoise(logging.Filter):
+    """uvicorn's warning for each malformed request (it answers a bare 400) or upgrade request a
+    client sends, logged once a minute at most with how many were left out: a client, without the
+    token, cannot fill the controller's log. Other records pass."""
+
+    def __init__(self, interval_s: float = NOISE_LOG_INTERVAL_S, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self.interval_s, self.clock = interval_s, clock
+        self.last_s, self.left_out = -math.inf, 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if not message.startswith(CLIENT_NOISE):
+            return True
+        now_s = self.clock()
+        if now_s - self.last_s < self.interval_s:
+            self.left_out += 1
+            return False
+        if self.left_out:
+            record.msg, record.args = f"{message} ({self.left_out} more such warnings left out since the last)", ()
+        self.last_s, self.left_out = now_s, 0
+        return True
+
+
+def quiet_client_noise(logger: logging.Logger) -> None:
+    """Put one :class:`ClientNoise` on ``logger`` (again: nothing)."""
+    if not any(isinstance(f, ClientNoise) for f in logger.filters):
+        logger.addFilter(ClientNoise())
 
 
 def http_protocol_class(name: str = HTTP_IMPLEMENTATION) -> type[asyncio.Protocol]:
@@ -85,6 +121,7 @@ class ApiServer:
                                 timeout_graceful_shutdown=2, http=guarded(http_protocol_class(), self.connections),
                                 timeout_keep_alive=KEEP_ALIVE_S, ws="none",  # an Upgrade request is plain HTTP
                                 proxy_headers=False)  # clients reach the controller directly, never via a proxy
+        quiet_client_noise(logging.getLogger("uvicorn.error"))  # after uvicorn.Config set its logging up
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
                                        name="api", daemon=True)

@@ -6,6 +6,7 @@ that never arrives whole gets 408 and gives its connection back while other clie
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import time
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from slurm_elastic.controller.serve import ClientNoise
 from tests.unit.served_controller import ServedController
 
 TOKEN = "hostile-token"
@@ -180,3 +182,42 @@ def test_two_authorization_headers_get_400_before_the_body_is_read(
     assert answer.startswith(b"HTTP/1.1 400 "), (what, answer[:200])
     assert b"more than one Authorization header" in answer and b"connection: close" in answer.lower(), answer
     assert unchanged(served) == before, what
+
+
+class Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def test_malformed_requests_without_a_token_cannot_fill_the_log(served: Served) -> None:
+    """uvicorn warns once per malformed request; a client sending hundreds gets one line a minute."""
+    records = Records()
+    logging.getLogger("uvicorn.error").addHandler(records)
+    try:
+        host, port = served.url.removeprefix("http://").split(":")
+        for _ in range(200):
+            with socket.create_connection((host, int(port)), timeout=10) as conn:
+                conn.sendall(b"GET / HTTP/1.1\r\nhost: x\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\n")
+                assert conn.recv(1024).startswith(b"HTTP/1.1 400 ")
+    finally:
+        logging.getLogger("uvicorn.error").removeHandler(records)
+    assert len([m for m in records.messages if m.startswith("Invalid HTTP request")]) <= 1, records.messages
+
+
+def test_the_noise_filter_says_how_many_it_left_out() -> None:
+    now = [0.0]
+    noise = ClientNoise(interval_s=60.0, clock=lambda: now[0])
+
+    def record(message: str) -> logging.LogRecord:
+        return logging.LogRecord("uvicorn.error", logging.WARNING, __file__, 1, message, (), None)
+
+    assert noise.filter(record("Invalid HTTP request received."))
+    assert not any(noise.filter(record("Invalid HTTP request received.")) for _ in range(5))
+    assert noise.filter(record("Exceeded concurrency limit."))  # not a client's noise: always
+    now[0] = 61.0
+    later = record("Invalid HTTP request received.")
+    assert noise.filter(later) and later.getMessage().endswith("(5 more such warnings left out since the last)")
