@@ -58,6 +58,16 @@ def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
     return out
 
 
+RECENT_ERROR_S = 900.0  # the text status shows the errors of the last 15 minutes (--json: all it keeps)
+
+
+def _recent(at_s: Any, now_s: float) -> bool:
+    try:
+        return now_s - float(at_s) <= RECENT_ERROR_S
+    except (TypeError, ValueError):
+        return True  # no time: shown
+
+
 def _since(since_s: Any, now_s: float) -> str:
     try:
         return _age(now_s - float(since_s)) + " ago"
@@ -149,9 +159,11 @@ def render_status(job_id: int, status: dict[str, Any] | None, slurm_steps: list[
         lines.append(f"health unknown (agent silent, no new workers): {', '.join(unknown)}")
     notes = ctl.get("state_notes") or ([ctl["state_note"]] if ctl.get("state_note") else [])
     lines += [f"saved state: {note}" for note in notes]
-    errors = [e for e in ctl.get("errors") or [] if not (notes and e.get("where") == "state")]  # shown above
+    errors = [e for e in ctl.get("errors") or [] if not (notes and e.get("where") == "state")  # shown above
+              and _recent(e.get("at_s"), now)]
     for err in errors[-3:]:
-        lines.append(f"recent error [{err.get('where')}]: {err.get('error')}")
+        when = "" if err.get("at_s") is None else f" {_since(err.get('at_s'), now)}"
+        lines.append(f"recent error [{err.get('where')}]{when}: {err.get('error')}")
     return "\n".join(lines) + "\n"
 
 

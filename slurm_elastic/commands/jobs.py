@@ -130,7 +130,10 @@ def scale(job_id: int, workers: int, wait: bool, timeout_s: float) -> None:
         ctl = _wait_for(job_id, lambda ctl: _settled(ctl, workers),
                         f"{workers} active workers, or a worker on every usable GPU slot", timeout_s)
         active = ctl.get("workers_by_state", {}).get("ACTIVE", 0)
-        if active < workers:
+        if active < workers and ctl.get("usable_slots") == 0:
+            click.echo(f"none of the {workers} asked runs: no GPU slot is usable now (`slurm-elastic status "
+                       f"{job_id}` lists the cordons)", err=True)
+        elif active < workers:
             click.echo(f"only {active} of the {workers} asked: every usable GPU slot has a worker", err=True)
 
 
@@ -138,8 +141,8 @@ def _settled(ctl: dict[str, Any], workers: int) -> bool:
     """``workers`` are ACTIVE, or as many as the usable GPU slots allow, and none is on its way."""
     by_state = ctl.get("workers_by_state", {})
     busy = by_state.get("STARTING", 0) + by_state.get("DRAINING", 0) + by_state.get("BACKOFF", 0)
-    usable = ctl.get("usable_slots") or 0
-    return bool(by_state.get("ACTIVE", 0) == (min(workers, usable) if usable > 0 else workers) and busy == 0)
+    usable = ctl.get("usable_slots")  # None: no tick yet, nothing known
+    return bool(by_state.get("ACTIVE", 0) == (workers if usable is None else min(workers, usable)) and busy == 0)
 
 
 def _wait_for(job_id: int, done: Any, what: str, timeout_s: float) -> dict[str, Any]:

@@ -182,8 +182,13 @@ class ControlPlane(ControllerBase):
         """Drain one worker now (it is replaced if the target still asks for it)."""
         with self.lock:
             worker = self.state.workers.get(worker_id)
-            if worker is None or not worker.has_step:
-                raise UnknownWorkerError(worker_id)
+            if worker is None:
+                raise UnknownWorkerError(f"{worker_id}: no worker of that id in job {self.job_id} "
+                                         f"(`slurm-elastic status {self.job_id}` lists them)")
+            if not worker.has_step:
+                last = worker.history[-1][3] if worker.history else ""
+                raise UnknownWorkerError(f"{worker_id}: no step runs for it, nothing to drain (it is "
+                                         f"{worker.state.value}" + (f": {last})" if last else ")"))
             now_s = self.clock()
             actions = operator_drain(self.state, worker, self.tick_config,
                                      {worker_id: self.endpoints.outstanding(worker_id, now_s)}, now_s)

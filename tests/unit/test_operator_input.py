@@ -374,6 +374,14 @@ def test_scale_wait_says_when_fewer_than_asked_fit(monkeypatch: pytest.MonkeyPat
     assert result.exit_code == 0 and "only 2 of the 5 asked: every usable GPU slot has a worker" in result.output
 
 
+def test_scale_wait_with_every_gpu_cordoned_is_settled_at_once() -> None:
+    """No usable GPU slot: nothing can start, so there is nothing to wait for (it waited its
+    whole timeout, 300 s by default); before the first tick nothing is known yet."""
+    assert jobs._settled({"workers_by_state": {"ACTIVE": 0}, "usable_slots": 0}, 2)
+    assert not jobs._settled({"workers_by_state": {"ACTIVE": 0}, "usable_slots": None}, 2)
+    assert not jobs._settled({"workers_by_state": {"ACTIVE": 1}, "usable_slots": 4}, 2)
+
+
 def test_status_says_the_autoscaler_is_off_when_it_is() -> None:
     from slurm_elastic.status_view import render_status
 

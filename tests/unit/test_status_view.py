@@ -88,3 +88,13 @@ def test_a_hold_is_said_once_and_one_worker_is_singular() -> None:
     held = {**STATUS, "target_workers": 1,
             "last_decision": {"action": "hold", "reason": "hold: 5.6 workers wanted is within the deadband"}}
     assert "target: 1 worker (autoscaling)  last decision: hold: 5.6 workers wanted" in render_status(7, held)
+
+
+def test_a_recent_error_says_its_age_and_an_old_one_is_not_shown() -> None:
+    """An error from a slurmctld hang long over made a healthy job look broken (no time, kept until
+    20 newer ones pushed it out): the text shows those of the last 15 minutes, with their age."""
+    ctl = {**STATUS, "now_s": 5000.0, "errors": [{"where": "observe", "error": "squeue timed out", "at_s": 3000.0},
+                                                 {"where": "launch", "error": "srun failed", "at_s": 4940.0}]}
+    text = render_status(7, ctl)
+    assert "squeue timed out" not in text
+    assert "recent error [launch] 60s ago: srun failed" in text, text

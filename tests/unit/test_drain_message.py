@@ -1,0 +1,27 @@
+"""`slurm-elastic drain` of a worker that has no step says so: what state it is in and why,
+rather than a bare "unknown" (an operator copies ids from a status a moment old)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from slurm_elastic.controller.config import parse_config
+from slurm_elastic.controller.runtime import Controller, UnknownWorkerError
+from slurm_elastic.core.lifecycle import Worker, WorkerState
+from slurm_elastic.slurm.cli_backend import SlurmCli
+
+
+def test_a_finished_worker_is_named_with_its_state_and_an_unknown_one_with_where_to_look(tmp_path: Path) -> None:
+    ctl = Controller(parse_config({"agent": {"enabled": False}}), 7, SlurmCli(), tmp_path / "state",
+                     gpus_by_node={"n1": (0, 1)})
+    done = Worker("0004", launched_at_s=0.0)
+    done.state = WorkerState.INACTIVE
+    done.history.append((5.0, "DRAINING", "INACTIVE", "step ended after drain"))
+    ctl.state.workers["0004"] = done
+    with pytest.raises(UnknownWorkerError, match=r"0004: no step runs for it, nothing to drain \(it is INACTIVE: "
+                                                 r"step ended after drain\)"):
+        ctl.drain("0004")
+    with pytest.raises(UnknownWorkerError, match=r"9999: no worker of that id in job 7 \(`slurm-elastic status 7`"):
+        ctl.drain("9999")
