@@ -18,8 +18,10 @@ drops what it still holds of the response instead of trying to deliver it for mi
 response that fits in the kernel's buffers never waits in the transport's, and is never timed.
 
 :func:`guarded` wraps any asyncio protocol class (uvicorn's ``http=`` setting takes one); it
-sees only the asyncio ``Protocol`` and ``Transport`` interfaces, and a wrapped protocol's
-``pipeline`` (uvicorn's queue of requests that arrived behind the one being answered). The transport it hands the
+sees only the asyncio ``Protocol`` and ``Transport`` interfaces, and two attributes of uvicorn's
+protocol: ``pipeline`` (the requests that arrived behind the one being answered) and ``cycle``
+(the latest request; ``more_body`` false once its whole body is in): bytes after that are the
+next request's head, held to the head's size cap even while an answer is pending. The transport it hands the
 wrapped protocol also sends a response's head together with its body (:class:`_InnerTransport`).
 """
 
@@ -186,9 +188,33 @@ class GuardedConnection(asyncio.Protocol):
             self.abort()
 
     def data_received(self, data: bytes) -> None:
-        if self in self.book.waiting and not self._watch_head(data):
+        if self in self.book.waiting:
+            if self._watch_head(data):
+                self.inner.data_received(data)
             return
+        before = getattr(self.inner, "cycle", None)  # the HTTP protocol's latest request (uvicorn's)
+        whole_before = before is not None and not getattr(before, "more_body", True)
         self.inner.data_received(data)
+        self._count_next_head(data, before, whole_before)
+
+    def _count_next_head(self, data: bytes, before: object, whole_before: bool) -> None:
+        """While a request is answered, the bytes after the latest request's whole body are the
+        next request's head (pipelined): held to the head's size cap (its time limit starts once
+        no answer is pending), or the connection is reset. ``before``: the latest request before
+        ``data`` was read, ``whole_before``: its body was in whole."""
+        latest = getattr(self.inner, "cycle", None)
+        if latest is None or getattr(latest, "more_body", True):
+            self._head_bytes = 0  # a body is coming: the route's own cap holds it
+            return
+        end = data.rfind(HEAD_END)
+        if latest is before:  # no new head ended here
+            self._head_bytes = self._head_bytes + len(data) if whole_before else 0  # else its body ended here
+        elif end >= 0:  # a new head ended here: what follows it and its body
+            self._head_bytes = max(0, len(data) - end - len(HEAD_END) - len(getattr(latest, "body", b"")))
+        else:
+            self._head_bytes = len(data)  # its head ended across reads: counted whole, a read at most over
+        if self._head_bytes > self.book.head_max_bytes:
+            self.abort(reset=True)
 
     def _watch_head(self, data: bytes) -> bool:
         """Count ``data`` against the head's limits; False if that closed the connection. Blank

@@ -439,3 +439,39 @@ def test_a_response_still_leaving_is_not_evicted_for_a_new_connection(tmp_path: 
             conn.close()
             for other in idle:
                 other.close()
+
+
+def test_a_next_head_sent_while_a_request_is_answered_is_held_to_the_size_cap(tmp_path: Path) -> None:
+    """Behind a long-poll, header lines of a next request that never ends its head: cut at the
+    head's 64 KB cap (the parser kept every line: 100 MB took the server from 63 MB to 1 GB)."""
+    with served(tmp_path) as (url, server):
+        version = httpx.get(f"{url}/endpoints", headers=AUTH, timeout=10).json()["version"]
+        rss_before = server.memory_info().rss
+        with socket.create_connection(address(url), timeout=30) as conn:
+            conn.sendall(f"GET /endpoints?version={version}&wait_s=30 HTTP/1.1\r\nhost: x\r\n"
+                         f"authorization: {AUTH['Authorization']}\r\n\r\nGET /healthz HTTP/1.1\r\n".encode())
+            sent = 0
+            with contextlib.suppress(OSError):
+                while sent < 20 << 20:
+                    conn.sendall(b"x-filler: " + b"a" * 1000 + b"\r\n")
+                    sent += 1012
+        assert sent < 20 << 20, "20 MB of header lines taken"
+        assert server.memory_info().rss - rss_before < 50 << 20
+        assert httpx.get(f"{url}/healthz", headers=AUTH, timeout=10).status_code == 200
+
+
+def test_a_post_pipelined_behind_a_request_keeps_its_whole_body(tmp_path: Path) -> None:
+    """The next head's cap counts no body: a 400 KB group pipelined behind a quick request is stored."""
+    tokens = base64.b64encode(struct.pack("<100000i", *range(100_000))).decode()
+    body = json.dumps({"id": "behind", "worker_id": "0001", "policy_version": 0, "group_size": 1,
+                       "sequences": [{"tokens_b64": tokens, "score": 0.5}]}).encode()
+    auth = f"authorization: {AUTH['Authorization']}\r\nhost: x\r\n"
+    with served(tmp_path) as (url, _server), socket.create_connection(address(url), timeout=30) as conn:
+        conn.sendall(f"GET /healthz HTTP/1.1\r\n{auth}\r\n".encode() + f"POST /rollouts HTTP/1.1\r\n{auth}"
+                     f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n".encode() + body)
+        answers = b""
+        while answers.count(b"HTTP/1.1 200") < 2:
+            chunk = conn.recv(65536)
+            assert chunk, answers
+            answers += chunk
+        assert answers.endswith(b'{"accepted":true}') and len(body) > 400_000
