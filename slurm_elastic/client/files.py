@@ -16,6 +16,7 @@ from pathlib import Path
 TOKEN_FILE = "token"
 TOKEN_COPY = ".token.copy"
 CONTROLLER_FILE = "controller.json"
+STATE_DIR_POINTER = "state_dir"  # in the default place: the configured state directory (controller.state_dir)
 STOPPED_KEY = "stopped_by_operator_at"  # in controller.json, once its controller obeyed `slurm-elastic stop`
 
 
@@ -67,3 +68,12 @@ def stopped_by_operator_at(state_dir: Path) -> float | None:
     except (OSError, ValueError, AttributeError):
         return None
     return float(value) if isinstance(value, int | float) else None
+
+
+def pointed_state_dir(default_dir: Path) -> Path | None:
+    """The configured state directory named in ``default_dir`` by its controller, if any."""
+    try:
+        text = (default_dir / STATE_DIR_POINTER).read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return Path(text) if text.startswith("/") else None

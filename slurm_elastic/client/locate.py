@@ -16,6 +16,7 @@ from slurm_elastic.client.files import (
     TOKEN_COPY,
     TOKEN_FILE,
     job_state_dir,
+    pointed_state_dir,
     read_controller_url,
     read_token_file,
 )
@@ -136,6 +137,9 @@ def locate(job_id: int, slurm: SlurmCli | None = None, view: SlurmView | None = 
     With ``view``, Slurm is not asked again."""
     cluster = local_cluster_name()
     candidates = [job_state_dir(cluster, job_id)] if cluster else []
+    pointed = pointed_state_dir(candidates[0]) if candidates else None
+    if pointed is not None:  # controller.state_dir configured: its controller named it here
+        candidates.append(pointed)
     if not any((c / CONTROLLER_FILE).exists() for c in candidates):
         if view is None:
             try:

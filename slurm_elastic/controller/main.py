@@ -8,9 +8,10 @@ import signal
 import threading
 from pathlib import Path
 
-from slurm_elastic.client.files import job_state_dir
+from slurm_elastic.client.files import STATE_DIR_POINTER, job_state_dir
 from slurm_elastic.client.locate import state_dir_from_comment
 from slurm_elastic.controller.config import ElasticConfig
+from slurm_elastic.controller.files import write_text_atomic
 from slurm_elastic.controller.job_dir import ClaimedDir, claim_state_dir
 from slurm_elastic.controller.runtime import Controller
 from slurm_elastic.core.job_identity import JobIdentity
@@ -65,7 +66,23 @@ def open_state_dir(config: ElasticConfig, job: JobInfo) -> ClaimedDir:
     (claimed.path / "logs").mkdir(exist_ok=True)
     if claimed.note:
         log.error("%s", claimed.note)
+    if config.controller.state_dir:
+        point_to_state_dir(job_state_dir(identity.cluster, job.job_id), claimed.path)
     return claimed
+
+
+def point_to_state_dir(default_dir: Path, state_dir: Path) -> None:
+    """Name a configured state directory in the job's default one, so that the CLI finds the
+    controller while Slurm does not answer (it reads the job's comment otherwise). Best effort:
+    a home the batch host cannot write only loses that."""
+    if default_dir.absolute() == state_dir.absolute():
+        return
+    try:
+        default_dir.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(default_dir / STATE_DIR_POINTER, f"{state_dir.absolute()}\n", mode=0o644)
+    except OSError as exc:
+        log.info("could not name the state directory in %s (the CLI then finds it through Slurm only): %s",
+                 default_dir, exc)
 
 
 def allocation_gpus(config: ElasticConfig, job: JobInfo) -> dict[str, tuple[int, ...]]:

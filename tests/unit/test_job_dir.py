@@ -136,3 +136,24 @@ def test_no_controller_found_says_why_slurm_could_not_tell(monkeypatch: pytest.M
         locating.locate(3893, view=view)
     assert "looked in no place); Slurm did not answer: squeue: fatal" in str(raised.value)
     assert "is SLURM_CONF set" in str(raised.value)
+
+
+def test_a_configured_state_dir_is_found_while_slurm_does_not_answer(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``controller.state_dir`` set, the CLI found the directory only through the job's Slurm
+    comment: while slurmctld hung, status said "no controller found" (exit 3) though the controller
+    answered. Its controller names it in the default place too."""
+    from slurm_elastic.client import locate as locating
+    from slurm_elastic.controller.main import point_to_state_dir
+
+    monkeypatch.setenv("SLURM_ELASTIC_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("SLURM_CLUSTER_NAME", "dev")
+    scratch = tmp_path / "scratch" / "17"
+    scratch.mkdir(parents=True)
+    (scratch / "controller.json").write_text(json.dumps({"url": "http://batch-host:1"}))
+    (scratch / "token").write_text("t\n")
+    hung = locating.SlurmView(None, "Slurm did not answer: squeue: Socket timed out")
+    with pytest.raises(locating.ControllerUnreachableError):
+        locating.locate(17, view=hung)
+    point_to_state_dir(job_state_dir("dev", 17), scratch)
+    assert locating.locate(17, view=hung).url == "http://batch-host:1"
