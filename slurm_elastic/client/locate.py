@@ -133,13 +133,12 @@ def left_behind(job_id: int) -> str:
 
 def locate(job_id: int, slurm: SlurmCli | None = None, view: SlurmView | None = None) -> JobHandle:
     """The job's controller as published in its state directory: the default place for this
-    cluster, else what Slurm says (the job's cluster and the state directory in its comment).
+    cluster, else what Slurm says (the job's cluster and the state directory in its comment),
+    else the configured directory its controller named in the default place.
     With ``view``, Slurm is not asked again."""
     cluster = local_cluster_name()
     candidates = [job_state_dir(cluster, job_id)] if cluster else []
-    pointed = pointed_state_dir(candidates[0]) if candidates else None
-    if pointed is not None:  # controller.state_dir configured: its controller named it here
-        candidates.append(pointed)
+    pointed = pointed_state_dir(candidates[0]) if candidates else None  # controller.state_dir, named here
     if not any((c / CONTROLLER_FILE).exists() for c in candidates):
         if view is None:
             try:
@@ -151,6 +150,8 @@ def locate(job_id: int, slurm: SlurmCli | None = None, view: SlurmView | None = 
             comment_dir = state_dir_from_comment(job.comment)
             candidates += [d for d in (comment_dir, job_state_dir(job.cluster, job_id))
                            if d is not None and d not in candidates]
+        if pointed is not None and pointed not in candidates:  # after what Slurm names: while it does not answer
+            candidates.append(pointed)
     for state_dir in candidates:
         path = state_dir / CONTROLLER_FILE
         try:
