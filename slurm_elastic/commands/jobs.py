@@ -190,7 +190,9 @@ wake_all = _simple("wake-all", "wake_all", "Give every usable GPU a worker (e.g.
 @click.argument("job_id", type=int)
 @click.argument("worker_id")
 def drain(job_id: int, worker_id: str) -> None:
-    """Drain one worker: it finishes its rollout, hands it over and exits (replaced if still needed)."""
+    """Drain one worker: it finishes its rollout, hands it over and exits (replaced if still needed).
+    WORKER_ID as `status` lists it (0003, or 3), or its step's name as `squeue` lists it (se-w-0003)."""
+    worker_id = worker_id.removeprefix(WORKER_PREFIX)  # the step's name: se-w-0003
     worker_id = worker_id.zfill(4) if worker_id.isdigit() else worker_id  # "3" is worker 0003
     if not re.fullmatch(WORKER_ID, worker_id):
         raise click.BadParameter(f"{worker_id!r} is not a worker id (as `status` lists them, e.g. 0003)",

@@ -364,7 +364,8 @@ def test_a_worker_id_without_its_leading_zeros_names_the_same_worker(monkeypatch
     asked: list[tuple[Any, ...]] = []
     monkeypatch.setattr(jobs, "_call", lambda *a: asked.append(a) or {"worker_id": a[2], "draining": True})
     assert CliRunner().invoke(main, ["drain", "77", "3"]).exit_code == 0
-    assert asked == [(77, "drain", "0003")]
+    assert CliRunner().invoke(main, ["drain", "77", "se-w-0011"]).exit_code == 0  # as squeue names the step
+    assert asked == [(77, "drain", "0003"), (77, "drain", "0011")]
 
 
 def test_scale_wait_says_when_fewer_than_asked_fit(monkeypatch: pytest.MonkeyPatch) -> None:
