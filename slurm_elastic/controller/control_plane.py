@@ -161,6 +161,9 @@ class ControlPlane(ControllerBase):
             st.paused, st.manual_target, st.wake_all_active = False, None, False
             self.save()
             self.wake_loop()
+            if not st.autoscaler.config.enabled:
+                return {"paused": False, "note": "the autoscaler is disabled in the job's configuration ([autoscaler] "
+                                                 "enabled = false): the count stays at the target until `scale`"}
             return {"paused": False}
 
     def wake_all(self) -> dict[str, Any]:

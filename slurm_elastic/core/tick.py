@@ -182,7 +182,7 @@ def desired_workers(state: ControlState, obs: Observation, allowed_slots: int, c
     elif state.paused:
         state.last_decision = {"action": "hold", "reason": f"autoscaler paused at {state.target_workers}"}
     elif not state.autoscaler.config.enabled:
-        state.last_decision = {"action": "hold", "reason": "autoscaler disabled (enable_elastic = false)"}
+        state.last_decision = {"action": "hold", "reason": "autoscaler disabled ([autoscaler] enabled = false)"}
     else:
         policy = state.autoscaler if state.policy is None else state.policy
         try:

@@ -387,5 +387,5 @@ def test_status_says_the_autoscaler_is_off_when_it_is() -> None:
     from slurm_elastic.status_view import render_status
 
     ctl = {"target_workers": 2, "last_decision": {"action": "hold",
-                                                  "reason": "autoscaler disabled (enable_elastic = false)"}}
+                                                  "reason": "autoscaler disabled ([autoscaler] enabled = false)"}}
     assert "target: 2 workers (autoscaler disabled)" in render_status(77, {"controller": ctl})

@@ -1,5 +1,6 @@
-"""`slurm-elastic drain` of a worker that has no step says so: what state it is in and why,
-rather than a bare "unknown" (an operator copies ids from a status a moment old)."""
+"""What the controller answers an operator when the command cannot do what it says: a drain of a
+worker that has no step says what state it is in and why, rather than a bare "unknown" (an operator
+copies ids from a status a moment old); a resume with the autoscaler disabled says nothing will scale."""
 
 from __future__ import annotations
 
@@ -25,3 +26,12 @@ def test_a_finished_worker_is_named_with_its_state_and_an_unknown_one_with_where
         ctl.drain("0004")
     with pytest.raises(UnknownWorkerError, match=r"9999: no worker of that id in job 7 \(`slurm-elastic status 7`"):
         ctl.drain("9999")
+
+
+def test_resume_with_the_autoscaler_disabled_says_nothing_will_scale(tmp_path: Path) -> None:
+    config = parse_config({"agent": {"enabled": False}, "autoscaler": {"enabled": False}})
+    ctl = Controller(config, 7, SlurmCli(), tmp_path / "state", gpus_by_node={"n1": (0, 1)})
+    answer = ctl.resume()
+    assert answer["paused"] is False and "[autoscaler] enabled = false" in answer["note"]
+    on = Controller(parse_config({"agent": {"enabled": False}}), 7, SlurmCli(), tmp_path / "on", gpus_by_node={"n1": (0,)})
+    assert on.resume() == {"paused": False}
