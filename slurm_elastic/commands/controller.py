@@ -19,8 +19,8 @@ STOPPED_BY_SIGNAL_EXIT = 143  # 128 + SIGTERM, as a shell reports a process a SI
 @click.option("--config", "config_path", required=True, type=click.Path(path_type=Path), help="elastic.toml")
 def controller(config_path: Path) -> None:
     """Run the controller inside a Slurm allocation (workers outlive it). Exit 0 after `slurm-elastic
-    stop`; after SIGTERM or SIGINT, 128 + the signal's number, so that the batch script's loop starts
-    a new controller, which adopts the workers."""
+    stop`; after SIGTERM or SIGINT, 143, so that the batch script's loop starts a new controller,
+    which adopts the workers."""
     from slurm_elastic.controller.app import run_controller
     from slurm_elastic.controller.config import load_config
 
