@@ -99,6 +99,10 @@ class ControlPlane(ControllerBase):
             if info.get("exit_code") is not None:
                 worker.exit_code = int(info["exit_code"])
                 worker.terminated_by_signal = bool(info.get("terminated_by_signal"))
+            if info.get("not_ready_after_s") is not None and not worker.failure_reason:
+                worker.failure_reason = (f"server not ready after {float(info['not_ready_after_s']):g} s "
+                                         "(workers.start_timeout_s): stopped by its wrapper; not counted against its GPU")
+                worker.gpu_blameless = True
             if "outstanding_requests" in info:
                 worker.busy = int(info["outstanding_requests"]) > 0
             if "liveness_failures" in info:

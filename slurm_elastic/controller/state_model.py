@@ -63,6 +63,7 @@ class WorkerRecord(_Model):
     failure_reason: StrictStr = ""
     exit_code: StrictInt | None = None
     terminated_by_signal: StrictBool = False
+    gpu_blameless: StrictBool = False
     vanished_at_s: StrictFloat = 0.0
     drain_signaled: StrictBool = False
     liveness_failures: Count = 0

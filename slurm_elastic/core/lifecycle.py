@@ -62,6 +62,7 @@ class Worker:
     failure_reason: str = ""  # set when the controller kills it for cause (e.g. lost heartbeat)
     exit_code: int | None = None  # reported by the worker wrapper as it exits
     terminated_by_signal: bool = False  # and it got a SIGTERM or SIGINT before that exit
+    gpu_blameless: bool = False  # its step's end says nothing of its GPUs (a server not ready in time)
     vanished_at_s: float = 0.0  # its step left the listing with no exit reported; 0: listed (or handled)
     drain_signaled: bool = False  # servers: the drain signal waits until nothing is in flight
     liveness_failures: int = 0  # servers: failed liveness probes in a row, as the wrapper reports them

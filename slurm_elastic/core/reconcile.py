@@ -205,8 +205,9 @@ def _handle_vanished(workers: dict[str, Worker], by_id: dict[str, ObservedStep],
                 else f"step ended unexpectedly (exit code {worker.exit_code})" if worker.exit_code is not None
                 else "step ended unexpectedly")
             transition(worker, S.FAILED, now_s, reason)
-            worker.crash_count += 1
-            plan.crashes.append(Crashed(worker.worker_id, worker.node, worker.gpus, reason, worker.gpu_keys))
+            worker.crash_count += 1  # its own backoff grows either way
+            plan.crashes.append(Crashed(worker.worker_id, worker.node, worker.gpus, reason, worker.gpu_keys,
+                                        counted=not worker.gpu_blameless))
             worker.backoff_until_s = now_s + backoff_s(worker.crash_count, cfg)
             transition(worker, S.BACKOFF, now_s, f"crash-loop backoff {backoff_s(worker.crash_count, cfg):g} s")
         _forget_step(worker)
@@ -215,7 +216,7 @@ def _handle_vanished(workers: dict[str, Worker], by_id: dict[str, ObservedStep],
 def _forget_step(worker: Worker) -> None:
     """Clear what belonged to the step that ended."""
     worker.step_id, worker.kill_sent_s, worker.failure_reason, worker.exit_code = "", 0.0, "", None
-    worker.busy, worker.vanished_at_s, worker.terminated_by_signal = False, 0.0, False
+    worker.busy, worker.vanished_at_s, worker.terminated_by_signal, worker.gpu_blameless = False, 0.0, False, False
 
 
 def _word_on_why_may_follow(worker: Worker, cfg: ReconcileConfig, now_s: float) -> bool:

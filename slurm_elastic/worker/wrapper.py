@@ -143,13 +143,15 @@ def _supervise(child: subprocess.Popen[bytes], ctx: StepContext, register: Call,
     ready_deadline = time.monotonic() + ctx.start_timeout_s
     liveness: LivenessProbe | None = None
     reported_failures = 0
+    not_ready = False  # stopped here for not becoming ready in time
     while True:
         code = child.poll()
         if code is not None:
             if liveness is not None:
                 liveness.stop()
             code = drained_exit(code, ctx, flags)
-            _final(heartbeat, code, terminated=any(s in (signal.SIGTERM, signal.SIGINT) for s in flags.signals_seen))
+            _final(heartbeat, code, terminated=any(s in (signal.SIGTERM, signal.SIGINT) for s in flags.signals_seen),
+                   not_ready_after_s=ctx.start_timeout_s if not_ready else None)
             return code
         if not ready and is_ready(port, ctx.readiness_path):
             ready = True
@@ -165,7 +167,7 @@ def _supervise(child: subprocess.Popen[bytes], ctx: StepContext, register: Call,
         elif not ready and time.monotonic() > ready_deadline:
             log.error("worker %s: server not ready after %g s; stopping it", ctx.worker_id, ctx.start_timeout_s)
             child.terminate()
-            ready_deadline = float("inf")
+            ready_deadline, not_ready = float("inf"), True
         if flags.terminate.is_set():
             child.send_signal(signal.SIGTERM)
             flags.terminate.clear()
@@ -296,9 +298,11 @@ def _beat(ctx: StepContext, register: Call, heartbeat: Call, payload: dict[str, 
     return {}
 
 
-def _final(heartbeat: Call, exit_code: int, terminated: bool = False) -> None:
-    """The exit code, and whether a SIGTERM or SIGINT came first (``terminated``)."""
+def _final(heartbeat: Call, exit_code: int, terminated: bool = False, not_ready_after_s: float | None = None) -> None:
+    """The exit code, whether a SIGTERM or SIGINT came first (``terminated``), and whether the
+    wrapper stopped a server that was not ready after ``not_ready_after_s``."""
     try:
-        heartbeat({"exit_code": exit_code, **({"terminated_by_signal": True} if terminated else {})})
+        heartbeat({"exit_code": exit_code, **({"terminated_by_signal": True} if terminated else {}),
+                   **({"not_ready_after_s": not_ready_after_s} if not_ready_after_s is not None else {})})
     except (KeyError, SlurmElasticError) as exc:
         log.warning("could not report exit code %d: %s", exit_code, exc)

@@ -145,3 +145,11 @@ def test_a_controller_that_does_not_know_the_worker_yet_does_not_end_it() -> Non
 
     code = run_wrapped([sys.executable, "-c", "import time; time.sleep(0.6)"], fast, register, heartbeat, flags=Flags())
     assert code == 0 and answers["registrations"] >= 5, answers
+
+
+def test_a_server_stopped_for_not_becoming_ready_says_so_in_its_last_report() -> None:
+    server = dataclasses.replace(CTX, kind="server", start_timeout_s=0.3)
+    calls = Calls()
+    code = run_wrapped([sys.executable, "-c", "import time; time.sleep(30)"], server, calls.register, calls.heartbeat,
+                       flags=Flags())
+    assert code != 0 and calls.heartbeats[-1].get("not_ready_after_s") == 0.3, calls.heartbeats[-1:]
