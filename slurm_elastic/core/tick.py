@@ -129,7 +129,10 @@ def tick(obs: Observation, state: ControlState, cfg: TickConfig, allocations: tu
         result.events.append(Note(f"the controller did not run for {obs.paused_s:.0f} s (the job was suspended, or its "
                                   "process stopped): heartbeat, start, drain and agent timers moved on by that time"))
     state.cordons.tick(now_s)
-    health_drained = [*_drain_unhealthy(state, now_s), *_drain_released(state, obs.releasing_jobs, now_s)]
+    ending = _ending_burst_jobs(state, allocations)
+    allocations = tuple(a for i, a in enumerate(allocations) if i == 0 or a.job_id not in ending)
+    releasing = obs.releasing_jobs | ending
+    health_drained = [*_drain_unhealthy(state, now_s), *_drain_released(state, releasing, now_s)]
     cordoned = frozenset(state.cordons.cordoned())
     if obs.steps is not None:
         state.foreign_gpus = obs.foreign_gpus
@@ -145,7 +148,7 @@ def tick(obs: Observation, state: ControlState, cfg: TickConfig, allocations: tu
                       if w.counts_as_capacity and w.has_step and w.cordoned_gpus(cordoned))
     result.desired = desired_workers(state, obs, allowed + obs.burst_slots_possible, cfg, now_s, on_cordoned)
     exclude = result.slots[0].exclude_nodes if result.slots else ()
-    burst_jobs = frozenset(a.job_id for a in allocations[1:]) | obs.releasing_jobs
+    burst_jobs = frozenset(a.job_id for a in allocations[1:]) | releasing
     plan = reconcile(state.workers, None if obs.steps is None else list(obs.steps), result.desired, allowed,
                      exclude, cordoned, cfg.reconcile, now_s, state.next_number, drain_first_jobs=burst_jobs,
                      cancelled=obs.cancelled_worker_ids)
@@ -258,13 +261,23 @@ def _drain_unhealthy(state: ControlState, now_s: float) -> list[Worker]:
     return drained
 
 
+def _ending_burst_jobs(state: ControlState, allocations: tuple[Allocation, ...]) -> frozenset[int]:
+    """Burst jobs a worker left on its own (exit 0 reported, no drain asked): Slurm signalled the
+    job's end (a preemption, its time limit). Nothing new goes there from this tick on."""
+    own = allocations[0].job_id if allocations else 0
+    return frozenset(w.job_id for w in state.workers.values()
+                     if w.job_id not in (0, own) and w.exit_code == 0 and w.state in (S.STARTING, S.ACTIVE))
+
+
 def _drain_released(state: ControlState, releasing_jobs: frozenset[int], now_s: float) -> list[Worker]:
-    """Drain the workers of burst jobs being given back (level-triggered: the mark is in Slurm)."""
+    """Drain the workers of burst jobs being given back (level-triggered: the mark is in Slurm);
+    not one that left on its own already (its clean exit is what marks its job as ending)."""
     if not releasing_jobs:
         return []
     drained = []
     for worker in state.workers.values():
-        if worker.job_id in releasing_jobs and worker.state in (S.ACTIVE, S.STARTING) and worker.has_step:
+        if (worker.job_id in releasing_jobs and worker.state in (S.ACTIVE, S.STARTING) and worker.has_step
+                and worker.exit_code != 0):
             begin_drain(worker, now_s, f"burst job {worker.job_id} given back")
             drained.append(worker)
     return drained

@@ -143,3 +143,18 @@ def test_a_failing_policy_holds_the_count_and_the_tick_still_replaces_a_silent_w
     assert result.desired == 1 and st.last_decision["error"] == "ZeroDivisionError: float division by zero"
     assert "the autoscaler failed" in st.last_decision["reason"]
     assert Cancel("0001", "1", "no heartbeat for 100 s (grace 60 s)", 7) in result.actions
+
+
+def test_nothing_new_goes_to_a_burst_job_a_worker_left_on_its_own() -> None:
+    """A burst worker's exit 0 (Slurm's drain signal at a preemption or the time limit) marks its
+    job as ending in the same tick: its replacement goes elsewhere, never into that job (it did, for
+    one rollout, before the controller marked the job after the tick), and its other workers drain."""
+    st = state(3)
+    for wid, job, node, gpu in (("0001", 7, "a1", 0), ("0002", 9, "b1", 0), ("0003", 9, "b1", 1)):
+        st.workers[wid] = Worker(wid, state=S.ACTIVE, job_id=job, step_id=wid[-1], node=node, gpus=(gpu,))
+    st.workers["0002"].exit_code = 0  # it left on its own: its step is gone
+    observed = (ObservedStep("0001", "1", "a1", 7), ObservedStep("0003", "3", "b1", 9))
+    result = tick(Observation(steps=observed), st, CFG, (OWN, OTHER), 0.0)
+    assert not [a for a in result.actions if isinstance(a, Launch) and a.job_id == 9], result.actions
+    assert Drain("0003", "3", 9) in result.actions
+    assert st.workers["0002"].state is S.INACTIVE and st.workers["0002"].history[-1][3] == "exited cleanly"
