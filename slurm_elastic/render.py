@@ -34,9 +34,11 @@ def render_sbatch(config: ElasticConfig, config_path: str) -> str:
     )
 
 
-def render_burst_script(config: ElasticConfig, parent_job_id: int, state_dir: Path, python: str = sys.executable) -> str:
+def render_burst_script(config: ElasticConfig, parent_job_id: int, state_dir: Path, python: str = sys.executable,
+                        exclude_nodes: tuple[str, ...] = ()) -> str:
     """The batch script of one burst job of ``parent_job_id``: it holds ``[burst]``'s GPUs with the
-    CPUs and memory of the workers that fit, and watches the controller through ``state_dir``."""
+    CPUs and memory of the workers that fit, and watches the controller through ``state_dir``;
+    not on ``exclude_nodes`` (every GPU there is cordoned)."""
     burst, workers = config.burst, config.workers
     gpus_per_node = burst.gpus_per_job // burst.nodes_per_job
     workers_per_node = gpus_per_node // workers.gpus_per_worker if workers.gpus_per_worker else 1
@@ -53,4 +55,5 @@ def render_burst_script(config: ElasticConfig, parent_job_id: int, state_dir: Pa
         python=shlex.quote(python),
         state_dir=shlex.quote(str(state_dir)),
         grace_s=f"{burst.controller_unreachable_grace_s:g}",
+        exclude_nodes=",".join(exclude_nodes),
     )

@@ -118,6 +118,7 @@ class ControllerBase:
         self.allocation_checked_s = self.started_at_s  # the last read of the job's nodes
         self.allocation_check_due = False  # read them at the next tick (a worker step ended unasked)
         self.node_states_read_for: frozenset[int] = frozenset()  # the burst jobs whose nodes the last check read
+        self.burst_node_gpus: dict[str, tuple[int, ...]] = {}  # the GPUs burst jobs held on each node, this run
         self.comment_refusal = ""  # why Slurm last refused to set the job's comment ('' once it took it)
         self.pause_watch: PauseWatch | None = None  # time the process did not run (run_forever starts one)
         self.state_file = StateFile(state_dir / "state.json", job_id)

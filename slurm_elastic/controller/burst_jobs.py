@@ -75,11 +75,12 @@ class BurstJobs:
         """The batch script every burst job of this parent runs (Slurm keeps its path as the job's command)."""
         return self.state_dir / "burst" / "burst_job.sbatch"
 
-    def submit(self) -> int:
-        """Render and submit one burst job; returns its id. The script is kept in ``<state dir>/burst``."""
+    def submit(self, exclude_nodes: tuple[str, ...] = ()) -> int:
+        """Render and submit one burst job, not on ``exclude_nodes``; returns its id. The script is
+        kept in ``<state dir>/burst``."""
         script = self.script
         script.parent.mkdir(parents=True, exist_ok=True)
-        text = render_burst_script(self.config, self.parent_job_id, self.state_dir, self.python)
+        text = render_burst_script(self.config, self.parent_job_id, self.state_dir, self.python, exclude_nodes)
         tmp = script.with_suffix(".tmp")
         tmp.write_text(text)
         os.replace(tmp, script)

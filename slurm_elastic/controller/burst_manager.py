@@ -155,18 +155,20 @@ class BurstManager:
     # ---- decide and act ------------------------------------------------------------------------
     def step(self, *, target_workers: int, allocation_slots: int, workers_by_job: Mapping[int, int],
              draining_by_job: Mapping[int, int], now_s: float, ending_jobs: frozenset[int] = frozenset(),
-             out_of_use_jobs: frozenset[int] = frozenset()) -> BurstDecision:
+             out_of_use_jobs: frozenset[int] = frozenset(), exclude_nodes: tuple[str, ...] = ()) -> BurstDecision:
         """Decide with the core and act: submit, cancel, mark released (or needed again).
 
         ``ending_jobs``: burst jobs whose workers left on their own (Slurm signalled a preemption or
-        the time limit); ``out_of_use_jobs``: running ones whose every node Slurm marks drained or
-        down. Both are released for good and cancelled once empty; the pool may ask for another."""
+        the time limit); ``out_of_use_jobs``: running ones none of whose GPUs can take a worker
+        (Slurm marks their nodes out of use, or every GPU is cordoned). Both are released for good
+        and cancelled once empty; the pool may ask for another, not on ``exclude_nodes``."""
         listed_ids = {j.job_id for j in self.listed}
         new_ending = (set(ending_jobs) & listed_ids) - self._ending - self._given_back
         self.counters.lost += len(new_ending)  # preempted or at its time limit: lost to the pool
         drained = (set(out_of_use_jobs) & listed_ids) - self._ending - self._given_back
         for job_id in sorted(drained):
-            log.warning("burst job %d: Slurm marks every node it holds out of use; giving it back", job_id)
+            log.warning("burst job %d: none of its GPUs can take a worker (its nodes out of use in Slurm, or "
+                        "every GPU cordoned); giving it back", job_id)
         self._ending = (self._ending | new_ending | drained) & listed_ids
         marked = {j.job_id for j in self.listed if is_released_comment(j.comment)}
         for job_id in sorted(self._ending - marked):
@@ -191,7 +193,7 @@ class BurstManager:
             self._mark(job_id, False)
         for _ in range(decision.submit):
             try:
-                self._comments[self.jobs.submit()] = burst_job_comment(self.jobs.parent_job_id)
+                self._comments[self.jobs.submit(exclude_nodes)] = burst_job_comment(self.jobs.parent_job_id)
                 self.counters.submitted += 1
             except SlurmError as exc:
                 self._error(f"submit a burst job failed: {exc}")

@@ -315,12 +315,21 @@ class Controller(ControlPlane, StatusViews):
                   and worker.history[-1][0] >= recent_s and worker.history[-1][3] == EXITED_CLEANLY):
                 ending.add(worker.job_id)  # left a burst job unasked: Slurm signalled its end
         slurm_cordoned = self.state.cordons.cordoned_by("slurm")
-        out_of_use = frozenset(  # judged only by node states read while the job held its nodes
+        cordoned = set(self.state.cordons.cordoned())
+
+        def every_gpu(gpus_by_node: dict[str, tuple[int, ...]], among: Any) -> bool:
+            return bool(gpus_by_node) and all((n, g) in among for n, gpus in gpus_by_node.items() for g in gpus)
+
+        out_of_use = frozenset(  # Slurm's marks judged only by node states read while the job held its nodes
             job_id for job_id, gpus_by_node in running_burst.items()
-            if job_id in self.node_states_read_for and gpus_by_node
-            and all((node, gpu) in slurm_cordoned for node, gpus in gpus_by_node.items() for gpu in gpus))
+            if (job_id in self.node_states_read_for and every_gpu(gpus_by_node, slurm_cordoned))
+            or (every_gpu(gpus_by_node, cordoned) and not live[job_id]))
+        for gpus_by_node in running_burst.values():
+            self.burst_node_gpus.update((n, gpus) for n, gpus in gpus_by_node.items() if gpus)
+        exclude = tuple(sorted(n for n, gpus in self.burst_node_gpus.items()  # a new burst job would get them again
+                               if all((n, g) in cordoned for g in gpus)))
         return {"target_workers": self.state.target_workers, "ending_jobs": frozenset(ending),
-                "out_of_use_jobs": out_of_use,
+                "out_of_use_jobs": out_of_use, "exclude_nodes": exclude,
                 "allocation_slots": result.slots[0].slots if result.slots else 0,
                 "workers_by_job": dict(live), "draining_by_job": dict(draining), "now_s": now_s}
 

@@ -160,3 +160,28 @@ def test_a_controller_started_after_a_rename_and_an_overwrite_finds_its_jobs_by_
     assert slurm.jobs[7] == (burst_job_name(PARENT), "someone else's")
     restarted.observe()
     assert slurm.user_listings == 2  # once per controller
+
+
+def test_a_job_none_of_whose_gpus_can_take_a_worker_is_given_back_and_its_nodes_avoided(tmp_path: Path) -> None:
+    """Every GPU of a running burst job cordoned (crashes, health, an operator): it held its GPUs
+    with no worker and, counted against max_jobs, kept the pool from a usable one. It is given back,
+    and the next is asked for elsewhere (--exclude)."""
+    from slurm_elastic.controller.runtime import Controller
+    from slurm_elastic.core.tick import TickResult
+    from tests.stub_backend import ListedSteps
+
+    config = parse_config({"agent": {"enabled": False}, "burst": {"max_jobs": 1, "gpus_per_job": 2}})
+    ctl = Controller(config, PARENT, ListedSteps(), tmp_path / "state", gpus_by_node={"n1": (0,)})  # type: ignore[arg-type]
+    for gpu in (0, 1):
+        ctl.state.cordons.cordon_manual("bu2", gpu, "bad fan", 0.0)
+    inputs = ctl.burst_inputs(TickResult(), {19: {"bu2": (0, 1)}}, 10.0)
+    assert inputs["out_of_use_jobs"] == {19} and inputs["exclude_nodes"] == ("bu2",)
+    assert ctl.burst_inputs(TickResult(), {}, 20.0)["exclude_nodes"] == ("bu2",)  # after it is gone too
+    ctl.state.cordons.uncordon_manual("bu2", 0, 30.0)
+    assert ctl.burst_inputs(TickResult(), {}, 30.0)["exclude_nodes"] == ()
+
+    slurm = FakeSlurm()
+    made = manager(slurm, tmp_path)
+    made.step(target_workers=6, allocation_slots=4, workers_by_job={}, draining_by_job={}, now_s=0,
+              exclude_nodes=("bu2",))
+    assert "#SBATCH --exclude=bu2\n" in made.jobs.script.read_text()
