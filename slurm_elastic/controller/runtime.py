@@ -20,7 +20,7 @@ from slurm_elastic.controller.control_plane import ControlPlane, UnknownWorkerEr
 from slurm_elastic.controller.pause_watch import PauseWatch
 from slurm_elastic.controller.step_specs import foreign_gpus_by_node
 from slurm_elastic.controller.views import StatusViews
-from slurm_elastic.core.cordons import CordonChange
+from slurm_elastic.core.cordons import CordonChange, CordonSource
 from slurm_elastic.core.lifecycle import WorkerState, commands_ended
 from slurm_elastic.core.naming import AGENT_PREFIX, worker_id_of_step
 from slurm_elastic.core.placement import Allocation
@@ -33,6 +33,7 @@ from slurm_elastic.slurm.parse import StepInfo
 
 __all__ = ["STATE_REFRESH_S", "Controller", "UnknownWorkerError", "foreign_gpus_by_node"]
 log = logging.getLogger(__name__)
+NOT_SLURM_CORDONS: tuple[CordonSource, ...] = ("health", "prolog", "crash", "operator", "preflight")  # Slurm knows not of these
 OUTPUT_TAIL_BYTES = 4096  # of a step's output, read for Slurm's CANCELLED line
 
 
@@ -315,19 +316,19 @@ class Controller(ControlPlane, StatusViews):
                   and worker.history[-1][0] >= recent_s and worker.history[-1][3] == EXITED_CLEANLY):
                 ending.add(worker.job_id)  # left a burst job unasked: Slurm signalled its end
         slurm_cordoned = self.state.cordons.cordoned_by("slurm")
-        cordoned = set(self.state.cordons.cordoned())
+        ours = set().union(*(self.state.cordons.cordoned_by(s) for s in NOT_SLURM_CORDONS))
 
-        def every_gpu(gpus_by_node: dict[str, tuple[int, ...]], among: Any) -> bool:
+        def every_gpu(gpus_by_node: dict[str, tuple[int, ...]], among: set[tuple[str, int]]) -> bool:
             return bool(gpus_by_node) and all((n, g) in among for n, gpus in gpus_by_node.items() for g in gpus)
 
         out_of_use = frozenset(  # Slurm's marks judged only by node states read while the job held its nodes
             job_id for job_id, gpus_by_node in running_burst.items()
             if (job_id in self.node_states_read_for and every_gpu(gpus_by_node, slurm_cordoned))
-            or (every_gpu(gpus_by_node, cordoned) and not live[job_id]))
+            or (every_gpu(gpus_by_node, ours) and not live[job_id]))
         for gpus_by_node in running_burst.values():
             self.burst_node_gpus.update((n, gpus) for n, gpus in gpus_by_node.items() if gpus)
         exclude = tuple(sorted(n for n, gpus in self.burst_node_gpus.items()  # a new burst job would get them again
-                               if all((n, g) in cordoned for g in gpus)))
+                               if all((n, g) in ours for g in gpus)))  # (Slurm keeps its drained nodes out itself)
         return {"target_workers": self.state.target_workers, "ending_jobs": frozenset(ending),
                 "out_of_use_jobs": out_of_use, "exclude_nodes": exclude,
                 "allocation_slots": result.slots[0].slots if result.slots else 0,
