@@ -6,8 +6,8 @@ whole head within ``head_timeout_s`` and ``head_max_bytes``, or it is closed: a 
 sends a head a byte at a time, or never sends one, holds no descriptor for long. At most
 ``max_connections`` are open; one more closes the longest-waiting connection that has no request
 in progress and no response still leaving, or is itself closed at once if every connection is
-busy. An interim answer (``100 Continue``) is no response: the request's body follows it. The cap is kept below the
-process's open-files limit so that the controller's own files always open. A response whose bytes
+busy. An interim answer (``100 Continue``) is no response: the request's body follows it. The
+cap is kept below the process's open-files limit so that the controller's own files always open. A response whose bytes
 wait in the transport's write buffer must send at least ``min_send_rate_bytes_per_s`` times
 ``write_timeout_s`` of them in every window of ``write_timeout_s``, or its connection is closed:
 a client that never reads its answers (nothing leaves: ``stalled``), or reads them a drip at a
@@ -21,8 +21,9 @@ response that fits in the kernel's buffers never waits in the transport's, and i
 sees only the asyncio ``Protocol`` and ``Transport`` interfaces, and two attributes of uvicorn's
 protocol: ``pipeline`` (the requests that arrived behind the one being answered) and ``cycle``
 (the latest request; ``more_body`` false once its whole body is in): bytes after that are the
-next request's head, held to the head's size cap even while an answer is pending. The transport it hands the
-wrapped protocol also sends a response's head together with its body (:class:`_InnerTransport`).
+next request's head, held to the head's size cap even while an answer is pending. The transport
+it hands the wrapped protocol also sends a response's head together with its body
+(:class:`_InnerTransport`).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from slurm_elastic.client.locate import job_comment
 from slurm_elastic.controller.base import STATE_REFRESH_S
@@ -33,7 +33,8 @@ from slurm_elastic.slurm.parse import StepInfo
 
 __all__ = ["STATE_REFRESH_S", "Controller", "UnknownWorkerError", "foreign_gpus_by_node"]
 log = logging.getLogger(__name__)
-NOT_SLURM_CORDONS: tuple[CordonSource, ...] = ("health", "prolog", "crash", "operator", "preflight")  # Slurm knows not of these
+NOT_SLURM_CORDONS: tuple[CordonSource, ...] = tuple(s for s in get_args(CordonSource) if s != "slurm")  # ours alone
+_TASK_FAILED = re.compile(r"task \d+: Exited with exit code [1-9]")  # srun's line for a task that failed
 OUTPUT_TAIL_BYTES = 4096  # of a step's output, read for Slurm's CANCELLED line
 
 
@@ -52,8 +53,6 @@ def srun_log_says_terminated(path: Path, step: str) -> bool:
     lines = _tail_lines(path)
     return any(pattern.search(line) and not (i and _TASK_FAILED.search(lines[i - 1])) for i, line in enumerate(lines))
 
-
-_TASK_FAILED = re.compile(r"task \d+: Exited with exit code [1-9]")
 
 
 def _tail_lines(path: Path) -> list[str]:
