@@ -213,3 +213,24 @@ def test_hung_server_leaves_discovery_is_replaced_and_no_request_is_lost(job: Co
     assert any("not live: 2 failed liveness probes in a row (threshold 2)" in r for r in reasons), reasons
     assert record["state"] == "INACTIVE"
     assert [e["event"] for e in job.events() if e["worker"] == "0002" and e["event"] in ("hung", "drained")] == ["hung"]
+
+
+NEVER_READY = {"workers": {"kind": "server", "command": [sys.executable, FAKE_SERVER, "{port}"],
+                           "readiness_path": "/never", "start_timeout_s": 3.0, "backoff_base_s": 0.5,
+                           "backoff_max_s": 1.0}}
+
+
+@pytest.mark.parametrize("job", [NEVER_READY], indirect=True)
+def test_a_server_never_ready_is_stopped_and_relaunched_without_a_crash_cordon(job: ControllerJob) -> None:
+    """Its wrapper stops it at start_timeout_s, three times over: the worker backs off, the GPU
+    is not crash-cordoned (it was, after three, on every GPU of the job)."""
+    with job.client() as c:
+        c.scale(1)
+
+    def stops() -> list[str]:
+        workers = job.status()["workers"]
+        return [h[3] for w in workers for h in w["history"] if "server not ready after 3 s" in h[3]]
+
+    wait_for(lambda: len(stops()) >= 3, 90, "three stops for not being ready")
+    status = job.status()
+    assert status["cordoned_gpus"] == [], status["cordoned_gpus"]
