@@ -244,7 +244,9 @@ class ControlPlane(ControllerBase):
             return answer
 
     def _check_gpu(self, node: str, gpu: int) -> None:
-        if not any(gpu in a.gpus_by_node.get(node, ()) for a in self.allocations):
+        """UnknownWorkerError unless ``node:gpu`` is the job's own, or a burst job's of this run."""
+        if not (any(gpu in a.gpus_by_node.get(node, ()) for a in self.allocations)
+                or gpu in self.burst_node_gpus.get(node, ())):
             raise UnknownWorkerError(f"{node}:{gpu} is not a GPU of job {self.job_id} "
                                      f"(`slurm-elastic status {self.job_id}` lists its workers' GPUs)")
 

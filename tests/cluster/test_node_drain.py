@@ -118,3 +118,34 @@ def test_a_burst_job_on_a_drained_node_is_given_back_and_asked_for_again(devclus
         stop_controller_job(job)
         for burst_id, _state in burst_jobs_of(job.job_id):
             run_command(["scancel", str(burst_id)], check=False)
+
+
+def test_a_burst_job_whose_every_gpu_is_cordoned_is_given_back_and_its_node_excluded(devcluster: DevCluster,
+                                                                                    tmp_path: Path) -> None:
+    """An operator cordons every GPU of the burst job's node and drains its workers: the job, with
+    no GPU that could take a worker, is given back (it held them and max_jobs before), and the next
+    one is asked for without that node (--exclude): here it waits, the only other node being ours."""
+    job = start_controller_job(
+        devcluster, tmp_path, nodes=1, gpus_per_node=4,
+        burst={"max_jobs": 1, "gpus_per_job": 4, "partition": devcluster.spec.preempt_partition,
+               "submit_cooldown_s": 0, "controller_unreachable_grace_s": 60, "signal_lead_s": 0})
+    try:
+        with job.client() as c:
+            c.scale(6)
+        status = job.active(6, timeout_s=60)
+        [(first, _state)] = burst_jobs_of(job.job_id)
+        burst_node = next(w["node"] for w in status["workers"] if w["job_id"] == first)
+        with job.client() as c:
+            for gpu in range(4):
+                c.cordon(burst_node, gpu, "fan swap")
+            for worker in status["workers"]:
+                if worker["job_id"] == first:
+                    c.drain(worker["worker_id"])
+        [(second, state)] = wait_for(lambda: len(jobs := burst_jobs_of(job.job_id)) == 1 and jobs[0][0] != first
+                                     and jobs, 60, "the burst job to be given back and another asked for")
+        shown = run_command(["scontrol", "show", "job", str(second)]).stdout
+        assert state == "PENDING" and f"ExcNodeList={burst_node}" in shown, shown
+    finally:
+        stop_controller_job(job)
+        for burst_id, _state in burst_jobs_of(job.job_id):
+            run_command(["scancel", str(burst_id)], check=False)
