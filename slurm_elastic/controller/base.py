@@ -45,6 +45,7 @@ SIGNAL_FANOUT = 8  # scancel calls in flight at once in one tick
 # worker fields that every heartbeat refreshes: a change in them alone does not rewrite the state
 # file at once (after a restart they are refreshed by the next heartbeat; the liveness clock is reset)
 LIVE_WORKER_FIELDS = frozenset({"last_heartbeat_s", "busy", "rollouts"})
+LIVE_BURST_FIELDS = frozenset({"gpu_s_held", "gpu_s_used"})  # burst GPU-seconds grow every tick: same rule
 STATE_REFRESH_S = 30.0  # live fields alone are written at most this often
 
 
@@ -162,6 +163,8 @@ class ControllerBase:
             st.autoscaler = Autoscaler.from_state(st.autoscaler.config, {})
         if restored.cordons is not None:
             st.cordons = CordonBook.from_state(restored.cordons, self.health_rules)
+        if restored.burst is not None and self.burst is not None:
+            self.burst.restore(restored.burst)
         self.left_nodes = [left for left in restored.left_nodes if left["node"] not in self.gpus_by_node]
         now_s = self.clock()
         for worker in st.workers.values():  # nobody could heart-beat while no controller ran
@@ -197,6 +200,7 @@ class ControllerBase:
             "cordons": st.cordons.to_state(),
             "autoscaler": st.autoscaler.to_state(),
             "left_nodes": list(self.left_nodes),
+            **({"burst": self.burst.to_state()} if self.burst is not None else {}),
         }
 
     def save(self) -> None:
@@ -207,7 +211,9 @@ class ControllerBase:
         with self.lock:
             state = self._state()
             durable = json.dumps({**state, "workers": {k: {f: v for f, v in w.items() if f not in LIVE_WORKER_FIELDS}
-                                                       for k, w in state["workers"].items()}}, sort_keys=True)
+                                                       for k, w in state["workers"].items()},
+                                  "burst": {f: v for f, v in state.get("burst", {}).items()
+                                            if f not in LIVE_BURST_FIELDS}}, sort_keys=True)
             if durable == self._saved_durable and time.monotonic() - self._saved_at_s < STATE_REFRESH_S:
                 return
             self.state_file.save(state)

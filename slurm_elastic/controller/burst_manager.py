@@ -63,6 +63,7 @@ class BurstManager:
         self._comments: dict[int, str] = {}  # job -> the comment this controller submitted, adopted or set
         self._refusals: dict[tuple[int, str], str] = {}  # (job, "name"/"comment") -> why Slurm refused to set it back
         self._script_checked = False  # the jobs running this parent's burst script were looked for
+        self.listed_now = False  # this tick's listing worked: only then does :meth:`step` decide
 
     # ---- observe -------------------------------------------------------------------------------
     def observe(self) -> bool:
@@ -74,12 +75,14 @@ class BurstManager:
             renamed = self._renamed({j.job_id for j in named})
         except SlurmError as exc:
             self._error(f"listing burst jobs failed: {exc}")
+            self.listed_now = False
             return False
         self.listed = [self._own(j) for j in sorted(named + renamed, key=lambda j: j.job_id)
                        if self.jobs.is_ours(j) or j.job_id in self._comments]
         known = {j.job_id for j in self.listed}
         self._gpus = {k: v for k, v in self._gpus.items() if k in known}
         self._comments = {k: v for k, v in self._comments.items() if k in known}
+        self.listed_now = True
         return True
 
     def _adopt_by_script(self) -> None:
@@ -177,6 +180,7 @@ class BurstManager:
         releasing = self.releasing | self._ending
         self._given_back |= releasing
         self.counters.lost += len(lost_jobs(self._previous, current, frozenset(self._given_back)))
+        self._given_back &= listed_ids  # gone from Slurm's listing: nothing more to tell about it
         self._account(current, workers_by_job, now_s)
         self._previous = current
         decision = decide_burst(self.policy, target_workers=target_workers, allocation_slots=allocation_slots,
@@ -189,8 +193,10 @@ class BurstManager:
             self.counters.cancelled += 1
         for job_id in decision.release:
             self._mark(job_id, True)
+            self._given_back.add(job_id)
         for job_id in decision.keep:
             self._mark(job_id, False)
+            self._given_back.discard(job_id)  # taken back: lost again if it ends unreleased
         for _ in range(decision.submit):
             try:
                 self._comments[self.jobs.submit(exclude_nodes)] = burst_job_comment(self.jobs.parent_job_id)
@@ -201,6 +207,27 @@ class BurstManager:
         if decision.submit or decision.cancel or decision.release or decision.keep:
             log.info("%s", decision.reason)
         return decision
+
+    # ---- memory --------------------------------------------------------------------------------
+    def to_state(self) -> dict[str, Any]:
+        """What a restarted controller needs to go on counting and deciding as this one would."""
+        c = self.counters
+        return {"submitted": c.submitted, "cancelled": c.cancelled, "lost": c.lost, "gpu_s_held": c.gpu_s_held,
+                "gpu_s_used": c.gpu_s_used, "given_back": sorted(self._given_back), "ending": sorted(self._ending),
+                "running": sorted(j.job_id for j in self._previous if j.phase == "RUNNING"),
+                "last_submit_s": self.last_submit_s}
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Take back what :meth:`to_state` saved (validated by the caller): the counters go on from
+        where they were, a job given back before the restart is not counted lost when it ends, and
+        one that ended while no controller ran is, and the submission cooldown runs from the last
+        submission."""
+        self.counters = replace(self.counters, submitted=state["submitted"], cancelled=state["cancelled"],
+                                lost=state["lost"], gpu_s_held=state["gpu_s_held"], gpu_s_used=state["gpu_s_used"])
+        self._given_back = set(state["given_back"])
+        self._ending = set(state["ending"])
+        self._previous = tuple(BurstJob(job_id, "RUNNING", 0) for job_id in state["running"])
+        self.last_submit_s = state["last_submit_s"]
 
     # ---- report --------------------------------------------------------------------------------
     def status_rows(self, workers_by_job: Mapping[int, int]) -> list[dict[str, Any]]:

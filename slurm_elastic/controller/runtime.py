@@ -284,8 +284,9 @@ class Controller(ControlPlane, StatusViews):
             self.save()
             burst_inputs = (self.burst_inputs(result, running_burst, now_s)
                             if self.burst is not None and steps is not None else None)
-        if burst_inputs is not None and self.burst is not None:  # sbatch/scancel outside the lock
+        if burst_inputs is not None and self.burst is not None and self.burst.listed_now:  # sbatch/scancel outside the lock
             self.burst.step(**burst_inputs)
+            self.save()  # what it submitted or gave back, for a successor killed before the next tick
         return result
 
     def _release_leases(self, result: TickResult) -> None:

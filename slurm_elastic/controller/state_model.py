@@ -114,6 +114,24 @@ class AutoscalerMemory(_Model):
     first_seen_s: Annotated[StrictFloat, Field(allow_inf_nan=False)] | None = None  # the start-up's first decision
 
 
+JobIds = Annotated[list[Annotated[StrictInt, Field(ge=1)]], Field(max_length=10_000)]
+NonNegative = Annotated[StrictFloat, Field(ge=0, allow_inf_nan=False)]
+
+
+class BurstMemory(_Model):
+    """What the burst manager keeps across restarts, as :meth:`BurstManager.to_state` writes it."""
+
+    submitted: Count = 0
+    cancelled: Count = 0
+    lost: Count = 0
+    gpu_s_held: NonNegative = 0.0
+    gpu_s_used: NonNegative = 0.0
+    given_back: JobIds = Field(default_factory=list)  # jobs this job cancelled or released: not lost when they end
+    ending: JobIds = Field(default_factory=list)  # jobs Slurm is ending (preemption, time limit), released for good
+    running: JobIds = Field(default_factory=list)  # jobs running at the last listing: lost if they end unreleased
+    last_submit_s: Annotated[StrictFloat, Field(allow_inf_nan=False)] | None = None
+
+
 class LeftNode(_Model):
     """A node Slurm took out of the running job, as status shows it."""
 
@@ -146,6 +164,7 @@ class RestoredState:
     left_nodes: tuple[dict[str, Any], ...] = ()
     autoscaler: dict[str, Any] | None = None
     cordons: dict[str, Any] | None = None
+    burst: dict[str, Any] | None = None
     notes: tuple[str, ...] = ()
     found: bool = False  # a state file of this job was read (else the first listing seeds the target)
     dropped: bool = False  # something in the file was not kept
@@ -174,7 +193,13 @@ def restore_state(body: dict[str, Any]) -> RestoredState:
         except ValidationError as exc:
             notes.append(f"autoscaler memory is not valid ({_first_error(exc)}): starting fresh")
     cordons = _cordons(body["cordons"], notes) if "cordons" in body else None
-    return RestoredState(workers=workers, autoscaler=autoscaler, cordons=cordons, notes=tuple(notes),
+    burst = None
+    if "burst" in body:
+        try:
+            burst = BurstMemory.model_validate(body["burst"]).model_dump()
+        except ValidationError as exc:
+            notes.append(f"burst memory is not valid ({_first_error(exc)}): its counters start from 0")
+    return RestoredState(workers=workers, autoscaler=autoscaler, cordons=cordons, burst=burst, notes=tuple(notes),
                          dropped=bool(notes), **values)
 
 

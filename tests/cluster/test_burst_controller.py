@@ -82,6 +82,7 @@ def test_a_killed_controller_adopts_its_burst_job_and_submits_no_second(parent: 
     assert [j for j, _ in burst_jobs_of(parent)] == [burst_id]  # adopted, not duplicated
     assert [r["job_id"] for r in status["burst_jobs"]] == [burst_id]
     assert sum(1 for w in status["workers"] if w["job_id"] == burst_id) == 2
+    assert status["burst"]["submitted"] == 1 and status["burst"]["gpu_s_held"] > 0  # counted on from state.json
 
 
 def test_a_preempted_burst_job_drains_its_workers_and_loses_no_rollout(parent: ControllerJob) -> None:
