@@ -110,6 +110,10 @@ class ControlPlane(ControllerBase):
                 if drain_not_live([worker], self.tick_config.reconcile.liveness_failure_threshold,
                                   worker.last_heartbeat_s):
                     self._publish_endpoints()  # out of discovery now; the tick sends the drain signal
+            if info.get("leaving") and (worker_id, worker.step_id) not in self.leaving:
+                self.leaving.add((worker_id, worker.step_id))  # routers drop it before its command hears the drain
+                log.info("worker %s: a drain signal reached its step; out of discovery", worker_id)
+                self._publish_endpoints()
             drain = worker.state is S.DRAINING and not worker.placeholder and (
                 not self.is_server or worker.drain_signaled)
             # a record still STARTING (e.g. restored from before its registration was saved): ask again

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from slurm_elastic.core.defaults import SERVER_DRAIN_GRACE_S
 from slurm_elastic.errors import ControllerUnreachableError, SlurmElasticError
 from slurm_elastic.worker.context import StepContext, node_address
 from slurm_elastic.worker.liveness import LivenessProbe, probe_server
@@ -138,6 +139,8 @@ def _supervise(child: subprocess.Popen[bytes], ctx: StepContext, register: Call,
     """Heart-beat for ``child``, forward a drain to it once, report its exit code; sleeps on
     ``wakeup`` (the child's exit, a signal) between heartbeats."""
     forwarded = False
+    asked_to_drain = False  # by the controller (it has taken the server out of discovery itself)
+    forward_at: float | None = None  # a server's own drain signal: forwarded once routers have dropped it
     next_beat = time.monotonic() + interval_s  # the registration just now was the first sign of life
     ready = ctx.kind != "server"
     ready_deadline = time.monotonic() + ctx.start_timeout_s
@@ -181,6 +184,14 @@ def _supervise(child: subprocess.Popen[bytes], ctx: StepContext, register: Call,
             reply = _beat(ctx, register, heartbeat, payload, info)
             if reply.get("drain"):
                 flags.drain.set()  # the controller wants a drain, whether or not a signal came
+                asked_to_drain = True
+        if flags.drain.is_set() and not forwarded and ready and ctx.kind == "server" and not asked_to_drain:
+            if forward_at is None:  # the signal came to the step (an operator, a preemption): routers first
+                _beat(ctx, register, heartbeat, {"child_pid": child.pid, "leaving": True}, info)
+                forward_at = time.monotonic() + SERVER_DRAIN_GRACE_S
+            if time.monotonic() < forward_at:
+                wakeup.wait(min(READINESS_POLL_S, forward_at - time.monotonic()))
+                continue
         if flags.drain.is_set() and not forwarded:
             log.info("worker %s: draining; forwarding SIG%s to the worker command", ctx.worker_id, ctx.drain_signal)
             child.send_signal(ctx.drain_signum)

@@ -9,12 +9,14 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from slurm_elastic.core.defaults import SERVER_DRAIN_GRACE_S
 from slurm_elastic.errors import UnknownOnControllerError
 from slurm_elastic.worker import wakeup
 from slurm_elastic.worker.context import StepContext
@@ -153,3 +155,42 @@ def test_a_server_stopped_for_not_becoming_ready_says_so_in_its_last_report() ->
     code = run_wrapped([sys.executable, "-c", "import time; time.sleep(30)"], server, calls.register, calls.heartbeat,
                        flags=Flags())
     assert code != 0 and calls.heartbeats[-1].get("not_ready_after_s") == 0.3, calls.heartbeats[-1:]
+
+
+def test_a_server_whose_step_gets_the_drain_signal_leaves_discovery_before_its_command_hears_it(
+        tmp_path: Path, handlers_restored: None) -> None:
+    """An operator's ``scancel --signal=USR1`` of a server's step, or a preemption's SIGTERM in a
+    burst job, reaches the wrapper first: it tells the controller (which drops the server from
+    ``/endpoints``) and forwards the signal SERVER_DRAIN_GRACE_S later, so routers send it nothing new
+    while it drains. A drain the controller asks for is forwarded at once (it took the server out itself)."""
+    heard = tmp_path / "heard"
+    script = ("import http.server, signal, sys, time, pathlib\n"
+              f"def leave(*_):\n    pathlib.Path({str(heard)!r}).write_text(repr(time.time()))\n    sys.exit(3)\n"
+              "signal.signal(signal.SIGUSR1, leave)\n"
+              "http.server.HTTPServer(('', int(sys.argv[1])), http.server.SimpleHTTPRequestHandler).serve_forever()\n")
+    server = dataclasses.replace(CTX, kind="server", start_timeout_s=30.0)
+    ready = threading.Event()
+
+    class ServerCalls(Calls):
+        def register(self, info: dict[str, Any]) -> dict[str, Any]:
+            if info.get("ready"):
+                ready.set()
+            return super().register(info)
+
+        def heartbeat(self, payload: dict[str, Any]) -> dict[str, Any]:
+            self.heartbeats.append({**payload, "at": time.time()})
+            return {}
+
+    def signal_once_ready() -> None:
+        if ready.wait(30):
+            os.kill(os.getpid(), signal.SIGUSR1)
+
+    flags, calls = Flags(), ServerCalls()
+    install_handlers(flags, CTX.drain_signum)
+    sender = threading.Thread(target=signal_once_ready, daemon=True)
+    sender.start()
+    code = run_wrapped([sys.executable, "-c", script, "{port}"], server, calls.register, calls.heartbeat, flags=flags)
+    sender.join()
+    leaving = [h for h in calls.heartbeats if h.get("leaving")]
+    assert code == 3 and len(leaving) == 1, calls.heartbeats
+    assert float(heard.read_text()) - leaving[0]["at"] >= SERVER_DRAIN_GRACE_S - 0.05
