@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from slurm_elastic.router import Router
+from slurm_elastic.slurm.runner import run_command
 from tests.cluster.controller_harness import ControllerJob, locate_in, wait_for
 
 pytestmark = pytest.mark.cluster
@@ -120,6 +121,28 @@ def test_drained_server_gets_no_new_requests_and_finishes_its_own(job: Controlle
     drained = [e for e in events if e["worker"] == "0001" and e["event"] == "drained"]
     last_end = max(e["t"] for e in events if e["worker"] == "0001" and e["event"] == "request_end")
     assert drained and drained[0]["t"] >= last_end  # signalled only once nothing was in flight there
+    assert all(ok for _w, _t, ok in load.results) and len(load.results) > 10
+
+
+@pytest.mark.parametrize("job", [SERVERS], indirect=True)
+def test_a_server_step_signalled_by_the_operator_leaves_routing_before_its_engine_drains(
+        job: ControllerJob, router: Router) -> None:
+    """`scancel --signal=USR1 JOB.STEP` reaches the step, not the controller: the wrapper takes the
+    server out of discovery first, so no request is routed to an engine that is draining."""
+    with job.client() as c:
+        c.scale(2)
+        status = job.active(2)
+        router.wait_for_endpoints(2, timeout_s=30)
+        step = next(w["step_id"] for w in status["workers"] if w["worker_id"] == "0001")
+        with Load(router, threads=4, gen_s=0.3) as load:
+            time.sleep(1.5)
+            run_command(["scancel", "--signal=USR1", f"{job.job_id}.{step}"], check=False)  # 22.05: 225 after a --signal
+            time.sleep(3.0)
+        c.scale(1)
+    events = job.events()
+    heard = [e for e in events if e["worker"] == "0001" and e["event"] == "request_begin" and e["draining"]]
+    assert heard == []  # nothing was routed to it once its engine had the drain signal
+    assert [e for e in events if e["worker"] == "0001" and e["event"] == "drained"]
     assert all(ok for _w, _t, ok in load.results) and len(load.results) > 10
 
 
