@@ -248,13 +248,20 @@ class StalenessSnapshot:
 
     @classmethod
     def from_json(cls, text: str) -> StalenessSnapshot:
-        """Raises ValueError for anything but what :meth:`to_json` writes."""
+        """Raises ValueError for anything but what :meth:`to_json` writes (negative counts included:
+        no queue ever saves one)."""
         try:
             data: Any = json.loads(text)
             leases = {str(w): _lease(held) for w, held in data["leases"].items()}
-            return cls(int(data["version"]), int(data["gross_seqs"]), int(data["at_seq"]), leases)
+            snapshot = cls(int(data["version"]), int(data["gross_seqs"]), int(data["at_seq"]), leases)
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"not a staleness snapshot: {exc}") from None
+        negative = [name for name, value in (("version", snapshot.version), ("gross_seqs", snapshot.gross_seqs),
+                                              ("at_seq", snapshot.at_seq)) if value < 0]
+        negative += [f"lease of {w}" for w, held in leases.items() if held.unused_seqs < 0 or held.admission_granted < 0]
+        if negative:
+            raise ValueError(f"not a staleness snapshot: negative {', '.join(negative)}")
+        return snapshot
 
 
 def _lease(saved: Any) -> Lease:

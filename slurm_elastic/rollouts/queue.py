@@ -170,15 +170,22 @@ class RolloutQueue:
                     self.book.refused(worker_id, n_seqs, self.clock())
                     self.refused_stale_seqs += n_seqs
                 raise refusal
+            full = None
             if not retry:
                 queued_seqs = self._queued.seqs + self._committing_seqs
                 queued_bytes = self._queued.nbytes + self._committing_bytes
                 if queued_seqs + n_seqs > cfg.capacity_seqs or queued_bytes + len(payload) > cfg.capacity_bytes:
+                    full = QueueFull(f"rollout buffer full ({queued_seqs}/{cfg.capacity_seqs} sequences, "
+                                     f"{queued_bytes}/{cfg.capacity_bytes} bytes)", self._retry_after_s())
+                else:
+                    self._committing_seqs += n_seqs  # held against the bound until the commit (no overshoot)
+                    self._committing_bytes += len(payload)
+        if full is not None:
+            if not self.store.known(group_id):  # outside the lock, as above
+                with self._lock:
                     self.refused_submits += 1
-                    raise QueueFull(f"rollout buffer full ({queued_seqs}/{cfg.capacity_seqs} sequences, "
-                                    f"{queued_bytes}/{cfg.capacity_bytes} bytes)", self._retry_after_s())
-                self._committing_seqs += n_seqs  # held against the bound until the commit (no overshoot)
-                self._committing_bytes += len(payload)
+                raise full
+            retry = True  # delivered or handed out already: a retry, whether or not the buffer has room
         if retry:
             then(False, None)  # outside the lock: ``then`` may call back into the queue
             return

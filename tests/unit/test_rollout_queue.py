@@ -79,6 +79,22 @@ def test_duplicates_are_not_stored_twice(tmp_path: Path) -> None:
     assert not submit(q, "g")  # even after delivery
 
 
+def test_a_resend_of_a_delivered_group_is_a_retry_even_with_the_buffer_full(tmp_path: Path) -> None:
+    """The SDK resends a group whose answer it lost; a full buffer must not turn that into 429s
+    (the worker would retry until room frees for a group stored long ago)."""
+    q = make(tmp_path)
+    assert submit(q, "g") and submit(q, "h")
+    batch = q.pull()
+    assert batch is not None
+    q.ack(batch[0])
+    for i in range(4):
+        assert submit(q, f"f{i}")
+    with pytest.raises(QueueFull):
+        submit(q, "new")
+    assert not submit(q, "g")
+    assert q.stats()["refused_submits"] == 1
+
+
 def submit_at(q: RolloutQueue, group_id: str, version: int, n: int = 4) -> bool:
     """A group made while the trainer was at ``version`` (a resume moves it there, back or forth)."""
     q.set_version(version, recovered=True)

@@ -234,6 +234,23 @@ def test_a_store_of_version_0_groups_without_meta_rows_still_opens(tmp_path: Pat
     again.store.close()
 
 
+@pytest.mark.parametrize("saved", [
+    {"version": -7, "gross_seqs": 0, "at_seq": 0, "leases": {}},
+    {"version": 1, "gross_seqs": -100, "at_seq": 0, "leases": {}},
+    {"version": 1, "gross_seqs": 0, "at_seq": 0, "leases": {"0001": [-50, 1000.0]}},
+], ids=["version", "accepted", "lease"])
+def test_staleness_counts_no_queue_saves_are_refused_not_served(tmp_path: Path, saved: dict[str, object]) -> None:
+    """Negative counts would open as a version below 0 or a capacity above the bound (damage
+    SQLite does not see): refused like any index row this version never writes."""
+    queue = RolloutQueue(RolloutStore(tmp_path / "q.sqlite"), QueueConfig(batch_size=8, capacity_seqs=100))
+    queue.set_version(1)
+    queue.store.close()
+    with sqlite3.connect(tmp_path / "q.sqlite") as db:
+        db.execute("UPDATE meta SET value = ? WHERE key = 'staleness'", (json.dumps(saved),))
+    with pytest.raises(StateFileError, match="unreadable staleness snapshot.*negative"):
+        RolloutQueue(RolloutStore(tmp_path / "q.sqlite"), QueueConfig(batch_size=8, capacity_seqs=100))
+
+
 @pytest.mark.parametrize("damage", ["DELETE FROM lost", "DROP TABLE lost"])
 def test_lost_groups_whose_record_of_why_is_gone_are_still_reported(tmp_path: Path, damage: str,
                                                                      caplog: pytest.LogCaptureFixture) -> None:
