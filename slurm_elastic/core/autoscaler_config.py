@@ -45,6 +45,7 @@ class AutoscalerConfig:
     min_workers: int = 1
     max_workers: int = 64
     setpoint_batches: float = 2.0  # keep this many trainer batches buffered
+    setpoint_floor_batches: float = 0.75  # the least the staleness room may lower the setpoint to
     kp: float = 1.0  # [1]: sequences of error -> sequences of correction
     ki: float = 0.05  # [1/s]
     kd: float = 0.5  # [s]: on the measured buffer's rate of change
@@ -93,11 +94,16 @@ class AutoscalerConfig:
             if name in POSITIVE and value <= 0:
                 raise ConfigError(f"{prefix}.{key}: must be > 0 ({POSITIVE[name]})")
             values[name] = value
+        if "setpoint_floor_batches" not in values and "setpoint_batches" in values:  # follows a lower setpoint
+            values["setpoint_floor_batches"] = min(cls.setpoint_floor_batches, values["setpoint_batches"])
         config = cls(**values)
         if config.min_workers > config.max_workers:
             raise ConfigError(f"{prefix}.min_workers ({config.min_workers}) > max_workers ({config.max_workers})")
         if config.scale_down_threshold >= config.scale_up_threshold:
             raise ConfigError(f"{prefix}.scale_down_threshold must be below scale_up_threshold")
+        if config.setpoint_floor_batches > config.setpoint_batches:
+            raise ConfigError(f"{prefix}.setpoint_floor_batches ({config.setpoint_floor_batches:g}) > "
+                              f"setpoint_batches ({config.setpoint_batches:g})")
         if config.confirmations < 1 or config.max_step_up < 1 or config.max_step_down < 1:
             raise ConfigError(f"{prefix}: confirmations and max steps must be >= 1")
         return config

@@ -3,7 +3,7 @@
 Pure: no I/O, the time is passed in. The control law (units in brackets):
 
     staleness room room  = (max_staleness - 1/2)·batch_size - in_flight     [sequences]
-    setpoint       sp    = min(setpoint_batches·batch_size, max(batch_size/2, room))  [sequences]
+    setpoint       sp    = min(setpoint_batches·batch_size, max(setpoint_floor_batches·batch_size, room))
     buffer error   e(t)  = sp - queued                            [sequences]; > 0: the trainer starves
     error ahead    a(t)  = e(t) - loading·per_worker_rate·horizon_s  [sequences]
     feed-forward   w_ff  = consumption / per_worker_rate          [workers]
@@ -118,13 +118,15 @@ def _fewer_workers(x: PressureInputs, current: int) -> tuple[float, str]:
 
 def effective_setpoint_seqs(cfg: AutoscalerConfig, x: PressureInputs) -> float:
     """The buffer level aimed for [sequences]: setpoint_batches·batch_size, lowered to what the
-    staleness bound lets the buffer hold while ``in_flight_seqs`` are generating, but not below half
-    a batch (the least average that has a full batch ready at each pull)."""
+    staleness bound lets the buffer hold while ``in_flight_seqs`` are generating, but not below
+    setpoint_floor_batches·batch_size: half a batch is the least average that has a full batch
+    ready at each pull, and the quarter batch above it is the margin for a batch's last groups
+    that come late."""
     wanted = cfg.setpoint_batches * x.batch_size
     if x.max_staleness is None or x.in_flight_seqs is None or not math.isfinite(x.in_flight_seqs):
         return wanted
     room = (x.max_staleness - 0.5) * x.batch_size - x.in_flight_seqs
-    return min(wanted, max(0.5 * x.batch_size, room))
+    return min(wanted, max(cfg.setpoint_floor_batches * x.batch_size, room))
 
 
 @dataclass

@@ -52,5 +52,6 @@ def test_on_a_trace_burst_jobs_hold_less_than_the_peak_and_idle_far_less_than_th
                                                    queue_wait_mean_s=60.0), seed=0)
     held, idle = result.gpu_hours, result.trainer_idle_fraction
     assert held["allocation_only"] < held["allocation_plus_burst"] < held["static_peak"]
-    assert idle["static_peak"] <= idle["allocation_plus_burst"] < idle["allocation_only"] / 2
+    assert idle["allocation_plus_burst"] < idle["allocation_only"] / 2
+    assert abs(idle["allocation_plus_burst"] - idle["static_peak"]) < 0.05  # about the peak's, on fewer GPU-hours
     assert result.burst_jobs_submitted >= 1  # steady needs about 8: the allocation's 4 and a burst job's 4

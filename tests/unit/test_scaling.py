@@ -166,6 +166,8 @@ def test_verl_knobs_another_key_holds_are_refused_naming_that_key(key: str, inst
     ({"min_workers": "2"}, "autoscaler.min_workers: must be an integer"),
     ({"kp": -1.0}, "autoscaler.kp: must be >= 0"),
     ({"min_workers": 5, "max_workers": 2}, "min_workers"),
+    ({"setpoint_batches": 0.5, "setpoint_floor_batches": 0.75},
+     r"autoscaler.setpoint_floor_batches \(0.75\) > setpoint_batches \(0.5\)"),
     ({"scale_up_cooldown": 1.0, "scale_up_cooldown_s": 2.0},
      r"autoscaler.scale_up_cooldown_s: given twice \(also as autoscaler.scale_up_cooldown\)"),
     ({"scale_up_cooldown_s": 2.0, "scale_up_cooldown": 1.0},
@@ -174,6 +176,10 @@ def test_verl_knobs_another_key_holds_are_refused_naming_that_key(key: str, inst
 def test_config_errors_name_the_key(data: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         AutoscalerConfig.from_mapping(data)
+
+
+def test_a_setpoint_below_the_default_floor_lowers_the_floor_with_it() -> None:
+    assert AutoscalerConfig.from_mapping({"setpoint_batches": 0.5}).setpoint_floor_batches == 0.5
 
 
 def test_state_round_trip_keeps_the_memory() -> None:
@@ -211,8 +217,8 @@ def test_unmeasured_inputs_are_explicit(x: PressureInputs, expected_action: str,
     (None, 40.0, 64.0),  # no bound given: setpoint_batches x batch_size (2 x 32)
     (4, 0.0, 64.0),  # room (4 - 1/2) x 32 = 112 is above the setpoint: the setpoint holds
     (2, 8.0, 40.0),  # room (2 - 1/2) x 32 - 8 = 40: lowered to what the bound lets the buffer hold
-    (2, 40.0, 16.0),  # room 8 is below half a batch: half a batch, the least that feeds every pull
-    (1, 0.0, 16.0),
+    (2, 40.0, 24.0),  # room 8 is below the floor: 3/4 batch, half (the least that feeds every pull) + margin
+    (1, 0.0, 24.0),
 ])
 def test_effective_setpoint_respects_the_staleness_room(max_staleness: int | None, in_flight: float,
                                                          expected_seqs: float) -> None:

@@ -247,7 +247,7 @@ def test_staleness_counts_no_queue_saves_are_refused_not_served(tmp_path: Path, 
     queue.store.close()
     with sqlite3.connect(tmp_path / "q.sqlite") as db:
         db.execute("UPDATE meta SET value = ? WHERE key = 'staleness'", (json.dumps(saved),))
-    with pytest.raises(StateFileError, match="unreadable staleness snapshot.*negative"):
+    with pytest.raises(StateFileError, match=r"unreadable staleness snapshot.*negative"):
         RolloutQueue(RolloutStore(tmp_path / "q.sqlite"), QueueConfig(batch_size=8, capacity_seqs=100))
 
 
