@@ -8,7 +8,7 @@ from pathlib import Path
 
 import jinja2
 
-from slurm_elastic.controller.config import ElasticConfig
+from slurm_elastic.controller.config import ElasticConfig, check_worker_command
 from slurm_elastic.core.burst import burst_job_comment, burst_job_name
 from slurm_elastic.errors import ConfigError
 from slurm_elastic.resources import templates_dir
@@ -26,6 +26,10 @@ def render_sbatch(config: ElasticConfig, config_path: str) -> str:
     """The batch script for ``config`` (``config_path`` as the script should name it)."""
     if not config.job.trainer_command:
         raise ConfigError(f"{config_path}: job.trainer_command is empty: name the trainer to run")
+    check_worker_command(config, config_path)
+    if config.job.trainer_gpus > config.job.gpus_per_node:
+        raise ConfigError(f"{config_path}: job.trainer_gpus ({config.job.trainer_gpus}) > job.gpus_per_node "
+                          f"({config.job.gpus_per_node}): the trainer step could never start")
     return _templates().get_template("elastic_rl.sbatch.j2").render(
         job=config.job,
         config_path=shlex.quote(config_path),

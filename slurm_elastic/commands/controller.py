@@ -22,10 +22,12 @@ def controller(config_path: Path) -> None:
     stop`; after SIGTERM or SIGINT, 143, so that the batch script's loop starts a new controller,
     which adopts the workers."""
     from slurm_elastic.controller.app import run_controller
-    from slurm_elastic.controller.config import load_config
+    from slurm_elastic.controller.config import check_worker_command, load_config
 
     logging.getLogger().setLevel(logging.INFO)
-    if not run_controller(load_config(config_path), stop=threading.Event()):
+    config = load_config(config_path)
+    check_worker_command(config, str(config_path))
+    if not run_controller(config, stop=threading.Event()):
         sys.exit(STOPPED_BY_SIGNAL_EXIT)
 
 

@@ -55,7 +55,7 @@ class WorkersSection(_Section):
 
     command: list[str] = Field(
         default_factory=list,
-        description="Worker command; a string is split like a shell would. Placeholders: {worker_id}, "
+        description="Worker command (a job needs one: `controller` and `render` refuse an empty one); a string is split like a shell would. Placeholders: {worker_id}, "
         "{gpus} (in all), {nodes} (of one worker's step), {controller_url}, {job_id}, {state_dir}, {port}, {weights_path}, {weights_version} (servers: the "
         "latest published weights at launch).",
     )
@@ -69,7 +69,7 @@ class WorkersSection(_Section):
                                 "(--ntasks-per-node); task 0 registers, the others run the command beside it.")
     cpus_per_worker: int = Field(1, ge=1, description="CPUs per worker step (--cpus-per-task).")
     mem_per_worker_mb: int = Field(0, ge=0, description="Memory per worker step in MB; 0: Slurm's default.")
-    initial_workers: int = Field(-1, ge=-1, description="Workers at start; -1: the autoscaler's minimum.")
+    initial_workers: int = Field(-1, ge=-1, description="Workers at start (at most autoscaler.max_workers); -1: the autoscaler's minimum.")
     drain_signal: DrainSignal = Field(DEFAULT_DRAIN_SIGNAL, description="Signal that asks a worker to drain.")
     drain_timeout_s: float = Field(d.DRAIN_TIMEOUT_S, gt=0, description="After this, a draining worker is cancelled.")
     heartbeat_interval_s: float = Field(d.HEARTBEAT_INTERVAL_S, gt=0, description="How often workers heart-beat.")
@@ -77,8 +77,8 @@ class WorkersSection(_Section):
     start_timeout_s: float = Field(d.START_TIMEOUT_S, gt=0, description="Launch to registration, else the launch failed.")
     backoff_base_s: float = Field(d.BACKOFF_BASE_S, gt=0, description="First crash-loop backoff; doubles per crash.")
     backoff_max_s: float = Field(d.BACKOFF_MAX_S, gt=0, description="Longest crash-loop backoff.")
-    readiness_path: str = Field("", description="Servers: HTTP path that answers 2xx when ready; empty: a TCP connect.")
-    liveness_path: str = Field("", description="Servers: HTTP path probed after ready (2xx: live); empty: readiness_path (empty too: a TCP connect).")
+    readiness_path: str = Field("", description="Servers: HTTP path (starting with /) that answers 2xx when ready; empty: a TCP connect.")
+    liveness_path: str = Field("", description="Servers: HTTP path (starting with /) probed after ready (2xx: live); empty: readiness_path (empty too: a TCP connect).")
     liveness_interval_s: float = Field(d.LIVENESS_INTERVAL_S, gt=0, le=3600, description="Servers: seconds between liveness probes after ready.")
     liveness_timeout_s: float = Field(d.LIVENESS_TIMEOUT_S, gt=0, le=3600, description="Servers: a liveness probe not answered within this fails.")
     liveness_failure_threshold: int = Field(3, ge=0, le=1000, description="Servers: failed probes in a row after which the server leaves discovery, drains and is replaced; 0: no liveness probes.")
@@ -90,6 +90,13 @@ class WorkersSection(_Section):
     @classmethod
     def _split_command(cls, value: Any) -> Any:
         return shlex.split(value) if isinstance(value, str) else value
+
+    @field_validator("readiness_path", "liveness_path")
+    @classmethod
+    def _a_path(cls, value: str) -> str:
+        if value and not value.startswith("/"):
+            raise ValueError(f"{value!r} must start with / (e.g. /health), or be empty for a TCP connect")
+        return value
 
     @model_validator(mode="after")
     def _heartbeats_fit_their_grace(self) -> WorkersSection:
@@ -149,7 +156,8 @@ class AgentSection(_Section):
     source: Literal["auto", "nvml", "inject"] = Field(
         "auto", description="NVML; the fault-injection file; or auto: NVML, and the file only on nodes without an NVIDIA driver.")
     inject_file: str = Field("", description="Fault-injection drill file (docs/gpu-health.md); default <state dir>/drill.toml.")
-    interval_s: float = Field(d.AGENT_INTERVAL_S, gt=0, description="Seconds between samples.")
+    interval_s: float = Field(d.AGENT_INTERVAL_S, ge=0.1, description="Seconds between samples (at least 0.1; below "
+                              "health.agent_silence_s, after which a node not heard from is of unknown health).")
 
 
 class JobSection(_Section):
@@ -237,6 +245,14 @@ class ElasticConfig(_Section):
     burst: BurstSection = BurstSection()
 
     @model_validator(mode="after")
+    def _tables_agree(self) -> ElasticConfig:
+        if self.agent.enabled and self.health.agent_silence_s and self.agent.interval_s >= self.health.agent_silence_s:
+            raise ValueError(f"agent.interval_s ({self.agent.interval_s:g}) must be below health.agent_silence_s "
+                             f"({self.health.agent_silence_s:g}): every node would read as of unknown health between "
+                             "two samples")
+        return self
+
+    @model_validator(mode="after")
     def _burst_jobs_fit_workers(self) -> ElasticConfig:
         burst, per_worker = self.burst, self.workers.gpus_per_worker
         if burst.gpus_per_job % burst.nodes_per_job:
@@ -278,8 +294,8 @@ def parse_config(data: dict[str, Any], source: str = "config") -> ElasticConfig:
         problems = []
         for error in exc.errors():
             key = ".".join(str(p) for p in error["loc"])
-            problem = "unknown key" if error["type"] == "extra_forbidden" else error["msg"]
-            problems.append(f"{key}: {problem}" if key else problem.removeprefix("Value error, "))
+            problem = "unknown key" if error["type"] == "extra_forbidden" else error["msg"].removeprefix("Value error, ")
+            problems.append(f"{key}: {problem}" if key else problem)
         raise ConfigError(f"{source}: " + "; ".join(problems)) from None
     _validate_policy_tables(config, source)
     _validate_worker_shape(config, source)
@@ -307,10 +323,19 @@ def _validate_policy_tables(config: ElasticConfig, source: str) -> None:
     from slurm_elastic.rollouts.queue import QueueConfig
 
     try:
-        AutoscalerConfig.from_mapping(config.autoscaler)
+        scaler = AutoscalerConfig.from_mapping(config.autoscaler)
         QueueConfig.from_mapping(config.queue)
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
+    if config.workers.initial_workers > scaler.max_workers:
+        raise ConfigError(f"{source}: workers.initial_workers ({config.workers.initial_workers}) > "
+                          f"autoscaler.max_workers ({scaler.max_workers})")
+
+
+def check_worker_command(config: ElasticConfig, source: str) -> None:
+    """A job needs a worker command (a config without one still loads for tools and tests)."""
+    if not config.workers.command:
+        raise ConfigError(f"{source}: workers.command is empty: name the worker to run on each GPU")
 
 
 def load_config(path: Path) -> ElasticConfig:

@@ -208,9 +208,13 @@ def autoscales(state: ControlState) -> bool:
 
 def autoscaler_inputs(state: ControlState, obs: Observation, allowed_slots: int, cfg: TickConfig) -> PressureInputs:
     """What the autoscaler sees: the queue's numbers, server load, workers by state, and how many
-    are still loading (launched, no rollout started yet; known only where workers report busy time)."""
+    are still loading (launched, no rollout started yet; known only where workers report busy time).
+    Workers the target asks for that no tick has launched yet (``workers.initial_workers`` before
+    the first tick) count as starting: a hold keeps them."""
     workers = [w for w in state.workers.values() if not w.placeholder]
     counts = Counter(w.state for w in workers)
+    capacity = counts[S.STARTING] + counts[S.BACKOFF] + counts[S.ACTIVE]
+    counts[S.STARTING] += max(0, min(state.target_workers, allowed_slots) - capacity)
     busy_worker_s = obs.busy_worker_s if obs.queue else None
     loading = 0 if busy_worker_s is None else sum(
         1 for w in workers if w.state is S.STARTING or (w.state is S.ACTIVE and w.rollouts == 0 and not w.busy))

@@ -30,6 +30,7 @@ class HookConfig:
 
 
 _KINDS = {int: "a whole number", float: "a number"}  # what a value must be, by its default's type; else a string (paths too)
+_CHOICES = {"source": ("auto", "nvml", "inject")}  # keys that take one of a few words
 
 
 def load_hook_config(path: Path = CONFIG_FILE, problems: list[str] | None = None) -> HookConfig:
@@ -66,6 +67,9 @@ def load_hook_config(path: Path = CONFIG_FILE, problems: list[str] | None = None
             continue
         if isinstance(default, int | float) and not isinstance(default, bool) and not 0 <= converted < math.inf:
             refuse(f"hooks config {path}: {key} must be a finite number >= 0, not {value!r}")
+            continue
+        if key in _CHOICES and converted not in _CHOICES[key]:
+            refuse(f"hooks config {path}: {key} must be one of {', '.join(_CHOICES[key])}, not {value!r}")
             continue
         values[key] = converted
     return HookConfig(**values)

@@ -26,6 +26,12 @@ def test_a_knob_the_law_divides_by_must_be_positive(key: str, value: float) -> N
     ({"job": {"name": "my run"}}, "job.name"),
     ({"job": {"partition": "a b"}}, "job.partition"),
     ({"job": {"output": ""}}, "job.output"),
+    ({"workers": {"initial_workers": 6}, "autoscaler": {"max_workers": 2}},
+     "workers.initial_workers (6) > autoscaler.max_workers (2)"),
+    ({"agent": {"interval_s": 0.05}}, "agent.interval_s: Input should be greater than or equal to 0.1"),
+    ({"agent": {"interval_s": 60}}, "agent.interval_s (60) must be below health.agent_silence_s (30)"),
+    ({"workers": {"readiness_path": "health"}}, "workers.readiness_path: 'health' must start with /"),
+    ({"workers": {"liveness_path": "live"}}, "workers.liveness_path: 'live' must start with /"),
 ])
 def test_a_value_that_would_break_the_job_later_is_refused_now(doc: dict[str, Any], named: str) -> None:
     with pytest.raises(ConfigError, match=named.replace("(", r"\(").replace(")", r"\)")):

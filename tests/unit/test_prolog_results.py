@@ -79,6 +79,7 @@ def test_a_negative_or_endless_number_is_refused_like_any_bad_value(tmp_path: Pa
     ('gpus = "many"\nkill_wait_s = 1\n', "gpus must be a whole number"),
     ("strict = 1\nkill_wait_s = 1\n", "strict must be true or false"),
     ("kill_wait_s = 1\nnode_state_dir = 5\n", "node_state_dir must be a string"),
+    ('kill_wait_s = 1\nsource = "injct"\n', "source must be one of auto, nvml, inject, not 'injct'"),
     ("kill_wait_s = [\n", "cannot be read"),
     (b"kill_wait_s = 1\n# \xff\n", "cannot be read"),
 ])

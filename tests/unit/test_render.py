@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -37,8 +39,17 @@ def test_render_needs_a_trainer() -> None:
         render_sbatch(parse_config({}), "x.toml")
 
 
+def test_render_needs_a_worker_command_and_a_trainer_that_fits_a_node() -> None:
+    with pytest.raises(ConfigError, match=r"workers\.command is empty"):
+        render_sbatch(parse_config({"job": {"trainer_command": ["python", "t.py"]}}), "x.toml")
+    with pytest.raises(ConfigError, match=r"job\.trainer_gpus \(9\) > job\.gpus_per_node \(4\)"):
+        render_sbatch(parse_config({"job": {"trainer_command": ["python", "t.py"], "trainer_gpus": 9},
+                                    "workers": {"command": "python w.py"}}), "x.toml")
+
+
 def test_shell_quoting_of_arguments() -> None:
-    config = parse_config({"job": {"trainer_command": ["python", "t.py", "--name", "a b; rm -rf /"]}})
+    config = parse_config({"job": {"trainer_command": ["python", "t.py", "--name", "a b; rm -rf /"]},
+                           "workers": {"command": "python w.py"}})
     assert "python t.py --name 'a b; rm -rf /'" in render_sbatch(config, "my config.toml")
     assert "CONFIG='my config.toml'" in render_sbatch(config, "my config.toml")
 
@@ -65,3 +76,12 @@ def test_a_configuration_error_ends_the_job_instead_of_restarting_the_controller
     assert "configuration is refused" in result.stderr
     assert calls.read_text().split() == ["controller", "wait-ready"] or calls.read_text().split() == [
         "wait-ready", "controller"]
+
+
+def test_a_controller_without_a_worker_command_stops_at_once_with_the_key(tmp_path: Path) -> None:
+    """Not at every launch: an empty command would crash every worker step (`slurm-elastic worker --`)."""
+    (tmp_path / "elastic.toml").write_text("[workers]\ninitial_workers = 1\n")
+    result = subprocess.run([sys.executable, "-m", "slurm_elastic", "controller", "--config",
+                             str(tmp_path / "elastic.toml")], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.returncode == 78 and "workers.command is empty" in result.stderr, result.stderr

@@ -1,0 +1,31 @@
+"""``workers.initial_workers`` is the count a job starts with: the autoscaler, which holds while
+the queue has nothing to measure, holds it (it read the launched workers, none before the first
+tick, and dropped the count to ``min_workers``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from slurm_elastic.controller.config import parse_config
+from slurm_elastic.controller.runtime import Controller
+from slurm_elastic.rollouts.queue import QueueConfig, RolloutQueue
+from slurm_elastic.rollouts.store import RolloutStore
+from tests.stub_backend import ListedSteps
+
+
+@pytest.mark.parametrize(("initial", "kept"), [(3, 3), (-1, 1), (0, 1)])
+def test_the_first_ticks_keep_the_initial_workers(tmp_path: Path, initial: int, kept: int) -> None:
+    queue = RolloutQueue(RolloutStore(tmp_path / "q.sqlite", fsync="off"), QueueConfig(batch_size=8))
+    config = parse_config({"agent": {"enabled": False}, "workers": {"command": "w", "initial_workers": initial},
+                           "autoscaler": {"min_workers": 1, "max_workers": 8}})
+    controller = Controller(config, 1, ListedSteps(), tmp_path, gpus_by_node={"node1": tuple(range(8))},  # type: ignore[arg-type]
+                            queue=queue)
+    try:
+        for _ in range(3):
+            controller.tick()
+            status = controller.status()
+            assert status["target_workers"] == kept and len(status["workers"]) == kept, status["last_decision"]
+    finally:
+        queue.store.close()
