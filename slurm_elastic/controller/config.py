@@ -104,6 +104,9 @@ class WorkersSection(_Section):
             raise ValueError(f"workers.heartbeat_grace_s ({self.heartbeat_grace_s:g}) must be at least twice "
                              f"workers.heartbeat_interval_s ({self.heartbeat_interval_s:g}): a healthy worker "
                              "would be killed between two of its heartbeats")
+        if self.backoff_base_s > self.backoff_max_s:
+            raise ValueError(f"workers.backoff_base_s ({self.backoff_base_s:g}) > workers.backoff_max_s "
+                             f"({self.backoff_max_s:g})")
         return self
 
 

@@ -32,6 +32,7 @@ def test_a_knob_the_law_divides_by_must_be_positive(key: str, value: float) -> N
     ({"agent": {"interval_s": 60}}, "agent.interval_s (60) must be below health.agent_silence_s (30)"),
     ({"workers": {"readiness_path": "health"}}, "workers.readiness_path: 'health' must start with /"),
     ({"workers": {"liveness_path": "live"}}, "workers.liveness_path: 'live' must start with /"),
+    ({"workers": {"backoff_base_s": 600}}, "workers.backoff_base_s (600) > workers.backoff_max_s (300)"),
 ])
 def test_a_value_that_would_break_the_job_later_is_refused_now(doc: dict[str, Any], named: str) -> None:
     with pytest.raises(ConfigError, match=named.replace("(", r"\(").replace(")", r"\)")):
