@@ -42,7 +42,7 @@ def test_burst_is_off_by_default_and_bad_tables_name_the_key() -> None:
             {"burst": {"max_jobs": 1, "gpus_per_job": 3}, "workers": {"gpus_per_worker": 2}},
         "burst.max_jobs: burst jobs lend GPUs, but workers.gpus_per_worker is 0":
             {"burst": {"max_jobs": 1}, "workers": {"gpus_per_worker": 0}},
-        "burst.extra_sbatch_options: Value error, not an sbatch option: 'x'": {"burst": {"extra_sbatch_options": ["x"]}},
+        "burst.extra_sbatch_options: not an sbatch option: 'x'": {"burst": {"extra_sbatch_options": ["x"]}},
         "burst.max_job: unknown key": {"burst": {"max_job": 1}},
         "burst.max_jobs: Input should be greater than or equal to 0": {"burst": {"max_jobs": -1}},
     }
