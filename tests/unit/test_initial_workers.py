@@ -29,3 +29,24 @@ def test_the_first_ticks_keep_the_initial_workers(tmp_path: Path, initial: int, 
             assert status["target_workers"] == kept and len(status["workers"]) == kept, status["last_decision"]
     finally:
         queue.store.close()
+
+
+def test_a_hold_keeps_workers_that_wait_for_a_burst_job(tmp_path: Path) -> None:
+    """Workers the target asks for beyond the allocation wait for a burst job; a hold of the
+    autoscaler keeps them asked for (it read the running workers and gave the burst job back)."""
+    from tests.unit.test_burst_memory import BurstBackend
+
+    queue = RolloutQueue(RolloutStore(tmp_path / "q.sqlite", fsync="off"), QueueConfig(batch_size=8))
+    config = parse_config({"agent": {"enabled": False}, "workers": {"command": "w", "initial_workers": 4},
+                           "autoscaler": {"min_workers": 1, "max_workers": 8},
+                           "burst": {"max_jobs": 1, "gpus_per_job": 2}})
+    backend = BurstBackend()
+    controller = Controller(config, 1, backend, tmp_path, gpus_by_node={"node1": (0, 1)},  # type: ignore[arg-type]
+                            queue=queue)
+    try:
+        for _ in range(3):
+            controller.tick()
+            assert controller.status()["target_workers"] == 4
+        assert len(backend.submitted) == 1 and len(controller.workers) == 2  # two more once the burst job runs
+    finally:
+        queue.store.close()
