@@ -387,7 +387,7 @@ def config_probes(rig: Rig, tmp: Path) -> Iterator[Probe]:
     yield Probe("config", "controller with `[queue] capacity_seqs = 4` below `batch_size = 8`",
                 f"exit {result.returncode}: {error_line(result)}", "refused before touching Slurm or the state dir",
                 result.returncode == EXIT_CONFIG and "capacity_seqs" in result.stderr and "batch_size" in result.stderr)
-    bad.write_text("[workers]\ngpus_per_worker = 6\n")  # the job's nodes have 4 GPUs each
+    bad.write_text("[workers]\ncommand = \"true\"\ngpus_per_worker = 6\n")  # the job's nodes have 4 GPUs each
     result = cli("controller", "--config", str(bad), env={"SLURM_JOB_ID": str(rig.job.job_id)})
     yield Probe("config", "controller with `gpus_per_worker = 6` in a job of 4-GPU nodes",
                 f"exit {result.returncode}: {error_line(result)}", "refused before the state dir is opened",
