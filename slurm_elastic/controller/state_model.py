@@ -186,21 +186,23 @@ def restore_state(body: dict[str, Any]) -> RestoredState:
         values["left_nodes"] = tuple(left.model_dump() for left in values["left_nodes"])
     if "next_number" not in values and workers:
         values["next_number"] = 1 + max((int(k) for k in workers if k.isdigit()), default=0)
-    autoscaler = None
-    if "autoscaler" in body:
-        try:
-            autoscaler = AutoscalerMemory.model_validate(body["autoscaler"]).model_dump()
-        except ValidationError as exc:
-            notes.append(f"autoscaler memory is not valid ({_first_error(exc)}): starting fresh")
+    autoscaler = _memory(body, "autoscaler", AutoscalerMemory, notes, "starting fresh")
     cordons = _cordons(body["cordons"], notes) if "cordons" in body else None
-    burst = None
-    if "burst" in body:
-        try:
-            burst = BurstMemory.model_validate(body["burst"]).model_dump()
-        except ValidationError as exc:
-            notes.append(f"burst memory is not valid ({_first_error(exc)}): its counters start from 0")
+    burst = _memory(body, "burst", BurstMemory, notes, "its counters start from 0")
     return RestoredState(workers=workers, autoscaler=autoscaler, cordons=cordons, burst=burst, notes=tuple(notes),
                          dropped=bool(notes), **values)
+
+
+def _memory(body: dict[str, Any], key: str, model: type[_Model], notes: list[str], otherwise: str
+            ) -> dict[str, Any] | None:
+    """The section ``key`` validated by ``model``; None (and a note saying ``otherwise``) if it is not valid."""
+    if key not in body:
+        return None
+    try:
+        return model.model_validate(body[key]).model_dump()
+    except ValidationError as exc:
+        notes.append(f"{key} memory is not valid ({_first_error(exc)}): {otherwise}")
+        return None
 
 
 def _workers(raw: Any, notes: list[str]) -> dict[str, Worker]:
