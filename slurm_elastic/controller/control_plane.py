@@ -63,7 +63,8 @@ class ControlPlane(ControllerBase):
                 self.weights_wake.set()
             action = "hold" if worker.placeholder else ("drain" if worker.state is S.DRAINING else "run")
             return {"worker_id": worker_id, "action": action, "weights": latest_weights(self.weights),
-                    "heartbeat_interval_s": self.config.workers.heartbeat_interval_s}
+                    "heartbeat_interval_s": self.config.workers.heartbeat_interval_s,
+                    "server_drain_grace_s": self.config.workers.server_drain_grace_s}
 
     def _register_rank(self, worker_id: str, worker: Worker | None, info: dict[str, Any]) -> dict[str, Any]:
         """Another task of a multi-node worker's step says which node and GPUs it holds; it is not a

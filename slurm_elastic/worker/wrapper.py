@@ -129,15 +129,18 @@ def run_wrapped(
             return 127
         wakeup.watch_exit(child)
         interval_s = float(answer.get("heartbeat_interval_s", ctx.heartbeat_interval_s))
-        return _supervise(child, ctx, register, heartbeat, flags, info, port, interval_s, wakeup)
+        leave_grace_s = float(answer.get("server_drain_grace_s", SERVER_DRAIN_GRACE_S))
+        return _supervise(child, ctx, register, heartbeat, flags, info, port, interval_s, wakeup, leave_grace_s)
     finally:
         wakeup.close()
 
 
 def _supervise(child: subprocess.Popen[bytes], ctx: StepContext, register: Call, heartbeat: Call, flags: Flags,
-               info: dict[str, Any], port: int, interval_s: float, wakeup: Wakeup) -> int:
+               info: dict[str, Any], port: int, interval_s: float, wakeup: Wakeup,
+               leave_grace_s: float = SERVER_DRAIN_GRACE_S) -> int:
     """Heart-beat for ``child``, forward a drain to it once, report its exit code; sleeps on
-    ``wakeup`` (the child's exit, a signal) between heartbeats."""
+    ``wakeup`` (the child's exit, a signal) between heartbeats. A server's own drain signal is
+    forwarded ``leave_grace_s`` (``workers.server_drain_grace_s``) after it has left discovery."""
     forwarded = False
     asked_to_drain = False  # by the controller (it has taken the server out of discovery itself)
     forward_at: float | None = None  # a server's own drain signal: forwarded once routers have dropped it
@@ -188,7 +191,7 @@ def _supervise(child: subprocess.Popen[bytes], ctx: StepContext, register: Call,
         if flags.drain.is_set() and not forwarded and ready and ctx.kind == "server" and not asked_to_drain:
             if forward_at is None:  # the signal came to the step (an operator, a preemption): routers first
                 _beat(ctx, register, heartbeat, {"child_pid": child.pid, "leaving": True}, info)
-                forward_at = time.monotonic() + SERVER_DRAIN_GRACE_S
+                forward_at = time.monotonic() + leave_grace_s
             if time.monotonic() < forward_at:
                 wakeup.wait(min(READINESS_POLL_S, forward_at - time.monotonic()))
                 continue
