@@ -88,3 +88,26 @@ def test_a_placeholder_is_counted_apart_from_the_workers(tmp_path: Path) -> None
     text = generate_latest(metrics_registry(controller, queue)).decode()
     assert 'slurm_elastic_workers{state="ACTIVE"} 0.0' in text and "slurm_elastic_placeholders 1.0" in text
     queue.store.close()
+
+
+def test_counts_that_only_grow_are_counters_and_levels_are_gauges(tmp_path: Path) -> None:
+    """Prometheus' naming rule: a ``_total`` series is a counter's, a gauge has none (what
+    ``promtool check metrics`` and ``rate()`` expect)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from slurm_elastic.controller.connections import ConnectionBook
+
+    controller = make_controller(tmp_path)
+    controller.heartbeat("w1", {"rollouts": 1})
+    queue = RolloutQueue(RolloutStore(tmp_path / "q.sqlite", fsync="off"), QueueConfig())
+    text = generate_latest(metrics_registry(controller, queue, ConnectionBook(max_connections=4, head_timeout_s=1.0))).decode()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    for family in families.values():
+        for sample in family.samples:
+            assert sample.name.endswith("_total") == (family.type == "counter"), (family.type, sample.name)
+    counters = {name for name, f in families.items() if f.type == "counter"}
+    assert {"slurm_elastic_delivered_sequences", "slurm_elastic_heartbeats", "slurm_elastic_ticks",
+            "slurm_elastic_api_connections_closed", "slurm_elastic_burst_gpu_seconds_held"} <= counters
+    assert "slurm_elastic_heartbeats_total 1.0" in text
+    assert families["slurm_elastic_queued_sequences"].type == "gauge"
+    queue.store.close()
