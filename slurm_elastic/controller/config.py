@@ -8,6 +8,7 @@ bad value is refused before anything touches Slurm.
 
 from __future__ import annotations
 
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -50,6 +51,11 @@ class ControllerSection(_Section):
     gpus_per_node: int = Field(0, ge=0, description="GPUs per node of the allocation; 0 reads it from Slurm.")
 
 
+COMMAND_PLACEHOLDERS = ("worker_id", "gpus", "nodes", "controller_url", "job_id", "state_dir", "port",
+                        "weights_path", "weights_version")  # filled in workers.command (step_specs, the wrapper)
+PLACEHOLDER = re.compile(r"(?<!\$)\{([A-Za-z_][A-Za-z0-9_]*)\}")  # {name}, not a shell's ${name}
+
+
 class WorkersSection(_Section):
     """What a worker step runs and what it gets."""
 
@@ -57,7 +63,7 @@ class WorkersSection(_Section):
         default_factory=list,
         description="Worker command (a job needs one: `controller` and `render` refuse an empty one); a string is split like a shell would. Placeholders: {worker_id}, "
         "{gpus} (in all), {nodes} (of one worker's step), {controller_url}, {job_id}, {state_dir}, {port}, {weights_path}, {weights_version} (servers: the "
-        "latest published weights at launch).",
+        "latest published weights at launch); any other {name} is refused at load (a shell variable: ${NAME}).",
     )
     kind: Literal["rollout", "server"] = Field("rollout", description="Rollout loop or inference server.")
     gpus_per_worker: int = Field(1, ge=0, le=64, description="GPUs per worker in all (--gres=gpu:N on one node); above "
@@ -90,6 +96,16 @@ class WorkersSection(_Section):
     @classmethod
     def _split_command(cls, value: Any) -> Any:
         return shlex.split(value) if isinstance(value, str) else value
+
+    @field_validator("command")
+    @classmethod
+    def _known_placeholders(cls, value: list[str]) -> list[str]:
+        unknown = sorted({name for part in value for name in PLACEHOLDER.findall(part)} - set(COMMAND_PLACEHOLDERS))
+        if unknown:
+            raise ValueError(f"unknown placeholder {', '.join('{' + n + '}' for n in unknown)}; the known ones are "
+                             f"{', '.join('{' + n + '}' for n in COMMAND_PLACEHOLDERS)} (a shell variable is "
+                             "written ${NAME})")
+        return value
 
     @field_validator("readiness_path", "liveness_path")
     @classmethod

@@ -30,6 +30,14 @@ def test_command_string_is_split_like_a_shell() -> None:
     assert config.workers.command == ["python", "-m", "my.worker", "--name", "a b", "{worker_id}"]
 
 
+def test_a_misspelt_placeholder_is_refused_naming_the_known_ones() -> None:
+    with pytest.raises(ConfigError, match=r"workers.command: unknown placeholder \{gpu\}; the known ones are "
+                                          r"\{worker_id\}, \{gpus\}"):
+        parse_config({"workers": {"command": "python w.py --gpu {gpu} --id {worker_id}"}})
+    shell = parse_config({"workers": {"command": ["bash", "-c", "echo ${HOME} {port}", "{\"json\": 1}"]}})
+    assert shell.workers.command[2] == "echo ${HOME} {port}"  # a shell's ${NAME} and other braces pass
+
+
 @pytest.mark.parametrize(
     ("data", "message"),
     [
