@@ -46,7 +46,7 @@ def error_detail(errors: Iterable[Mapping[str, Any]], count: int, loc_prefix: tu
 
 def _shown(error: Mapping[str, Any], loc_prefix: tuple[str, ...]) -> dict[str, Any]:
     shown: dict[str, Any] = {"type": str(error.get("type", "")), "loc": [*loc_prefix, *map(_loc_part, error.get("loc", ()))],
-                             "msg": str(error.get("msg", ""))}
+                             "msg": str(error.get("msg", "")).removeprefix("Value error, ")}  # pydantic's prefix
     value = error.get("input")
     if value is None or isinstance(value, (str, int, float)):  # bool is an int
         shown["input"] = _scalar(value)

@@ -264,7 +264,8 @@ def _named(items: list[str]) -> str:
 def _first_error(exc: ValidationError) -> str:
     err = exc.errors(include_url=False)[0]
     loc = ".".join(str(p) for p in err["loc"])
-    return f"{loc}: {err['msg']}" if loc else str(err["msg"])
+    msg = str(err["msg"]).removeprefix("Value error, ")  # pydantic's prefix
+    return f"{loc}: {msg}" if loc else msg
 
 
 def _shown(value: Any, limit: int = 40) -> str:

@@ -303,3 +303,14 @@ def test_a_group_of_a_million_empty_lists_is_refused_before_it_is_parsed(served:
     answer = served.post("/rollouts", body)
     assert answer.status_code == 422 and "more than 1,000,000 arrays and objects" in answer.text, answer.text[:300]
     assert served.unchanged() == before
+
+
+def test_a_refused_value_says_why_without_pydantics_prefix(served: Served) -> None:
+    before = served.unchanged()
+    body = json.dumps({"id": "g-prefix", "worker_id": "0001", "policy_version": 0, "group_size": 3,
+                       "sequences": [{"tokens": [1], "mask": [1], "score": 0.0}] * 4})
+    answer = served.post("/rollouts", body)
+    assert answer.status_code == 422, answer.text[:300]
+    messages = [error["msg"] for error in answer.json()["detail"]]
+    assert any(m.startswith("group_size is 3 but 4 sequences were sent") for m in messages), messages
+    assert served.unchanged() == before
