@@ -49,6 +49,8 @@ class ControlPlane(ControllerBase):
             if worker.state is S.STARTING:  # the published weights version the server started with
                 worker.weights_version = info.get("weights_version")
             worker.last_heartbeat_s = now_s
+            if worker.state is S.STARTING and worker.launched_at_s >= self.started_at_s:
+                self._count_busy_from_zero(worker_id)
             cordons = self.state.cordons
             need_mb = self.config.workers.gpu_memory_mb
             if need_mb and worker.state is S.STARTING:
@@ -96,7 +98,7 @@ class ControlPlane(ControllerBase):
             if "rollouts" in info:
                 worker.rollouts = int(info["rollouts"])
             if "busy_s" in info:
-                self._record_busy_s(worker_id, float(info["busy_s"]))
+                self._record_busy_s(worker_id, float(info["busy_s"]), bool(info.get("busy")))
             if info.get("exit_code") is not None:
                 worker.exit_code = int(info["exit_code"])
                 worker.terminated_by_signal = bool(info.get("terminated_by_signal"))
@@ -130,21 +132,44 @@ class ControlPlane(ControllerBase):
             self.save()
         return {"drain": False, "hold": False, "register": False}
 
-    def _record_busy_s(self, worker_id: str, busy_s: float) -> None:
-        """A worker's cumulative seconds inside rollouts: the increase goes into the busy meter."""
+    def _count_busy_from_zero(self, worker_id: str) -> None:
+        """A step this controller launched registers: its SDK counts busy time from 0, all of it
+        inside the production window, so its first report counts whole (taken as a baseline it
+        would leave the first heartbeat interval out while its sequences count: the per-worker
+        rate read several times too high in a job's first seconds)."""
         with self._busy_lock:
+            self._busy_from_zero.add(worker_id)
+            if len(self._busy_from_zero) > 2 * len(self.state.workers) + 16:
+                self._busy_from_zero &= set(self.state.workers)
+
+    def _record_busy_s(self, worker_id: str, busy_s: float, busy_now: bool = False) -> None:
+        """A worker's cumulative seconds inside rollouts: the increase goes into the busy meter;
+        whether it is inside one now carries its busy time on until its next report."""
+        with self._busy_lock:
+            self._busy_since_report[worker_id] = (self.clock(), busy_now)
             before = self._busy_s_seen.get(worker_id)
+            if worker_id in self._busy_from_zero:
+                self._busy_from_zero.discard(worker_id)
+                before = 0.0
             self._busy_s_seen[worker_id] = busy_s
-            if before is not None:  # the first report only sets where counting starts
+            if before is not None:  # the first report of a step adopted after a restart sets where counting starts
                 self.busy_meter.add(self.clock(), busy_s - before if busy_s >= before else busy_s)
             if len(self._busy_s_seen) > 2 * len(self.state.workers) + 16:
                 self._busy_s_seen = {w: s for w, s in self._busy_s_seen.items() if w in self.state.workers}
+                self._busy_since_report = {w: r for w, r in self._busy_since_report.items() if w in self.state.workers}
 
     def busy_worker_s(self, now_s: float) -> float | None:
-        """Worker-seconds inside rollouts reported over the production window; None while no
-        worker reports busy time (an older SDK, or not the SDK)."""
+        """Worker-seconds inside rollouts over the production window: those reported, and since
+        its last report, for a worker inside a rollout then, up to now (at most two heartbeat
+        intervals: the sequences it makes count the moment they arrive, its busy time only at its
+        next report). None while no worker reports busy time (an older SDK, or not the SDK)."""
+        longest_s = 2 * self.config.workers.heartbeat_interval_s
         with self._busy_lock:
-            return self.busy_meter.total(now_s) if self._busy_s_seen else None
+            if not self._busy_s_seen:
+                return None
+            since_report_s = sum(min(longest_s, max(0.0, now_s - at_s))
+                                 for at_s, busy in self._busy_since_report.values() if busy)
+            return self.busy_meter.total(now_s) + since_report_s
 
     def scale(self, n: int) -> dict[str, Any]:
         with self.lock:

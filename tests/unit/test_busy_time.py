@@ -58,8 +58,30 @@ def test_a_restarted_worker_counting_from_zero_adds_no_negative_time(tmp_path: P
     for tick, busy_s in enumerate([50.0, 51.0, 52.0, 1.0, 2.0, 3.0]):  # the SDK restarted at tick 3
         clock.now_s = 1000.0 + tick
         controller.heartbeat("0001", {"busy_s": busy_s})
-    # +1 s a report after the first; the restart's report (1.0) counts as 1 s, not -51 s
-    assert controller.busy_worker_s(clock()) == pytest.approx(5.0)
+    # 50 s from its launch, +1 s a report after; the restart's report (1.0) counts as 1 s, not -51 s
+    assert controller.busy_worker_s(clock()) == pytest.approx(55.0)
+
+
+def test_a_new_workers_first_report_counts_whole(tmp_path: Path) -> None:
+    """Its sequences count from its first rollout on: its busy time must too, or the per-worker
+    rate reads a heartbeat interval's worth too high (3.6x in a live job's first seconds)."""
+    clock = Clock()
+    controller = controller_with_two_workers(tmp_path, clock)
+    clock.now_s += 5.0
+    controller.heartbeat("0001", {"busy_s": 4.5})
+    assert controller.busy_worker_s(clock()) == pytest.approx(4.5)
+
+
+def test_an_adopted_workers_first_report_is_where_counting_starts(tmp_path: Path) -> None:
+    clock = Clock()
+    controller_with_two_workers(tmp_path, clock)
+    clock.now_s += 3600.0
+    restarted = Controller(parse_config({"agent": {"enabled": False}, "autoscaler": {"min_workers": 0}}), 1,
+                           ListedSteps([]), tmp_path, gpus_by_node={"node1": (0, 1)}, clock=clock)  # type: ignore[arg-type]
+    restarted.heartbeat("0001", {"busy_s": 3000.0})  # an hour of busy time, before this controller started
+    clock.now_s += 5.0
+    restarted.heartbeat("0001", {"busy_s": 3005.0})
+    assert restarted.busy_worker_s(clock()) == pytest.approx(5.0)
 
 
 def test_the_sdk_counts_time_inside_rollouts_only(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -78,3 +100,16 @@ def test_the_sdk_counts_time_inside_rollouts_only(monkeypatch: pytest.MonkeyPatc
         raise RuntimeError("environment crashed")
     assert worker.busy_s == pytest.approx(5.0) and worker.rollouts == 1
 
+
+
+def test_a_rollout_in_flight_counts_on_until_the_next_report(tmp_path: Path) -> None:
+    """Sequences count when they arrive; busy time would count only at the next heartbeat."""
+    clock = Clock()
+    controller = controller_with_two_workers(tmp_path, clock)
+    clock.now_s += 5.0
+    controller.heartbeat("0001", {"busy": True, "busy_s": 5.0})
+    controller.heartbeat("0002", {"busy": False, "busy_s": 1.0})  # waiting at the gate since
+    clock.now_s += 3.0
+    assert controller.busy_worker_s(clock()) == pytest.approx(5.0 + 1.0 + 3.0)
+    clock.now_s += 60.0  # silent for long (its step died): at most two heartbeat intervals more
+    assert controller.busy_worker_s(clock()) == pytest.approx(6.0 + 2 * 5.0)
