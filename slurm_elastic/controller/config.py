@@ -43,7 +43,8 @@ class ControllerSection(_Section):
                                       "cordoned) and comment (set back if someone changed it); a worker step that "
                                       "ended unasked also triggers one.")
     state_dir: str = Field("", description="State directory; default ~/.slurm-elastic/jobs/<cluster>/<job id>; {cluster} and {job_id} are filled in.")
-    listen_host: str = Field("", description="Address to serve the API on; default: this host's name.")
+    listen_host: str = Field("", description="Address to serve the API on; default: this host's name's address, or where that "
+                             "is loopback (a stock Debian /etc/hosts), the first interface up that is not.")
     listen_port: int = Field(0, ge=0, le=65535, description="API port; 0: the port of the job's previous controller if it is free again, else any free one.")
     slurm_backend: Literal["auto", "cli", "pyslurm"] = Field("auto", description="How to talk to Slurm.")
     slurm_timeout_s: float = Field(d.SLURM_TIMEOUT_S, gt=0, description="Timeout of one Slurm command the controller runs "

@@ -17,6 +17,7 @@ and the body's size are checked in the ASGI app, before routing
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import math
 import socket
@@ -24,6 +25,7 @@ import threading
 import time
 from collections.abc import Callable
 
+import psutil
 import uvicorn
 from fastapi import FastAPI
 from uvicorn.config import HTTP_PROTOCOLS
@@ -46,11 +48,31 @@ HTTP_IMPLEMENTATION = "httptools"  # uvicorn's HTTP/1.1 implementation on httpto
 
 
 def default_listen_host() -> str:
-    """This host's address as other nodes reach it (the batch host's)."""
+    """This host's address as other nodes reach it (the batch host's): its name's address, or,
+    where that is loopback (a stock Debian ``/etc/hosts`` maps the name to 127.0.1.1), the first
+    IPv4 address of an interface that is up and neither loopback nor link-local (psutil reads
+    them); loopback only where there is none, with a warning."""
     try:
-        return socket.gethostbyname(socket.gethostname())
+        named = socket.gethostbyname(socket.gethostname())
     except OSError:
-        return "127.0.0.1"
+        named = "127.0.0.1"
+    if not ipaddress.ip_address(named).is_loopback:
+        return named
+    for interface, address in _interface_addresses():
+        log.info("this host's name resolves to %s (loopback), which other nodes cannot reach: listening on %s "
+                 "(%s); set controller.listen_host to choose", named, address, interface)
+        return address
+    log.warning("this host's name resolves to %s (loopback) and no other interface is up: workers on other "
+                "hosts cannot reach the controller; set controller.listen_host", named)
+    return named
+
+
+def _interface_addresses() -> list[tuple[str, str]]:
+    """(interface, IPv4 address) of the interfaces that are up, loopback and link-local left out."""
+    up = {name for name, stats in psutil.net_if_stats().items() if stats.isup}
+    return [(name, a.address) for name, addresses in psutil.net_if_addrs().items() if name in up
+            for a in addresses if a.family == socket.AF_INET
+            and not (ip := ipaddress.ip_address(a.address)).is_loopback and not ip.is_link_local]
 
 
 NOISE_LOG_INTERVAL_S = 60.0

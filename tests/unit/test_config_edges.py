@@ -60,3 +60,31 @@ def test_a_listen_host_not_of_this_host_is_a_configuration_mistake_not_a_crash_t
         socket.getaddrinfo("no-such-host.invalid", 0)
     assert _a_config_mistake(named.value)
     assert not _a_config_mistake(OSError(errno.EADDRINUSE, "in use"))  # may free up: a restart can cure it
+
+
+def test_a_host_name_that_resolves_to_loopback_listens_on_an_interface_other_nodes_reach(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A stock Debian /etc/hosts maps the host's name to 127.0.1.1: workers on other nodes could
+    never reach a controller listening there."""
+    import socket
+    from types import SimpleNamespace
+
+    from slurm_elastic.controller import serve
+
+    def addr(address: str, family: int = socket.AF_INET) -> SimpleNamespace:
+        return SimpleNamespace(family=family, address=address)
+
+    monkeypatch.setattr(serve.socket, "gethostbyname", lambda _name: "127.0.1.1")
+    monkeypatch.setattr(serve.psutil, "net_if_stats", lambda: {n: SimpleNamespace(isup=n != "down0")
+                                                               for n in ("lo", "down0", "ib0", "eth0")})
+    monkeypatch.setattr(serve.psutil, "net_if_addrs", lambda: {
+        "lo": [addr("127.0.0.1")], "down0": [addr("10.9.9.9")],
+        "ib0": [addr("fe80::1", socket.AF_INET6), addr("169.254.3.4"), addr("10.1.0.17")],
+        "eth0": [addr("10.2.0.5")]})
+    with caplog.at_level("INFO"):
+        assert serve.default_listen_host() == "10.1.0.17"
+    assert "127.0.1.1 (loopback)" in caplog.text and "controller.listen_host" in caplog.text
+    monkeypatch.setattr(serve.psutil, "net_if_addrs", lambda: {"lo": [addr("127.0.0.1")]})
+    assert serve.default_listen_host() == "127.0.1.1"  # nothing else is up: loopback, with a warning
+    monkeypatch.setattr(serve.socket, "gethostbyname", lambda _name: "10.3.0.1")
+    assert serve.default_listen_host() == "10.3.0.1"  # a name that resolves off this host is taken as it is
