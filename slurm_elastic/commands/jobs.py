@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from slurm_elastic.client.control import ControlClient, UnknownOnControllerError
-from slurm_elastic.client.files import stopped_by_operator_at
+from slurm_elastic.client.files import TOKEN_FILE, stopped_by_operator_at
 from slurm_elastic.client.locate import (
     CONTROLLER_MAY_RUN,
     JobEndedError,
@@ -24,22 +24,42 @@ from slurm_elastic.client.wire import WORKER_ID
 from slurm_elastic.commands.params import Seconds
 from slurm_elastic.core.health import parse_gpu_ref
 from slurm_elastic.core.naming import AGENT_PREFIX, WORKER_PREFIX
-from slurm_elastic.errors import ControllerUnreachableError, SlurmError
+from slurm_elastic.errors import ApiError, ControllerUnreachableError, SlurmElasticError, SlurmError
 from slurm_elastic.slurm.cli_backend import SlurmCli
 from slurm_elastic.status_view import render_status, worker_counts
 
 STATUS_SCHEMA_VERSION = 1
 STOP_WAIT_S = 30.0  # how long a stopped controller may take to stop answering
+RESTART_WAIT_S = 15.0  # an operator call refused while its job runs is tried again this long (a restart)
+RESTART_RETRY_S = 0.5
 CANCEL_GRACE_S = 15.0  # past the drain time: the controller cancels the steps still draining, and sees them end
 
 
 def _client(job_id: int, view: SlurmView | None = None, warn: bool = True) -> tuple[JobHandle, ControlClient]:
-    """A client of the job's controller once Slurm (asked here unless ``view`` says) lets one run."""
+    """A client of the job's controller once Slurm (asked here unless ``view`` says) lets one run;
+    ControllerUnreachableError at once for a suspended job (its controller cannot answer)."""
     view = view if view is not None else ask_slurm(job_id, SlurmCli())
+    if view.job is not None and view.job.state == "SUSPENDED":
+        raise ControllerUnreachableError(f"job {job_id} is SUSPENDED: its controller answers again after "
+                                         f"`scontrol resume {job_id}`")
     handle = locate_running(job_id, view)
     if view.error and warn:
         click.echo(f"warning: {_unchecked(view, handle)}", err=True)
     return handle, ControlClient(handle.url, handle.token)
+
+
+class StoppedByOperatorError(SlurmElasticError):
+    """The controller does not answer because an operator's ``slurm-elastic stop`` ended it."""
+
+    def __init__(self, job_id: int, stopped_at: float) -> None:
+        self.when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stopped_at))
+        super().__init__(f"job {job_id}: its controller was stopped by `slurm-elastic stop` at {self.when}; the "
+                         f"job's other steps run on until they end (`scancel {job_id}` frees the allocation)")
+
+
+def _stopped(handle: JobHandle) -> StoppedByOperatorError | None:
+    stopped_at = stopped_by_operator_at(handle.state_dir)
+    return None if stopped_at is None else StoppedByOperatorError(handle.job_id, stopped_at)
 
 
 def _unchecked(view: SlurmView, handle: JobHandle) -> str:
@@ -48,13 +68,33 @@ def _unchecked(view: SlurmView, handle: JobHandle) -> str:
 
 
 def _call(job_id: int, what: str, *args: Any) -> dict[str, Any]:
-    _handle, client = _client(job_id)
+    """One operator call. A controller that refuses the connection while its job runs is most
+    likely restarting (the batch script restarts it within seconds): the call, which reached
+    nothing, is tried again for up to RESTART_WAIT_S."""
+    handle, client = _client(job_id)
+    deadline_s = time.monotonic() + RESTART_WAIT_S
     with client:
-        try:
-            result: dict[str, Any] = getattr(client, what)(*args)
-        except UnknownOnControllerError as exc:
-            raise click.ClickException(str(exc.args[0] if exc.args else exc)) from None
-    return result
+        while True:
+            try:
+                result: dict[str, Any] = getattr(client, what)(*args)
+                return result
+            except UnknownOnControllerError as exc:
+                detail = str(exc.args[0] if exc.args else exc)
+                raise SlurmElasticError(detail.removeprefix("unknown: ")) from None
+            except ControllerUnreachableError as exc:
+                if (stopped := _stopped(handle)) is not None:
+                    raise stopped from None
+                if not _refused(exc) or time.monotonic() >= deadline_s:
+                    raise
+                if deadline_s - time.monotonic() > RESTART_WAIT_S - 1.0:
+                    click.echo(f"controller of job {job_id} refuses connections (restarting?): trying again for "
+                               f"up to {RESTART_WAIT_S:g} s", err=True)
+                time.sleep(RESTART_RETRY_S)
+
+
+def _refused(exc: ControllerUnreachableError) -> bool:
+    """The connection was refused: nothing was sent, so trying again cannot do anything twice."""
+    return "Connection refused" in str(exc) or "Errno 111" in str(exc)
 
 
 def collect_status(job_id: int, slurm: SlurmCli | None = None) -> dict[str, Any]:
@@ -66,13 +106,18 @@ def collect_status(job_id: int, slurm: SlurmCli | None = None) -> dict[str, Any]
                            "job_state": view.job.state if view.job else "UNKNOWN",
                            "controller_reachable": False, "controller_error": "", "controller": None,
                            "slurm_steps": [], "slurm_error": view.error}
+    handle: JobHandle | None = None
     try:
-        _handle, client = _client(job_id, view, warn=False)
+        handle, client = _client(job_id, view, warn=False)
         with client:
             doc["controller"] = client.status()
         doc["controller_reachable"] = True
     except ControllerUnreachableError as exc:
-        doc["controller_error"] = str(exc)
+        stopped = _stopped(handle) if handle else None
+        doc["controller_error"] = str(stopped or exc)
+    except ApiError as exc:  # a wrong token, say: the controller answered, but not with the status
+        where = f" (token read from {handle.state_dir / TOKEN_FILE})" if handle and exc.status_code in (401, 403) else ""
+        doc["controller_error"] = f"{exc}{where}"
     if not doc["controller_reachable"]:
         try:
             doc["slurm_steps"] = [{"step_id": s.step_ref, "name": s.name, "nodes": list(s.nodes),
@@ -258,17 +303,11 @@ def stop(job_id: int, drain_timeout_s: float) -> None:
     when the drain time is up (and the controller's cancel of their steps has had
     ``CANCEL_GRACE_S``) do not hold the stop back: their steps end with the job. A controller
     stopped already is no error: the batch script's own stop follows an operator's."""
-    handle, client = _client(job_id)
-    with client:
-        try:
-            client.scale(0)
-        except ControllerUnreachableError:
-            stopped_at = stopped_by_operator_at(handle.state_dir)
-            if stopped_at is None:
-                raise
-            click.echo(f"job {job_id}: its controller was stopped already (slurm-elastic stop, "
-                       f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(stopped_at))})")
-            return
+    try:
+        _call(job_id, "scale", 0)  # tried again through a controller restart
+    except StoppedByOperatorError as exc:
+        click.echo(f"job {job_id}: its controller was stopped already (slurm-elastic stop, {exc.when})")
+        return
     try:
         _wait_for(job_id, lambda ctl: not any(w.get("state") in ("STARTING", "ACTIVE", "DRAINING")
                                               and not w.get("placeholder") for w in ctl.get("workers", [])),

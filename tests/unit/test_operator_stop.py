@@ -50,8 +50,60 @@ def test_a_second_stop_finds_the_controller_stopped_and_exits_0(tmp_path: Path, 
 
 def test_a_controller_that_died_otherwise_is_still_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     publish(tmp_path, "http://127.0.0.1:1", 7)  # a new controller's publish: no stop mark
+    monkeypatch.setattr("slurm_elastic.commands.jobs.RESTART_WAIT_S", 0.3)
     code, out = run_stop(tmp_path, monkeypatch)
-    assert code != 0 and "did not answer" in out, out
+    assert code != 0 and "did not answer" in out and "restarting?" in out, out
+
+
+class Restarting:
+    """A controller that refuses two connections (the batch script restarts it), then answers."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __enter__(self) -> Restarting:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        return None
+
+    def drain(self, worker_id: str) -> Any:
+        self.calls += 1
+        if self.calls <= 2:
+            raise ControllerUnreachableError("controller at http://127.0.0.1:1 did not answer: [Errno 111] "
+                                             "Connection refused")
+        return {"worker_id": worker_id, "state": "DRAINING"}
+
+
+def test_an_operator_command_waits_out_a_controller_restart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    handle, controller = JobHandle(7, tmp_path, "http://127.0.0.1:1", "t", {}), Restarting()
+    monkeypatch.setattr("slurm_elastic.commands.jobs._client", lambda job_id, *a, **k: (handle, controller))
+    monkeypatch.setattr("slurm_elastic.commands.jobs.RESTART_RETRY_S", 0.01)
+    result = CliRunner().invoke(main, ["drain", "7", "3"])
+    assert result.exit_code == 0 and '"DRAINING"' in result.output and controller.calls == 3, result.output
+    assert "refuses connections (restarting?)" in result.output
+
+
+def test_status_of_a_stopped_controller_says_it_was_stopped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from slurm_elastic.client.locate import SlurmView
+    from slurm_elastic.commands.jobs import collect_status
+
+    publish(tmp_path, "http://127.0.0.1:1", 7)
+    mark_stopped_by_operator(tmp_path)
+    handle = JobHandle(7, tmp_path, "http://127.0.0.1:1", "t", {})
+
+    class Down(Gone):
+        def status(self) -> Any:
+            raise ControllerUnreachableError("controller at http://127.0.0.1:1 did not answer: Connection refused")
+
+    class NoSteps:
+        def list_steps(self, _job_id: int) -> list[Any]:
+            return []
+
+    monkeypatch.setattr("slurm_elastic.commands.jobs.ask_slurm", lambda job_id, slurm: SlurmView(None, ""))
+    monkeypatch.setattr("slurm_elastic.commands.jobs._client", lambda job_id, *a, **k: (handle, Down()))
+    doc = collect_status(7, NoSteps())  # type: ignore[arg-type]
+    assert "stopped by `slurm-elastic stop` at" in doc["controller_error"] and not doc["controller_reachable"]
 
 
 def test_a_command_that_timed_out_says_the_controller_may_still_carry_it_out() -> None:
@@ -72,3 +124,32 @@ def test_a_command_that_timed_out_says_the_controller_may_still_carry_it_out() -
             pytest.raises(ControllerUnreachableError) as refusal:
         client.scale(3)
     assert "may still" not in str(refusal.value)
+
+
+def test_status_says_a_wrong_token_and_a_suspended_job_in_its_document(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from slurm_elastic.client.locate import SlurmView
+    from slurm_elastic.commands.jobs import collect_status
+    from slurm_elastic.errors import ApiError
+    from slurm_elastic.slurm.parse import JobInfo
+
+    handle = JobHandle(7, tmp_path, "http://127.0.0.1:1", "t", {})
+
+    class WrongToken(Gone):
+        def status(self) -> Any:
+            raise ApiError(403, "wrong token for this job")
+
+    class NoSteps:
+        def list_steps(self, _job_id: int) -> list[Any]:
+            return []
+
+    running = JobInfo(7, "rl", "RUNNING", ("node1",), "node1", "", "u", "debug")
+    monkeypatch.setattr("slurm_elastic.commands.jobs.ask_slurm", lambda job_id, slurm: SlurmView(running, ""))
+    monkeypatch.setattr("slurm_elastic.commands.jobs.locate_running", lambda job_id, view: handle)
+    monkeypatch.setattr("slurm_elastic.commands.jobs.ControlClient", lambda url, token: WrongToken())
+    doc = collect_status(7, NoSteps())  # type: ignore[arg-type]
+    assert doc["controller_error"] == f"HTTP 403: wrong token for this job (token read from {tmp_path / 'token'})"
+    suspended = JobInfo(7, "rl", "SUSPENDED", ("node1",), "node1", "", "u", "debug")
+    monkeypatch.setattr("slurm_elastic.commands.jobs.ask_slurm", lambda job_id, slurm: SlurmView(suspended, ""))
+    doc = collect_status(7, NoSteps())  # type: ignore[arg-type]
+    assert doc["controller_error"] == "job 7 is SUSPENDED: its controller answers again after `scontrol resume 7`"
