@@ -72,7 +72,7 @@ def _call(job_id: int, what: str, *args: Any) -> dict[str, Any]:
     likely restarting (the batch script restarts it within seconds): the call, which reached
     nothing, is tried again for up to RESTART_WAIT_S."""
     handle, client = _client(job_id)
-    deadline_s = time.monotonic() + RESTART_WAIT_S
+    deadline_s, said = time.monotonic() + RESTART_WAIT_S, False
     with client:
         while True:
             try:
@@ -86,7 +86,8 @@ def _call(job_id: int, what: str, *args: Any) -> dict[str, Any]:
                     raise stopped from None
                 if not _refused(exc) or time.monotonic() >= deadline_s:
                     raise
-                if deadline_s - time.monotonic() > RESTART_WAIT_S - 1.0:
+                if not said:
+                    said = True
                     click.echo(f"controller of job {job_id} refuses connections (restarting?): trying again for "
                                f"up to {RESTART_WAIT_S:g} s", err=True)
                 time.sleep(RESTART_RETRY_S)
