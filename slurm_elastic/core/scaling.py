@@ -55,6 +55,8 @@ from slurm_elastic.core.speedup import SPEEDUP_LOOKBACK_S, UsualCount, speedup_r
 from slurm_elastic.core.stalls import StallMemory
 from slurm_elastic.core.startup import measured, sizing_step, startup_recommendation
 
+RESUME_SETTLE_S = 30.0  # a restarted controller's rates start again from nothing: held this long
+
 
 @dataclass(frozen=True)
 class PressureInputs:
@@ -152,6 +154,8 @@ class Autoscaler:
     stalls: StallMemory = field(default_factory=StallMemory)  # the trainer's recurring stalls (core.stalls)
     lead_s: float | None = None  # a new worker's launch to its first rollout, measured at the start-up
     first_seen_s: float | None = None  # the first decision of a job's start-up (None: not seen)
+    resumed_s: float | None = None  # restored by a restarted controller: its first decision (holds RESUME_SETTLE_S)
+    resuming: bool = False  # restored, and its rates not yet measured for RESUME_SETTLE_S (not saved)
 
     def decide(self, x: PressureInputs, now_s: float) -> Decision:
         """One decision; its reason names, in plain words, the pressure and whatever term, bound,
@@ -160,6 +164,13 @@ class Autoscaler:
         current = x.workers_starting + x.workers_active  # draining workers are not capacity
         ceiling = max(cfg.min_workers, min(cfg.max_workers, x.allowed_slots + 0))
         self.startup_step = self.direct_step = False
+        if self.resuming:
+            self.resumed_s = now_s if self.resumed_s is None else self.resumed_s
+            if self.ramped and now_s - self.resumed_s < RESUME_SETTLE_S:
+                return self._hold(current, ceiling, (
+                    f"hold: the controller restarted {now_s - self.resumed_s:.0f} s ago; its rates are measured "
+                    f"again for {RESUME_SETTLE_S:g} s before the autoscaler acts on them"), (None, None, None, None))
+            self.resuming = False
         rec, why, terms = self._recommend(x, now_s, current)
         rec_load, why_load = self._recommend_load(x, current)
         if rec_load is not None and (rec is None or rec_load > rec):
@@ -376,4 +387,5 @@ class Autoscaler:
         scaler.lead_s = float(lead) if isinstance(lead, (int, float)) and lead > 0 else None
         first = state.get("first_seen_s")
         scaler.first_seen_s = float(first) if isinstance(first, (int, float)) and math.isfinite(first) else None
+        scaler.resuming = True
         return scaler

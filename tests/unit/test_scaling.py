@@ -9,7 +9,12 @@ import math
 import pytest
 
 from slurm_elastic.core.autoscaler_config import AutoscalerConfig
-from slurm_elastic.core.scaling import Autoscaler, PressureInputs, effective_setpoint_seqs
+from slurm_elastic.core.scaling import (
+    RESUME_SETTLE_S,
+    Autoscaler,
+    PressureInputs,
+    effective_setpoint_seqs,
+)
 from slurm_elastic.errors import ConfigError
 
 FAST = AutoscalerConfig(min_workers=1, max_workers=16, confirmations=1, scale_up_cooldown_s=0,
@@ -188,7 +193,22 @@ def test_state_round_trip_keeps_the_memory() -> None:
         scaler.decide(inputs(queued=0), t)
     restored = Autoscaler.from_state(scaler.config, scaler.to_state())
     assert restored.to_state() == scaler.to_state()
+    restored.resuming = False  # past the settling a restart holds (below)
     assert restored.decide(inputs(queued=0), 20.0) == scaler.decide(inputs(queued=0), 20.0)
+
+
+def test_a_restarted_controller_holds_until_its_rates_are_measured_again() -> None:
+    """Its rate windows start again from nothing: a per-worker rate from two heartbeats or a
+    demand of 0 must not scale the running pool."""
+    scaler = Autoscaler(FAST)
+    scaler.decide(inputs(queued=0, active=4), 0.0)
+    assert scaler.ramped
+    restored = Autoscaler.from_state(FAST, json.loads(json.dumps(scaler.to_state())))
+    garbage = inputs(queued=500, active=4, rate=100.0, consumption=0.01)  # would shed workers at once
+    held = restored.decide(garbage, 1000.0)
+    assert (held.action, held.target_workers) == ("hold", 4) and "restarted 0 s ago" in held.reason
+    assert restored.decide(garbage, 1000.0 + RESUME_SETTLE_S - 1).action == "hold"
+    assert "restarted" not in restored.decide(garbage, 1000.0 + RESUME_SETTLE_S).reason  # the law decides again
 
 
 @pytest.mark.parametrize(("deadband", "consumption", "expected_action"), [
