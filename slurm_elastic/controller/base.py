@@ -47,6 +47,7 @@ SIGNAL_FANOUT = 8  # scancel calls in flight at once in one tick
 LIVE_WORKER_FIELDS = frozenset({"last_heartbeat_s", "busy", "rollouts"})
 LIVE_BURST_FIELDS = frozenset({"gpu_s_held", "gpu_s_used"})  # burst GPU-seconds grow every tick: same rule
 STATE_REFRESH_S = 30.0  # live fields alone are written at most this often
+ENDED_KEPT_S = 3600.0  # records of workers that ended are kept (in memory and state.json) this long
 
 
 class ControllerBase:
@@ -193,10 +194,19 @@ class ControllerBase:
         self.state_notes.append(note)
         self._record_error("state", note)
 
+    def forget_ended(self) -> None:
+        """Drop the records of workers that ended (INACTIVE) over ENDED_KEPT_S ago: a job that
+        scales all week must not tick over, hold and save every worker it ever had (lock held)."""
+        now_s = self.clock()
+        gone = [k for k, w in self.state.workers.items()
+                if w.state is S.INACTIVE and now_s - (w.history[-1][0] if w.history else 0) >= ENDED_KEPT_S]
+        for worker_id in gone:
+            del self.state.workers[worker_id]
+
     def _state(self) -> dict[str, Any]:
         st = self.state
         live = {k: w.to_json() for k, w in st.workers.items() if w.state is not S.INACTIVE or
-                self.clock() - (w.history[-1][0] if w.history else 0) < 3600}
+                self.clock() - (w.history[-1][0] if w.history else 0) < ENDED_KEPT_S}
         return {
             "workers": live, "next_number": st.next_number, "target_workers": st.target_workers,
             "manual_target": st.manual_target, "paused": st.paused, "wake_all_active": st.wake_all_active,

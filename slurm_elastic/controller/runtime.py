@@ -260,6 +260,7 @@ class Controller(ControlPlane, StatusViews):
             self.ticks += 1
             obs = self.observation(steps, now_s, with_queue=autoscales(self.state), running_burst=running_burst,
                                    paused_s=paused_s)
+            self.forget_ended()
             result = tick(obs, self.state, self.tick_config, self.burst_allocations(running_burst), now_s)
             self.usable_slots = sum(s.slots for s in result.slots) + obs.burst_slots_possible
             if "error" in self.state.last_decision:
