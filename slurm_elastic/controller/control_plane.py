@@ -178,9 +178,16 @@ class ControlPlane(ControllerBase):
             self.save()
             self.wake_loop()
             answer: dict[str, Any] = {"target_workers": st.manual_target, "paused": True}
+            notes = []
             if self.usable_slots is not None and st.manual_target > self.usable_slots:
-                answer["note"] = (f"{st.manual_target} workers asked; {self.usable_slots} GPU slots are usable now, so "
-                                  f"{self.usable_slots} run and the rest wait for GPUs (a lifted cordon, a burst job)")
+                more = "a lifted cordon, a burst job" if self.burst is not None else "a lifted cordon"
+                notes.append(f"{st.manual_target} workers asked; {self.usable_slots} GPU slots are usable now, so "
+                             f"{self.usable_slots} run and the rest wait for GPUs ({more})")
+            max_workers = st.autoscaler.config.max_workers
+            if st.manual_target > max_workers:
+                notes.append(f"above autoscaler.max_workers ({max_workers}): a manual target is not bound by it")
+            if notes:
+                answer["note"] = "; ".join(notes)
             return answer
 
     def pause(self) -> dict[str, Any]:

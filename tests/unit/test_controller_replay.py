@@ -118,7 +118,9 @@ def test_scale_up_fills_the_free_gpus_of_the_allocation_and_no_more(tmp_path: Pa
     controller.tick()
     answer = controller.scale(10)
     assert answer["note"] == ("10 workers asked; 6 GPU slots are usable now, so 6 run and the rest wait for GPUs "
-                              "(a lifted cordon, a burst job)")
+                              "(a lifted cordon)")  # no [burst] table: no burst job to wait for
+    controller.state.autoscaler.config = dataclasses.replace(controller.state.autoscaler.config, max_workers=8)
+    assert controller.scale(9)["note"].endswith("; above autoscaler.max_workers (8): a manual target is not bound by it")
     assert "note" not in controller.scale(6)
     controller.scale(10)
     result = controller.tick()
