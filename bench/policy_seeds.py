@@ -19,7 +19,7 @@ The fixed counts are most of the work (every count, every seed) and do not run t
 autoscaler, so they are kept in ``--cache`` (a JSON file), keyed by a hash of the trace's text and
 of every source file of the checkout that simulated them. A variant of the policy, an ad-hoc copy
 of the code given as ``--code``, can take its fixed counts from the checkout it was copied from
-with ``--fixed-code``: all nineteen traces at 20 seeds then take about a minute on 2 cores once
+with ``--fixed-code``: every trace at 20 seeds then takes a minute or two on 2 cores once
 that checkout's fixed counts are cached (about half an hour the first time).
 """
 
