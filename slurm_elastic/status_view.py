@@ -93,7 +93,7 @@ def render_status(job_id: int, status: dict[str, Any] | None, slurm_steps: list[
     lines = [f"job {job_id}"]
     if status is None:
         lines.append(f"controller: UNREACHABLE ({unreachable})" if unreachable else "controller: UNREACHABLE")
-        lines.append("worker steps Slurm reports (the controller's view is unavailable):")
+        lines.append("job steps Slurm reports (the controller's view is unavailable):")
         rows = [[str(s.get("step_id", "")), str(s.get("name", "")), ",".join(s.get("nodes", [])),
                  str(s.get("time_used", ""))] for s in slurm_steps or []]
         lines += ["  " + r for r in _table(["STEP", "NAME", "NODE", "TIME"], rows)] if rows else ["  (none)"]
