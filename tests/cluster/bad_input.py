@@ -392,6 +392,11 @@ def config_probes(rig: Rig, tmp: Path) -> Iterator[Probe]:
     yield Probe("config", "controller with `gpus_per_worker = 6` in a job of 4-GPU nodes",
                 f"exit {result.returncode}: {error_line(result)}", "refused before the state dir is opened",
                 result.returncode == EXIT_CONFIG and "gpus_per_worker = 6" in result.stderr and "4 GPUs" in result.stderr)
+    bad.write_text('[workers]\ncommand = "python worker.py --gpu {gpu}"\n')  # {gpus} misspelt
+    result = cli("controller", "--config", str(bad), env={"SLURM_JOB_ID": str(rig.job.job_id)})
+    yield Probe("config", "controller with `workers.command = \"python worker.py --gpu {gpu}\"` (`{gpus}` misspelt)",
+                f"exit {result.returncode}: {error_line(result)}", "refused before touching Slurm or the state dir",
+                result.returncode == EXIT_CONFIG and "unknown placeholder {gpu}" in result.stderr)
     yield from burst_config_probes(rig.job.job_id, tmp)
 
 
