@@ -60,7 +60,12 @@ class DevClusterError(SlurmElasticError):
 
 
 class ControllerUnreachableError(SlurmElasticError):
-    """The controller's HTTP API did not answer."""
+    """The controller's HTTP API did not answer; ``not_connected``: no connection was made, so
+    nothing of the request was sent (a restarting controller refuses connections)."""
+
+    def __init__(self, message: str, not_connected: bool = False) -> None:
+        super().__init__(message)
+        self.not_connected = not_connected
 
 
 class UnknownOnControllerError(KeyError):

@@ -57,7 +57,7 @@ class ControlClient:
             raise ControllerUnreachableError(
                 f"controller at {self.url} did not answer: {exc}" + (
                     " (the request may have reached it, and it may still carry it out: `slurm-elastic status` "
-                    "says)" if sent else "")) from None
+                    "says)" if sent else ""), not_connected=isinstance(exc, httpx.ConnectError)) from None
         if response.status_code == 404:
             raise UnknownOnControllerError(_detail(response))
         if response.status_code >= 400:

@@ -68,9 +68,9 @@ def _unchecked(view: SlurmView, handle: JobHandle) -> str:
 
 
 def _call(job_id: int, what: str, *args: Any) -> dict[str, Any]:
-    """One operator call. A controller that refuses the connection while its job runs is most
-    likely restarting (the batch script restarts it within seconds): the call, which reached
-    nothing, is tried again for up to RESTART_WAIT_S."""
+    """One operator call. A controller that takes no connection while its job runs is most
+    likely restarting (the batch script restarts it within seconds): the call, of which nothing
+    was sent, is tried again for up to RESTART_WAIT_S."""
     handle, client = _client(job_id)
     deadline_s, said = time.monotonic() + RESTART_WAIT_S, False
     with client:
@@ -84,18 +84,13 @@ def _call(job_id: int, what: str, *args: Any) -> dict[str, Any]:
             except ControllerUnreachableError as exc:
                 if (stopped := _stopped(handle)) is not None:
                     raise stopped from None
-                if not _refused(exc) or time.monotonic() >= deadline_s:
+                if not exc.not_connected or time.monotonic() >= deadline_s:
                     raise
                 if not said:
                     said = True
                     click.echo(f"controller of job {job_id} refuses connections (restarting?): trying again for "
                                f"up to {RESTART_WAIT_S:g} s", err=True)
                 time.sleep(RESTART_RETRY_S)
-
-
-def _refused(exc: ControllerUnreachableError) -> bool:
-    """The connection was refused: nothing was sent, so trying again cannot do anything twice."""
-    return "Connection refused" in str(exc) or "Errno 111" in str(exc)
 
 
 def collect_status(job_id: int, slurm: SlurmCli | None = None) -> dict[str, Any]:

@@ -30,7 +30,8 @@ class Gone:
         return None
 
     def scale(self, _workers: int) -> Any:
-        raise ControllerUnreachableError("controller at http://127.0.0.1:1 did not answer: Connection refused")
+        raise ControllerUnreachableError("controller at http://127.0.0.1:1 did not answer: Connection refused",
+                                         not_connected=True)
 
 
 def run_stop(state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[int, str]:
@@ -71,7 +72,7 @@ class Restarting:
         self.calls += 1
         if self.calls <= 2:
             raise ControllerUnreachableError("controller at http://127.0.0.1:1 did not answer: [Errno 111] "
-                                             "Connection refused")
+                                             "Connection refused", not_connected=True)
         return {"worker_id": worker_id, "state": "DRAINING"}
 
 
@@ -123,7 +124,7 @@ def test_a_command_that_timed_out_says_the_controller_may_still_carry_it_out() -
     with ControlClient("http://c", "t", transport=httpx.MockTransport(refused)) as client, \
             pytest.raises(ControllerUnreachableError) as refusal:
         client.scale(3)
-    assert "may still" not in str(refusal.value)
+    assert "may still" not in str(refusal.value) and refusal.value.not_connected
 
 
 def test_status_says_a_wrong_token_and_a_suspended_job_in_its_document(tmp_path: Path,
