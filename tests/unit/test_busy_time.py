@@ -10,6 +10,8 @@ import pytest
 from slurm_elastic.controller.config import parse_config
 from slurm_elastic.controller.runtime import Controller
 from slurm_elastic.core.naming import worker_step_name
+from slurm_elastic.rollouts.queue import QueueConfig, RolloutQueue
+from slurm_elastic.rollouts.store import RolloutStore
 from slurm_elastic.slurm.parse import StepInfo
 from tests.stub_backend import ListedSteps
 
@@ -22,12 +24,12 @@ class Clock:
         return self.now_s
 
 
-def controller_with_two_workers(tmp: Path, clock: Clock) -> Controller:
+def controller_with_two_workers(tmp: Path, clock: Clock, queue: RolloutQueue | None = None) -> Controller:
     config = parse_config({"agent": {"enabled": False}, "autoscaler": {"min_workers": 0}})
     steps = [StepInfo(1, str(gpu + 3), worker_step_name(wid), ("node1",), "0:01", "", "gres/gpu:1", 1)
              for wid, gpu in (("0001", 0), ("0002", 1))]
     controller = Controller(config, 1, ListedSteps(steps), tmp, gpus_by_node={"node1": (0, 1)},  # type: ignore[arg-type]
-                            clock=clock)
+                            clock=clock, queue=queue)
     controller.scale(2)
     controller.tick()  # the two steps are listed: they are this controller's workers
     for wid, gpu in (("0001", 0), ("0002", 1)):
@@ -113,3 +115,24 @@ def test_a_rollout_in_flight_counts_on_until_the_next_report(tmp_path: Path) -> 
     assert controller.busy_worker_s(clock()) == pytest.approx(5.0 + 1.0 + 3.0)
     clock.now_s += 60.0  # silent for long (its step died): at most two heartbeat intervals more
     assert controller.busy_worker_s(clock()) == pytest.approx(6.0 + 2 * 5.0)
+
+
+def test_a_jobs_first_seconds_read_a_workers_production_as_it_is(tmp_path: Path) -> None:
+    """Two workers make a group of 8 every second from the start, heartbeats every 5 s (the SDK's
+    default): 11 s in, the autoscaler's per-worker rate reads 8 seqs/s. Counting the first
+    report as a baseline and nothing since the last one read 17.6 (a live job's sizing step cut
+    its pool to one worker on such a reading)."""
+    clock = Clock()
+    queue = RolloutQueue(RolloutStore(tmp_path / "q.sqlite", fsync="off"),
+                         QueueConfig(batch_size=64, max_staleness=1000), clock=clock)
+    controller = controller_with_two_workers(tmp_path, clock, queue)
+    for second in range(1, 12):
+        clock.now_s = 1000.0 + second
+        for wid in ("0001", "0002"):
+            assert queue.admit(8, wid) == 8
+            queue.submit(f"{wid}-{second}", wid, 8, 0, b"x" * 8)
+            if second % 5 == 0:
+                controller.heartbeat(wid, {"busy": True, "busy_s": float(second)})
+    rate = controller.pressure_inputs(8, clock()).per_worker_seqs_per_s
+    assert rate == pytest.approx(8.0, rel=0.05)
+    queue.store.close()
