@@ -36,7 +36,8 @@ TRACE_NAMES = ("steady", "bursty", "phase_shift", "failures", "eval_pauses", "lo
                "ramp", "speedup_bursts", "sine_trainer", "shrinking_episodes", "wide_groups_exponential",
                "many_slots_concise", "drifting_rollouts", "agentic_long_tail", "concise_then_verbose")
 HELD_OUT = ("rolling_throttles", "alternating_tasks",  # written after the policy was tuned
-            "growing_context", "worker_churn", "slow_tides", "mixed_fleet", "brief_spikes")
+            "growing_context", "worker_churn", "slow_tides", "mixed_fleet", "brief_spikes",
+            "slow_node_pareto", "staircase_down", "midrun_heat")
 METRICS = ("trainer_idle_fraction", "gpu_seconds", "max_staleness", "scale_actions", "reversals")
 SLACKS_FULL = (0.0, 0.02, 0.05, 0.1, 0.2)
 SLACKS_QUICK = (0.0, 0.05, 0.15)
