@@ -98,6 +98,7 @@ class ControlPlane(ControllerBase):
             if "rollouts" in info:
                 worker.rollouts = int(info["rollouts"])
             if "busy_s" in info:
+                worker.busy_s = float(info["busy_s"])
                 self._record_busy_s(worker_id, float(info["busy_s"]), bool(info.get("busy")))
             if info.get("exit_code") is not None:
                 worker.exit_code = int(info["exit_code"])

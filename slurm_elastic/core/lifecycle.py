@@ -56,7 +56,8 @@ class Worker:
     launches: int = 0
     placeholder: bool = False  # holds a cordoned GPU so Slurm cannot hand it out; never capacity
     busy: bool = False  # a rollout in flight (from heartbeats), for choosing whom to drain
-    rollouts: int = 0
+    rollouts: int = 0  # finished by its current step, from heartbeats
+    busy_s: float = 0.0  # its current step's seconds inside rollouts (the one in flight included), from heartbeats
     endpoint: str = ""
     kill_sent_s: float = 0.0
     failure_reason: str = ""  # set when the controller kills it for cause (e.g. lost heartbeat)

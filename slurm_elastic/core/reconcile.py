@@ -21,6 +21,8 @@ from slurm_elastic.core.liveness import drain_not_live
 from slurm_elastic.core.naming import format_worker_id
 
 S = WorkerState
+SLOW_FACTOR = 1.3  # a worker whose rollouts take this much longer than the median worker's drains first
+SLOW_MIN_ROLLOUTS = 4  # ... once it has finished this many (fewer say more of the prompts than of its GPU)
 
 
 @dataclass(frozen=True)
@@ -292,24 +294,49 @@ def _launch(worker: Worker, exclude_nodes: tuple[str, ...], now_s: float, reason
     worker.last_heartbeat_s = now_s
     worker.step_id, worker.node, worker.gpus, worker.nodes, worker.node_gpus = "", "", (), (), {}
     worker.liveness_failures = 0
-    worker.rollouts, worker.busy = 0, False  # the new step's own, from its heartbeats (it is loading until then)
+    worker.rollouts, worker.busy, worker.busy_s = 0, False, 0.0  # the new step's own, from its heartbeats
     worker.launches += 1
     plan.actions.append(Launch(worker.worker_id, exclude_nodes))
 
 
 def _drain_order(capacity: list[Worker], first_jobs: frozenset[int] = frozenset()) -> list[Worker]:
     """Workers in ``first_jobs`` first; then least useful first: pending relaunches, not-yet-running,
-    idle, then busy; newest first within each."""
+    clearly slow ones (slowest first, :func:`slow_workers`), idle, then busy; newest first within each."""
+    slow = slow_workers(capacity)
+
     def rank(worker: Worker) -> tuple[int, int, float, tuple[int, str]]:
         if worker.state is S.BACKOFF:
             group = 0
         elif worker.state is S.STARTING:
             group = 1
-        elif not worker.busy:
+        elif worker.worker_id in slow:
             group = 2
-        else:
+        elif not worker.busy:
             group = 3
+        else:
+            group = 4
         newest_id = (-int(worker.worker_id), "") if worker.worker_id.isdigit() else (0, worker.worker_id)
-        return 0 if worker.job_id in first_jobs else 1, group, -worker.launched_at_s, newest_id
+        order_s = -slow[worker.worker_id] if worker.worker_id in slow else -worker.launched_at_s
+        return 0 if worker.job_id in first_jobs else 1, group, order_s, newest_id
 
     return sorted(capacity, key=rank)
+
+
+def seconds_per_rollout(worker: Worker) -> float | None:
+    """Its current step's mean seconds inside one rollout (the one in flight counts as one), or
+    None before it has finished ``SLOW_MIN_ROLLOUTS``."""
+    if worker.state is not S.ACTIVE or worker.rollouts < SLOW_MIN_ROLLOUTS or worker.busy_s <= 0:
+        return None
+    return worker.busy_s / (worker.rollouts + (1 if worker.busy else 0))
+
+
+def slow_workers(workers: list[Worker]) -> dict[str, float]:
+    """The workers whose mean rollout takes over ``SLOW_FACTOR`` times the median worker's (an
+    older or throttled GPU), with their seconds per rollout; needs three measured workers."""
+    measured = {w.worker_id: s for w in workers if (s := seconds_per_rollout(w)) is not None}
+    if len(measured) < 3:
+        return {}
+    ordered = sorted(measured.values())
+    mid = len(ordered) // 2
+    median_s = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+    return {worker_id: s for worker_id, s in measured.items() if s > SLOW_FACTOR * median_s}

@@ -204,7 +204,7 @@ class Simulation:
                 record.busy = proc.phase in ("rollout", "submit")
                 so_far_s = proc.busy_s + (0.0 if proc.rollout_since_s is None else self.now_s - proc.rollout_since_s)
                 busy_s += so_far_s - proc.busy_reported_s
-                proc.busy_reported_s = so_far_s
+                proc.busy_reported_s = record.busy_s = so_far_s
             if record.state is S.DRAINING and not proc.drain:  # the heartbeat reply says "drain"
                 self._drain(proc)
         self.busy.add(self.now_s, busy_s)

@@ -150,6 +150,17 @@ def test_scale_down_drains_the_idle_worker_first_with_its_steps_job(tmp_path: Pa
     assert controller.workers["0002"].state is S.INACTIVE and backend.launched == []
 
 
+def test_scale_down_drains_the_worker_its_heartbeats_show_slow_first(tmp_path: Path) -> None:
+    controller, _ = make(tmp_path, RUNNING, Clock())
+    controller.tick()
+    register_all(controller, RUNNING)
+    for worker_id, busy_s in (("0001", 50.0), ("0002", 90.0), ("0003", 48.0)):  # 0002 on an older GPU
+        controller.heartbeat(worker_id, {"busy": worker_id != "0003", "rollouts": 5, "busy_s": busy_s})
+    controller.scale(2)
+    result = controller.tick()
+    assert [a.worker_id for a in result.actions if isinstance(a, Drain)] == ["0002"]  # not 0003, the idle one
+
+
 def test_a_vanished_worker_backs_off_and_is_relaunched_under_the_same_id(tmp_path: Path) -> None:
     clock = Clock()
     controller, backend = make(tmp_path, RUNNING, clock)

@@ -80,6 +80,29 @@ def test_scale_down_drains_idle_newest_first_and_never_twice() -> None:
     assert again.actions == []  # draining workers are not capacity and are not drained again
 
 
+def test_scale_down_drains_a_clearly_slow_worker_first_even_when_busy() -> None:
+    speeds = {"0001": (10, 95.0), "0002": (10, 100.0), "0003": (10, 105.0), "0004": (8, 160.0), "0005": (2, 80.0)}
+    workers = {w: active(w, w[-1], now_s=int(w), busy=w in ("0003", "0004")) for w in speeds}
+    for worker_id, (rollouts, busy_s) in speeds.items():
+        workers[worker_id].rollouts, workers[worker_id].busy_s = rollouts, busy_s
+    # 0004: 160 s / 9 rollouts (one in flight) = 17.8 s each against a median of 10 s: drained first,
+    # busy as it is; then the usual order (0005 has too few rollouts to say, and is idle and newest)
+    plan = run(workers, obs(*workers.values()), 3, now_s=9)
+    assert plan.actions == [Drain("0004", "4"), Drain("0005", "5")]
+
+
+def test_no_worker_is_slow_before_three_are_measured_or_within_the_factor() -> None:
+    from slurm_elastic.core.reconcile import SLOW_FACTOR, slow_workers
+
+    a, b, c = active("0001", "1"), active("0002", "2"), active("0003", "3")
+    for worker, busy_s in ((a, 40.0), (b, 40.0 * SLOW_FACTOR), (c, 200.0)):
+        worker.rollouts, worker.busy_s = 4, busy_s
+    assert slow_workers([a, c]) == {}  # two measured say nothing
+    assert slow_workers([a, b, c]) == {"0003": 50.0}  # b is at the factor, not over it
+    c.state = S.DRAINING
+    assert slow_workers([a, b, c]) == {}
+
+
 def test_drained_step_that_ends_becomes_inactive() -> None:
     workers = {"0001": active("0001", "1")}
     run(workers, obs(workers["0001"]), 0, now_s=1)
