@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -171,6 +172,7 @@ class ControllerBase:
             self.burst.restore(restored.burst)
         self.left_nodes = [left for left in restored.left_nodes if left["node"] not in self.gpus_by_node]
         now_s = self.clock()
+        st.cordons.move_clocks_on(math.inf, now_s)  # nor could a node's agent report: heard now, not unknown
         for worker in st.workers.values():  # nobody could heart-beat while no controller ran
             if worker.has_step:
                 worker.last_heartbeat_s = max(worker.last_heartbeat_s, now_s)

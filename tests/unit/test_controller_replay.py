@@ -113,6 +113,29 @@ def test_a_restart_without_state_adopts_every_running_step_and_launches_nothing(
     assert all(w.state is S.ACTIVE and w.launches == 0 for w in again.workers.values())
 
 
+def test_a_controller_back_after_the_agents_silence_limit_keeps_their_nodes_usable(tmp_path: Path) -> None:
+    clock = Clock()
+
+    def with_agents() -> Controller:
+        config = parse_config({"autoscaler": {"min_workers": 0, "enable_elastic": False}})
+        return Controller(config, JOB_ID, Recorded(RUNNING), tmp_path,  # type: ignore[arg-type]
+                          gpus_by_node={n: (0, 1, 2, 3) for n in NODES}, clock=clock)
+
+    controller = with_agents()
+    controller.tick()
+    register_all(controller, RUNNING)
+    for node in NODES:
+        controller.report_gpu_health(AgentReport(node, clock.now_s, "nvml", [
+            GpuSample(node, g, temperature_c=50.0, memory_used_mb=0, memory_total_mb=80000) for g in range(4)]))
+    controller.tick()
+    assert controller.usable_slots == 6
+    clock.now_s += 2 * controller.health_rules.agent_silence_s  # down that long: no agent could report
+    again = with_agents()
+    again.tick()
+    assert again.usable_slots == 6  # not 0 until each agent's next report
+    assert "note" not in again.scale(3)
+
+
 def test_scale_up_fills_the_free_gpus_of_the_allocation_and_no_more(tmp_path: Path) -> None:
     controller, backend = make(tmp_path, RUNNING, Clock())
     controller.tick()
