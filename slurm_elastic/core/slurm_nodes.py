@@ -16,7 +16,8 @@ OUT_OF_USE = frozenset({
     "down",  # slurmd lost, or set down by an admin
     "drain",  # scontrol update State=DRAIN (shown as draining/drained)
     "fail",  # State=FAIL: drain, and the node is expected to fail
-    "maint",  # a maintenance reservation holds the node now
+    "maintenance",  # a maintenance reservation (Flags=MAINT) holds the node now, as StateComplete says it
+    "maint",  # ... and as sinfo's short state (%t) says it
     "reboot_requested",  # scontrol reboot: the node reboots once it is idle
     "reboot_issued",
     "power_down",  # being powered down (power saving)

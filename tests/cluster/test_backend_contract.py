@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import getpass
 import importlib.metadata
 import importlib.util
 import json
@@ -249,6 +250,29 @@ def test_a_drained_node_reads_drained_with_its_reason_until_resumed(target: Targ
             f"Slurm marks node {second} {node.state.upper()}: fan swap | ticket 7"
     finally:
         run_command(["scontrol", "update", f"NodeName={second}", "State=RESUME"], check=False)
+    wait_for(lambda: out_of_use_reason(second, target.backend.node_states([second])[second].state, "") is None,
+             30, f"{second} to be usable again")
+
+
+@pytest.mark.parametrize("how", ["State=FAIL", "a maintenance reservation"])
+def test_a_failing_or_maintained_node_reads_out_of_use_until_released(target: Target, alloc: int, how: str) -> None:
+    """The other admin actions that take a node out under a running job, as this Slurm spells them
+    (22.05 says MAINTENANCE, not MAINT, for a reservation with Flags=MAINT)."""
+    second = target.nodes[1]
+    if how == "State=FAIL":
+        take = ["scontrol", "update", f"NodeName={second}", "State=FAIL", "Reason=psu warning"]
+        give_back = ["scontrol", "update", f"NodeName={second}", "State=RESUME"]
+    else:
+        name = f"se-maint-{os.getpid()}"
+        take = ["scontrol", "create", "reservation", f"ReservationName={name}", "StartTime=now", "Duration=10",
+                f"Nodes={second}", "Flags=MAINT,IGNORE_JOBS", f"Users={getpass.getuser()}"]
+        give_back = ["scontrol", "delete", f"ReservationName={name}"]
+    run_command(take)
+    try:
+        wait_for(lambda: out_of_use_reason(second, target.backend.node_states([second])[second].state, "")
+                 is not None, 30, f"{second} out of use after {how}")
+    finally:
+        run_command(give_back, check=False)
     wait_for(lambda: out_of_use_reason(second, target.backend.node_states([second])[second].state, "") is None,
              30, f"{second} to be usable again")
 

@@ -145,6 +145,7 @@ def test_slurm_not_answering_keeps_the_cordons_as_they_were_and_says_so(tmp_path
 @pytest.mark.parametrize(("state", "out"), [
     ("mixed+drain", True), ("idle+drain", True), ("allocated+drain+reboot_requested", True),
     ("down+not_responding", True), ("mixed+fail", True), ("allocated+maint", True),
+    ("idle+maintenance+reserved", True), ("mixed+reserved", False),  # Slurm 22.05's words for a MAINT reservation
     ("mixed+power_down", True), ("mixed", False), ("allocated+completing", False),
     ("idle+not_responding", False), ("mixed+planned", False), ("MIXED+DRAIN", True),
 ])
