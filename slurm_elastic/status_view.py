@@ -39,6 +39,14 @@ def _age(seconds: Any) -> str:
     return f"{s / 3600:.1f}h"
 
 
+def _per_rollout(worker: dict[str, Any]) -> str:
+    """Its mean seconds inside one rollout, "(slow)" when it drains first; "-" before 4 rollouts."""
+    per_rollout_s = worker.get("seconds_per_rollout")
+    if per_rollout_s is None:
+        return "-"
+    return f"{per_rollout_s:.1f}" + (" (slow)" if worker.get("slow") else "")
+
+
 def _nodes_and_gpus(worker: dict[str, Any]) -> tuple[str, str]:
     """The NODE and GPU cells: every node of the step, and each node's GPUs joined by ``+`` (``?``:
     that node's task has not reported them yet)."""
@@ -138,10 +146,12 @@ def render_status(job_id: int, status: dict[str, Any] | None, slurm_steps: list[
         state = w.get("state", "?") + (" (placeholder)" if w.get("placeholder") else "")
         rows.append([str(w.get("worker_id", "")), *([str(w.get("job_id") or "-")] if in_burst else []),
                      str(w.get("step_id") or "-"), nodes, gpus,
-                     state, _age(w.get("age_s")), str(w.get("rollouts", 0)), _age(w.get("last_heartbeat_age_s"))]
+                     state, _age(w.get("age_s")), str(w.get("rollouts", 0)), _per_rollout(w),
+                     _age(w.get("last_heartbeat_age_s"))]
                     + ([_weights_cell(w)] if show_weights else []))
     if rows:
-        headers = ["WORKER", *(["JOB"] if in_burst else []), "STEP", "NODE", "GPU", "STATE", "AGE", "ROLLOUTS", "HEARTBEAT"]
+        headers = ["WORKER", *(["JOB"] if in_burst else []), "STEP", "NODE", "GPU", "STATE", "AGE", "ROLLOUTS", "S/ROLLOUT",
+                   "HEARTBEAT"]
         lines += ["  " + r for r in _table(headers + (["WEIGHTS"] if show_weights else []), rows)]
     lines += _burst_lines(ctl)
     now = now_s if now_s is not None else float(ctl.get("now_s", 0.0))

@@ -8,6 +8,7 @@ from typing import Any
 
 from slurm_elastic.controller.base import ERROR_LIMIT, ControllerBase
 from slurm_elastic.core.lifecycle import Worker, WorkerState
+from slurm_elastic.core.reconcile import seconds_per_rollout, slow_workers
 
 S = WorkerState
 
@@ -20,6 +21,7 @@ class StatusViews(ControllerBase):
             now_s = self.clock()
             st = self.state
             by_state = {s.value: 0 for s in WorkerState}
+            slow = slow_workers([w for w in st.workers.values() if w.counts_as_capacity])
             for worker in st.workers.values():
                 if not (worker.placeholder and worker.has_step):  # a step holding a cordoned GPU is no worker
                     by_state[worker.state.value] += 1
@@ -39,7 +41,7 @@ class StatusViews(ControllerBase):
                 "last_decision": st.last_decision,
                 "workers_by_state": by_state,
                 "placeholders": sum(1 for w in st.workers.values() if w.placeholder and w.has_step),
-                "workers": [self._worker_view(w, now_s) for w in sorted(st.workers.values(), key=lambda w: w.worker_id)
+                "workers": [self._worker_view(w, now_s, slow) for w in sorted(st.workers.values(), key=lambda w: w.worker_id)
                             if w.state is not S.INACTIVE],
                 "cordoned_gpus": [{"node": n, "gpu": g, **v} for (n, g), v in sorted(self.cordoned_gpus().items())],
                 "unknown_health_nodes": sorted(self.unknown_nodes(now_s)),
@@ -84,12 +86,15 @@ class StatusViews(ControllerBase):
         view["requests_per_worker_capacity"] = capacity
         return view
 
-    def _worker_view(self, worker: Worker, now_s: float) -> dict[str, Any]:
+    def _worker_view(self, worker: Worker, now_s: float, slow: dict[str, float]) -> dict[str, Any]:
+        per_rollout_s = seconds_per_rollout(worker)
         return {
             "worker_id": worker.worker_id, "job_id": worker.job_id or self.job_id, "state": worker.state.value,
             "step_id": worker.step_id, "node": worker.node, "gpus": list(worker.gpus), "nodes": list(worker.all_nodes),
             "node_gpus": {n: list(g) for n, g in worker.node_gpus.items()}, "age_s": round(now_s - worker.launched_at_s, 1),
             "rollouts": worker.rollouts, "busy": worker.busy, "placeholder": worker.placeholder,
+            "seconds_per_rollout": None if per_rollout_s is None else round(per_rollout_s, 2),
+            "slow": worker.worker_id in slow,  # drained first at a scale-down
             "last_heartbeat_age_s": round(now_s - worker.last_heartbeat_s, 1), "crash_count": worker.crash_count,
             "launches": worker.launches, "endpoint": worker.endpoint, "liveness_failures": worker.liveness_failures,
             "outstanding_requests": self.endpoints.outstanding(worker.worker_id, now_s) if self.is_server else None,

@@ -179,6 +179,8 @@ def test_scale_down_drains_the_worker_its_heartbeats_show_slow_first(tmp_path: P
     register_all(controller, RUNNING)
     for worker_id, busy_s in (("0001", 50.0), ("0002", 90.0), ("0003", 48.0)):  # 0002 on an older GPU
         controller.heartbeat(worker_id, {"busy": worker_id != "0003", "rollouts": 5, "busy_s": busy_s})
+    text = render_status(JOB_ID, {"controller": controller.status()}, now_s=controller.clock())
+    assert "S/ROLLOUT" in text and "15.0 (slow)" in text and "8.3 " in text  # 90 s, 50 s / (5 + 1 in flight)
     controller.scale(2)
     result = controller.tick()
     assert [a.worker_id for a in result.actions if isinstance(a, Drain)] == ["0002"]  # not 0003, the idle one
