@@ -6,6 +6,7 @@ runs the actions afterwards, and their errors come back as data on the next tick
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 
 from slurm_elastic.core.defaults import (
@@ -336,7 +337,5 @@ def slow_workers(workers: list[Worker]) -> dict[str, float]:
     measured = {w.worker_id: s for w in workers if (s := seconds_per_rollout(w)) is not None}
     if len(measured) < 3:
         return {}
-    ordered = sorted(measured.values())
-    mid = len(ordered) // 2
-    median_s = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+    median_s = statistics.median(measured.values())
     return {worker_id: s for worker_id, s in measured.items() if s > SLOW_FACTOR * median_s}
