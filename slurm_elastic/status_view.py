@@ -39,6 +39,26 @@ def _age(seconds: Any) -> str:
     return f"{s / 3600:.1f}h"
 
 
+def _cordons_by_cause(cordons: list[dict[str, Any]], now: float) -> dict[tuple[str, str, str, str], list[int]]:
+    """The cordoned GPUs grouped by node, source, age and reason (a node Slurm takes out is one row)."""
+    grouped: dict[tuple[str, str, str, str], list[int]] = {}
+    for c in cordons:
+        key = (str(c.get("node")), str(c.get("source", "")), _since(c.get("since_s"), now), str(c.get("reason", "")))
+        grouped.setdefault(key, []).append(int(c.get("gpu", 0)))
+    return grouped
+
+
+def _gpu_list(gpus: list[int]) -> str:
+    """GPU indexes as runs: [0, 1, 2, 3, 6] -> "0-3,6"."""
+    runs: list[list[int]] = []
+    for gpu in sorted(gpus):
+        if runs and gpu == runs[-1][-1] + 1:
+            runs[-1].append(gpu)
+        else:
+            runs.append([gpu])
+    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
+
+
 def _per_rollout(worker: dict[str, Any]) -> str:
     """Its mean seconds inside one rollout, "(slow)" when it drains first; "-" before 4 rollouts."""
     per_rollout_s = worker.get("seconds_per_rollout")
@@ -158,8 +178,8 @@ def render_status(job_id: int, status: dict[str, Any] | None, slurm_steps: list[
     cordons = ctl.get("cordoned_gpus") or []
     if cordons:
         lines.append("cordoned GPUs:")
-        crow = [[f"{c.get('node')}:{c.get('gpu')}", str(c.get("source", "")), _since(c.get("since_s"), now),
-                 str(c.get("reason", ""))] for c in cordons]
+        crow = [[f"{node}:{_gpu_list(gpus)}", source, since, reason]
+                for (node, source, since, reason), gpus in _cordons_by_cause(cordons, now).items()]
         lines += ["  " + r for r in _table(["GPU", "BY", "SINCE", "REASON"], crow)]
     for left in ctl.get("left_nodes") or []:
         lines.append(f"node {left.get('node')} left the job {_since(left.get('at_s'), now)} (failed, or the job "

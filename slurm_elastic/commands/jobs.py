@@ -196,7 +196,7 @@ def _wait_for(job_id: int, done: Any, what: str, timeout_s: float) -> dict[str, 
             with client:
                 ctl = client.status()
             if done(ctl):
-                click.echo(f"done: {what}", err=True)
+                click.echo(f"done waiting for {what}", err=True)
                 return ctl
             line = worker_counts(ctl) or "no workers"
             if view.error:
@@ -266,13 +266,15 @@ def cordon(job_id: int, gpu_ref: str, reason: str) -> None:
 @click.argument("gpu_ref", metavar="NODE:GPU")
 @click.option("--reason", default="", help="Why (logged).")
 def uncordon(job_id: int, gpu_ref: str, reason: str) -> None:
-    """Lift an operator's, crash, prolog or pre-flight cordon; health cordons lift themselves after a healthy period."""
+    """Lift an operator's, crash, prolog or pre-flight cordon; health cordons lift themselves after a
+    healthy period, Slurm's when an admin resumes the node. Exits 1 when the GPU stays cordoned."""
     node, gpu = _gpu(gpu_ref)
     answer = _call(job_id, "uncordon", node, gpu, reason)
     click.echo(json.dumps(answer))
     if answer.get("cordoned"):
         click.echo(f"{node}:{gpu} stays cordoned: {answer.get('reason')}; "
                    + STILL_CORDONED.get(answer.get("source", ""), "it lifts when its cause is gone").format(node=node), err=True)
+        raise SystemExit(1)
 
 
 STILL_CORDONED = {  # why an operator's uncordon leaves a cordon, and what lifts it

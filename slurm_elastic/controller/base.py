@@ -289,6 +289,10 @@ class ControllerBase:
                     spec = replace(spec, env={**spec.env, **TERM_DRAINS_ENV})
                 self.backend.launch_step(spec, self.state_dir / "logs" / "srun" / f"{action.worker_id}.log")
             elif isinstance(action, Drain):
+                worker = self.state.workers.get(action.worker_id)
+                why = worker.history[-1][3] if worker is not None and worker.history else ""
+                log.info("draining worker %s (step %s, %s): %s", action.worker_id, action.step_id,
+                         self.config.workers.drain_signal, why)
                 self.backend.signal_step(job_id, action.step_id, self.config.workers.drain_signal)
             else:
                 log.info("cancelling worker %s (step %s): %s", action.worker_id, action.step_id, action.reason)

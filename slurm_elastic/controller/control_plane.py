@@ -247,6 +247,7 @@ class ControlPlane(ControllerBase):
         self._check_gpu(node, gpu)
         with self.lock:
             self.state.cordons.cordon_manual(node, gpu, reason or "cordoned by operator", self.clock())
+            log.warning("cordon %s:%d (operator): %s", node, gpu, reason or "no reason given")
             self.save()
             return {"node": node, "gpu": gpu, "cordoned": True}
 

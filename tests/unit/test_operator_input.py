@@ -344,7 +344,7 @@ def test_an_uncordon_that_leaves_a_slurm_cordon_says_what_lifts_it(monkeypatch: 
     answer = {"node": "node2", "gpu": 1, "cordoned": True, "reason": "Slurm marks node node2 DRAIN", "source": "slurm"}
     monkeypatch.setattr(jobs, "_call", lambda *a: answer)
     result = CliRunner().invoke(main, ["uncordon", "77", "node2:1"])
-    assert result.exit_code == 0 and "node2:1 stays cordoned: Slurm marks node node2 DRAIN" in result.output
+    assert result.exit_code == 1 and "node2:1 stays cordoned: Slurm marks node node2 DRAIN" in result.output
     assert "scontrol update nodename=node2 state=resume" in result.output
 
 

@@ -98,3 +98,14 @@ def test_a_recent_error_says_its_age_and_an_old_one_is_not_shown() -> None:
     text = render_status(7, ctl)
     assert "squeue timed out" not in text
     assert "recent error [launch] 60s ago: srun failed" in text, text
+
+
+def test_a_node_slurm_takes_out_is_one_cordon_row_and_gpus_read_as_runs() -> None:
+    why = "Slurm marks node node2 ALLOCATED+DRAIN: fan swap"
+    cordons = [{"node": "node2", "gpu": g, "source": "slurm", "since_s": 990.0, "reason": why} for g in (0, 1, 2, 3, 6)]
+    cordons.append({"node": "node2", "gpu": 5, "source": "operator", "since_s": 900.0, "reason": "ECC"})
+    text = render_status(7, {**STATUS, "cordoned_gpus": cordons})
+    rows = text.split("cordoned GPUs:\n")[1].splitlines()
+    assert rows[1].split() == ["node2:0-3,6", "slurm", "10s", "ago", *why.split()]
+    assert rows[2].split() == ["node2:5", "operator", "2m", "ago", "ECC"]
+    assert len(rows) == 3 or not rows[3].startswith("  node2")
