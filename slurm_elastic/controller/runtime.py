@@ -210,9 +210,11 @@ class Controller(ControlPlane, StatusViews):
         except SlurmElasticError as exc:
             self._record_error("release nodes", str(exc))
             return
+        with self.lock:  # a placeholder only holds a cordoned GPU there: it ends with the node's release
+            placeholders = {w.worker_id for w in self.state.workers.values() if w.placeholder}
         steps_by_node: dict[str, list[str]] = {}
         for step in steps:
-            if step.step_id not in ("batch", "extern"):
+            if step.step_id not in ("batch", "extern") and worker_id_of_step(step.name) not in placeholders:
                 for node in step.nodes:
                     steps_by_node.setdefault(node, []).append(step.name)
         release = nodes_to_release(out_of_use, job_nodes, batch_host, steps_by_node)

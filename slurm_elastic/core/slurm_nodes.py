@@ -48,8 +48,8 @@ def nodes_to_release(out_of_use: Mapping[str, str], job_nodes: Sequence[str], ba
                      steps_by_node: Mapping[str, Sequence[str]]) -> list[str]:
     """The job's nodes to give back to Slurm now: out of use, not the batch host (the batch script
     and the controller run there), and running no step but node agents (``steps_by_node``: the
-    names of the job's steps on each node; a worker still draining, the trainer, anything else
-    keeps the node). One node always stays."""
+    names of the job's steps on each node, placeholders left out by the caller; a worker still
+    draining, the trainer, anything else keeps the node). One node always stays."""
     keep_one = [n for n in job_nodes if n not in out_of_use or n == batch_host]
     if not keep_one:
         return []

@@ -254,3 +254,22 @@ def test_a_drained_node_goes_back_to_slurm_once_its_workers_have_left(tmp_path: 
     controller.tick()  # the job's nodes are read again at once
     assert controller.gpus_by_node == {"node1": GPUS["node1"]}
     assert [left["node"] for left in controller.status()["left_nodes"]] == ["node2"]
+
+
+def test_a_placeholder_on_a_drained_node_does_not_keep_it_from_going_back(tmp_path: Path) -> None:
+    clock = Clock()
+    config = parse_config({"autoscaler": {"min_workers": 0}, "agent": {"enabled": False},
+                           "health": {"release_drained_nodes": True}})
+    backend = Shrinks()
+    backend.job_nodes = tuple(GPUS)
+    controller = Controller(config, 1, backend, tmp_path, gpus_by_node=dict(GPUS), clock=clock)  # type: ignore[arg-type]
+    controller.cordon("node2", 1, "ECC")
+    controller.scale(1)
+    controller.tick()
+    (worker_id,) = controller.workers
+    backend.steps.append(StepInfo(1, "0", worker_step_name(worker_id), ("node2",), "0:01", "", "gres/gpu:1", 1))
+    controller.register_worker(worker_id, {"node": "node2", "gpus": [1], "step_id": "0"})  # Slurm chose the cordoned GPU
+    assert controller.workers[worker_id].placeholder
+    backend.nodes["node2"] = DRAINED
+    read_nodes(controller, clock)
+    assert backend.shrunk_to == [["node1"]]
