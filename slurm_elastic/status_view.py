@@ -59,6 +59,14 @@ def _gpu_list(gpus: list[int]) -> str:
     return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
 
 
+def _where(worker: dict[str, Any]) -> str:
+    """node:gpu,gpu of an ended worker ("-" if it never ran)."""
+    if not worker.get("node"):
+        return "-"
+    gpus = ",".join(str(g) for g in worker.get("gpus") or [])
+    return f"{worker['node']}:{gpus}" if gpus else str(worker["node"])
+
+
 def _per_rollout(worker: dict[str, Any]) -> str:
     """Its mean seconds inside one rollout, "(slow)" when it drains first; "-" before 4 rollouts."""
     per_rollout_s = worker.get("seconds_per_rollout")
@@ -173,6 +181,12 @@ def render_status(job_id: int, status: dict[str, Any] | None, slurm_steps: list[
         headers = ["WORKER", *(["JOB"] if in_burst else []), "STEP", "NODE", "GPU", "STATE", "AGE", "ROLLOUTS", "S/ROLLOUT",
                    "HEARTBEAT"]
         lines += ["  " + r for r in _table(headers + (["WEIGHTS"] if show_weights else []), rows)]
+    ended = ctl.get("ended_workers") or []
+    if ended:
+        lines.append("ended last:")
+        erows = [[str(e.get("worker_id", "")), _where(e), f"{_age(e.get('ended_s_ago'))} ago", str(e.get("reason", ""))]
+                 for e in ended]
+        lines += ["  " + r for r in _table(["WORKER", "WHERE", "ENDED", "WHY"], erows)]
     lines += _burst_lines(ctl)
     now = now_s if now_s is not None else float(ctl.get("now_s", 0.0))
     cordons = ctl.get("cordoned_gpus") or []

@@ -11,6 +11,7 @@ from slurm_elastic.core.lifecycle import Worker, WorkerState
 from slurm_elastic.core.reconcile import seconds_per_rollout, slow_workers
 
 S = WorkerState
+ENDED_SHOWN = 5  # the workers that ended last, in status
 
 
 class StatusViews(ControllerBase):
@@ -43,6 +44,7 @@ class StatusViews(ControllerBase):
                 "placeholders": sum(1 for w in st.workers.values() if w.placeholder and w.has_step),
                 "workers": [self._worker_view(w, now_s, slow) for w in sorted(st.workers.values(), key=lambda w: w.worker_id)
                             if w.state is not S.INACTIVE],
+                "ended_workers": self._ended_view(now_s),
                 "cordoned_gpus": [{"node": n, "gpu": g, **v} for (n, g), v in sorted(self.cordoned_gpus().items())],
                 "unknown_health_nodes": sorted(self.unknown_nodes(now_s)),
                 "left_nodes": list(self.left_nodes),
@@ -54,6 +56,13 @@ class StatusViews(ControllerBase):
                 "queue": queue,
                 **self._burst_view(),
             }
+
+    def _ended_view(self, now_s: float) -> list[dict[str, Any]]:
+        """The workers that ended last (INACTIVE, newest first, at most ENDED_SHOWN): when, where, why."""
+        ended = sorted((w for w in self.state.workers.values() if w.state is S.INACTIVE and w.history),
+                       key=lambda w: w.history[-1][0], reverse=True)[:ENDED_SHOWN]
+        return [{"worker_id": w.worker_id, "node": w.node, "gpus": list(w.gpus), "rollouts": w.rollouts,
+                 "ended_s_ago": round(now_s - w.history[-1][0], 1), "reason": _why_ended(w)} for w in ended]
 
     def _burst_view(self) -> dict[str, Any]:
         """Burst jobs (docs/burst.md): one row per job, and what they held and the pool used of it."""
@@ -101,3 +110,10 @@ class StatusViews(ControllerBase):
             "weights_version": worker.weights_version, **self.weights.server_view(worker.worker_id),
             "history": [list(h) for h in worker.history[-10:]],
         }
+
+
+def _why_ended(worker: Worker) -> str:
+    """Why an INACTIVE worker ended: the reason it was drained for, else its last transition's."""
+    drained = [reason for _at, _from, to, reason in worker.history if to == S.DRAINING.value]
+    last = worker.history[-1][3]
+    return f"drained ({drained[-1]}); {last}" if drained and worker.history[-1][1] == S.DRAINING.value else last

@@ -171,6 +171,10 @@ def test_scale_down_drains_the_idle_worker_first_with_its_steps_job(tmp_path: Pa
     backend.steps = listing("vanished")  # the drained step ended by itself
     controller.tick()
     assert controller.workers["0002"].state is S.INACTIVE and backend.launched == []
+    (ended,) = controller.status()["ended_workers"]
+    assert ended["worker_id"] == "0002" and ended["reason"] == "drained (scale-down to 2); step ended after drain"
+    text = render_status(JOB_ID, {"controller": controller.status()}, now_s=controller.clock())
+    assert "ended last:" in text and "drained (scale-down to 2); step ended after drain" in text
 
 
 def test_scale_down_drains_the_worker_its_heartbeats_show_slow_first(tmp_path: Path) -> None:
