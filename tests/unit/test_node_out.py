@@ -232,13 +232,19 @@ class Shrinks(Recording):
         self.job_nodes = tuple(nodes)
 
 
-def test_a_drained_node_goes_back_to_slurm_once_its_workers_have_left(tmp_path: Path) -> None:
+def releasing(tmp_path: Path) -> tuple[Controller, Shrinks, Clock]:
+    """A controller with ``health.release_drained_nodes`` on, over GPUS, and its backend and clock."""
     clock = Clock()
     config = parse_config({"autoscaler": {"min_workers": 0}, "agent": {"enabled": False},
                            "health": {"release_drained_nodes": True}})
     backend = Shrinks()
     backend.job_nodes = tuple(GPUS)
     controller = Controller(config, 1, backend, tmp_path, gpus_by_node=dict(GPUS), clock=clock)  # type: ignore[arg-type]
+    return controller, backend, clock
+
+
+def test_a_drained_node_goes_back_to_slurm_once_its_workers_have_left(tmp_path: Path) -> None:
+    controller, backend, clock = releasing(tmp_path)
     controller.scale(1)
     controller.tick()
     (worker_id,) = controller.workers
@@ -257,12 +263,7 @@ def test_a_drained_node_goes_back_to_slurm_once_its_workers_have_left(tmp_path: 
 
 
 def test_a_placeholder_on_a_drained_node_does_not_keep_it_from_going_back(tmp_path: Path) -> None:
-    clock = Clock()
-    config = parse_config({"autoscaler": {"min_workers": 0}, "agent": {"enabled": False},
-                           "health": {"release_drained_nodes": True}})
-    backend = Shrinks()
-    backend.job_nodes = tuple(GPUS)
-    controller = Controller(config, 1, backend, tmp_path, gpus_by_node=dict(GPUS), clock=clock)  # type: ignore[arg-type]
+    controller, backend, clock = releasing(tmp_path)
     controller.cordon("node2", 1, "ECC")
     controller.scale(1)
     controller.tick()
