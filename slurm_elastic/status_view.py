@@ -233,6 +233,9 @@ def worker_counts(ctl: dict[str, Any]) -> str:
     return "  ".join(f"{k} {v}" for k, v in counts)
 
 
+TRAINER_QUIET_S = 30.0  # a trainer not heard from this long: status says when it last was
+
+
 def _trainer_line(queue: dict[str, Any]) -> str:
     """The trainer as the queue measures it: its step, its demand, its consumption and its waits."""
     step_s, wait = queue.get("trainer_step_s"), queue.get("trainer_wait_fraction")
@@ -246,4 +249,7 @@ def _trainer_line(queue: dict[str, Any]) -> str:
         line += f"  consumes {consumed:.2f} seqs/s"
     if isinstance(wait, int | float):
         line += f"  waited for rollouts {wait:.0%} of its last steps"
+    heard_s_ago = queue.get("trainer_last_call_s_ago")
+    if isinstance(heard_s_ago, int | float) and heard_s_ago >= TRAINER_QUIET_S:
+        line += f"  (its last call to the controller: {_age(heard_s_ago)} ago)"
     return line

@@ -282,6 +282,7 @@ class ControllerBase:
         job_id = action.job_id or self.job_id
         try:
             if isinstance(action, Launch):
+                log.info("launching worker %s: %s", action.worker_id, self._last_reason(action.worker_id))
                 spec = worker_step_spec(self.config, job_id, action.worker_id, action.exclude_nodes,
                                         controller_url=self.controller_url, state_dir=self.state_dir,
                                         token_file=self.token_file, shape=self.shape)
@@ -289,16 +290,19 @@ class ControllerBase:
                     spec = replace(spec, env={**spec.env, **TERM_DRAINS_ENV})
                 self.backend.launch_step(spec, self.state_dir / "logs" / "srun" / f"{action.worker_id}.log")
             elif isinstance(action, Drain):
-                worker = self.state.workers.get(action.worker_id)
-                why = worker.history[-1][3] if worker is not None and worker.history else ""
                 log.info("draining worker %s (step %s, %s): %s", action.worker_id, action.step_id,
-                         self.config.workers.drain_signal, why)
+                         self.config.workers.drain_signal, self._last_reason(action.worker_id))
                 self.backend.signal_step(job_id, action.step_id, self.config.workers.drain_signal)
             else:
                 log.info("cancelling worker %s (step %s): %s", action.worker_id, action.step_id, action.reason)
                 self.backend.cancel_step(job_id, action.step_id)
         except SlurmElasticError as exc:
             self._record_error(type(action).__name__.lower(), f"worker {action.worker_id}: {exc}")
+
+    def _last_reason(self, worker_id: str) -> str:
+        """Why the worker's record last changed state (what a launch or a drain is for)."""
+        worker = self.state.workers.get(worker_id)
+        return worker.history[-1][3] if worker is not None and worker.history else ""
 
     def unknown_nodes(self, now_s: float) -> set[str]:
         """Nodes whose agent has not been heard recently (no new workers there); none without agents."""

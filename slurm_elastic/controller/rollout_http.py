@@ -220,7 +220,8 @@ class SubmitEndpoint:
         except QueueFull as exc:
             return _error(status.HTTP_429_TOO_MANY_REQUESTS, str(exc),
                           [(b"retry-after", str(max(1, round(exc.retry_after_s))).encode())])
-        except VersionAhead as exc:
+        except VersionAhead as exc:  # not stored; the worker's lease gave those sequences back
+            await asyncio.get_running_loop().run_in_executor(None, self.queue.save_counts)  # off the loop
             return _error(status.HTTP_409_CONFLICT, [{"loc": ["body", "policy_version"], "msg": str(exc),
                                                       "type": "policy_version_ahead",
                                                       "current_version": exc.current_version}])
@@ -336,6 +337,8 @@ def rollout_router(controller: Controller, queue: RolloutQueue) -> APIRouter:
     @router.post("/trainer/register", tags=["trainer"])
     def trainer_register(body: TrainerHello) -> dict[str, Any]:
         session, again = queue.trainer_restarted()
+        log.info("trainer %s registered (session %d); %d unacknowledged batches go to it again",
+                 body.trainer_id, session, again)
         return {"trainer_id": body.trainer_id, "trainer_session": session, "unacked_batches_handed_again": again,
                 "batch_size": queue.config.batch_size, "policy_version": queue.stats()["policy_version"]}
 

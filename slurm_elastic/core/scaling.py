@@ -181,9 +181,9 @@ class Autoscaler:
         despite = " although the trainer waits for rollouts" if starving else ""
         steady = min(max(current, cfg.min_workers), ceiling)  # what a hold keeps: within the bounds
         bounded = min(max(rec, cfg.min_workers), ceiling)
+        limit = (f"max_workers ({cfg.max_workers})" if cfg.max_workers <= x.allowed_slots
+                 else f"the usable GPU slots ({x.allowed_slots})")
         if rec > ceiling and current <= ceiling and abs(bounded - current) <= cfg.deadband_workers:
-            limit = (f"max_workers ({cfg.max_workers})" if cfg.max_workers <= x.allowed_slots
-                     else f"the usable GPU slots ({x.allowed_slots})")
             self.votes, self.votes_dir, self.direction_since_s = 0, 0, None
             self.held_dir = 1
             return Decision(steady, "hold", f"hold: at the ceiling, {limit}{despite}; {why}", rec, *terms)
@@ -241,7 +241,8 @@ class Autoscaler:
         capped = f" (step capped at max_step_{word} {limit_step})" if step < abs(delta) else ""
         if not capped and not window_held:
             self.held_dir = 0
-        return Decision(target, f"scale_{word}", f"{why}{capped}", rec, *terms)
+        bound = f" (bounded by {limit})" if direction > 0 and rec > ceiling and target == ceiling else ""
+        return Decision(target, f"scale_{word}", f"{why}{capped}{bound}", rec, *terms)
 
     def _hold(self, current: int, ceiling: int, why: str, terms: tuple[float | None, ...]) -> Decision:
         self.held_dir = 0

@@ -81,6 +81,7 @@ class RolloutQueue:
         self._pulls = WindowRate(CONSUMPTION_WINDOW_S)
         self._accepts = WindowRate(PRODUCTION_WINDOW_S)
         self._trainer_steps = TrainerSteps()  # the trainer's compute time: a batch handed out -> its next pull
+        self._trainer_heard_s: float | None = None  # the trainer's last call (register, pull, ack, version)
         self.book = StalenessBook(store, self._lock, config.batch_size, config.max_staleness, config.max_concurrent,
                                   config.admission_ttl_s)
         self._recover()
@@ -137,10 +138,10 @@ class RolloutQueue:
 
     def submit(self, group_id: str, worker_id: str, n_seqs: int, version: int, payload: bytes) -> bool:
         """Store a group durably; False if that id was already accepted (a retry). Raises
-        QueueFull, VersionAhead, or StaleGroup (its lease's release saved first)."""
+        QueueFull, VersionAhead or StaleGroup (either's release from its lease saved first)."""
         try:
             return self.submit_later(group_id, worker_id, n_seqs, version, payload).result()
-        except StaleGroup:
+        except (StaleGroup, VersionAhead):
             self.save_counts()
             raise
 
@@ -166,8 +167,8 @@ class RolloutQueue:
             retry, refusal = True, None  # delivered, dropped or handed out already: its answer is "retry"
         with self._lock:
             if refusal is not None:
-                if isinstance(refusal, StaleGroup):  # AReaL's on_rollout_rejected (saved by save_counts)
-                    self.book.refused(worker_id, n_seqs, self.clock())
+                self.book.refused(worker_id, n_seqs, self.clock())  # AReaL's on_rollout_rejected (saved by save_counts)
+                if isinstance(refusal, StaleGroup):
                     self.refused_stale_seqs += n_seqs
                 raise refusal
             full = None
@@ -248,7 +249,8 @@ class RolloutQueue:
             self.check_trainer(session)
             with self._lock:
                 self.in_use = True
-                self._trainer_steps.asked(self.clock())
+                self._trainer_heard_s = self.clock()
+                self._trainer_steps.asked(self._trainer_heard_s)
                 earlier = self._pull_ids.get(pull_id) if pull_id is not None else None
                 if earlier is not None and earlier not in self._handed:
                     return None  # a late copy of a pull whose batch was acknowledged
@@ -364,6 +366,7 @@ class RolloutQueue:
         """The trainer consumed a batch. Idempotent; raises UnknownBatchError for an unknown id,
         TrainerSuperseded for a ``session`` older than the newest."""
         self.check_trainer(session)
+        self._trainer_heard_s = self.clock()
         result = self.store.ack(batch_id)
         if result is None:
             raise UnknownBatchError(batch_id)
@@ -393,6 +396,7 @@ class RolloutQueue:
             self.store.save_trainer_session(session)  # StoreUnavailableError: nothing changed
             with self._lock:
                 self._trainer_session = session
+                self._trainer_heard_s = self.clock()
                 self.in_use = True
                 self._rehand = collections.deque((b, g) for b, g in self._handed.items())
                 return session, len(self._rehand)
@@ -412,6 +416,7 @@ class RolloutQueue:
         still buffered (it will be trained on first). TrainerSuperseded for a ``session``
         older than the newest."""
         self.check_trainer(session)
+        self._trainer_heard_s = self.clock()
         self.book.set_version(version, recovered, self._buffered_seqs)
 
     # ---- numbers -----------------------------------------------------------------------------
@@ -445,4 +450,5 @@ class RolloutQueue:
                 "consumption_seqs_per_s": self._pulls.rate(now_s), "production_seqs_per_s": self._accepts.rate(now_s),
                 "trainer_step_s": self._trainer_steps.step_s(now_s),
                 "trainer_wait_fraction": self._trainer_steps.wait_fraction(now_s),
+                "trainer_last_call_s_ago": None if self._trainer_heard_s is None else round(now_s - self._trainer_heard_s, 1),
             }

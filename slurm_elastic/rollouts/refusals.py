@@ -52,7 +52,8 @@ class StaleGroup(GroupRefused):
 
 
 class VersionAhead(GroupRefused):
-    """The group names a policy version past the trainer's current one (never published)."""
+    """The group names a policy version past the trainer's current one (never published). Its
+    sequences left the worker's admission lease, as for :class:`StaleGroup`."""
 
     def __init__(self, policy_version: int, current_version: int) -> None:
         super().__init__(f"policy_version {policy_version} is ahead of the trainer's current policy version "

@@ -91,7 +91,9 @@ def test_a_stale_refusal_is_answered_even_when_its_counts_cannot_be_saved(
     assert make(tmp_path).staleness.running == 1
 
 
-def test_a_group_ahead_of_the_trainer_is_refused_and_keeps_the_lease(tmp_path: Path) -> None:
+def test_a_group_ahead_of_the_trainer_is_refused_and_its_sequences_leave_the_lease(tmp_path: Path) -> None:
+    """As a stale one's do (AReaL's on_rollout_rejected): kept, they held the staleness capacity
+    for as long as the worker lived (a trainer resumed at an earlier version, seen on a live job)."""
     q = at_version_10(tmp_path)
     assert q.admit(2, "0001") == 2
     for version in (11, 10**15, 2**63 - 1):
@@ -99,7 +101,9 @@ def test_a_group_ahead_of_the_trainer_is_refused_and_keeps_the_lease(tmp_path: P
             submit(q, f"future-{version}", version)
         assert (refused.value.policy_version, refused.value.current_version) == (version, 10)
         assert "ahead of the trainer's current policy version 10" in str(refused.value)
-    assert q.stats()["queued_sequences"] == 0 and q.staleness.running == 2
+    assert q.stats()["queued_sequences"] == 0 and q.staleness.running == 0 and "0001" not in q.leases.leases
+    q.store.close()
+    assert make(tmp_path).staleness.running == 0  # saved before the refusal was answered
 
 
 def test_a_resend_of_a_delivered_group_at_a_version_now_stale_or_ahead_is_a_retry(tmp_path: Path) -> None:
@@ -128,6 +132,20 @@ def test_a_resend_of_a_queued_group_that_went_stale_is_a_retry(tmp_path: Path) -
     q.set_version(5)  # g is stale now, still queued until the next pull
     assert submit(q, "g", 0) is False  # accepted already: not refused, not stored twice
     assert q.pull() is None and q.stats()["dropped_stale_sequences"] == 1
+
+
+def test_the_trainers_last_call_is_timed(tmp_path: Path) -> None:
+    now = [1000.0]
+    config = QueueConfig(batch_size=1, capacity_seqs=100, max_staleness=4, max_concurrent=1000, fsync="off")
+    q = RolloutQueue(RolloutStore(tmp_path / "q.sqlite", fsync="off"), config, clock=lambda: now[0])
+    assert q.stats()["trainer_last_call_s_ago"] is None
+    q.trainer_restarted()
+    now[0] += 12.5
+    assert q.stats()["trainer_last_call_s_ago"] == 12.5
+    assert q.pull() is None  # a poll that finds no batch is a call too
+    now[0] += 1.0
+    q.set_version(1)
+    assert q.stats()["trainer_last_call_s_ago"] == 0.0
 
 
 @pytest.fixture

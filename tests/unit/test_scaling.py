@@ -434,3 +434,11 @@ def test_a_window_saved_before_it_kept_the_demand_still_loads() -> None:
     state["window"] = [[10.0, 6.0]]  # the earlier form: (time, recommendation)
     restored = Autoscaler.from_state(FAST, state)
     assert restored.window == [(10.0, 6.0, None)]
+
+
+def test_a_scale_up_stopped_by_max_workers_says_so() -> None:
+    cfg = dataclasses.replace(FAST, max_workers=6)
+    target, action, reason = decide(cfg, inputs(queued=0, active=2, consumption=20.0, allowed_slots=16))
+    assert (target, action) == (6, "scale_up") and reason.endswith("(bounded by max_workers (6))")
+    _target, _action, free = decide(FAST, inputs(queued=0, active=2, consumption=8.0, allowed_slots=16))
+    assert "bounded" not in free

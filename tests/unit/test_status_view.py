@@ -109,3 +109,10 @@ def test_a_node_slurm_takes_out_is_one_cordon_row_and_gpus_read_as_runs() -> Non
     assert rows[1].split() == ["node2:0-3,6", "slurm", "10s", "ago", *why.split()]
     assert rows[2].split() == ["node2:5", "operator", "2m", "ago", "ECC"]
     assert len(rows) == 3 or not rows[3].startswith("  node2")
+
+
+def test_a_quiet_trainer_is_named_with_the_age_of_its_last_call() -> None:
+    queue = {"trainer_step_s": 77.7, "batch_size": 32, "trainer_wait_fraction": 0.0, "trainer_last_call_s_ago": 95.0}
+    text = render_status(7, {**STATUS, "queue": queue})
+    assert "trainer: step 77.7 s (demand 0.41 seqs/s)" in text and "(its last call to the controller: 2m ago)" in text
+    assert "last call" not in render_status(7, {**STATUS, "queue": {**queue, "trainer_last_call_s_ago": 3.0}})
