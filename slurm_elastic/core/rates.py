@@ -113,6 +113,11 @@ class TrainerSteps:
         if self._asked_s is None:
             self._asked_s = now_s
 
+    def abandon(self) -> None:
+        """A new trainer registered: the step or wait in progress was its predecessor's, cut short
+        (a killed trainer), and counts as neither."""
+        self._served_s = self._asked_s = None
+
     def step_s(self, now_s: float) -> float | None:
         """Seconds of compute per step; None until one step has ended."""
         if not self._compute_s:

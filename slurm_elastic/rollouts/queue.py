@@ -397,6 +397,7 @@ class RolloutQueue:
             with self._lock:
                 self._trainer_session = session
                 self._trainer_heard_s = self.clock()
+                self._trainer_steps.abandon()
                 self.in_use = True
                 self._rehand = collections.deque((b, g) for b, g in self._handed.items())
                 return session, len(self._rehand)

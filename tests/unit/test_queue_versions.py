@@ -148,6 +148,24 @@ def test_the_trainers_last_call_is_timed(tmp_path: Path) -> None:
     assert q.stats()["trainer_last_call_s_ago"] == 0.0
 
 
+def test_a_new_trainer_does_not_inherit_the_step_its_killed_predecessor_left_running(tmp_path: Path) -> None:
+    now = [1000.0]
+    config = QueueConfig(batch_size=1, capacity_seqs=100, max_staleness=4, max_concurrent=1000, fsync="off")
+    q = RolloutQueue(RolloutStore(tmp_path / "q.sqlite", fsync="off"), config, clock=lambda: now[0])
+    for group_id in "abc":
+        assert submit(q, group_id, 0)
+    for _ in range(2):  # two 1 s steps
+        batch = q.pull()
+        assert batch is not None
+        now[0] += 1.0
+        q.ack(batch[0])
+    assert q.pull() is not None  # the third batch: then the trainer is killed mid-step
+    now[0] += 80.0
+    assert q.stats()["trainer_step_s"] == 80.0  # a step in progress that long shows as such
+    q.trainer_restarted()
+    assert q.stats()["trainer_step_s"] == 1.0 and q.stats()["trainer_wait_fraction"] == 0.0
+
+
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[ServedController]:
     server = ServedController(tmp_path, TOKEN, {"autoscaler": {"min_workers": 0}}, batch_size=1)
