@@ -337,7 +337,7 @@ def rollout_router(controller: Controller, queue: RolloutQueue) -> APIRouter:
     @router.post("/trainer/register", tags=["trainer"])
     def trainer_register(body: TrainerHello) -> dict[str, Any]:
         session, again = queue.trainer_restarted()
-        log.info("trainer %s registered (session %d); %d unacknowledged batches go to it again",
+        log.info("a trainer registered (id %s, session %d); %d unacknowledged batches go to it again",
                  body.trainer_id, session, again)
         return {"trainer_id": body.trainer_id, "trainer_session": session, "unacked_batches_handed_again": again,
                 "batch_size": queue.config.batch_size, "policy_version": queue.stats()["policy_version"]}
