@@ -114,6 +114,8 @@ class StatusViews(ControllerBase):
 
 def _why_ended(worker: Worker) -> str:
     """Why an INACTIVE worker ended: the reason it was drained for, else its last transition's."""
-    drained = [reason for _at, _from, to, reason in worker.history if to == S.DRAINING.value]
-    last = worker.history[-1][3]
-    return f"drained ({drained[-1]}); {last}" if drained and worker.history[-1][1] == S.DRAINING.value else last
+    _at, left, _to, last = worker.history[-1]
+    if left != S.DRAINING.value:
+        return last
+    drained_for = next((why for _t, _f, to, why in reversed(worker.history) if to == S.DRAINING.value), "")
+    return f"drained ({drained_for}); {last}" if drained_for else last

@@ -20,9 +20,12 @@ from tests.unit.served_controller import ServedController
 TOKEN = "version-token"
 
 
+def make_config() -> QueueConfig:
+    return QueueConfig(batch_size=1, capacity_seqs=100, max_staleness=4, max_concurrent=1000, fsync="off")
+
+
 def make(tmp: Path) -> RolloutQueue:
-    config = QueueConfig(batch_size=1, capacity_seqs=100, max_staleness=4, max_concurrent=1000, fsync="off")
-    return RolloutQueue(RolloutStore(tmp / "q.sqlite", fsync="off"), config, clock=lambda: 1000.0)
+    return RolloutQueue(RolloutStore(tmp / "q.sqlite", fsync="off"), make_config(), clock=lambda: 1000.0)
 
 
 def at_version_10(tmp: Path) -> RolloutQueue:
@@ -134,10 +137,14 @@ def test_a_resend_of_a_queued_group_that_went_stale_is_a_retry(tmp_path: Path) -
     assert q.pull() is None and q.stats()["dropped_stale_sequences"] == 1
 
 
-def test_the_trainers_last_call_is_timed(tmp_path: Path) -> None:
+def with_a_clock(tmp_path: Path) -> tuple[RolloutQueue, list[float]]:
+    """The queue of :func:`make` on a clock the test moves (``now[0]``)."""
     now = [1000.0]
-    config = QueueConfig(batch_size=1, capacity_seqs=100, max_staleness=4, max_concurrent=1000, fsync="off")
-    q = RolloutQueue(RolloutStore(tmp_path / "q.sqlite", fsync="off"), config, clock=lambda: now[0])
+    return RolloutQueue(RolloutStore(tmp_path / "q.sqlite", fsync="off"), make_config(), clock=lambda: now[0]), now
+
+
+def test_the_trainers_last_call_is_timed(tmp_path: Path) -> None:
+    q, now = with_a_clock(tmp_path)
     assert q.stats()["trainer_last_call_s_ago"] is None
     q.trainer_restarted()
     now[0] += 12.5
@@ -149,9 +156,7 @@ def test_the_trainers_last_call_is_timed(tmp_path: Path) -> None:
 
 
 def test_a_new_trainer_does_not_inherit_the_step_its_killed_predecessor_left_running(tmp_path: Path) -> None:
-    now = [1000.0]
-    config = QueueConfig(batch_size=1, capacity_seqs=100, max_staleness=4, max_concurrent=1000, fsync="off")
-    q = RolloutQueue(RolloutStore(tmp_path / "q.sqlite", fsync="off"), config, clock=lambda: now[0])
+    q, now = with_a_clock(tmp_path)
     for group_id in "abc":
         assert submit(q, group_id, 0)
     for _ in range(2):  # two 1 s steps

@@ -5,6 +5,7 @@ from __future__ import annotations
 from slurm_elastic.core.lifecycle import Worker, WorkerState, begin_drain
 from slurm_elastic.core.reconcile import (
     CANCELLED_BY_SOMEONE_ELSE,
+    SLOW_FACTOR,
     Cancel,
     Crashed,
     Drain,
@@ -15,6 +16,7 @@ from slurm_elastic.core.reconcile import (
     end_earlier_run,
     move_clocks_on,
     reconcile,
+    slow_workers,
 )
 
 S = WorkerState
@@ -92,8 +94,6 @@ def test_scale_down_drains_a_clearly_slow_worker_first_even_when_busy() -> None:
 
 
 def test_no_worker_is_slow_before_three_are_measured_or_within_the_factor() -> None:
-    from slurm_elastic.core.reconcile import SLOW_FACTOR, slow_workers
-
     a, b, c = active("0001", "1"), active("0002", "2"), active("0003", "3")
     for worker, busy_s in ((a, 40.0), (b, 40.0 * SLOW_FACTOR), (c, 200.0)):
         worker.rollouts, worker.busy_s = 4, busy_s
