@@ -38,7 +38,8 @@ TRACE_NAMES = ("steady", "bursty", "phase_shift", "failures", "eval_pauses", "lo
                "mixed_fleet")  # written held out; tuning since the drain order looks at a worker's speed
 HELD_OUT = ("rolling_throttles", "alternating_tasks",  # written after the policy was tuned
             "growing_context", "worker_churn", "slow_tides", "brief_spikes",
-            "slow_node_pareto", "staircase_down", "midrun_heat")
+            "slow_node_pareto", "staircase_down", "midrun_heat",
+            "node_loss_long_load", "trainer_sprints", "onpolicy_heavy_tail")
 METRICS = ("trainer_idle_fraction", "gpu_seconds", "max_staleness", "scale_actions", "reversals")
 SLACKS_FULL = (0.0, 0.02, 0.05, 0.1, 0.2)
 SLACKS_QUICK = (0.0, 0.05, 0.15)
