@@ -111,6 +111,9 @@ class AutoscalerMemory(_Model):
                  Annotated[StrictFloat, Field(gt=0, allow_inf_nan=False)],
                  Annotated[StrictFloat, Field(allow_inf_nan=False)]] | None = None
     stalls: StallMemoryState | None = None
+    # when the last scale-downs were undone by a starving trainer, as core.swings.SwingMemory keeps them
+    swings: Annotated[list[Annotated[StrictFloat, Field(allow_inf_nan=False)]], Field(max_length=100)] = Field(
+        default_factory=list)
     lead_s: Annotated[StrictFloat, Field(gt=0, allow_inf_nan=False)] | None = None  # launch to first rollout
     first_seen_s: Annotated[StrictFloat, Field(allow_inf_nan=False)] | None = None  # the start-up's first decision
 

@@ -54,6 +54,7 @@ from slurm_elastic.core.autoscaler_config import AutoscalerConfig
 from slurm_elastic.core.speedup import SPEEDUP_LOOKBACK_S, UsualCount, speedup_resize
 from slurm_elastic.core.stalls import StallMemory
 from slurm_elastic.core.startup import measured, sizing_step, startup_recommendation
+from slurm_elastic.core.swings import SwingMemory
 
 RESUME_SETTLE_S = 30.0  # a restarted controller's rates start again from nothing: held this long
 
@@ -152,6 +153,7 @@ class Autoscaler:
     direct_step: bool = False  # this decision is a speed-up resize (no votes, stable period or step cap)
     usual: UsualCount | None = None  # the count at the trainer's normal pace (core.speedup)
     stalls: StallMemory = field(default_factory=StallMemory)  # the trainer's recurring stalls (core.stalls)
+    swings: SwingMemory = field(default_factory=SwingMemory)  # scale-downs the load soon undid (core.swings)
     lead_s: float | None = None  # a new worker's launch to its first rollout, measured at the start-up
     first_seen_s: float | None = None  # the first decision of a job's start-up (None: not seen)
     resumed_s: float | None = None  # restored by a restarted controller: its first decision (holds RESUME_SETTLE_S)
@@ -190,14 +192,16 @@ class Autoscaler:
         demand = _positive(x.trainer_demand_seqs_per_s)
         if not self.startup_step:  # the start-up's counts are guesses, not recommendations to hold on to
             self.window.append((now_s, bounded, demand))
-        self.window = [w for w in self.window if now_s - w[0] <= cfg.stabilization_window_s]
+        window_s, swinging = self.swings.window_s(cfg.stabilization_window_s, now_s)
+        self.window = [w for w in self.window if now_s - w[0] <= window_s]
         window_held = False
         if bounded < current:  # scale down only as far as the highest recent recommendation allows
             highest = max((r * (demand / then if demand and then else 1.0) for _t, r, then in self.window),
                           default=bounded)
             if highest > bounded:
                 bounded, window_held = min(float(current), highest), True
-                why += (f"; the stabilization window ({cfg.stabilization_window_s:g} s) keeps {bounded:.1f} "
+                longer = f", lengthened: {swinging}" if swinging else ""
+                why += (f"; the stabilization window ({window_s:.0f} s{longer}) keeps {bounded:.1f} "
                         f"(highest recent recommendation {highest:.1f})")
         delta = bounded - current
         self.held_dir = -1 if window_held else 0
@@ -234,6 +238,8 @@ class Autoscaler:
         step = min(abs(delta), limit_step)
         target = current + direction * max(1, math.floor(step + 1e-9))
         if direction > 0:
+            if not self.direct_step:  # a trainer back from a stall is not the load swinging
+                self.swings.scaled_up(now_s, self.last_down_s, self.last_up_s, starving)
             self.last_up_s = now_s
         else:
             self.last_down_s = now_s
@@ -362,7 +368,7 @@ class Autoscaler:
                 "starting": self.starting,
                 "usual": None if self.usual is None else [self.usual.workers, self.usual.demand_seqs_per_s,
                                                           self.usual.at_s],
-                "stalls": self.stalls.to_state(), "lead_s": self.lead_s, "first_seen_s": self.first_seen_s}
+                "stalls": self.stalls.to_state(), "swings": self.swings.to_state(), "lead_s": self.lead_s, "first_seen_s": self.first_seen_s}
 
     @classmethod
     def from_state(cls, config: AutoscalerConfig, state: Mapping[str, Any]) -> Autoscaler:
@@ -384,6 +390,7 @@ class Autoscaler:
         usual = state.get("usual")
         scaler.usual = None if usual is None else UsualCount(float(usual[0]), float(usual[1]), float(usual[2]))
         scaler.stalls = StallMemory.from_state(state.get("stalls"))
+        scaler.swings = SwingMemory.from_state(state.get("swings"))
         lead = state.get("lead_s")
         scaler.lead_s = float(lead) if isinstance(lead, (int, float)) and lead > 0 else None
         first = state.get("first_seen_s")
