@@ -29,8 +29,8 @@ what the trainer's measured demand needs when that is fewer than one down: more 
 only make rollouts staler), min/max workers and GPU slots, a deadband and N confirmations in a
 row (hysteresis), separate scale-up and scale-down cooldowns, a minimum stable period, a
 scale-down stabilization window (act on the highest recommendation in it, as Kubernetes' HPA
-does, each scaled by the trainer's demand now over its demand then), and a maximum step per
-action. The trainer's demand is batch_size / its compute time per step, measured from its pulls
+does, each scaled by the trainer's demand now over its demand then; lengthened to a swinging
+load's cycle by core.swings), and a maximum step per action. The trainer's demand is batch_size / its compute time per step, measured from its pulls
 (core.rates.TrainerSteps). Workers still starting count as capacity,
 draining ones do not, so nothing is counted twice. Before the rates are measured the start-up
 (core.startup) decides, and one sizing step hands over to this law. A trainer back from a stall
@@ -200,8 +200,9 @@ class Autoscaler:
                           default=bounded)
             if highest > bounded:
                 bounded, window_held = min(float(current), highest), True
-                longer = f", lengthened: {swinging}" if swinging else ""
-                why += (f"; the stabilization window ({window_s:.0f} s{longer}) keeps {bounded:.1f} "
+                length = (f", lengthened to {window_s:.0f} s because {swinging}," if swinging
+                          else f" ({window_s:g} s)")
+                why += (f"; the stabilization window{length} keeps {bounded:.1f} "
                         f"(highest recent recommendation {highest:.1f})")
         delta = bounded - current
         self.held_dir = -1 if window_held else 0

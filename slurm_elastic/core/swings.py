@@ -47,8 +47,8 @@ class SwingMemory:
         window_s = min(MAX_SWING_WINDOW_S, max(configured_s, SWING_WINDOW_FACTOR * longest))
         if window_s <= configured_s:
             return configured_s, ""
-        return window_s, (f"the load swings back within {longest:.0f} s (the trainer starved again soon after "
-                          f"each of the last {len(cycles) + 1} scale-downs)")
+        return window_s, (f"the trainer starved again soon after each of the last {len(self.at_s)} scale-downs "
+                          f"(a swing every {longest:.0f} s or less)")
 
     def to_state(self) -> list[float]:
         return list(self.at_s)
