@@ -18,6 +18,7 @@ from slurm_elastic.slurm.parse import (
     NodeState,
     QueuedJob,
     StepInfo,
+    maintenance_reasons,
     parse_job_lines,
     parse_jobs_json,
     parse_node_lines,
@@ -80,7 +81,19 @@ class SlurmCli:
         result = run_command(["sinfo", "--Node", "--noheader", f"--nodes={','.join(sorted(nodes))}",
                               f"--Format={NODE_FORMAT}"], timeout_s=self.timeout_s)
         wanted = set(nodes)
-        return {name: node for name, node in parse_node_lines(result.stdout).items() if name in wanted}
+        return self.with_maintenance_reasons(
+            {name: node for name, node in parse_node_lines(result.stdout).items() if name in wanted})
+
+    def with_maintenance_reasons(self, states: dict[str, NodeState]) -> dict[str, NodeState]:
+        """``states`` with the reservation named where a maintenance reservation holds a node and
+        Slurm gives no reason (one ``scontrol`` call, only then; unchanged if it fails)."""
+        held = [n.name for n in states.values() if not n.reason and {"maint", "maintenance"} & set(n.state.split("+"))]
+        if not held:
+            return states
+        result = run_command(["scontrol", "show", "reservation", "--oneliner"], timeout_s=self.timeout_s, check=False)
+        reasons = maintenance_reasons(result.stdout, held) if result.returncode == 0 else {}
+        return {name: NodeState(name, node.state, reasons[name]) if name in reasons else node
+                for name, node in states.items()}
 
     def launch_step(self, spec: StepSpec, launcher_log: Path) -> int:
         env = {**step_launch_environ(os.environ, spec.job_id), **spec.env}

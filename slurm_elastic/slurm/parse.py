@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -137,6 +138,25 @@ def parse_node_lines(text: str) -> dict[str, NodeState]:
         nodes[parts[0].strip()] = NodeState(parts[0].strip(), parts[1].strip().lower(),
                                             "" if reason.lower() == "none" else reason)
     return nodes
+
+
+def maintenance_reasons(text: str, nodes: Sequence[str]) -> dict[str, str]:
+    """``scontrol show reservation --oneliner`` output -> the reason each of ``nodes`` that an
+    active maintenance reservation (Flags=MAINT) holds is out of use, naming it and its end."""
+    reasons: dict[str, str] = {}
+    wanted = set(nodes)
+    for line in text.splitlines():
+        fields = dict(part.split("=", 1) for part in line.split() if "=" in part)
+        if fields.get("State") != "ACTIVE" or "MAINT" not in fields.get("Flags", "").split(","):
+            continue
+        try:
+            held = expand_hostlist(fields.get("Nodes", ""))
+        except SlurmError:
+            continue
+        for node in wanted.intersection(held):
+            reasons.setdefault(node, f"maintenance reservation {fields.get('ReservationName', '?')} "
+                                     f"until {fields.get('EndTime', '?')}")
+    return reasons
 
 
 def expand_hostlist(expr: str) -> list[str]:

@@ -228,8 +228,8 @@ class PySlurm:
         except Exception as exc:
             raise SlurmError(f"loading the nodes failed: {exc}") from None
         wanted = set(nodes)
-        return {name: node_state_from_pyslurm(name, node.state, node.reason)
-                for name, node in loaded.items() if name in wanted}
+        return self._cli.with_maintenance_reasons({name: node_state_from_pyslurm(name, node.state, node.reason)
+                                                   for name, node in loaded.items() if name in wanted})
 
     def launch_step(self, spec: StepSpec, launcher_log: Path) -> int:
         return self._cli.launch_step(spec, launcher_log)

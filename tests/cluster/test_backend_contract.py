@@ -271,6 +271,8 @@ def test_a_failing_or_maintained_node_reads_out_of_use_until_released(target: Ta
     try:
         wait_for(lambda: out_of_use_reason(second, target.backend.node_states([second])[second].state, "")
                  is not None, 30, f"{second} out of use after {how}")
+        said = "psu warning" if how == "State=FAIL" else f"maintenance reservation {name} until "
+        assert said in target.backend.node_states([second])[second].reason
     finally:
         run_command(give_back, check=False)
     wait_for(lambda: out_of_use_reason(second, target.backend.node_states([second])[second].state, "") is None,

@@ -18,7 +18,13 @@ from slurm_elastic.core.naming import worker_step_name
 from slurm_elastic.core.slurm_nodes import nodes_to_release, out_of_use_reason
 from slurm_elastic.errors import SlurmError
 from slurm_elastic.slurm.backend import StepSpec
-from slurm_elastic.slurm.parse import FIELD_SEP, NodeState, StepInfo, parse_node_lines
+from slurm_elastic.slurm.parse import (
+    FIELD_SEP,
+    NodeState,
+    StepInfo,
+    maintenance_reasons,
+    parse_node_lines,
+)
 from slurm_elastic.slurm.pyslurm_backend import node_state_from_pyslurm
 from tests.stub_backend import ListedSteps
 from tests.unit.test_burst_comment import PARENT, FakeSlurm, manager, step
@@ -164,6 +170,30 @@ def test_sinfo_lines_parse_with_any_reason_and_once_per_node() -> None:
             f"node2{sep}MIXED+DRAIN{sep}fan swap | ticket 7{sep}x\n\n")
     assert parse_node_lines(text) == {"node1": NodeState("node1", "mixed", ""),
                                       "node2": NodeState("node2", "mixed+drain", f"fan swap | ticket 7{sep}x")}
+
+
+# `scontrol show reservation --oneliner` on Slurm 22.05 (the dev cluster), trimmed after State
+RESERVATIONS = (
+    "ReservationName=fan_swap StartTime=2026-11-27T14:24:52 EndTime=2026-11-27T16:24:52 Duration=02:00:00 "
+    "Nodes=node2 NodeCnt=1 CoreCnt=16 Features=(null) PartitionName=(null) Flags=MAINT,IGNORE_JOBS,SPEC_NODES "
+    "TRES=cpu=16 Users=root Groups=(null) State=ACTIVE\n"
+    "ReservationName=later_work StartTime=2026-11-27T15:24:52 EndTime=2026-11-27T16:24:52 Duration=01:00:00 "
+    "Nodes=node[1-2] NodeCnt=2 CoreCnt=32 Features=(null) PartitionName=(null) Flags=MAINT,SPEC_NODES "
+    "TRES=cpu=32 Users=root Groups=(null) State=INACTIVE\n"
+    "ReservationName=team_a StartTime=2026-11-27T14:00:00 EndTime=2026-11-28T14:00:00 Duration=1-00:00:00 "
+    "Nodes=node[1-3] NodeCnt=3 Flags=SPEC_NODES Users=rl_team State=ACTIVE\n"
+)
+
+
+def test_a_maintenance_reservation_is_named_with_its_end() -> None:
+    """Only an active reservation with Flags=MAINT: not one still to come, not a plain one."""
+    assert maintenance_reasons(RESERVATIONS, ["node1", "node2"]) == {
+        "node2": "maintenance reservation fan_swap until 2026-11-27T16:24:52"}
+    assert maintenance_reasons("", ["node2"]) == {}
+    assert maintenance_reasons("ReservationName=x Nodes=node[ State=ACTIVE Flags=MAINT", ["node2"]) == {}
+    reason = out_of_use_reason("node2", "idle+maintenance+reserved", maintenance_reasons(RESERVATIONS, ["node2"])["node2"])
+    assert reason == ("Slurm marks node node2 IDLE+MAINTENANCE+RESERVED: maintenance reservation fan_swap "
+                      "until 2026-11-27T16:24:52")
 
 
 def test_pyslurm_states_read_as_the_cli_reads_them() -> None:
