@@ -30,12 +30,13 @@ only make rollouts staler), min/max workers and GPU slots, a deadband and N conf
 row (hysteresis), separate scale-up and scale-down cooldowns, a minimum stable period, a
 scale-down stabilization window (act on the highest recommendation in it, as Kubernetes' HPA
 does, each scaled by the trainer's demand now over its demand then; lengthened to a swinging
-load's cycle by core.swings), and a maximum step per action. The trainer's demand is batch_size / its compute time per step, measured from its pulls
-(core.rates.TrainerSteps). Workers still starting count as capacity,
-draining ones do not, so nothing is counted twice. Before the rates are measured the start-up
-(core.startup) decides, and one sizing step hands over to this law. A trainer back from a stall
-gets the count it needs in one step (core.speedup), before the full bounds are looked at, and a
-trainer whose stalls recur alike gets it a worker's lead time before one ends (core.stalls).
+load's cycle by core.swings), and a maximum step per action. The trainer's demand is
+batch_size / its compute time per step, measured from its pulls (core.rates.TrainerSteps).
+Workers still starting count as capacity, draining ones do not, so nothing is counted twice.
+Before the rates are measured the start-up (core.startup) decides, and one sizing step hands over
+to this law. A trainer back from a stall gets the count it needs in one step (core.speedup),
+before the full bounds are looked at, and a trainer whose stalls recur alike gets it a worker's
+lead time before one ends (core.stalls).
 
 For inference servers a second source, the load ratio L = outstanding / (active · capacity),
 recommends ceil(outstanding / (capacity · scale_up_threshold)) workers when L leaves the
@@ -369,7 +370,8 @@ class Autoscaler:
                 "starting": self.starting,
                 "usual": None if self.usual is None else [self.usual.workers, self.usual.demand_seqs_per_s,
                                                           self.usual.at_s],
-                "stalls": self.stalls.to_state(), "swings": self.swings.to_state(), "lead_s": self.lead_s, "first_seen_s": self.first_seen_s}
+                "stalls": self.stalls.to_state(), "swings": self.swings.to_state(), "lead_s": self.lead_s,
+                "first_seen_s": self.first_seen_s}
 
     @classmethod
     def from_state(cls, config: AutoscalerConfig, state: Mapping[str, Any]) -> Autoscaler:

@@ -86,12 +86,18 @@ class SlurmCli:
 
     def with_maintenance_reasons(self, states: dict[str, NodeState]) -> dict[str, NodeState]:
         """``states`` with the reservation named where a maintenance reservation holds a node and
-        Slurm gives no reason (one ``scontrol`` call, only then; unchanged if it fails)."""
-        held = [n.name for n in states.values() if not n.reason and {"maint", "maintenance"} & set(n.state.split("+"))]
+        Slurm gives no reason (one ``scontrol`` call, only then; unchanged if it fails: the node
+        is out of use whatever the reason says)."""
+        held = [n.name for n in states.values()
+                if not n.reason and {"maint", "maintenance"} & set(n.state.split("+"))]
         if not held:
             return states
-        result = run_command(["scontrol", "show", "reservation", "--oneliner"], timeout_s=self.timeout_s, check=False)
-        reasons = maintenance_reasons(result.stdout, held) if result.returncode == 0 else {}
+        try:
+            listing = run_command(["scontrol", "show", "reservation", "--oneliner"], timeout_s=self.timeout_s).stdout
+        except SlurmError as exc:
+            log.warning("could not name the maintenance reservation on %s: %s", ", ".join(held), exc)
+            return states
+        reasons = maintenance_reasons(listing, held)
         return {name: NodeState(name, node.state, reasons[name]) if name in reasons else node
                 for name, node in states.items()}
 

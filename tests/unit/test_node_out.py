@@ -17,7 +17,9 @@ from slurm_elastic.core.health import AgentReport, GpuSample
 from slurm_elastic.core.naming import worker_step_name
 from slurm_elastic.core.slurm_nodes import nodes_to_release, out_of_use_reason
 from slurm_elastic.errors import SlurmError
+from slurm_elastic.slurm import cli_backend
 from slurm_elastic.slurm.backend import StepSpec
+from slurm_elastic.slurm.cli_backend import SlurmCli
 from slurm_elastic.slurm.parse import (
     FIELD_SEP,
     NodeState,
@@ -194,6 +196,21 @@ def test_a_maintenance_reservation_is_named_with_its_end() -> None:
     reason = out_of_use_reason("node2", "idle+maintenance+reserved", maintenance_reasons(RESERVATIONS, ["node2"])["node2"])
     assert reason == ("Slurm marks node node2 IDLE+MAINTENANCE+RESERVED: maintenance reservation fan_swap "
                       "until 2026-11-27T16:24:52")
+
+
+def test_a_reservation_listing_that_fails_leaves_the_node_out_of_use_unnamed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The name is for the operator: without it the node is still out of use, and only one call is made."""
+    calls: list[list[str]] = []
+
+    def hung(argv: list[str], **_: object) -> None:
+        calls.append(argv)
+        raise SlurmError("scontrol timed out")
+
+    monkeypatch.setattr(cli_backend, "run_command", hung)
+    states = {"node1": NodeState("node1", "idle"), "node2": NodeState("node2", "idle+maintenance+reserved")}
+    assert SlurmCli().with_maintenance_reasons(states) == states
+    assert calls == [["scontrol", "show", "reservation", "--oneliner"]]
+    assert SlurmCli().with_maintenance_reasons({"node1": NodeState("node1", "idle")}) and len(calls) == 1
 
 
 def test_pyslurm_states_read_as_the_cli_reads_them() -> None:
