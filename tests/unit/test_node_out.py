@@ -210,7 +210,8 @@ def test_a_reservation_listing_that_fails_leaves_the_node_out_of_use_unnamed(mon
     states = {"node1": NodeState("node1", "idle"), "node2": NodeState("node2", "idle+maintenance+reserved")}
     assert SlurmCli().with_maintenance_reasons(states) == states
     assert calls == [["scontrol", "show", "reservation", "--oneliner"]]
-    assert SlurmCli().with_maintenance_reasons({"node1": NodeState("node1", "idle")}) and len(calls) == 1
+    in_use = {"node1": NodeState("node1", "idle")}
+    assert SlurmCli().with_maintenance_reasons(in_use) == in_use and len(calls) == 1  # no node in maintenance: no call
 
 
 def test_pyslurm_states_read_as_the_cli_reads_them() -> None:
