@@ -40,7 +40,8 @@ TRACE_NAMES = ("steady", "bursty", "phase_shift", "failures", "eval_pauses", "lo
 HELD_OUT = ("rolling_throttles",  # written after the policy was tuned
             "growing_context", "worker_churn", "slow_tides",
             "slow_node_pareto", "staircase_down", "midrun_heat",
-            "node_loss_long_load", "trainer_sprints", "onpolicy_heavy_tail")
+            "node_loss_long_load", "trainer_sprints", "onpolicy_heavy_tail",
+            "legacy_first", "lognormal_big_batch")
 METRICS = ("trainer_idle_fraction", "gpu_seconds", "max_staleness", "scale_actions", "reversals")
 SLACKS_FULL = (0.0, 0.02, 0.05, 0.1, 0.2)
 SLACKS_QUICK = (0.0, 0.05, 0.15)
