@@ -178,7 +178,8 @@ def trace_section(name: str, seeds: int, slacks: tuple[float, ...], verdict_seed
 
 
 def run(seeds: int, slacks: tuple[float, ...], headline: list[tuple[str, str, str, str]] | None = None,
-        command: str = "", verdict_seeds: int = 20, jobs: int = 1) -> str:
+        command: str = "", verdict_seeds: int = 20, jobs: int = 1,
+        names: tuple[str, ...] = (*TRACE_NAMES, *HELD_OUT)) -> str:
     started = time.perf_counter()
     lines = ["# Autoscaler policy benchmark (simulated)", "",
              f"`{command}`: medians over seeds 0..{seeds - 1} of each trace in `examples/traces/` "
@@ -186,7 +187,6 @@ def run(seeds: int, slacks: tuple[float, ...], headline: list[tuple[str, str, st
              f"clairvoyant schedules (slacks {', '.join(f'{s:g}' for s in slacks)}) and every fixed count. "
              "Extra GPU-s: over the limit at the same idle; extra idle: over the limit at the same GPU-s; "
              "the limit is piecewise linear between frontier points (- : outside its range).", ""]
-    names = (*TRACE_NAMES, *HELD_OUT)
     section = functools.partial(trace_section, seeds=seeds, slacks=slacks, verdict_seeds=verdict_seeds)
     if jobs > 1:  # one process per trace at a time: the simulator is pure, so the figures are the same
         with concurrent.futures.ProcessPoolExecutor(jobs) as pool:
@@ -215,14 +215,19 @@ def main() -> None:
     parser.add_argument("--verdict-seeds", type=int, default=None,
                         help="seeds of ours and every fixed count for the domination verdict (default 20)")
     parser.add_argument("--jobs", type=int, default=1, help="traces run at once, one process each (default 1)")
+    parser.add_argument("--traces", default="", help="comma-separated trace names (default: every shipped trace)")
     args = parser.parse_args()
+    names = tuple(n for n in args.traces.split(",") if n) or (*TRACE_NAMES, *HELD_OUT)
+    unknown = sorted(set(names) - {*TRACE_NAMES, *HELD_OUT})
+    if unknown:
+        parser.error(f"unknown trace(s) {', '.join(unknown)}; shipped: {', '.join((*TRACE_NAMES, *HELD_OUT))}")
     seeds = args.seeds or (2 if args.quick else 5)
     verdict_seeds = args.verdict_seeds or (5 if args.quick else 20)
     slacks = SLACKS_QUICK if args.quick else SLACKS_FULL
     command = "bench/bench_policy.py" + (" --quick" if args.quick else "") + (
-        f" --seeds {args.seeds}" if args.seeds else "")
+        f" --seeds {args.seeds}" if args.seeds else "") + (f" --traces {args.traces}" if args.traces else "")
     headline: list[tuple[str, str, str, str]] = []
-    write_report("policy", run(seeds, slacks, headline, command, verdict_seeds, args.jobs))
+    write_report("policy", run(seeds, slacks, headline, command, verdict_seeds, args.jobs, names))
     write_headline("policy", headline)
 
 
