@@ -10,7 +10,9 @@
         # server workers: trainer.publish_version(step, weights="/shared/ckpt/step-N") pushes them too
 
 After resuming from a checkpoint at version V, call ``publish_version(V, recovered=True)``: the
-staleness capacity is then one window less what is still buffered, not inflated by V. A plain
+staleness capacity is then one window less what is still buffered, not inflated by V, and groups
+still queued that were made past V (by the weights of the run it went back from) are dropped,
+not delivered. A plain
 publish may not go below the current version nor more than ``max_staleness + 1`` past it (an
 ``ApiError`` with status 409 that names ``recovered=true``). A batch that was handed out but never
 acknowledged (the trainer or the controller died) is handed out again with the same id, so a

@@ -45,7 +45,7 @@ class _Snapshot(Collector):
             yield GaugeMetricFamily(PREFIX + name, doc, value=float(value or 0))
         for name, doc, value in [
             ("delivered_sequences", "Sequences acknowledged by the trainer", q["delivered_sequences"]),
-            ("dropped_stale_sequences", "Sequences dropped as too stale", q["dropped_stale_sequences"]),
+            ("dropped_stale_sequences", "Sequences dropped: too stale, or made past a version the trainer resumed at", q["dropped_stale_sequences"]),
             ("refused_submits", "Submits refused with 429 (backpressure)", q["refused_submits"]),
             ("refused_stale_sequences", "Sequences in submits refused as too stale", q["refused_stale_sequences"]),
             ("lost_groups", "Groups quarantined: damaged in the payload log, never delivered", q["lost_groups"]),

@@ -35,9 +35,16 @@ def oldest_fresh_version(version: int, max_staleness: int) -> int:
 
 
 def is_stale(rollout_version: int, version: int, max_staleness: int) -> bool:
-    """Whether a rollout generated at ``rollout_version`` is too old to train on at ``version``:
-    the drop rule, the same for the queue and the simulator."""
+    """Whether a rollout generated at ``rollout_version`` is too old to train on at ``version``."""
     return rollout_version < oldest_fresh_version(version, max_staleness)
+
+
+def is_untrainable(rollout_version: int, version: int, max_staleness: int) -> bool:
+    """Whether a trainer at ``version`` cannot train on a rollout of ``rollout_version``: it is
+    stale, or it was made past ``version`` (by the weights of a run the trainer went back from
+    when it resumed from an earlier checkpoint). The drop rule, the same for the queue and the
+    simulator."""
+    return rollout_version > version or is_stale(rollout_version, version, max_staleness)
 
 
 def max_version_step(max_staleness: int) -> int:

@@ -129,19 +129,22 @@ class StoreIndex:
                 "aside to start with an empty queue")
 
     def _refuse_lost_meta(self) -> None:
-        """StateFileError if the ``meta`` table's rows (the policy version and staleness counts) are
-        gone while groups of a policy version above 0 are stored: the version would silently start
-        again at 0. Every open writes :data:`MARKER_KEY`; an index from before that has its
-        staleness row, or never had a published version."""
+        """StateFileError if the ``meta`` table's staleness row (the policy version and staleness
+        counts) is gone while groups of a policy version above 0 are stored: the version would
+        silently start again at 0 (and every group would read as made past it). A version above
+        0 is saved in that row before any group of it is accepted. Every open writes
+        :data:`MARKER_KEY`; an index from before that with no staleness row never had a
+        published version."""
         has_meta = self.db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'").fetchone()
         keys = {r[0] for r in self.db.execute("SELECT key FROM meta")} if has_meta else set()
-        if keys & {MARKER_KEY, STALENESS_KEY}:
+        if STALENESS_KEY in keys:
             return
         top_version, n_rows = self.db.execute("SELECT COALESCE(MAX(version), 0), COUNT(*) FROM groups").fetchone()
         if top_version > 0 or (n_rows and not has_meta):
+            state = "gone" if not has_meta else ("empty" if not keys else "without its staleness row")
             raise StateFileError(
                 f"rollout store {self.path} is damaged: its meta table, which holds the policy version and the "
-                f"staleness counts, is {'gone' if not has_meta else 'empty'} while it stores {n_rows} group(s) "
+                f"staleness counts, is {state} while it stores {n_rows} group(s) "
                 f"of policy versions up to {top_version}: the version would start again at 0; restore the store "
                 f"from a copy, or move {self.path.name} and its segments aside to start with an empty queue")
 

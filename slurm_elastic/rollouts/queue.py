@@ -285,7 +285,7 @@ class RolloutQueue:
         """A new batch packed from the queue, its hand-out recorded."""
         while True:
             with self._lock:
-                self._drop_stale()
+                self._drop_untrainable()
                 chosen = self._queued.take_batch(self.config.batch_size, self.config.lookahead_groups)
                 if chosen is None:  # (taken out of the queue while their hand-out is recorded)
                     return None
@@ -352,15 +352,24 @@ class RolloutQueue:
         with self._lock:
             return self._lost_reports.ids_for(batch_id, batch_id in self._handed)
 
-    def _drop_stale(self) -> None:
-        """Drop every queued group older than the bound, wherever it sits in the queue (lock held)."""
-        stale = self._queued.stale(self.staleness.version, self.config.max_staleness)
-        if stale:
-            self.store.drop(g.id for g in stale)  # first: if the store cannot, nothing changes here
-            self._queued.drop(stale)
-            dropped = sum(g.n_seqs for g in stale)
+    def _drop_untrainable(self) -> None:
+        """Drop every queued group the trainer cannot train on at its version, wherever it sits
+        in the queue (lock held): older than the bound, or made past the version it resumed at
+        from an earlier checkpoint (a submit of one now is refused as ahead). Counted as dropped."""
+        version = self.staleness.version
+        untrainable = self._queued.untrainable(version, self.config.max_staleness)
+        if untrainable:
+            self.store.drop(g.id for g in untrainable)  # first: if the store cannot, nothing changes here
+            self._queued.drop(untrainable)
+            dropped = sum(g.n_seqs for g in untrainable)
             self.dropped_stale_seqs += dropped
             self.book.freed(dropped)  # never consumed: they must not hold capacity
+            ahead = [g for g in untrainable if g.version > version]
+            if ahead:
+                log.warning("dropped %d queued sequences (%d groups) made at versions %d..%d, past version %d the "
+                            "trainer resumed at: their weights are from the run it went back from",
+                            sum(g.n_seqs for g in ahead), len(ahead), min(g.version for g in ahead),
+                            max(g.version for g in ahead), version)
 
     def ack(self, batch_id: str, session: int | None = None) -> bool:
         """The trainer consumed a batch. Idempotent; raises UnknownBatchError for an unknown id,

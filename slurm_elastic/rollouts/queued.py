@@ -6,7 +6,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Iterator
 
-from slurm_elastic.core.staleness import is_stale
+from slurm_elastic.core.staleness import is_untrainable
 from slurm_elastic.rollouts.packing import oldest_exact_batch
 from slurm_elastic.rollouts.storage import StoredGroup
 
@@ -52,14 +52,14 @@ class QueuedGroups:
                 at += 1
             self.append(group, at)
 
-    def stale(self, version: int, max_staleness: int) -> list[StoredGroup]:
-        """Every queued group too old to train on at ``version``, wherever it sits (by version:
-        O(groups found + versions queued))."""
-        return [g for v in [v for v in self._by_version if is_stale(v, version, max_staleness)]
+    def untrainable(self, version: int, max_staleness: int) -> list[StoredGroup]:
+        """Every queued group a trainer at ``version`` cannot train on (stale, or made past it),
+        wherever it sits (by version: O(groups found + versions queued))."""
+        return [g for v in [v for v in self._by_version if is_untrainable(v, version, max_staleness)]
                 for g in self._by_version[v].values()]
 
     def drop(self, groups: list[StoredGroup]) -> None:
-        """Take queued groups out (dropped as stale)."""
+        """Take queued groups out (dropped: stale, or made past the trainer's version)."""
         for group in groups:
             self._forget(group)
             self._dropped_ids.add(group.id)

@@ -7,7 +7,7 @@ each tick is :func:`~slurm_elastic.core.tick.tick` on an
 count (the policy: :mod:`slurm_elastic.core.scaling` or a baseline, in the autoscaler's seat),
 launches, drain order, crash-loop backoff, crash cordons and drain timeouts are the
 controller's; the :class:`~slurm_elastic.core.staleness.StalenessManager` with its drop rule
-(:func:`~slurm_elastic.core.staleness.is_stale`) is the queue's. What is modelled:
+(:func:`~slurm_elastic.core.staleness.is_untrainable`) is the queue's. What is modelled:
 
 - a worker step is STARTING for ``startup_s`` (launch -> registration), then ACTIVE; it loads
   its model for ``warmup_s``, then loops: ask admission for a group (the staleness gate, AReaL's
@@ -44,7 +44,7 @@ from slurm_elastic.core.placement import Allocation
 from slurm_elastic.core.pressure import QueueSnapshot
 from slurm_elastic.core.reconcile import Cancel, Drain, Launch, ObservedStep, ReconcileConfig
 from slurm_elastic.core.scaling import Autoscaler, Decision, effective_setpoint_seqs
-from slurm_elastic.core.staleness import AdmissionLeases, StalenessManager, is_stale
+from slurm_elastic.core.staleness import AdmissionLeases, StalenessManager, is_untrainable
 from slurm_elastic.core.tick import (
     ControlState,
     Observation,
@@ -356,7 +356,7 @@ class Simulation:
         if self.trainer_busy:
             return
         q = self.trace.queue
-        if self._drop_stale():
+        if self._drop_untrainable():
             self._serve_admissions()
         if self.queued_seqs < q.batch_size:
             if self.trainer_waiting_since is None:
@@ -382,13 +382,14 @@ class Simulation:
             if not self._try_submit(self.procs[worker_id]):
                 break
 
-    def _drop_stale(self) -> int:
-        """Drop every stale group, wherever it sits (the queue's rule, at the pull as there);
-        returns the sequences dropped."""
+    def _drop_untrainable(self) -> int:
+        """Drop every group the trainer cannot train on, wherever it sits (the queue's rule, at the
+        pull as there); returns the sequences dropped."""
         max_staleness = self.trace.queue.max_staleness
-        dropped = sum(n for version, n in self.buffer if is_stale(version, self.version, max_staleness))
+        dropped = sum(n for version, n in self.buffer if is_untrainable(version, self.version, max_staleness))
         if dropped:
-            self.buffer = collections.deque(g for g in self.buffer if not is_stale(g[0], self.version, max_staleness))
+            self.buffer = collections.deque(g for g in self.buffer
+                                            if not is_untrainable(g[0], self.version, max_staleness))
             self.queued_seqs -= dropped
             self.counters["dropped"] += dropped
             self.staleness.on_dropped(dropped)

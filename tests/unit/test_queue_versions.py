@@ -224,3 +224,36 @@ def test_the_worker_sdk_goes_on_after_either_refusal(served: ServedController,
         assert served.queue.stats()["queued_sequences"] == 0
     finally:
         worker.close()
+
+
+def test_a_trainer_back_at_an_earlier_checkpoint_gets_no_group_made_past_it(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Groups queued at versions past the one a trainer resumed at come from the weights of the
+    run it went back from: dropped at the next pull like stale ones (counted, their capacity
+    freed, logged), as a submit of one now is refused, and after a controller restart as well."""
+    q = at_version_10(tmp_path)
+    for version in (7, 8, 9, 10):
+        assert submit(q, f"v{version}", version)
+    q.set_version(8, recovered=True)  # the last checkpoint was at version 8
+    assert q.stats()["queued_sequences"] == 4  # counted in the buffer until the pull drops them
+    with caplog.at_level(logging.WARNING, logger="slurm_elastic.rollouts.queue"):
+        pulled = [q.pull() for _ in range(3)]
+    assert [p[1] for p in pulled if p is not None] == [[b'{"id": "v7"}'], [b'{"id": "v8"}']]
+    assert pulled[2] is None
+    for batch in pulled[:2]:
+        assert batch is not None and q.ack(batch[0])
+    stats = q.stats()
+    assert stats["dropped_stale_sequences"] == 2 and stats["queued_sequences"] == 0
+    assert q.staleness.accepted == 8 * 1 + 2  # anchored at V * batch + the 4 buffered, less the 2 dropped
+    assert "made at versions 9..10, past version 8 the trainer resumed at" in caplog.text
+
+    assert submit(q, "w9", 8)  # and the same after the controller restarts with groups ahead queued
+    q.set_version(9)
+    assert submit(q, "w9b", 9)
+    q.set_version(7, recovered=True)
+    store = q.store
+    q = RolloutQueue(store, make_config(), clock=lambda: 1000.0)
+    assert q.pull() is None
+    assert q.stats()["dropped_stale_sequences"] == 4 and q.stats()["queued_sequences"] == 0
+    with pytest.raises(VersionAhead):
+        submit(q, "late9", 9)

@@ -181,8 +181,8 @@ def test_the_routes_lease_per_worker_and_refuse_bad_versions(tmp_path: Path) -> 
 @settings(max_examples=40, deadline=None)
 def test_the_simulator_drops_by_the_queues_rule(versions: list[int], trainer_version: int,
                                                 max_staleness: int) -> None:
-    """One drop rule (core.staleness.oldest_fresh_version): the simulator's buffer and the real
-    queue drop the same groups."""
+    """One drop rule (core.staleness.is_untrainable: stale, or made past a version the trainer
+    went back to): the simulator's buffer and the real queue drop the same groups."""
     import dataclasses
     import tempfile
 
@@ -202,7 +202,7 @@ def test_the_simulator_drops_by_the_queues_rule(versions: list[int], trainer_ver
         q.set_version(trainer_version, recovered=True)
         sim.version = trainer_version
         assert q.pull() is None
-        assert sim._drop_stale() == q.stats()["dropped_stale_sequences"]
+        assert sim._drop_untrainable() == q.stats()["dropped_stale_sequences"]
         assert sim.queued_seqs == q.stats()["queued_sequences"]
         q.store.close()
 

@@ -15,6 +15,8 @@ capacity, ``running`` and ``accepted`` agree, where our documented extensions (d
   ``on_rollout_rejected``; a result no open lease covers (late, or never admitted) is accepted
   as a rollout that started and finished at once (``enqueued, submitted, accepted``);
 - a recovered trainer finds what is still buffered counted: ``accepted = V * batch_size + buffered``;
+  a queued group made past V (by the run it went back from) is dropped at the next pull like a
+  stale one (``accepted -= n``);
 - a plain version publish may not go back nor jump more than ``max_staleness + 1``.
 """
 
@@ -151,7 +153,7 @@ class StalenessVsAReaL(RuleBasedStateMachine):
             return
         oldest_ok = oldest_fresh_version(self.trainer.version, self.config.max_staleness)
         for group_id, (size, version) in list(self.queued.items()):
-            if version < oldest_ok:
+            if version < oldest_ok or version > self.trainer.version:
                 del self.queued[group_id]
                 self.dropped_seqs += size
                 self.areal.rollout_stat.accepted -= size  # extension: a dropped group frees capacity

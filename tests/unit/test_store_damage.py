@@ -41,7 +41,7 @@ def flip_byte(tmp: Path, group_id: str, at: int = 10) -> None:
 def filled(tmp: Path, names: list[str], segment_bytes: int = 64 * 1024 * 1024) -> RolloutStore:
     store = RolloutStore(tmp / "q.sqlite", segment_bytes=segment_bytes)
     for name in names:
-        assert store.insert(name, "0007", 4, 3, body(name)) is not None
+        assert store.insert(name, "0007", 4, 0, body(name)) is not None
     return store
 
 
@@ -56,7 +56,7 @@ def test_a_flipped_byte_is_never_handed_out_and_the_group_is_recorded_lost(tmp_p
     payloads = store.hand_out("b1", ["a", "b", "c"], 1.0)
     assert ids(payloads) == ["a", "c"]
     (lost,) = store.lost()
-    assert (lost.id, lost.worker_id, lost.version, lost.n_seqs) == ("b", "0007", 3, 4)
+    assert (lost.id, lost.worker_id, lost.version, lost.n_seqs) == ("b", "0007", 0, 4)
     assert "checksum" in lost.reason
     assert store.counts().get("lost") == 4
     store.close()
@@ -125,7 +125,7 @@ def test_a_truncated_segment_loses_only_what_was_cut_and_new_groups_stay_readabl
     assert [g.id for g in store.queued()] == ["g0", "g1", "g2"]
     assert sorted(g.id for g in store.lost()) == ["g3", "g4", "g5"]
     for name in ["n0", "n1"]:
-        assert store.insert(name, "0007", 4, 3, body(name)) is not None
+        assert store.insert(name, "0007", 4, 0, body(name)) is not None
     store.close()
     again = RolloutStore(tmp_path / "q.sqlite")  # the new groups were not written where the old ones were
     assert ids(again.hand_out("b", [g.id for g in again.queued()], 1.0)) == ["g0", "g1", "g2", "n0", "n1"]
@@ -160,7 +160,7 @@ def test_a_lost_index_beside_a_log_is_refused_with_what_to_do(tmp_path: Path) ->
         RolloutStore(tmp_path / "q.sqlite")
     (tmp_path / "q.segments").rename(tmp_path / "q.segments.old")  # what the message says to do
     fresh = RolloutStore(tmp_path / "q.sqlite")
-    assert fresh.queued() == [] and fresh.insert("c", "0007", 4, 3, body("c")) is not None
+    assert fresh.queued() == [] and fresh.insert("c", "0007", 4, 0, body("c")) is not None
     fresh.close()
 
 
@@ -171,7 +171,7 @@ def test_groups_stored_after_a_lost_segment_are_found_again_if_their_index_rows_
     store = RolloutStore(tmp_path / "q.sqlite")
     assert sorted(g.id for g in store.lost()) == ["a", "b", "c"]
     for name in ["n0", "n1"]:
-        assert store.insert(name, "0007", 4, 3, body(name)) is not None
+        assert store.insert(name, "0007", 4, 0, body(name)) is not None
     store.close()
     with sqlite3.connect(tmp_path / "q.sqlite") as db:  # a power cut took their index rows
         db.execute("DELETE FROM groups WHERE id IN ('n0', 'n1')")
@@ -202,7 +202,7 @@ def test_index_rows_this_version_never_writes_are_refused_naming_the_row(tmp_pat
         assert [r[0] for r in db.execute("SELECT id FROM groups ORDER BY seq")] == ["a", "b", "c"], what
 
 
-@pytest.mark.parametrize("damage", ["DELETE FROM meta", "DROP TABLE meta"])
+@pytest.mark.parametrize("damage", ["DELETE FROM meta", "DROP TABLE meta", "DELETE FROM meta WHERE key = 'staleness'"])
 def test_a_lost_meta_table_is_refused_not_read_as_version_0(tmp_path: Path, damage: str) -> None:
     """The policy version and the staleness counts live in ``meta``: with its rows gone the queue
     started again at version 0 (staleness capacity 0) over groups of version 2, unreported."""
