@@ -1,6 +1,7 @@
 """kill -9 of the live controller with groups buffered (queued and handed out), admissions in
 flight and a worker dead mid-rollout: the restarted controller reports the staleness capacity
-AReaL's own class gives for the same operations."""
+AReaL's own class gives for the same operations; then a trainer back at an earlier checkpoint
+gets no group made past it."""
 
 from __future__ import annotations
 
@@ -57,6 +58,16 @@ def test_kill_9_keeps_the_staleness_counts_of_areals_class(job: ControllerJob) -
     after = wait_for(lambda: _status(job), 30, "the new controller's status")
     assert (after["staleness_capacity"], after["running_rollouts"], after["policy_version"]) == expected
     assert after["unacked_batches"] == 1 and after["queued_sequences"] == 8
+
+    with client(job) as c:  # the trainer goes back to its checkpoint at 2: a group made past it is dropped
+        assert c.set_version(3)["policy_version"] == 3
+        c.submit_group({**group("ahead"), "worker_id": "api_1", "policy_version": 3})
+        assert c.set_version(2, recovered=True)["policy_version"] == 2
+        pulled = [c.pull_batch() for _ in range(3)]
+        assert pulled[2] is None
+        handed = sorted(g["id"] for batch in pulled[:2] if batch is not None for g in batch["groups"])
+        assert handed == ["k0", "k1", "k2", "k3"]  # the batch handed out before, then the one queued at 2
+        assert c.global_status()["queue"]["dropped_stale_sequences"] == 4
 
 
 def _status(job: ControllerJob) -> dict[str, Any] | None:
