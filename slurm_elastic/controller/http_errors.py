@@ -83,7 +83,8 @@ async def storage_failed(_request: Request, exc: Exception) -> Response:
 
 
 async def trainer_superseded(_request: Request, exc: Exception) -> Response:
-    """A trainer call with a session older than the newest registration: 409 (nothing changed)."""
+    """A trainer call with a session older than the newest registration, or one never issued: 409
+    (nothing changed)."""
     log.warning("refused a trainer call: %s", exc)
     return Response(json.dumps({"detail": str(exc)}), status_code=status.HTTP_409_CONFLICT,
                     media_type="application/json")

@@ -47,6 +47,7 @@ from slurm_elastic.rollouts.queue import (
     QueueFull,
     RolloutQueue,
     StaleGroup,
+    TrainerSessionUnknown,
     TrainerSuperseded,
     UnknownBatchError,
     VersionAhead,
@@ -57,7 +58,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 Session = Annotated[int | None, Query(ge=1, le=2**63 - 1, description=(
     "the trainer_session its registration answered: a call with an older one than the newest registration "
-    "is refused (409), so a second live trainer cannot take batches; omitted: not checked"))]
+    "is refused (409), so a second live trainer cannot take batches, as is one never issued; omitted: not checked"))]
 
 
 def _compact(what: str, max_bytes: int) -> Any:
@@ -280,6 +281,7 @@ class ControllerApp(FastAPI):
             self.add_exception_handler(error, storage_failed)
         self.add_exception_handler(RequestValidationError, invalid_request)
         self.add_exception_handler(TrainerSuperseded, trainer_superseded)
+        self.add_exception_handler(TrainerSessionUnknown, trainer_superseded)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket":
@@ -343,7 +345,7 @@ def rollout_router(controller: Controller, queue: RolloutQueue) -> APIRouter:
                 "batch_size": queue.config.batch_size, "policy_version": queue.stats()["policy_version"]}
 
     @router.post("/trainer/batch", tags=["trainer"], responses={
-        409: {"description": "trainer_session is older than the newest registration: another trainer registered"},
+        409: {"description": "trainer_session is older than the newest registration (another trainer registered), or was never issued"},
         503: {"description": "the store cannot record the hand-out (disk full): nothing changed, retry"}})
     def pull(pull_id: Annotated[str | None, Query(pattern=r"^[0-9A-Za-z_-]{1,64}$", description=(
             "the trainer's name for this pull: a retry with the same id gets the same batch while it is "
@@ -360,7 +362,7 @@ def rollout_router(controller: Controller, queue: RolloutQueue) -> APIRouter:
         return Response(body, media_type="application/json")
 
     @router.post("/trainer/batch/{batch_id}/ack", tags=["trainer"], responses={
-        409: {"description": "trainer_session is older than the newest registration: another trainer registered"}})
+        409: {"description": "trainer_session is older than the newest registration (another trainer registered), or was never issued"}})
     def ack(batch_id: Annotated[str, PathParam(pattern=r"^[0-9a-f]{32}$")],
             trainer_session: Session = None) -> dict[str, Any]:
         try:
@@ -371,7 +373,7 @@ def rollout_router(controller: Controller, queue: RolloutQueue) -> APIRouter:
     @router.post("/trainer/version", tags=["trainer"], responses={
         409: {"description": "a plain publish lower than the current version, or more than max_staleness + 1 "
                              "past it: publish with recovered=true after a checkpoint resume; or "
-                             "trainer_session older than the newest registration"}})
+                             "trainer_session older than the newest registration, or never issued"}})
     def version(body: VersionUpdate, trainer_session: Session = None) -> dict[str, Any]:
         try:
             queue.set_version(body.version, recovered=body.recovered, session=trainer_session)

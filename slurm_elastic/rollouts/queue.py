@@ -42,14 +42,15 @@ from slurm_elastic.rollouts.refusals import (
     GroupRefused,
     QueueFull,
     StaleGroup,
+    TrainerSessionUnknown,
     TrainerSuperseded,
     UnknownBatchError,
     VersionAhead,
 )
 from slurm_elastic.rollouts.storage import LostGroup, RolloutStorage, StoredGroup, Then, settle
 
-__all__ = ["GroupRefused", "QueueConfig", "QueueFull", "RolloutQueue", "StaleGroup", "TrainerSuperseded",
-           "UnknownBatchError", "VersionAhead", "VersionRefused"]
+__all__ = ["GroupRefused", "QueueConfig", "QueueFull", "RolloutQueue", "StaleGroup", "TrainerSessionUnknown",
+           "TrainerSuperseded", "UnknownBatchError", "VersionAhead", "VersionRefused"]
 log = logging.getLogger(__name__)
 PULL_IDS_KEPT = 1024  # pull ids remembered (with their batch) for retries of those pulls
 
@@ -244,7 +245,8 @@ class RolloutQueue:
         others. A batch handed out again keeps its id, without any of its groups lost since.
         StoreUnavailableError (disk full): nothing changed, try again. ``session``: the
         caller's trainer session (:meth:`trainer_restarted`); an older one than the newest is
-        refused (:class:`TrainerSuperseded`), and nothing is handed out to it."""
+        refused (:class:`TrainerSuperseded`), as is one never issued (:class:`TrainerSessionUnknown`),
+        and nothing is handed out to it."""
         with self._pull_lock:
             self.check_trainer(session)
             with self._lock:
@@ -373,7 +375,7 @@ class RolloutQueue:
 
     def ack(self, batch_id: str, session: int | None = None) -> bool:
         """The trainer consumed a batch. Idempotent; raises UnknownBatchError for an unknown id,
-        TrainerSuperseded for a ``session`` older than the newest."""
+        TrainerSuperseded for a ``session`` older than the newest (TrainerSessionUnknown: newer)."""
         self.check_trainer(session)
         self._trainer_heard_s = self.clock()
         result = self.store.ack(batch_id)
@@ -412,12 +414,15 @@ class RolloutQueue:
                 return session, len(self._rehand)
 
     def check_trainer(self, session: int | None) -> None:
-        """TrainerSuperseded if ``session`` is older than the newest registration's; a caller
-        that sends none (the raw API) is not checked."""
+        """TrainerSuperseded if ``session`` is older than the newest registration's,
+        TrainerSessionUnknown if it is newer (never issued); a caller that sends none (the raw
+        API) is not checked."""
         with self._lock:
             newest = self._trainer_session
         if session is not None and session < newest:
             raise TrainerSuperseded(session, newest)
+        if session is not None and session > newest:
+            raise TrainerSessionUnknown(session, newest)
 
     def set_version(self, version: int, recovered: bool = False, session: int | None = None) -> None:
         """The trainer's policy version. Plain: not lower than the current one and at most

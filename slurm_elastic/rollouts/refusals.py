@@ -29,6 +29,18 @@ class TrainerSuperseded(SlurmElasticError):
         self.newest = newest
 
 
+class TrainerSessionUnknown(SlurmElasticError):
+    """A trainer call carries a session newer than any registration on the job answered."""
+
+    def __init__(self, session: int, newest: int) -> None:
+        super().__init__(f"trainer session unknown: this controller never issued session {session} (the newest "
+                         f"trainer registration on this job has {newest}). Send the trainer_session that "
+                         "POST /trainer/register answered, or none; a trainer whose controller lost its state "
+                         "registers again")
+        self.session = session
+        self.newest = newest
+
+
 class GroupRefused(SlurmElasticError):
     """A group refused for its ``policy_version`` (nothing stored; a resend is refused too)."""
 

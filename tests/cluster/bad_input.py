@@ -155,6 +155,8 @@ def api_probes(rig: Rig) -> Iterator[Probe]:
                422, "version")
     yield _api(rig, "publish policy version 1000000 (a jump; not `recovered`)",
                lambda: rig.post("/trainer/version", {"version": 10**6}), 409, "recovered=true")
+    yield _api(rig, "pull with a `trainer_session` no registration answered",
+               lambda: rig.post(f"/trainer/batch?trainer_session={2**62}"), 409, "trainer session unknown")
     yield _api(rig, "ask admission without a `worker_id`",
                lambda: rig.post("/rollouts/admission", {"sequences": 4}), 422, "worker_id")
     yield from hostile_client_probes(rig)

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from slurm_elastic.errors import TrainerSupersededError
-from slurm_elastic.rollouts.queue import TrainerSuperseded
+from slurm_elastic.rollouts.queue import TrainerSessionUnknown, TrainerSuperseded
 from slurm_elastic.trainer import Trainer
 from tests.unit.test_rollout_queue import make, submit
 from tests.unit.test_trainer_holds import TOKEN, serve
@@ -90,4 +90,31 @@ def test_the_session_is_checked_as_a_query_parameter(tmp_path: Path) -> None:
         bad = http.post("/trainer/batch", params={"trainer_session": "x"})
         assert bad.status_code == 422 and "trainer_session" in bad.text
         assert http.post("/trainer/batch", params={"trainer_session": 0}).status_code == 422
+    server.close()
+
+
+def test_a_session_never_issued_is_refused_with_what_to_send(tmp_path: Path) -> None:
+    q = make(tmp_path, capacity_seqs=100)
+    for i in range(4):
+        submit(q, f"g{i}")
+    with pytest.raises(TrainerSessionUnknown, match="never issued session 5"):
+        q.pull("p0", 5)  # no trainer registered yet
+    issued, _ = q.trainer_restarted()
+    for call in (lambda: q.pull("p1", issued + 1), lambda: q.set_version(1, session=issued + 1)):
+        with pytest.raises(TrainerSessionUnknown, match=f"never issued session {issued + 1}"):
+            call()
+    assert q.stats()["policy_version"] == 0 and q.stats()["unacked_batches"] == 0  # nothing changed
+    assert q.pull("p2", issued) is not None
+    q.store.close()
+
+    (tmp_path / "http").mkdir()
+    server = serve(tmp_path / "http")
+    with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {TOKEN}"}) as http:
+        session = http.post("/trainer/register", json={"trainer_id": "t"}).json()["trainer_session"]
+        for path in ("/trainer/batch", "/trainer/version"):
+            answer = http.post(path, params={"trainer_session": session + 10}, json={"version": 1})
+            assert answer.status_code == 409, (path, answer.text)
+            assert answer.json()["detail"].startswith(f"trainer session unknown: this controller never issued "
+                                                      f"session {session + 10}")
+        assert http.post("/trainer/version", params={"trainer_session": session}, json={"version": 1}).status_code == 200
     server.close()
