@@ -82,7 +82,7 @@ async def storage_failed(_request: Request, exc: Exception) -> Response:
                     media_type="application/json", headers={"Retry-After": retry_after(exc)})
 
 
-async def trainer_superseded(_request: Request, exc: Exception) -> Response:
+async def trainer_session_refused(_request: Request, exc: Exception) -> Response:
     """A trainer call with a session older than the newest registration, or one never issued: 409
     (nothing changed)."""
     log.warning("refused a trainer call: %s", exc)

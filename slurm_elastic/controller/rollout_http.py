@@ -36,7 +36,7 @@ from slurm_elastic.controller.http_errors import (
     invalid_request,
     retry_after,
     storage_failed,
-    trainer_superseded,
+    trainer_session_refused,
 )
 from slurm_elastic.controller.metrics import metrics_registry
 from slurm_elastic.controller.runtime import Controller
@@ -47,8 +47,7 @@ from slurm_elastic.rollouts.queue import (
     QueueFull,
     RolloutQueue,
     StaleGroup,
-    TrainerSessionUnknown,
-    TrainerSuperseded,
+    TrainerSessionRefused,
     UnknownBatchError,
     VersionAhead,
 )
@@ -280,8 +279,7 @@ class ControllerApp(FastAPI):
         for error in (StateFileError, OSError):
             self.add_exception_handler(error, storage_failed)
         self.add_exception_handler(RequestValidationError, invalid_request)
-        self.add_exception_handler(TrainerSuperseded, trainer_superseded)
-        self.add_exception_handler(TrainerSessionUnknown, trainer_superseded)
+        self.add_exception_handler(TrainerSessionRefused, trainer_session_refused)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket":

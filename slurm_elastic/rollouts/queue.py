@@ -42,6 +42,7 @@ from slurm_elastic.rollouts.refusals import (
     GroupRefused,
     QueueFull,
     StaleGroup,
+    TrainerSessionRefused,
     TrainerSessionUnknown,
     TrainerSuperseded,
     UnknownBatchError,
@@ -49,8 +50,8 @@ from slurm_elastic.rollouts.refusals import (
 )
 from slurm_elastic.rollouts.storage import LostGroup, RolloutStorage, StoredGroup, Then, settle
 
-__all__ = ["GroupRefused", "QueueConfig", "QueueFull", "RolloutQueue", "StaleGroup", "TrainerSessionUnknown",
-           "TrainerSuperseded", "UnknownBatchError", "VersionAhead", "VersionRefused"]
+__all__ = ["GroupRefused", "QueueConfig", "QueueFull", "RolloutQueue", "StaleGroup", "TrainerSessionRefused",
+           "TrainerSessionUnknown", "TrainerSuperseded", "UnknownBatchError", "VersionAhead", "VersionRefused"]
 log = logging.getLogger(__name__)
 PULL_IDS_KEPT = 1024  # pull ids remembered (with their batch) for retries of those pulls
 

@@ -17,28 +17,33 @@ class UnknownBatchError(KeyError):
     """An ack named a batch the queue never handed out."""
 
 
-class TrainerSuperseded(SlurmElasticError):
+class TrainerSessionRefused(SlurmElasticError):
+    """A trainer call carries a session other than the newest registration's (nothing changed)."""
+
+    def __init__(self, message: str, session: int, newest: int) -> None:
+        super().__init__(message)
+        self.session = session
+        self.newest = newest
+
+
+class TrainerSuperseded(TrainerSessionRefused):
     """A trainer call carries a session older than the newest registration on the job."""
 
     def __init__(self, session: int, newest: int) -> None:
         super().__init__(f"trainer session superseded: this trainer's session {session} is older than the newest "
                          f"trainer registration on this job ({newest}). Another Trainer registered after this one "
                          "(run one Trainer per job, on one rank), or this is the old process of a trainer that was "
-                         "restarted; the batches it holds unacknowledged go to the newer one")
-        self.session = session
-        self.newest = newest
+                         "restarted; the batches it holds unacknowledged go to the newer one", session, newest)
 
 
-class TrainerSessionUnknown(SlurmElasticError):
+class TrainerSessionUnknown(TrainerSessionRefused):
     """A trainer call carries a session newer than any registration on the job answered."""
 
     def __init__(self, session: int, newest: int) -> None:
         super().__init__(f"trainer session unknown: this controller never issued session {session} (the newest "
                          f"trainer registration on this job has {newest}). Send the trainer_session that "
                          "POST /trainer/register answered, or none; a trainer whose controller lost its state "
-                         "registers again")
-        self.session = session
-        self.newest = newest
+                         "registers again", session, newest)
 
 
 class GroupRefused(SlurmElasticError):
