@@ -4,7 +4,8 @@ Submits past the capacity (sequences or bytes) are refused with a retry-after hi
 are groups already too stale or of a version the trainer has not reached (nothing stored). The
 trainer pulls batches of exactly ``batch_size`` sequences made of whole groups, the oldest that
 make one within a bounded look-ahead (:mod:`.packing`), however long the queue; groups older than
-the staleness bound when the trainer pulls are dropped and counted. Batches are acknowledged by
+the staleness bound when the trainer pulls, or made past the version it resumed at from an
+earlier checkpoint, are dropped and counted. Batches are acknowledged by
 the trainer; unacknowledged ones are handed out again (same id, same content) after a restart of
 the trainer or of the controller, and to a pull that repeats the ``pull_id`` of the one that got
 it (a retry after a lost answer).
