@@ -11,8 +11,8 @@
 
 After resuming from a checkpoint at version V, call ``publish_version(V, recovered=True)``: the
 staleness capacity is then one window less what is still buffered, not inflated by V, and groups
-still queued that were made past V (by the weights of the run it went back from) are dropped,
-not delivered. A plain
+still buffered that were made past V (by the weights of the run it went back from) are dropped,
+not delivered: queued ones, and those of a batch handed out again (same id, without them). A plain
 publish may not go below the current version nor more than ``max_staleness + 1`` past it (an
 ``ApiError`` with status 409 that names ``recovered=true``). A batch that was handed out but never
 acknowledged (the trainer or the controller died) is handed out again with the same id, so a

@@ -214,10 +214,11 @@ class StoreIndex:
             return db.execute("SELECT 1 FROM groups WHERE id = ?", (group_id,)).fetchone() is not None
 
     def batch_bodies(self, batch_id: str) -> list[GroupBody]:
-        """A batch's groups (lost ones left out), in arrival order."""
+        """A batch's groups (lost and dropped ones left out), in arrival order."""
         with self.reading() as db:
             rows = list(db.execute(f"SELECT {ROW}, {WHERE_BODY} FROM groups "
-                                        "WHERE batch_id=? AND state != 'lost' ORDER BY seq", (batch_id,)))
+                                        "WHERE batch_id=? AND state NOT IN ('lost', 'dropped') ORDER BY seq",
+                                   (batch_id,)))
         return [_body(r) for r in rows]
 
     def queued(self) -> list[StoredGroup]:
@@ -227,10 +228,10 @@ class StoreIndex:
 
     def unacked_batches(self) -> list[tuple[str, list[StoredGroup]]]:
         with self.reading() as db:
-            batches = [r[0] for r in db.execute("SELECT id FROM batches WHERE acked=0 ORDER BY created_s")]
+            batches = [r[0] for r in db.execute("SELECT id FROM batches WHERE acked=0 ORDER BY created_s, rowid")]
             out = []
             for batch_id in batches:
-                rows = db.execute(f"SELECT {ROW} FROM groups WHERE batch_id=? AND state != 'lost' "
+                rows = db.execute(f"SELECT {ROW} FROM groups WHERE batch_id=? AND state NOT IN ('lost', 'dropped') "
                                        "ORDER BY seq", (batch_id,))
                 out.append((batch_id, [StoredGroup(*r) for r in rows]))
             return out

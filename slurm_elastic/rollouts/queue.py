@@ -5,7 +5,7 @@ are groups already too stale or of a version the trainer has not reached (nothin
 trainer pulls batches of exactly ``batch_size`` sequences made of whole groups, the oldest that
 make one within a bounded look-ahead (:mod:`.packing`), however long the queue; groups older than
 the staleness bound when the trainer pulls, or made past the version it resumed at from an
-earlier checkpoint, are dropped and counted. Batches are acknowledged by
+earlier checkpoint (also out of a batch handed out again), are dropped and counted. Batches are acknowledged by
 the trainer; unacknowledged ones are handed out again (same id, same content) after a restart of
 the trainer or of the controller, and to a pull that repeats the ``pull_id`` of the one that got
 it (a retry after a lost answer).
@@ -313,8 +313,10 @@ class RolloutQueue:
     def _hand_again(self, batch_id: str, requeue: bool) -> tuple[str, list[bytes]] | None:
         """An unacknowledged batch, again: its groups checked, the damaged ones quarantined.
         None if every group of it was lost (it is acknowledged then: nothing is left of it).
-        ``requeue``: if the store fails, it is first to be handed out again."""
+        ``requeue``: if the store fails, it is first to be handed out again. Its groups made past
+        the version the trainer resumed at since are dropped first (:meth:`_drop_ahead`)."""
         try:
+            self._drop_ahead(batch_id)
             pulled = self.store.pull_again(batch_id)
             if pulled.lost:
                 self._lost(pulled.lost, queued=False)
@@ -368,12 +370,21 @@ class RolloutQueue:
             dropped = sum(g.n_seqs for g in untrainable)
             self.dropped_stale_seqs += dropped
             self.book.freed(dropped)  # never consumed: they must not hold capacity
-            ahead = [g for g in untrainable if g.version > version]
+            _log_ahead("queued", [g for g in untrainable if g.version > version], version)
+
+    def _drop_ahead(self, batch_id: str) -> None:
+        """Drop the groups of an unacknowledged batch made past the trainer's version (it resumed
+        at an earlier checkpoint since the batch was handed out); the batch keeps its id."""
+        with self._lock:
+            version = self.staleness.version
+            ahead = [g for g in self._handed.get(batch_id, []) if g.version > version]
             if ahead:
-                log.warning("dropped %d queued sequences (%d groups) made at versions %d..%d, past version %d the "
-                            "trainer resumed at: their weights are from the run it went back from",
-                            sum(g.n_seqs for g in ahead), len(ahead), min(g.version for g in ahead),
-                            max(g.version for g in ahead), version)
+                self.store.drop(g.id for g in ahead)  # first: if the store cannot, nothing changes here
+                self._handed[batch_id] = [g for g in self._handed[batch_id] if g.version <= version]
+                dropped = sum(g.n_seqs for g in ahead)
+                self.dropped_stale_seqs += dropped
+                self.book.freed(dropped)
+                _log_ahead(f"handed-out (batch {batch_id})", ahead, version)
 
     def ack(self, batch_id: str, session: int | None = None) -> bool:
         """The trainer consumed a batch. Idempotent; raises UnknownBatchError for an unknown id,
@@ -469,3 +480,11 @@ class RolloutQueue:
                 "trainer_wait_fraction": self._trainer_steps.wait_fraction(now_s),
                 "trainer_last_call_s_ago": None if self._trainer_heard_s is None else round(now_s - self._trainer_heard_s, 1),
             }
+
+
+def _log_ahead(where: str, ahead: list[StoredGroup], version: int) -> None:
+    """Say which groups were dropped as made past the version a trainer resumed at."""
+    if ahead:
+        log.warning("dropped %d %s sequences (%d groups) made at versions %d..%d, past version %d the trainer "
+                    "resumed at: their weights are from the run it went back from", sum(g.n_seqs for g in ahead),
+                    where, len(ahead), min(g.version for g in ahead), max(g.version for g in ahead), version)

@@ -257,3 +257,37 @@ def test_a_trainer_back_at_an_earlier_checkpoint_gets_no_group_made_past_it(
     assert q.stats()["dropped_stale_sequences"] == 4 and q.stats()["queued_sequences"] == 0
     with pytest.raises(VersionAhead):
         submit(q, "late9", 9)
+
+
+def test_a_batch_handed_out_before_the_resume_comes_again_without_its_groups_made_past_it(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The trainer held a batch (unacknowledged) when it went back to an earlier checkpoint: it is
+    handed again with its id, without the groups made past the version it resumed at (dropped,
+    counted, capacity freed); one made only of such groups is settled and the next one comes."""
+    config = QueueConfig(batch_size=2, capacity_seqs=100, max_staleness=4, max_concurrent=1000, fsync="off")
+    q = RolloutQueue(RolloutStore(tmp_path / "q.sqlite", fsync="off"), config, clock=lambda: 1000.0)
+    for version in range(1, 11):
+        q.set_version(version)
+    for name, version in (("a7", 7), ("b9", 9), ("c10", 10), ("d10", 10), ("e8", 8), ("f8", 8)):
+        assert submit(q, name, version)
+    held = [q.pull() for _ in range(3)]  # (a7, b9), (c10, d10), (e8, f8): none acknowledged
+    assert all(b is not None for b in held)
+    q.trainer_restarted()
+    q.set_version(8, recovered=True)
+    with caplog.at_level(logging.WARNING, logger="slurm_elastic.rollouts.queue"):
+        again = [q.pull() for _ in range(3)]
+    assert again[0] is not None and held[0] is not None and again[0][0] == held[0][0]
+    assert again[0][1] == [b'{"id": "a7"}']  # b9 left out
+    assert again[1] is not None and held[2] is not None and again[1][0] == held[2][0]  # (c10, d10) is settled
+    assert again[2] is None
+    stats = q.stats()
+    assert stats["dropped_stale_sequences"] == 3 and stats["unacked_batches"] == 2
+    assert q.staleness.accepted == 8 * 2 + 6 - 3  # anchored with the 6 buffered, less the 3 dropped
+    assert "dropped 1 handed-out (batch" in caplog.text and "made at versions 10..10" in caplog.text
+    for batch in again[:2]:
+        assert batch is not None and q.ack(batch[0])
+    assert q.stats()["delivered_sequences"] == 3
+    q.store.close()
+    reopened = RolloutQueue(RolloutStore(tmp_path / "q.sqlite", fsync="off"), config, clock=lambda: 1000.0)
+    assert reopened.stats()["dropped_stale_sequences"] == 3 and reopened.stats()["delivered_sequences"] == 3
+    reopened.store.close()
