@@ -5,10 +5,10 @@ are groups already too stale or of a version the trainer has not reached (nothin
 trainer pulls batches of exactly ``batch_size`` sequences made of whole groups, the oldest that
 make one within a bounded look-ahead (:mod:`.packing`), however long the queue; groups older than
 the staleness bound when the trainer pulls, or made past the version it resumed at from an
-earlier checkpoint (also out of a batch handed out again), are dropped and counted. Batches are acknowledged by
-the trainer; unacknowledged ones are handed out again (same id, same content) after a restart of
-the trainer or of the controller, and to a pull that repeats the ``pull_id`` of the one that got
-it (a retry after a lost answer).
+earlier checkpoint (also out of a batch handed out again), are dropped and counted. Batches are
+acknowledged by the trainer; unacknowledged ones are handed out again (same id, same content)
+after a restart of the trainer or of the controller, and to a pull that repeats the ``pull_id``
+of the one that got it (a retry after a lost answer).
 
 The queue keeps its groups through a :class:`~slurm_elastic.rollouts.storage.RolloutStorage`
 and its staleness counts in a :class:`~slurm_elastic.rollouts.admissions.StalenessBook`; both
@@ -365,11 +365,8 @@ class RolloutQueue:
         version = self.staleness.version
         untrainable = self._queued.untrainable(version, self.config.max_staleness)
         if untrainable:
-            self.store.drop(g.id for g in untrainable)  # first: if the store cannot, nothing changes here
+            self._drop(untrainable)
             self._queued.drop(untrainable)
-            dropped = sum(g.n_seqs for g in untrainable)
-            self.dropped_stale_seqs += dropped
-            self.book.freed(dropped)  # never consumed: they must not hold capacity
             _log_ahead("queued", [g for g in untrainable if g.version > version], version)
 
     def _drop_ahead(self, batch_id: str) -> None:
@@ -379,12 +376,17 @@ class RolloutQueue:
             version = self.staleness.version
             ahead = [g for g in self._handed.get(batch_id, []) if g.version > version]
             if ahead:
-                self.store.drop(g.id for g in ahead)  # first: if the store cannot, nothing changes here
+                self._drop(ahead)
                 self._handed[batch_id] = [g for g in self._handed[batch_id] if g.version <= version]
-                dropped = sum(g.n_seqs for g in ahead)
-                self.dropped_stale_seqs += dropped
-                self.book.freed(dropped)
                 _log_ahead(f"handed-out (batch {batch_id})", ahead, version)
+
+    def _drop(self, groups: list[StoredGroup]) -> None:
+        """Record ``groups`` dropped (lock held): in the store first (if it cannot, nothing changes
+        here), counted, and their capacity freed (never consumed, they must not hold it)."""
+        self.store.drop(g.id for g in groups)
+        dropped = sum(g.n_seqs for g in groups)
+        self.dropped_stale_seqs += dropped
+        self.book.freed(dropped)
 
     def ack(self, batch_id: str, session: int | None = None) -> bool:
         """The trainer consumed a batch. Idempotent; raises UnknownBatchError for an unknown id,

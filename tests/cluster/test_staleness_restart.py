@@ -59,15 +59,21 @@ def test_kill_9_keeps_the_staleness_counts_of_areals_class(job: ControllerJob) -
     assert (after["staleness_capacity"], after["running_rollouts"], after["policy_version"]) == expected
     assert after["unacked_batches"] == 1 and after["queued_sequences"] == 8
 
-    with client(job) as c:  # the trainer goes back to its checkpoint at 2: a group made past it is dropped
+    with client(job) as c:  # the trainer goes back to its checkpoint at 2: nothing made past it is delivered
         assert c.set_version(3)["policy_version"] == 3
-        c.submit_group({**group("ahead"), "worker_id": "api_1", "policy_version": 3})
+        for name in ("held-1", "held-2", "queued-3"):
+            c.submit_group({**group(name), "worker_id": "api_1", "policy_version": 3})
+        held = [c.pull_batch() for _ in range(3)]  # (k0, k1) again, (k2, k3), (held-1, held-2): none acknowledged
+        assert all(batch is not None for batch in held)
+        c.trainer_register()  # the trainer restarts: every unacknowledged batch comes again first
         assert c.set_version(2, recovered=True)["policy_version"] == 2
         pulled = [c.pull_batch() for _ in range(3)]
-        assert pulled[2] is None
+        assert pulled[2] is None  # the batch made past 2 is settled, the group queued at 3 dropped
+        assert [b["batch_id"] for b in pulled[:2] if b is not None] == [b["batch_id"] for b in held[:2] if b]
         handed = sorted(g["id"] for batch in pulled[:2] if batch is not None for g in batch["groups"])
-        assert handed == ["k0", "k1", "k2", "k3"]  # the batch handed out before, then the one queued at 2
-        assert c.global_status()["queue"]["dropped_stale_sequences"] == 4
+        assert handed == ["k0", "k1", "k2", "k3"]  # the batches made at 2, again with their ids
+        queue = c.global_status()["queue"]
+        assert queue["dropped_stale_sequences"] == 12 and queue["unacked_batches"] == 2
 
 
 def _status(job: ControllerJob) -> dict[str, Any] | None:
