@@ -38,10 +38,8 @@ to this law. A trainer back from a stall gets the count it needs in one step (co
 before the full bounds are looked at, and a trainer whose stalls recur alike gets it a worker's
 lead time before one ends (core.stalls).
 
-For inference servers a second source, the load ratio L = outstanding / (active · capacity),
-recommends ceil(outstanding / (capacity · scale_up_threshold)) workers when L leaves the
-[scale_down_threshold, scale_up_threshold] band; when both sources exist the larger
-recommendation wins, and the reason says which.
+For inference servers a second source, their load ratio (core.server_load), recommends a count
+too; when both sources exist the larger recommendation wins, and the reason says which.
 """
 
 from __future__ import annotations
@@ -52,6 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slurm_elastic.core.autoscaler_config import AutoscalerConfig
+from slurm_elastic.core.server_load import load_recommendation
 from slurm_elastic.core.speedup import SPEEDUP_LOOKBACK_S, UsualCount, speedup_resize
 from slurm_elastic.core.stalls import StallMemory
 from slurm_elastic.core.startup import measured, sizing_step, startup_recommendation
@@ -175,7 +174,7 @@ class Autoscaler:
                     f"again for {RESUME_SETTLE_S:g} s before the autoscaler acts on them"), (None, None, None, None))
             self.resuming = False
         rec, why, terms = self._recommend(x, now_s, current)
-        rec_load, why_load = self._recommend_load(x, current)
+        rec_load, why_load = load_recommendation(self.config, x.outstanding_requests, x.workers_active, current)
         if rec_load is not None and (rec is None or rec_load > rec):
             rec, why = rec_load, why_load
         if rec is None:
@@ -190,21 +189,9 @@ class Autoscaler:
             self.votes, self.votes_dir, self.direction_since_s = 0, 0, None
             self.held_dir = 1
             return Decision(steady, "hold", f"hold: at the ceiling, {limit}{despite}; {why}", rec, *terms)
-        demand = _positive(x.trainer_demand_seqs_per_s)
-        if not self.startup_step:  # the start-up's counts are guesses, not recommendations to hold on to
-            self.window.append((now_s, bounded, demand))
-        window_s, swinging = self.swings.window_s(cfg.stabilization_window_s, now_s)
-        self.window = [w for w in self.window if now_s - w[0] <= window_s]
-        window_held = False
-        if bounded < current:  # scale down only as far as the highest recent recommendation allows
-            highest = max((r * (demand / then if demand and then else 1.0) for _t, r, then in self.window),
-                          default=bounded)
-            if highest > bounded:
-                bounded, window_held = min(float(current), highest), True
-                length = (f", lengthened to {window_s:.0f} s because {swinging}," if swinging
-                          else f" ({window_s:g} s)")
-                why += (f"; the stabilization window{length} keeps {bounded:.1f} "
-                        f"(highest recent recommendation {highest:.1f})")
+        bounded, kept = self._stabilized(bounded, current, _positive(x.trainer_demand_seqs_per_s), now_s)
+        why += kept
+        window_held = bool(kept)
         delta = bounded - current
         self.held_dir = -1 if window_held else 0
         if abs(delta) <= cfg.deadband_workers:
@@ -212,28 +199,12 @@ class Autoscaler:
             return Decision(steady, "hold", f"hold: {bounded:.1f} workers wanted is within the deadband "
                             f"({cfg.deadband_workers:g} worker) of the current {current}{despite}; {why}", rec, *terms)
         direction = 1 if delta > 0 else -1
-        if direction != self.votes_dir:
-            self.votes_dir, self.votes, self.direction_since_s = direction, 0, now_s
-        self.votes += 1
         word = "up" if direction > 0 else "down"
-        more = "more" if direction > 0 else "fewer"
         self.held_dir = direction  # until the move is made in full below
+        wait = self._hysteresis(direction, now_s)
+        if wait is not None:
+            return Decision(steady, "hold", f"{wait}{despite}; {why}", rec, *terms)
         at_once = self.startup_step or self.direct_step
-        if self.votes < cfg.confirmations and not at_once:
-            return Decision(steady, "hold", f"hold: {word} vote {self.votes}/{cfg.confirmations}, waiting for "
-                            f"{cfg.confirmations} readings in a row that ask for {more} workers (confirmations)"
-                            f"{despite}; {why}", rec, *terms)
-        assert self.direction_since_s is not None
-        held_s = now_s - self.direction_since_s
-        if held_s < cfg.min_stable_period_s and not at_once:
-            return Decision(steady, "hold", f"hold: the call for {more} workers is not stable yet, it has held "
-                            f"{held_s:.0f} s of the {cfg.min_stable_period_s:g} s required (min_stable_period_s)"
-                            f"{despite}; {why}", rec, *terms)
-        last, cooldown = (self.last_up_s, cfg.scale_up_cooldown_s) if direction > 0 else (
-            self.last_down_s, cfg.scale_down_cooldown_s)
-        if now_s - last < cooldown:
-            return Decision(steady, "hold", f"hold: cooldown after scale-{word} ({cooldown - (now_s - last):.0f} s "
-                            f"left of scale_{word}_cooldown_s {cooldown:g} s){despite}; {why}", rec, *terms)
         limit_step = cfg.max_step_up if direction > 0 else cfg.max_step_down
         if at_once:
             limit_step = max(limit_step, math.ceil(abs(delta)))
@@ -251,6 +222,49 @@ class Autoscaler:
             self.held_dir = 0
         bound = f" (bounded by {limit})" if direction > 0 and rec > ceiling and target == ceiling else ""
         return Decision(target, f"scale_{word}", f"{why}{capped}{bound}", rec, *terms)
+
+    def _stabilized(self, bounded: float, current: int, demand: float | None, now_s: float) -> tuple[float, str]:
+        """The scale-down stabilization window: a count below ``current`` raised to the highest
+        recommendation in the window (each scaled by the trainer's demand now over its demand
+        then), and what the reason says of it ('' where the window kept nothing back)."""
+        if not self.startup_step:  # the start-up's counts are guesses, not recommendations to hold on to
+            self.window.append((now_s, bounded, demand))
+        window_s, swinging = self.swings.window_s(self.config.stabilization_window_s, now_s)
+        self.window = [w for w in self.window if now_s - w[0] <= window_s]
+        if bounded >= current:
+            return bounded, ""
+        highest = max((r * (demand / then if demand and then else 1.0) for _t, r, then in self.window),
+                      default=bounded)
+        if highest <= bounded:
+            return bounded, ""
+        kept = min(float(current), highest)
+        length = f", lengthened to {window_s:.0f} s because {swinging}," if swinging else f" ({window_s:g} s)"
+        return kept, f"; the stabilization window{length} keeps {kept:.1f} (highest recent recommendation {highest:.1f})"
+
+    def _hysteresis(self, direction: int, now_s: float) -> str | None:
+        """This reading's vote for a move in ``direction`` (+1 up, -1 down), and why the move must
+        wait: too few confirmations in a row or a direction not held for the minimum stable period
+        (neither for a start-up or speed-up step), or a cooldown; None: make it now."""
+        cfg = self.config
+        if direction != self.votes_dir:
+            self.votes_dir, self.votes, self.direction_since_s = direction, 0, now_s
+        self.votes += 1
+        word, more = ("up", "more") if direction > 0 else ("down", "fewer")
+        if not (self.startup_step or self.direct_step):
+            if self.votes < cfg.confirmations:
+                return (f"hold: {word} vote {self.votes}/{cfg.confirmations}, waiting for {cfg.confirmations} "
+                        f"readings in a row that ask for {more} workers (confirmations)")
+            assert self.direction_since_s is not None
+            held_s = now_s - self.direction_since_s
+            if held_s < cfg.min_stable_period_s:
+                return (f"hold: the call for {more} workers is not stable yet, it has held {held_s:.0f} s of the "
+                        f"{cfg.min_stable_period_s:g} s required (min_stable_period_s)")
+        last, cooldown = (self.last_up_s, cfg.scale_up_cooldown_s) if direction > 0 else (
+            self.last_down_s, cfg.scale_down_cooldown_s)
+        if now_s - last < cooldown:
+            return (f"hold: cooldown after scale-{word} ({cooldown - (now_s - last):.0f} s left of "
+                    f"scale_{word}_cooldown_s {cooldown:g} s)")
+        return None
 
     def _hold(self, current: int, ceiling: int, why: str, terms: tuple[float | None, ...]) -> Decision:
         self.held_dir = 0
@@ -347,19 +361,6 @@ class Autoscaler:
             return None
         recent = [then for t, _r, then in self.window if then is not None and now_s - t <= SPEEDUP_LOOKBACK_S]
         return speedup_resize(latest, recent, rate, current, self.usual)
-
-    def _recommend_load(self, x: PressureInputs, current: int) -> tuple[float | None, str]:
-        cfg = self.config
-        if x.outstanding_requests is None:
-            return None, ""
-        capacity = cfg.requests_per_worker_capacity
-        ratio = x.outstanding_requests / max(1, x.workers_active) / capacity
-        if cfg.scale_down_threshold <= ratio <= cfg.scale_up_threshold:
-            return float(current), f"load ratio {ratio:.2f} within [{cfg.scale_down_threshold}, {cfg.scale_up_threshold}]"
-        need = math.ceil(x.outstanding_requests / (capacity * cfg.scale_up_threshold))
-        word = "above" if ratio > cfg.scale_up_threshold else "below"
-        return float(need), (f"load ratio {ratio:.2f} {word} threshold: {x.outstanding_requests} outstanding / "
-                             f"{capacity:g} per server -> {need} servers")
 
     def to_state(self) -> dict[str, Any]:
         return {"integral": self.integral, "last_queued": self.last_queued, "last_now_s": self.last_now_s,
