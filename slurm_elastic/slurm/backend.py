@@ -182,6 +182,9 @@ def choose_backend(preference: str, slurm_version: tuple[int, int] | None,
     found, ctld = probe.pyslurm_version, probe.controller_version
     if found is None:
         why = f"pyslurm {probe.error or 'is not installed'}"
+    elif probe.error and slurm_version is not None and slurm_version != found:  # the usual cause: another release
+        why = (f"pyslurm {_dotted(found)} does not match the Slurm commands on PATH ({_dotted(slurm_version)}), "
+               f"and cannot reach slurmctld: {probe.error}")
     elif probe.error:
         why = f"pyslurm {_dotted(found)} cannot reach slurmctld: {probe.error}"
     elif ctld != found:

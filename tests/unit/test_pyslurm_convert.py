@@ -128,6 +128,9 @@ MATCH = PyslurmProbe(pyslurm_version=(25, 11), controller_version=(25, 11), gpu_
     ("auto", None, MATCH, "cli", "on PATH (unknown)"),
     ("auto", (25, 11), PyslurmProbe(pyslurm_version=(25, 11), error="RPCError: Unable to contact slurm controller"),
      "cli", "cannot reach slurmctld: RPCError"),
+    # pyslurm 25.11 against a 22.05 slurmctld (seen on the dev cluster): its RPCs fail, and the reason names both
+    ("auto", (22, 5), PyslurmProbe(pyslurm_version=(25, 11), error="RPCError: Zero Bytes were transmitted or received"),
+     "cli", "pyslurm 25.11 does not match the Slurm commands on PATH (22.05), and cannot reach slurmctld: RPCError"),
 ])
 def test_choose_backend(preference: str, slurm: tuple[int, int] | None, probe: PyslurmProbe, name: str,
                         reason: str) -> None:
