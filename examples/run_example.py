@@ -41,7 +41,7 @@ def main() -> int:
     job_id = int(sh("sbatch", "--parsable", "examples/elastic_rl.sbatch").strip().split(";")[0])
     print(f"submitted job {job_id}: the controller, a trainer step, and elastic rollout workers")
     cordoned = killed = False
-    cordoned_at = float("inf")
+    cordoned_at, cordoned_node = float("inf"), ""
     killed_pid = 0
     targets: list[int] = []
     active_seen: list[int] = []
@@ -68,8 +68,9 @@ def main() -> int:
             print(line, flush=True)
             last_line = line
         if not cordoned and version >= 8:
-            sh("slurm-elastic", "cordon", str(job_id), "node2:3", "--reason", "example: operator cordon")
-            print("  >> cordoned node2:3 (no new worker will be placed there)")
+            cordoned_node = last_node(job_id)
+            sh("slurm-elastic", "cordon", str(job_id), f"{cordoned_node}:3", "--reason", "example: operator cordon")
+            print(f"  >> cordoned {cordoned_node}:3 (no new worker will be placed there)")
             cordoned, cordoned_at = True, time.time()
         if not killed and version >= 18:
             info = json.loads((Path(_state_dir(job_id)) / "controller.json").read_text())
@@ -78,7 +79,12 @@ def main() -> int:
             print(f"  >> kill -9 of the controller (pid {killed_pid}); the batch script restarts it")
             killed = True
         time.sleep(1.0)
-    return summarize(job_id, cordoned_at, targets, active_seen, killed, last_queue)
+    return summarize(job_id, cordoned_at, cordoned_node, targets, active_seen, killed, last_queue)
+
+
+def last_node(job_id: int) -> str:
+    """The last of the job's nodes (node2 on the dev cluster), the one whose GPU 3 is cordoned."""
+    return sh("scontrol", "show", "hostnames", sh("squeue", "-h", "-j", str(job_id), "-o", "%N").strip()).split()[-1]
 
 
 def _state_dir(job_id: int) -> str:
@@ -100,14 +106,14 @@ def _queue(job_id: int) -> dict[str, Any]:
         return {}
 
 
-def summarize(job_id: int, cordoned_at: float, targets: list[int], active: list[int], killed: bool,
-              queue: dict[str, Any]) -> int:
+def summarize(job_id: int, cordoned_at: float, cordoned_node: str, targets: list[int], active: list[int],
+              killed: bool, queue: dict[str, Any]) -> int:
     state_dir = Path(_state_dir(job_id))
     rows = [line.split(",") for line in (state_dir / "reward.csv").read_text().splitlines()[1:]]
     rewards = [float(r[2]) for r in rows]
     records = json.loads((state_dir / "state.json").read_text())["state"]["workers"].values()
     relaunched = [w["worker_id"] for w in records if w["launches"] > 1]
-    placed_on_cordoned = [w for w in records if w["node"] == "node2" and 3 in w["gpus"] and not w["placeholder"]
+    placed_on_cordoned = [w for w in records if w["node"] == cordoned_node and 3 in w["gpus"] and not w["placeholder"]
                           and any(h[2] == "ACTIVE" and h[0] > cordoned_at for h in w["history"])]
     print(f"\njob {job_id} finished: {len(rows)} training steps")
     print(f"  reward: {rewards[0]:.3f} at the start -> {max(rewards[-5:]):.3f} at the end (chance: 0.062)")
