@@ -254,25 +254,35 @@ def test_a_drained_node_reads_drained_with_its_reason_until_resumed(target: Targ
              30, f"{second} to be usable again")
 
 
-@pytest.mark.parametrize("how", ["State=FAIL", "a maintenance reservation"])
+@pytest.mark.parametrize("how", ["State=FAIL", "a maintenance reservation", "scontrol reboot"])
 def test_a_failing_or_maintained_node_reads_out_of_use_until_released(target: Target, alloc: int, how: str) -> None:
     """The other admin actions that take a node out under a running job, as this Slurm spells them
-    (22.05 says MAINTENANCE, not MAINT, for a reservation with Flags=MAINT)."""
+    (22.05 says MAINTENANCE, not MAINT, for a reservation with Flags=MAINT; a reboot asked for
+    under a job reads ALLOCATED+REBOOT_REQUESTED until the node is idle, and is cancelled here
+    before it is)."""
     second = target.nodes[1]
     if how == "State=FAIL":
         take = ["scontrol", "update", f"NodeName={second}", "State=FAIL", "Reason=psu warning"]
         give_back = ["scontrol", "update", f"NodeName={second}", "State=RESUME"]
+        said = "psu warning"
+    elif how == "scontrol reboot":
+        take = ["scontrol", "reboot", second]
+        give_back = ["scontrol", "cancel_reboot", second]
+        said = "reboot requested"
     else:
         name = f"se-maint-{os.getpid()}"
         take = ["scontrol", "create", "reservation", f"ReservationName={name}", "StartTime=now", "Duration=10",
                 f"Nodes={second}", "Flags=MAINT,IGNORE_JOBS", f"Users={getpass.getuser()}"]
         give_back = ["scontrol", "delete", f"ReservationName={name}"]
+        said = f"maintenance reservation {name} until "
     run_command(take)
     try:
         wait_for(lambda: out_of_use_reason(second, target.backend.node_states([second])[second].state, "")
                  is not None, 30, f"{second} out of use after {how}")
-        said = "psu warning" if how == "State=FAIL" else f"maintenance reservation {name} until "
-        assert said in target.backend.node_states([second])[second].reason
+        node = target.backend.node_states([second])[second]
+        assert said in node.reason, node
+        if how == "scontrol reboot":
+            assert "reboot_requested" in node.state.split("+"), node
     finally:
         run_command(give_back, check=False)
     wait_for(lambda: out_of_use_reason(second, target.backend.node_states([second])[second].state, "") is None,
