@@ -22,13 +22,14 @@ from slurm_elastic.slurm.parse import (
     parse_job_lines,
     parse_jobs_json,
     parse_node_lines,
-    parse_scontrol_job_gpus,
     parse_sdiag_rpc_counts,
     parse_step_lines,
 )
 from slurm_elastic.slurm.runner import run_command, spawn_detached
+from slurm_elastic.slurm.scontrol_job import job_info_from_scontrol, parse_scontrol_job_gpus
 
 log = logging.getLogger(__name__)
+NO_JSON_SIGNS = ("application/json", "unrecognized option", "invalid option")  # squeue --json is not there
 
 
 
@@ -43,6 +44,7 @@ class SlurmCli:
 
     def __init__(self, timeout_s: float | None = None) -> None:
         self.timeout_s = timeout_s  # None: the runner's command timeout (controller.slurm_timeout_s)
+        self._json = True  # squeue --json works here (until it says otherwise)
 
     def list_steps(self, job_id: int) -> list[StepInfo]:
         result = run_command(
@@ -61,12 +63,20 @@ class SlurmCli:
         return [s for s in parse_step_lines(result.stdout) if s.job_id in wanted]
 
     def job_info(self, job_id: int) -> JobInfo:
+        """From ``squeue --json``; where this Slurm has none, from ``scontrol show job -d`` (said once)."""
+        if not self._json:
+            return job_info_from_scontrol(_show_job(job_id, self.timeout_s))
         try:
             result = run_command(["squeue", "--json", f"--jobs={int(job_id)}"], timeout_s=self.timeout_s)
         except SlurmCommandError as exc:
             if "Invalid job id" in exc.stderr:
                 raise SlurmError(f"job {job_id} is unknown to Slurm (finished long ago, or never existed)") from None
-            raise
+            if not any(sign in exc.stderr for sign in NO_JSON_SIGNS):
+                raise
+            log.info("squeue has no --json here (%s): job details come from scontrol show job",
+                     exc.stderr.strip().splitlines()[-1] if exc.stderr.strip() else exc)
+            self._json = False
+            return self.job_info(job_id)
         jobs = [j for j in parse_jobs_json(result.stdout) if j.job_id == job_id]
         if not jobs:
             raise SlurmError(f"job {job_id} is unknown to Slurm (finished long ago, or never existed)")
@@ -203,10 +213,14 @@ def set_job_comment(job_id: int, comment: str, timeout_s: float | None = None) -
 def job_gpus_by_node(job_id: int, timeout_s: float | None = None) -> dict[str, tuple[int, ...]]:
     """The GPU indexes ``job_id`` holds on each node, from ``scontrol show job -d`` (this one job;
     ``squeue --json`` lists the whole cluster on 22.05). Raises SlurmError for an unknown job."""
+    return parse_scontrol_job_gpus(_show_job(job_id, timeout_s))
+
+
+def _show_job(job_id: int, timeout_s: float | None) -> str:
+    """``scontrol show job -d ID``; SlurmError for an unknown job."""
     try:
-        result = run_command(["scontrol", "show", "job", "-d", str(int(job_id))], timeout_s=timeout_s)
+        return run_command(["scontrol", "show", "job", "-d", str(int(job_id))], timeout_s=timeout_s).stdout
     except SlurmCommandError as exc:
         if "Invalid job id" in exc.stderr:
             raise SlurmError(f"job {job_id} is unknown to Slurm (finished long ago, or never existed)") from None
         raise
-    return parse_scontrol_job_gpus(result.stdout)

@@ -307,21 +307,6 @@ def parse_gres_indexes(detail: str) -> tuple[int, ...]:
     return tuple(sorted(set(indexes)))
 
 
-def parse_scontrol_job_gpus(text: str) -> dict[str, tuple[int, ...]]:
-    """Node -> the job's GPU indexes there, from ``scontrol show job -d ID``: its detail lines
-    ``Nodes=node[1-2] CPU_IDs=0-3 Mem=400 GRES=gpu:2(IDX:0-1)`` (one per group of nodes with the
-    same layout). A job without nodes yet (pending) gives ``{}``; a node without GPUs ``()``."""
-    gpus: dict[str, tuple[int, ...]] = {}
-    for line in text.splitlines():
-        fields = dict(token.partition("=")[::2] for token in line.split())
-        if "Nodes" not in fields or "CPU_IDs" not in fields:
-            continue
-        indexes = parse_gres_indexes(fields.get("GRES", ""))
-        for node in expand_hostlist(fields["Nodes"]):
-            gpus[node] = indexes
-    return gpus
-
-
 def _gpus_by_node(raw: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     """Node -> the job's GPU indexes there (``gres_detail`` lists one entry per node, in node order)."""
     nodes = expand_hostlist(str(raw.get("nodes", "")))

@@ -159,6 +159,20 @@ def test_job_info_names_nodes_batch_host_and_gpus(target: Target, alloc: int) ->
     assert info.gpus_by_node == {node: (0, 1, 2, 3) for node in target.nodes}  # a worker slot per GPU
 
 
+def test_scontrol_reads_a_job_as_squeue_json_does(devcluster: DevCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where squeue has no --json, the CLI backend reads a job from ``scontrol show job -d``: on a
+    live job, every field the JSON gives, the same (the cluster's name aside: scontrol prints none)."""
+    monkeypatch.setenv("SLURM_CONF", str(devcluster.conf_path))
+    with allocation_on(Target(SlurmCli(), devcluster)) as job_id:
+        run_command(["scontrol", "update", f"JobId={job_id}", "Comment=slurm-elastic:/tmp/a dir"])
+        from_json = SlurmCli().job_info(job_id)
+        without_json = SlurmCli()
+        without_json._json = False  # as after squeue said it has no JSON
+        from_scontrol = without_json.job_info(job_id)
+    assert from_json.comment == "slurm-elastic:/tmp/a dir" and from_json.gpus_by_node
+    assert dataclasses.replace(from_scontrol, cluster=from_json.cluster) == from_json
+
+
 def test_unknown_job_is_a_clear_error_and_has_no_steps(target: Target) -> None:
     with pytest.raises(SlurmError, match="job 987654 is unknown to Slurm"):
         target.backend.job_info(987654)
