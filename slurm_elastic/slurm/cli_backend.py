@@ -42,9 +42,9 @@ class SlurmCli:
 
     name = "cli"
 
-    def __init__(self, timeout_s: float | None = None) -> None:
+    def __init__(self, timeout_s: float | None = None, squeue_json: bool = True) -> None:
         self.timeout_s = timeout_s  # None: the runner's command timeout (controller.slurm_timeout_s)
-        self._json = True  # squeue --json works here (until it says otherwise)
+        self._json = squeue_json  # squeue --json works here (until it says otherwise)
 
     def list_steps(self, job_id: int) -> list[StepInfo]:
         result = run_command(
@@ -70,7 +70,7 @@ class SlurmCli:
             result = run_command(["squeue", "--json", f"--jobs={int(job_id)}"], timeout_s=self.timeout_s)
         except SlurmCommandError as exc:
             if "Invalid job id" in exc.stderr:
-                raise SlurmError(f"job {job_id} is unknown to Slurm (finished long ago, or never existed)") from None
+                raise _unknown_job(job_id) from None
             if not any(sign in exc.stderr for sign in NO_JSON_SIGNS):
                 raise
             log.info("squeue has no --json here (%s): job details come from scontrol show job",
@@ -79,7 +79,7 @@ class SlurmCli:
             return self.job_info(job_id)
         jobs = [j for j in parse_jobs_json(result.stdout) if j.job_id == job_id]
         if not jobs:
-            raise SlurmError(f"job {job_id} is unknown to Slurm (finished long ago, or never existed)")
+            raise _unknown_job(job_id)
         return jobs[0]
 
     def set_job_comment(self, job_id: int, comment: str) -> None:
@@ -216,11 +216,15 @@ def job_gpus_by_node(job_id: int, timeout_s: float | None = None) -> dict[str, t
     return parse_scontrol_job_gpus(_show_job(job_id, timeout_s))
 
 
+def _unknown_job(job_id: int) -> SlurmError:
+    return SlurmError(f"job {job_id} is unknown to Slurm (finished long ago, or never existed)")
+
+
 def _show_job(job_id: int, timeout_s: float | None) -> str:
     """``scontrol show job -d ID``; SlurmError for an unknown job."""
     try:
         return run_command(["scontrol", "show", "job", "-d", str(int(job_id))], timeout_s=timeout_s).stdout
     except SlurmCommandError as exc:
         if "Invalid job id" in exc.stderr:
-            raise SlurmError(f"job {job_id} is unknown to Slurm (finished long ago, or never existed)") from None
+            raise _unknown_job(job_id) from None
         raise

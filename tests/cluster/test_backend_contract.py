@@ -166,9 +166,7 @@ def test_scontrol_reads_a_job_as_squeue_json_does(devcluster: DevCluster, monkey
     with allocation_on(Target(SlurmCli(), devcluster)) as job_id:
         run_command(["scontrol", "update", f"JobId={job_id}", "Comment=slurm-elastic:/tmp/a dir"])
         from_json = SlurmCli().job_info(job_id)
-        without_json = SlurmCli()
-        without_json._json = False  # as after squeue said it has no JSON
-        from_scontrol = without_json.job_info(job_id)
+        from_scontrol = SlurmCli(squeue_json=False).job_info(job_id)  # as after squeue said it has no JSON
     assert from_json.comment == "slurm-elastic:/tmp/a dir" and from_json.gpus_by_node
     assert dataclasses.replace(from_scontrol, cluster=from_json.cluster) == from_json
 
