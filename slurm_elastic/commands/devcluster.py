@@ -41,16 +41,20 @@ def devcluster() -> None:
 @click.option("--slurm-prefix", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Run the Slurm installed under this prefix (PREFIX/sbin/slurmctld, PREFIX/bin/srun) "
                    "instead of the one on PATH.")
+@click.option("--real-gpus", is_flag=True,
+              help="The first node's GPUs are this host's NVIDIA GPUs (/dev/nvidia0, ...), pinned to steps "
+                   "by the device cgroup like the fake ones; the other nodes keep --gpus-per-node fake GPUs.")
 @click.option("--wait-s", default=60.0, show_default=True, help="How long to wait for nodes to be idle.")
 def up(directory: Path | None, nodes: int, gpus_per_node: int, cpus_per_node: int,
        memory_per_node_mb: int, ctld_port: int, node_base_port: int, prolog: str, epilog: str,
-       node_prefix: str, cluster_name: str, slurm_prefix: Path | None, wait_s: float) -> None:
+       node_prefix: str, cluster_name: str, slurm_prefix: Path | None, real_gpus: bool, wait_s: float) -> None:
     """Start the cluster (idempotent) and wait until every node is idle."""
     spec = DevClusterSpec(
         dir=directory or default_dir(), nodes=nodes, gpus_per_node=gpus_per_node,
         cpus_per_node=cpus_per_node, memory_per_node_mb=memory_per_node_mb, ctld_port=ctld_port,
         node_base_port=node_base_port, prolog=prolog, epilog=epilog, node_prefix=node_prefix,
         cluster_name=cluster_name, slurm_prefix=str(slurm_prefix.resolve()) if slurm_prefix else "",
+        real_gpus=real_gpus,
     )
     cluster = DevCluster(spec)
     cluster.up(wait_s=wait_s, progress=_progress)

@@ -12,7 +12,7 @@ It updates ``state`` in place (the records are the controller's) and returns wha
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -146,7 +146,8 @@ def tick(obs: Observation, state: ControlState, cfg: TickConfig, allocations: tu
     allowed = sum(s.slots for s in result.slots)
     on_cordoned = sum(1 for w in state.workers.values()  # kept running where new ones may not go
                       if w.counts_as_capacity and w.has_step and w.cordoned_gpus(cordoned))
-    result.desired = desired_workers(state, obs, allowed + obs.burst_slots_possible, cfg, now_s, on_cordoned)
+    awaiting = awaiting_first_reports(state, allocations[0], now_s) if cfg.agents and allocations else []
+    result.desired = desired_workers(state, obs, allowed + obs.burst_slots_possible, cfg, now_s, on_cordoned, awaiting)
     exclude = result.slots[0].exclude_nodes if result.slots else ()
     burst_jobs = frozenset(a.job_id for a in allocations[1:]) | releasing
     plan = reconcile(state.workers, None if obs.steps is None else list(obs.steps), result.desired, allowed,
@@ -171,10 +172,20 @@ def tick(obs: Observation, state: ControlState, cfg: TickConfig, allocations: tu
     return result
 
 
+def awaiting_first_reports(state: ControlState, own_job: Allocation, now_s: float) -> list[str]:
+    """The controller's own nodes whose health agent has not reported yet, though it may still:
+    not launched yet, or launched less than ``agent_silence_s`` ago."""
+    never_heard = state.cordons.unknown_nodes(now_s, silence_s=float("inf"), nodes=own_job.gpus_by_node)
+    silence_s = state.cordons.rules.agent_silence_s
+    return sorted(n for n in never_heard if now_s - state.agent_launched_s.get(n, now_s) <= silence_s)
+
+
 def desired_workers(state: ControlState, obs: Observation, allowed_slots: int, cfg: TickConfig, now_s: float,
-                    on_cordoned: int = 0) -> int:
+                    on_cordoned: int = 0, awaiting_reports: Sequence[str] = ()) -> int:
     """wake-all (a worker on every allowed GPU, plus the ``on_cordoned`` workers kept on cordoned
-    ones), else the operator's target, else (unless paused) the autoscaler's decision."""
+    ones), else the operator's target, else (unless paused) the autoscaler's decision; the target
+    is held while ``awaiting_reports`` names nodes whose agent has yet to report (their GPUs are
+    not usable yet, and a decision on fewer slots would lose ``workers.initial_workers``)."""
     if state.wake_all_active:
         state.target_workers = allowed_slots + on_cordoned
         kept = f", and the {on_cordoned} kept on cordoned GPUs" if on_cordoned else ""
@@ -186,6 +197,10 @@ def desired_workers(state: ControlState, obs: Observation, allowed_slots: int, c
         state.last_decision = {"action": "hold", "reason": f"autoscaler paused at {state.target_workers}"}
     elif not state.autoscaler.config.enabled:
         state.last_decision = {"action": "hold", "reason": "autoscaler disabled ([autoscaler] enabled = false)"}
+    elif awaiting_reports:
+        state.last_decision = {"action": "hold", "reason": (
+            f"hold at {state.target_workers}: waiting for the first report of the GPU health agent on "
+            f"{', '.join(awaiting_reports)} (new workers go only to GPUs an agent has reported on)")}
     else:
         policy = state.autoscaler if state.policy is None else state.policy
         try:

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import psutil
 
-from slurm_elastic.devcluster.devices import live_char_devices, make_fake_gpus
+from slurm_elastic.devcluster.cgroups import detect_cgroup_plugin, ensure_stepd_slice
+from slurm_elastic.devcluster.devices import live_char_devices, make_fake_gpus, nvidia_gpu_devices
 from slurm_elastic.devcluster.spec import (
     SPEC_FILE,
     DevClusterSpec,
@@ -181,6 +182,8 @@ class DevCluster:
         if self.daemon_pid("slurmctld") is None:
             progress("starting slurmctld")
             self._start([self.binary("slurmctld"), "-i"], "slurmctld")
+        if detect_cgroup_plugin() == "cgroup/v2" and (made := ensure_stepd_slice()):
+            progress(made)
         for node in self.spec.node_names():
             if self.daemon_pid(f"slurmd-{node}") is None:
                 progress(f"starting slurmd -N {node}")
@@ -221,16 +224,28 @@ class DevCluster:
         for sub in ("etc", "state", "spool", "log", "run", "dev"):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         pool = live_char_devices()
+        real = self._real_gpus(progress)
         nodes = []
         for index, name in enumerate(self.spec.node_names()):
             (self.dir / "spool" / name).mkdir(exist_ok=True)
-            gpus = make_fake_gpus(self.dir / "dev", name, self.spec.gpus_per_node, pool)
+            gpus = real if real and index == 0 else make_fake_gpus(self.dir / "dev", name, self.spec.gpus_per_node, pool)
             nodes.append({"name": name, "port": self.spec.node_port(index), "gpus": [str(g) for g in gpus]})
-        progress(f"fake GPUs: {self.spec.gpus_per_node} per node from "
-                 f"{', '.join(d.source for d in pool[: self.spec.gpus_per_node])}")
+        if len(nodes) > (1 if real else 0):
+            progress(f"fake GPUs: {self.spec.gpus_per_node} per node from "
+                     f"{', '.join(d.source for d in pool[: self.spec.gpus_per_node])}")
         for name, text in self._render_files(nodes).items():
             write_atomic(self.dir / "etc" / name, text)
         write_atomic(self.dir / SPEC_FILE, json.dumps(self.spec.to_json(), indent=2) + "\n")
+
+    def _real_gpus(self, progress: Progress) -> list[Path]:
+        """The host's NVIDIA GPUs when the spec asks for them (an error where there are none), else []."""
+        if not self.spec.real_gpus:
+            return []
+        found = nvidia_gpu_devices()
+        if not found:
+            raise DevClusterError("--real-gpus: this host has no NVIDIA GPU device files (/dev/nvidia0, ...)")
+        progress(f"real GPUs on {self.spec.node_names()[0]}: {', '.join(str(p) for p in found)}")
+        return found
 
     def _render_files(self, nodes: list[dict[str, object]] | None = None) -> dict[str, str]:
         """slurm.conf, gres.conf and cgroup.conf as the templates make them for this spec."""

@@ -1,4 +1,5 @@
-"""Fake GPU device files: distinct character devices whose driver is live on this host.
+"""GPU device files for the dev cluster: fake ones (distinct character devices whose driver is
+live on this host), or the host's real NVIDIA GPUs.
 
 Slurm's device cgroup (``ConstrainDevices=yes``) allows or denies by (major, minor). A fake
 GPU must therefore (1) be a character device whose open() works here, so "can open" is a real
@@ -10,6 +11,7 @@ device must still run. /dev/null, /dev/zero or /dev/urandom are bad choices (a s
 from __future__ import annotations
 
 import os
+import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,6 +74,23 @@ def live_char_devices(candidates: tuple[str, ...] = CANDIDATE_DEVICES) -> list[C
         seen.add(key)
         found.append(CharDevice(path, *key))
     return found
+
+
+NVIDIA_GPU_DEVICE = re.compile(r"nvidia(\d+)")
+
+
+def nvidia_gpu_devices(dev_dir: Path = Path("/dev")) -> list[Path]:
+    """The host's NVIDIA GPU device files (``/dev/nvidia0``, ``/dev/nvidia1``, ...) in their number's order.
+
+    The driver numbers them in probe order, usually PCI bus order, which is NVML's: a node whose
+    gres.conf lists them so gets Slurm GPU indexes equal to NVML's.
+    """
+    found = []
+    for path in dev_dir.glob("nvidia*"):
+        match = NVIDIA_GPU_DEVICE.fullmatch(path.name)
+        if match and path.is_char_device():
+            found.append((int(match.group(1)), path))
+    return [path for _, path in sorted(found)]
 
 
 def make_fake_gpus(dev_dir: Path, node: str, count: int, pool: list[CharDevice]) -> list[Path]:

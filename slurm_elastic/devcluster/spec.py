@@ -9,6 +9,8 @@ from pathlib import Path
 
 import jinja2
 
+from slurm_elastic.devcluster.cgroups import detect_cgroup_plugin
+from slurm_elastic.devcluster.devices import nvidia_gpu_devices
 from slurm_elastic.resources import templates_dir
 
 SPEC_FILE = "devcluster.json"
@@ -42,6 +44,7 @@ class DevClusterSpec:
     prolog: str = ""
     epilog: str = ""
     slurm_prefix: str = ""  # a Slurm install (``PREFIX/sbin/slurmctld``, ``PREFIX/bin/srun``); "" uses PATH
+    real_gpus: bool = False  # the first node's GPUs are the host's NVIDIA GPUs (the others' stay fake)
 
     def node_names(self) -> list[str]:
         return [f"{self.node_prefix}{i + 1}" for i in range(self.nodes)]
@@ -66,11 +69,14 @@ def render_config_files(spec: DevClusterSpec, directory: Path, slurm_version: tu
                         nodes: list[dict[str, object]] | None = None) -> dict[str, str]:
     """slurm.conf, gres.conf and cgroup.conf as the templates make them for ``spec`` rooted at ``directory``.
 
-    ``nodes`` (name, port, GPU device paths) defaults to the device files' standard places.
+    ``nodes`` (name, port, GPU device paths) defaults to the device files' standard places (the
+    host's NVIDIA GPUs on the first node with ``spec.real_gpus``).
     """
     if nodes is None:
+        real = [str(path) for path in nvidia_gpu_devices()] if spec.real_gpus else []
         nodes = [{"name": name, "port": spec.node_port(index),
-                  "gpus": [str(directory / "dev" / name / f"gpu{g}") for g in range(spec.gpus_per_node)]}
+                  "gpus": real if real and index == 0
+                  else [str(directory / "dev" / name / f"gpu{g}") for g in range(spec.gpus_per_node)]}
                  for index, name in enumerate(spec.node_names())]
     context = {
         **spec.to_json(),
@@ -85,19 +91,6 @@ def render_config_files(spec: DevClusterSpec, directory: Path, slurm_version: tu
         keep_trailing_newline=True,
     )
     return {name: env.get_template(f"{name}.j2").render(**context) for name in CONFIG_FILES}
-
-
-def detect_cgroup_plugin() -> str:
-    """``cgroup/v1`` where the v1 devices controller is mounted, else ``cgroup/v2``."""
-    try:
-        with open("/proc/mounts") as mounts:
-            for line in mounts:
-                fields = line.split()
-                if len(fields) > 3 and fields[2] == "cgroup" and "devices" in fields[3].split(","):
-                    return "cgroup/v1"
-    except OSError:
-        pass
-    return "cgroup/v2"
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -126,7 +126,7 @@ def start_controller_job(cluster: DevCluster, tmp: Path, *, workers: dict[str, A
     script = tmp / "job.sbatch"
     script.write_text(
         "#!/bin/bash\n"
-        f"export PYTHONPATH={REPO}\n"
+        f"export PYTHONPATH={REPO}${{PYTHONPATH:+:$PYTHONPATH}}\n"
         f"until [ -e {tmp}/stop ]; do {sys.executable} -m slurm_elastic controller --config {tmp}/elastic.toml"
         " && break; sleep 0.3; done\n"
     )

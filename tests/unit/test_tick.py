@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from slurm_elastic.core.autoscaler_config import AutoscalerConfig
 from slurm_elastic.core.cordons import CordonBook
+from slurm_elastic.core.health import GpuSample
 from slurm_elastic.core.lifecycle import Worker, WorkerState
 from slurm_elastic.core.placement import Allocation, placement
 from slurm_elastic.core.pressure import QueueSnapshot
@@ -158,3 +159,26 @@ def test_nothing_new_goes_to_a_burst_job_a_worker_left_on_its_own() -> None:
     assert not [a for a in result.actions if isinstance(a, Launch) and a.job_id == 9], result.actions
     assert Drain("0003", "3", 9) in result.actions
     assert st.workers["0002"].state is S.INACTIVE and st.workers["0002"].history[-1][3] == "exited cleanly"
+
+
+def test_the_initial_target_is_held_until_the_node_agents_first_report_and_not_longer() -> None:
+    """With agents on, no GPU is usable before its node's agent reports: an autoscaler deciding on
+    those zero slots would drop `workers.initial_workers` for good (seen on a real GPU node)."""
+    cfg = TickConfig(reconcile=ReconcileConfig(), gpus_per_worker=1, agents=True)
+    st = ControlState(autoscaler=Autoscaler(AutoscalerConfig(min_workers=0, max_workers=2)), cordons=CordonBook(),
+                      target_workers=2)
+
+    first = tick(Observation(steps=()), st, cfg, (OWN,), 0.0)
+    assert first.desired == 2 and not [a for a in first.actions if isinstance(a, Launch)]
+    assert st.last_decision["reason"] == ("hold at 2: waiting for the first report of the GPU health agent on a1 "
+                                          "(new workers go only to GPUs an agent has reported on)")
+    st.cordons.observe([GpuSample("a1", gpu, temperature_c=40.0, memory_used_mb=0, memory_total_mb=1000)
+                        for gpu in (0, 1)], 5.0)
+    heard = tick(Observation(steps=()), st, cfg, (OWN,), 6.0)
+    assert [a.worker_id for a in heard.actions if isinstance(a, Launch)] == ["0001", "0002"]
+
+    silent = ControlState(autoscaler=Autoscaler(AutoscalerConfig(min_workers=0, max_workers=2)),
+                          cordons=CordonBook(), target_workers=2)
+    tick(Observation(steps=()), silent, cfg, (OWN,), 0.0)  # launches the agent at 0 s; it never reports
+    tick(Observation(steps=()), silent, cfg, (OWN,), silent.cordons.rules.agent_silence_s + 1.0)
+    assert silent.last_decision["reason"] == "no buffer measurement yet: holding"  # the autoscaler decides again
