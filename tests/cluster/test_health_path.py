@@ -28,6 +28,15 @@ def gpus_with_workers(status: dict[str, Any]) -> set[tuple[str, int]]:
 
 
 @pytest.mark.parametrize("job", [{"agent": {"enabled": True, "source": "inject", "interval_s": 0.5},
+                                  "health": HEALTH, "workers": {"initial_workers": 3}}], indirect=True)
+def test_the_initial_workers_start_once_the_agents_have_reported(job: ControllerJob) -> None:
+    """No GPU is usable before its node's agent reports; the initial count waits for it (it was
+    dropped to zero at the first tick, first seen on a real GPU node)."""
+    job.active(3, timeout_s=60)
+    assert job.status()["unknown_health_nodes"] == []
+
+
+@pytest.mark.parametrize("job", [{"agent": {"enabled": True, "source": "inject", "interval_s": 0.5},
                                   "health": HEALTH}], indirect=True)
 def test_silent_agent_means_health_unknown_no_new_workers_there(job: ControllerJob) -> None:
     from slurm_elastic.slurm.cli_backend import SlurmCli
