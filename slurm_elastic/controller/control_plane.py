@@ -264,11 +264,12 @@ class ControlPlane(ControllerBase):
                     "reason": still.reason if still else "", "source": still.source if still else ""}
 
     def report_gpu_health(self, parsed: AgentReport) -> dict[str, Any]:
-        """A node agent's telemetry (validated by the route). Only the job's GPUs on that node are
-        taken in; the answer lists the indexes left out (an agent that sees the whole node)."""
-        if not any(parsed.node in a.gpus_by_node for a in self.allocations):
-            raise UnknownWorkerError(f"node {parsed.node} is not part of job {self.job_id}")
-        held = {gpu for a in self.allocations for gpu in a.gpus_by_node.get(parsed.node, ())}
+        """A node agent's telemetry (validated by the route). Only the GPUs the job or its burst jobs
+        hold on that node are taken in; the answer lists the indexes left out (an agent that sees the
+        whole node)."""
+        held = self._held_gpus(parsed.node)
+        if not held:
+            raise UnknownWorkerError(f"node {parsed.node} is not part of job {self.job_id} or its burst jobs")
         ignored = sorted({s.index for s in parsed.gpus if s.index not in held})
         if ignored:
             parsed = replace(parsed, gpus=[s for s in parsed.gpus if s.index in held])
@@ -282,10 +283,14 @@ class ControlPlane(ControllerBase):
                 answer["ignored_gpus"] = ignored
             return answer
 
+    def _held_gpus(self, node: str) -> set[int]:
+        """The GPUs of ``node`` that the job holds, or a burst job of this run held."""
+        return {gpu for a in self.allocations for gpu in a.gpus_by_node.get(node, ())} | set(
+            self.burst_node_gpus.get(node, ()))
+
     def _check_gpu(self, node: str, gpu: int) -> None:
         """UnknownWorkerError unless ``node:gpu`` is the job's own, or a burst job's of this run."""
-        if not (any(gpu in a.gpus_by_node.get(node, ()) for a in self.allocations)
-                or gpu in self.burst_node_gpus.get(node, ())):
+        if gpu not in self._held_gpus(node):
             raise UnknownWorkerError(f"{node}:{gpu} is not a GPU of job {self.job_id} "
                                      f"(`slurm-elastic status {self.job_id}` lists its workers' GPUs)")
 

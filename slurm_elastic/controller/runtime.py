@@ -334,7 +334,7 @@ class Controller(ControlPlane, StatusViews):
                                if all((n, g) in ours for g in gpus)))  # (Slurm keeps its drained nodes out itself)
         return {"target_workers": self.state.target_workers, "ending_jobs": frozenset(ending),
                 "out_of_use_jobs": out_of_use, "exclude_nodes": exclude,
-                "allocation_slots": result.slots[0].slots if result.slots else 0,
+                "allocation_slots": result.slots_once_heard[0] if result.slots_once_heard else 0,
                 "workers_by_job": dict(live), "draining_by_job": dict(draining), "now_s": now_s}
 
     def pressure_inputs(self, allowed_slots: int, now_s: float) -> PressureInputs:

@@ -12,7 +12,7 @@ It updates ``state`` in place (the records are the controller's) and returns wha
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -115,7 +115,8 @@ TickEvent = Crashed | CordonChange | Note
 class TickResult:
     actions: list[TickAction] = field(default_factory=list)
     events: list[TickEvent] = field(default_factory=list)
-    slots: tuple[Slots, ...] = ()
+    slots: tuple[Slots, ...] = ()  # per allocation: where workers may go now
+    slots_once_heard: tuple[int, ...] = ()  # per allocation: the slots once the agents yet to report have
     desired: int = 0
 
 
@@ -144,10 +145,14 @@ def tick(obs: Observation, state: ControlState, cfg: TickConfig, allocations: tu
     result.slots = placement(allocations, cfg.gpus_per_worker, cordoned, unknown, state.foreign_gpus,
                              cfg.nodes_per_worker)
     allowed = sum(s.slots for s in result.slots)
+    awaiting = awaiting_first_reports(state, allocations, now_s) if cfg.agents else set()
+    once_heard = placement(allocations, cfg.gpus_per_worker, cordoned, unknown - awaiting, state.foreign_gpus,
+                           cfg.nodes_per_worker) if awaiting else result.slots
+    result.slots_once_heard = tuple(s.slots for s in once_heard)
     on_cordoned = sum(1 for w in state.workers.values()  # kept running where new ones may not go
                       if w.counts_as_capacity and w.has_step and w.cordoned_gpus(cordoned))
-    awaiting = awaiting_first_reports(state, allocations[0], now_s) if cfg.agents and allocations else []
-    result.desired = desired_workers(state, obs, allowed + obs.burst_slots_possible, cfg, now_s, on_cordoned, awaiting)
+    result.desired = desired_workers(state, obs, sum(result.slots_once_heard) + obs.burst_slots_possible, cfg, now_s,
+                                     on_cordoned)
     exclude = result.slots[0].exclude_nodes if result.slots else ()
     burst_jobs = frozenset(a.job_id for a in allocations[1:]) | releasing
     plan = reconcile(state.workers, None if obs.steps is None else list(obs.steps), result.desired, allowed,
@@ -172,20 +177,21 @@ def tick(obs: Observation, state: ControlState, cfg: TickConfig, allocations: tu
     return result
 
 
-def awaiting_first_reports(state: ControlState, own_job: Allocation, now_s: float) -> list[str]:
-    """The controller's own nodes whose health agent has not reported yet, though it may still:
-    not launched yet, or launched less than ``agent_silence_s`` ago."""
-    never_heard = state.cordons.unknown_nodes(now_s, silence_s=float("inf"), nodes=own_job.gpus_by_node)
+def awaiting_first_reports(state: ControlState, allocations: Iterable[Allocation], now_s: float) -> set[str]:
+    """Nodes whose health agent has not reported yet, though it may still: not launched yet, or
+    launched less than ``agent_silence_s`` ago (a job's start, a burst job's). No worker goes there
+    before it reports, but the count reckons with their GPUs: deciding on the slots without them
+    would drop ``workers.initial_workers`` at the first tick, and give a new burst job back."""
+    nodes = [n for a in allocations for n in a.gpus_by_node]
+    never_heard = state.cordons.unknown_nodes(now_s, silence_s=float("inf"), nodes=nodes)
     silence_s = state.cordons.rules.agent_silence_s
-    return sorted(n for n in never_heard if now_s - state.agent_launched_s.get(n, now_s) <= silence_s)
+    return {n for n in never_heard if now_s - state.agent_launched_s.get(n, now_s) <= silence_s}
 
 
 def desired_workers(state: ControlState, obs: Observation, allowed_slots: int, cfg: TickConfig, now_s: float,
-                    on_cordoned: int = 0, awaiting_reports: Sequence[str] = ()) -> int:
+                    on_cordoned: int = 0) -> int:
     """wake-all (a worker on every allowed GPU, plus the ``on_cordoned`` workers kept on cordoned
-    ones), else the operator's target, else (unless paused) the autoscaler's decision; the target
-    is held while ``awaiting_reports`` names nodes whose agent has yet to report (their GPUs are
-    not usable yet, and a decision on fewer slots would lose ``workers.initial_workers``)."""
+    ones), else the operator's target, else (unless paused) the autoscaler's decision."""
     if state.wake_all_active:
         state.target_workers = allowed_slots + on_cordoned
         kept = f", and the {on_cordoned} kept on cordoned GPUs" if on_cordoned else ""
@@ -197,10 +203,6 @@ def desired_workers(state: ControlState, obs: Observation, allowed_slots: int, c
         state.last_decision = {"action": "hold", "reason": f"autoscaler paused at {state.target_workers}"}
     elif not state.autoscaler.config.enabled:
         state.last_decision = {"action": "hold", "reason": "autoscaler disabled ([autoscaler] enabled = false)"}
-    elif awaiting_reports:
-        state.last_decision = {"action": "hold", "reason": (
-            f"hold at {state.target_workers}: waiting for the first report of the GPU health agent on "
-            f"{', '.join(awaiting_reports)} (new workers go only to GPUs an agent has reported on)")}
     else:
         policy = state.autoscaler if state.policy is None else state.policy
         try:

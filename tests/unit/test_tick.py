@@ -161,24 +161,24 @@ def test_nothing_new_goes_to_a_burst_job_a_worker_left_on_its_own() -> None:
     assert st.workers["0002"].state is S.INACTIVE and st.workers["0002"].history[-1][3] == "exited cleanly"
 
 
-def test_the_initial_target_is_held_until_the_node_agents_first_report_and_not_longer() -> None:
-    """With agents on, no GPU is usable before its node's agent reports: an autoscaler deciding on
-    those zero slots would drop `workers.initial_workers` for good (seen on a real GPU node)."""
+def test_gpus_whose_agent_has_yet_to_report_count_for_the_target_but_get_no_worker() -> None:
+    """With agents on, no GPU takes a worker before its node's agent reports; deciding the count on
+    the slots without them dropped `workers.initial_workers` to zero at the first tick (seen on a
+    real GPU node), and would give back a burst job whose agent had not reported yet."""
     cfg = TickConfig(reconcile=ReconcileConfig(), gpus_per_worker=1, agents=True)
-    st = ControlState(autoscaler=Autoscaler(AutoscalerConfig(min_workers=0, max_workers=2)), cordons=CordonBook(),
-                      target_workers=2)
+    scaler = AutoscalerConfig(min_workers=0, max_workers=5)
+    st = ControlState(autoscaler=Autoscaler(scaler), cordons=CordonBook(), target_workers=2)
 
-    first = tick(Observation(steps=()), st, cfg, (OWN,), 0.0)
+    first = tick(Observation(steps=()), st, cfg, (OWN, OTHER), 0.0)
     assert first.desired == 2 and not [a for a in first.actions if isinstance(a, Launch)]
-    assert st.last_decision["reason"] == ("hold at 2: waiting for the first report of the GPU health agent on a1 "
-                                          "(new workers go only to GPUs an agent has reported on)")
+    assert [s.slots for s in first.slots] == [0, 0] and first.slots_once_heard == (2, 3)
     st.cordons.observe([GpuSample("a1", gpu, temperature_c=40.0, memory_used_mb=0, memory_total_mb=1000)
                         for gpu in (0, 1)], 5.0)
-    heard = tick(Observation(steps=()), st, cfg, (OWN,), 6.0)
+    heard = tick(Observation(steps=()), st, cfg, (OWN, OTHER), 6.0)
     assert [a.worker_id for a in heard.actions if isinstance(a, Launch)] == ["0001", "0002"]
+    assert [s.slots for s in heard.slots] == [2, 0] and heard.slots_once_heard == (2, 3)
 
-    silent = ControlState(autoscaler=Autoscaler(AutoscalerConfig(min_workers=0, max_workers=2)),
-                          cordons=CordonBook(), target_workers=2)
+    silent = ControlState(autoscaler=Autoscaler(scaler), cordons=CordonBook(), target_workers=2)
     tick(Observation(steps=()), silent, cfg, (OWN,), 0.0)  # launches the agent at 0 s; it never reports
-    tick(Observation(steps=()), silent, cfg, (OWN,), silent.cordons.rules.agent_silence_s + 1.0)
-    assert silent.last_decision["reason"] == "no buffer measurement yet: holding"  # the autoscaler decides again
+    later = tick(Observation(steps=()), silent, cfg, (OWN,), silent.cordons.rules.agent_silence_s + 1.0)
+    assert later.slots_once_heard == (0,) and later.desired == 0  # of unknown health now: not counted
