@@ -33,12 +33,14 @@ def burst_jobs_of(job: ControllerJob) -> list[tuple[int, str]]:
 
 
 @pytest.fixture
-def parent(devcluster: DevCluster, tmp_path: Path) -> Iterator[ControllerJob]:
-    """A controller job holding one node (4 GPUs), allowed one 4-GPU burst job in the scavenger partition."""
+def parent(devcluster: DevCluster, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[ControllerJob]:
+    """A controller job holding one node (4 GPUs), allowed one 4-GPU burst job in the scavenger
+    partition (more options via indirect parametrize)."""
     job = start_controller_job(
         devcluster, tmp_path, nodes=1, gpus_per_node=4,
         burst={"max_jobs": 1, "gpus_per_job": 4, "partition": devcluster.spec.preempt_partition,
-               "submit_cooldown_s": 0, "controller_unreachable_grace_s": 60, "signal_lead_s": 0})
+               "submit_cooldown_s": 0, "controller_unreachable_grace_s": 60, "signal_lead_s": 0},
+        **getattr(request, "param", {}))
     yield job
     stop_controller_job(job)
     for burst_id, _state in burst_jobs_of(job):
@@ -149,26 +151,18 @@ def test_stop_cancels_the_parents_running_and_pending_burst_jobs(devcluster: Dev
             run_command(["scancel", str(burst_id)], check=False)
 
 
-def test_with_node_agents_on_a_burst_jobs_gpus_take_workers_once_its_agent_reports(devcluster: DevCluster,
-                                                                                     tmp_path: Path) -> None:
+@pytest.mark.parametrize("parent", [{"agent": {"enabled": True, "source": "inject", "interval_s": 0.5}}],
+                         indirect=True)
+def test_with_node_agents_on_a_burst_jobs_gpus_take_workers_once_its_agent_reports(parent: ControllerJob) -> None:
     """Agents are on by default: the burst node's agent must be heard (its reports were refused as
     "not part of job"), and the autoscaler must not give the burst job back meanwhile."""
-    job = start_controller_job(
-        devcluster, tmp_path, nodes=1, gpus_per_node=4, agent={"enabled": True, "source": "inject", "interval_s": 0.5},
-        burst={"max_jobs": 1, "gpus_per_job": 4, "partition": devcluster.spec.preempt_partition,
-               "submit_cooldown_s": 0, "controller_unreachable_grace_s": 60, "signal_lead_s": 0})
-    try:
-        with job.client() as c:
-            c.scale(6)
-        status = job.active(6, timeout_s=60)
-        [(burst_id, state)] = burst_jobs_of(job)
-        assert state == "RUNNING" and sum(1 for w in status["workers"] if w["job_id"] == burst_id) == 2
-        assert status["unknown_health_nodes"] == []
-        with job.client() as c:
-            c.resume()  # the autoscaler decides again; nothing measured yet: it holds
-        time.sleep(3.0)
-        assert job.active(6, timeout_s=10)["target_workers"] == 6 and burst_jobs_of(job) == [(burst_id, "RUNNING")]
-    finally:
-        stop_controller_job(job)
-        for burst_id, _state in burst_jobs_of(job):
-            run_command(["scancel", str(burst_id)], check=False)
+    with parent.client() as c:
+        c.scale(6)
+    status = parent.active(6, timeout_s=60)
+    [(burst_id, state)] = burst_jobs_of(parent)
+    assert state == "RUNNING" and sum(1 for w in status["workers"] if w["job_id"] == burst_id) == 2
+    assert status["unknown_health_nodes"] == []
+    with parent.client() as c:
+        c.resume()  # the autoscaler decides again; nothing measured yet: it holds
+    time.sleep(3.0)
+    assert parent.active(6, timeout_s=10)["target_workers"] == 6 and burst_jobs_of(parent) == [(burst_id, "RUNNING")]
