@@ -4,6 +4,7 @@ data/record_scontrol_job.sh): its GPU indexes per node, and the whole JobInfo wh
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import time
 from pathlib import Path
@@ -63,7 +64,7 @@ NO_JSON_STDERR = "squeue: fatal: serializer_required: could not find plugin for 
 
 
 def test_the_cli_backend_reads_jobs_through_scontrol_where_squeue_has_no_json(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     calls: list[list[str]] = []
 
     def run(argv: list[str], **_kwargs: object) -> subprocess.CompletedProcess[str]:
@@ -73,10 +74,14 @@ def test_the_cli_backend_reads_jobs_through_scontrol_where_squeue_has_no_json(
         return subprocess.CompletedProcess(argv, 0, (DATA / "scontrol_job_two_nodes_22.05.txt").read_text(), "")
 
     monkeypatch.setattr(cli_backend, "run_command", run)
+    caplog.set_level(logging.INFO, logger=cli_backend.__name__)
     cli = SlurmCli()
     assert cli.job_info(820).nodes == ("node1", "node2")
     assert cli.job_info(820).gpus_by_node == {"node1": (1, 2), "node2": (0, 1)}
     assert [c[0] for c in calls] == ["squeue", "scontrol", "scontrol"]  # asked once, then not again
+    said = [r.getMessage() for r in caplog.records if r.name == cli_backend.__name__]
+    assert said == ["squeue has no --json here (squeue: fatal: serializer_required: could not find plugin for "
+                    "application/json): job details come from scontrol show job"]  # once, with squeue's words
     monkeypatch.setattr(cli_backend, "run_command", lambda argv, **_: (_ for _ in ()).throw(
         SlurmCommandError(argv, 1, "", "squeue: error: Unable to contact slurm controller\n")))
     with pytest.raises(SlurmCommandError, match="Unable to contact"):  # any other failure is not read as "no JSON"
