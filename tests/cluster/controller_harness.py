@@ -114,7 +114,9 @@ def start_controller_job(cluster: DevCluster, tmp: Path, *, workers: dict[str, A
     config = {
         "controller": {"tick_interval_s": 0.3, "state_dir": str(tmp / "state-{job_id}"), **(controller or {})},
         "workers": {**w, "env": env},
-        "agent": {"enabled": False, "inject_file": str(tmp / "drill.toml"), **(agent or {})},
+        # the node agents on, as by default (the fault-injection source: there is no NVIDIA driver here)
+        "agent": {"enabled": True, "source": "inject", "interval_s": 0.5, "inject_file": str(tmp / "drill.toml"),
+                  **(agent or {})},
         "health": health or {},
         "autoscaler": {"min_workers": 0, **(autoscaler or {})},
         "queue": queue or {},

@@ -50,3 +50,30 @@ def test_a_hold_keeps_workers_that_wait_for_a_burst_job(tmp_path: Path) -> None:
         assert len(backend.submitted) == 1 and len(controller.workers) == 2  # two more once the burst job runs
     finally:
         queue.store.close()
+
+
+def test_with_agents_on_the_initial_workers_wait_for_the_first_report_and_no_burst_job_is_asked(
+        tmp_path: Path) -> None:
+    """Agents are on by default and no GPU takes a worker before its node's agent reports: the
+    first ticks saw no usable GPU and dropped the count to zero (seen on a real GPU node); with a
+    burst table they would also have asked for a burst job to hold what the allocation holds."""
+    from slurm_elastic.core.health import AgentReport, GpuSample
+    from tests.unit.test_burst_memory import BurstBackend
+
+    queue = RolloutQueue(RolloutStore(tmp_path / "q.sqlite", fsync="off"), QueueConfig(batch_size=8))
+    config = parse_config({"workers": {"command": "w", "initial_workers": 2},
+                           "autoscaler": {"min_workers": 0, "max_workers": 4},
+                           "burst": {"max_jobs": 1, "gpus_per_job": 2}})
+    backend = BurstBackend()
+    controller = Controller(config, 1, backend, tmp_path, gpus_by_node={"node1": (0, 1)},  # type: ignore[arg-type]
+                            queue=queue)
+    try:
+        for _ in range(3):
+            controller.tick()
+            assert controller.status()["target_workers"] == 2 and not controller.workers
+        controller.report_gpu_health(AgentReport("node1", 0.0, "inject", [
+            GpuSample("node1", gpu, temperature_c=40.0, memory_used_mb=0, memory_total_mb=80000) for gpu in (0, 1)]))
+        controller.tick()
+        assert len(controller.workers) == 2 and not backend.submitted
+    finally:
+        queue.store.close()
