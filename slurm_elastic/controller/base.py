@@ -305,10 +305,13 @@ class ControllerBase:
         return worker.history[-1][3] if worker is not None and worker.history else ""
 
     def unknown_nodes(self, now_s: float) -> set[str]:
-        """Nodes whose agent has not been heard recently (no new workers there); none without agents."""
+        """Nodes the job or its running burst jobs hold whose agent has not been heard recently (no
+        new workers there); none without agents. A node a burst job gave back is no longer listed."""
         if not self.config.agent.enabled:
             return set()
-        return self.state.cordons.unknown_nodes(now_s, nodes=[n for a in self.allocations for n in a.gpus_by_node])
+        held = {n for a in self.allocations for n in a.gpus_by_node}
+        held |= self.burst.held_nodes() if self.burst is not None else set()
+        return self.state.cordons.unknown_nodes(now_s, nodes=held) & held
 
     def cordoned_gpus(self) -> dict[tuple[str, int], dict[str, Any]]:
         """Every cordoned GPU with why, since when, and who cordoned it (operator, health, crash, preflight)."""

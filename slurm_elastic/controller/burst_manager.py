@@ -139,6 +139,10 @@ class BurstManager:
         """Jobs being emptied: marked so in Slurm, or ending (preempted, at their time limit)."""
         return frozenset(j.job_id for j in self.listed if is_released_comment(j.comment)) | self._ending
 
+    def held_nodes(self) -> set[str]:
+        """The nodes of the burst jobs running at the last listing whose GPUs were read (no Slurm call)."""
+        return {node for job in self.listed if job.state == "RUNNING" for node in self._gpus.get(job.job_id, {})}
+
     def running_gpus(self) -> dict[int, dict[str, tuple[int, ...]]]:
         """Running burst jobs -> their GPUs per node (read once per job). Released ones included:
         their workers still run there; placement must leave them out of new launches."""

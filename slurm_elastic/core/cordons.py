@@ -238,6 +238,10 @@ class CordonBook:
                    if rule == "drain"}
         return {key for key, g in self._gpus.items() if sources & g.entries.keys()}
 
+    def heard_s(self, node: str) -> float | None:
+        """When ``node``'s agent was last heard; None if never (or since the node was forgotten)."""
+        return self._heard_s.get(node)
+
     def unknown_nodes(
         self, now_s: float, silence_s: float | None = None, nodes: Iterable[str] = ()
     ) -> set[str]:

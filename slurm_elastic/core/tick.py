@@ -178,14 +178,22 @@ def tick(obs: Observation, state: ControlState, cfg: TickConfig, allocations: tu
 
 
 def awaiting_first_reports(state: ControlState, allocations: Iterable[Allocation], now_s: float) -> set[str]:
-    """Nodes whose health agent has not reported yet, though it may still: not launched yet, or
-    launched less than ``agent_silence_s`` ago (a job's start, a burst job's). No worker goes there
-    before it reports, but the count reckons with their GPUs: deciding on the slots without them
-    would drop ``workers.initial_workers`` at the first tick, and give a new burst job back."""
-    nodes = [n for a in allocations for n in a.gpus_by_node]
-    never_heard = state.cordons.unknown_nodes(now_s, silence_s=float("inf"), nodes=nodes)
+    """Nodes whose health agent has not reported since its launch, though it may still: launched
+    less than ``agent_silence_s`` ago, or, on a node never heard, not launched yet (a job's start,
+    a burst job's, a node a burst job holds again). No worker goes there before it reports, but the
+    count reckons with their GPUs: deciding on the slots without them would drop
+    ``workers.initial_workers`` at the first tick, and give a new burst job back."""
     silence_s = state.cordons.rules.agent_silence_s
-    return {n for n in never_heard if now_s - state.agent_launched_s.get(n, now_s) <= silence_s}
+    awaiting = set()
+    for node in {n for a in allocations for n in a.gpus_by_node}:
+        heard_s, launched_s = state.cordons.heard_s(node), state.agent_launched_s.get(node)
+        if launched_s is None:
+            waiting = heard_s is None
+        else:
+            waiting = (heard_s is None or heard_s < launched_s) and now_s - launched_s <= silence_s
+        if waiting:
+            awaiting.add(node)
+    return awaiting
 
 
 def desired_workers(state: ControlState, obs: Observation, allowed_slots: int, cfg: TickConfig, now_s: float,

@@ -151,11 +151,12 @@ def test_stop_cancels_the_parents_running_and_pending_burst_jobs(devcluster: Dev
             run_command(["scancel", str(burst_id)], check=False)
 
 
-@pytest.mark.parametrize("parent", [{"agent": {"enabled": True, "source": "inject", "interval_s": 0.5}}],
-                         indirect=True)
+@pytest.mark.parametrize("parent", [{"agent": {"enabled": True, "source": "inject", "interval_s": 0.5},
+                                     "health": {"agent_silence_s": 3.0}}], indirect=True)
 def test_with_node_agents_on_a_burst_jobs_gpus_take_workers_once_its_agent_reports(parent: ControllerJob) -> None:
     """Agents are on by default: the burst node's agent must be heard (its reports were refused as
-    "not part of job"), and the autoscaler must not give the burst job back meanwhile."""
+    "not part of job"), the autoscaler must not give the burst job back meanwhile, and once the job
+    is given back its node is not listed as of unknown health."""
     with parent.client() as c:
         c.scale(6)
     status = parent.active(6, timeout_s=60)
@@ -166,3 +167,9 @@ def test_with_node_agents_on_a_burst_jobs_gpus_take_workers_once_its_agent_repor
         c.resume()  # the autoscaler decides again; nothing measured yet: it holds
     time.sleep(3.0)
     assert parent.active(6, timeout_s=10)["target_workers"] == 6 and burst_jobs_of(parent) == [(burst_id, "RUNNING")]
+    with parent.client() as c:
+        c.scale(2)
+    parent.active(2, timeout_s=60)
+    wait_for(lambda: not burst_jobs_of(parent), 60, "the burst job to be given back")
+    time.sleep(4.0)  # past agent_silence_s: a node still counted would read "health unknown" now
+    assert parent.status()["unknown_health_nodes"] == []
