@@ -277,7 +277,8 @@ class Autoscaler:
         cfg = self.config
         none4: tuple[float | None, float | None, float | None, float | None] = (None, None, None, None)
         if x.queued_seqs is None or not math.isfinite(x.queued_seqs) or x.batch_size <= 0:
-            return None, "no buffer measurement yet: holding", none4
+            return None, ("nothing to measure yet: no rollout has reached the buffer and the trainer has not asked "
+                          "for a batch"), none4
         setpoint = effective_setpoint_seqs(cfg, x)
         error = setpoint - x.queued_seqs
         dt = 0.0 if self.last_now_s is None else max(0.0, now_s - self.last_now_s)

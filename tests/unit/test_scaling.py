@@ -125,7 +125,7 @@ def test_anti_windup_after_a_long_saturation() -> None:
 @pytest.mark.parametrize("queued", [None, math.nan])
 def test_no_buffer_measurement_holds(queued: float | None) -> None:
     target, action, reason = decide(FAST, inputs(queued=queued))
-    assert (target, action) == (4, "hold") and "no buffer measurement" in reason
+    assert (target, action) == (4, "hold") and "nothing to measure yet" in reason
 
 
 def test_no_rate_measured_yet_starts_the_ramp() -> None:
@@ -223,7 +223,7 @@ def test_deadband(deadband: float, consumption: float, expected_action: str) -> 
 
 
 @pytest.mark.parametrize(("x", "expected_action", "phrase"), [
-    (PressureInputs(queued_seqs=0, batch_size=0, workers_active=4), "hold", "no buffer measurement"),  # empty
+    (PressureInputs(queued_seqs=0, batch_size=0, workers_active=4), "hold", "nothing to measure yet"),  # empty
     (inputs(queued=64, consumption=math.nan), "scale_down", "feed-forward 0.00"),  # NaN consumption: no feed-forward
     (inputs(queued=64, consumption=None), "scale_down", "feed-forward 0.00"),
     (inputs(queued=0, rate=math.inf), "scale_up", "start-up: no trainer has asked for rollouts yet, doubling 4 -> 8"),
