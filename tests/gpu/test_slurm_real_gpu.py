@@ -26,6 +26,7 @@ pytestmark = pytest.mark.gpu
 
 NODE = "gpunode1"
 CUDA_WORKER = Path(__file__).with_name("cuda_worker.py")
+REPO = Path(__file__).resolve().parents[2]
 
 PROBE = r"""
 import json, os
@@ -73,20 +74,41 @@ def gpu_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster
             require_binary(daemon)
     except SlurmError as exc:
         pytest.skip(f"no Slurm here: {exc}")
-    cluster = DevCluster(DevClusterSpec(dir=tmp_path_factory.mktemp("gpu-devcluster"), nodes=1, real_gpus=True,
-                                        node_prefix="gpunode", cluster_name="gpudev", ctld_port=24817,
-                                        node_base_port=24901))
-    before = os.environ.get("SLURM_CONF")
+    directory = tmp_path_factory.mktemp("gpu-devcluster")
+    hooks = hook_wrappers(directory)
+    cluster = DevCluster(DevClusterSpec(dir=directory, nodes=1, real_gpus=True, node_prefix="gpunode",
+                                        cluster_name="gpudev", ctld_port=24817, node_base_port=24901,
+                                        prolog=hooks["prolog"], epilog=hooks["epilog"]))
+    before = {name: os.environ.get(name) for name in ("SLURM_CONF", "SLURM_ELASTIC_HOOKS_CONFIG")}
     cluster.up(wait_s=90, progress=lambda line: print(f"devcluster: {line}"))
     os.environ["SLURM_CONF"] = str(cluster.conf_path)
+    os.environ["SLURM_ELASTIC_HOOKS_CONFIG"] = str(directory / "hooks.toml")  # the controller reads the prolog's
     try:
         yield cluster
     finally:
         cluster.down()
-        if before is None:
-            os.environ.pop("SLURM_CONF", None)
-        else:
-            os.environ["SLURM_CONF"] = before
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def hook_wrappers(directory: Path) -> dict[str, str]:
+    """The admin hooks with NVML (source auto), as slurmd runs them: a minimal environment, so the
+    wrappers say where Python, the package and the hooks' config are."""
+    (directory / "hooks.toml").write_text(f'node_state_dir = "{directory}/node-state"\n'
+                                          f'log_file = "{directory}/hooks.log"\nsource = "auto"\n')
+    paths = {}
+    for hook in ("prolog", "epilog"):
+        wrapper = directory / f"{hook}.sh"
+        wrapper.write_text(f"#!/bin/bash\nexport SLURM_ELASTIC_PYTHON={sys.executable} "
+                           f"PYTHONPATH={os.environ.get('PYTHONPATH', '')}:{REPO}\n"
+                           f"export SLURM_ELASTIC_HOOKS_CONFIG={directory}/hooks.toml\n"
+                           f"exec {REPO}/sbin/slurm-elastic-{hook}\n")
+        wrapper.chmod(0o755)
+        paths[hook] = str(wrapper)
+    return paths
 
 
 def probe(*srun_options: str) -> dict[str, Any]:
@@ -145,5 +167,27 @@ def test_the_controller_places_workers_on_the_real_gpus_and_hears_their_agent(gp
         print(json.dumps(seen, indent=1))
         assert all(e["torch_devices"] == 1 and e["matmul"] == 1024.0 for e in seen)
         assert sorted(u for e in seen for u in e["nvml_uuids"]) == sorted(uuids)  # each worker its own GPU
+    finally:
+        stop_controller_job(job)
+
+
+def test_the_prolog_reads_the_real_gpu_and_the_controller_judges_it_by_the_jobs_rules(gpu_cluster: DevCluster,
+                                                                                     tmp_path: Path) -> None:
+    """The prolog (NVML, before the job, as root) records the real GPU; a job whose rules no GPU
+    passes (at most 1 C) gets it cordoned "before the job" by the controller, and no worker there
+    (agents off: only the prolog's sample judges it)."""
+    uuids = host_gpu_uuids()
+    job = start_controller_job(gpu_cluster, tmp_path, nodes=1, gpus_per_node=len(uuids),
+                               agent={"enabled": False}, health={"max_temperature_c": 1.0},
+                               workers={"initial_workers": 1})
+    try:
+        recorded = json.loads(next(gpu_cluster.dir.glob(f"node-state/{job.job_id}/gpu-health-{NODE}.json")).read_text())
+        print(json.dumps(recorded, indent=1)[:1500])
+        assert recorded["report"]["source"] == "nvml" and [g["uuid"] for g in recorded["report"]["gpus"]] == uuids
+        cordons = {(c["node"], c["gpu"]): c for c in job.status()["cordoned_gpus"]}
+        assert sorted(cordons) == [(NODE, gpu) for gpu in range(len(uuids))]
+        assert all(c["reason"].startswith("before the job: temperature_c=") and c["reason"].endswith(">1")
+                   for c in cordons.values()), cordons
+        assert not [w for w in job.status()["workers"] if w["state"] == "ACTIVE" and not w["placeholder"]]
     finally:
         stop_controller_job(job)
