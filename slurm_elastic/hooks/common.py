@@ -27,6 +27,7 @@ class HookConfig:
     inject_file: str = ""
     gpus: int = 0
     kill_wait_s: float = 3.0
+    slurm_bin_dir: str = ""  # where squeue and scancel are, where not on slurmd's PATH (/bin:/usr/bin)
 
 
 _KINDS = {int: "a whole number", float: "a number"}  # what a value must be, by its default's type; else a string (paths too)

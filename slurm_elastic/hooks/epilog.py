@@ -76,6 +76,8 @@ def run(config: HookConfig, problems: Sequence[str] = ()) -> int:
         log.info("removed %s", directory)
     log.info("cleaned job %s: %d leftover processes", job_id, len(procs))
     if owns_burst_jobs(os.environ):
+        if config.slurm_bin_dir:  # slurmd gives hooks PATH=/bin:/usr/bin; a Slurm elsewhere is named here
+            os.environ["PATH"] = os.pathsep.join([config.slurm_bin_dir, os.environ.get("PATH", "")])
         cancel_burst_jobs(int(job_id), os.environ.get("SLURM_JOB_USER", ""), log)
     return 0
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -51,9 +52,11 @@ def hooked(tmp_path: Path, devcluster: DevCluster) -> Iterator[tuple[DevCluster,
 
 
 def write_config(tmp: Path, strict: bool) -> None:
+    slurm_bin_dir = Path(shutil.which("squeue") or "/usr/bin/squeue").parent  # the tests' Slurm, as a site names its own
     (tmp / "hooks.toml").write_text(
         f'node_state_dir = "{tmp}/node-state"\nlog_file = "{tmp}/hooks.log"\nsource = "inject"\n'
-        f'inject_file = "{tmp}/drill.toml"\ngpus = 2\nstrict = {"true" if strict else "false"}\n')
+        f'inject_file = "{tmp}/drill.toml"\ngpus = 2\nstrict = {"true" if strict else "false"}\n'
+        f'slurm_bin_dir = "{slurm_bin_dir}"\n')
 
 
 def submit(cluster: DevCluster) -> int:

@@ -238,3 +238,24 @@ def test_status_shows_burst_jobs_and_the_job_of_each_worker() -> None:
     assert "burst jobs: 2  held 120 GPU-s, used 60  submitted 2  lost 1" in text
     assert "10   PENDING  -      2     0        Resources" in text
     assert "JOB" not in render_status(7, {"controller": {"workers": status["controller"]["workers"][:1]}})
+
+
+def test_the_epilog_runs_the_slurm_commands_of_slurm_bin_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """slurmd gives hooks PATH=/bin:/usr/bin: a Slurm installed elsewhere is named in hooks.toml."""
+    from slurm_elastic.hooks.common import HookConfig
+    from slurm_elastic.hooks.epilog import run
+
+    bin_dir = tmp_path / "slurm" / "bin"
+    bin_dir.mkdir(parents=True)
+    for command in ("squeue", "scancel"):
+        (bin_dir / command).write_text(f"#!/bin/sh\necho {command} \"$@\" >> {tmp_path}/calls\n")
+        (bin_dir / command).chmod(0o755)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    for name, value in {"SLURM_JOB_ID": "7", "SLURM_JOB_COMMENT": "slurm-elastic:/shared/state/7",
+                        "SLURMD_NODENAME": "node1", "SLURM_NODELIST": "node1", "SLURM_JOB_USER": "alice"}.items():
+        monkeypatch.setenv(name, value)
+    config = HookConfig(node_state_dir=tmp_path / "state", log_file=tmp_path / "hooks.log",
+                        slurm_bin_dir=str(bin_dir))
+
+    assert run(config) == 0
+    assert (tmp_path / "calls").read_text().startswith("squeue ")
