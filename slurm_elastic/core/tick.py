@@ -88,6 +88,7 @@ class ControlState:
     seed_target_from_slurm: bool = False  # no saved target: the first listing keeps what runs
     last_decision: dict[str, Any] = field(default_factory=lambda: {"action": "hold", "reason": "starting"})
     agent_launched_s: dict[str, float] = field(default_factory=dict)
+    node_held_since_s: dict[str, float] = field(default_factory=dict)  # since when the job or a burst job holds it
     foreign_gpus: Mapping[int, Mapping[str, int]] = field(default_factory=dict)
     listed_worker_ids: frozenset[str] = frozenset()  # worker steps in Slurm's latest listing
     policy: ScalingPolicy | None = None  # decides instead of the autoscaler (the simulator's baselines)
@@ -178,20 +179,21 @@ def tick(obs: Observation, state: ControlState, cfg: TickConfig, allocations: tu
 
 
 def awaiting_first_reports(state: ControlState, allocations: Iterable[Allocation], now_s: float) -> set[str]:
-    """Nodes whose health agent has not reported since its launch, though it may still: launched
-    less than ``agent_silence_s`` ago, or, on a node never heard, not launched yet (a job's start,
-    a burst job's, a node a burst job holds again). No worker goes there before it reports, but the
-    count reckons with their GPUs: deciding on the slots without them would drop
-    ``workers.initial_workers`` at the first tick, and give a new burst job back."""
+    """Nodes held for less than ``agent_silence_s`` whose health agent has not reported since they
+    were taken (a job's start, a burst job's, a node a later burst job holds again). No worker goes
+    there before it reports, but the count reckons with their GPUs: deciding on the slots without
+    them would drop ``workers.initial_workers`` at the first tick, and give a new burst job back.
+    Bounded by the hold's start, not the agent's launch: an agent that never works (relaunched
+    every ``agent_relaunch_s``) must not keep its node's GPUs counted."""
+    held = {n for a in allocations for n in a.gpus_by_node}
+    for node in set(state.node_held_since_s) - held:
+        del state.node_held_since_s[node]
     silence_s = state.cordons.rules.agent_silence_s
     awaiting = set()
-    for node in {n for a in allocations for n in a.gpus_by_node}:
-        heard_s, launched_s = state.cordons.heard_s(node), state.agent_launched_s.get(node)
-        if launched_s is None:
-            waiting = heard_s is None
-        else:
-            waiting = (heard_s is None or heard_s < launched_s) and now_s - launched_s <= silence_s
-        if waiting:
+    for node in held:
+        since_s = state.node_held_since_s.setdefault(node, now_s)
+        heard_s = state.cordons.heard_s(node)
+        if (heard_s is None or heard_s < since_s) and now_s - since_s <= silence_s:
             awaiting.add(node)
     return awaiting
 

@@ -184,18 +184,20 @@ def test_gpus_whose_agent_has_yet_to_report_count_for_the_target_but_get_no_work
     assert later.slots_once_heard == (0,) and later.desired == 0  # of unknown health now: not counted
 
 
-def test_a_node_is_awaited_from_its_agents_launch_until_it_reports_or_stays_silent_too_long() -> None:
-    """A node a new burst job holds again was heard before, under the old job: its new agent is
-    awaited all the same (a stale report must not make its GPUs count as of unknown health)."""
+def test_a_node_is_awaited_from_when_it_is_held_until_it_reports_or_for_agent_silence_s_at_most() -> None:
+    """A node a new burst job holds again was heard before, under the old job: its agent is awaited
+    all the same; and an agent that never reports (relaunched every agent_relaunch_s) keeps its
+    node's GPUs counted no longer than agent_silence_s after the node was taken."""
     from slurm_elastic.core.tick import awaiting_first_reports
 
     st = state(0)
     silence_s = st.cordons.rules.agent_silence_s
-    assert awaiting_first_reports(st, (OTHER,), 0.0) == {"b1"}  # never heard, agent not launched yet
+    assert awaiting_first_reports(st, (OTHER,), 0.0) == {"b1"}  # held from 0 s, never heard
     st.cordons.observe([GpuSample("b1", 0, temperature_c=40.0)], 1.0)
-    assert awaiting_first_reports(st, (OTHER,), 2.0) == set()  # heard, no launch since
-    st.agent_launched_s["b1"] = 500.0  # the node held again, long after: a new agent
-    assert awaiting_first_reports(st, (OTHER,), 501.0) == {"b1"}
-    assert awaiting_first_reports(st, (OTHER,), 500.0 + silence_s + 1) == set()  # silent too long
-    st.cordons.observe([GpuSample("b1", 0, temperature_c=40.0)], 503.0)
-    assert awaiting_first_reports(st, (OTHER,), 504.0) == set()  # heard since its launch
+    assert awaiting_first_reports(st, (OTHER,), 2.0) == set()  # heard
+    assert awaiting_first_reports(st, (), 100.0) == set()  # the burst job ended: b1 is not held
+    assert awaiting_first_reports(st, (OTHER,), 500.0) == {"b1"}  # held again: its old report does not count
+    st.agent_launched_s["b1"] = 500.0 + silence_s  # relaunched, still silent
+    assert awaiting_first_reports(st, (OTHER,), 500.0 + silence_s + 1) == set()  # bounded by the hold's start
+    st.cordons.observe([GpuSample("b1", 0, temperature_c=40.0)], 600.0)
+    assert awaiting_first_reports(st, (OTHER,), 601.0) == set()
