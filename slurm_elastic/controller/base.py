@@ -119,7 +119,9 @@ class ControllerBase:
         self._busy_lock = threading.Lock()  # heartbeats add while a tick reads
         self.started_at_s = clock()
         self.state_notes: list[str] = []  # what loading the job's saved state could not keep, and why
-        self.usable_slots: int | None = None  # worker slots the last tick could fill (burst jobs included); None: no tick yet
+        # worker slots the last tick could fill, or will once their node's agent first reports (burst jobs
+        # included); None: no tick yet
+        self.usable_slots: int | None = None
         self.left_nodes: list[dict[str, Any]] = []  # nodes Slurm took out of the running job (failed, or the job shrunk)
         self.allocation_checked_s = self.started_at_s  # the last read of the job's nodes
         self.allocation_check_due = False  # read them at the next tick (a worker step ended unasked)

@@ -70,7 +70,9 @@ def test_with_agents_on_the_initial_workers_wait_for_the_first_report_and_no_bur
     try:
         for _ in range(3):
             controller.tick()
-            assert controller.status()["target_workers"] == 2 and not controller.workers
+            status = controller.status()
+            assert status["target_workers"] == 2 and not controller.workers
+            assert status["usable_slots"] == 4  # what `scale --wait` waits for: 2 GPUs its agent will report on, 2 a burst job could add
         controller.report_gpu_health(AgentReport("node1", 0.0, "inject", [
             GpuSample("node1", gpu, temperature_c=40.0, memory_used_mb=0, memory_total_mb=80000) for gpu in (0, 1)]))
         controller.tick()
