@@ -4,7 +4,10 @@ tick, and dropped the count to ``min_workers``)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,25 +34,30 @@ def test_the_first_ticks_keep_the_initial_workers(tmp_path: Path, initial: int, 
         queue.store.close()
 
 
-def test_a_hold_keeps_workers_that_wait_for_a_burst_job(tmp_path: Path) -> None:
-    """Workers the target asks for beyond the allocation wait for a burst job; a hold of the
-    autoscaler keeps them asked for (it read the running workers and gave the burst job back)."""
+@contextmanager
+def burst_controller(tmp_path: Path, config: dict[str, Any]) -> Iterator[tuple[Controller, Any]]:
+    """A controller holding node1's 2 GPUs, allowed one 2-GPU burst job, and its stub backend."""
     from tests.unit.test_burst_memory import BurstBackend
 
     queue = RolloutQueue(RolloutStore(tmp_path / "q.sqlite", fsync="off"), QueueConfig(batch_size=8))
-    config = parse_config({"agent": {"enabled": False}, "workers": {"command": "w", "initial_workers": 4},
-                           "autoscaler": {"min_workers": 1, "max_workers": 8},
-                           "burst": {"max_jobs": 1, "gpus_per_job": 2}})
     backend = BurstBackend()
-    controller = Controller(config, 1, backend, tmp_path, gpus_by_node={"node1": (0, 1)},  # type: ignore[arg-type]
-                            queue=queue)
+    controller = Controller(parse_config({**config, "burst": {"max_jobs": 1, "gpus_per_job": 2}}), 1, backend,  # type: ignore[arg-type]
+                            tmp_path, gpus_by_node={"node1": (0, 1)}, queue=queue)
     try:
+        yield controller, backend
+    finally:
+        queue.store.close()
+
+
+def test_a_hold_keeps_workers_that_wait_for_a_burst_job(tmp_path: Path) -> None:
+    """Workers the target asks for beyond the allocation wait for a burst job; a hold of the
+    autoscaler keeps them asked for (it read the running workers and gave the burst job back)."""
+    with burst_controller(tmp_path, {"agent": {"enabled": False}, "workers": {"command": "w", "initial_workers": 4},
+                                     "autoscaler": {"min_workers": 1, "max_workers": 8}}) as (controller, backend):
         for _ in range(3):
             controller.tick()
             assert controller.status()["target_workers"] == 4
         assert len(backend.submitted) == 1 and len(controller.workers) == 2  # two more once the burst job runs
-    finally:
-        queue.store.close()
 
 
 def test_with_agents_on_the_initial_workers_wait_for_the_first_report_and_no_burst_job_is_asked(
@@ -58,24 +66,15 @@ def test_with_agents_on_the_initial_workers_wait_for_the_first_report_and_no_bur
     first ticks saw no usable GPU and dropped the count to zero (seen on a real GPU node); with a
     burst table they would also have asked for a burst job to hold what the allocation holds."""
     from slurm_elastic.core.health import AgentReport, GpuSample
-    from tests.unit.test_burst_memory import BurstBackend
 
-    queue = RolloutQueue(RolloutStore(tmp_path / "q.sqlite", fsync="off"), QueueConfig(batch_size=8))
-    config = parse_config({"workers": {"command": "w", "initial_workers": 2},
-                           "autoscaler": {"min_workers": 0, "max_workers": 4},
-                           "burst": {"max_jobs": 1, "gpus_per_job": 2}})
-    backend = BurstBackend()
-    controller = Controller(config, 1, backend, tmp_path, gpus_by_node={"node1": (0, 1)},  # type: ignore[arg-type]
-                            queue=queue)
-    try:
+    with burst_controller(tmp_path, {"workers": {"command": "w", "initial_workers": 2},
+                                     "autoscaler": {"min_workers": 0, "max_workers": 4}}) as (controller, backend):
         for _ in range(3):
             controller.tick()
             status = controller.status()
             assert status["target_workers"] == 2 and not controller.workers
-            assert status["usable_slots"] == 4  # what `scale --wait` waits for: 2 GPUs its agent will report on, 2 a burst job could add
+            assert status["usable_slots"] == 4  # what `scale --wait` waits for: 2 GPUs to be reported on, 2 a burst job's
         controller.report_gpu_health(AgentReport("node1", 0.0, "inject", [
             GpuSample("node1", gpu, temperature_c=40.0, memory_used_mb=0, memory_total_mb=80000) for gpu in (0, 1)]))
         controller.tick()
         assert len(controller.workers) == 2 and not backend.submitted
-    finally:
-        queue.store.close()
