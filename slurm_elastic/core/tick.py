@@ -146,7 +146,9 @@ def tick(obs: Observation, state: ControlState, cfg: TickConfig, allocations: tu
     result.slots = placement(allocations, cfg.gpus_per_worker, cordoned, unknown, state.foreign_gpus,
                              cfg.nodes_per_worker)
     allowed = sum(s.slots for s in result.slots)
-    awaiting = awaiting_first_reports(state, allocations, now_s) if cfg.agents else set()
+    if cfg.agents:
+        hold_nodes(state, allocations, now_s)
+    awaiting = awaiting_first_reports(state, now_s) if cfg.agents else set()
     once_heard = placement(allocations, cfg.gpus_per_worker, cordoned, unknown - awaiting, state.foreign_gpus,
                            cfg.nodes_per_worker) if awaiting else result.slots
     result.slots_once_heard = tuple(s.slots for s in once_heard)
@@ -178,24 +180,27 @@ def tick(obs: Observation, state: ControlState, cfg: TickConfig, allocations: tu
     return result
 
 
-def awaiting_first_reports(state: ControlState, allocations: Iterable[Allocation], now_s: float) -> set[str]:
-    """Nodes held for less than ``agent_silence_s`` whose health agent has not reported since they
-    were taken (a job's start, a burst job's, a node a later burst job holds again). No worker goes
-    there before it reports, but the count reckons with their GPUs: deciding on the slots without
-    them would drop ``workers.initial_workers`` at the first tick, and give a new burst job back.
-    Bounded by the hold's start, not the agent's launch: an agent that never works (relaunched
-    every ``agent_relaunch_s``) must not keep its node's GPUs counted."""
+def hold_nodes(state: ControlState, allocations: Iterable[Allocation], now_s: float) -> None:
+    """Note since when each node of ``allocations`` is held; a node no longer held is forgotten, so a
+    later burst job that holds it again starts its hold anew."""
     held = {n for a in allocations for n in a.gpus_by_node}
     for node in set(state.node_held_since_s) - held:
         del state.node_held_since_s[node]
-    silence_s = state.cordons.rules.agent_silence_s
-    awaiting = set()
     for node in held:
-        since_s = state.node_held_since_s.setdefault(node, now_s)
-        heard_s = state.cordons.heard_s(node)
-        if (heard_s is None or heard_s < since_s) and now_s - since_s <= silence_s:
-            awaiting.add(node)
-    return awaiting
+        state.node_held_since_s.setdefault(node, now_s)
+
+
+def awaiting_first_reports(state: ControlState, now_s: float) -> set[str]:
+    """Held nodes whose health agent has not reported since they were taken (a job's start, a burst
+    job's, a node held again), for at most ``agent_silence_s`` from then. No worker goes there
+    before it reports, but the count reckons with their GPUs: deciding on the slots without them
+    would drop ``workers.initial_workers`` at the first tick, and give a new burst job back.
+    Bounded by the hold's start, not the agent's launch: an agent that never works (relaunched
+    every ``agent_relaunch_s``) must not keep its node's GPUs counted."""
+    silence_s = state.cordons.rules.agent_silence_s
+    return {node for node, since_s in state.node_held_since_s.items()
+            if ((heard_s := state.cordons.heard_s(node)) is None or heard_s < since_s)
+            and now_s - since_s <= silence_s}
 
 
 def desired_workers(state: ControlState, obs: Observation, allowed_slots: int, cfg: TickConfig, now_s: float,

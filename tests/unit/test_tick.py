@@ -188,16 +188,21 @@ def test_a_node_is_awaited_from_when_it_is_held_until_it_reports_or_for_agent_si
     """A node a new burst job holds again was heard before, under the old job: its agent is awaited
     all the same; and an agent that never reports (relaunched every agent_relaunch_s) keeps its
     node's GPUs counted no longer than agent_silence_s after the node was taken."""
-    from slurm_elastic.core.tick import awaiting_first_reports
+    from slurm_elastic.core.tick import awaiting_first_reports, hold_nodes
 
     st = state(0)
     silence_s = st.cordons.rules.agent_silence_s
-    assert awaiting_first_reports(st, (OTHER,), 0.0) == {"b1"}  # held from 0 s, never heard
+
+    def awaited(allocations: tuple[Allocation, ...], now_s: float) -> set[str]:
+        hold_nodes(st, allocations, now_s)
+        return awaiting_first_reports(st, now_s)
+
+    assert awaited((OTHER,), 0.0) == {"b1"}  # held from 0 s, never heard
     st.cordons.observe([GpuSample("b1", 0, temperature_c=40.0)], 1.0)
-    assert awaiting_first_reports(st, (OTHER,), 2.0) == set()  # heard
-    assert awaiting_first_reports(st, (), 100.0) == set()  # the burst job ended: b1 is not held
-    assert awaiting_first_reports(st, (OTHER,), 500.0) == {"b1"}  # held again: its old report does not count
+    assert awaited((OTHER,), 2.0) == set()  # heard
+    assert awaited((), 100.0) == set()  # the burst job ended: b1 is not held
+    assert awaited((OTHER,), 500.0) == {"b1"}  # held again: its old report does not count
     st.agent_launched_s["b1"] = 500.0 + silence_s  # relaunched, still silent
-    assert awaiting_first_reports(st, (OTHER,), 500.0 + silence_s + 1) == set()  # bounded by the hold's start
+    assert awaited((OTHER,), 500.0 + silence_s + 1) == set()  # bounded by the hold's start
     st.cordons.observe([GpuSample("b1", 0, temperature_c=40.0)], 600.0)
-    assert awaiting_first_reports(st, (OTHER,), 601.0) == set()
+    assert awaited((OTHER,), 601.0) == set()
