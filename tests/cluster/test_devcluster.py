@@ -70,3 +70,15 @@ def test_cli_reports_missing_cluster_without_traceback(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["devcluster", "status", "--dir", str(tmp_path / "none")])
     assert result.exit_code == 1
     assert "no dev cluster in" in result.output and "Traceback" not in result.output
+
+
+def test_cli_up_with_real_gpus_on_a_host_without_any_is_a_clear_error_and_starts_nothing(
+        tmp_path: Path, devcluster: DevCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`devcluster up --real-gpus` as a user types it, on a host without NVIDIA device files (as
+    this one, and the reading is pinned so that a GPU host runs the same test)."""
+    monkeypatch.setattr("slurm_elastic.devcluster.cluster.nvidia_gpu_devices", lambda: [])
+    result = CliRunner().invoke(main, ["devcluster", "up", "--real-gpus", "--nodes", "1", "--dir", str(tmp_path / "dc"),
+                                       "--ctld-port", "17817", "--node-base-port", "17901", "--node-prefix", "rg"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "--real-gpus: this host has no NVIDIA GPU device files (/dev/nvidia0, ...)" in result.output
+    assert not list((tmp_path / "dc" / "run").glob("*.pid")) and port_is_free(17817)
