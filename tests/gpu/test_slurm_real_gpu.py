@@ -1,8 +1,9 @@
 """Slurm with the host's real NVIDIA GPUs (`slurm-elastic devcluster up --real-gpus`, one node):
 a step given a GPU computes on it and sees no other, a step given none cannot open it
 (ConstrainDevices=yes with the real driver), the node agent reads the real GPUs inside its step as
-the controller launches it, and the controller places workers on them and hears their agent.
-Skipped without root, an NVIDIA GPU device file, or Slurm's daemons."""
+the controller launches it, the controller places workers on them and hears their agent, and the
+admin prolog reads them before a job, judged by the job's rules. Skipped without root, an NVIDIA
+GPU device file, or Slurm's daemons."""
 
 from __future__ import annotations
 
@@ -162,8 +163,10 @@ def test_the_controller_places_workers_on_the_real_gpus_and_hears_their_agent(gp
         wait_for(lambda: not job.status()["unknown_health_nodes"], 60, "the node's agent to be heard")
         status = job.status()
         assert status["cordoned_gpus"] == []
-        seen = wait_for(lambda: [e for e in job.events() if e["event"] == "cuda"] if len(
-            [e for e in job.events() if e["event"] == "cuda"]) == len(uuids) else None, 60, "every worker's CUDA check")
+        def cuda_checks() -> list[dict[str, Any]] | None:
+            found = [e for e in job.events() if e["event"] == "cuda"]
+            return found if len(found) == len(uuids) else None
+        seen = wait_for(cuda_checks, 60, "every worker's CUDA check")
         print(json.dumps(seen, indent=1))
         assert all(e["torch_devices"] == 1 and e["matmul"] == 1024.0 for e in seen)
         assert sorted(u for e in seen for u in e["nvml_uuids"]) == sorted(uuids)  # each worker its own GPU
