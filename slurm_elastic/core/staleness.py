@@ -130,15 +130,23 @@ class StalenessManager:
         self.accepted = version * self.batch_size + buffered_seqs
 
 
+ADMISSION_IDS_KEPT = 16  # a worker's admission ids remembered with their answers (a late repeat is answered)
+
+
 @dataclass(frozen=True)
 class Lease:
-    """A worker's admitted sequences not yet handed over, when it was last admitted, and that
-    admission's id and grant (a retry of it, its answer lost, is answered the same)."""
+    """A worker's admitted sequences not yet handed over, when it was last granted any, and its
+    last ``ADMISSION_IDS_KEPT`` admission ids with what each was granted, oldest first (a repeat
+    of one, a retry whose answer was lost or a request that arrives late, is answered the same
+    and granted nothing more)."""
 
     unused_seqs: int
     granted_at_s: float
-    admission_id: str = ""
-    admission_granted: int = 0
+    answered: tuple[tuple[str, int], ...] = ()
+
+    def answer(self, admission_id: str) -> int | None:
+        """What ``admission_id`` was granted; None if it is not one of the ids remembered."""
+        return next((granted for known, granted in self.answered if known == admission_id), None)
 
 
 @dataclass
@@ -155,24 +163,29 @@ class AdmissionLeases:
 
     def grant(self, worker_id: str, wanted: int, now_s: float, admission_id: str = "") -> int:
         """How many of ``wanted`` sequences ``worker_id`` may start now; those are counted as
-        running, and the lease remembers ``admission_id`` with its grant (the queue answers a
-        repeat of it from there)."""
+        running, and the lease remembers ``admission_id`` with its grant, a grant of none too
+        (the queue answers a repeat of it from there: :meth:`Lease.answer`)."""
         self.expire(now_s)
-        held = self.leases.get(worker_id)
+        held = self.leases.get(worker_id) or Lease(0, now_s)
         granted = max(0, min(wanted, self.staleness.capacity()))
         if granted:
             self.staleness.on_submitted(granted)
-            self.leases[worker_id] = Lease((held.unused_seqs if held else 0) + granted, now_s, admission_id, granted)
+            held = replace(held, unused_seqs=held.unused_seqs + granted, granted_at_s=now_s)
+        if admission_id:
+            held = replace(held, answered=(*held.answered, (admission_id, granted))[-ADMISSION_IDS_KEPT:])
+        self._set(worker_id, held)
         return granted
 
-    def revoke(self, worker_id: str, n_seqs: int) -> None:
-        """Take back ``n_seqs`` just granted to ``worker_id`` (the grant could not be recorded)."""
+    def revoke(self, worker_id: str, n_seqs: int, forget_id: str = "") -> None:
+        """Take ``n_seqs`` back from ``worker_id``'s lease: a stale group's, or a grant that could
+        not be recorded (``forget_id``: its admission id, forgotten so that a retry asks anew)."""
         held = self.leases.get(worker_id)
         if held is None:
             return
         taken = min(n_seqs, held.unused_seqs)
         self.staleness.on_rejected(taken)
-        self._set(worker_id, Lease(held.unused_seqs - taken, held.granted_at_s))  # its admission id forgotten
+        self._set(worker_id, replace(held, unused_seqs=held.unused_seqs - taken,
+                                     answered=tuple(a for a in held.answered if a[0] != forget_id)))
 
     def release(self, worker_id: str) -> int:
         """``worker_id``'s step has ended: what its lease holds will never be submitted under it
@@ -217,7 +230,8 @@ class AdmissionLeases:
         self.staleness.running = sum(held.unused_seqs for held in self.leases.values())
 
     def _set(self, worker_id: str, lease: Lease) -> None:
-        if lease.unused_seqs > 0:
+        """Keep ``lease`` while it holds sequences or admission ids to answer repeats of."""
+        if lease.unused_seqs > 0 or lease.answered:
             self.leases[worker_id] = lease
         else:
             self.leases.pop(worker_id, None)
@@ -249,7 +263,7 @@ class StalenessSnapshot:
 
     def to_json(self) -> str:
         return json.dumps({"version": self.version, "gross_seqs": self.gross_seqs, "at_seq": self.at_seq,
-                           "leases": {w: [h.unused_seqs, h.granted_at_s, h.admission_id, h.admission_granted]
+                           "leases": {w: [h.unused_seqs, h.granted_at_s, [list(a) for a in h.answered]]
                                       for w, h in self.leases.items()}},
                           separators=(",", ":"))
 
@@ -265,16 +279,25 @@ class StalenessSnapshot:
             raise ValueError(f"not a staleness snapshot: {exc}") from None
         negative = [name for name, value in (("version", snapshot.version), ("gross_seqs", snapshot.gross_seqs),
                                               ("at_seq", snapshot.at_seq)) if value < 0]
-        negative += [f"lease of {w}" for w, held in leases.items() if held.unused_seqs < 0 or held.admission_granted < 0]
+        negative += [f"lease of {w}" for w, held in leases.items() if held.unused_seqs < 0
+                     or any(granted < 0 for _id, granted in held.answered)]
         if negative:
             raise ValueError(f"not a staleness snapshot: negative {', '.join(negative)}")
         return snapshot
 
 
 def _lease(saved: Any) -> Lease:
-    """A lease as :meth:`StalenessSnapshot.to_json` writes it: [unused, granted at, admission id,
-    its grant], or [unused, granted at] (written before admissions had ids)."""
-    if not isinstance(saved, list) or len(saved) not in (2, 4):
-        raise TypeError(f"a lease is [unused, granted_at(, admission_id, granted)], not {saved!r}")
-    unused, granted_at, *last = saved
-    return Lease(int(unused), float(granted_at), *((str(last[0]), int(last[1])) if last else ()))
+    """A lease as :meth:`StalenessSnapshot.to_json` writes it: [unused, granted at, [[admission id,
+    its grant], ...]]; or as earlier versions did, [unused, granted at, admission id, its grant]
+    or [unused, granted at]."""
+    shape = "[unused, granted_at, [[admission_id, granted], ...]]"
+    if not isinstance(saved, list) or len(saved) not in (2, 3, 4):
+        raise TypeError(f"a lease is {shape}, not {saved!r}")
+    unused, granted_at, *rest = saved
+    if len(rest) == 2:  # one admission id and its grant
+        rest = [[rest] if rest[0] else []]
+    answered = rest[0] if rest else []
+    if not isinstance(answered, list) or not all(isinstance(a, list) and len(a) == 2 for a in answered):
+        raise TypeError(f"a lease is {shape}, not {saved!r}")
+    return Lease(int(unused), float(granted_at),
+                 tuple((str(known), int(granted)) for known, granted in answered)[-ADMISSION_IDS_KEPT:])

@@ -45,12 +45,14 @@ class StalenessBook:
 
     def admit(self, worker_id: str, n_seqs: int, now_s: float, admission_id: str = "") -> int:
         """How many of ``n_seqs`` ``worker_id`` may start now; they are its lease, saved before
-        this returns (taken back if the save fails). A repeat of the last ``admission_id`` gets
-        its grant again (saved already)."""
+        this returns (taken back if the save fails). A repeat of one of the worker's recent
+        ``admission_id``s is answered what that one was granted, and granted nothing more (a
+        grant of none is remembered in memory, and saved with the next change)."""
         with self.lock:
             held = self.leases.leases.get(worker_id)
-            if admission_id and held is not None and held.admission_id == admission_id:
-                return held.admission_granted
+            answer = held.answer(admission_id) if admission_id and held is not None else None
+            if answer is not None:
+                return answer
             granted = self.leases.grant(worker_id, n_seqs, now_s, admission_id)
             if not granted:
                 return 0
@@ -59,7 +61,7 @@ class StalenessBook:
             self._save(wanted)
         except BaseException:
             with self.lock:
-                self.leases.revoke(worker_id, granted)
+                self.leases.revoke(worker_id, granted, forget_id=admission_id)
                 self._changed()
             raise
         return granted

@@ -1,6 +1,8 @@
 """An admission whose answer never reached the worker (a timeout, a dropped connection): its
 retry, with the same ``admission_id``, gets the first try's grant and is not granted again, so
-the worker's lease holds only what it will use; a controller restart in between changes nothing."""
+the worker's lease holds only what it will use; a controller restart in between changes nothing.
+So does a repeat that arrives late (after the worker asked again, or used its grant): any of the
+worker's last ``ADMISSION_IDS_KEPT`` ids is answered from memory."""
 
 from __future__ import annotations
 
@@ -11,8 +13,9 @@ import httpx
 import pytest
 
 from slurm_elastic.client.control import ControlClient
-from slurm_elastic.core.staleness import StalenessSnapshot
+from slurm_elastic.core.staleness import ADMISSION_IDS_KEPT, Lease, StalenessSnapshot
 from slurm_elastic.rollouts.queue import QueueConfig, RolloutQueue
+from slurm_elastic.rollouts.refusals import StaleGroup
 from slurm_elastic.rollouts.store import RolloutStore
 from slurm_elastic.worker import RolloutWorker
 from slurm_elastic.worker.context import StepContext
@@ -44,11 +47,59 @@ def test_a_new_id_or_none_is_a_new_admission(tmp_path: Path) -> None:
     assert q.staleness.running == 6
 
 
-def test_leases_saved_before_admissions_had_ids_still_load() -> None:
-    old = StalenessSnapshot.from_json('{"version":3,"gross_seqs":8,"at_seq":2,"leases":{"0001":[4,99.5]}}')
-    assert (old.leases["0001"].unused_seqs, old.leases["0001"].admission_id) == (4, "")
-    with pytest.raises(ValueError, match="a lease is"):
-        StalenessSnapshot.from_json('{"version":3,"gross_seqs":8,"at_seq":2,"leases":{"0001":[4]}}')
+def test_a_late_repeat_of_an_older_id_is_answered_not_granted_again(tmp_path: Path) -> None:
+    q = make(tmp_path)
+    assert q.admit(2, "0001", "a1") == 2 and q.admit(2, "0001", "a2") == 2
+    assert q.admit(2, "0001", "a1") == 2 and q.staleness.running == 4  # a1 arrives again, late
+    assert q.submit("g1", "0001", 4, 0, b"x")  # the worker uses its whole lease
+    assert q.admit(2, "0001", "a2") == 2 and q.staleness.running == 0  # a late repeat: nothing more held
+    assert q.admit(8, "0002", "b1") == 4 and q.admit(8, "0002", "b1") == 4  # (1 + 0 + 1) * 4 - 4 accepted
+    q.store.close()
+    again = make(tmp_path)
+    assert again.admit(2, "0001", "a1") == 2 and again.admit(8, "0002", "b1") == 4  # the ids survive a restart
+    assert again.staleness.running == 4 and again.staleness.capacity() == 0
+
+
+def test_a_grant_of_none_is_remembered_and_a_failed_save_forgets_its_id(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    q = make(tmp_path)
+    assert q.admit(8, "0001", "a1") == 8 and q.admit(4, "0002", "b1") == 0  # the bound is full
+    q.release_leases(["0001"])  # room again; b1's answer was "none"
+    assert q.admit(4, "0002", "b1") == 0 and q.admit(4, "0002", "b2") == 4
+    monkeypatch.setattr(q.store, "save_staleness", lambda _snapshot: (_ for _ in ()).throw(OSError("disk")))
+    with pytest.raises(OSError):
+        q.admit(4, "0003", "c1")
+    assert q.staleness.running == 4 and "0003" not in q.leases.leases  # nothing happened
+    monkeypatch.undo()
+    assert q.admit(4, "0003", "c1") == 4  # its retry is a new ask, granted
+
+
+def test_a_stale_refusal_keeps_the_ids_and_only_the_last_ones_are_kept(tmp_path: Path) -> None:
+    q = make(tmp_path)
+    q.set_version(2)
+    assert q.admit(2, "0001", "a1") == 2
+    with pytest.raises(StaleGroup):
+        q.submit("g-old", "0001", 2, 0, b"x")  # version 0 < 2 - 1: stale, its lease released
+    assert q.staleness.running == 0 and q.admit(2, "0001", "a1") == 2 and q.staleness.running == 0
+    for n in range(ADMISSION_IDS_KEPT + 1):
+        q.admit(0, "0001", f"n{n}")
+    lease = q.leases.leases["0001"]
+    assert lease.answer("n0") is None and lease.answer(f"n{ADMISSION_IDS_KEPT}") == 0
+    assert len(lease.answered) == ADMISSION_IDS_KEPT
+
+
+def test_leases_saved_by_earlier_versions_still_load() -> None:
+    def lease(saved: str) -> Lease:
+        return StalenessSnapshot.from_json(
+            f'{{"version":3,"gross_seqs":8,"at_seq":2,"leases":{{"0001":{saved}}}}}').leases["0001"]
+
+    assert lease("[4,99.5]") == Lease(4, 99.5)  # before admissions had ids
+    assert lease('[4,99.5,"a1",4]') == Lease(4, 99.5, (("a1", 4),))  # one id per worker
+    assert lease('[4,99.5,"",0]') == Lease(4, 99.5)
+    assert lease('[4,99.5,[["a1",4],["a2",0]]]') == Lease(4, 99.5, (("a1", 4), ("a2", 0)))
+    for bad in ("[4]", '[4,99.5,[["a1",-1]]]', '[4,99.5,[["a1"]]]', '[4,99.5,"a1"]'):
+        with pytest.raises(ValueError, match="lease"):
+            lease(bad)
 
 
 class LosesAnswers(httpx.HTTPTransport):
@@ -104,3 +155,11 @@ def test_a_worker_without_a_token_is_told_at_once() -> None:
 
     with pytest.raises(ConfigError, match="no token for the controller"):
         StepContext.from_env({"SLURM_ELASTIC_WORKER_ID": "0001", "SLURM_ELASTIC_CONTROLLER_URL": "http://x:1"})
+
+
+def test_a_replayed_admission_over_http_takes_no_capacity(served: ServedController) -> None:
+    with ControlClient(served.url, TOKEN) as client:
+        assert client.admit(4, "0001", "a1")["granted"] == 4 and client.admit(4, "0001", "a2")["granted"] == 4
+        for _ in range(5):  # a client (or a proxy) that replays its old requests
+            assert client.admit(4, "0001", "a1")["granted"] == 4
+    assert served.queue.staleness.running == 8
