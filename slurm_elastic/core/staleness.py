@@ -135,17 +135,23 @@ ADMISSION_IDS_KEPT = 16  # a worker's admission ids remembered with their answer
 
 @dataclass(frozen=True)
 class Lease:
-    """A worker's admitted sequences not yet handed over, when it was last granted any, and its
-    last ``ADMISSION_IDS_KEPT`` admission ids with what each was granted, oldest first (a repeat
-    of one, a retry whose answer was lost or a request that arrives late, is answered the same
-    and granted nothing more)."""
+    """A worker's admitted sequences not yet handed over, when it was last granted any, the last
+    admission id granted any with its grant (saved), and in memory its last ``ADMISSION_IDS_KEPT``
+    ids with what each was granted, oldest first. A repeat of one (a retry whose answer was lost,
+    or a request that arrives late) is answered the same and granted nothing more. Only the last
+    id granted any is saved: a late request comes on a connection to the process that answered
+    it, and a restart ends those; what a restarted controller must answer again is the last ask."""
 
     unused_seqs: int
     granted_at_s: float
+    admission_id: str = ""
+    admission_granted: int = 0
     answered: tuple[tuple[str, int], ...] = ()
 
     def answer(self, admission_id: str) -> int | None:
         """What ``admission_id`` was granted; None if it is not one of the ids remembered."""
+        if admission_id == self.admission_id:
+            return self.admission_granted
         return next((granted for known, granted in self.answered if known == admission_id), None)
 
 
@@ -170,7 +176,8 @@ class AdmissionLeases:
         granted = max(0, min(wanted, self.staleness.capacity()))
         if granted:
             self.staleness.on_submitted(granted)
-            held = replace(held, unused_seqs=held.unused_seqs + granted, granted_at_s=now_s)
+            held = replace(held, unused_seqs=held.unused_seqs + granted, granted_at_s=now_s,
+                           admission_id=admission_id, admission_granted=granted)
         if admission_id:
             held = replace(held, answered=(*held.answered, (admission_id, granted))[-ADMISSION_IDS_KEPT:])
         self._set(worker_id, held)
@@ -184,8 +191,11 @@ class AdmissionLeases:
             return
         taken = min(n_seqs, held.unused_seqs)
         self.staleness.on_rejected(taken)
-        self._set(worker_id, replace(held, unused_seqs=held.unused_seqs - taken,
-                                     answered=tuple(a for a in held.answered if a[0] != forget_id)))
+        held = replace(held, unused_seqs=held.unused_seqs - taken,
+                       answered=tuple(a for a in held.answered if a[0] != forget_id))
+        if forget_id and held.admission_id == forget_id:
+            held = replace(held, admission_id="", admission_granted=0)
+        self._set(worker_id, held)
 
     def release(self, worker_id: str) -> int:
         """``worker_id``'s step has ended: what its lease holds will never be submitted under it
@@ -231,7 +241,7 @@ class AdmissionLeases:
 
     def _set(self, worker_id: str, lease: Lease) -> None:
         """Keep ``lease`` while it holds sequences or admission ids to answer repeats of."""
-        if lease.unused_seqs > 0 or lease.answered:
+        if lease.unused_seqs > 0 or lease.admission_id or lease.answered:
             self.leases[worker_id] = lease
         else:
             self.leases.pop(worker_id, None)
@@ -262,10 +272,10 @@ class StalenessSnapshot:
         leases.restore(self.leases, arrived_seqs)
 
     def to_json(self) -> str:
+        leases = {w: [h.unused_seqs, h.granted_at_s, h.admission_id, h.admission_granted]
+                  for w, h in self.leases.items() if h.unused_seqs or h.admission_id}
         return json.dumps({"version": self.version, "gross_seqs": self.gross_seqs, "at_seq": self.at_seq,
-                           "leases": {w: [h.unused_seqs, h.granted_at_s, [list(a) for a in h.answered]]
-                                      for w, h in self.leases.items()}},
-                          separators=(",", ":"))
+                           "leases": leases}, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> StalenessSnapshot:
@@ -279,25 +289,16 @@ class StalenessSnapshot:
             raise ValueError(f"not a staleness snapshot: {exc}") from None
         negative = [name for name, value in (("version", snapshot.version), ("gross_seqs", snapshot.gross_seqs),
                                               ("at_seq", snapshot.at_seq)) if value < 0]
-        negative += [f"lease of {w}" for w, held in leases.items() if held.unused_seqs < 0
-                     or any(granted < 0 for _id, granted in held.answered)]
+        negative += [f"lease of {w}" for w, held in leases.items() if held.unused_seqs < 0 or held.admission_granted < 0]
         if negative:
             raise ValueError(f"not a staleness snapshot: negative {', '.join(negative)}")
         return snapshot
 
 
 def _lease(saved: Any) -> Lease:
-    """A lease as :meth:`StalenessSnapshot.to_json` writes it: [unused, granted at, [[admission id,
-    its grant], ...]]; or as earlier versions did, [unused, granted at, admission id, its grant]
-    or [unused, granted at]."""
-    shape = "[unused, granted_at, [[admission_id, granted], ...]]"
-    if not isinstance(saved, list) or len(saved) not in (2, 3, 4):
-        raise TypeError(f"a lease is {shape}, not {saved!r}")
-    unused, granted_at, *rest = saved
-    if len(rest) == 2:  # one admission id and its grant
-        rest = [[rest] if rest[0] else []]
-    answered = rest[0] if rest else []
-    if not isinstance(answered, list) or not all(isinstance(a, list) and len(a) == 2 for a in answered):
-        raise TypeError(f"a lease is {shape}, not {saved!r}")
-    return Lease(int(unused), float(granted_at),
-                 tuple((str(known), int(granted)) for known, granted in answered)[-ADMISSION_IDS_KEPT:])
+    """A lease as :meth:`StalenessSnapshot.to_json` writes it: [unused, granted at, the last
+    admission id granted any, its grant], or [unused, granted at] (written before admissions had ids)."""
+    if not isinstance(saved, list) or len(saved) not in (2, 4):
+        raise TypeError(f"a lease is [unused, granted_at(, admission_id, granted)], not {saved!r}")
+    unused, granted_at, *last = saved
+    return Lease(int(unused), float(granted_at), *((str(last[0]), int(last[1])) if last else ()))

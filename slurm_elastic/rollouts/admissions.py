@@ -46,8 +46,8 @@ class StalenessBook:
     def admit(self, worker_id: str, n_seqs: int, now_s: float, admission_id: str = "") -> int:
         """How many of ``n_seqs`` ``worker_id`` may start now; they are its lease, saved before
         this returns (taken back if the save fails). A repeat of one of the worker's recent
-        ``admission_id``s is answered what that one was granted, and granted nothing more (a
-        grant of none is remembered in memory, and saved with the next change)."""
+        ``admission_id``s is answered what that one was granted, and granted nothing more
+        (:class:`~slurm_elastic.core.staleness.Lease`)."""
         with self.lock:
             held = self.leases.leases.get(worker_id)
             answer = held.answer(admission_id) if admission_id and held is not None else None
