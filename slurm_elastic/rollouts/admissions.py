@@ -45,26 +45,45 @@ class StalenessBook:
 
     def admit(self, worker_id: str, n_seqs: int, now_s: float, admission_id: str = "") -> int:
         """How many of ``n_seqs`` ``worker_id`` may start now; they are its lease, saved before
-        this returns (taken back if the save fails). A repeat of one of the worker's recent
-        ``admission_id``s is answered what that one was granted, and granted nothing more
-        (:class:`~slurm_elastic.core.staleness.Lease`)."""
+        this returns (taken back if the save fails, unless a save beside it kept them). A repeat of
+        one of the worker's recent ``admission_id``s is answered what that one was granted once
+        that grant is saved, and granted nothing more (:class:`~slurm_elastic.core.staleness.Lease`)."""
         with self.lock:
             held = self.leases.leases.get(worker_id)
             answer = held.answer(admission_id) if admission_id and held is not None else None
             if answer is not None:
-                return answer
-            granted = self.leases.grant(worker_id, n_seqs, now_s, admission_id)
-            if not granted:
-                return 0
-            wanted = self._changed()
+                if not answer:
+                    return 0
+                wanted = self._changes  # the grant repeated is one of these changes
+            else:
+                granted = self.leases.grant(worker_id, n_seqs, now_s, admission_id)
+                if not granted:
+                    return 0
+                wanted = self._changed()
+        if answer is not None:
+            return self._answer_again(worker_id, n_seqs, now_s, admission_id, answer, wanted)
         try:
             self._save(wanted)
         except BaseException:
             with self.lock:
+                if self._saved_changes >= wanted:  # a repeat's save, after this one failed, holds the grant
+                    return granted
                 self.leases.revoke(worker_id, granted, forget_id=admission_id)
                 self._changed()
             raise
         return granted
+
+    def _answer_again(self, worker_id: str, n_seqs: int, now_s: float, admission_id: str, answer: int,
+                      wanted: int) -> int:
+        """A repeat's answer once the grant it repeats is saved: its first try may still be saving
+        it (a retry sent on a timeout), and what a worker is told it may start must survive a
+        restart. If that save failed and the grant was taken back, the repeat is a new ask."""
+        self._save(wanted)
+        with self.lock:
+            held = self.leases.leases.get(worker_id)
+            if held is not None and held.answer(admission_id) == answer:
+                return answer
+        return self.admit(worker_id, n_seqs, now_s, admission_id)
 
     def set_version(self, version: int, recovered: bool, buffered_seqs: Callable[[], int]) -> None:
         """A plain publish (checked: VersionRefused), or a resume from a checkpoint at

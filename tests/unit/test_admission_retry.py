@@ -8,6 +8,8 @@ ends those; what a restarted controller must answer again is the worker's last a
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -74,6 +76,58 @@ def test_a_grant_of_none_is_remembered_and_a_failed_save_forgets_its_id(tmp_path
     assert q.staleness.running == 4 and "0003" not in q.leases.leases  # nothing happened
     monkeypatch.undo()
     assert q.admit(4, "0003", "c1") == 4  # its retry is a new ask, granted
+
+
+class SlowSaves:
+    """The store's staleness saves wait for ``go``; the first one fails if ``fail_first``."""
+
+    def __init__(self, q: RolloutQueue, fail_first: bool) -> None:
+        self.save, self.fail_first = q.store.save_staleness, fail_first
+        self.go, self.saving, self.calls = threading.Event(), threading.Event(), 0
+        q.store.save_staleness = self  # type: ignore[method-assign]
+
+    def __call__(self, snapshot: StalenessSnapshot) -> None:
+        self.calls += 1
+        self.saving.set()
+        assert self.go.wait(10)
+        if self.fail_first and self.calls == 1:
+            raise OSError("disk")
+        self.save(snapshot)
+
+
+def admit_in_thread(q: RolloutQueue, answers: list[object]) -> threading.Thread:
+    def ask() -> None:
+        try:
+            answers.append(q.admit(4, "0001", "a1"))
+        except OSError as exc:
+            answers.append(exc)
+
+    thread = threading.Thread(target=ask)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize("fail_first", [False, True])
+def test_a_retry_sent_while_the_first_try_still_saves_is_answered_only_once_saved(tmp_path: Path,
+                                                                                 fail_first: bool) -> None:
+    q = make(tmp_path)
+    saves = SlowSaves(q, fail_first)
+    first: list[object] = []
+    retry: list[object] = []
+    threads = [admit_in_thread(q, first)]
+    assert saves.saving.wait(10)  # the first try writes its grant ...
+    threads.append(admit_in_thread(q, retry))  # ... when its retry comes (the worker timed out)
+    time.sleep(0.2)
+    assert retry == []  # not answered before the grant is saved
+    saves.go.set()
+    for thread in threads:
+        thread.join(10)
+    assert retry == [4]  # told it may start 4: those 4 are held, and saved
+    assert first == [4] or (fail_first and isinstance(first[0], OSError))
+    assert q.staleness.running == 4 and q.leases.leases["0001"].unused_seqs == 4
+    q.store.close()
+    again = make(tmp_path)
+    assert again.staleness.running == 4 and again.admit(4, "0001", "a1") == 4 and again.staleness.running == 4
 
 
 def test_a_stale_refusal_keeps_the_ids_and_only_the_last_ones_are_kept(tmp_path: Path) -> None:
