@@ -64,10 +64,10 @@ class StalenessBook:
             return self._answer_again(worker_id, n_seqs, now_s, admission_id, answer, wanted)
         try:
             self._save(wanted)
-        except BaseException:
+        except BaseException as exc:
             with self.lock:
-                if self._saved_changes >= wanted:  # a repeat's save, after this one failed, holds the grant
-                    return granted
+                if isinstance(exc, Exception) and self._saved_changes >= wanted:
+                    return granted  # a repeat's save, after this one failed, holds the grant
                 self.leases.revoke(worker_id, granted, forget_id=admission_id)
                 self._changed()
             raise

@@ -107,6 +107,23 @@ def admit_in_thread(q: RolloutQueue, answers: list[object]) -> threading.Thread:
     return thread
 
 
+class HeldBackLock:
+    """The book's lock, except that the thread named in ``held_back`` waits for ``go`` before it
+    takes it (what a scheduler may do to a thread whose save just failed)."""
+
+    def __init__(self) -> None:
+        self.lock, self.go = threading.Lock(), threading.Event()
+        self.held_back: threading.Thread | None = None
+
+    def __enter__(self) -> None:
+        if threading.current_thread() is self.held_back:
+            assert self.go.wait(10)
+        self.lock.acquire()
+
+    def __exit__(self, *_exc: object) -> None:
+        self.lock.release()
+
+
 @pytest.mark.parametrize("fail_first", [False, True])
 def test_a_retry_sent_while_the_first_try_still_saves_is_answered_only_once_saved(tmp_path: Path,
                                                                                  fail_first: bool) -> None:
@@ -128,6 +145,26 @@ def test_a_retry_sent_while_the_first_try_still_saves_is_answered_only_once_save
     q.store.close()
     again = make(tmp_path)
     assert again.staleness.running == 4 and again.admit(4, "0001", "a1") == 4 and again.staleness.running == 4
+
+
+def test_a_grant_whose_save_failed_is_kept_when_its_retrys_save_held_it(tmp_path: Path) -> None:
+    q = make(tmp_path)
+    lock = HeldBackLock()
+    q.book.lock = lock  # type: ignore[assignment]
+    saves = SlowSaves(q, fail_first=True)
+    first: list[object] = []
+    retry: list[object] = []
+    threads = [admit_in_thread(q, first)]
+    assert saves.saving.wait(10)
+    lock.held_back = threads[0]  # once its save fails, the first try is slow to take the lock back
+    threads.append(admit_in_thread(q, retry))
+    saves.go.set()
+    threads[1].join(10)
+    assert retry == [4] and saves.calls == 2  # the retry's own save held the grant
+    lock.go.set()
+    threads[0].join(10)
+    assert first == [4]  # not taken back: the worker was told it may start those 4
+    assert q.staleness.running == 4 and q.leases.leases["0001"].answer("a1") == 4
 
 
 def test_a_stale_refusal_keeps_the_ids_and_only_the_last_ones_are_kept(tmp_path: Path) -> None:
