@@ -34,6 +34,7 @@ class StalenessBook:
         self._save_lock = threading.Lock()  # one save at a time, each newer than the last
         self._changes = 0  # admissions and version changes made ...
         self._saved_changes = 0  # ... and how many of them the saved counts hold
+        self._publishes = 0  # version publishes made
 
     def recover(self, recovered: Recovered, freed_seqs: int, now_s: float) -> None:
         """The counts as saved last, moved on by the groups stored since and the sequences
@@ -88,7 +89,8 @@ class StalenessBook:
     def set_version(self, version: int, recovered: bool, buffered_seqs: Callable[[], int]) -> None:
         """A plain publish (checked: VersionRefused), or a resume from a checkpoint at
         ``version`` with ``buffered_seqs()`` (lock held) still to be trained on; saved, and
-        taken back if the save fails (the error is raised: nothing changed)."""
+        taken back if the save fails (the error is raised: nothing changed), unless a save beside
+        it held it or a publish came after it (a trainer's retry: its own save decides)."""
         with self.lock:
             before_version, before_accepted = self.staleness.version, self.staleness.accepted
             if recovered:
@@ -97,11 +99,15 @@ class StalenessBook:
                 self.staleness.on_version(version)
             moved_accepted = self.staleness.accepted - before_accepted
             wanted = self._changed()
+            self._publishes += 1
+            publish = self._publishes
         try:
             self._save(wanted)
-        except BaseException:  # a publish that was not saved did not happen: nothing may act on it
+        except BaseException as exc:  # a publish that was not saved did not happen: nothing may act on it
             with self.lock:
-                if self.staleness.version == version:
+                if isinstance(exc, Exception) and self._saved_changes >= wanted:
+                    return  # a save beside it, after this one failed, holds the publish
+                if self._publishes == publish and self.staleness.version == version:
                     self.staleness.version = before_version
                     self.staleness.accepted -= moved_accepted
                 self._changed()

@@ -4,7 +4,9 @@ the worker's lease holds only what it will use; a controller restart in between 
 So does a repeat that arrives late (after the worker asked again, or used its grant): any of the
 worker's last ``ADMISSION_IDS_KEPT`` ids is answered from memory. Only the last id granted any
 is saved: a late request comes on a connection to the process that answered it, and a restart
-ends those; what a restarted controller must answer again is the worker's last ask."""
+ends those; what a restarted controller must answer again is the worker's last ask. A retry that
+comes while its first try still saves (an admission, or a trainer's version publish) is answered
+only once saved, and what it was told holds whether or not the first try's save failed."""
 
 from __future__ import annotations
 
@@ -165,6 +167,32 @@ def test_a_grant_whose_save_failed_is_kept_when_its_retrys_save_held_it(tmp_path
     threads[0].join(10)
     assert first == [4]  # not taken back: the worker was told it may start those 4
     assert q.staleness.running == 4 and q.leases.leases["0001"].answer("a1") == 4
+
+
+@pytest.mark.parametrize("fail_first", [False, True])
+def test_a_publish_retried_while_its_first_try_saves_stays_published(tmp_path: Path, fail_first: bool) -> None:
+    q = make(tmp_path)
+    saves = SlowSaves(q, fail_first)
+    errors: list[BaseException] = []
+
+    def publish() -> None:
+        try:
+            q.set_version(1)
+        except OSError as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=publish)]
+    threads[0].start()
+    assert saves.saving.wait(10)
+    threads.append(threading.Thread(target=publish))  # the trainer's retry
+    threads[1].start()
+    saves.go.set()
+    for thread in threads:
+        thread.join(10)
+    assert len(errors) <= (1 if fail_first else 0)  # the trainer was told version 1 is published ...
+    assert q.staleness.version == 1  # ... and it is, here ...
+    q.store.close()
+    assert make(tmp_path).staleness.version == 1  # ... and after a restart
 
 
 def test_a_stale_refusal_keeps_the_ids_and_only_the_last_ones_are_kept(tmp_path: Path) -> None:
