@@ -11,11 +11,14 @@ answered; at a restart the groups stored after that arrival number move the coun
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 
 from slurm_elastic.core.staleness import AdmissionLeases, StalenessManager, StalenessSnapshot
 from slurm_elastic.rollouts.storage import Recovered, RolloutStorage
+
+log = logging.getLogger(__name__)
 
 
 class StalenessBook:
@@ -35,6 +38,7 @@ class StalenessBook:
         self._changes = 0  # admissions and version changes made ...
         self._saved_changes = 0  # ... and how many of them the saved counts hold
         self._publishes = 0  # version publishes made
+        self._told_of_repeats: set[str] = set()  # workers warned that a repeat is not granted again
 
     def recover(self, recovered: Recovered, freed_seqs: int, now_s: float) -> None:
         """The counts as saved last, moved on by the groups stored since and the sequences
@@ -53,6 +57,12 @@ class StalenessBook:
             held = self.leases.leases.get(worker_id)
             answer = held.answer(admission_id) if admission_id and held is not None else None
             if answer is not None:
+                assert held is not None
+                if answer > held.unused_seqs and worker_id not in self._told_of_repeats:
+                    self._told_of_repeats.add(worker_id)
+                    log.warning("worker %s repeated admission id %s after using what it was granted: answered, "
+                                "not granted again (a request that came late, or a client that sends one id for "
+                                "several asks: each ask needs its own admission_id)", worker_id, admission_id)
                 if not answer:
                     return 0
                 wanted = self._changes  # the grant repeated is one of these changes

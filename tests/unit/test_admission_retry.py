@@ -53,12 +53,18 @@ def test_a_new_id_or_none_is_a_new_admission(tmp_path: Path) -> None:
     assert q.staleness.running == 6
 
 
-def test_a_late_repeat_of_an_older_id_is_answered_not_granted_again(tmp_path: Path) -> None:
+def test_a_late_repeat_of_an_older_id_is_answered_not_granted_again(tmp_path: Path,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
     q = make(tmp_path)
     assert q.admit(2, "0001", "a1") == 2 and q.admit(2, "0001", "a2") == 2
     assert q.admit(2, "0001", "a1") == 2 and q.staleness.running == 4  # a1 arrives again, late
     assert q.submit("g1", "0001", 4, 0, b"x")  # the worker uses its whole lease
     assert q.admit(2, "0001", "a2") == 2 and q.staleness.running == 0  # a late repeat: nothing more held
+    assert q.admit(2, "0001", "a2") == 2  # (or a client that sends one id for every ask: told once)
+    told = [r.getMessage() for r in caplog.records if "repeated admission id" in r.getMessage()]
+    assert told == ["worker 0001 repeated admission id a2 after using what it was granted: answered, not granted "
+                    "again (a request that came late, or a client that sends one id for several asks: each ask "
+                    "needs its own admission_id)"]
     assert q.admit(8, "0002", "b1") == 4 and q.admit(8, "0002", "b1") == 4  # (1 + 0 + 1) * 4 - 4 accepted
     q.store.close()
     again = make(tmp_path)
