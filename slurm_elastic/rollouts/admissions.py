@@ -140,6 +140,7 @@ class StalenessBook:
         :meth:`save`); returns the sequences released."""
         with self.lock:
             released = sum(self.leases.release(w) for w in worker_ids)
+            self._told_of_repeats.difference_update(worker_ids)
             if released:
                 self._changed()
         return released
