@@ -130,7 +130,8 @@ class ControlClient:
     def admit(self, sequences: int, worker_id: str, admission_id: str | None = None) -> dict[str, Any]:
         """Ask to start rollouts (the staleness gate); answers how many may start now. What is
         granted is ``worker_id``'s lease: its submits use it. ``admission_id`` (up to 64 of
-        ``[0-9A-Za-z_-]``): sent again with a retry, it gets the first try's grant, granted once."""
+        ``[0-9A-Za-z_-]``), one per ask: sent again with a retry, it gets the first try's grant,
+        granted once."""
         body: dict[str, Any] = {"sequences": sequences, "worker_id": worker_id}
         if admission_id is not None:
             body["admission_id"] = admission_id

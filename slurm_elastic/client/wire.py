@@ -100,8 +100,8 @@ class Admission(_Body):
     sequences: int = Field(ge=1, le=100_000)
     worker_id: str = Field(pattern=WORKER_ID, description="the lease is this worker's: only its submits use it")
     admission_id: str | None = Field(None, pattern=r"^[0-9A-Za-z_-]{1,64}$", description=(
-        "the worker's name for this admission: a retry with the same id, its answer lost, gets the same grant "
-        "and is not granted again"))
+        "the worker's name for this admission, one per ask: a repeat of one of its recent ids (a retry whose "
+        "answer was lost, or a request that arrives late) gets that id's grant and is not granted again"))
 
 
 class TrainerHello(_Body):
