@@ -21,7 +21,7 @@ from slurm_elastic.controller.files import (
 )
 from slurm_elastic.controller.guard import BODY_MAX_BYTES, RequestGuard
 from slurm_elastic.controller.http import control_router
-from slurm_elastic.controller.json_body import JsonBodies
+from slurm_elastic.controller.json_body import JsonBodies, routed
 from slurm_elastic.controller.main import (
     build_controller,
     check_worker_shape,
@@ -55,7 +55,7 @@ def create_controller_app(controller: Controller, token: str, queue: RolloutQueu
     submit_max_bytes = queue.config.max_group_bytes if queue is not None else BODY_MAX_BYTES
     app = ControllerApp(RequestGuard(token, submit_max_bytes), title="slurm-elastic controller", version=__version__,
                         docs_url=None, redoc_url=None)
-    app.add_middleware(JsonBodies)
+    app.add_middleware(JsonBodies, takes=routed(lambda: app.router.routes))
 
     @app.get("/healthz", tags=["status"])
     def healthz() -> dict[str, str]:

@@ -52,7 +52,10 @@ class RequestGuard:
         self.body_timeout_s = body_timeout_s
 
     def limit_bytes(self, scope: Scope) -> int:
-        return self.submit_max_bytes if scope["path"] == SUBMIT_PATH else self.body_max_bytes
+        """The body cap: the submit's for ``POST /rollouts``, the control routes' for any other
+        request (another method on that path is answered 405, and must not bring 32 MiB first)."""
+        submit = scope["path"] == SUBMIT_PATH and scope["method"] == "POST"
+        return self.submit_max_bytes if submit else self.body_max_bytes
 
     def check(self, scope: Scope) -> tuple[tuple[int, bytes, Headers] | None, bool, bool]:
         """(the refusal, or None; whether a body follows; whether it must be counted as it
@@ -65,7 +68,7 @@ class RequestGuard:
                 authorization = value
                 authorizations += 1
             elif name == b"content-length":
-                content_length = value
+                content_length = value.strip(b" \t")  # HTTP allows whitespace around a field's value
             elif name == b"transfer-encoding":
                 chunked = True
         if authorizations > 1:
@@ -79,7 +82,9 @@ class RequestGuard:
         if not scope["path"].isprintable():  # the router's `$` would take a trailing newline
             return refusal(404, "no route: the path holds a control character"), False, False
         limit = self.limit_bytes(scope)
-        if content_length and (not content_length.isdigit() or int(content_length) > limit):
+        if content_length and not content_length.isdigit():
+            return refusal(400, "Content-Length is not a whole number of bytes"), False, False
+        if content_length and int(content_length) > limit:
             return self.too_big(limit), False, False
         # with a Content-Length within the cap, the server reads no more than it says
         return None, chunked or content_length.strip(b"0") != b"", chunked

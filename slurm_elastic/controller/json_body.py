@@ -19,8 +19,10 @@ from __future__ import annotations
 import json
 import re
 import sys
+from collections.abc import Callable, Iterable
 from itertools import accumulate
 
+from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from slurm_elastic.controller.beats import read_body, replaying
@@ -84,17 +86,25 @@ def _as_json(scope: Scope) -> Scope:
     return {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
 
 
+def routed(routes: Callable[[], Iterable[BaseRoute]]) -> Callable[[Scope], bool]:
+    """Whether a route of ``routes()`` takes the request: its path and its method."""
+    return lambda scope: any(route.matches(scope)[0] is Match.FULL for route in routes())
+
+
 class JsonBodies:
     """Middleware: every request body, read whole, is refused when nested too deeply, else handed
     on as JSON (its ``Content-Type`` set to ``application/json``). Requests without a body pass
-    untouched."""
+    untouched, and so do those no route takes (``takes``): the framework answers those 404, 405 or
+    a redirect without reading their body."""
 
-    def __init__(self, app: ASGIApp, max_depth: int = JSON_MAX_DEPTH) -> None:
+    def __init__(self, app: ASGIApp, takes: Callable[[Scope], bool] = lambda scope: True,
+                 max_depth: int = JSON_MAX_DEPTH) -> None:
         self.app = app
+        self.takes = takes
         self.max_depth = max_depth
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not _has_body(scope):
+        if scope["type"] != "http" or not _has_body(scope) or not self.takes(scope):
             await self.app(scope, receive, send)
             return
         body = await read_body(receive)

@@ -19,9 +19,11 @@ own lease only; a lease not used within ``ttl_s`` of its worker's last admission
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+EXPIRY_SCAN_S = 1.0  # expired leases are looked for at most this often (AdmissionLeases.expire)
 MAX_VERSION = 2**63 - 1  # what the store's index holds (a signed 64-bit integer)
 
 
@@ -166,6 +168,8 @@ class AdmissionLeases:
     staleness: StalenessManager
     ttl_s: float
     leases: dict[str, Lease] = field(default_factory=dict)
+    _oldest_s: float = field(default=math.inf, init=False, repr=False, compare=False)  # no lease older
+    _scanned_s: float = field(default=-math.inf, init=False, repr=False, compare=False)  # the last expiry scan
 
     def grant(self, worker_id: str, wanted: int, now_s: float, admission_id: str = "") -> int:
         """How many of ``wanted`` sequences ``worker_id`` may start now; those are counted as
@@ -223,10 +227,17 @@ class AdmissionLeases:
         return used
 
     def expire(self, now_s: float) -> int:
-        """Release every lease older than ``ttl_s``; returns the sequences released."""
+        """Release every lease older than ``ttl_s``; returns the sequences released. Nothing is
+        scanned while no lease is that old, and the leases are scanned at most once every
+        ``EXPIRY_SCAN_S`` otherwise (a lease is released that much late at most): a client
+        asking under ever new worker ids must not make every admission scan all their leases."""
+        if now_s - self._oldest_s <= self.ttl_s or 0 <= now_s - self._scanned_s < EXPIRY_SCAN_S:
+            return 0
+        self._scanned_s = now_s
         released = 0
         for worker_id in [w for w, held in self.leases.items() if now_s - held.granted_at_s > self.ttl_s]:
             released += self.leases.pop(worker_id).unused_seqs
+        self._oldest_s = min((held.granted_at_s for held in self.leases.values()), default=math.inf)
         if released:
             self.staleness.on_rejected(released)
         return released
@@ -238,11 +249,13 @@ class AdmissionLeases:
         for worker_id, held in saved.items():
             self._set(worker_id, replace(held, unused_seqs=max(0, held.unused_seqs - arrived_seqs.get(worker_id, 0))))
         self.staleness.running = sum(held.unused_seqs for held in self.leases.values())
+        self._oldest_s = min((held.granted_at_s for held in self.leases.values()), default=math.inf)
 
     def _set(self, worker_id: str, lease: Lease) -> None:
         """Keep ``lease`` while it holds sequences or admission ids to answer repeats of."""
         if lease.unused_seqs > 0 or lease.admission_id or lease.answered:
             self.leases[worker_id] = lease
+            self._oldest_s = min(self._oldest_s, lease.granted_at_s)
         else:
             self.leases.pop(worker_id, None)
 

@@ -119,6 +119,21 @@ def test_a_100_mb_body_without_a_token_is_refused_unread_and_healthz_stays_respo
             assert http.post("/admin/scale", json={"workers": 0}, headers=AUTH).status_code == 200
 
 
+def test_a_request_no_route_takes_is_answered_without_its_body(tmp_path: Path) -> None:
+    """Another method on the submit's path, an unknown path, a path with a trailing slash: the
+    answer comes before the body (none is sent here: reading it would wait for the body's timer)."""
+    head = "{} {} HTTP/1.1\r\nhost: x\r\nauthorization: Bearer " + TOKEN + "\r\ncontent-length: {}\r\n\r\n"
+    with served(tmp_path) as (url, _server):
+        for method, path, length, expected in (("PUT", "/rollouts", 32 * 2**20, b" 413 "),
+                                               ("PUT", "/rollouts", 1000, b" 405 "),
+                                               ("GET", "/admin/scale", 1000, b" 405 "),
+                                               ("POST", "/no/such/route", 1000, b" 404 "),
+                                               ("POST", "/rollouts/", 1000, b" 307 ")):
+            started = time.monotonic()
+            status = raw_status(url, head.format(method, path, length).encode())
+            assert expected in status and time.monotonic() - started < 5, (method, path, length, status)
+
+
 def test_a_slow_request_head_and_an_idle_connection_are_closed(tmp_path: Path) -> None:
     with served(tmp_path, "--head-timeout-s", "0.5") as (url, _server), \
             socket.create_connection(address(url), timeout=30) as idle, \

@@ -43,3 +43,21 @@ async def trickled_past_the_timer() -> list[str]:
 
 def test_the_408_has_left_before_the_app_hears_the_client_went_away() -> None:
     assert asyncio.run(trickled_past_the_timer()) == ["http.disconnect", "408", "body"]
+
+
+def _check(path: str, method: str, content_length: bytes) -> tuple[int, bytes] | None:
+    scope = {"type": "http", "path": path, "method": method,
+             "headers": [(b"authorization", b"Bearer t"), (b"content-length", content_length)]}
+    answer, _, _ = RequestGuard("t", submit_max_bytes=32 << 20).check(scope)
+    return None if answer is None else (answer[0], answer[1])
+
+
+def test_the_submit_cap_is_the_submit_route_and_method_s_alone() -> None:
+    assert _check("/rollouts", "POST", b"%d" % (32 << 20)) is None
+    for method in ("PUT", "GET", "PATCH", "DELETE"):  # answered 405: they get the control routes' cap
+        assert _check("/rollouts", method, b"%d" % (32 << 20)) == (413, b'{"detail": "request body over 1048576 bytes"}')
+
+
+def test_content_length_with_whitespace_is_its_number_and_one_that_is_no_number_is_said_so() -> None:
+    assert _check("/admin/scale", "POST", b"13 ") is None and _check("/admin/scale", "POST", b"\t13") is None
+    assert _check("/admin/scale", "POST", b"1e3") == (400, b'{"detail": "Content-Length is not a whole number of bytes"}')

@@ -107,6 +107,34 @@ def test_leases_are_per_worker_and_expire_after_the_ttl() -> None:
     assert (m.running, m.capacity(), leases.leases) == (0, 3, {})
 
 
+class _CountedScans(dict[str, Lease]):
+    """The leases, counting how often all of them are gone through."""
+
+    scans = 0
+
+    def items(self):  # type: ignore[no-untyped-def]
+        self.scans += 1
+        return super().items()
+
+
+def test_expiry_scans_the_leases_only_when_one_may_be_old_and_at_most_once_a_second() -> None:
+    m = StalenessManager(batch_size=4, max_staleness=0, max_concurrent=100)
+    counted = _CountedScans()
+    leases = AdmissionLeases(m, ttl_s=10.0, leases=counted)
+    assert leases.grant("a", 2, now_s=0.0, admission_id="x") == 2
+    assert leases.grant("b", 2, now_s=0.5, admission_id="y") == 2
+    for i in range(5000):  # a client asking under ever new worker ids, at no capacity
+        assert leases.grant(f"spam{i}", 1, now_s=1.0 + i * 1e-4, admission_id=f"s{i}") == 0
+    assert counted.scans == 0  # no lease could be past its TTL
+    assert leases.expire(now_s=10.2) == 2 and "a" not in counted and counted.scans == 1
+    assert leases.expire(now_s=10.6) == 0 and counted.scans == 1  # b is due, the last scan was 0.4 s ago
+    assert leases.expire(now_s=11.2) == 2 and "b" not in counted and counted.scans == 2
+    for i in range(100):  # the spam's leases fall due one after another: one scan a second
+        leases.expire(now_s=11.2 + i * 0.01)
+    assert counted.scans == 2 and leases.expire(now_s=12.3) == 0 and counted.scans == 3
+    assert m.running == 0 and len(counted) == 0
+
+
 def test_a_late_or_unadmitted_result_never_takes_from_running_twice() -> None:
     m = StalenessManager(batch_size=8, max_staleness=0, max_concurrent=100)
     leases = AdmissionLeases(m, ttl_s=10.0)
