@@ -76,7 +76,7 @@ class WorkersSection(_Section):
                                 "(--ntasks-per-node); task 0 registers, the others run the command beside it.")
     cpus_per_worker: int = Field(1, ge=1, description="CPUs per worker step (--cpus-per-task).")
     mem_per_worker_mb: int = Field(0, ge=0, description="Memory per worker step in MB; 0: Slurm's default.")
-    initial_workers: int = Field(-1, ge=-1, description="Workers at start (at most autoscaler.max_workers); -1: the autoscaler's minimum.")
+    initial_workers: int = Field(-1, ge=-1, description="Workers at start (at most autoscaler.max_workers); -1: the autoscaler's minimum. The count the job keeps with the autoscaler off; with it on, its start-up resizes the pool from the first tick (doubling it, or a worker on every GPU while the trainer waits for its first batches: docs/autoscaler.md).")
     drain_signal: DrainSignal = Field(DEFAULT_DRAIN_SIGNAL, description="Signal that asks a worker to drain.")
     drain_timeout_s: float = Field(d.DRAIN_TIMEOUT_S, gt=0, description="After this, a draining worker is cancelled.")
     heartbeat_interval_s: float = Field(d.HEARTBEAT_INTERVAL_S, gt=0, description="How often workers heart-beat.")

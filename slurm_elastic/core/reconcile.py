@@ -264,7 +264,7 @@ def _scale(workers: dict[str, Worker], desired: int, allowed_slots: int, exclude
     free_slots = max(0, allowed_slots - len(holding))
     if len(capacity) > desired:
         drainable = [w for w in capacity if w.state is not S.DRAINING]
-        for worker in _drain_order(drainable, drain_first_jobs)[: len(capacity) - desired]:
+        for worker in _drain_order(drainable, drain_first_jobs, cordoned)[: len(capacity) - desired]:
             if worker.state is S.BACKOFF:
                 transition(worker, S.INACTIVE, now_s, "scale-down: relaunch cancelled")
             else:
@@ -300,9 +300,11 @@ def _launch(worker: Worker, exclude_nodes: tuple[str, ...], now_s: float, reason
     plan.actions.append(Launch(worker.worker_id, exclude_nodes))
 
 
-def _drain_order(capacity: list[Worker], first_jobs: frozenset[int] = frozenset()) -> list[Worker]:
+def _drain_order(capacity: list[Worker], first_jobs: frozenset[int] = frozenset(),
+                 cordoned: frozenset[tuple[str, int]] = frozenset()) -> list[Worker]:
     """Workers in ``first_jobs`` first; then least useful first: pending relaunches, not-yet-running,
-    clearly slow ones (slowest first, :func:`slow_workers`), idle, then busy; newest first within each."""
+    those kept on a cordoned GPU, clearly slow ones (slowest first, :func:`slow_workers`), idle, then
+    busy; newest first within each."""
     slow = slow_workers(capacity)
 
     def rank(worker: Worker) -> tuple[int, int, float, tuple[int, str]]:
@@ -310,12 +312,14 @@ def _drain_order(capacity: list[Worker], first_jobs: frozenset[int] = frozenset(
             group = 0
         elif worker.state is S.STARTING:
             group = 1
-        elif worker.worker_id in slow:
+        elif worker.cordoned_gpus(cordoned):
             group = 2
-        elif not worker.busy:
+        elif worker.worker_id in slow:
             group = 3
-        else:
+        elif not worker.busy:
             group = 4
+        else:
+            group = 5
         newest_id = (-int(worker.worker_id), "") if worker.worker_id.isdigit() else (0, worker.worker_id)
         order_s = -slow[worker.worker_id] if worker.worker_id in slow else -worker.launched_at_s
         return 0 if worker.job_id in first_jobs else 1, group, order_s, newest_id

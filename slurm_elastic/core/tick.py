@@ -206,7 +206,8 @@ def awaiting_first_reports(state: ControlState, now_s: float) -> set[str]:
 def desired_workers(state: ControlState, obs: Observation, allowed_slots: int, cfg: TickConfig, now_s: float,
                     on_cordoned: int = 0) -> int:
     """wake-all (a worker on every allowed GPU, plus the ``on_cordoned`` workers kept on cordoned
-    ones), else the operator's target, else (unless paused) the autoscaler's decision."""
+    ones), else the operator's target, else (unless paused) the autoscaler's decision, whose
+    ceiling counts those kept workers too."""
     if state.wake_all_active:
         state.target_workers = allowed_slots + on_cordoned
         kept = f", and the {on_cordoned} kept on cordoned GPUs" if on_cordoned else ""
@@ -221,7 +222,8 @@ def desired_workers(state: ControlState, obs: Observation, allowed_slots: int, c
     else:
         policy = state.autoscaler if state.policy is None else state.policy
         try:
-            decision = policy.decide(autoscaler_inputs(state, obs, allowed_slots, cfg), now_s)
+            # a worker kept on a cordoned GPU holds a slot of its own, outside the allowed ones
+            decision = policy.decide(autoscaler_inputs(state, obs, allowed_slots + on_cordoned, cfg), now_s)
         except Exception as exc:  # a policy fault holds the count; the tick goes on (relaunches, drains, health)
             state.last_decision = {"action": "hold", "error": f"{type(exc).__name__}: {exc}",
                                    "reason": f"hold: the autoscaler failed ({type(exc).__name__}: {exc}); "

@@ -131,6 +131,30 @@ def test_wake_all_fills_every_allowed_gpu_beside_a_worker_kept_on_a_cordoned_one
     assert [a.worker_id for a in result.actions if isinstance(a, Launch)] == ["0002"]  # a1:1 gets one
 
 
+def test_a_worker_kept_on_a_cordoned_gpu_does_not_cost_the_autoscaler_another_gpu() -> None:
+    seen: list[PressureInputs] = []
+
+    class Wants:
+        def decide(self, x: PressureInputs, now_s: float) -> Decision:
+            seen.append(x)
+            return Decision(min(x.allowed_slots, self.count), "scale_up", "wants more")
+
+        count = 3
+
+    own = Allocation(7, {"a1": (0, 1, 2)})
+    st = ControlState(autoscaler=Autoscaler(AutoscalerConfig()), cordons=CordonBook(), policy=Wants())
+    for wid, gpu in (("0001", 0), ("0002", 1), ("0003", 2)):
+        st.workers[wid] = Worker(wid, state=S.ACTIVE, job_id=7, step_id=wid[-1], node="a1", gpus=(gpu,), busy=True)
+    observed = tuple(ObservedStep(w.worker_id, w.step_id, "a1", 7) for w in st.workers.values())
+    st.cordons.cordon_manual("a1", 0, "operator", 0.0)  # a cordon does not drain: 0001 runs on
+    result = tick(Observation(steps=observed), st, CFG, (own,), 0.0)
+    # two allowed GPUs, both held, and one kept on the cordoned GPU: three, none drained, none launched
+    assert seen[-1].allowed_slots == 3 and result.desired == 3 and result.actions == []
+    Wants.count = 2  # a scale-down: the worker on the cordoned GPU is the one drained
+    result = tick(Observation(steps=observed), st, CFG, (own,), 1.0)
+    assert result.actions == [Drain("0001", "1", 7)]
+
+
 def test_a_failing_policy_holds_the_count_and_the_tick_still_replaces_a_silent_worker() -> None:
     class Broken:
         def decide(self, x: PressureInputs, now_s: float) -> Decision:
