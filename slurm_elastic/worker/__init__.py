@@ -102,15 +102,21 @@ class RolloutWorker:
         return self._busy_s + (0.0 if since is None else time.monotonic() - since)
 
     def _beat_forever(self) -> None:
+        """A heartbeat every interval, and a last one at :meth:`close` with the final counts (the
+        rollouts handed over since the last beat, a drained worker's last ones among them)."""
         while not self._stop.wait(self.ctx.heartbeat_interval_s):
-            try:
-                reply = self.control.heartbeat({"busy": self._busy, "rollouts": self.rollouts,
-                                                "busy_s": round(self.busy_s, 3)})
-            except (KeyError, SlurmElasticError) as exc:
-                log.debug("heartbeat failed: %s", exc)
-                continue
-            if reply.get("drain"):
-                self._drain.set()
+            self._beat()
+        self._beat()
+
+    def _beat(self) -> None:
+        try:
+            reply = self.control.heartbeat({"busy": self._busy, "rollouts": self.rollouts,
+                                            "busy_s": round(self.busy_s, 3)})
+        except (KeyError, SlurmElasticError) as exc:
+            log.debug("heartbeat failed: %s", exc)
+            return
+        if reply.get("drain"):
+            self._drain.set()
 
     def admit(self, sequences: int, wait: bool = True, poll_s: float = 0.2) -> int:
         """The staleness gate: block (unless ``wait`` is False) until ``sequences`` may start.
@@ -191,6 +197,7 @@ class RolloutWorker:
                 delay_s = min(5.0, delay_s * 2)
 
     def close(self) -> None:
+        """Stop the heartbeats after a last one (waited for 5 s at most), and the client."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=5)
