@@ -162,6 +162,9 @@ def locate(job_id: int, slurm: SlurmCli | None = None, view: SlurmView | None = 
             raise ControllerUnreachableError(f"cannot read {path}: {exc}{REWRITTEN}") from None
         return JobHandle(job_id, state_dir, controller_url(path, info), read_token(state_dir / TOKEN_FILE), info)
     why = f"; {view.error} (is SLURM_CONF set for this job's cluster?)" if view is not None and view.error else ""
+    if view is not None and view.job is not None and state_dir_from_comment(view.job.comment) is None:
+        why += (f"; Slurm's job {job_id} ({view.job.state}) carries no slurm-elastic comment: not a slurm-elastic "
+                "job, or one whose controller has not started yet")
     raise ControllerUnreachableError(
         f"no controller found for job {job_id} (looked in {', '.join(str(c) for c in candidates) or 'no place'}){why}"
     )

@@ -62,6 +62,10 @@ def _stopped(handle: JobHandle) -> StoppedByOperatorError | None:
     return None if stopped_at is None else StoppedByOperatorError(handle.job_id, stopped_at)
 
 
+def _token_source(handle: JobHandle) -> str:
+    return f" (token read from {handle.state_dir / TOKEN_FILE})"
+
+
 def _unchecked(view: SlurmView, handle: JobHandle) -> str:
     return (f"{view.error}; sending the job's token to {handle.url} on the word of "
             f"{handle.state_dir / 'controller.json'} alone")
@@ -81,6 +85,10 @@ def _call(job_id: int, what: str, *args: Any) -> dict[str, Any]:
             except UnknownOnControllerError as exc:
                 detail = str(exc.args[0] if exc.args else exc)
                 raise SlurmElasticError(detail.removeprefix("unknown: ")) from None
+            except ApiError as exc:
+                if exc.status_code in (401, 403):  # say which token: a stale copy, another job's
+                    raise SlurmElasticError(f"{exc}{_token_source(handle)}") from None
+                raise
             except ControllerUnreachableError as exc:
                 if (stopped := _stopped(handle)) is not None:
                     raise stopped from None
@@ -100,7 +108,8 @@ def collect_status(job_id: int, slurm: SlurmCli | None = None) -> dict[str, Any]
     # Slurm itself down or hung: the controller may still answer (view.error, shown as slurm_error)
     doc: dict[str, Any] = {"schema_version": STATUS_SCHEMA_VERSION, "job_id": job_id,
                            "job_state": view.job.state if view.job else "UNKNOWN",
-                           "controller_reachable": False, "controller_error": "", "controller": None,
+                           "controller_reachable": False, "controller_refused": False, "controller_error": "",
+                           "controller": None,
                            "slurm_steps": [], "slurm_error": view.error}
     handle: JobHandle | None = None
     try:
@@ -112,8 +121,9 @@ def collect_status(job_id: int, slurm: SlurmCli | None = None) -> dict[str, Any]
         stopped = _stopped(handle) if handle else None
         doc["controller_error"] = str(stopped or exc)
     except ApiError as exc:  # a wrong token, say: the controller answered, but not with the status
-        where = f" (token read from {handle.state_dir / TOKEN_FILE})" if handle and exc.status_code in (401, 403) else ""
+        where = _token_source(handle) if handle and exc.status_code in (401, 403) else ""
         doc["controller_error"] = f"{exc}{where}"
+        doc["controller_refused"] = True
     if not doc["controller_reachable"]:
         try:
             doc["slurm_steps"] = [{"step_id": s.step_ref, "name": s.name, "nodes": list(s.nodes),
@@ -132,7 +142,8 @@ def _render(doc: dict[str, Any]) -> str:
         warning += f"job {doc['job_id']} is {doc['job_state']} in Slurm: no controller runs for it\n"
     if doc["controller_reachable"]:
         return warning + render_status(doc["job_id"], doc["controller"])
-    return warning + render_status(doc["job_id"], None, doc["slurm_steps"], doc["controller_error"])
+    return warning + render_status(doc["job_id"], None, doc["slurm_steps"], doc["controller_error"],
+                                   refused=doc.get("controller_refused", False))
 
 
 @click.command()
@@ -275,6 +286,8 @@ def uncordon(job_id: int, gpu_ref: str, reason: str) -> None:
         click.echo(f"{node}:{gpu} stays cordoned: {answer.get('reason')}; "
                    + STILL_CORDONED.get(answer.get("source", ""), "it lifts when its cause is gone").format(node=node), err=True)
         raise SystemExit(1)
+    if answer.get("lifted") == []:  # a typo'd GPU of the job, or one lifted already
+        click.echo(f"{node}:{gpu} was not cordoned: nothing lifted", err=True)
 
 
 STILL_CORDONED = {  # why an operator's uncordon leaves a cordon, and what lifts it

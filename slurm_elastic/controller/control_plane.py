@@ -256,11 +256,12 @@ class ControlPlane(ControllerBase):
         with the operator's ``reason``. A health cordon stays (the answer says so)."""
         self._check_gpu(node, gpu)
         with self.lock:
-            for change in self.state.cordons.uncordon_manual(node, gpu, self.clock()):
+            lifted = self.state.cordons.uncordon_manual(node, gpu, self.clock())
+            for change in lifted:
                 log.warning("uncordon %s:%d (%s) by operator: %s", node, gpu, change.source, reason or "no reason given")
             self.save()
             still = self.state.cordons.cordoned().get((node, gpu))
-            return {"node": node, "gpu": gpu, "cordoned": still is not None,
+            return {"node": node, "gpu": gpu, "cordoned": still is not None, "lifted": [c.source for c in lifted],
                     "reason": still.reason if still else "", "source": still.source if still else ""}
 
     def report_gpu_health(self, parsed: AgentReport) -> dict[str, Any]:

@@ -138,6 +138,20 @@ def test_no_controller_found_says_why_slurm_could_not_tell(monkeypatch: pytest.M
     assert "is SLURM_CONF set" in str(raised.value)
 
 
+def test_no_controller_found_for_a_job_that_is_not_ours_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from slurm_elastic.client import locate as locating
+    from slurm_elastic.errors import ControllerUnreachableError
+    from slurm_elastic.slurm.parse import JobInfo
+
+    monkeypatch.setenv("SLURM_ELASTIC_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(locating, "local_cluster_name", lambda: "dev")
+    sleeper = JobInfo(4539, "wrap", "RUNNING", ("node1",), "node1", "", "u", "debug")  # `sbatch --wrap "sleep 120"`
+    with pytest.raises(ControllerUnreachableError) as raised:
+        locating.locate(4539, view=locating.SlurmView(sleeper, ""))
+    assert ("Slurm's job 4539 (RUNNING) carries no slurm-elastic comment: not a slurm-elastic job, or one whose "
+            "controller has not started yet") in str(raised.value)
+
+
 def test_a_configured_state_dir_is_found_while_slurm_does_not_answer(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """With ``controller.state_dir`` set, the CLI found the directory only through the job's Slurm

@@ -245,6 +245,8 @@ def test_uncordon_logs_the_operators_reason(running: Running, state_dir: Path, c
     assert code == 0 and json.loads(out)["cordoned"] is False, out
     lifted = [r.getMessage() for r in caplog.records if "uncordon node1:1" in r.getMessage()]
     assert lifted == ["uncordon node1:1 (operator) by operator: fan replaced"], [r.getMessage() for r in caplog.records]
+    code, out = cli("uncordon", str(JOB), "node1:1")  # again: nothing to lift, and it says so
+    assert code == 0 and "node1:1 was not cordoned: nothing lifted" in out, out
 
 
 ENDED = f"job {JOB} ended ({{state}}): its controller is gone; not sending the job's token to {{url}}"

@@ -130,14 +130,17 @@ def test_a_command_that_timed_out_says_the_controller_may_still_carry_it_out() -
 def test_status_says_a_wrong_token_and_a_suspended_job_in_its_document(tmp_path: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     from slurm_elastic.client.locate import SlurmView
-    from slurm_elastic.commands.jobs import collect_status
-    from slurm_elastic.errors import ApiError
+    from slurm_elastic.commands.jobs import _call, _render, collect_status
+    from slurm_elastic.errors import ApiError, SlurmElasticError
     from slurm_elastic.slurm.parse import JobInfo
 
     handle = JobHandle(7, tmp_path, "http://127.0.0.1:1", "t", {})
 
     class WrongToken(Gone):
         def status(self) -> Any:
+            raise ApiError(403, "wrong token for this job")
+
+        def scale(self, _workers: int) -> Any:
             raise ApiError(403, "wrong token for this job")
 
     class NoSteps:
@@ -150,7 +153,11 @@ def test_status_says_a_wrong_token_and_a_suspended_job_in_its_document(tmp_path:
     monkeypatch.setattr("slurm_elastic.commands.jobs.ControlClient", lambda url, token: WrongToken())
     doc = collect_status(7, NoSteps())  # type: ignore[arg-type]
     assert doc["controller_error"] == f"HTTP 403: wrong token for this job (token read from {tmp_path / 'token'})"
+    assert doc["controller_refused"] and "controller: REFUSED the request (HTTP 403: wrong token" in _render(doc)
     suspended = JobInfo(7, "rl", "SUSPENDED", ("node1",), "node1", "", "u", "debug")
     monkeypatch.setattr("slurm_elastic.commands.jobs.ask_slurm", lambda job_id, slurm: SlurmView(suspended, ""))
     doc = collect_status(7, NoSteps())  # type: ignore[arg-type]
     assert doc["controller_error"] == "job 7 is SUSPENDED: its controller answers again after `scontrol resume 7`"
+    monkeypatch.setattr("slurm_elastic.commands.jobs._client", lambda job_id, *a, **k: (handle, WrongToken()))
+    with pytest.raises(SlurmElasticError, match=r"HTTP 403: wrong token for this job \(token read from "):
+        _call(7, "scale", 3)  # an operator command says which token too
