@@ -11,7 +11,7 @@ from typing import Any
 from slurm_elastic.controller.base import ControllerBase
 from slurm_elastic.controller.weights import latest_weights
 from slurm_elastic.core.health import AgentReport
-from slurm_elastic.core.lifecycle import Worker, WorkerState
+from slurm_elastic.core.lifecycle import Worker, WorkerState, begin_drain
 from slurm_elastic.core.liveness import drain_not_live
 from slurm_elastic.core.registration import admit, registration_refusal
 from slurm_elastic.core.tick import operator_drain
@@ -114,7 +114,9 @@ class ControlPlane(ControllerBase):
                 if drain_not_live([worker], self.tick_config.reconcile.liveness_failure_threshold,
                                   worker.last_heartbeat_s):
                     self._publish_endpoints()  # out of discovery now; the tick sends the drain signal
-            if info.get("leaving") and (worker_id, worker.step_id) not in self.leaving:
+            if info.get("leaving") and not self.is_server:
+                self._drained_by_its_step(worker)
+            elif info.get("leaving") and (worker_id, worker.step_id) not in self.leaving:
                 self.leaving.add((worker_id, worker.step_id))  # routers drop it before its command hears the drain
                 log.info("worker %s: a drain signal reached its step; out of discovery", worker_id)
                 self._publish_endpoints()
@@ -122,6 +124,17 @@ class ControlPlane(ControllerBase):
                 not self.is_server or worker.drain_signaled)
             # a record still STARTING (e.g. restored from before its registration was saved): ask again
             return {"drain": drain, "hold": worker.placeholder, "register": worker.state is S.STARTING}
+
+    def _drained_by_its_step(self, worker: Worker) -> None:
+        """A rollout worker's step got the drain signal from outside (``scancel --signal`` by an
+        operator, Slurm's ``--signal`` before a burst job's end): it drains from now, as one this
+        controller drained (its replacement may start; the drain timeout runs)."""
+        if worker.state not in (S.ACTIVE, S.STARTING) or worker.placeholder:
+            return
+        begin_drain(worker, self.clock(), "the drain signal reached its step (scancel --signal, or Slurm's)")
+        worker.drained_by_its_step = True
+        log.info("worker %s: the drain signal reached its step; draining", worker.worker_id)
+        self.save()
 
     def _rank_failed(self, worker: Worker, rank: int, exit_code: int | None) -> dict[str, Any]:
         """Another task of the worker's step says its command failed on its own (no SIGTERM, drain or

@@ -67,6 +67,7 @@ class WorkerRecord(_Model):
     gpu_blameless: StrictBool = False
     vanished_at_s: StrictFloat = 0.0
     drain_signaled: StrictBool = False
+    drained_by_its_step: StrictBool = False
     liveness_failures: Count = 0
     weights_version: Count | None = None
     history: list[tuple[StrictFloat, StrictStr, StrictStr, StrictStr]] = Field(default_factory=list)

@@ -66,6 +66,7 @@ class Worker:
     gpu_blameless: bool = False  # its step's end says nothing of its GPUs (a server not ready in time)
     vanished_at_s: float = 0.0  # its step left the listing with no exit reported; 0: listed (or handled)
     drain_signaled: bool = False  # servers: the drain signal waits until nothing is in flight
+    drained_by_its_step: bool = False  # the drain signal reached its step from outside (an operator, Slurm)
     liveness_failures: int = 0  # servers: failed liveness probes in a row, as the wrapper reports them
     weights_version: int | None = None  # servers: the published weights version it runs (None: its own)
     history: list[tuple[float, str, str, str]] = field(default_factory=list)

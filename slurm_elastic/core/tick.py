@@ -300,11 +300,12 @@ def _drain_unhealthy(state: ControlState, now_s: float) -> list[Worker]:
 
 
 def _ending_burst_jobs(state: ControlState, allocations: tuple[Allocation, ...]) -> frozenset[int]:
-    """Burst jobs a worker left on its own (exit 0 reported, no drain asked): Slurm signalled the
-    job's end (a preemption, its time limit). Nothing new goes there from this tick on."""
+    """Burst jobs a worker left on its own (exit 0 reported, no drain asked), or one whose step got
+    the drain signal from outside: Slurm signalled the job's end (a preemption, its time limit).
+    Nothing new goes there from this tick on."""
     own = allocations[0].job_id if allocations else 0
-    return frozenset(w.job_id for w in state.workers.values()
-                     if w.job_id not in (0, own) and w.exit_code == 0 and w.state in (S.STARTING, S.ACTIVE))
+    return frozenset(w.job_id for w in state.workers.values() if w.job_id not in (0, own) and (
+        (w.exit_code == 0 and w.state in (S.STARTING, S.ACTIVE)) or (w.drained_by_its_step and w.has_step)))
 
 
 def _drain_released(state: ControlState, releasing_jobs: frozenset[int], now_s: float) -> list[Worker]:

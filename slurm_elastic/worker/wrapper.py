@@ -195,6 +195,8 @@ def _supervise(child: subprocess.Popen[bytes], ctx: StepContext, register: Call,
             if time.monotonic() < forward_at:
                 wakeup.wait(min(READINESS_POLL_S, forward_at - time.monotonic()))
                 continue
+        if flags.drain.is_set() and not forwarded and ctx.kind != "server" and not asked_to_drain:
+            _beat(ctx, register, heartbeat, {"child_pid": child.pid, "leaving": True}, info)  # it drains from now
         if flags.drain.is_set() and not forwarded:
             log.info("worker %s: draining; forwarding SIG%s to the worker command", ctx.worker_id, ctx.drain_signal)
             child.send_signal(ctx.drain_signum)

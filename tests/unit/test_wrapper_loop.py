@@ -64,6 +64,11 @@ def run_signalled(script: str, marker: Path, signum: int) -> tuple[int, Flags, C
     return code, flags, calls
 
 
+def beats(calls: Calls) -> list[dict[str, Any]]:
+    """The heartbeats sent, without the command's pid."""
+    return [{k: v for k, v in beat.items() if k != "child_pid"} for beat in calls.heartbeats]
+
+
 @pytest.fixture
 def handlers_restored() -> Iterator[None]:
     saved = {s: signal.getsignal(s) for s in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)}
@@ -97,7 +102,8 @@ def test_a_drain_signal_reaches_the_command(tmp_path: Path, handlers_restored: N
               f"pathlib.Path({str(marker)!r}).touch()\n"
               "time.sleep(60)\n")
     code, flags, calls = run_signalled(script, marker, signal.SIGUSR1)
-    assert code == 3 and flags.signals_seen == [signal.SIGUSR1] and calls.heartbeats == [{"exit_code": 3}]
+    # the controller hears first that the drain signal reached the step (it drains the worker from then)
+    assert code == 3 and flags.signals_seen == [signal.SIGUSR1] and beats(calls) == [{"leaving": True}, {"exit_code": 3}]
 
 
 def test_a_sigterm_reaches_the_command_and_its_exit_is_reported_with_it(tmp_path: Path, handlers_restored: None) -> None:
@@ -115,7 +121,7 @@ def test_a_command_the_drain_signal_ends_before_it_handles_it_has_drained(tmp_pa
     marker = tmp_path / "started"
     script = f"import pathlib, time\npathlib.Path({str(marker)!r}).touch()\ntime.sleep(60)\n"  # no USR1 handler
     code, _, calls = run_signalled(script, marker, signal.SIGUSR1)
-    assert code == 0 and calls.heartbeats == [{"exit_code": 0}]
+    assert code == 0 and beats(calls) == [{"leaving": True}, {"exit_code": 0}]
 
 
 def test_a_command_killed_by_the_drain_signal_with_no_drain_asked_still_reports_it(tmp_path: Path) -> None:
