@@ -205,9 +205,18 @@ class ControlPlane(ControllerBase):
             return answer
 
     def pause(self) -> dict[str, Any]:
+        """Hold the target where it is; under wake-all or a manual target (both hold it already)
+        the answer says what holds it and what ends that."""
         with self.lock:
-            self.state.paused = True
+            st = self.state
+            st.paused = True
             self.save()
+            if st.wake_all_active:
+                return {"paused": True, "note": "wake-all holds the count already (a worker on every usable GPU): "
+                                                "`scale N` holds N instead, `resume` gives the count back to the autoscaler"}
+            if st.manual_target is not None:
+                return {"paused": True, "note": f"the manual target {st.manual_target} holds the count already: "
+                                                "`resume` gives it back to the autoscaler"}
             return {"paused": True}
 
     def resume(self) -> dict[str, Any]:

@@ -35,3 +35,14 @@ def test_resume_with_the_autoscaler_disabled_says_nothing_will_scale(tmp_path: P
     assert answer["paused"] is False and "[autoscaler] enabled = false" in answer["note"]
     on = Controller(parse_config({"agent": {"enabled": False}}), 7, SlurmCli(), tmp_path / "on", gpus_by_node={"n1": (0,)})
     assert on.resume() == {"paused": False}
+
+
+def test_a_pause_under_wake_all_or_a_manual_target_says_what_holds_the_count(tmp_path: Path) -> None:
+    ctl = Controller(parse_config({"agent": {"enabled": False}}), 7, SlurmCli(), tmp_path / "state",
+                     gpus_by_node={"n1": (0, 1)})
+    assert ctl.pause() == {"paused": True}
+    ctl.wake_all()
+    answer = ctl.pause()  # before, {"paused": true} alone, and status still read "(wake-all)"
+    assert answer["paused"] is True and answer["note"].startswith("wake-all holds the count already")
+    ctl.scale(1)
+    assert "the manual target 1 holds the count already" in ctl.pause()["note"]
