@@ -76,13 +76,14 @@ def _interface_addresses() -> list[tuple[str, str]]:
 
 
 NOISE_LOG_INTERVAL_S = 60.0
-CLIENT_NOISE = ("Invalid HTTP request received.", "Unsupported upgrade request.", "No supported WebSocket library")
+CLIENT_NOISE = ("Invalid HTTP request received.", "Unsupported upgrade request.", "No supported WebSocket library",
+                "refused a trainer call")  # the last: a superseded trainer that goes on calling
 
 
 class ClientNoise(logging.Filter):
     """uvicorn's warning for each malformed request (it answers a bare 400) or upgrade request a
-    client sends, logged once a minute at most with how many were left out: a client, without the
-    token, cannot fill the controller's log. Other records pass."""
+    client sends, and ours for each trainer call refused for its session, logged once a minute at
+    most with how many were left out: a client cannot fill the controller's log. Other records pass."""
 
     def __init__(self, interval_s: float = NOISE_LOG_INTERVAL_S, clock: Callable[[], float] = time.monotonic) -> None:
         super().__init__()
@@ -144,6 +145,7 @@ class ApiServer:
                                 timeout_keep_alive=KEEP_ALIVE_S, ws="none",  # an Upgrade request is plain HTTP
                                 proxy_headers=False)  # clients reach the controller directly, never via a proxy
         quiet_client_noise(logging.getLogger("uvicorn.error"))  # after uvicorn.Config set its logging up
+        quiet_client_noise(logging.getLogger("slurm_elastic.controller.http_errors"))
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
                                        name="api", daemon=True)

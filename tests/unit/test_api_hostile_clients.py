@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import socket
 import time
 from collections.abc import Iterator
@@ -221,3 +222,21 @@ def test_the_noise_filter_says_how_many_it_left_out() -> None:
     now[0] = 61.0
     later = record("Invalid HTTP request received.")
     assert noise.filter(later) and later.getMessage().endswith("(5 more such warnings left out since the last)")
+
+
+def test_a_superseded_trainer_that_goes_on_calling_is_logged_once_a_minute() -> None:
+    from fastapi import FastAPI
+
+    from slurm_elastic.controller.serve import ApiServer
+
+    server = ApiServer(FastAPI(), "127.0.0.1")  # puts the filter on the logger the refusals go to
+    server.sock.close()
+    (noise,) = [f for f in logging.getLogger("slurm_elastic.controller.http_errors").filters
+                if isinstance(f, ClientNoise)]
+    refusal = "refused a trainer call: trainer_session 1 is not the newest registration (2)"
+
+    def record() -> logging.LogRecord:
+        return logging.LogRecord("slurm_elastic.controller.http_errors", logging.WARNING, __file__, 1, refusal, (), None)
+
+    noise.last_s, noise.left_out = -math.inf, 0
+    assert noise.filter(record()) and not any(noise.filter(record()) for _ in range(100))
