@@ -113,6 +113,8 @@ class RolloutGroup(BaseModel):
                 raise ValueError(f"sequences[{i}]: give exactly one of tokens or tokens_b64")
             else:
                 n_tokens = len(tokens)
+            if n_tokens == 0 and not tokens_b64:  # (3 bytes of tokens_b64 are refused below as not whole ids)
+                raise ValueError(f"sequences[{i}]: no tokens (a sequence to train on has at least one)")
             if seq.logprobs is not None and len(seq.logprobs) != n_tokens:
                 raise ValueError(f"sequences[{i}].logprobs: {len(seq.logprobs)} values for {n_tokens} tokens")
             if mask_b64 is not None:

@@ -79,6 +79,8 @@ SEQ = '{"tokens":[1,2,3],"mask":[0,1,1],"score":0.5}'
     ("logprobs shorter than the tokens", SEQ[:-1] + ',"logprobs":[-1.0]}', "logprobs"),
     ("logprobs NaN", SEQ[:-1] + ',"logprobs":[-1.0,NaN,-1.0]}', "logprobs"),
     ("logprobs as strings", SEQ[:-1] + ',"logprobs":["-1","-1","-1"]}', "logprobs"),
+    ("no tokens", '{"tokens":[],"score":0.5}', "sequences[1]: no tokens"),
+    ("no tokens, compact", '{"tokens_b64":"","score":0.5}', "sequences[1]: no tokens"),
 ])
 def test_loose_types_are_refused_naming_the_field(served: Served, what: str, sequence: str, named: str) -> None:
     body = ('{"id":"loose","worker_id":"0001","policy_version":0,"group_size":2,"sequences":['
