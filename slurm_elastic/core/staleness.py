@@ -133,6 +133,7 @@ class StalenessManager:
 
 
 ADMISSION_IDS_KEPT = 16  # a worker's admission ids remembered with their answers (a late repeat is answered)
+REFUSED_IDS_KEPT = 16  # a worker's refused group ids remembered (a resend releases nothing again)
 
 
 @dataclass(frozen=True)
@@ -142,19 +143,29 @@ class Lease:
     ids with what each was granted, oldest first. A repeat of one (a retry whose answer was lost,
     or a request that arrives late) is answered the same and granted nothing more. Only the last
     id granted any is saved: a late request comes on a connection to the process that answered
-    it, and a restart ends those; what a restarted controller must answer again is the last ask."""
+    it, and a restart ends those; what a restarted controller must answer again is the last ask.
+    The same for the groups of the worker refused (stale, or a version ahead) and released from
+    the lease: the last one is saved, the last ``REFUSED_IDS_KEPT`` are in memory, and a resend
+    of one (its answer lost, a restart between the release's save and the answer) releases
+    nothing again."""
 
     unused_seqs: int
     granted_at_s: float
     admission_id: str = ""
     admission_granted: int = 0
     answered: tuple[tuple[str, int], ...] = ()
+    refused_id: str = ""
+    refused: tuple[str, ...] = ()
 
     def answer(self, admission_id: str) -> int | None:
         """What ``admission_id`` was granted; None if it is not one of the ids remembered."""
         if admission_id == self.admission_id:
             return self.admission_granted
         return next((granted for known, granted in self.answered if known == admission_id), None)
+
+    def released_for(self, group_id: str) -> bool:
+        """Whether the refused group ``group_id`` was released from this lease already."""
+        return group_id == self.refused_id or group_id in self.refused
 
 
 @dataclass
@@ -200,6 +211,19 @@ class AdmissionLeases:
         if forget_id and held.admission_id == forget_id:
             held = replace(held, admission_id="", admission_granted=0)
         self._set(worker_id, held)
+
+    def refuse(self, worker_id: str, n_seqs: int, group_id: str) -> int:
+        """``worker_id``'s group ``group_id`` of ``n_seqs`` sequences was refused: what the lease
+        covers of it is released (AReaL's ``on_rollout_rejected``), once per group: a resend of it
+        releases nothing. Returns the sequences released."""
+        held = self.leases.get(worker_id)
+        if held is None or held.released_for(group_id):
+            return 0
+        taken = min(n_seqs, held.unused_seqs)
+        self.staleness.on_rejected(taken)
+        self._set(worker_id, replace(held, unused_seqs=held.unused_seqs - taken, refused_id=group_id,
+                                     refused=(*held.refused, group_id)[-REFUSED_IDS_KEPT:]))
+        return taken
 
     def release(self, worker_id: str) -> int:
         """``worker_id``'s step has ended: what its lease holds will never be submitted under it
@@ -253,7 +277,7 @@ class AdmissionLeases:
 
     def _set(self, worker_id: str, lease: Lease) -> None:
         """Keep ``lease`` while it holds sequences or admission ids to answer repeats of."""
-        if lease.unused_seqs > 0 or lease.admission_id or lease.answered:
+        if lease.unused_seqs > 0 or lease.admission_id or lease.answered or lease.refused_id:
             self.leases[worker_id] = lease
             self._oldest_s = min(self._oldest_s, lease.granted_at_s)
         else:
@@ -285,8 +309,9 @@ class StalenessSnapshot:
         leases.restore(self.leases, arrived_seqs)
 
     def to_json(self) -> str:
-        leases = {w: [h.unused_seqs, h.granted_at_s, h.admission_id, h.admission_granted]
-                  for w, h in self.leases.items() if h.unused_seqs or h.admission_id}
+        leases = {w: [h.unused_seqs, h.granted_at_s, h.admission_id, h.admission_granted,
+                      *([h.refused_id] if h.refused_id else [])]
+                  for w, h in self.leases.items() if h.unused_seqs or h.admission_id or h.refused_id}
         return json.dumps({"version": self.version, "gross_seqs": self.gross_seqs, "at_seq": self.at_seq,
                            "leases": leases}, separators=(",", ":"))
 
@@ -310,8 +335,12 @@ class StalenessSnapshot:
 
 def _lease(saved: Any) -> Lease:
     """A lease as :meth:`StalenessSnapshot.to_json` writes it: [unused, granted at, the last
-    admission id granted any, its grant], or [unused, granted at] (written before admissions had ids)."""
-    if not isinstance(saved, list) or len(saved) not in (2, 4):
-        raise TypeError(f"a lease is [unused, granted_at(, admission_id, granted)], not {saved!r}")
+    admission id granted any, its grant(, the last group refused)], or [unused, granted at]
+    (written before admissions had ids)."""
+    if not isinstance(saved, list) or len(saved) not in (2, 4, 5):
+        raise TypeError(f"a lease is [unused, granted_at(, admission_id, granted(, refused_id))], not {saved!r}")
     unused, granted_at, *last = saved
-    return Lease(int(unused), float(granted_at), *((str(last[0]), int(last[1])) if last else ()))
+    if not last:
+        return Lease(int(unused), float(granted_at))
+    return Lease(int(unused), float(granted_at), str(last[0]), int(last[1]),
+                 refused_id=str(last[2]) if len(last) > 2 else "")

@@ -128,12 +128,13 @@ class StalenessBook:
         self.last_seq = max(self.last_seq, seq)
         self.leases.accept(worker_id, n_seqs, now_s)
 
-    def refused(self, worker_id: str, n_seqs: int, now_s: float) -> None:
-        """``worker_id``'s group of ``n_seqs`` sequences was refused (stale): they leave its lease
-        as AReaL's ``on_rollout_rejected`` (lock held; saved by the next :meth:`save`)."""
+    def refused(self, worker_id: str, group_id: str, n_seqs: int, now_s: float) -> None:
+        """``worker_id``'s group ``group_id`` of ``n_seqs`` sequences was refused (stale, or a
+        version ahead): they leave its lease as AReaL's ``on_rollout_rejected``, once: a resend
+        releases nothing again (lock held; saved by the next :meth:`save`)."""
         self.leases.expire(now_s)
-        self.leases.revoke(worker_id, n_seqs)
-        self._changed()
+        if self.leases.refuse(worker_id, n_seqs, group_id):
+            self._changed()
 
     def released(self, worker_ids: list[str]) -> int:
         """The steps of ``worker_ids`` have ended: their leases are released (saved by the next

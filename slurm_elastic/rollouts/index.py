@@ -10,6 +10,7 @@ OS errors come out as :class:`StoreUnavailableError` (the disk is full or failin
 from __future__ import annotations
 
 import collections
+import shutil
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -74,6 +75,21 @@ class GroupBody(NamedTuple):
     body_offset: int
 
 
+FULL_DISK_FREE_BYTES = 1 << 20  # less free space than this beside a store that fails to open: say the disk is full
+
+
+def disk_full_hint(path: Path) -> str:
+    """"; the disk holding it is full (...)" when the file system of ``path`` has (almost) no
+    space left: SQLite says only "disk I/O error" when it cannot write its -wal or -shm file."""
+    try:
+        free = shutil.disk_usage(path.parent).free
+    except OSError:
+        return ""
+    if free >= FULL_DISK_FREE_BYTES:
+        return ""
+    return f"; the disk holding it is full ({free} bytes free on {path.parent}): free space and start again"
+
+
 class StoreIndex:
     """The SQLite side of the store. Thread-safe: one connection behind a lock."""
 
@@ -87,7 +103,7 @@ class StoreIndex:
             self.db.execute("PRAGMA busy_timeout=30000")  # the syncer writes index rows too
             self.fresh = self.db.execute("SELECT 1 FROM sqlite_master WHERE name='groups'").fetchone() is None
         except sqlite3.DatabaseError as exc:
-            raise StateFileError(f"rollout store {path} is unusable: {exc}") from None
+            raise StateFileError(f"rollout store {path} is unusable: {exc}{disk_full_hint(path)}") from None
 
     def create_schema(self, now_s: float) -> int:
         """The tables, made if missing (after :attr:`fresh` was looked at). A store whose rows

@@ -139,7 +139,7 @@ class RolloutQueue:
             retry, refusal = True, None  # delivered, dropped or handed out already: its answer is "retry"
         with self._lock:
             if refusal is not None:
-                self.book.refused(worker_id, n_seqs, self.clock())  # AReaL's on_rollout_rejected (saved by save_counts)
+                self.book.refused(worker_id, group_id, n_seqs, self.clock())  # on_rollout_rejected (saved by save_counts)
                 if isinstance(refusal, StaleGroup):
                     self.refused_stale_seqs += n_seqs
                 raise refusal

@@ -21,7 +21,7 @@ import pytest
 from slurm_elastic.client.control import ControlClient
 from slurm_elastic.core.staleness import ADMISSION_IDS_KEPT, Lease, StalenessSnapshot
 from slurm_elastic.rollouts.queue import QueueConfig, RolloutQueue
-from slurm_elastic.rollouts.refusals import StaleGroup
+from slurm_elastic.rollouts.refusals import StaleGroup, VersionAhead
 from slurm_elastic.rollouts.store import RolloutStore
 from slurm_elastic.worker import RolloutWorker
 from slurm_elastic.worker.context import StepContext
@@ -215,6 +215,31 @@ def test_a_stale_refusal_keeps_the_ids_and_only_the_last_ones_are_kept(tmp_path:
     assert len(lease.answered) == ADMISSION_IDS_KEPT
 
 
+def test_a_resent_refused_group_releases_nothing_again_even_across_a_restart(tmp_path: Path) -> None:
+    """A stale or too-new group's release (AReaL's on_rollout_rejected) happens once per group: the
+    SDK resends through lost answers, and before, each resend of a refused group released the
+    worker's other admitted sequences (running 8 -> 6 -> 4 -> 2 -> 0 with 6 rollouts still
+    generating), so other workers were granted past the bound."""
+    q = make(tmp_path)  # batch 4, max_staleness 1: (1 + V + 1) * 4
+    q.set_version(2)
+    assert q.admit(4, "0001", "a1") == 4 and q.admit(4, "0002", "b1") == 4  # capacity (1 + 2 + 1) * 4 = 16
+    for _ in range(4):  # the first try, then resends whose answers were lost
+        with pytest.raises(StaleGroup):
+            q.submit("g-old", "0001", 1, 0, b"x")
+    assert q.staleness.running == 7 and q.leases.leases["0001"].unused_seqs == 3
+    with pytest.raises(VersionAhead):
+        q.submit("g-new", "0001", 1, 9, b"x")
+    q.store.close()  # a restart between the release's save and its answer
+    again = make(tmp_path)
+    for _ in range(3):  # g-new, the worker's last refused group, is saved with its lease
+        with pytest.raises(VersionAhead):
+            again.submit("g-new", "0001", 1, 9, b"x")
+    assert again.staleness.running == 6 and again.admit(16, "0003", "c1") == 16 - 6  # nothing past the bound
+    with pytest.raises(StaleGroup):  # an older refused one is remembered in memory only: after a restart,
+        again.submit("g-old", "0001", 1, 0, b"x")  # its resend releases once more (the SDK resends its last)
+    assert again.staleness.running == 15
+
+
 def test_only_the_last_granted_id_is_saved_and_earlier_forms_still_load() -> None:
     def lease(saved: str) -> Lease:
         return StalenessSnapshot.from_json(
@@ -226,6 +251,9 @@ def test_only_the_last_granted_id_is_saved_and_earlier_forms_still_load() -> Non
     assert '"leases":{"0001":[4,99.5,"a2",2]}' in saved
     assert lease('[4,99.5,"a2",2]') == Lease(4, 99.5, "a2", 2) and lease('[4,99.5,"a2",2]').answer("a2") == 2
     assert lease("[4,99.5]") == Lease(4, 99.5)  # before admissions had ids
+    refused = Lease(2, 99.5, "a2", 2, refused_id="g-old", refused=("g-0", "g-old"))
+    assert '"0001":[2,99.5,"a2",2,"g-old"]' in StalenessSnapshot(3, 8, 2, {"0001": refused}).to_json()
+    assert lease('[2,99.5,"a2",2,"g-old"]') == Lease(2, 99.5, "a2", 2, refused_id="g-old")
     for bad in ("[4]", '[4,99.5,"a1",-1]', '[4,99.5,"a1"]', '[4,99.5,[["a1",4]]]'):
         with pytest.raises(ValueError, match="not a staleness snapshot"):
             lease(bad)

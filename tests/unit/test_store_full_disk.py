@@ -128,3 +128,19 @@ def test_a_stale_drop_on_a_full_disk_changes_nothing(small_disk: Path) -> None:
     again = RolloutStore(small_disk / "q.sqlite")
     assert again.queued() == [] and again.counts()["dropped"] == 16
     again.close()
+
+
+def test_a_store_that_cannot_open_on_a_full_disk_says_the_disk_is_full(small_disk: Path) -> None:
+    """SQLite says only "disk I/O error" when it cannot make its -wal and -shm files: the message
+    names the full disk, and once space is freed the store opens with every group."""
+    store = RolloutStore(small_disk / "q.sqlite")
+    for i in range(5):
+        assert store.insert(f"g{i}", "0001", 4, 0, payload(f"g{i}")) is not None
+    store.close()  # a clean close: SQLite removes its -wal and -shm files
+    filler = fill(small_disk)
+    with pytest.raises(StateFileError, match=r"the disk holding it is full \(\d+ bytes free on .*\): free space"):
+        RolloutStore(small_disk / "q.sqlite")
+    filler.unlink()
+    again = RolloutStore(small_disk / "q.sqlite")
+    assert [g.id for g in again.queued()] == [f"g{i}" for i in range(5)]
+    again.close()
