@@ -10,6 +10,7 @@ OS errors come out as :class:`StoreUnavailableError` (the disk is full or failin
 from __future__ import annotations
 
 import collections
+import logging
 import shutil
 import sqlite3
 import threading
@@ -19,8 +20,10 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from slurm_elastic.errors import StateFileError
+from slurm_elastic.rollouts.mark import MarkWriter
 from slurm_elastic.rollouts.storage import LostGroup, StoredGroup, StoreUnavailableError
 
+log = logging.getLogger(__name__)
 SYNCHRONOUS = {"always": "FULL", "os": "NORMAL", "off": "OFF"}
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS groups (
@@ -53,7 +56,9 @@ LIVE_STATES = "('queued', 'handed')"
 STALENESS_KEY = "staleness"  # the meta key of the queue's staleness counts
 TRAINER_SESSION_KEY = "trainer_session"  # ... and of the newest trainer registration's session
 LOST_TOLD_KEY = "lost_told"  # ... and of how many lost groups (oldest first) an acknowledged batch named
+SET_META = "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value"
 UNKNOWN_LOSS = "quarantined earlier; why and when were lost with the index's lost table"
+TRANSITIONS_KEY = "transitions"  # ... and of the hand-outs, acks, drops and quarantines committed (mark.py)
 MARKER_KEY = "store"  # a meta row written when the index is opened: meta rows without it were lost
 STATES = "('queued', 'handed', 'delivered', 'dropped', 'lost')"
 NOT_WRITTEN_HERE = f"""state NOT IN {STATES}
@@ -96,6 +101,9 @@ class StoreIndex:
     def __init__(self, path: Path, fsync: str) -> None:
         self.path = path
         self.lock = threading.Lock()
+        self.transitions = 0  # what the index has committed: read by create_schema
+        self._mark = MarkWriter(path)
+        self._mark_failing = False
         try:
             self.db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
             self.db.execute("PRAGMA journal_mode=WAL")
@@ -124,6 +132,7 @@ class StoreIndex:
             self.db.executescript(SCHEMA)
             self.db.execute("INSERT OR IGNORE INTO meta (key, value) VALUES (?, 'slurm-elastic rollout store')",
                             (MARKER_KEY,))
+            self.transitions = self._committed_transitions()
             return self.db.execute(
                 "INSERT INTO lost (id, reason, lost_s) SELECT id, ?, ? FROM groups "
                 "WHERE state = 'lost' AND id NOT IN (SELECT id FROM lost)", (UNKNOWN_LOSS, now_s)).rowcount
@@ -164,12 +173,25 @@ class StoreIndex:
                 f"of policy versions up to {top_version}: the version would start again at 0; restore the store "
                 f"from a copy, or move {self.path.name} and its segments aside to start with an empty queue")
 
+    def _committed_transitions(self) -> int:
+        raw = self.db.execute("SELECT value FROM meta WHERE key = ?", (TRANSITIONS_KEY,)).fetchone()
+        if raw is None:
+            return 0  # an index written before the count was kept, or a new one
+        if not str(raw[0]).isdigit():
+            raise StateFileError(f"rollout store {self.path} is damaged: its count of transitions is {raw[0]!r}, "
+                                 f"not a count; restore the store from a copy, or move {self.path.name} and its "
+                                 "segments aside to start with an empty queue")
+        return int(raw[0])
+
     @contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction (lock held); rolled back whole on any error."""
+    def transaction(self, transition: bool = False) -> Iterator[sqlite3.Connection]:
+        """One write transaction (lock held); rolled back whole on any error. A ``transition``
+        (groups change state) is counted in the same transaction, then in the mark."""
         with self.lock:
             try:
                 self.db.execute("BEGIN IMMEDIATE")
+                if transition:
+                    self.db.execute(SET_META, (TRANSITIONS_KEY, str(self.transitions + 1)))
                 yield self.db
                 self.db.execute("COMMIT")
             except (sqlite3.Error, OSError) as exc:
@@ -178,6 +200,27 @@ class StoreIndex:
             except BaseException:
                 self._rollback()
                 raise
+            if transition:
+                self.transitions += 1
+                self._write_mark()
+
+    def _write_mark(self) -> None:
+        """The committed count to the mark (lock held). A failure is logged once until a write
+        succeeds again, and changes nothing else: the mark lagging the index is allowed."""
+        try:
+            self._mark.write(self.transitions)
+        except OSError as exc:
+            if not self._mark_failing:
+                log.warning("rollout store %s: writing its mark failed (%s); an index restored from an older "
+                            "copy would not be detected until it is written again", self.path, exc)
+            self._mark_failing = True
+            return
+        self._mark_failing = False
+
+    def reset_mark(self) -> None:
+        """A new index: its mark starts again at what it counts."""
+        with self.lock:
+            self._write_mark()
 
     @contextmanager
     def reading(self) -> Iterator[sqlite3.Connection]:
@@ -196,6 +239,7 @@ class StoreIndex:
     def close(self) -> None:
         with self.lock:
             self.db.close()
+            self._mark.close()
 
     # ---- reads ------------------------------------------------------------------------------
     def last_row(self) -> tuple[int, int | None, int | None, int] | None:
@@ -287,7 +331,7 @@ class StoreIndex:
                 db.execute(sql, row)
 
     def hand_out(self, batch_id: str, group_ids: list[str], now_s: float) -> None:
-        with self.transaction() as db:
+        with self.transaction(transition=True) as db:
             db.execute("INSERT INTO batches (id, created_s) VALUES (?, ?)", (batch_id, now_s))
             db.executemany("UPDATE groups SET state='handed', batch_id=? WHERE id=?",
                            [(batch_id, g) for g in group_ids])
@@ -295,7 +339,7 @@ class StoreIndex:
     def ack(self, batch_id: str) -> tuple[bool | None, list[tuple[int, int]]]:
         """Mark a batch delivered: (None: unknown batch, False: acknowledged already, True) and
         the groups it frees per segment."""
-        with self.transaction() as db:
+        with self.transaction(transition=True) as db:
             row = db.execute("SELECT acked FROM batches WHERE id=?", (batch_id,)).fetchone()
             if row is None or row[0]:
                 return (None if row is None else False), []
@@ -308,7 +352,7 @@ class StoreIndex:
 
     def drop(self, group_ids: Iterable[str]) -> list[tuple[int, int]]:
         ids = list(group_ids)
-        with self.transaction() as db:
+        with self.transaction(transition=True) as db:
             freed = list(db.execute(
                 f"SELECT segment, COUNT(*) FROM groups WHERE id IN ({','.join('?' * len(ids))}) "
                 f"AND state IN {LIVE_STATES} GROUP BY segment", ids))
@@ -317,7 +361,7 @@ class StoreIndex:
 
     def quarantine(self, damaged: list[tuple[GroupBody, str]], now_s: float) -> list[tuple[int, int]]:
         """Record groups as lost (their rows stay, state ``lost``, the reason in ``lost``)."""
-        with self.transaction() as db:
+        with self.transaction(transition=True) as db:
             db.executemany("INSERT OR IGNORE INTO lost (id, reason, lost_s) VALUES (?, ?, ?)",
                            [(b.group.id, reason, now_s) for b, reason in damaged])
             db.executemany("UPDATE groups SET state='lost' WHERE id=?",
@@ -326,8 +370,7 @@ class StoreIndex:
 
     def set_meta(self, key: str, value: str) -> None:
         with self.transaction() as db:
-            db.execute("INSERT INTO meta (key, value) VALUES (?, ?) "
-                       "ON CONFLICT(key) DO UPDATE SET value=excluded.value", (key, value))
+            db.execute(SET_META, (key, value))
 
 
 def _body(row: Any) -> GroupBody:

@@ -9,6 +9,8 @@ record read back checked.
 - **No log without its index.** The index is what knows which groups were delivered; a log
   without it would hand every group in it out again. So a missing or empty index beside a log
   that holds records is refused, with what to do.
+- **No index older than its log.** An index that counts fewer state transitions than the
+  mark beside it (:mod:`mark`) lost some (its ``-wal`` file, or an older copy restored): refused.
 - **Checked reads.** A group's body is read with its record's header and head, rebuilt from the
   index row, so a read checks that the record is that group's and its CRC holds.
 """
@@ -24,6 +26,7 @@ from pathlib import Path
 from slurm_elastic.errors import StateFileError
 from slurm_elastic.rollouts import syncer
 from slurm_elastic.rollouts.index import GroupBody, StoreIndex
+from slurm_elastic.rollouts.mark import mark_path, read_mark
 from slurm_elastic.rollouts.segments import SegmentLog, group_head, json_str
 
 log = logging.getLogger(__name__)
@@ -109,6 +112,21 @@ def refuse_log_without_index(path: Path, what: str, log_dir: Path) -> None:
             f"({len(segments)} segment(s)): without the index every group in the log, delivered or not, would "
             f"be handed out again. Restore {path.name} (with its -wal file) if you have it; or, to start with an "
             f"empty queue and give those groups up, move {log_dir} aside")
+
+
+def refuse_index_behind_mark(path: Path, transitions: int, log_dir: Path) -> None:
+    """StateFileError if the index counts fewer transitions than its mark (:mod:`mark`): it is
+    older than the state the job reached, and would hand out again groups delivered since."""
+    marked = read_mark(path)
+    if marked is None or marked <= transitions:
+        return
+    raise StateFileError(
+        f"rollout store index {path} is older than its log: it has committed {transitions} hand-outs, "
+        f"acknowledgements, drops and quarantines, its mark {mark_path(path).name} says {marked} (its -wal file "
+        "was lost, or an older copy was restored): groups delivered since would be handed out again. Restore "
+        f"the newest {path.name} with its -wal file; or, to hand those groups out again knowingly, delete "
+        f"{mark_path(path)}; or, to start with an empty queue and give every group up, move {path.name} "
+        f"(with its -wal and -shm files) and {log_dir} aside")
 
 
 def index_log_tail(index: StoreIndex, segments: SegmentLog) -> int:

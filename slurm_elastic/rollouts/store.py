@@ -36,6 +36,7 @@ from slurm_elastic.rollouts.index import (
 from slurm_elastic.rollouts.recovery import (
     index_log_tail,
     read_body,
+    refuse_index_behind_mark,
     refuse_log_without_index,
     take_writer_lock,
 )
@@ -90,6 +91,10 @@ class RolloutStore(GroupCommits):
             if unknown := self._index.create_schema(self.clock()):
                 log.warning("rollout store %s: %d lost group(s) had no record of why (the index's lost table "
                             "was dropped or emptied): recorded again as lost, reason unknown", self.path, unknown)
+            if self._index.fresh:
+                self._index.reset_mark()
+            else:
+                refuse_index_behind_mark(self.path, self._index.transitions, log_dir)
             self.log = SegmentLog(log_dir, segment_bytes)
         except BaseException:
             self._index.close()

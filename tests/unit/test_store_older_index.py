@@ -1,0 +1,137 @@
+"""An index older than its log, on the real store on disk: its ``-wal`` file deleted after a
+kill -9, or an older copy of it restored. Refused at open (it would hand out again groups
+delivered since), with what to do; a kill -9 alone, or a power cut's lagging mark, is no alarm."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from slurm_elastic.errors import StateFileError
+from slurm_elastic.rollouts.mark import mark_path, read_mark, write_mark
+from slurm_elastic.rollouts.store import RolloutStore
+
+
+def body(group_id: str) -> bytes:
+    return json.dumps({"id": group_id, "group_size": 4}).encode()
+
+
+def delivered_then_killed(tmp: Path) -> None:
+    """In a child process: a and b handed out and acknowledged, c queued; then kill -9 of it and
+    its syncer (no close, so SQLite's WAL still holds the transactions)."""
+    script = textwrap.dedent(f"""
+        import json, os, signal
+        from pathlib import Path
+        from slurm_elastic.rollouts.store import RolloutStore
+        RolloutStore(Path({str(tmp / "q.sqlite")!r})).close()  # the tables, in the index file itself
+        store = RolloutStore(Path({str(tmp / "q.sqlite")!r}))
+        for name in ["a", "b", "c"]:
+            store.insert(name, "0007", 4, 0, json.dumps({{"id": name}}).encode())
+        store.hand_out("b1", ["a", "b"], 1.0)
+        assert store.ack("b1")
+        os.killpg(0, signal.SIGKILL)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], check=False, start_new_session=True)
+    assert done.returncode == -9
+
+
+def test_a_kill_9_alone_opens_with_nothing_handed_out_again(tmp_path: Path) -> None:
+    delivered_then_killed(tmp_path)
+    assert (tmp_path / "q.sqlite-wal").exists()
+    store = RolloutStore(tmp_path / "q.sqlite")
+    assert [g.id for g in store.queued()] == ["c"] and store.counts()["delivered"] == 8
+    store.close()
+
+
+def test_an_index_whose_wal_was_deleted_after_a_kill_9_is_refused(tmp_path: Path) -> None:
+    delivered_then_killed(tmp_path)
+    for suffix in ("-wal", "-shm"):
+        (tmp_path / f"q.sqlite{suffix}").unlink()
+    with pytest.raises(StateFileError, match=r"q\.sqlite is older than its log: it has committed 0 .* q\.mark "
+                                             r"says 2 .*Restore the newest q\.sqlite with its -wal file"):
+        RolloutStore(tmp_path / "q.sqlite")
+    mark_path(tmp_path / "q.sqlite").unlink()  # what the message offers: hand them out again, knowingly
+    store = RolloutStore(tmp_path / "q.sqlite")
+    assert [g.id for g in store.queued()] == ["a", "b", "c"]  # the log's records, indexed again as queued
+    store.close()
+
+
+def test_an_older_copy_of_the_index_restored_is_refused_and_nothing_is_changed(tmp_path: Path) -> None:
+    store = RolloutStore(tmp_path / "q.sqlite")
+    for name in ["a", "b", "c"]:
+        store.insert(name, "0007", 4, 0, body(name))
+    store.hand_out("b1", ["a"], 1.0)
+    store.close()
+    shutil.copy(tmp_path / "q.sqlite", tmp_path / "backup.sqlite")  # closed: the copy is whole
+    store = RolloutStore(tmp_path / "q.sqlite")
+    assert store.ack("b1")
+    store.hand_out("b2", ["b"], 2.0)
+    assert store.ack("b2")
+    store.close()
+    shutil.copy(tmp_path / "backup.sqlite", tmp_path / "q.sqlite")
+    before = (tmp_path / "q.sqlite").read_bytes()
+    with pytest.raises(StateFileError, match=r"committed 1 hand-outs.* says 4 .*an older copy was restored"):
+        RolloutStore(tmp_path / "q.sqlite")
+    assert (tmp_path / "q.sqlite").read_bytes() == before
+    for suffix in ("-wal", "-shm"):
+        (tmp_path / f"q.sqlite{suffix}").unlink(missing_ok=True)
+    shutil.move(tmp_path / "q.sqlite", tmp_path / "aside.sqlite")  # what the message offers: start empty
+    shutil.move(tmp_path / "q.segments", tmp_path / "aside.segments")
+    fresh = RolloutStore(tmp_path / "q.sqlite")
+    assert fresh.queued() == [] and read_mark(tmp_path / "q.sqlite") == 0  # the mark starts again
+    fresh.close()
+    assert RolloutStore(tmp_path / "q.sqlite").queued() == []
+
+
+def test_a_mark_behind_the_index_is_allowed_and_catches_up(tmp_path: Path) -> None:
+    store = RolloutStore(tmp_path / "q.sqlite")
+    for name in ["a", "b"]:
+        store.insert(name, "0007", 4, 0, body(name))
+    store.hand_out("b1", ["a", "b"], 1.0)
+    store.drop(["nothing"])
+    store.close()
+    assert read_mark(tmp_path / "q.sqlite") == 2
+    write_mark(tmp_path / "q.sqlite", 1)  # a power cut: the mark is not fsynced, the index is
+    store = RolloutStore(tmp_path / "q.sqlite")
+    assert store.ack("b1")
+    assert read_mark(tmp_path / "q.sqlite") == 3
+    store.close()
+
+
+@pytest.mark.parametrize("damage", [b"", b"junk\n", b"\xff\xfe"])
+def test_an_unreadable_mark_is_logged_and_written_again(tmp_path: Path, damage: bytes,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    store = RolloutStore(tmp_path / "q.sqlite")
+    store.insert("a", "0007", 4, 0, body("a"))
+    store.hand_out("b1", ["a"], 1.0)
+    store.close()
+    mark_path(tmp_path / "q.sqlite").write_bytes(damage)
+    with caplog.at_level(logging.WARNING):
+        store = RolloutStore(tmp_path / "q.sqlite")
+    assert "not checked this time" in caplog.text or "unreadable" in caplog.text
+    assert store.ack("b1") and read_mark(tmp_path / "q.sqlite") == 2
+    store.close()
+
+
+def test_a_mark_that_cannot_be_written_changes_nothing_else(tmp_path: Path,
+                                                           caplog: pytest.LogCaptureFixture) -> None:
+    mark_path(tmp_path / "q.sqlite").mkdir()  # it cannot be opened for writing
+    with caplog.at_level(logging.WARNING):
+        store = RolloutStore(tmp_path / "q.sqlite")
+        for name in ["a", "b"]:
+            store.insert(name, "0007", 4, 0, body(name))
+        assert len(store.hand_out("b1", ["a"], 1.0)) == 1
+        assert store.ack("b1")
+    assert caplog.text.count("writing its mark failed") == 1
+    os.rmdir(mark_path(tmp_path / "q.sqlite"))
+    assert len(store.hand_out("b2", ["b"], 2.0)) == 1
+    assert read_mark(tmp_path / "q.sqlite") == 3
+    store.close()
