@@ -73,6 +73,7 @@ class Trainer:
         self.held: set[str] = set()  # batches returned to the caller and not yet acknowledged
         self.lost_group_ids: list[str] = []  # every group the controller reported lost
         self.on_lost = on_lost
+        self._pull_id = uuid.uuid4().hex  # kept until a batch arrives: a pull whose answer was lost asks again
         self.info = self._retry(lambda: self.client.trainer_register(trainer_id))
         self.session: int | None = self.info.get("trainer_session")  # None: a controller that fences none
 
@@ -106,19 +107,19 @@ class Trainer:
         also while the controller stays unreachable that long). Each
         pull carries a ``pull_id`` that its retries repeat, so a batch whose answer was lost
         (a timeout, a dropped connection) comes back to the retry instead of waiting for a
-        re-registration; the id changes once a batch has arrived."""
+        re-registration; the id changes only once a batch has arrived, so a call that returned
+        None before the answer came (a short ``timeout_s``) leaves the next call asking for it."""
         deadline = time.monotonic() + timeout_s
-        pull_id = uuid.uuid4().hex
         while time.monotonic() < deadline:
             try:
-                got = self._retry(lambda: self.client.pull_batch(pull_id, self.session),  # noqa: B023 (called at once)
+                got = self._retry(lambda: self.client.pull_batch(self._pull_id, self.session),
                                   timeout_s=max(0.0, deadline - time.monotonic()))
             except ControllerUnreachableError:
-                return None  # still down at the deadline
+                return None  # still down at the deadline; the next call repeats this pull's id
             if got is None:
                 time.sleep(self.poll_s)
                 continue
-            pull_id = uuid.uuid4().hex
+            self._pull_id = uuid.uuid4().hex
             lost = [str(g) for g in got.get("lost_group_ids") or []]
             new_lost = [g for g in lost if g not in self.lost_group_ids]  # named again until the ack
             if new_lost:

@@ -203,3 +203,24 @@ def test_the_trainer_retries_a_lost_pull_and_gets_that_batch(served: ServedContr
     status = trainer.status()["queue"]
     assert (status["unacked_batches"], status["queued_sequences"], status["delivered_sequences"]) == (0, 0, 6)
     trainer.close()
+
+
+def test_a_pull_lost_at_the_end_of_a_short_timeout_is_asked_for_by_the_next_call(served: ServedController) -> None:
+    """``next_batch(timeout_s)`` ran out while its pull's answer was lost: the next call repeats
+    that pull's id and gets its batch. Before, it asked under a new id and the batch stayed
+    handed out to nobody (with ``max_staleness = 0`` the workers were never admitted again)."""
+    trainer = Trainer(served.url, TOKEN, poll_s=0.01)
+    transport = LosesFirstPullAnswer()
+    trainer.client = ControlClient(served.url, TOKEN, transport=transport)
+    assert trainer.next_batch(timeout_s=0.0001) is None  # the answer lost, no time left to retry
+    assert transport.lost == 1 and trainer.status()["queue"]["unacked_batches"] == 1
+    seen: list[str] = []
+    for _ in range(3):
+        batch = trainer.next_batch(timeout_s=30)
+        assert batch is not None
+        seen += [g["id"] for g in batch.groups]
+        trainer.ack(batch)
+    assert seen == [f"g{i}" for i in range(6)]
+    status = trainer.status()["queue"]
+    assert (status["unacked_batches"], status["queued_sequences"], status["delivered_sequences"]) == (0, 0, 6)
+    trainer.close()
