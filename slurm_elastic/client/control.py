@@ -127,15 +127,24 @@ class ControlClient:
             result: dict[str, Any] = response.json()
             return stored_by_an_earlier_try(result) if maybe_stored else result
 
-    def admit(self, sequences: int, worker_id: str, admission_id: str | None = None) -> dict[str, Any]:
-        """Ask to start rollouts (the staleness gate); answers how many may start now. What is
-        granted is ``worker_id``'s lease: its submits use it. ``admission_id`` (up to 64 of
-        ``[0-9A-Za-z_-]``), one per ask: sent again with a retry, it gets the first try's grant,
-        granted once."""
+    def admit(self, sequences: int, worker_id: str, admission_id: str | None = None,
+              whole: bool = False) -> dict[str, Any]:
+        """Ask to start rollouts (the staleness gate); answers how many may start now (``whole``:
+        all or none). What is granted is ``worker_id``'s lease: its submits use it.
+        ``admission_id`` (up to 64 of ``[0-9A-Za-z_-]``), one per ask: sent again with a retry, it
+        gets the first try's grant, granted once."""
         body: dict[str, Any] = {"sequences": sequences, "worker_id": worker_id}
         if admission_id is not None:
             body["admission_id"] = admission_id
+        if whole:
+            body["whole"] = True
         return self._call("POST", "/rollouts/admission", body)
+
+    def release_admission(self, sequences: int, worker_id: str, release_id: str) -> dict[str, Any]:
+        """Give back admitted sequences ``worker_id`` will not submit; ``release_id`` makes a retry
+        release nothing again. Answers how many were released."""
+        return self._call("POST", "/rollouts/admission/release",
+                          {"sequences": sequences, "worker_id": worker_id, "release_id": release_id})
 
     # trainer
     def trainer_register(self, trainer_id: str = "trainer") -> dict[str, Any]:

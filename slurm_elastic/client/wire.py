@@ -102,6 +102,14 @@ class Admission(_Body):
     admission_id: str | None = Field(None, pattern=r"^[0-9A-Za-z_-]{1,64}$", description=(
         "the worker's name for this admission, one per ask: a repeat of one of its recent ids (a retry whose "
         "answer was lost, or a request that arrives late) gets that id's grant and is not granted again"))
+    whole: bool = Field(False, description="grant all the sequences asked for or none (no part of them)")
+
+
+class AdmissionRelease(_Body):
+    sequences: int = Field(ge=1, le=100_000, description="admitted sequences this worker will not submit")
+    worker_id: str = Field(pattern=WORKER_ID)
+    release_id: str = Field(pattern=r"^[0-9A-Za-z_-]{1,64}$", description=(
+        "the worker's name for this release, one per call: a retry with it releases nothing again"))
 
 
 class TrainerHello(_Body):

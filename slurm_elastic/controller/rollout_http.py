@@ -26,6 +26,7 @@ from slurm_elastic.client.wire import (
     INT64_MAX,
     WORKER_ID,
     Admission,
+    AdmissionRelease,
     TrainerHello,
     VersionUpdate,
 )
@@ -331,10 +332,15 @@ def rollout_router(controller: Controller, queue: RolloutQueue) -> APIRouter:
 
     @router.post("/rollouts/admission", tags=["rollouts"])
     def admission(body: Admission) -> dict[str, Any]:
-        granted = queue.admit(body.sequences, body.worker_id, body.admission_id or "")
+        granted = queue.admit(body.sequences, body.worker_id, body.admission_id or "", body.whole)
         stats = queue.stats()
         return {"granted": granted, "staleness_capacity": stats["staleness_capacity"],
                 "policy_version": stats["policy_version"]}
+
+    @router.post("/rollouts/admission/release", tags=["rollouts"])
+    def admission_release(body: AdmissionRelease) -> dict[str, Any]:
+        released = queue.give_back(body.sequences, body.worker_id, body.release_id)
+        return {"released": released, "staleness_capacity": queue.stats()["staleness_capacity"]}
 
     @router.post("/trainer/register", tags=["trainer"])
     def trainer_register(body: TrainerHello) -> dict[str, Any]:

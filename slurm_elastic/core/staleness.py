@@ -182,13 +182,15 @@ class AdmissionLeases:
     _oldest_s: float = field(default=math.inf, init=False, repr=False, compare=False)  # no lease older
     _scanned_s: float = field(default=-math.inf, init=False, repr=False, compare=False)  # the last expiry scan
 
-    def grant(self, worker_id: str, wanted: int, now_s: float, admission_id: str = "") -> int:
-        """How many of ``wanted`` sequences ``worker_id`` may start now; those are counted as
-        running, and the lease remembers ``admission_id`` with its grant, a grant of none too
-        (the queue answers a repeat of it from there: :meth:`Lease.answer`)."""
+    def grant(self, worker_id: str, wanted: int, now_s: float, admission_id: str = "", whole: bool = False) -> int:
+        """How many of ``wanted`` sequences ``worker_id`` may start now (``whole``: all of them or
+        none); those are counted as running, and the lease remembers ``admission_id`` with its
+        grant, a grant of none too (the queue answers a repeat of it from there: :meth:`Lease.answer`)."""
         self.expire(now_s)
         held = self.leases.get(worker_id) or Lease(0, now_s)
         granted = max(0, min(wanted, self.staleness.capacity()))
+        if whole and granted < wanted:
+            granted = 0
         if granted:
             self.staleness.on_submitted(granted)
             held = replace(held, unused_seqs=held.unused_seqs + granted, granted_at_s=now_s,

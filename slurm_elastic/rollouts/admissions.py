@@ -48,7 +48,7 @@ class StalenessBook:
         saved.restore(self.leases, recovered.arrived_after_snapshot, freed_seqs)
         self.leases.expire(now_s)
 
-    def admit(self, worker_id: str, n_seqs: int, now_s: float, admission_id: str = "") -> int:
+    def admit(self, worker_id: str, n_seqs: int, now_s: float, admission_id: str = "", whole: bool = False) -> int:
         """How many of ``n_seqs`` ``worker_id`` may start now; they are its lease, saved before
         this returns (taken back if the save fails, unless a save beside it kept them). A repeat of
         one of the worker's recent ``admission_id``s is answered what that one was granted once
@@ -67,12 +67,12 @@ class StalenessBook:
                     return 0
                 wanted = self._changes  # the grant repeated is one of these changes
             else:
-                granted = self.leases.grant(worker_id, n_seqs, now_s, admission_id)
+                granted = self.leases.grant(worker_id, n_seqs, now_s, admission_id, whole)
                 if not granted:
                     return 0
                 wanted = self._changed()
         if answer is not None:
-            return self._answer_again(worker_id, n_seqs, now_s, admission_id, answer, wanted)
+            return self._answer_again(worker_id, n_seqs, now_s, admission_id, answer, wanted, whole)
         try:
             self._save(wanted)
         except BaseException as exc:
@@ -85,7 +85,7 @@ class StalenessBook:
         return granted
 
     def _answer_again(self, worker_id: str, n_seqs: int, now_s: float, admission_id: str, answer: int,
-                      wanted: int) -> int:
+                      wanted: int, whole: bool = False) -> int:
         """A repeat's answer once the grant it repeats is saved: its first try may still be saving
         it (a retry sent on a timeout), and what a worker is told it may start must survive a
         restart. If that save failed and the grant was taken back, the repeat is a new ask."""
@@ -94,7 +94,7 @@ class StalenessBook:
             held = self.leases.leases.get(worker_id)
             if held is not None and held.answer(admission_id) == answer:
                 return answer
-        return self.admit(worker_id, n_seqs, now_s, admission_id)
+        return self.admit(worker_id, n_seqs, now_s, admission_id, whole)
 
     def set_version(self, version: int, recovered: bool, buffered_seqs: Callable[[], int]) -> None:
         """A plain publish (checked: VersionRefused), or a resume from a checkpoint at
@@ -128,13 +128,16 @@ class StalenessBook:
         self.last_seq = max(self.last_seq, seq)
         self.leases.accept(worker_id, n_seqs, now_s)
 
-    def refused(self, worker_id: str, group_id: str, n_seqs: int, now_s: float) -> None:
+    def refused(self, worker_id: str, group_id: str, n_seqs: int, now_s: float) -> int:
         """``worker_id``'s group ``group_id`` of ``n_seqs`` sequences was refused (stale, or a
-        version ahead): they leave its lease as AReaL's ``on_rollout_rejected``, once: a resend
-        releases nothing again (lock held; saved by the next :meth:`save`)."""
+        version ahead) or given back: they leave its lease as AReaL's ``on_rollout_rejected``,
+        once: a resend releases nothing again (lock held; saved by the next :meth:`save`).
+        Returns the sequences released."""
         self.leases.expire(now_s)
-        if self.leases.refuse(worker_id, n_seqs, group_id):
+        released = self.leases.refuse(worker_id, n_seqs, group_id)
+        if released:
             self._changed()
+        return released
 
     def released(self, worker_ids: list[str]) -> int:
         """The steps of ``worker_ids`` have ended: their leases are released (saved by the next

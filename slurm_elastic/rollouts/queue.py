@@ -87,11 +87,23 @@ class RolloutQueue:
         self.book.recover(recovered, self.trainer.dropped_stale_seqs + self.trainer.lost_seqs, self.clock())
 
     # ---- workers -----------------------------------------------------------------------------
-    def admit(self, n_seqs: int, worker_id: str, admission_id: str = "") -> int:
+    def admit(self, n_seqs: int, worker_id: str, admission_id: str = "", whole: bool = False) -> int:
         """The capacity gate: how many of ``n_seqs`` ``worker_id`` may start now (staleness and
-        concurrency); they are its lease, recorded durably before this returns. A retry with the
-        same ``admission_id`` (its answer lost) gets the same grant, granted once."""
-        return self.book.admit(worker_id, n_seqs, self.clock(), admission_id)
+        concurrency; ``whole``: all or none); they are its lease, recorded durably before this
+        returns. A retry with the same ``admission_id`` (its answer lost) gets the same grant,
+        granted once."""
+        return self.book.admit(worker_id, n_seqs, self.clock(), admission_id, whole)
+
+    def give_back(self, n_seqs: int, worker_id: str, release_id: str) -> int:
+        """``worker_id`` will not submit ``n_seqs`` of what it was admitted (a rollout that
+        failed): released from its lease (AReaL's ``on_rollout_rejected``), at most what the
+        lease holds, once per ``release_id`` (a retry releases nothing again); saved before this
+        returns. Returns the sequences released."""
+        with self._lock:
+            released = self.book.refused(worker_id, release_id, n_seqs, self.clock())
+        if released:
+            self.save_counts()
+        return released
 
     def release_leases(self, worker_ids: list[str]) -> int:
         """The steps of ``worker_ids`` have ended (failed, drained, cancelled, or now a

@@ -121,19 +121,34 @@ class RolloutWorker:
     def admit(self, sequences: int, wait: bool = True, poll_s: float = 0.2) -> int:
         """The staleness gate: block (unless ``wait`` is False) until ``sequences`` may start.
         What is granted is this worker's lease: its next submits use it; unused, it is released
-        when the controller sees this step end, or ``admission_ttl_s`` after its last admission.
+        by :meth:`give_back`, when the controller sees this step end, or ``admission_ttl_s``
+        after its last admission. A waiting ask is granted whole or not at all, so workers that
+        wait never hold parts of the bound that none of them can use; without ``wait``, what the
+        bound allows now (perhaps fewer) is granted.
 
         While the controller is down (it restarts), this waits too; a drain ends the wait."""
         granted = 0
         while granted < sequences and not self.draining:
             wanted, admission_id = sequences - granted, uuid.uuid4().hex  # one id per ask, kept by its retries
             answer = self._through_outages(
-                lambda: self.control.client.admit(wanted, self.ctx.worker_id, admission_id))  # noqa: B023
+                lambda: self.control.client.admit(wanted, self.ctx.worker_id, admission_id,  # noqa: B023
+                                                  whole=wait))
             granted += int(answer["granted"]) if answer else 0
             if granted >= sequences or not wait:
                 break
             time.sleep(poll_s)
         return granted
+
+    def give_back(self, sequences: int) -> int:
+        """Give back ``sequences`` admitted that this worker will not submit (a rollout that
+        failed, or a group smaller than its admission), so the bound's room goes to another
+        worker now instead of after ``admission_ttl_s``. At most what this worker's lease holds
+        is released; returns how many were. Waits through a controller restart."""
+        release_id = uuid.uuid4().hex  # kept by the retries: released once
+        answer = self._through_outages(
+            lambda: self.control.client.release_admission(sequences, self.ctx.worker_id, release_id),
+            give_up_on_drain=False)
+        return int(answer["released"]) if answer else 0
 
     def submit(self, group: dict[str, Any]) -> dict[str, Any]:
         """Hand a scored group to the controller's queue, durably. Waits while the buffer is full (429),
