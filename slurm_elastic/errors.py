@@ -68,10 +68,6 @@ class ControllerUnreachableError(SlurmElasticError):
         self.not_connected = not_connected
 
 
-class UnknownOnControllerError(KeyError):
-    """The controller answered 404: it does not know the worker, node or GPU named."""
-
-
 class ApiError(SlurmElasticError):
     """The controller's HTTP API answered with an error status."""
 
@@ -79,6 +75,18 @@ class ApiError(SlurmElasticError):
         self.status_code = status_code
         self.detail = detail
         super().__init__(f"HTTP {status_code}: {detail}")
+
+
+class UnknownOnControllerError(ApiError, KeyError):
+    """The controller answered 404: it does not know the worker, node, GPU or batch named. An
+    :class:`ApiError` with ``status_code`` 404 and a ``KeyError``; its message is the detail."""
+
+    def __init__(self, detail: str) -> None:
+        self.status_code, self.detail = 404, detail
+        Exception.__init__(self, detail)
+
+    def __str__(self) -> str:
+        return self.detail
 
 
 class TrainerSupersededError(ApiError):

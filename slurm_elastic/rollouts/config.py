@@ -36,7 +36,8 @@ class QueueConfig:
                 if value not in ("always", "os", "off"):
                     raise ConfigError(f"{prefix}.{key}: one of always, os, off")
             elif isinstance(value, bool) or not isinstance(value, int) or value < (0 if key == "max_staleness" else 1):
-                raise ConfigError(f"{prefix}.{key}: must be a positive integer")
+                least = "a whole number, 0 or more" if key == "max_staleness" else "a positive integer"
+                raise ConfigError(f"{prefix}.{key}: must be {least}")
             values[key] = value
         config = cls(**values)
         if config.capacity_seqs < config.batch_size:

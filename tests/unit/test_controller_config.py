@@ -73,6 +73,7 @@ def test_config_reference_is_generated_from_the_schema() -> None:
 @pytest.mark.parametrize(("data", "message"), [
     ({"autoscaler": {"max_workers": "lots"}}, "autoscaler.max_workers: must be an integer"),
     ({"queue": {"batch_size": -3}}, "queue.batch_size: must be a positive integer"),
+    ({"queue": {"max_staleness": -1}}, "queue.max_staleness: must be a whole number, 0 or more"),
     ({"queue": {"direct_io": "yes"}}, "queue.direct_io: true or false"),
     ({"health": {"nope": 1}}, "health.nope: unknown key"),
 ])
