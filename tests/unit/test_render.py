@@ -85,3 +85,24 @@ def test_a_controller_without_a_worker_command_stops_at_once_with_the_key(tmp_pa
                              str(tmp_path / "elastic.toml")], capture_output=True, text=True, timeout=60,
                             env={**os.environ, "PYTHONPATH": str(REPO)})
     assert result.returncode == 78 and "workers.command is empty" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("trainer_status", [0, 3])
+def test_a_failed_trainer_still_drains_and_stops_and_its_status_is_the_jobs(tmp_path: Path,
+                                                                           trainer_status: int) -> None:
+    """The batch script's control flow, run by bash with ``srun`` and ``slurm-elastic`` replaced by
+    scripts that log their calls (what they do in Slurm is tested on the dev cluster). Before, a
+    trainer that exited non-zero ended the script at once (``set -e``): no drain, no stop."""
+    text = render_sbatch(load_config(DATA / "minimal.toml"), "tests/unit/data/render/minimal.toml")
+    bin_dir, calls = tmp_path / "bin", tmp_path / "calls.log"
+    bin_dir.mkdir()
+    for name, body in {"srun": f'echo "srun $*" >> {calls}; exit {trainer_status}',
+                       "slurm-elastic": f'echo "slurm-elastic $1" >> {calls}; [ "$1" != controller ] || sleep 0.2'}.items():
+        (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "42", "TMPDIR": str(tmp_path)}
+    done = subprocess.run(["bash", "-c", text], env=env, capture_output=True, text=True, timeout=30, check=False)
+    assert done.returncode == trainer_status, done.stderr
+    logged = calls.read_text().splitlines()
+    assert logged[-1] == "slurm-elastic stop" and any(c.startswith("srun ") for c in logged)
+    assert ("the trainer exited with status 3" in done.stderr) == (trainer_status == 3)
