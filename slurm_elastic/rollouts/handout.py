@@ -35,6 +35,7 @@ from slurm_elastic.rollouts.storage import LostGroup, Recovered, RolloutStorage,
 
 log = logging.getLogger(__name__)
 PULL_IDS_KEPT = 1024  # pull ids remembered (with their batch) for retries of those pulls
+UNPACKABLE_WARN_S = 60.0  # a batch-sized queue no whole groups pack into exactly: warned after this, and each this long
 Batch = tuple[str, list[bytes]]  # (batch id, group payloads)
 
 
@@ -59,6 +60,8 @@ class BatchHandout:
         self.pulls = WindowRate(CONSUMPTION_WINDOW_S)
         self.steps = TrainerSteps()  # the trainer's compute time: a batch handed out -> its next pull
         self.heard_s: float | None = None  # the trainer's last call (register, pull, ack, version)
+        self._unpackable_since_s: float | None = None  # pulls found a batch's worth queued and packed none
+        self._unpackable_warned_s = float("-inf")
 
     def recover(self, recovered: Recovered) -> None:
         """Take what a controller before this one left: unacknowledged batches (handed out again
@@ -124,6 +127,7 @@ class BatchHandout:
             with self._lock:
                 self._drop_untrainable()
                 chosen = self._queued.take_batch(self.config.batch_size, self.config.lookahead_groups)
+                self._watch_packing(chosen is None)
                 if chosen is None:  # (taken out of the queue while their hand-out is recorded)
                     return None
             batch_id = uuid.uuid4().hex
@@ -142,6 +146,25 @@ class BatchHandout:
                 self.pulls.add(self.clock(), self.config.batch_size)
                 self.steps.served(self.clock())
             return batch_id, pulled.payloads
+
+    def _watch_packing(self, packed_none: bool) -> None:
+        """Warn (once a minute, after a minute) while pulls find at least a batch's worth queued
+        and no whole groups that make exactly ``batch_size``: group sizes that can never add up
+        to it stall the trainer with a full-looking buffer (lock held)."""
+        batch_size = self.config.batch_size
+        if not packed_none or self._queued.seqs < batch_size:
+            self._unpackable_since_s = None
+            return
+        now_s = self.clock()
+        self._unpackable_since_s = self._unpackable_since_s if self._unpackable_since_s is not None else now_s
+        if now_s - self._unpackable_since_s < UNPACKABLE_WARN_S or now_s - self._unpackable_warned_s < UNPACKABLE_WARN_S:
+            return
+        self._unpackable_warned_s = now_s
+        sizes = ", ".join(f"{n} x {size}" for size, n in sorted(self._queued.size_counts().items()))
+        log.warning("%d sequences have been queued for %.0f s, more than a batch of %d, but no whole groups among "
+                    "them add up to exactly %d (groups queued: %s): the trainer gets no batch until groups that "
+                    "complete one arrive; workers whose group sizes divide queue.batch_size always complete one",
+                    self._queued.seqs, now_s - self._unpackable_since_s, batch_size, batch_size, sizes)
 
     def _hand_again(self, batch_id: str, requeue: bool) -> Batch | None:
         """An unacknowledged batch, again: its groups checked, the damaged ones quarantined.

@@ -43,6 +43,10 @@ class QueuedGroups:
         self.seqs += group.n_seqs
         self.nbytes += group.nbytes
 
+    def size_counts(self) -> collections.Counter[int]:
+        """How many queued groups hold each number of sequences."""
+        return collections.Counter(g.n_seqs for groups in self._by_version.values() for g in groups.values())
+
     def put_back(self, groups: list[StoredGroup]) -> None:
         """Groups taken for a batch that was not recorded: queued again where they were (arrival
         order; they were near the head)."""
