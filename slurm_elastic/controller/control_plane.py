@@ -260,6 +260,7 @@ class ControlPlane(ControllerBase):
             actions = operator_drain(self.state, worker, self.tick_config,
                                      {worker_id: self.endpoints.outstanding(worker_id, now_s)}, now_s)
             self._publish_endpoints()
+            self.save()  # write-ahead: a successor of a controller killed after the signal drains it too
             for action in actions:
                 self._run(action)
             self.save()

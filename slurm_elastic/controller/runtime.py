@@ -280,8 +280,8 @@ class Controller(ControlPlane, StatusViews):
                 else:
                     log.warning("%s", event.message)
             self._release_leases(result)
-            if any(isinstance(a, Launch) for a in result.actions):
-                self.save()  # write-ahead: a controller killed mid-launch leaves records its successor waits for
+            if result.actions:  # write-ahead: a controller killed while it launches, signals or cancels
+                self.save()  # leaves records its successor waits for, drains on, or counts as its own kills
             self._run_all(result.actions)
             self._publish_endpoints()
             self.save()

@@ -311,6 +311,69 @@ def test_a_controller_killed_while_its_launches_run_has_saved_them_first(tmp_pat
     assert {w: again.workers[w].state for w in ("0004", "0005")} == {"0004": S.STARTING, "0005": S.STARTING}
 
 
+def kill_at(backend: Recorded, method: str) -> None:
+    """The controller is killed -9 right after the backend's ``method`` (signal or cancel) ran."""
+    record = getattr(backend, method)
+
+    def then_die(*args: Any) -> None:
+        record(*args)
+        raise Killed
+
+    setattr(backend, method, then_die)
+
+
+@pytest.mark.parametrize("how", ["scale-down", "operator"])
+def test_a_controller_killed_after_a_drain_signal_has_saved_the_drain_first(tmp_path: Path, how: str) -> None:
+    """A drain's record is written before its signal is sent: the worker that drained and left
+    while no controller ran ends as drained (no crash against its GPU, no relaunch). Before, the
+    successor found an ACTIVE record whose step was gone: a crash, a relaunch, the drain undone."""
+    clock = Clock()
+    controller, backend = make(tmp_path, RUNNING, clock)
+    controller.tick()
+    register_all(controller, RUNNING)
+    kill_at(backend, "signal_step")
+    with pytest.raises(Killed):
+        if how == "operator":
+            controller.drain("0002")
+        else:
+            controller.scale(2)
+            controller.tick()
+    (signalled,) = backend.signalled
+    gone = next(w for w in ("0001", "0002", "0003") if step_of(w) == signalled[1])
+    steps = [s for s in RUNNING if s.name != f"se-w-{gone}"]  # it drained and left while none ran
+    clock.now_s += 5.0
+    again, backend2 = make(tmp_path, steps, clock)
+    again.tick()
+    worker = again.workers[gone]
+    assert (worker.state, worker.crash_count) == (S.INACTIVE, 0) and worker.history[-1][3] == "step ended after drain"
+    assert not any(g.crashes_s for g in again.state.cordons._gpus.values())  # none against its GPU
+    # a scale-down launches nothing; the operator's drain keeps the count: a new worker, not this one again
+    assert [spec.name for spec in backend2.launched] == ([] if how == "scale-down" else ["se-w-0004"])
+
+
+def test_a_controller_killed_after_its_own_cancel_still_counts_it(tmp_path: Path) -> None:
+    """A cancel for a lost heartbeat is saved (the worker DRAINING, why) before the scancel: its
+    successor counts the step's end against its GPU. Before, it read as a cancel by someone else."""
+    clock = Clock()
+    controller, backend = make(tmp_path, RUNNING, clock)
+    controller.tick()
+    register_all(controller, RUNNING)
+    for worker_id in ("0001", "0003"):
+        controller.workers[worker_id].last_heartbeat_s = clock.now_s + 1000  # only 0002 falls silent
+    clock.now_s += 600.0
+    kill_at(backend, "cancel_step")
+    with pytest.raises(Killed):
+        controller.tick()
+    assert backend.cancelled == [(JOB_ID, step_of("0002"))]
+    clock.now_s += 5.0
+    again, _backend2 = make(tmp_path, listing("vanished"), clock)
+    for worker_id in ("0001", "0003"):
+        again.workers[worker_id].last_heartbeat_s = clock.now_s + 1000
+    again.tick()
+    worker = again.workers["0002"]
+    assert worker.crash_count == 1 and "no heartbeat" in " ".join(h[3] for h in worker.history[-3:])
+
+
 def test_a_crash_loop_backs_off_exponentially_and_cordons_the_gpu(tmp_path: Path) -> None:
     clock = Clock()
     controller, backend = make(tmp_path, RUNNING, clock, backoff_base_s=1.0,
