@@ -24,8 +24,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from slurm_elastic.client.files import stopped_by_operator_at
 from slurm_elastic.core.defaults import SERVER_DRAIN_GRACE_S
 from slurm_elastic.errors import ControllerUnreachableError, SlurmElasticError
 from slurm_elastic.worker.context import StepContext, node_address
@@ -39,6 +41,8 @@ Call = Callable[[dict[str, Any]], dict[str, Any]]
 READINESS_POLL_S = 0.05  # how often a starting server's readiness is probed
 LIVENESS_POLL_S = 0.5  # how soon a liveness probe's new verdict goes out
 IDLE_WAKE_S = 1.0  # the loop's longest sleep when nothing wakes it
+FINAL_REPORT_S = 15.0  # how long the exit code is offered to a controller that does not answer (one restarting)
+FINAL_RETRY_S = 0.5
 
 
 @dataclass
@@ -125,7 +129,7 @@ def run_wrapped(
             child = subprocess.Popen(argv, env=env)
         except OSError as exc:
             log.error("cannot start worker command %s: %s", argv[0], exc)
-            _final(heartbeat, 127)
+            _final(heartbeat, 127, state_dir=ctx.state_dir)
             return 127
         wakeup.watch_exit(child)
         interval_s = float(answer.get("heartbeat_interval_s", ctx.heartbeat_interval_s))
@@ -157,7 +161,7 @@ def _supervise(child: subprocess.Popen[bytes], ctx: StepContext, register: Call,
                 liveness.stop()
             code = drained_exit(code, ctx, flags)
             _final(heartbeat, code, terminated=any(s in (signal.SIGTERM, signal.SIGINT) for s in flags.signals_seen),
-                   not_ready_after_s=ctx.start_timeout_s if not_ready else None)
+                   not_ready_after_s=ctx.start_timeout_s if not_ready else None, state_dir=ctx.state_dir)
             return code
         if not ready and is_ready(port, ctx.readiness_path):
             ready = True
@@ -289,7 +293,7 @@ def _hold(ctx: StepContext, register: Call, heartbeat: Call, flags: Flags) -> in
     while not flags.terminate.is_set() and not flags.drain.is_set():
         _beat(ctx, register, heartbeat, {"placeholder": True}, info)
         flags.terminate.wait(ctx.heartbeat_interval_s)
-    _final(heartbeat, 0)
+    _final(heartbeat, 0, state_dir=ctx.state_dir)
     return 0
 
 
@@ -314,11 +318,24 @@ def _beat(ctx: StepContext, register: Call, heartbeat: Call, payload: dict[str, 
     return {}
 
 
-def _final(heartbeat: Call, exit_code: int, terminated: bool = False, not_ready_after_s: float | None = None) -> None:
+def _final(heartbeat: Call, exit_code: int, terminated: bool = False, not_ready_after_s: float | None = None,
+           state_dir: Path | None = None) -> None:
     """The exit code, whether a SIGTERM or SIGINT came first (``terminated``), and whether the
-    wrapper stopped a server that was not ready after ``not_ready_after_s``."""
-    try:
-        heartbeat({"exit_code": exit_code, **({"terminated_by_signal": True} if terminated else {}),
-                   **({"not_ready_after_s": not_ready_after_s} if not_ready_after_s is not None else {})})
-    except (KeyError, SlurmElasticError) as exc:
-        log.warning("could not report exit code %d: %s", exit_code, exc)
+    wrapper stopped a server that was not ready after ``not_ready_after_s``; offered for up to
+    ``FINAL_REPORT_S`` to a controller that does not answer (a restart: its successor learns how
+    the step ended instead of guessing a crash), unless ``state_dir`` says it was stopped."""
+    payload = {"exit_code": exit_code, **({"terminated_by_signal": True} if terminated else {}),
+               **({"not_ready_after_s": not_ready_after_s} if not_ready_after_s is not None else {})}
+    deadline = time.monotonic() + FINAL_REPORT_S
+    while True:
+        try:
+            heartbeat(payload)
+            return
+        except ControllerUnreachableError as exc:  # a controller restarting: its successor is told
+            if time.monotonic() >= deadline or (state_dir and stopped_by_operator_at(state_dir) is not None):
+                log.warning("could not report exit code %d: %s", exit_code, exc)
+                return
+            time.sleep(FINAL_RETRY_S)
+        except (KeyError, SlurmElasticError) as exc:
+            log.warning("could not report exit code %d: %s", exit_code, exc)
+            return

@@ -229,8 +229,7 @@ def test_a_pull_lost_at_the_end_of_a_short_timeout_is_asked_for_by_the_next_call
 def test_an_ack_of_an_unknown_batch_is_an_api_error_404(served: ServedController) -> None:
     from slurm_elastic.errors import ApiError
 
-    with ControlClient(served.url, TOKEN) as client:
-        with pytest.raises(ApiError) as raised:
-            client.ack_batch("0" * 32)
+    with ControlClient(served.url, TOKEN) as client, pytest.raises(ApiError) as raised:
+        client.ack_batch("0" * 32)
     assert raised.value.status_code == 404 and isinstance(raised.value, KeyError)
     assert str(raised.value) == raised.value.detail and "unknown batch" in str(raised.value)

@@ -201,3 +201,31 @@ def test_a_server_whose_step_gets_the_drain_signal_leaves_discovery_before_its_c
     leaving = [h for h in calls.heartbeats if h.get("leaving")]
     assert code == 3 and len(leaving) == 1, calls.heartbeats
     assert 0.35 <= float(heard.read_text()) - leaving[0]["at"] < SERVER_DRAIN_GRACE_S  # the job's grace, not 1 s
+
+
+def test_the_exit_code_waits_for_a_restarting_controller(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The command exits while no controller answers (it restarts): the wrapper offers the exit
+    code until one does, so the successor learns how the step ended. Before, one try, and the
+    successor counted a clean exit as a crash against the GPU."""
+    from slurm_elastic.errors import ControllerUnreachableError
+    from slurm_elastic.worker import wrapper
+
+    monkeypatch.setattr(wrapper, "FINAL_RETRY_S", 0.0)
+    tries: list[dict[str, Any]] = []
+
+    def heartbeat(payload: dict[str, Any]) -> dict[str, Any]:
+        tries.append(payload)
+        if len(tries) < 4:
+            raise ControllerUnreachableError("connection refused", not_connected=True)
+        return {}
+
+    wrapper._final(heartbeat, 0)
+    assert [t["exit_code"] for t in tries] == [0, 0, 0, 0]
+    tries.clear()
+    state_dir = Path(os.environ.get("TMPDIR", "/tmp")) / f"se-final-{os.getpid()}"
+    state_dir.mkdir(exist_ok=True)
+    (state_dir / "controller.json").write_text('{"url": "http://x:1", "stopped_by_operator_at": 1.0}')
+    wrapper._final(heartbeat, 0, state_dir=state_dir)  # a stopped controller: no waiting for it
+    assert len(tries) == 1
+    (state_dir / "controller.json").unlink()
+    state_dir.rmdir()
