@@ -158,14 +158,15 @@ class CordonBook:
                     changes.append(CordonChange(node, gpu, "uncordon", "slurm", f"Slurm no longer marks node {node}"))
         return changes
 
-    def record_crash(self, node: str, gpu: int, now_s: float) -> list[CordonChange]:
-        """Count a worker crash on this GPU; cordon it at ``crash_threshold`` in the window."""
+    def record_crash(self, node: str, gpu: int, now_s: float, last: str = "") -> list[CordonChange]:
+        """Count a worker crash on this GPU; cordon it at ``crash_threshold`` in the window (the
+        reason names ``last``, the crash that did it, where given)."""
         g = self._gpu(node, gpu)
         window = self.rules.crash_window_s
         g.crashes_s = [t for t in g.crashes_s if now_s - t < window] + [now_s]
         changes = self._expire(now_s)
         if len(g.crashes_s) >= self.rules.crash_threshold and "crash" not in g.entries:
-            reason = f"{len(g.crashes_s)} worker crashes within {window:g}s"
+            reason = f"{len(g.crashes_s)} worker crashes within {window:g}s" + (f" (the last: {last})" if last else "")
             g.entries["crash"] = CordonEntry(reason, now_s, "crash")
             changes.append(CordonChange(node, gpu, "cordon", "crash", reason))
         return changes

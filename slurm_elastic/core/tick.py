@@ -169,7 +169,8 @@ def tick(obs: Observation, state: ControlState, cfg: TickConfig, allocations: tu
             continue
         for node, gpu in crash.gpu_keys or [(crash.node, g) for g in crash.gpus]:  # repeated crashes cordon a GPU
             if node in held_nodes:  # a node that left the job (or an ended burst job) is not ours to cordon
-                result.events.extend(state.cordons.record_crash(node, gpu, now_s))
+                last = f"worker {crash.worker_id}, {crash.reason}; its output: logs/worker-{crash.worker_id}.out"
+                result.events.extend(state.cordons.record_crash(node, gpu, now_s, last))
     launches = [a for a in plan.actions if isinstance(a, Launch)]
     result.actions.extend(_place(launches, state, result.slots, cordoned))
     result.actions.extend(a for a in plan.actions if isinstance(a, Cancel))

@@ -398,4 +398,5 @@ def test_a_crash_loop_backs_off_exponentially_and_cordons_the_gpu(tmp_path: Path
     assert backoffs == [1.0, 2.0, 4.0]
     entry = controller.state.cordons.cordoned()[gpu]
     assert entry.source == "crash" and "3 worker crashes" in entry.reason
+    assert "(the last: worker 0002, step ended unexpectedly (exit code 1); its output: logs/worker-0002.out)" in entry.reason
     assert sum(s.slots for s in controller.tick().slots) == 5  # the cordoned GPU is out of placement
