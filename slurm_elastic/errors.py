@@ -77,6 +77,10 @@ class ApiError(SlurmElasticError):
         super().__init__(f"HTTP {status_code}: {detail}")
 
 
+class ControllerStoppedError(SlurmElasticError):
+    """The job's controller was stopped (``slurm-elastic stop``): no more batches will come."""
+
+
 class UnknownOnControllerError(ApiError, KeyError):
     """The controller answered 404: it does not know the worker, node, GPU or batch named. An
     :class:`ApiError` with ``status_code`` 404 and a ``KeyError``; its message is the detail."""

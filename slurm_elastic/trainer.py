@@ -43,8 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from slurm_elastic.client.control import ControlClient
-from slurm_elastic.client.files import read_controller_url
-from slurm_elastic.errors import ApiError, ControllerUnreachableError
+from slurm_elastic.client.files import read_controller_url, stopped_by_operator_at
+from slurm_elastic.errors import ApiError, ControllerStoppedError, ControllerUnreachableError
 from slurm_elastic.rollouts.wire import unpack_group
 
 log = logging.getLogger(__name__)
@@ -73,6 +73,7 @@ class Trainer:
         self.held: set[str] = set()  # batches returned to the caller and not yet acknowledged
         self.lost_group_ids: list[str] = []  # every group the controller reported lost
         self.on_lost = on_lost
+        self._unreachable_logged_s = float("-inf")
         self._pull_id = uuid.uuid4().hex  # kept until a batch arrives: a pull whose answer was lost asks again
         self.info = self._retry(lambda: self.client.trainer_register(trainer_id))
         self.session: int | None = self.info.get("trainer_session")  # None: a controller that fences none
@@ -88,14 +89,23 @@ class Trainer:
 
     def _retry(self, call: Any, timeout_s: float = 300.0) -> Any:
         """``call()``, through a controller restart (its URL read again), for up to ``timeout_s``;
-        then its ControllerUnreachableError or ApiError (503) is raised."""
+        then its ControllerUnreachableError or ApiError (503) is raised. A controller that
+        ``controller.json`` says was stopped raises :class:`ControllerStoppedError` at once."""
         deadline = time.monotonic() + timeout_s
         while True:
             try:
                 return call()
             except (ControllerUnreachableError, ApiError) as exc:
+                if isinstance(exc, ControllerUnreachableError) and self.state_dir \
+                        and (stopped_s := stopped_by_operator_at(self.state_dir)) is not None:
+                    raise ControllerStoppedError(
+                        f"the job's controller was stopped (slurm-elastic stop, {time.ctime(stopped_s)}): "
+                        "no more batches will come") from None
                 if time.monotonic() > deadline or (isinstance(exc, ApiError) and exc.status_code != UNAVAILABLE):
                     raise
+                if isinstance(exc, ControllerUnreachableError) and time.monotonic() - self._unreachable_logged_s >= 60:
+                    self._unreachable_logged_s = time.monotonic()
+                    log.warning("%s; waiting for it (a restart: its address is read again)", exc)
                 url = read_controller_url(self.state_dir) if self.state_dir else ""
                 if url and url.rstrip("/") != self.client.url:
                     self.client.close()
@@ -142,7 +152,8 @@ class Trainer:
             self.on_lost(ids)
 
     def batches(self) -> Iterator[Batch]:
-        """Every batch, as it comes: waits as long as it takes (a wait over an hour is logged)."""
+        """Every batch, as it comes: waits as long as it takes (a wait over an hour is logged);
+        ends with :class:`ControllerStoppedError` once the job's controller was stopped."""
         while True:
             batch = self.next_batch()
             if batch is None:

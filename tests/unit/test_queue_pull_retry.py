@@ -233,3 +233,17 @@ def test_an_ack_of_an_unknown_batch_is_an_api_error_404(served: ServedController
         client.ack_batch("0" * 32)
     assert raised.value.status_code == 404 and isinstance(raised.value, KeyError)
     assert str(raised.value) == raised.value.detail and "unknown batch" in str(raised.value)
+
+
+def test_a_trainer_whose_controller_was_stopped_is_told_so(tmp_path: Path) -> None:
+    """After ``slurm-elastic stop`` the trainer's next call raises ControllerStoppedError (before,
+    it waited in silence, and ``batches()`` logged an hour later that workers may be pending)."""
+    from slurm_elastic.errors import ControllerStoppedError
+
+    server = ServedController(tmp_path, TOKEN, {"autoscaler": {"min_workers": 0}}, batch_size=2)
+    trainer = Trainer(server.url, TOKEN, state_dir=tmp_path, poll_s=0.01)
+    server.close()
+    (tmp_path / "controller.json").write_text(json.dumps({"url": server.url, "stopped_by_operator_at": 1.7e9}))
+    with pytest.raises(ControllerStoppedError, match="was stopped"):
+        trainer.next_batch(timeout_s=30)
+    trainer.close()
