@@ -189,16 +189,22 @@ class LosesFirstPullAnswer(httpx.HTTPTransport):
         return response
 
 
-def test_the_trainer_retries_a_lost_pull_and_gets_that_batch(served: ServedController) -> None:
-    trainer = Trainer(served.url, TOKEN, poll_s=0.01)
-    transport = LosesFirstPullAnswer()
-    trainer.client = ControlClient(served.url, TOKEN, transport=transport)
+def take_three(trainer: Trainer) -> list[str]:
+    """The group ids of the next three batches, each acknowledged."""
     seen: list[str] = []
     for _ in range(3):
         batch = trainer.next_batch(timeout_s=30)
         assert batch is not None
         seen += [g["id"] for g in batch.groups]
         trainer.ack(batch)
+    return seen
+
+
+def test_the_trainer_retries_a_lost_pull_and_gets_that_batch(served: ServedController) -> None:
+    trainer = Trainer(served.url, TOKEN, poll_s=0.01)
+    transport = LosesFirstPullAnswer()
+    trainer.client = ControlClient(served.url, TOKEN, transport=transport)
+    seen = take_three(trainer)
     assert transport.lost == 1 and seen == [f"g{i}" for i in range(6)]  # the lost one first, each once
     status = trainer.status()["queue"]
     assert (status["unacked_batches"], status["queued_sequences"], status["delivered_sequences"]) == (0, 0, 6)
@@ -214,12 +220,7 @@ def test_a_pull_lost_at_the_end_of_a_short_timeout_is_asked_for_by_the_next_call
     trainer.client = ControlClient(served.url, TOKEN, transport=transport)
     assert trainer.next_batch(timeout_s=0.0001) is None  # the answer lost, no time left to retry
     assert transport.lost == 1 and trainer.status()["queue"]["unacked_batches"] == 1
-    seen: list[str] = []
-    for _ in range(3):
-        batch = trainer.next_batch(timeout_s=30)
-        assert batch is not None
-        seen += [g["id"] for g in batch.groups]
-        trainer.ack(batch)
+    seen = take_three(trainer)
     assert seen == [f"g{i}" for i in range(6)]
     status = trainer.status()["queue"]
     assert (status["unacked_batches"], status["queued_sequences"], status["delivered_sequences"]) == (0, 0, 6)
