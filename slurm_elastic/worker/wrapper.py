@@ -293,7 +293,7 @@ def _hold(ctx: StepContext, register: Call, heartbeat: Call, flags: Flags) -> in
     while not flags.terminate.is_set() and not flags.drain.is_set():
         _beat(ctx, register, heartbeat, {"placeholder": True}, info)
         flags.terminate.wait(ctx.heartbeat_interval_s)
-    _final(heartbeat, 0, state_dir=ctx.state_dir)
+    _final(heartbeat, 0, terminated=flags.terminate.is_set(), state_dir=ctx.state_dir)
     return 0
 
 
@@ -323,10 +323,11 @@ def _final(heartbeat: Call, exit_code: int, terminated: bool = False, not_ready_
     """The exit code, whether a SIGTERM or SIGINT came first (``terminated``), and whether the
     wrapper stopped a server that was not ready after ``not_ready_after_s``; offered for up to
     ``FINAL_REPORT_S`` to a controller that does not answer (a restart: its successor learns how
-    the step ended instead of guessing a crash), unless ``state_dir`` says it was stopped."""
+    the step ended instead of guessing a crash), unless ``state_dir`` says it was stopped or a
+    SIGTERM came (the job or the step is being ended: once, as Slurm's kill follows)."""
     payload = {"exit_code": exit_code, **({"terminated_by_signal": True} if terminated else {}),
                **({"not_ready_after_s": not_ready_after_s} if not_ready_after_s is not None else {})}
-    deadline = time.monotonic() + FINAL_REPORT_S
+    deadline = time.monotonic() + (0.0 if terminated else FINAL_REPORT_S)  # a SIGTERM: the job or step ends
     while True:
         try:
             heartbeat(payload)

@@ -222,6 +222,9 @@ def test_the_exit_code_waits_for_a_restarting_controller(monkeypatch: pytest.Mon
     wrapper._final(heartbeat, 0)
     assert [t["exit_code"] for t in tries] == [0, 0, 0, 0]
     tries.clear()
+    wrapper._final(heartbeat, 143, terminated=True)  # a SIGTERM (scancel of the job): one try, no waiting
+    assert len(tries) == 1
+    tries.clear()
     state_dir = Path(os.environ.get("TMPDIR", "/tmp")) / f"se-final-{os.getpid()}"
     state_dir.mkdir(exist_ok=True)
     (state_dir / "controller.json").write_text('{"url": "http://x:1", "stopped_by_operator_at": 1.0}')
