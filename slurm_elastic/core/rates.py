@@ -15,6 +15,7 @@ windows are the two constants below.
 from __future__ import annotations
 
 import collections
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 CONSUMPTION_WINDOW_S = 60.0  # the trainer's pulls
@@ -81,9 +82,17 @@ def per_worker_rate(production_seqs_per_s: float | None, produced_seqs: float | 
 
 @dataclass
 class TrainerSteps:
-    """The trainer's cycle, measured from its pulls: it waits for a batch (from its first ask to
-    the batch handed out), then computes (from the batch handed out to its next ask: its update,
-    acknowledgement and version publish).
+    """The trainer's cycle, measured from its pulls and acknowledgements: it waits for a batch
+    (from its ask to the batch handed out), then computes (from the batch handed out to its next
+    ask: its update, acknowledgement and version publish).
+
+    A step counts only when the batch that began it is acknowledged by its end or during the wait
+    that follows (an acknowledgement after the ask ends the step there: the trainer still computed).
+    Not measured, neither as compute nor as wait: a step whose batch is still unacknowledged when
+    the next one is handed out (a trainer that pulls ahead, or acknowledges several batches at
+    once), and a batch handed out again (to a re-registered trainer, which may acknowledge one it
+    had already consumed at once). A retried pull is not an ask (the caller does not report it).
+    So a pull right after a hand-out never reads as a step of a few milliseconds.
 
     ``step_s`` is the mean compute time of the last ``keep`` steps; a step in progress that has
     already run longer counts with its time so far, so a slow step (an evaluation pass) shows
@@ -94,21 +103,37 @@ class TrainerSteps:
 
     keep: int = 4
     _served_s: float | None = None  # computing since
+    _batch: Hashable = None  # the batch the step in progress began with
+    _measured: bool = False  # that batch was handed out fresh
+    _batch_acked: bool = False
     _asked_s: float | None = None  # waiting since
+    _unacked_step: tuple[Hashable, float] | None = None  # (batch, step start): ended by an ask, its ack awaited
     _compute_s: collections.deque[float] = field(default_factory=collections.deque)
     _wait_s: collections.deque[float] = field(default_factory=collections.deque)
 
-    def served(self, now_s: float) -> None:
-        """A batch was handed out: the wait, if any, ends and a step begins."""
-        if self._asked_s is not None:
+    def served(self, now_s: float, batch: Hashable = None, fresh: bool = True) -> None:
+        """A batch was handed out (``fresh``: for the first time): the wait, if any, ends and a step begins."""
+        if self._asked_s is not None and self._unacked_step is None:
             self._push(self._wait_s, now_s - self._asked_s)
-            self._asked_s = None
-        self._served_s = now_s
+        self._asked_s = self._unacked_step = None
+        self._served_s, self._batch, self._measured, self._batch_acked = now_s, batch, fresh, False
+
+    def acked(self, now_s: float, batch: Hashable = None) -> None:
+        """A batch was acknowledged: it may end a step its ask left open (the wait begins now)."""
+        if self._served_s is not None and batch == self._batch:
+            self._batch_acked = True
+        elif self._unacked_step is not None and batch == self._unacked_step[0]:
+            self._push(self._compute_s, now_s - self._unacked_step[1])
+            self._unacked_step = None
+            self._asked_s = now_s
 
     def asked(self, now_s: float) -> None:
         """The trainer asked for a batch (every poll): the step in progress, if any, ends and a wait begins."""
         if self._served_s is not None:
-            self._push(self._compute_s, now_s - self._served_s)
+            if self._measured and self._batch_acked:
+                self._push(self._compute_s, now_s - self._served_s)
+            elif self._measured:
+                self._unacked_step = (self._batch, self._served_s)
             self._served_s = None
         if self._asked_s is None:
             self._asked_s = now_s
@@ -116,7 +141,7 @@ class TrainerSteps:
     def abandon(self) -> None:
         """A new trainer registered: the step or wait in progress was its predecessor's, cut short
         (a killed trainer), and counts as neither."""
-        self._served_s = self._asked_s = None
+        self._served_s = self._asked_s = self._unacked_step = None
 
     def step_s(self, now_s: float) -> float | None:
         """Seconds of compute per step; None until one step has ended."""
@@ -144,7 +169,9 @@ class TrainerSteps:
         """Share of the recent cycles spent waiting for rollouts; None until one step has ended."""
         if not self._compute_s:
             return None
-        waiting_s = sum(self._wait_s) + (0.0 if self._asked_s is None else now_s - self._asked_s)
+        waiting_s = sum(self._wait_s)
+        if self._asked_s is not None and self._unacked_step is None:  # (awaiting an ack: maybe computing)
+            waiting_s += now_s - self._asked_s
         computing_s = sum(self._compute_s) + (0.0 if self._served_s is None else now_s - self._served_s)
         return waiting_s / max(1e-9, waiting_s + computing_s)
 

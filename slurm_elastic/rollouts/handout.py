@@ -90,9 +90,10 @@ class BatchHandout:
             with self._lock:
                 self.used = True
                 self.heard_s = self.clock()
-                self.steps.asked(self.heard_s)
                 earlier = self._pull_ids.get(pull_id) if pull_id is not None else None
-                if earlier is not None and earlier not in self._handed:
+                if earlier is None:  # (a retry of a pull that got a batch is no new ask)
+                    self.steps.asked(self.heard_s)
+                elif earlier not in self._handed:
                     return None  # a late copy of a pull whose batch was acknowledged
             batch = None if earlier is None else self._hand_again(earlier, requeue=False)
             if batch is not None:
@@ -144,7 +145,7 @@ class BatchHandout:
             with self._lock:
                 self._handed[batch_id] = chosen
                 self.pulls.add(self.clock(), self.config.batch_size)
-                self.steps.served(self.clock())
+                self.steps.served(self.clock(), batch_id)
             return batch_id, pulled.payloads
 
     def _watch_packing(self, packed_none: bool) -> None:
@@ -169,7 +170,8 @@ class BatchHandout:
     def _hand_again(self, batch_id: str, requeue: bool) -> Batch | None:
         """An unacknowledged batch, again: its groups checked, the damaged ones quarantined.
         None if every group of it was lost (it is acknowledged then: nothing is left of it).
-        ``requeue``: if the store fails, it is first to be handed out again. Its groups made past
+        ``requeue``: handed out again to a new trainer (not to a retried pull, which had it: its step
+        goes on); if the store fails, it is first to be handed out again. Its groups made past
         the version the trainer resumed at since are dropped first (:meth:`_drop_ahead`)."""
         try:
             self._drop_ahead(batch_id)
@@ -184,8 +186,9 @@ class BatchHandout:
         if not pulled.payloads:
             self.ack(batch_id)
             return None
-        with self._lock:
-            self.steps.served(self.clock())
+        if requeue:  # handed out again (not to a retried pull, which got it already)
+            with self._lock:
+                self.steps.served(self.clock(), batch_id, fresh=False)
         return batch_id, pulled.payloads
 
     def _put_back(self, groups: list[StoredGroup]) -> None:
@@ -256,6 +259,7 @@ class BatchHandout:
             told_count = self._lost_reports.acknowledged(batch_id)
             self._rehand = collections.deque(b for b in self._rehand if b != batch_id)
             self.delivered_seqs += sum(g.n_seqs for g in groups)
+            self.steps.acked(self.clock(), batch_id)
         if told_count is not None:  # a save that fails is logged: those ids are named again after a restart
             try:
                 self.store.save_lost_told(told_count)

@@ -370,7 +370,7 @@ class Simulation:
         self.queued_seqs -= q.batch_size
         self.counters["consumed"] += q.batch_size
         self.pulls.add(self.now_s, q.batch_size)
-        self.trainer_steps.served(self.now_s)
+        self.trainer_steps.served(self.now_s, self.counters["steps"])  # (the batch: the step it makes)
         if self.trainer_waiting_since is not None:
             self.counters["trainer_idle_s"] += self.now_s - self.trainer_waiting_since
             self.trainer_waiting_since = None
@@ -397,6 +397,7 @@ class Simulation:
 
     def _trainer_done(self) -> None:
         self.trainer_busy = False
+        self.trainer_steps.acked(self.now_s, self.counters["steps"])
         self.trainer_steps.asked(self.now_s)
         self.version += 1
         self.counters["steps"] += 1

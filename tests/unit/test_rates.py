@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+
 import pytest
 
 from slurm_elastic.core.rates import TrainerSteps, WindowRate, per_worker_rate
@@ -71,19 +73,78 @@ def test_trainer_steps_split_the_trainers_cycle_into_waits_and_compute() -> None
     assert steps.waiting() is None and steps.step_s(0.0) is None and steps.wait_fraction(0.0) is None
     steps.asked(0.0)  # the first ask: waits 30 s for its first batch
     assert steps.waiting() is True
-    steps.served(30.0)
+    steps.served(30.0, "b0")
     assert steps.waiting() is False
+    steps.acked(39.0, "b0")
     steps.asked(40.0)  # computed 10 s; every poll while it waits is one more ask
     steps.asked(41.0)
-    steps.served(45.0)  # waited 5 s
+    steps.served(45.0, "b1")  # waited 5 s
     assert steps.step_s(45.0) == pytest.approx(10.0)
     assert steps.wait_fraction(45.0) == pytest.approx(35 / 45)
     assert steps.step_s(70.0) == pytest.approx(25.0)  # a step running longer than the mean counts as it runs
+    steps.acked(55.0, "b1")
     steps.asked(55.0)
     for start in (55.0, 65.0, 75.0, 85.0):  # four more steps of 10 s, each served at once
-        steps.served(start)
+        steps.served(start, start)
+        steps.acked(start + 10.0, start)
         steps.asked(start + 10.0)
     assert steps.step_s(95.0) == pytest.approx(10.0)
     assert steps.wait_fraction(95.0) == pytest.approx(0.0)  # the last four cycles never waited, the waiting
     # ask at 95 s included as it runs
     assert steps.wait_fraction(105.0) == pytest.approx(10 / 50)
+
+
+def _cycles(steps: TrainerSteps, events: str, step_s: float = 10.0, wait_s: float = 0.0) -> None:
+    """Replay a trainer's calls: S (a batch handed out), K (the oldest held batch acknowledged),
+    A (an ask), c (computes ``step_s``), w (the supply makes it wait ``wait_s``), e (a moment)."""
+    now_s, handed, held = 0.0, 0, collections.deque[int]()
+    for event in events:
+        if event == "S":
+            steps.served(now_s, handed)
+            held.append(handed)
+            handed += 1
+        elif event == "K":
+            steps.acked(now_s, held.popleft())
+        elif event == "A":
+            steps.asked(now_s)
+        now_s += {"c": step_s, "w": wait_s, "e": 0.001}.get(event, 0.0)
+
+
+@pytest.mark.parametrize("pattern, events", [
+    ("acknowledges, then asks", "AS" + "cKAwS" * 6),
+    ("asks, then acknowledges", "AS" + "cAeKwS" * 6),
+    ("pulls one ahead, starving", "ASeA" + "cKwSeA" * 6),
+])
+def test_a_step_is_its_compute_time_however_the_trainer_orders_its_calls(pattern: str, events: str) -> None:
+    steps = TrainerSteps(keep=4)
+    _cycles(steps, events, step_s=10.0, wait_s=5.0)
+    latest = steps.latest_step_s(0.0)
+    assert latest is not None and latest == pytest.approx(10.0, abs=0.01), pattern  # never a step of 1 ms
+    assert steps.step_s(0.0) == pytest.approx(10.0, abs=0.01), pattern
+
+
+def test_a_trainer_fed_while_it_pulls_one_ahead_is_not_measured_step_by_step() -> None:
+    steps = TrainerSteps(keep=4)  # it never waits: its consumption is its demand
+    _cycles(steps, "ASeAS" + "cKAS" * 6)
+    assert steps.latest_step_s(0.0) is None and steps.step_s(0.0) is None
+
+
+def test_a_batch_handed_out_again_and_acknowledged_at_once_is_no_step() -> None:
+    steps = TrainerSteps(keep=4)
+    steps.asked(0.0)
+    steps.served(1.0, "b1")
+    steps.acked(11.0, "b1")
+    steps.asked(11.0)  # one step of 10 s
+    steps.served(11.0, "b2")
+    steps.abandon()  # a new trainer registered while b2 was out; it had consumed b2 already
+    steps.served(12.0, "b2", fresh=False)
+    steps.acked(12.001, "b2")
+    steps.asked(12.002)
+    assert steps.latest_step_s(12.002) == pytest.approx(10.0)
+    assert steps.waiting() is True
+
+
+def test_a_trainer_that_acknowledges_several_batches_at_once_is_measured_at_its_last() -> None:
+    steps = TrainerSteps(keep=4)
+    _cycles(steps, "AS" + "cAS" * 3 + "cKKKKA")  # four steps, one checkpoint, four acknowledgements
+    assert steps.latest_step_s(0.0) == pytest.approx(10.0)

@@ -314,9 +314,10 @@ def test_the_trainers_step_time_and_waits_are_measured_from_its_pulls(tmp_path: 
     assert q.snapshot() is not None and q.snapshot().trainer_waiting is True  # type: ignore[union-attr]
     clock.t += 6.0
     submit(q, "a", 4)
-    assert q.pull() is not None  # served after 6 s of waiting
-    assert q.snapshot().trainer_waiting is False  # type: ignore[union-attr]
-    clock.t += 8.0  # computes 8 s, then asks again
+    batch = q.pull()  # served after 6 s of waiting
+    assert batch is not None and q.snapshot().trainer_waiting is False  # type: ignore[union-attr]
+    clock.t += 8.0  # computes 8 s, acknowledges, then asks again
+    assert q.ack(batch[0])
     submit(q, "b", 4)
     assert q.pull() is not None
     snapshot, stats = q.snapshot(), q.stats()

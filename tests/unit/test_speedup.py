@@ -17,7 +17,8 @@ def test_the_last_step_counts_as_soon_as_it_ends_and_a_long_running_one_before()
     steps = TrainerSteps()
     assert steps.latest_step_s(0.0) is None
     for start_s, length_s in ((0.0, 30.0), (31.0, 30.0), (62.0, 5.0)):
-        steps.served(start_s)
+        steps.served(start_s, start_s)
+        steps.acked(start_s + length_s, start_s)
         steps.asked(start_s + length_s)
     assert steps.latest_step_s(67.0) == 5.0  # the mean (21.7 s) still shows the slow steps
     assert steps.step_s(67.0) is not None and steps.step_s(67.0) > 20
