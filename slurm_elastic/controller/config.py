@@ -197,6 +197,10 @@ class JobSection(_Section):
     trainer_command: list[str] = Field(default_factory=list, description=(
         "The trainer, run as its own step; it starts with USR1 and USR2 (the drain signals) ignored."))
     trainer_gpus: int = Field(1, ge=0, description="GPUs of the trainer step.")
+    end_drain_s: int = Field(300, ge=0, le=65535, description=(
+        "This long before the job's time limit (Slurm's --signal=B:URG, up to a minute early) the batch "
+        "script scales the workers to 0: each finishes its rollout and hands it over, and the trainer "
+        "trains on what is buffered; 0: no such signal."))
 
     @field_validator("trainer_command", mode="before")
     @classmethod
@@ -209,6 +213,14 @@ class JobSection(_Section):
         if not value or any(c.isspace() or not c.isprintable() for c in value):
             raise ValueError(f"{value!r}: an #SBATCH value must be one word (no spaces or control characters)")
         return value
+
+    @model_validator(mode="after")
+    def _drain_before_the_end(self) -> JobSection:
+        limit_s = time_limit_s(self.time_limit)
+        if limit_s and limit_s <= self.end_drain_s:
+            raise ValueError(f"job.time_limit ({self.time_limit} = {limit_s} s) must be longer than job.end_drain_s "
+                             f"({self.end_drain_s} s): the workers would be drained at once")
+        return self
 
 
 
