@@ -4,8 +4,8 @@
     eval "$(.venv/bin/slurm-elastic devcluster env)" && PATH=$PWD/.venv/bin:$PATH .venv/bin/python bench/bench_bad_input.py
 
 Runs every probe of tests/cluster/bad_input.py: a live controller job on the dev cluster (HTTP
-API, CLI, config, state file), then a one-node scratch cluster whose slurmctld is hung and killed
-under a running controller. About 3 minutes; exit status 1 if any probe does not hold.
+API, CLI, state file), then a one-node scratch cluster: bad configurations of a controller for a
+job there, and its slurmctld hung and killed under that running controller. About 3 minutes; exit status 1 if any probe does not hold.
 """
 
 from __future__ import annotations

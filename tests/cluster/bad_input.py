@@ -357,23 +357,24 @@ def cli_probes(rig: Rig) -> Iterator[Probe]:
                 kept, result.returncode == 3 and lists_steps and same)
 
 
-def config_probes(rig: Rig, tmp: Path) -> Iterator[Probe]:
+def config_probes(job: ControllerJob, tmp: Path) -> Iterator[Probe]:
+    """Bad configurations of a controller for ``job`` (its nodes: 2 GPUs or more, fewer than 3)."""
     bad = tmp / "bad-types.toml"
     bad.write_text('[autoscaler]\nmax_workers = "lots"\n[workers]\nheartbeat_grace_s = "soon"\n')
-    result = cli("controller", "--config", str(bad), env={"SLURM_JOB_ID": str(rig.job.job_id)})
+    result = cli("controller", "--config", str(bad), env={"SLURM_JOB_ID": str(job.job_id)})
     yield Probe("config", "controller with `max_workers = \"lots\"`, `heartbeat_grace_s = \"soon\"`",
                 f"exit {result.returncode}: {error_line(result)}", "refused before touching Slurm or the state dir",
                 result.returncode == EXIT_CONFIG and "heartbeat_grace_s" in result.stderr)
     bad.write_text('[autoscaler]\nmax_workers = "lots"\n')
-    result = cli("controller", "--config", str(bad), env={"SLURM_JOB_ID": str(rig.job.job_id)})
+    result = cli("controller", "--config", str(bad), env={"SLURM_JOB_ID": str(job.job_id)})
     yield Probe("config", "controller with `[autoscaler] max_workers = \"lots\"`",
                 f"exit {result.returncode}: {error_line(result)}", "refused before touching Slurm or the state dir",
                 result.returncode == EXIT_CONFIG and "autoscaler.max_workers" in result.stderr)
     bad.write_text("[workers\ncommand = ")
-    result = cli("controller", "--config", str(bad), env={"SLURM_JOB_ID": str(rig.job.job_id)})
+    result = cli("controller", "--config", str(bad), env={"SLURM_JOB_ID": str(job.job_id)})
     yield Probe("config", "controller with a file that is not TOML", f"exit {result.returncode}: {error_line(result)}",
                 "refused before touching Slurm", result.returncode == EXIT_CONFIG and "not valid TOML" in result.stderr)
-    good = rig.job.tmp / "elastic.toml"
+    good = job.tmp / "elastic.toml"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_JOB")}
     outside = subprocess.run([sys.executable, "-m", "slurm_elastic", "controller", "--config", str(good)],
                              capture_output=True, text=True, timeout=60, env=env)
@@ -385,21 +386,21 @@ def config_probes(rig: Rig, tmp: Path) -> Iterator[Probe]:
                 f"exit {result.returncode}: {error_line(result)}", "nothing started",
                 result.returncode == 1 and "999999" in result.stderr)
     bad.write_text("[queue]\nbatch_size = 8\ncapacity_seqs = 4\n")
-    result = cli("controller", "--config", str(bad), env={"SLURM_JOB_ID": str(rig.job.job_id)})
+    result = cli("controller", "--config", str(bad), env={"SLURM_JOB_ID": str(job.job_id)})
     yield Probe("config", "controller with `[queue] capacity_seqs = 4` below `batch_size = 8`",
                 f"exit {result.returncode}: {error_line(result)}", "refused before touching Slurm or the state dir",
                 result.returncode == EXIT_CONFIG and "capacity_seqs" in result.stderr and "batch_size" in result.stderr)
-    bad.write_text("[workers]\ncommand = \"true\"\ngpus_per_worker = 6\n")  # the job's nodes have 4 GPUs each
-    result = cli("controller", "--config", str(bad), env={"SLURM_JOB_ID": str(rig.job.job_id)})
-    yield Probe("config", "controller with `gpus_per_worker = 6` in a job of 4-GPU nodes",
+    bad.write_text("[workers]\ncommand = \"true\"\ngpus_per_worker = 3\n")  # the job's nodes have 2 GPUs each
+    result = cli("controller", "--config", str(bad), env={"SLURM_JOB_ID": str(job.job_id)})
+    yield Probe("config", "controller with `gpus_per_worker = 3` in a job of 2-GPU nodes",
                 f"exit {result.returncode}: {error_line(result)}", "refused before the state dir is opened",
-                result.returncode == EXIT_CONFIG and "gpus_per_worker = 6" in result.stderr and "4 GPUs" in result.stderr)
+                result.returncode == EXIT_CONFIG and "gpus_per_worker = 3" in result.stderr and "2 GPUs" in result.stderr)
     bad.write_text('[workers]\ncommand = "python worker.py --gpu {gpu}"\n')  # {gpus} misspelt
-    result = cli("controller", "--config", str(bad), env={"SLURM_JOB_ID": str(rig.job.job_id)})
+    result = cli("controller", "--config", str(bad), env={"SLURM_JOB_ID": str(job.job_id)})
     yield Probe("config", "controller with `workers.command = \"python worker.py --gpu {gpu}\"` (`{gpus}` misspelt)",
                 f"exit {result.returncode}: {error_line(result)}", "refused before touching Slurm or the state dir",
                 result.returncode == EXIT_CONFIG and "unknown placeholder {gpu}" in result.stderr)
-    yield from burst_config_probes(rig.job.job_id, tmp)
+    yield from burst_config_probes(job.job_id, tmp)
 
 
 BAD_BURST_TABLES = (  # (the [burst] lines, the key the error must name, what it must say)
@@ -584,8 +585,10 @@ def _named(steps: dict[str, str]) -> str:
     return ", ".join(f"{name} (step {step})" for name, step in steps.items())
 
 
-def slurm_probes(tmp: Path) -> Iterator[Probe]:
-    """Slurm failing under a running controller: slurmctld hung (calls time out), then gone (refused)."""
+def scratch_cluster_probes(tmp: Path) -> Iterator[Probe]:
+    """On a one-node cluster of their own (they need no other, so they run beside the tests that
+    share the dev cluster): bad configurations of a controller for a job there, then Slurm
+    failing under that running controller: slurmctld hung (calls time out), then gone (refused)."""
     with scratch_cluster(tmp / "cluster") as cluster:
         job = start_controller_job(cluster, tmp / "job", nodes=1, gpus_per_node=2,
                                    controller={"slurm_timeout_s": 2.0}, autoscaler={"enable_elastic": False},
@@ -595,6 +598,7 @@ def slurm_probes(tmp: Path) -> Iterator[Probe]:
         (home / "jobs" / cluster.spec.cluster_name / str(job.job_id)).symlink_to(job.state_dir)
         status_env = {"SLURM_ELASTIC_HOME": str(home)}
         try:
+            yield from config_probes(job, tmp)
             job.active(1)
             steps = job.worker_steps()
             ctld = cluster.daemon_pid("slurmctld")
@@ -727,8 +731,8 @@ def storage_probes(rig: Rig) -> Iterator[Probe]:
                 bool(line) and not serving_meanwhile and same)
 
 
-def run_all(cluster: DevCluster, tmp: Path) -> list[Probe]:
-    """Every probe, in a fresh controller job on ``cluster`` and a scratch cluster of its own."""
+def shared_cluster_probes(cluster: DevCluster, tmp: Path) -> list[Probe]:
+    """The probes of a fresh controller job on ``cluster`` (the HTTP API, the CLI, its state)."""
     from tests.cluster.bad_input_more import audit_probes  # it imports this module
     probes: list[Probe] = []
     job = start_controller_job(cluster, tmp / "job", queue=QUEUE, autoscaler={"enable_elastic": False},
@@ -738,7 +742,6 @@ def run_all(cluster: DevCluster, tmp: Path) -> list[Probe]:
         rig.prepare()
         probes += api_probes(rig)
         probes += cli_probes(rig)
-        probes += config_probes(rig, tmp)
         probes += state_probes(rig)
         probes += storage_probes(rig)
         probes += audit_probes(rig)
@@ -746,8 +749,12 @@ def run_all(cluster: DevCluster, tmp: Path) -> list[Probe]:
         rig.close()
         stop_controller_job(job)
     probes.append(identity_probe(cluster, tmp / "identity"))
-    probes += slurm_probes(tmp / "scratch")
     return probes
+
+
+def run_all(cluster: DevCluster, tmp: Path) -> list[Probe]:
+    """Every probe: those on ``cluster``, then those on a scratch cluster of their own."""
+    return shared_cluster_probes(cluster, tmp) + list(scratch_cluster_probes(tmp / "scratch"))
 
 
 def markdown(probes: list[Probe], tmp: Path | None = None) -> str:
