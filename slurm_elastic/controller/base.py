@@ -134,6 +134,7 @@ class ControllerBase:
         self._saved_at_s = float("-inf")  # time.monotonic() of the last write
         self.burst = (BurstManager(BurstJobs(backend, config, job_id, state_dir), burst_policy(config), w.gpus_per_worker)
                       if config.burst.max_jobs else None)  # burst jobs (docs/burst.md): off unless [burst] max_jobs
+        self.unconfirmed_launches: set[str] = set()  # saved launches not yet seen run (set by _load_state)
         self._load_state()
         # weights follow the trainer (controller/weights.py): the latest published weights, durable
         self.weights_record = WeightsRecord(state_dir)
@@ -180,6 +181,9 @@ class ControllerBase:
                 worker.last_heartbeat_s = max(worker.last_heartbeat_s, now_s)
                 if worker.state is S.STARTING:
                     worker.launched_at_s = max(worker.launched_at_s, now_s)
+        # launches the controller before this one saved and Slurm has not listed: the first listing
+        # and this host's srun processes tell whether each one ran (runtime.launches_never_ran)
+        self.unconfirmed_launches = {w.worker_id for w in st.workers.values() if w.state is S.STARTING and not w.step_id}
         if restored.found:
             log.info("restored state: %d worker records, target %d", len(st.workers), st.target_workers)
 

@@ -22,13 +22,14 @@ from slurm_elastic.controller.step_specs import foreign_gpus_by_node
 from slurm_elastic.controller.views import StatusViews
 from slurm_elastic.core.cordons import CordonChange, CordonSource
 from slurm_elastic.core.lifecycle import WorkerState, commands_ended
-from slurm_elastic.core.naming import AGENT_PREFIX, worker_id_of_step
+from slurm_elastic.core.naming import AGENT_PREFIX, worker_id_of_step, worker_step_name
 from slurm_elastic.core.placement import Allocation
 from slurm_elastic.core.reconcile import EXITED_CLEANLY, Crashed, Launch, ObservedStep
 from slurm_elastic.core.scaling import PressureInputs
 from slurm_elastic.core.slurm_nodes import nodes_to_release, out_of_use_nodes
 from slurm_elastic.core.tick import Observation, TickResult, autoscaler_inputs, autoscales, tick
 from slurm_elastic.errors import SlurmElasticError
+from slurm_elastic.slurm.launchers import running_step_launches
 from slurm_elastic.slurm.parse import StepInfo
 
 __all__ = ["STATE_REFRESH_S", "Controller", "UnknownWorkerError", "foreign_gpus_by_node"]
@@ -120,7 +121,23 @@ class Controller(ControlPlane, StatusViews):
             total_outstanding=self.endpoints.total_outstanding(now_s) if self.is_server else None,
             paused_s=paused_s,
             cancelled_worker_ids=frozenset() if steps is None else self.cancelled_worker_ids(steps),
+            launches_never_ran=frozenset() if steps is None else self.launches_never_ran(steps),
         )
+
+    def launches_never_ran(self, steps: list[StepInfo]) -> frozenset[str]:
+        """Of the launches an earlier controller saved (checked once, at the first listing): those
+        with no step listed and no ``srun`` for them on this host, where every launch's ``srun``
+        runs (it was killed between saving a launch and running it). Empty if the host's processes
+        cannot be read: those launches then wait ``start_timeout_s`` as any other."""
+        unconfirmed, self.unconfirmed_launches = self.unconfirmed_launches, set()
+        running = running_step_launches() if unconfirmed else None
+        if running is None:
+            return frozenset()
+        listed = {worker_id_of_step(st.name) for st in steps}
+        return frozenset(
+            wid for wid in unconfirmed
+            if (w := self.state.workers.get(wid)) is not None and w.state is WorkerState.STARTING and not w.step_id
+            and wid not in listed and (w.job_id or self.job_id, worker_step_name(wid)) not in running)
 
     def cancelled_worker_ids(self, steps: list[StepInfo]) -> frozenset[str]:
         """Workers whose step left the listing because someone cancelled it: slurmstepd wrote

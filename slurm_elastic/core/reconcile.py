@@ -39,6 +39,8 @@ class ObservedStep:
 
 EXITED_CLEANLY = "exited cleanly"  # a worker that left on its own with exit code 0 (history reason)
 CANCELLED_BY_SOMEONE_ELSE = "its step was cancelled by someone else than the controller (scancel)"
+LAUNCH_NEVER_RAN = ("its launch was saved, but no srun runs for it and no step appeared: the controller "
+                    "before this one stopped between saving the launch and running srun")
 
 
 @dataclass(frozen=True)
@@ -115,16 +117,19 @@ def reconcile(
     next_number: int,
     drain_first_jobs: frozenset[int] = frozenset(),
     cancelled: frozenset[str] = frozenset(),
+    never_ran: frozenset[str] = frozenset(),
 ) -> Plan:
     """One tick. ``observed`` None means Slurm could not be listed: keep everything as it is.
     A scale-down drains workers in ``drain_first_jobs`` (burst jobs) before any other. ``cancelled``:
-    workers whose step Slurm says was cancelled (by anyone: the controller's own cancels are known)."""
+    workers whose step Slurm says was cancelled (by anyone: the controller's own cancels are known).
+    ``never_ran``: STARTING workers an earlier controller saved a launch for and whose srun never
+    ran (none runs, no step is listed): relaunched at once, not counted."""
     plan = Plan(next_number=next_number)
     if observed is None:
         return plan
     by_id = {o.worker_id: o for o in observed}
     _adopt_and_refresh(workers, by_id, now_s, plan)
-    _handle_vanished(workers, by_id, cfg, now_s, plan, cancelled)
+    _handle_vanished(workers, by_id, cfg, now_s, plan, cancelled, never_ran)
     for worker in drain_not_live(workers.values(), cfg.liveness_failure_threshold, now_s):
         if worker.step_id:
             plan.actions.append(Drain(worker.worker_id, worker.step_id, worker.job_id))
@@ -182,24 +187,24 @@ def _adopt_and_refresh(workers: dict[str, Worker], by_id: dict[str, ObservedStep
 
 
 def _handle_vanished(workers: dict[str, Worker], by_id: dict[str, ObservedStep], cfg: ReconcileConfig,
-                     now_s: float, plan: Plan, cancelled: frozenset[str] = frozenset()) -> None:
+                     now_s: float, plan: Plan, cancelled: frozenset[str] = frozenset(),
+                     never_ran: frozenset[str] = frozenset()) -> None:
     for worker in workers.values():
         if not worker.has_step or worker.worker_id in by_id:
             continue
-        if worker.state is S.STARTING and not worker.step_id and now_s - worker.launched_at_s < cfg.start_timeout_s:
+        unlisted_launch = worker.state is S.STARTING and not worker.step_id
+        if unlisted_launch and worker.worker_id in never_ran:
+            _relaunch_uncounted(worker, LAUNCH_NEVER_RAN, now_s, plan)
+        elif unlisted_launch and now_s - worker.launched_at_s < cfg.start_timeout_s:
             continue  # launched, not listed yet
-        if worker.state is S.DRAINING and not worker.failure_reason:
+        elif worker.state is S.DRAINING and not worker.failure_reason:
             transition(worker, S.INACTIVE, now_s, "step ended after drain")
         elif worker.placeholder:
             transition(worker, S.INACTIVE, now_s, "placeholder released")
         elif worker.exit_code == 0 and worker.state is not S.DRAINING and not worker.failure_reason:
             transition(worker, S.INACTIVE, now_s, EXITED_CLEANLY)
         elif worker.worker_id in cancelled and not worker.failure_reason:  # by someone else: not its GPU's fault
-            transition(worker, S.FAILED, now_s, CANCELLED_BY_SOMEONE_ELSE)
-            plan.crashes.append(Crashed(worker.worker_id, worker.node, worker.gpus, CANCELLED_BY_SOMEONE_ELSE,
-                                        worker.gpu_keys, counted=False))
-            worker.backoff_until_s = now_s
-            transition(worker, S.BACKOFF, now_s, "relaunch at once")
+            _relaunch_uncounted(worker, CANCELLED_BY_SOMEONE_ELSE, now_s, plan)
         elif _word_on_why_may_follow(worker, cfg, now_s):
             continue
         else:
@@ -214,6 +219,14 @@ def _handle_vanished(workers: dict[str, Worker], by_id: dict[str, ObservedStep],
             worker.backoff_until_s = now_s + backoff_s(worker.crash_count, cfg)
             transition(worker, S.BACKOFF, now_s, f"crash-loop backoff {backoff_s(worker.crash_count, cfg):g} s")
         _forget_step(worker)
+
+
+def _relaunch_uncounted(worker: Worker, reason: str, now_s: float, plan: Plan) -> None:
+    """Its step ended (or never began) through no fault of its GPU: relaunched at once, not counted."""
+    transition(worker, S.FAILED, now_s, reason)
+    plan.crashes.append(Crashed(worker.worker_id, worker.node, worker.gpus, reason, worker.gpu_keys, counted=False))
+    worker.backoff_until_s = now_s
+    transition(worker, S.BACKOFF, now_s, "relaunch at once")
 
 
 def _forget_step(worker: Worker) -> None:

@@ -64,6 +64,7 @@ class Observation:
     burst_slots_possible: int = 0  # slots burst jobs not yet held could add: the autoscaler may ask for them
     paused_s: float = 0.0  # the controller's process did not run this long since the last tick (a suspended job)
     cancelled_worker_ids: frozenset[str] = frozenset()  # steps gone from the listing that Slurm says were cancelled
+    launches_never_ran: frozenset[str] = frozenset()  # saved launches of an earlier controller whose srun never ran
 
 
 class ScalingPolicy(Protocol):
@@ -160,7 +161,7 @@ def tick(obs: Observation, state: ControlState, cfg: TickConfig, allocations: tu
     burst_jobs = frozenset(a.job_id for a in allocations[1:]) | releasing
     plan = reconcile(state.workers, None if obs.steps is None else list(obs.steps), result.desired, allowed,
                      exclude, cordoned, cfg.reconcile, now_s, state.next_number, drain_first_jobs=burst_jobs,
-                     cancelled=obs.cancelled_worker_ids)
+                     cancelled=obs.cancelled_worker_ids, never_ran=obs.launches_never_ran)
     state.next_number = plan.next_number
     held_nodes = {n for a in allocations for n in a.gpus_by_node}
     for crash in plan.crashes:

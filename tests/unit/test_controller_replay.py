@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from slurm_elastic.controller import runtime
 from slurm_elastic.controller.config import parse_config
 from slurm_elastic.controller.runtime import Controller
 from slurm_elastic.core.defaults import STEP_END_SETTLE_S
@@ -251,9 +252,16 @@ def test_a_pending_worker_step_is_not_listed_and_counts_as_starting_until_the_st
     assert worker.history[-2][3] == "step never appeared in Slurm"
 
 
-def test_a_controller_killed_mid_scale_up_waits_for_the_launched_steps_and_relaunches_nothing(tmp_path: Path) -> None:
+def sruns_running(monkeypatch: pytest.MonkeyPatch, *worker_ids: str) -> None:
+    """This host's srun processes, as the next controller reads them: one for each of ``worker_ids``."""
+    monkeypatch.setattr(runtime, "running_step_launches", lambda: {(JOB_ID, f"se-w-{w}") for w in worker_ids})
+
+
+def test_a_controller_killed_mid_scale_up_waits_for_the_launched_steps_and_relaunches_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """kill -9 once a scale-up's launches are saved, before Slurm lists their steps: the next
-    controller counts them as starting, takes their steps when listed, and launches nothing."""
+    controller counts them as starting (their sruns wait for GPUs), takes their steps when listed,
+    and launches nothing."""
     clock = Clock()
     controller, backend = make(tmp_path, RUNNING, clock)
     controller.tick()
@@ -261,6 +269,7 @@ def test_a_controller_killed_mid_scale_up_waits_for_the_launched_steps_and_relau
     controller.scale(5)
     controller.tick()
     assert [s.name for s in backend.launched] == ["se-w-0004", "se-w-0005"]
+    sruns_running(monkeypatch, "0004", "0005")
     clock.now_s += 1.0
     again, backend2 = make(tmp_path, RUNNING, clock)  # the new steps are not listed yet
     again.tick()
@@ -287,9 +296,12 @@ class Killed(BaseException):
     """The controller's process dies (kill -9) in the middle of an action."""
 
 
-def test_a_controller_killed_while_its_launches_run_has_saved_them_first(tmp_path: Path) -> None:
+def test_a_controller_killed_while_its_launches_run_has_saved_them_first(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """Launches are written to the state file before srun runs: a kill -9 after the first srun
-    of a scale-up leaves records the next controller waits for, so no worker id is launched twice."""
+    of a scale-up leaves records the next controller waits for, so no worker id is launched twice.
+    The launch whose srun never ran (no step listed, no srun on the host) is launched again at
+    once, not counted as a crash; before, it waited ``start_timeout_s`` and counted one."""
     clock = Clock()
     controller, backend = make(tmp_path, RUNNING, clock)
     controller.tick()
@@ -304,11 +316,19 @@ def test_a_controller_killed_while_its_launches_run_has_saved_them_first(tmp_pat
     with pytest.raises(Killed):
         controller.tick()
     assert [s.name for s in backend.launched] == ["se-w-0004"]
+    sruns_running(monkeypatch, "0004")  # its step waits for a GPU: not listed yet
     clock.now_s += 1.0
-    again, backend2 = make(tmp_path, RUNNING, clock)  # se-w-0004 is not listed yet
+    again, backend2 = make(tmp_path, RUNNING, clock)
     again.tick()
-    assert backend2.launched == [] and backend2.cancelled == []
-    assert {w: again.workers[w].state for w in ("0004", "0005")} == {"0004": S.STARTING, "0005": S.STARTING}
+    assert [s.name for s in backend2.launched] == ["se-w-0005"]  # at once, and 0004 not again
+    assert backend2.cancelled == [] and again.workers["0004"].state is S.STARTING
+    relaunched = again.workers["0005"]
+    assert (relaunched.state, relaunched.crash_count, relaunched.launches) == (S.STARTING, 0, 2)
+    assert any(h[3].startswith("its launch was saved, but no srun runs for it") for h in relaunched.history)
+    clock.now_s += 1.0
+    again.tick()
+    assert [s.name for s in backend2.launched] == ["se-w-0005"]  # its own srun runs now: checked once
+    assert again.cordoned_gpus() == {}
 
 
 def kill_at(backend: Recorded, method: str) -> None:
