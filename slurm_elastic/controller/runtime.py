@@ -289,9 +289,10 @@ class Controller(ControlPlane, StatusViews):
             for event in result.events:
                 if isinstance(event, Crashed):
                     self.allocation_check_due = True  # a node failure ends every step on the node
-                    log.warning("worker %s %s on %s %s: %s", event.worker_id,
-                                "crashed" if event.counted else "ended (not counted against its GPU)", event.node,
-                                list(event.gpus), event.reason)
+                    where = f" on {event.node} {list(event.gpus)}" if event.node else ""  # (never placed: none)
+                    log.warning("worker %s %s%s: %s", event.worker_id,
+                                "crashed" if event.counted else "ended (not counted against its GPU)", where,
+                                event.reason)
                 elif isinstance(event, CordonChange):
                     log.warning("cordoned %s:%d: %s", event.node, event.gpu, event.reason)
                 else:
