@@ -80,102 +80,119 @@ def per_worker_rate(production_seqs_per_s: float | None, produced_seqs: float | 
     return production_seqs_per_s / max(1, active_workers)
 
 
+MIN_STEP_S = 0.05  # a trainer step measured shorter than this is no model update (acks on receipt): not counted
+
+
 @dataclass
 class TrainerSteps:
-    """The trainer's cycle, measured from its pulls and acknowledgements: it waits for a batch
-    (from its ask to the batch handed out), then computes (from the batch handed out to its next
-    ask: its update, acknowledgement and version publish).
+    """The trainer's compute time per batch and its waits, measured from its calls: it waits from
+    an ask (a pull) to the batch handed out, and from an acknowledgement that comes while its ask is
+    outstanding (it computed until then); all else is compute.
 
-    A step counts only when the batch that began it is acknowledged by its end or during the wait
-    that follows (an acknowledgement after the ask ends the step there: the trainer still computed).
-    Not measured, neither as compute nor as wait: a step whose batch is still unacknowledged when
-    the next one is handed out (a trainer that pulls ahead, or acknowledges several batches at
-    once), and a batch handed out again (to a re-registered trainer, which may acknowledge one it
-    had already consumed at once). A retried pull is not an ask (the caller does not report it).
-    So a pull right after a hand-out never reads as a step of a few milliseconds.
+    The time is cut into windows at the asks that follow an acknowledgement: each window's compute
+    (its length less its waits) ÷ the batches acknowledged in it is the compute time per batch. So
+    one figure holds however a trainer orders its calls: pull, compute, acknowledge (one batch a
+    window); acknowledge after the next pull; pull one ahead in a thread; pull four, update once,
+    acknowledge four (a quarter of the update each); acknowledge ten after a checkpoint (a tenth of
+    ten steps and the checkpoint each). Batches handed out again (to a re-registered trainer, which
+    may acknowledge one it consumed before at once) count as no batch, and a retried pull is no ask
+    (the caller does not report it). A window whose compute per batch is under ``MIN_STEP_S`` (a
+    thread that acknowledges each batch as it arrives, and so says nothing of its compute) is not
+    counted.
 
-    ``step_s`` is the mean compute time of the last ``keep`` steps; a step in progress that has
-    already run longer counts with its time so far, so a slow step (an evaluation pass) shows
-    before it ends. ``batch_size`` ÷ it is what the trainer would consume if it never waited: its
-    demand, which a starving trainer's consumption (bounded by the supply) cannot show.
-    ``wait_fraction`` is the share of the last ``keep`` cycles spent waiting, a wait in progress
-    included: what more workers could win back at most."""
+    ``step_s`` is the compute per batch over the last ``keep`` windows; a window in progress whose
+    compute per batch so far (over the batches it holds or has acknowledged) is already longer
+    counts as it runs, so a slow step (an evaluation pass) shows before it ends. ``batch_size`` ÷
+    it is what the trainer would consume if it never waited: its demand, which a starving
+    trainer's consumption (bounded by the supply) cannot show. ``wait_fraction`` is the share of
+    those windows spent waiting, the one in progress included: what more workers could win back."""
 
     keep: int = 4
-    _served_s: float | None = None  # computing since
-    _batch: Hashable = None  # the batch the step in progress began with
-    _measured: bool = False  # that batch was handed out fresh
-    _batch_acked: bool = False
-    _asked_s: float | None = None  # waiting since
-    _unacked_step: tuple[Hashable, float] | None = None  # (batch, step start): ended by an ask, its ack awaited
-    _compute_s: collections.deque[float] = field(default_factory=collections.deque)
-    _wait_s: collections.deque[float] = field(default_factory=collections.deque)
+    _since_s: float | None = None  # the window in progress began (the last window's end, or the first ask)
+    _waited_s: float = 0.0  # its waits that have ended
+    _acked: int = 0  # fresh batches acknowledged in it
+    _asked_s: float | None = None  # waiting since (an ask outstanding, or an acknowledgement during one)
+    _held: dict[Hashable, bool] = field(default_factory=dict)  # handed out, unacknowledged -> fresh
+    _windows: collections.deque[tuple[float, float, int]] = field(default_factory=collections.deque)
+    # (compute_s, wait_s, batches) of the last ``keep`` counted windows
 
     def served(self, now_s: float, batch: Hashable = None, fresh: bool = True) -> None:
-        """A batch was handed out (``fresh``: for the first time): the wait, if any, ends and a step begins."""
-        if self._asked_s is not None and self._unacked_step is None:
-            self._push(self._wait_s, now_s - self._asked_s)
-        self._asked_s = self._unacked_step = None
-        self._served_s, self._batch, self._measured, self._batch_acked = now_s, batch, fresh, False
+        """A batch was handed out (``fresh``: for the first time): the wait, if any, ends."""
+        if self._since_s is None:
+            self._since_s = now_s
+        if self._asked_s is not None:
+            self._waited_s += now_s - self._asked_s
+            self._asked_s = None
+        self._held[batch] = fresh
 
     def acked(self, now_s: float, batch: Hashable = None) -> None:
-        """A batch was acknowledged: it may end a step its ask left open (the wait begins now)."""
-        if self._served_s is not None and batch == self._batch:
-            self._batch_acked = True
-        elif self._unacked_step is not None and batch == self._unacked_step[0]:
-            self._push(self._compute_s, now_s - self._unacked_step[1])
-            self._unacked_step = None
-            self._asked_s = now_s
+        """A batch was acknowledged; if an ask is outstanding, the trainer computed until now."""
+        if self._held.pop(batch, False):
+            self._acked += 1
+        if self._asked_s is not None:
+            self._asked_s = max(self._asked_s, now_s)
 
     def asked(self, now_s: float) -> None:
-        """The trainer asked for a batch (every poll): the step in progress, if any, ends and a wait begins."""
-        if self._served_s is not None:
-            if self._measured and self._batch_acked:
-                self._push(self._compute_s, now_s - self._served_s)
-            elif self._measured:
-                self._unacked_step = (self._batch, self._served_s)
-            self._served_s = None
+        """The trainer asked for a batch (every poll): a wait begins, and a window ends where it
+        began if a batch was acknowledged in it."""
         if self._asked_s is None:
             self._asked_s = now_s
+        if self._since_s is None:
+            self._since_s = now_s
+        elif self._acked:
+            end_s = self._asked_s
+            compute_s = end_s - self._since_s - self._waited_s
+            if compute_s / self._acked >= MIN_STEP_S:
+                self._windows.append((compute_s, self._waited_s, self._acked))
+                while len(self._windows) > self.keep:
+                    self._windows.popleft()
+            self._since_s, self._waited_s, self._acked = end_s, 0.0, 0
 
     def abandon(self) -> None:
-        """A new trainer registered: the step or wait in progress was its predecessor's, cut short
-        (a killed trainer), and counts as neither."""
-        self._served_s = self._asked_s = self._unacked_step = None
+        """A new trainer registered: the window in progress was its predecessor's, cut short (a
+        killed trainer), and counts as nothing; what it held is handed out again, not fresh."""
+        self._since_s, self._asked_s, self._waited_s, self._acked = None, None, 0.0, 0
+        self._held.clear()
+
+    def _running(self, now_s: float) -> tuple[float, float, int]:
+        """The window in progress: its compute and waits so far, and the batches it covers so far."""
+        if self._since_s is None:
+            return 0.0, 0.0, 0
+        end_s = now_s if self._asked_s is None else self._asked_s
+        waiting_s = 0.0 if self._asked_s is None else now_s - self._asked_s
+        covers = self._acked + sum(self._held.values())
+        return max(0.0, end_s - self._since_s - self._waited_s), self._waited_s + waiting_s, covers
 
     def step_s(self, now_s: float) -> float | None:
-        """Seconds of compute per step; None until one step has ended."""
-        if not self._compute_s:
+        """Seconds of compute per batch; None until one window has been counted."""
+        if not self._windows:
             return None
-        mean_s = sum(self._compute_s) / len(self._compute_s)
-        running_s = 0.0 if self._served_s is None else now_s - self._served_s
-        return max(mean_s, running_s)
+        mean_s = sum(w[0] for w in self._windows) / sum(w[2] for w in self._windows)
+        compute_s, _, covers = self._running(now_s)
+        return max(mean_s, compute_s / max(1, covers))
 
     def latest_step_s(self, now_s: float) -> float | None:
-        """Seconds of the last step, or of the step in progress if it has already run longer; None
-        until one step has ended. The speed-up resize reads a fast step here before the mean shows it."""
-        if not self._compute_s:
+        """Seconds of compute per batch in the last window, or in the one in progress if already
+        longer; None until one window has been counted. The speed-up resize reads a fast step here
+        before the mean shows it."""
+        if not self._windows:
             return None
-        running_s = 0.0 if self._served_s is None else now_s - self._served_s
-        return max(self._compute_s[-1], running_s)
+        compute_s, _, batches = self._windows[-1]
+        running_s, _, covers = self._running(now_s)
+        return max(compute_s / batches, running_s / max(1, covers))
 
     def waiting(self) -> bool | None:
         """The trainer is waiting for a batch now (False: it computes; None: it has not asked yet)."""
-        if self._asked_s is None and self._served_s is None:
+        if self._since_s is None:
             return None
         return self._asked_s is not None
 
     def wait_fraction(self, now_s: float) -> float | None:
-        """Share of the recent cycles spent waiting for rollouts; None until one step has ended."""
-        if not self._compute_s:
+        """Share of the recent windows spent waiting for rollouts, the one in progress included;
+        None until one window has been counted."""
+        if not self._windows:
             return None
-        waiting_s = sum(self._wait_s)
-        if self._asked_s is not None and self._unacked_step is None:  # (awaiting an ack: maybe computing)
-            waiting_s += now_s - self._asked_s
-        computing_s = sum(self._compute_s) + (0.0 if self._served_s is None else now_s - self._served_s)
+        compute_s, waiting_s, _ = self._running(now_s)
+        waiting_s += sum(w[1] for w in self._windows)
+        computing_s = compute_s + sum(w[0] for w in self._windows)
         return waiting_s / max(1e-9, waiting_s + computing_s)
-
-    def _push(self, recent: collections.deque[float], value_s: float) -> None:
-        recent.append(max(0.0, value_s))
-        while len(recent) > self.keep:
-            recent.popleft()

@@ -58,7 +58,7 @@ class BatchHandout:
         self._trainer_session = 0  # the newest trainer registration's session (saved; 0: none yet)
         self.used = False  # a trainer registered or pulled
         self.pulls = WindowRate(CONSUMPTION_WINDOW_S)
-        self.steps = TrainerSteps()  # the trainer's compute time: a batch handed out -> its next pull
+        self.steps = TrainerSteps()  # the trainer's compute per batch and its waits, from its calls
         self.heard_s: float | None = None  # the trainer's last call (register, pull, ack, version)
         self._unpackable_since_s: float | None = None  # pulls found a batch's worth queued and packed none
         self._unpackable_warned_s = float("-inf")

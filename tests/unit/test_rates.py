@@ -94,9 +94,10 @@ def test_trainer_steps_split_the_trainers_cycle_into_waits_and_compute() -> None
     assert steps.wait_fraction(105.0) == pytest.approx(10 / 50)
 
 
-def _cycles(steps: TrainerSteps, events: str, step_s: float = 10.0, wait_s: float = 0.0) -> None:
+def _cycles(steps: TrainerSteps, events: str, step_s: float = 10.0, wait_s: float = 5.0) -> float:
     """Replay a trainer's calls: S (a batch handed out), K (the oldest held batch acknowledged),
-    A (an ask), c (computes ``step_s``), w (the supply makes it wait ``wait_s``), e (a moment)."""
+    A (an ask), c (computes ``step_s``), p (a checkpoint of 30 s), w (the supply makes it wait
+    ``wait_s``), e (a moment). Returns the time at the end."""
     now_s, handed, held = 0.0, 0, collections.deque[int]()
     for event in events:
         if event == "S":
@@ -107,26 +108,37 @@ def _cycles(steps: TrainerSteps, events: str, step_s: float = 10.0, wait_s: floa
             steps.acked(now_s, held.popleft())
         elif event == "A":
             steps.asked(now_s)
-        now_s += {"c": step_s, "w": wait_s, "e": 0.001}.get(event, 0.0)
+        now_s += {"c": step_s, "p": 30.0, "w": wait_s, "e": 0.001}.get(event, 0.0)
+    return now_s
 
 
-@pytest.mark.parametrize("pattern, events", [
-    ("acknowledges, then asks", "AS" + "cKAwS" * 6),
-    ("asks, then acknowledges", "AS" + "cAeKwS" * 6),
-    ("pulls one ahead, starving", "ASeA" + "cKwSeA" * 6),
+@pytest.mark.parametrize("pattern, events, per_batch_s", [
+    ("acknowledges, then asks", "AS" + "cKAwS" * 6, 10.0),
+    ("asks, then acknowledges", "AS" + "cAeKwS" * 6, 10.0),
+    ("pulls one ahead, starving", "ASeA" + "cKwSeA" * 6, 10.0),
+    ("pulls one ahead, fed", "ASeAS" + "cKAS" * 6, 10.0),
+    ("pulls four, updates once, acknowledges four", "A" + ("S" + "eAS" * 3 + "cKKKKAw") * 4, 2.5),
+    ("acknowledges four after a checkpoint", "A" + ("S" + "cAwS" * 3 + "cpKKKKAw") * 3, 17.5),
 ])
-def test_a_step_is_its_compute_time_however_the_trainer_orders_its_calls(pattern: str, events: str) -> None:
+def test_the_compute_per_batch_is_its_truth_however_the_trainer_orders_its_calls(
+        pattern: str, events: str, per_batch_s: float) -> None:
     steps = TrainerSteps(keep=4)
-    _cycles(steps, events, step_s=10.0, wait_s=5.0)
-    latest = steps.latest_step_s(0.0)
-    assert latest is not None and latest == pytest.approx(10.0, abs=0.01), pattern  # never a step of 1 ms
-    assert steps.step_s(0.0) == pytest.approx(10.0, abs=0.01), pattern
+    end_s = _cycles(steps, events)
+    latest = steps.latest_step_s(end_s)
+    assert latest is not None and latest == pytest.approx(per_batch_s, abs=0.01), pattern  # never 1 ms
+    assert steps.step_s(end_s) == pytest.approx(per_batch_s, abs=0.01), pattern
 
 
-def test_a_trainer_fed_while_it_pulls_one_ahead_is_not_measured_step_by_step() -> None:
-    steps = TrainerSteps(keep=4)  # it never waits: its consumption is its demand
-    _cycles(steps, "ASeAS" + "cKAS" * 6)
-    assert steps.latest_step_s(0.0) is None and steps.step_s(0.0) is None
+def test_a_thread_that_acknowledges_each_batch_as_it_arrives_is_not_measured() -> None:
+    steps = TrainerSteps(keep=4)  # its calls say nothing of its compute: its consumption is all there is
+    end_s = _cycles(steps, "A" + "SeKeAcw" * 8)
+    assert steps.latest_step_s(end_s) is None and steps.step_s(end_s) is None
+
+
+def test_the_waits_of_a_trainer_that_acknowledges_after_its_next_ask_are_its_own() -> None:
+    steps = TrainerSteps(keep=4)  # waits 5 s a step, computes 10 s: a third of the time
+    end_s = _cycles(steps, "AS" + "cAeKwS" * 6 + "c")
+    assert steps.wait_fraction(end_s) == pytest.approx(1 / 3, abs=0.01)
 
 
 def test_a_batch_handed_out_again_and_acknowledged_at_once_is_no_step() -> None:
@@ -142,9 +154,3 @@ def test_a_batch_handed_out_again_and_acknowledged_at_once_is_no_step() -> None:
     steps.asked(12.002)
     assert steps.latest_step_s(12.002) == pytest.approx(10.0)
     assert steps.waiting() is True
-
-
-def test_a_trainer_that_acknowledges_several_batches_at_once_is_measured_at_its_last() -> None:
-    steps = TrainerSteps(keep=4)
-    _cycles(steps, "AS" + "cAS" * 3 + "cKKKKA")  # four steps, one checkpoint, four acknowledgements
-    assert steps.latest_step_s(0.0) == pytest.approx(10.0)

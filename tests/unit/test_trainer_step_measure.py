@@ -80,3 +80,15 @@ def test_a_trainer_that_pulls_ahead_while_starving_is_measured_from_its_acknowle
     assert q.pull("p2") is not None
     assert latest_step_s(q) == pytest.approx(10.0, abs=0.01)
     assert q.stats()["trainer_wait_fraction"] > 0.3  # the 5 s wait, not the 10 s of compute
+
+
+def test_a_trainer_that_pulls_four_batches_for_one_update_is_measured_per_batch(tmp_path: Path) -> None:
+    clock = Clock()
+    q = filled(tmp_path, clock, n_groups=24)
+    for round_ in range(2):
+        batches = [q.pull(f"p{round_}-{i}") for i in range(4)]  # one update over four batches
+        clock.now_s += 10.0
+        for batch in batches:
+            assert batch is not None and q.ack(batch[0])
+    assert q.pull("p-next") is not None
+    assert latest_step_s(q) == pytest.approx(2.5, abs=0.01)  # before: 10 s, a demand 4x too low
