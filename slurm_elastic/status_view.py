@@ -149,6 +149,8 @@ def render_status(job_id: int, status: dict[str, Any] | None, slurm_steps: list[
     action, reason = decision.get("action", "-"), str(decision.get("reason", "-"))
     said = reason if reason.startswith(f"{action}:") else f"{action}: {reason}"  # a hold's reason says "hold:"
     target = ctl.get("target_workers", "?")
+    if action == "drain":  # the job's time limit is near: none, whatever the target to come back to
+        target, mode = 0, f"draining before the job's time limit; then {target}"
     lines.append(f"target: {target} worker{'' if target == 1 else 's'} ({mode})  last decision: {said}")
     queue = ctl.get("queue") or status.get("queue") or {}
     if queue:

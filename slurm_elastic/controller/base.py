@@ -90,7 +90,7 @@ class ControllerBase:
                 start_timeout_s=w.start_timeout_s, backoff_base_s=w.backoff_base_s, backoff_max_s=w.backoff_max_s,
                 liveness_failure_threshold=w.liveness_failure_threshold if self.is_server else 0),
             gpus_per_worker=self.shape.gpus, nodes_per_worker=self.shape.nodes, is_server=self.is_server,
-            server_drain_grace_s=w.server_drain_grace_s, agents=config.agent.enabled,
+            server_drain_grace_s=w.server_drain_grace_s, agents=config.agent.enabled, end_drain_s=w.end_drain_s,
         )
         self.health_rules = config.health.rules()
         autoscaler = Autoscaler(AutoscalerConfig.from_mapping(config.autoscaler))
@@ -135,6 +135,7 @@ class ControllerBase:
         self.burst = (BurstManager(BurstJobs(backend, config, job_id, state_dir), burst_policy(config), w.gpus_per_worker)
                       if config.burst.max_jobs else None)  # burst jobs (docs/burst.md): off unless [burst] max_jobs
         self.unconfirmed_launches: set[str] = set()  # saved launches not yet seen run (set by _load_state)
+        self.job_times_s: tuple[float, float] | None = None  # the job's start and time limit (epoch s), if known
         self._load_state()
         # weights follow the trainer (controller/weights.py): the latest published weights, durable
         self.weights_record = WeightsRecord(state_dir)

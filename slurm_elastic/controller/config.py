@@ -79,6 +79,10 @@ class WorkersSection(_Section):
     initial_workers: int = Field(-1, ge=-1, description="Workers at start (at most autoscaler.max_workers); -1: the autoscaler's minimum. The count the job keeps with the autoscaler off; with it on, its start-up resizes the pool from the first tick (doubling it, or a worker on every GPU while the trainer waits for its first batches: docs/autoscaler.md).")
     drain_signal: DrainSignal = Field(DEFAULT_DRAIN_SIGNAL, description="Signal that asks a worker to drain.")
     drain_timeout_s: float = Field(d.DRAIN_TIMEOUT_S, gt=0, description="After this, a draining worker is cancelled.")
+    end_drain_s: float = Field(d.DRAIN_TIMEOUT_S, ge=0, description=(
+        "This long before the job's time limit (at most a quarter of the job's whole time) every worker "
+        "drains, finishing its rollout, and none is launched; a raised limit or a requeue brings them "
+        "back. 0: never."))
     heartbeat_interval_s: float = Field(d.HEARTBEAT_INTERVAL_S, gt=0, description="How often workers heart-beat.")
     heartbeat_grace_s: float = Field(d.HEARTBEAT_GRACE_S, gt=0, description="Silence after which a worker is killed and replaced.")
     start_timeout_s: float = Field(d.START_TIMEOUT_S, gt=0, description="Launch to registration, else the launch failed.")
@@ -197,10 +201,6 @@ class JobSection(_Section):
     trainer_command: list[str] = Field(default_factory=list, description=(
         "The trainer, run as its own step; it starts with USR1 and USR2 (the drain signals) ignored."))
     trainer_gpus: int = Field(1, ge=0, description="GPUs of the trainer step.")
-    end_drain_s: int = Field(300, ge=0, le=65535, description=(
-        "This long before the job's time limit (Slurm's --signal=B:URG, up to a minute early) the batch "
-        "script scales the workers to 0: each finishes its rollout and hands it over, and the trainer "
-        "trains on what is buffered; 0: no such signal."))
 
     @field_validator("trainer_command", mode="before")
     @classmethod
@@ -213,14 +213,6 @@ class JobSection(_Section):
         if not value or any(c.isspace() or not c.isprintable() for c in value):
             raise ValueError(f"{value!r}: an #SBATCH value must be one word (no spaces or control characters)")
         return value
-
-    @model_validator(mode="after")
-    def _drain_before_the_end(self) -> JobSection:
-        limit_s = time_limit_s(self.time_limit)
-        if limit_s and limit_s <= self.end_drain_s:
-            raise ValueError(f"job.time_limit ({self.time_limit} = {limit_s} s) must be longer than job.end_drain_s "
-                             f"({self.end_drain_s} s): the workers would be drained at once")
-        return self
 
 
 

@@ -107,8 +107,10 @@ def build_controller(config: ElasticConfig, job: JobInfo, backend: SlurmBackend,
     gpus_by_node = allocation_gpus(config, job)
     log.info("job %d: nodes %s, GPUs %s, state in %s, backend %s", job.job_id, ",".join(job.nodes),
              gpus_by_node, state_dir, backend.name)
-    return Controller(config, job.job_id, backend, state_dir, gpus_by_node=gpus_by_node,
-                      controller_url=controller_url, token_file=token_file, queue=queue)
+    controller = Controller(config, job.job_id, backend, state_dir, gpus_by_node=gpus_by_node,
+                            controller_url=controller_url, token_file=token_file, queue=queue)
+    controller.note_job_times(job)
+    return controller
 
 
 def install_stop_handlers(stop: threading.Event) -> None:

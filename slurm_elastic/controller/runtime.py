@@ -30,7 +30,7 @@ from slurm_elastic.core.slurm_nodes import nodes_to_release, out_of_use_nodes
 from slurm_elastic.core.tick import Observation, TickResult, autoscaler_inputs, autoscales, tick
 from slurm_elastic.errors import SlurmElasticError
 from slurm_elastic.slurm.launchers import running_step_launches
-from slurm_elastic.slurm.parse import StepInfo
+from slurm_elastic.slurm.parse import JobInfo, StepInfo
 
 __all__ = ["STATE_REFRESH_S", "Controller", "UnknownWorkerError", "foreign_gpus_by_node"]
 log = logging.getLogger(__name__)
@@ -122,6 +122,8 @@ class Controller(ControlPlane, StatusViews):
             paused_s=paused_s,
             cancelled_worker_ids=frozenset() if steps is None else self.cancelled_worker_ids(steps),
             launches_never_ran=frozenset() if steps is None else self.launches_never_ran(steps),
+            time_left_s=None if self.job_times_s is None else self.job_times_s[1] - time.time(),
+            run_span_s=None if self.job_times_s is None else self.job_times_s[1] - self.job_times_s[0],
         )
 
     def launches_never_ran(self, steps: list[StepInfo]) -> frozenset[str]:
@@ -171,6 +173,7 @@ class Controller(ControlPlane, StatusViews):
         except SlurmElasticError as exc:
             self._record_error("allocation", str(exc))
             return
+        self.note_job_times(job)
         if job.is_running and job.comment != job_comment(self.state_dir):
             self._restore_job_comment(job.comment)
         out_of_use = self.check_node_states(now_s)
@@ -190,6 +193,12 @@ class Controller(ControlPlane, StatusViews):
                             "shrunk); its %d GPUs get no more workers, the job runs on with %s", node, self.job_id,
                             len(own[node]), ",".join(kept) or "no node")
             self.save()
+
+    def note_job_times(self, job: JobInfo) -> None:
+        """Keep when the job started and when its time limit ends it (read at each allocation
+        check, so a limit raised by ``scontrol update`` is seen within ``allocation_check_s``)."""
+        if job.end_time_s > job.start_time_s > 0:
+            self.job_times_s = (float(job.start_time_s), float(job.end_time_s))
 
     def check_node_states(self, now_s: float) -> dict[str, str]:
         """Read the states of the nodes the job and its burst jobs hold: every GPU of a node Slurm

@@ -118,12 +118,14 @@ def reconcile(
     drain_first_jobs: frozenset[int] = frozenset(),
     cancelled: frozenset[str] = frozenset(),
     never_ran: frozenset[str] = frozenset(),
+    why_fewer: str = "",
 ) -> Plan:
     """One tick. ``observed`` None means Slurm could not be listed: keep everything as it is.
     A scale-down drains workers in ``drain_first_jobs`` (burst jobs) before any other. ``cancelled``:
     workers whose step Slurm says was cancelled (by anyone: the controller's own cancels are known).
     ``never_ran``: STARTING workers an earlier controller saved a launch for and whose srun never
-    ran (none runs, no step is listed): relaunched at once, not counted."""
+    ran (none runs, no step is listed): relaunched at once, not counted. ``why_fewer``: what a
+    scale-down's drains say instead of "scale-down to N"."""
     plan = Plan(next_number=next_number)
     if observed is None:
         return plan
@@ -134,7 +136,7 @@ def reconcile(
         if worker.step_id:
             plan.actions.append(Drain(worker.worker_id, worker.step_id, worker.job_id))
     _enforce_heartbeats_and_timeouts(workers, cfg, cordoned, now_s, plan)
-    _scale(workers, desired, allowed_slots, exclude_nodes, cfg, cordoned, now_s, plan, drain_first_jobs)
+    _scale(workers, desired, allowed_slots, exclude_nodes, cfg, cordoned, now_s, plan, drain_first_jobs, why_fewer)
     return plan
 
 
@@ -271,7 +273,7 @@ def _kill(worker: Worker, reason: str, now_s: float, plan: Plan) -> None:
 
 def _scale(workers: dict[str, Worker], desired: int, allowed_slots: int, exclude_nodes: tuple[str, ...],
            cfg: ReconcileConfig, cordoned: frozenset[tuple[str, int]], now_s: float, plan: Plan,
-           drain_first_jobs: frozenset[int] = frozenset()) -> None:
+           drain_first_jobs: frozenset[int] = frozenset(), why_fewer: str = "") -> None:
     capacity = [w for w in workers.values() if w.counts_as_capacity]
     holding = [w for w in workers.values() if w.has_step and not w.placeholder and not w.cordoned_gpus(cordoned)]
     free_slots = max(0, allowed_slots - len(holding))
@@ -281,7 +283,7 @@ def _scale(workers: dict[str, Worker], desired: int, allowed_slots: int, exclude
             if worker.state is S.BACKOFF:
                 transition(worker, S.INACTIVE, now_s, "scale-down: relaunch cancelled")
             else:
-                begin_drain(worker, now_s, f"scale-down to {desired}")
+                begin_drain(worker, now_s, why_fewer or f"scale-down to {desired}")
                 if worker.step_id:
                     plan.actions.append(Drain(worker.worker_id, worker.step_id, worker.job_id))
         return

@@ -46,6 +46,7 @@ class TickConfig:
     server_drain_grace_s: float = SERVER_DRAIN_GRACE_S
     agents: bool = False  # one health agent step per node
     agent_relaunch_s: float = AGENT_RELAUNCH_S
+    end_drain_s: float = 0.0  # every worker drains this long before the job's time limit (0: never)
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,8 @@ class Observation:
     paused_s: float = 0.0  # the controller's process did not run this long since the last tick (a suspended job)
     cancelled_worker_ids: frozenset[str] = frozenset()  # steps gone from the listing that Slurm says were cancelled
     launches_never_ran: frozenset[str] = frozenset()  # saved launches of an earlier controller whose srun never ran
+    time_left_s: float | None = None  # until the job's time limit (None: unknown)
+    run_span_s: float | None = None  # the job's whole time, start to time limit (None: unknown)
 
 
 class ScalingPolicy(Protocol):
@@ -161,7 +164,8 @@ def tick(obs: Observation, state: ControlState, cfg: TickConfig, allocations: tu
     burst_jobs = frozenset(a.job_id for a in allocations[1:]) | releasing
     plan = reconcile(state.workers, None if obs.steps is None else list(obs.steps), result.desired, allowed,
                      exclude, cordoned, cfg.reconcile, now_s, state.next_number, drain_first_jobs=burst_jobs,
-                     cancelled=obs.cancelled_worker_ids, never_ran=obs.launches_never_ran)
+                     cancelled=obs.cancelled_worker_ids, never_ran=obs.launches_never_ran,
+                     why_fewer="the job's time limit is near" if state.last_decision.get("action") == "drain" else "")
     state.next_number = plan.next_number
     held_nodes = {n for a in allocations for n in a.gpus_by_node}
     for crash in plan.crashes:
@@ -207,9 +211,13 @@ def awaiting_first_reports(state: ControlState, now_s: float) -> set[str]:
 
 def desired_workers(state: ControlState, obs: Observation, allowed_slots: int, cfg: TickConfig, now_s: float,
                     on_cordoned: int = 0) -> int:
-    """wake-all (a worker on every allowed GPU, plus the ``on_cordoned`` workers kept on cordoned
-    ones), else the operator's target, else (unless paused) the autoscaler's decision, whose
-    ceiling counts those kept workers too."""
+    """0 when the job's time limit is near (:func:`end_drain_reason`; the target is kept for a
+    raised limit); else wake-all (a worker on every allowed GPU, plus the ``on_cordoned`` workers
+    kept on cordoned ones), else the operator's target, else (unless paused) the autoscaler's
+    decision, whose ceiling counts those kept workers too."""
+    if (near_end := end_drain_reason(obs, cfg)) is not None:
+        state.last_decision = {"action": "drain", "reason": near_end}
+        return 0
     if state.wake_all_active:
         state.target_workers = allowed_slots + on_cordoned
         kept = f", and the {on_cordoned} kept on cordoned GPUs" if on_cordoned else ""
@@ -234,6 +242,23 @@ def desired_workers(state: ControlState, obs: Observation, allowed_slots: int, c
         state.target_workers = decision.target_workers
         state.last_decision = decision.to_dict()
     return state.target_workers
+
+
+def end_drain_reason(obs: Observation, cfg: TickConfig) -> str | None:
+    """Why every worker drains now (each finishes its rollout and hands it over, none is launched):
+    the job's time limit is less than ``end_drain_s`` away, or a quarter of the job's whole time in
+    a job shorter than four times that. None otherwise, or while the time limit is unknown. A limit
+    raised (``scontrol update``) or a requeued run moves the end, and the count is decided again."""
+    if cfg.end_drain_s <= 0 or obs.time_left_s is None:
+        return None
+    window_s = cfg.end_drain_s if obs.run_span_s is None else min(cfg.end_drain_s, obs.run_span_s / 4)
+    if obs.time_left_s > window_s:
+        return None
+    shortened = (f", a quarter of the job's {obs.run_span_s:.0f} s" if window_s < cfg.end_drain_s and obs.run_span_s
+                 else "")
+    return (f"the job's time limit is {max(0.0, obs.time_left_s):.0f} s away: every worker drains, finishing its "
+            f"rollout, and none is launched (workers.end_drain_s = {cfg.end_drain_s:g} s{shortened}); the "
+            "trainer takes what is buffered")
 
 
 def autoscales(state: ControlState) -> bool:

@@ -101,6 +101,8 @@ class JobInfo:
     cluster: str = ""  # the cluster's name (ClusterName)
     submit_time_s: int = 0  # when Slurm took the job (epoch s; a requeue sets it anew); 0 if unknown
     restart_count: int = 0  # how often Slurm requeued the job
+    start_time_s: int = 0  # when the job (its current run) started (epoch s); 0 if unknown
+    end_time_s: int = 0  # its time limit, as a time (epoch s; moves when the limit is changed); 0 if unknown
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -280,6 +282,8 @@ def parse_jobs_json(text: str) -> list[JobInfo]:
                 cluster=str(raw.get("cluster", "")),
                 submit_time_s=_int(raw.get("submit_time")),
                 restart_count=_int(raw.get("restart_cnt")),
+                start_time_s=_int(raw.get("start_time")),
+                end_time_s=_int(raw.get("end_time")),
                 raw=raw,
             )
         )

@@ -110,6 +110,7 @@ def job_info_from_pyslurm(job_id: int, fields: Mapping[str, Any]) -> JobInfo:
         gpus_by_node=gpus_by_node_from_layout(fields.get("layout") or {}),
         cluster=str(fields.get("cluster") or ""), submit_time_s=int(fields.get("submit_time") or 0),
         restart_count=int(fields.get("requeue_count") or 0),
+        start_time_s=int(fields.get("start_time") or 0), end_time_s=int(fields.get("end_time") or 0),
     )
 
 
@@ -217,7 +218,7 @@ class PySlurm:
             layout = {}
         fields = {key: getattr(job, key, None) for key in
                   ("name", "state", "allocated_nodes", "batch_host", "comment", "user_name", "partition",
-                   "cluster", "submit_time", "requeue_count")}
+                   "cluster", "submit_time", "requeue_count", "start_time", "end_time")}
         return job_info_from_pyslurm(job_id, {**fields, "layout": layout})
 
     def node_states(self, nodes: Sequence[str]) -> dict[str, NodeState]:

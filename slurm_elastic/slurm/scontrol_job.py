@@ -71,6 +71,7 @@ def job_info_from_scontrol(text: str) -> JobInfo:
         user_name=fields.get("UserId", "").partition("(")[0], partition=fields.get("Partition", ""),
         gpus_by_node=parse_scontrol_job_gpus(text), submit_time_s=_epoch_s(fields.get("SubmitTime", "")),
         restart_count=int(restarts) if restarts.isdigit() else 0,
+        start_time_s=_epoch_s(fields.get("StartTime", "")), end_time_s=_epoch_s(fields.get("EndTime", "")),
     )
 
 

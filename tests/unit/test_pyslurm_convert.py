@@ -39,7 +39,8 @@ def test_job_info_agrees_with_the_cli_parser_on_the_same_shape() -> None:
     fields = {"name": cli.name, "state": cli.state, "allocated_nodes": ",".join(cli.nodes),
               "batch_host": cli.batch_host, "comment": cli.comment, "user_name": cli.user_name,
               "partition": cli.partition, "cluster": cli.cluster, "submit_time": cli.submit_time_s,
-              "requeue_count": cli.restart_count, "layout": layout}
+              "requeue_count": cli.restart_count, "start_time": cli.start_time_s, "end_time": cli.end_time_s,
+              "layout": layout}
     assert job_info_from_pyslurm(cli.job_id, fields) == cli
 
 
