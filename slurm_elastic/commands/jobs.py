@@ -333,7 +333,10 @@ def stop(job_id: int, drain_timeout_s: float) -> None:
                + (f", burst jobs {', '.join(map(str, ended))} cancelled" if ended else ""))
     left = _other_steps(slurm, job_id)
     if left:
-        click.echo(f"job {job_id} still holds its allocation: steps {', '.join(left)} still run; "
+        trainer = (" (a trainer still pulling gets `ControllerStoppedError`: no more batches come; a "
+                   "`Trainer` loop that does not catch it exits non-zero, and the batch script with its status)"
+                   if any("se-trainer" in step for step in left) else "")
+        click.echo(f"job {job_id} still holds its allocation: steps {', '.join(left)} still run{trainer}; "
                    f"they end by themselves, or `scancel {job_id}` ends the job now", err=True)
 
 
