@@ -126,11 +126,13 @@ class TrainerSteps:
         self._held[batch] = fresh
 
     def acked(self, now_s: float, batch: Hashable = None) -> None:
-        """A batch was acknowledged; if an ask is outstanding, the trainer computed until now."""
+        """A batch was acknowledged. If an ask is outstanding, the trainer computed until now: its
+        wait begins now, and the window ends here."""
         if self._held.pop(batch, False):
             self._acked += 1
         if self._asked_s is not None:
             self._asked_s = max(self._asked_s, now_s)
+            self._close(self._asked_s)
 
     def asked(self, now_s: float) -> None:
         """The trainer asked for a batch (every poll): a wait begins, and a window ends where it
@@ -139,14 +141,20 @@ class TrainerSteps:
             self._asked_s = now_s
         if self._since_s is None:
             self._since_s = now_s
-        elif self._acked:
-            end_s = self._asked_s
-            compute_s = end_s - self._since_s - self._waited_s
-            if compute_s / self._acked >= MIN_STEP_S:
-                self._windows.append((compute_s, self._waited_s, self._acked))
-                while len(self._windows) > self.keep:
-                    self._windows.popleft()
-            self._since_s, self._waited_s, self._acked = end_s, 0.0, 0
+        else:
+            self._close(self._asked_s)
+
+    def _close(self, end_s: float) -> None:
+        """End the window in progress at ``end_s`` if a batch was acknowledged in it; counted
+        unless its compute per batch is under ``MIN_STEP_S``."""
+        if not self._acked or self._since_s is None:
+            return
+        compute_s = end_s - self._since_s - self._waited_s
+        if compute_s / self._acked >= MIN_STEP_S:
+            self._windows.append((compute_s, self._waited_s, self._acked))
+            while len(self._windows) > self.keep:
+                self._windows.popleft()
+        self._since_s, self._waited_s, self._acked = end_s, 0.0, 0
 
     def abandon(self) -> None:
         """A new trainer registered: the window in progress was its predecessor's, cut short (a

@@ -92,3 +92,13 @@ def test_a_trainer_that_pulls_four_batches_for_one_update_is_measured_per_batch(
             assert batch is not None and q.ack(batch[0])
     assert q.pull("p-next") is not None
     assert latest_step_s(q) == pytest.approx(2.5, abs=0.01)  # before: 10 s, a demand 4x too low
+
+
+def test_an_acknowledgement_after_the_next_ask_ends_the_step_at_once(tmp_path: Path) -> None:
+    clock = Clock()
+    q = filled(tmp_path, clock, n_groups=2)
+    batch = q.pull("p1")
+    clock.now_s += 0.5
+    assert batch is not None and q.pull("p2") is None  # asks for the next, then acknowledges
+    assert q.ack(batch[0])
+    assert q.stats()["trainer_step_s"] == pytest.approx(0.5)  # measured now, not at a later ask
