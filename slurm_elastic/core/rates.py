@@ -89,8 +89,9 @@ class TrainerSteps:
     an ask (a pull) to the batch handed out, and from an acknowledgement that comes while its ask is
     outstanding (it computed until then); all else is compute.
 
-    The time is cut into windows at the asks that follow an acknowledgement: each window's compute
-    (its length less its waits) ÷ the batches acknowledged in it is the compute time per batch. So
+    The time is cut into windows at the asks that follow an acknowledgement (and at an
+    acknowledgement while an ask is outstanding): each window's compute (its length less its
+    waits) ÷ the batches acknowledged in it is the compute time per batch. So
     one figure holds however a trainer orders its calls: pull, compute, acknowledge (one batch a
     window); acknowledge after the next pull; pull one ahead in a thread; pull four, update once,
     acknowledge four (a quarter of the update each); acknowledge ten after a checkpoint (a tenth of
