@@ -283,11 +283,17 @@ def parse_jobs_json(text: str) -> list[JobInfo]:
                 submit_time_s=_int(raw.get("submit_time")),
                 restart_count=_int(raw.get("restart_cnt")),
                 start_time_s=_int(raw.get("start_time")),
-                end_time_s=_int(raw.get("end_time")),
+                end_time_s=0 if _unlimited(raw.get("time_limit")) else _int(raw.get("end_time")),
                 raw=raw,
             )
         )
     return jobs
+
+
+def _unlimited(time_limit: Any) -> bool:
+    """A job's ``time_limit`` in Slurm's JSON says none (22.05: null; later: ``{"infinite": true}``):
+    its ``end_time`` is then a year after its start, not a limit (``scontrol`` says ``Unknown``)."""
+    return time_limit is None or (isinstance(time_limit, dict) and bool(time_limit.get("infinite")))
 
 
 def _int(value: Any) -> int:
