@@ -39,6 +39,11 @@ def _age(seconds: Any) -> str:
     return f"{s / 3600:.1f}h"
 
 
+def _not_below_zero(seconds: Any) -> Any:
+    """``seconds``, 0 if it is a number below 0 (a time limit just passed); anything else as it is."""
+    return max(0.0, seconds) if isinstance(seconds, (int, float)) else seconds
+
+
 def _cordons_by_cause(cordons: list[dict[str, Any]], now: float) -> dict[tuple[str, str, str, str], list[int]]:
     """The cordoned GPUs grouped by node, source, age and reason (a node Slurm takes out is one row)."""
     grouped: dict[tuple[str, str, str, str], list[int]] = {}
@@ -138,8 +143,9 @@ def render_status(job_id: int, status: dict[str, Any] | None, slurm_steps: list[
         return "\n".join(lines) + "\n"
     ctl = status.get("controller", status)
     decision = ctl.get("last_decision") or {}
+    left = ctl.get("time_limit_in_s")
     lines.append(f"controller: {ctl.get('controller_url', '?')}  up {_age(ctl.get('uptime_s'))}"
-                 f"  ticks {ctl.get('ticks', '?')}")
+                 f"  ticks {ctl.get('ticks', '?')}" + ("" if left is None else f"  time limit in {_age(_not_below_zero(left))}"))
     disabled = str(decision.get("reason", "")).startswith("autoscaler disabled")
     mode = ("wake-all" if ctl.get("wake_all") else "paused" if ctl.get("paused")
             else "autoscaler disabled" if disabled else "autoscaling")

@@ -183,5 +183,12 @@ class Trainer:
         result: dict[str, Any] = self._retry(self.client.global_status)
         return result
 
+    def time_limit_in_s(self) -> float | None:
+        """Seconds until the job's time limit as the controller last read it from Slurm (None: the job
+        has none). Every worker drains ``workers.end_drain_s`` before it, so a trainer that
+        checkpoints when this runs low loses no rollout and no step."""
+        left = self.status()["controller"].get("time_limit_in_s")
+        return None if left is None else float(left)
+
     def close(self) -> None:
         self.client.close()

@@ -196,9 +196,12 @@ class Controller(ControlPlane, StatusViews):
 
     def note_job_times(self, job: JobInfo) -> None:
         """Keep when the job started and when its time limit ends it (read at each allocation
-        check, so a limit raised by ``scontrol update`` is seen within ``allocation_check_s``)."""
+        check, so a limit raised by ``scontrol update`` is seen within ``allocation_check_s``). A running
+        job with no end (its limit set to ``UNLIMITED``) has none, so it is never drained for one."""
         if job.end_time_s > job.start_time_s > 0:
             self.job_times_s = (float(job.start_time_s), float(job.end_time_s))
+        elif job.start_time_s > 0 and job.end_time_s == 0:
+            self.job_times_s = None
 
     def check_node_states(self, now_s: float) -> dict[str, str]:
         """Read the states of the nodes the job and its burst jobs hold: every GPU of a node Slurm

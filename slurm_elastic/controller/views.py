@@ -4,6 +4,7 @@ worker, the servers' load, and the loop's own timing."""
 from __future__ import annotations
 
 import statistics
+import time
 from typing import Any
 
 from slurm_elastic.controller.base import ERROR_LIMIT, ControllerBase
@@ -40,6 +41,7 @@ class StatusViews(ControllerBase):
                 "manual_target": st.manual_target,
                 "wake_all": st.wake_all_active,
                 "last_decision": st.last_decision,
+                "time_limit_in_s": None if self.job_times_s is None else round(self.job_times_s[1] - time.time(), 1),
                 "workers_by_state": by_state,
                 "placeholders": sum(1 for w in st.workers.values() if w.placeholder and w.has_step),
                 "workers": [self._worker_view(w, now_s, slow) for w in sorted(st.workers.values(), key=lambda w: w.worker_id)

@@ -5,12 +5,15 @@ listing (tests/unit/test_controller_replay.py), the job's start and end as Slurm
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from slurm_elastic.core.lifecycle import WorkerState
 from slurm_elastic.slurm.parse import parse_jobs_json
 from slurm_elastic.slurm.scontrol_job import job_info_from_scontrol
 from slurm_elastic.status_view import render_status
+from slurm_elastic.trainer import Trainer
+from tests.unit.served_controller import ServedController
 from tests.unit.test_controller_replay import (
     DATA,
     JOB_ID,
@@ -72,3 +75,44 @@ def test_the_jobs_start_and_time_limit_are_read_from_slurm() -> None:
     assert (job.start_time_s, job.end_time_s) == (1795356660, 0)  # unlimited ("end_time": a year on): none
     unlimited = job_info_from_scontrol((DATA / "scontrol_job_two_nodes_22.05.txt").read_text())
     assert unlimited.start_time_s > 0 and unlimited.end_time_s == 0  # EndTime=Unknown: no drain
+
+
+def test_a_limit_lifted_to_unlimited_mid_run_stops_the_drain(tmp_path: Path) -> None:
+    """``scontrol update TimeLimit=UNLIMITED`` while the workers drain: the next allocation check reads
+    no end, and the workers come back."""
+    clock = Clock()
+    controller, backend = make(tmp_path, RUNNING, clock)
+    controller.tick()
+    register_all(controller, RUNNING)
+    job = parse_jobs_json((DATA / "squeue_job_22.05.json").read_text())[0]
+    controller.note_job_times(replace(job, end_time_s=int(time.time()) + 100))
+    controller.tick()
+    assert len(backend.signalled) == 3
+    backend.steps = [s for s in RUNNING if not s.name.startswith("se-w-")]
+    clock.now_s += 1.0
+    controller.tick()
+    assert backend.launched == []
+    controller.note_job_times(job)  # the same job, its limit now UNLIMITED: no end
+    assert controller.job_times_s is None
+    clock.now_s += 1.0
+    controller.tick()
+    assert len(backend.launched) == 3 and controller.state.last_decision["action"] != "drain"
+
+
+def test_the_trainer_and_status_read_the_time_left(tmp_path: Path) -> None:
+    """``time_limit_in_s`` in /global-status, the ``Trainer`` helper's ``time_limit_in_s()`` and the
+    ``controller:`` line of ``status``; None (and nothing shown) for a job without a limit."""
+    served = ServedController(tmp_path, "tok")
+    trainer = Trainer(served.url, "tok")
+    try:
+        assert trainer.time_limit_in_s() is None
+        assert "time limit" not in render_status(1, trainer.status())
+        served.controller.job_times_s = (time.time() - 60, time.time() + 600)
+        left = trainer.time_limit_in_s()
+        assert left is not None and 595 < left <= 600
+        assert "time limit in 10m" in render_status(1, trainer.status())
+        served.controller.job_times_s = (time.time() - 60, time.time() - 3)  # the limit just passed
+        assert "time limit in 0s" in render_status(1, trainer.status())
+    finally:
+        trainer.close()
+        served.close()
