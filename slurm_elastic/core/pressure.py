@@ -32,6 +32,7 @@ class QueueSnapshot:
     trainer_waiting: bool | None = None  # the trainer waits for a batch now (None: it has not asked yet)
     produced_seqs: int | None = None  # accepted over the last PRODUCTION_WINDOW_S (None: not counted)
     trainer_latest_step_s: float | None = None  # the last step's compute time (TrainerSteps.latest_step_s)
+    smallest_group_seqs: int | None = None  # of the last groups accepted (core.rates.GroupSizes)
 
 
 class QueueFeed(Protocol):
@@ -77,4 +78,5 @@ def pressure_inputs(queue: QueueSnapshot | None, workers: Mapping[WorkerState, i
         trainer_waiting=queue.trainer_waiting,
         in_flight_seqs=queue.in_flight_seqs, max_staleness=queue.max_staleness,
         staleness_capacity_seqs=queue.staleness_capacity_seqs, buffer_capacity_seqs=queue.buffer_capacity_seqs,
+        smallest_group_seqs=queue.smallest_group_seqs,
     )

@@ -18,6 +18,7 @@ import collections
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
+GROUP_SIZES_KEPT = 64  # the last groups accepted whose sizes GroupSizes keeps
 CONSUMPTION_WINDOW_S = 60.0  # the trainer's pulls
 PRODUCTION_WINDOW_S = 120.0  # accepted sequences and busy worker-seconds: a worker's production varies
 # with every rollout's length, and 60 s at a few workers holds too few rollouts to steady it
@@ -205,3 +206,17 @@ class TrainerSteps:
         waiting_s += sum(w[1] for w in self._windows)
         computing_s = compute_s + sum(w[0] for w in self._windows)
         return waiting_s / max(1e-9, waiting_s + computing_s)
+
+
+@dataclass
+class GroupSizes:
+    """The sizes of the last groups accepted [sequences]: the smallest is the least a rollout holds
+    of the staleness bound while it runs."""
+
+    _sizes: collections.deque[int] = field(default_factory=lambda: collections.deque(maxlen=GROUP_SIZES_KEPT))
+
+    def add(self, seqs: int) -> None:
+        self._sizes.append(seqs)
+
+    def smallest(self) -> int | None:
+        return min(self._sizes) if self._sizes else None

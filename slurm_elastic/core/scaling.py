@@ -52,6 +52,7 @@ from typing import Any
 from slurm_elastic.core.autoscaler_config import AutoscalerConfig
 from slurm_elastic.core.server_load import load_recommendation
 from slurm_elastic.core.speedup import SPEEDUP_LOOKBACK_S, UsualCount, speedup_resize
+from slurm_elastic.core.staleness import rollouts_at_once
 from slurm_elastic.core.stalls import StallMemory
 from slurm_elastic.core.startup import measured, sizing_step, startup_recommendation
 from slurm_elastic.core.swings import SwingMemory
@@ -74,6 +75,7 @@ class PressureInputs:
     max_staleness: int | None = None  # the queue's bound; None: the setpoint is not limited by it
     staleness_capacity_seqs: float | None = None
     buffer_capacity_seqs: float | None = None
+    smallest_group_seqs: int | None = None  # the smallest of the last groups accepted (None: none yet)
     workers_starting: int = 0
     workers_active: int = 0
     workers_draining: int = 0
@@ -117,6 +119,16 @@ def _fewer_workers(x: PressureInputs, current: int) -> tuple[float, str]:
         return demand / rate, (f"fewer workers, {demand / rate:.2f} for the trainer's demand {demand:.2f} seqs/s "
                                f"at {rate:.2f} per worker")
     return float(current - 1), "fewer workers"
+
+
+def staleness_ceiling(x: PressureInputs) -> int | None:
+    """The most workers that can run a rollout at once under the staleness bound (None: no bound,
+    or no group accepted yet to tell what a rollout holds); a worker above it waits at the
+    admission gate and generates nothing."""
+    if x.max_staleness is None or not x.smallest_group_seqs or x.batch_size <= 0:
+        return None
+    held = round((x.in_flight_seqs or 0) + (x.staleness_capacity_seqs or 0))
+    return rollouts_at_once(x.max_staleness, x.batch_size, held, x.smallest_group_seqs)
 
 
 def effective_setpoint_seqs(cfg: AutoscalerConfig, x: PressureInputs) -> float:
@@ -164,7 +176,8 @@ class Autoscaler:
         vote, period or cooldown made it (a hold while the trainer waits says why it holds)."""
         cfg = self.config
         current = x.workers_starting + x.workers_active  # draining workers are not capacity
-        ceiling = max(cfg.min_workers, min(cfg.max_workers, x.allowed_slots + 0))
+        room = staleness_ceiling(x)
+        ceiling = max(cfg.min_workers, min(cfg.max_workers, x.allowed_slots, room or x.allowed_slots))
         self.startup_step = self.direct_step = False
         if self.resuming:
             self.resumed_s = now_s if self.resumed_s is None else self.resumed_s
@@ -177,13 +190,20 @@ class Autoscaler:
         rec_load, why_load = load_recommendation(self.config, x.outstanding_requests, x.workers_active, current)
         if rec_load is not None and (rec is None or rec_load > rec):
             rec, why = rec_load, why_load
+        bound_by_room = room is not None and ceiling == room < min(cfg.max_workers, x.allowed_slots)
+        if bound_by_room and current > ceiling:  # those above it could not start a rollout: shed at once,
+            # a bound, not a move: no cooldown starts (the start-up's sizing step may follow)
+            return Decision(ceiling, "scale_down", f"{why}; the staleness bound lets {room} rollouts run at once "
+                            f"(max_staleness + 1 batches of {x.batch_size} in groups of {x.smallest_group_seqs}): "
+                            f"the workers above {room} could not start one", rec, *terms)
         if rec is None:
             return self._hold(current, ceiling, why, terms)
         starving = terms[0] is not None and terms[0] > 0
         despite = " although the trainer waits for rollouts" if starving else ""
         steady = min(max(current, cfg.min_workers), ceiling)  # what a hold keeps: within the bounds
         bounded = min(max(rec, cfg.min_workers), ceiling)
-        limit = (f"max_workers ({cfg.max_workers})" if cfg.max_workers <= x.allowed_slots
+        limit = (f"the staleness bound ({room} rollouts at once)" if bound_by_room
+                 else f"max_workers ({cfg.max_workers})" if cfg.max_workers <= x.allowed_slots
                  else f"the usable GPU slots ({x.allowed_slots})")
         if rec > ceiling and current <= ceiling and abs(bounded - current) <= cfg.deadband_workers:
             self.votes, self.votes_dir, self.direction_since_s = 0, 0, None
@@ -334,7 +354,8 @@ class Autoscaler:
             consumption, taken = _positive(x.trainer_demand_seqs_per_s) or 0.0, "demand"
         feed_forward = consumption / rate
         tentative = feed_forward + (p + cfg.ki * self.integral + d) / (rate * cfg.horizon_s)
-        saturated_up = tentative >= min(self.config.max_workers, x.allowed_slots) and ahead > 0
+        saturated_up = tentative >= min(self.config.max_workers, x.allowed_slots,
+                                        staleness_ceiling(x) or x.allowed_slots) and ahead > 0
         saturated_down = tentative <= self.config.min_workers and ahead < 0
         held_back = self.held_dir != 0 and (ahead > 0) == (self.held_dir > 0)
         if not (saturated_up or saturated_down or held_back):  # anti-windup: not while pinned or held back

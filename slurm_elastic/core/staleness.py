@@ -55,6 +55,14 @@ def max_version_step(max_staleness: int) -> int:
     return max_staleness + 1
 
 
+def rollouts_at_once(max_staleness: int, batch_size: int, held_seqs: int, smallest_group_seqs: int) -> int:
+    """The most rollouts the bound lets run at once: a rollout holds at least ``smallest_group_seqs``
+    of the capacity while it runs, and running + capacity is at most (max_staleness + 1)·batch_size
+    (the buffer empty); ``held_seqs`` (running + capacity now) where a trainer's versions ran ahead
+    of its batches and left more."""
+    return math.ceil(max((max_staleness + 1) * batch_size, held_seqs) / max(1, smallest_group_seqs))
+
+
 @dataclass
 class StalenessManager:
     batch_size: int

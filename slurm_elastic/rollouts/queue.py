@@ -21,7 +21,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from slurm_elastic.core.pressure import QueueSnapshot
-from slurm_elastic.core.rates import PRODUCTION_WINDOW_S, WindowRate
+from slurm_elastic.core.rates import PRODUCTION_WINDOW_S, GroupSizes, WindowRate
 from slurm_elastic.core.staleness import AdmissionLeases, StalenessManager, VersionRefused, is_stale
 from slurm_elastic.errors import StateFileError
 from slurm_elastic.rollouts.admissions import StalenessBook
@@ -60,6 +60,7 @@ class RolloutQueue:
         self.refused_stale_seqs = 0  # in groups refused at submit for their policy version (this run)
         self._stored_any = False  # rollouts arrived (in this run or an earlier one)
         self._accepts = WindowRate(PRODUCTION_WINDOW_S)
+        self._group_sizes = GroupSizes()
         self.book = StalenessBook(store, self._lock, config.batch_size, config.max_staleness, config.max_concurrent,
                                   config.admission_ttl_s)
         self.trainer = BatchHandout(store, config, clock, self._lock, self._queued, self.book)
@@ -185,6 +186,7 @@ class RolloutQueue:
                     now_s = self.clock()
                     self.book.accepted(worker_id, n_seqs, seq, now_s)
                     self._accepts.add(now_s, n_seqs)
+                    self._group_sizes.add(n_seqs)
             then(seq is not None, error)
 
         try:
@@ -277,7 +279,7 @@ class RolloutQueue:
                 self._queued.seqs, self.config.batch_size, self.trainer.pulls.rate(now_s), self._accepts.rate(now_s),
                 self.staleness.running, self.config.max_staleness, self.staleness.capacity(),
                 self.config.capacity_seqs, steps.step_s(now_s), steps.waiting(),
-                round(self._accepts.total(now_s)), steps.latest_step_s(now_s))
+                round(self._accepts.total(now_s)), steps.latest_step_s(now_s), self._group_sizes.smallest())
 
     def stats(self) -> dict[str, Any]:
         now_s, trainer = self.clock(), self.trainer

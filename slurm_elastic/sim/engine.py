@@ -106,6 +106,7 @@ class Simulation:
         self.grants = AdmissionLeases(self.staleness, self.trace.queue.admission_ttl_s)
         self.pulls = rates.WindowRate(rates.CONSUMPTION_WINDOW_S)
         self.accepts = rates.WindowRate(rates.PRODUCTION_WINDOW_S)
+        self.group_sizes = rates.GroupSizes()
         self.busy = rates.WindowRate(rates.PRODUCTION_WINDOW_S)  # busy worker-seconds reported by heartbeats
         self.trainer_steps = rates.TrainerSteps()
         self.admit_waiters: list[str] = []
@@ -186,7 +187,8 @@ class Simulation:
         return QueueSnapshot(self.queued_seqs, q.batch_size, self.pulls.rate(self.now_s), self.accepts.rate(self.now_s),
                              self.staleness.running, q.max_staleness, self.staleness.capacity(), q.capacity_seqs,
                              self.trainer_steps.step_s(self.now_s), self.trainer_steps.waiting(),
-                             round(self.accepts.total(self.now_s)), self.trainer_steps.latest_step_s(self.now_s))
+                             round(self.accepts.total(self.now_s)), self.trainer_steps.latest_step_s(self.now_s),
+                             self.group_sizes.smallest())
 
     def observe(self) -> Observation:
         """What the controller sees: every simulated step, the queue, the workers' busy time."""
@@ -334,6 +336,7 @@ class Simulation:
         self.queued_seqs += group
         self.grants.accept(proc.worker_id, group, self.now_s)
         self.accepts.add(self.now_s, group)
+        self.group_sizes.add(group)
         self.counters["generated"] += group
         self.records[proc.worker_id].rollouts += 1
         if self.trainer_waiting_since is not None:
