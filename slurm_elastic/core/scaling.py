@@ -52,9 +52,13 @@ from typing import Any
 from slurm_elastic.core.autoscaler_config import AutoscalerConfig
 from slurm_elastic.core.server_load import load_recommendation
 from slurm_elastic.core.speedup import SPEEDUP_LOOKBACK_S, UsualCount, speedup_resize
-from slurm_elastic.core.staleness import rollouts_at_once
 from slurm_elastic.core.stalls import StallMemory
-from slurm_elastic.core.startup import measured, sizing_step, startup_recommendation
+from slurm_elastic.core.startup import (
+    measured,
+    sizing_step,
+    staleness_ceiling,
+    startup_recommendation,
+)
 from slurm_elastic.core.swings import SwingMemory
 
 RESUME_SETTLE_S = 30.0  # a restarted controller's rates start again from nothing: held this long
@@ -119,16 +123,6 @@ def _fewer_workers(x: PressureInputs, current: int) -> tuple[float, str]:
         return demand / rate, (f"fewer workers, {demand / rate:.2f} for the trainer's demand {demand:.2f} seqs/s "
                                f"at {rate:.2f} per worker")
     return float(current - 1), "fewer workers"
-
-
-def staleness_ceiling(x: PressureInputs) -> int | None:
-    """The most workers that can run a rollout at once under the staleness bound (None: no bound,
-    or no group accepted yet to tell what a rollout holds); a worker above it waits at the
-    admission gate and generates nothing."""
-    if x.max_staleness is None or not x.smallest_group_seqs or x.batch_size <= 0:
-        return None
-    held = round((x.in_flight_seqs or 0) + (x.staleness_capacity_seqs or 0))
-    return rollouts_at_once(x.max_staleness, x.batch_size, held, x.smallest_group_seqs)
 
 
 def effective_setpoint_seqs(cfg: AutoscalerConfig, x: PressureInputs) -> float:

@@ -18,7 +18,8 @@ is known:
 - before the trainer has asked for anything: twice the current count, once per cooldown,
 
 bounded by what the staleness bound lets generate at once (when a worker's share of the sequences
-in flight is measured) and, as every decision is, by min/max workers and the usable GPU slots.
+in flight is measured) and, as every decision is, by min/max workers, the usable GPU slots and
+the rollouts the staleness bound lets run at once (:func:`staleness_ceiling`).
 
 Once both rates are measured, one **sizing step** sets ``ceil(demand / production)`` workers at
 once, up or down (no votes, stable period or step cap), and the control law takes over.
@@ -28,6 +29,8 @@ from __future__ import annotations
 
 import math
 from typing import TYPE_CHECKING
+
+from slurm_elastic.core.staleness import rollouts_at_once
 
 if TYPE_CHECKING:
     from slurm_elastic.core.autoscaler_config import AutoscalerConfig
@@ -67,6 +70,16 @@ def staleness_room_workers(x: PressureInputs) -> float | None:
         return None
     room_seqs = (x.max_staleness + 1) * x.batch_size - x.queued_seqs
     return max(1.0, room_seqs / (in_flight / x.workers_active))
+
+
+def staleness_ceiling(x: PressureInputs) -> int | None:
+    """The most workers that can run a rollout at once under the staleness bound, a bound on every
+    decision like ``max_workers`` (None: no bound, or no group accepted yet to tell what a rollout
+    holds); a worker above it waits at the admission gate and generates nothing."""
+    if x.max_staleness is None or not x.smallest_group_seqs or x.batch_size <= 0:
+        return None
+    held = round((x.in_flight_seqs or 0) + (x.staleness_capacity_seqs or 0))
+    return rollouts_at_once(x.max_staleness, x.batch_size, held, x.smallest_group_seqs)
 
 
 def startup_recommendation(cfg: AutoscalerConfig, x: PressureInputs, current: int,

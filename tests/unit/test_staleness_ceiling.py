@@ -8,8 +8,9 @@ import dataclasses
 from pathlib import Path
 
 from slurm_elastic.core.autoscaler_config import AutoscalerConfig
-from slurm_elastic.core.scaling import Autoscaler, PressureInputs, staleness_ceiling
+from slurm_elastic.core.scaling import Autoscaler, PressureInputs
 from slurm_elastic.core.staleness import rollouts_at_once
+from slurm_elastic.core.startup import staleness_ceiling
 from slurm_elastic.sim.engine import simulate
 from slurm_elastic.sim.output import load_trace
 from tests.unit.test_rollout_queue import make, submit
