@@ -193,8 +193,8 @@ class ControllerBase:
         with self.lock:
             ended = end_earlier_run(self.state.workers, self.job_id, self.clock())
             if ended:
-                log.warning("job %d was requeued: the %d workers of its earlier run ended with it; new ones are "
-                            "launched", self.job_id, len(ended))
+                log.warning("job %d was requeued: the %d worker%s of its earlier run ended with it; new ones are "
+                            "launched", self.job_id, len(ended), "" if len(ended) == 1 else "s")
                 self.save()
 
     def note_state(self, note: str) -> None:

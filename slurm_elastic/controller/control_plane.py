@@ -202,7 +202,7 @@ class ControlPlane(ControllerBase):
                 notes.append(f"above autoscaler.max_workers ({max_workers}): a manual target is not bound by it")
             if notes:
                 answer["note"] = "; ".join(notes)
-            return answer
+            return self._noting_drain(answer)
 
     def pause(self) -> dict[str, Any]:
         """Hold the target where it is; under wake-all or a manual target (both hold it already)
@@ -212,12 +212,13 @@ class ControlPlane(ControllerBase):
             st.paused = True
             self.save()
             if st.wake_all_active:
-                return {"paused": True, "note": "wake-all holds the count already (a worker on every usable GPU): "
-                                                "`scale N` holds N instead, `resume` gives the count back to the autoscaler"}
+                return self._noting_drain({
+                    "paused": True, "note": "wake-all holds the count already (a worker on every usable GPU): "
+                                            "`scale N` holds N instead, `resume` gives the count back to the autoscaler"})
             if st.manual_target is not None:
-                return {"paused": True, "note": f"the manual target {st.manual_target} holds the count already: "
-                                                "`resume` gives it back to the autoscaler"}
-            return {"paused": True}
+                return self._noting_drain({"paused": True, "note": f"the manual target {st.manual_target} holds the "
+                                                                   "count already: `resume` gives it back to the autoscaler"})
+            return self._noting_drain({"paused": True})
 
     def resume(self) -> dict[str, Any]:
         with self.lock:
@@ -226,9 +227,10 @@ class ControlPlane(ControllerBase):
             self.save()
             self.wake_loop()
             if not st.autoscaler.config.enabled:
-                return {"paused": False, "note": "the autoscaler is disabled in the job's configuration ([autoscaler] "
-                                                 "enabled = false): the count stays at the target until `scale`"}
-            return {"paused": False}
+                return self._noting_drain({
+                    "paused": False, "note": "the autoscaler is disabled in the job's configuration ([autoscaler] "
+                                             "enabled = false): the count stays at the target until `scale`"})
+            return self._noting_drain({"paused": False})
 
     def wake_all(self) -> dict[str, Any]:
         with self.lock:
@@ -236,7 +238,16 @@ class ControlPlane(ControllerBase):
             st.wake_all_active, st.manual_target, st.paused = True, None, True
             self.save()
             self.wake_loop()
-            return {"wake_all": True}
+            return self._noting_drain({"wake_all": True})
+
+    def _noting_drain(self, answer: dict[str, Any]) -> dict[str, Any]:
+        """``answer``, its note saying so while every worker drains before the job's time limit (call
+        under the lock): the count asked for applies once the limit is raised, not before."""
+        if self.state.last_decision.get("action") == "drain":
+            drain = ("the job's time limit is near: every worker drains and none is launched; this count applies "
+                     "if the limit is raised (scontrol update JobId=... TimeLimit=...)")
+            answer["note"] = f"{answer['note']}; {drain}" if answer.get("note") else drain
+        return answer
 
     def request_stop(self) -> dict[str, Any]:
         """End the loop (an operator's stop): the process exits 0 and worker steps keep running."""

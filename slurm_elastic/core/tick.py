@@ -211,13 +211,12 @@ def awaiting_first_reports(state: ControlState, now_s: float) -> set[str]:
 
 def desired_workers(state: ControlState, obs: Observation, allowed_slots: int, cfg: TickConfig, now_s: float,
                     on_cordoned: int = 0) -> int:
-    """0 when the job's time limit is near (:func:`end_drain_reason`; the target is kept for a
-    raised limit); else wake-all (a worker on every allowed GPU, plus the ``on_cordoned`` workers
-    kept on cordoned ones), else the operator's target, else (unless paused) the autoscaler's
-    decision, whose ceiling counts those kept workers too."""
-    if (near_end := end_drain_reason(obs, cfg)) is not None:
-        state.last_decision = {"action": "drain", "reason": near_end}
-        return 0
+    """0 when the job's time limit is near (:func:`end_drain_reason`); the target kept for a raised
+    limit is then the operator's (wake-all, ``scale``) or the autoscaler's last. Otherwise
+    wake-all (a worker on every allowed GPU, plus the ``on_cordoned`` workers kept on cordoned
+    ones), else the operator's target, else (unless paused) the autoscaler's decision, whose
+    ceiling counts those kept workers too."""
+    near_end = end_drain_reason(obs, cfg)
     if state.wake_all_active:
         state.target_workers = allowed_slots + on_cordoned
         kept = f", and the {on_cordoned} kept on cordoned GPUs" if on_cordoned else ""
@@ -225,6 +224,8 @@ def desired_workers(state: ControlState, obs: Observation, allowed_slots: int, c
     elif state.manual_target is not None:
         state.target_workers = state.manual_target
         state.last_decision = {"action": "hold", "reason": f"manual target {state.manual_target} (autoscaler paused)"}
+    elif near_end is not None:
+        pass  # the autoscaler's last target is kept for a raised limit
     elif state.paused:
         state.last_decision = {"action": "hold", "reason": f"autoscaler paused at {state.target_workers}"}
     elif not state.autoscaler.config.enabled:
@@ -241,6 +242,9 @@ def desired_workers(state: ControlState, obs: Observation, allowed_slots: int, c
             return state.target_workers
         state.target_workers = decision.target_workers
         state.last_decision = decision.to_dict()
+    if near_end is not None:  # none runs before a raised limit
+        state.last_decision = {"action": "drain", "reason": near_end}
+        return 0
     return state.target_workers
 
 

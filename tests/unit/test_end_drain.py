@@ -116,3 +116,32 @@ def test_the_trainer_and_status_read_the_time_left(tmp_path: Path) -> None:
     finally:
         trainer.close()
         served.close()
+
+
+def test_scale_and_wake_all_during_the_drain_set_the_count_to_come_back_to(tmp_path: Path) -> None:
+    """Nothing is launched before a raised limit; the answer says so, and status names the
+    operator's count (not the autoscaler's last) as the one to come back to."""
+    clock = Clock()
+    controller, backend = make(tmp_path, RUNNING, clock)
+    controller.tick()
+    register_all(controller, RUNNING)
+    controller.job_times_s = (time.time() - 3600, time.time() + 100)
+    controller.tick()
+    assert len(backend.signalled) == 3
+    answer = controller.scale(2)
+    assert "the job's time limit is near" in answer["note"], answer
+    clock.now_s += 1.0
+    controller.tick()
+    assert backend.launched == [] and controller.state.target_workers == 2
+    text = render_status(JOB_ID, {"controller": controller.status()}, now_s=controller.clock())
+    assert "target: 0 workers (draining before the job's time limit; then 2)" in text, text
+    assert "the job's time limit is near" in controller.wake_all()["note"]
+    assert "the job's time limit is near" in controller.pause()["note"]
+    clock.now_s += 1.0
+    controller.tick()
+    assert backend.launched == [] and controller.state.target_workers == controller.usable_slots
+    assert "the job's time limit is near" in controller.resume()["note"]
+    controller.job_times_s = (time.time() - 3600, time.time() + 3600)  # raised: the autoscaler decides again
+    clock.now_s += 1.0
+    controller.tick()
+    assert controller.state.last_decision["action"] != "drain" and backend.launched

@@ -34,6 +34,24 @@ def test_the_example_is_one_rendered_instance() -> None:
         "> examples/elastic_rl.sbatch")
 
 
+def test_the_config_may_be_named_as_the_argument_and_a_relative_one_survives_the_set_ups_cd(tmp_path: Path) -> None:
+    by_argument = CliRunner().invoke(main, ["render", "examples/elastic.toml"])
+    assert by_argument.exit_code == 0 and by_argument.output == (REPO / "examples" / "elastic_rl.sbatch").read_text()
+    neither = CliRunner().invoke(main, ["render"])
+    assert neither.exit_code == 2 and "name the job's config" in neither.output
+    both = CliRunner().invoke(main, ["render", "a.toml", "--config", "b.toml"])
+    assert both.exit_code == 2 and "two configs named" in both.output
+    config = parse_config({"job": {"trainer_command": "python train.py", "setup": "cd /"},
+                           "workers": {"command": "python worker.py"}})
+    script = render_sbatch(config, "cfg/job.toml")
+    start = script.index("CONFIG=")
+    head = script[start:script.index("supervise_controller()")]  # the config's path and the set-up
+    assert "cd /" in head
+    out = subprocess.run(["bash", "-c", head + 'echo "$CONFIG"'], cwd=tmp_path, capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == f"{tmp_path}/cfg/job.toml"
+
+
 def test_render_needs_a_trainer() -> None:
     with pytest.raises(ConfigError, match=r"job\.trainer_command is empty"):
         render_sbatch(parse_config({}), "x.toml")
