@@ -45,9 +45,12 @@ def worker(command: tuple[str, ...]) -> None:
 @click.option("--grace-s", default=300.0, show_default=True, type=Seconds(0),
               help="End after the controller is silent this long.")
 @click.option("--interval-s", default=10.0, show_default=True, type=Seconds(0.1), help="Seconds between probes.")
-def burst_watch(state_dir: Path, grace_s: float, interval_s: float) -> None:
-    """The batch script of a burst job: hold its GPUs; end it once the controller stays unreachable."""
+@click.option("--parent-job-id", default=None, type=click.IntRange(min=1),
+              help="End at once when the controller is silent and Slurm lists this job no more.")
+def burst_watch(state_dir: Path, grace_s: float, interval_s: float, parent_job_id: int | None) -> None:
+    """The batch script of a burst job: hold its GPUs; end it once the controller stays unreachable
+    (or is, and the parent job has ended)."""
     from slurm_elastic.worker.burst_watch import run_watch
 
     logging.getLogger().setLevel(logging.INFO)
-    sys.exit(run_watch(state_dir, grace_s, interval_s))
+    sys.exit(run_watch(state_dir, grace_s, interval_s, parent_job_id))

@@ -348,6 +348,8 @@ class Controller(ControlPlane, StatusViews):
             elif (worker.state is WorkerState.INACTIVE and worker.job_id != self.job_id and worker.history
                   and worker.history[-1][0] >= recent_s and worker.history[-1][3] == EXITED_CLEANLY):
                 ending.add(worker.job_id)  # left a burst job unasked: Slurm signalled its end
+            if worker.job_id != self.job_id and worker.drained_by_its_step and worker.state is WorkerState.DRAINING:
+                ending.add(worker.job_id)  # the drain signal reached it from outside: Slurm's (a preemption, the limit)
         slurm_cordoned = self.state.cordons.cordoned_by("slurm")
         ours = set().union(*(self.state.cordons.cordoned_by(s) for s in NOT_SLURM_CORDONS))
 
@@ -362,7 +364,7 @@ class Controller(ControlPlane, StatusViews):
             self.burst_node_gpus.update((n, gpus) for n, gpus in gpus_by_node.items() if gpus)
         exclude = tuple(sorted(n for n, gpus in self.burst_node_gpus.items()  # a new burst job would get them again
                                if all((n, g) in ours for g in gpus)))  # (Slurm keeps its drained nodes out itself)
-        return {"target_workers": self.state.target_workers, "ending_jobs": frozenset(ending),
+        return {"target_workers": result.desired, "ending_jobs": frozenset(ending),  # 0 before the job's time limit
                 "out_of_use_jobs": out_of_use, "exclude_nodes": exclude,
                 "allocation_slots": result.slots_once_heard[0] if result.slots_once_heard else 0,
                 "workers_by_job": dict(live), "draining_by_job": dict(draining), "now_s": now_s}

@@ -22,11 +22,11 @@ from slurm_elastic.controller.burst_jobs import (
     worker_slots_per_job,
 )
 from slurm_elastic.controller.config import BurstSection, load_config, parse_config
-from slurm_elastic.errors import ConfigError
+from slurm_elastic.errors import ConfigError, SlurmCommandError
 from slurm_elastic.render import render_burst_script
 from slurm_elastic.slurm.cli_backend import step_launch_environ
-from slurm_elastic.slurm.parse import FIELD_SEP, parse_job_lines
-from slurm_elastic.worker.burst_watch import controller_answers, watch
+from slurm_elastic.slurm.parse import FIELD_SEP, QueuedJob, parse_job_lines
+from slurm_elastic.worker.burst_watch import controller_answers, parent_ended, watch
 from slurm_elastic.worker.wrapper import Flags, install_handlers
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -175,6 +175,49 @@ def test_the_watch_ends_after_the_grace_and_a_single_answer_restarts_it() -> Non
     reason = watch(Path("/nowhere"), grace_s=25.0, interval_s=10.0, stop=Clockwork(),
                    answers=lambda _d: next(answers), clock=lambda: now[0])
     assert "unreachable for 30 s" in reason and now[0] == 60.0  # the last answer came at t=30
+
+
+def test_the_watch_ends_at_once_when_the_controller_is_silent_and_the_parent_job_is_over() -> None:
+    """A cancelled parent took its controller with it: the burst job does not hold its GPUs for the
+    grace (300 s by default), and one that starts after its parent ended ends at its first probe."""
+    now = [0.0]
+    asked: list[float] = []
+
+    class Clockwork(threading.Event):
+        def wait(self, timeout: float | None = None) -> bool:
+            now[0] += 10.0
+            return False
+
+    def parent_over() -> str | None:
+        asked.append(now[0])
+        return "parent job 7 is CANCELLED" if now[0] >= 20 else None
+
+    answers = iter([True, False, False, False])
+    reason = watch(Path("/nowhere"), grace_s=300.0, interval_s=10.0, stop=Clockwork(),
+                   answers=lambda _d: next(answers), clock=lambda: now[0], parent_over=parent_over)
+    assert reason == "controller unreachable and parent job 7 is CANCELLED: ending this burst job"
+    assert asked == [10.0, 20.0]  # Slurm is asked only while the controller is silent
+
+
+class ListsJobs:
+    def __init__(self, jobs: list[QueuedJob] | None = None, fails: bool = False) -> None:
+        self.jobs, self.fails = jobs or [], fails
+
+    def list_jobs(self, job_ids: list[int]) -> list[QueuedJob]:
+        if self.fails:
+            raise SlurmCommandError(["squeue"], 1, "", "slurm_load_jobs error: Socket timed out")
+        return self.jobs
+
+
+@pytest.mark.parametrize(("backend", "says"), [
+    (ListsJobs([]), "parent job 7 is gone from Slurm's queue"),
+    (ListsJobs([QueuedJob(7, "COMPLETING", (), 0, "", "", 1, "p", "n", "")]), "parent job 7 is COMPLETING"),
+    (ListsJobs([QueuedJob(7, "RUNNING", (), 0, "", "", 1, "p", "n", "")]), None),
+    (ListsJobs([QueuedJob(7, "PENDING", (), 0, "", "", 1, "p", "n", "")]), None),  # requeued: the grace decides
+    (ListsJobs(fails=True), None),  # Slurm does not answer: the grace decides
+])
+def test_the_parent_job_is_over_when_slurm_lists_it_ending_or_no_more(backend: ListsJobs, says: str | None) -> None:
+    assert parent_ended(7, backend) == says  # type: ignore[arg-type]
 
 
 def test_the_watch_asks_the_real_controller_with_the_jobs_token(tmp_path: Path) -> None:

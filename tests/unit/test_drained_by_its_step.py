@@ -65,3 +65,21 @@ def test_a_burst_worker_drained_by_its_step_marks_its_job_as_ending() -> None:
                   (own, burst), 0.0)
     assert state.workers["0003"].state is S.DRAINING  # the job is ending: its other worker drains
     assert not [a for a in result.actions if isinstance(a, Launch) and a.job_id == 9]
+
+
+def test_the_burst_manager_hears_of_a_job_ending_from_its_first_drained_worker(tmp_path: Path) -> None:
+    """The controller's inputs to the burst decision name the job as ending from that heartbeat on
+    (the manager keeps it for good: no worker is placed there again once its drained ones have
+    left, which a preempted job's new workers were, killed mid-rollout); and before the job's time
+    limit, the target it gets is the tick's 0, not the one kept for a raised limit."""
+    from slurm_elastic.core.tick import TickResult
+
+    config = parse_config({"agent": {"enabled": False}, "burst": {"max_jobs": 1, "gpus_per_job": 2}})
+    ctl = Controller(config, 7, ListedSteps(), tmp_path / "state", gpus_by_node={"a1": (0,)})  # type: ignore[arg-type]
+    ctl.state.workers["0002"] = Worker("0002", state=S.DRAINING, job_id=19, step_id="0", node="b1", gpus=(0,),
+                                       drained_by_its_step=True)
+    ctl.state.workers["0003"] = Worker("0003", state=S.ACTIVE, job_id=19, step_id="1", node="b1", gpus=(1,))
+    ctl.state.target_workers = 3
+    inputs = ctl.burst_inputs(TickResult(desired=3), {19: {"b1": (0, 1)}}, 10.0)
+    assert inputs["ending_jobs"] == {19} and inputs["target_workers"] == 3
+    assert ctl.burst_inputs(TickResult(desired=0), {19: {"b1": (0, 1)}}, 11.0)["target_workers"] == 0
