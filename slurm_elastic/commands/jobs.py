@@ -319,6 +319,14 @@ def stop(job_id: int, drain_timeout_s: float) -> None:
     except StoppedByOperatorError as exc:
         click.echo(f"job {job_id}: its controller was stopped already (slurm-elastic stop, {exc.when})")
         return
+    except JobEndedError as exc:  # nothing to stop; burst jobs it left (they end by themselves soon) go now
+        try:
+            ended = SlurmCli().cancel_burst_jobs(job_id)
+        except SlurmError as slurm_exc:
+            raise click.ClickException(f"{exc}; its burst jobs could not be cancelled: {slurm_exc}") from None
+        click.echo(f"{str(exc).split(';')[0]}: nothing to stop"
+                   + (f"; burst jobs {', '.join(map(str, ended))} it left were cancelled" if ended else ""))
+        return
     try:
         _wait_for(job_id, lambda ctl: not any(w.get("state") in ("STARTING", "ACTIVE", "DRAINING")
                                               and not w.get("placeholder") for w in ctl.get("workers", [])),
