@@ -9,6 +9,7 @@ from pathlib import Path
 import jinja2
 
 from slurm_elastic.controller.config import ElasticConfig, check_worker_command
+from slurm_elastic.controller.burst_config import split_excludes
 from slurm_elastic.core.burst import burst_job_comment, burst_job_name
 from slurm_elastic.errors import ConfigError
 from slurm_elastic.resources import templates_dir
@@ -44,6 +45,7 @@ def render_burst_script(config: ElasticConfig, parent_job_id: int, state_dir: Pa
     CPUs and memory of the workers that fit, and watches the controller through ``state_dir``;
     not on ``exclude_nodes`` (every GPU there is cordoned)."""
     burst, workers = config.burst, config.workers
+    user_excludes, extra_options = split_excludes(burst.extra_sbatch_options)
     gpus_per_node = burst.gpus_per_job // burst.nodes_per_job
     workers_per_node = gpus_per_node // workers.gpus_per_worker if workers.gpus_per_worker else 1
     return _templates().get_template("burst_job.sbatch.j2").render(
@@ -59,5 +61,6 @@ def render_burst_script(config: ElasticConfig, parent_job_id: int, state_dir: Pa
         python=shlex.quote(python),
         state_dir=shlex.quote(str(state_dir)),
         grace_s=f"{burst.controller_unreachable_grace_s:g}",
-        exclude_nodes=",".join(exclude_nodes),
+        exclude_nodes=",".join(dict.fromkeys([*user_excludes, *exclude_nodes])),
+        extra_options=extra_options,
     )

@@ -26,8 +26,18 @@ RESERVED_SBATCH_OPTIONS: dict[str, str] = {
     "account": "set burst.account",
     "time": "set burst.time_limit",
 }
+# Options that break what a burst job is for: a job that starts when submitted and runs its script.
+REFUSED_SBATCH_OPTIONS: dict[str, str] = {
+    "hold": "a held burst job would never start",
+    "test-only": "nothing would be submitted",
+    "array": "each burst job is one job",
+    "wrap": "the burst job runs its own script",
+    "begin": "a burst job is asked for when it is needed, to start then",
+    "dependency": "a burst job is asked for when it is needed, to start then",
+}
 RESERVED_SHORT_OPTIONS = {"J": "job-name", "o": "output", "N": "nodes", "G": "gpus", "c": "cpus-per-task",
-                          "p": "partition", "q": "qos", "A": "account", "t": "time"}
+                          "p": "partition", "q": "qos", "A": "account", "t": "time",
+                          "H": "hold", "a": "array", "b": "begin", "d": "dependency"}
 # One argument: ``--name=value`` or ``-Xvalue``; no whitespace, quotes or shell characters.
 _OPTION = re.compile(r"(--(?P<long>[A-Za-z][A-Za-z0-9-]*)|-(?P<short>[A-Za-z]))(?P<rest>[^\s\"'`$;\\]*)", re.ASCII)
 SLURM_NAMES = re.compile(r"[A-Za-z0-9_.,-]*", re.ASCII)  # partition, QOS and account names (lists: commas)
@@ -83,6 +93,9 @@ def check_sbatch_option(option: str) -> None:
         raise ValueError(f"not an sbatch option: {option!r} (write each as one --name=value, without spaces, "
                          "quotes, newlines or shell characters)")
     long_name, short = match.group("long"), match.group("short")
+    if long_name is not None and long_name != "exclude" and "exclude".startswith(long_name.lower()) \
+            and len(long_name) >= 2:
+        raise ValueError(f"{option!r}: write --exclude=NODES in full (the controller adds the nodes it keeps out)")
     if short is not None:
         if short in RESERVED_SHORT_OPTIONS:
             long_name = RESERVED_SHORT_OPTIONS[short]
@@ -90,11 +103,29 @@ def check_sbatch_option(option: str) -> None:
             return
     name = long_name.lower()
     # sbatch takes any unambiguous prefix of a long option (--job=x is --job-name=x)
-    reserved = [full for full in RESERVED_SBATCH_OPTIONS if full == name or (len(name) >= 2 and full.startswith(name))]
-    if reserved:
-        full = min(reserved, key=len)
+    known = {**RESERVED_SBATCH_OPTIONS, **REFUSED_SBATCH_OPTIONS}
+    matched = [full for full in known if full == name or (len(name) >= 2 and full.startswith(name))]
+    if matched:
+        full = min(matched, key=len)
+        if full in REFUSED_SBATCH_OPTIONS:
+            raise ValueError(f"{option!r}: --{full} is refused in a burst job ({REFUSED_SBATCH_OPTIONS[full]})")
         raise ValueError(f"{option!r} would override --{full}, which the burst script sets itself "
                          f"({RESERVED_SBATCH_OPTIONS[full]})")
+
+
+def split_excludes(options: list[str]) -> tuple[list[str], list[str]]:
+    """The nodes of the ``--exclude=NODES`` and ``-xNODES`` among ``options`` (checked by
+    :func:`check_sbatch_option`), and the other options: the burst script writes one ``--exclude``
+    with these and the controller's (sbatch keeps only the last of several)."""
+    nodes, rest = [], []
+    for option in options:
+        if option.startswith("--exclude="):
+            nodes.append(option.removeprefix("--exclude="))
+        elif option.startswith("-x"):
+            nodes.append(option.removeprefix("-x").removeprefix("="))
+        else:
+            rest.append(option)
+    return [n for n in nodes if n], rest
 
 
 class BurstSection(BaseModel):

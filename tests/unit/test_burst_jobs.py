@@ -60,6 +60,13 @@ def test_burst_is_off_by_default_and_bad_tables_name_the_key() -> None:
     ({"extra_sbatch_options": ["--comment=mine"]}, "burst.extra_sbatch_options", "override --comment"),
     ({"extra_sbatch_options": ["--signal=KILL@1"]}, "burst.extra_sbatch_options", "override --signal"),
     ({"extra_sbatch_options": ["--time=1:00:00"]}, "burst.extra_sbatch_options", "set burst.time_limit"),
+    ({"extra_sbatch_options": ["--excl=node1"]}, "burst.extra_sbatch_options", "write --exclude=NODES in full"),
+    ({"extra_sbatch_options": ["--hold"]}, "burst.extra_sbatch_options", "--hold is refused in a burst job"),
+    ({"extra_sbatch_options": ["--test-only"]}, "burst.extra_sbatch_options", "nothing would be submitted"),
+    ({"extra_sbatch_options": ["--array=0-3"]}, "burst.extra_sbatch_options", "each burst job is one job"),
+    ({"extra_sbatch_options": ["--wrap=true"]}, "burst.extra_sbatch_options", "runs its own script"),
+    ({"extra_sbatch_options": ["--begin=now+1hour"]}, "burst.extra_sbatch_options", "--begin is refused"),
+    ({"extra_sbatch_options": ["-dafterok:5"]}, "burst.extra_sbatch_options", "--dependency is refused"),
     ({"extra_sbatch_options": ["--constraint=a100\nrm -rf ~"]}, "burst.extra_sbatch_options", "not an sbatch option"),
     ({"extra_sbatch_options": ["--constraint=a100; reboot"]}, "burst.extra_sbatch_options", "not an sbatch option"),
     ({"extra_sbatch_options": ["--constraint=$(reboot)"]}, "burst.extra_sbatch_options", "not an sbatch option"),
@@ -103,6 +110,17 @@ def test_every_burst_key_is_read_where_burst_jobs_are_made() -> None:
                                            ROOT / "slurm_elastic" / "controller" / "burst_jobs.py"))
     for key in BurstSection.model_fields:
         assert re.search(rf"\bburst\.{key}\b", text), f"burst.{key} is accepted but never read"
+
+
+def test_the_users_excluded_nodes_join_the_controllers_in_one_exclude() -> None:
+    """sbatch keeps only the last of several --exclude: one line holds both, or the user's would
+    undo the controller's (nodes whose every GPU is cordoned)."""
+    config = parse_config({"workers": {"command": "w"}, "burst": {
+        "max_jobs": 1, "extra_sbatch_options": ["--exclude=node9", "--constraint=a100", "-xnode[3-4]"]}})
+    text = render_burst_script(config, 7, Path("/s/7"), exclude_nodes=("node2", "node9"))
+    assert [line for line in text.splitlines() if "exclude" in line.lower() and line.startswith("#SBATCH")] == [
+        "#SBATCH --exclude=node9,node[3-4],node2"]
+    assert "#SBATCH --constraint=a100" in text
 
 
 def test_the_burst_script_matches_its_golden_file(tmp_path: Path) -> None:
