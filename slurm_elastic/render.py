@@ -8,8 +8,8 @@ from pathlib import Path
 
 import jinja2
 
-from slurm_elastic.controller.config import ElasticConfig, check_worker_command
 from slurm_elastic.controller.burst_config import split_excludes
+from slurm_elastic.controller.config import ElasticConfig, check_worker_command
 from slurm_elastic.core.burst import burst_job_comment, burst_job_name
 from slurm_elastic.errors import ConfigError
 from slurm_elastic.resources import templates_dir
