@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -89,14 +90,40 @@ def test_a_burst_job_ends_itself_when_the_controller_does_not_answer(devcluster:
     jobs.cancel(burst)  # an ended job: no error
 
 
+def test_a_burst_job_ends_at_its_first_probe_once_its_parent_job_is_over(devcluster: DevCluster, slurm: SlurmCli,
+                                                                          tmp_path: Path) -> None:
+    """The controller silent and Slurm listing the parent no more: the grace (here 600 s) is not
+    waited; while the parent runs it is."""
+    config = parse_config({"burst": {"max_jobs": 1, "gpus_per_job": 1, "controller_unreachable_grace_s": 600}})
+    parent = int(run_command(["sbatch", "--parsable", "--job-name=burst-parent", "--output=/dev/null", "--mem=64",
+                              "--wrap", "sleep 900"]).stdout.strip().split(";")[0])
+    jobs = BurstJobs(slurm, config, parent, tmp_path / "state")  # no controller published there
+    burst = jobs.submit()
+    try:
+        wait_for(lambda: [j.state for j in jobs.listed() if j.job_id == burst] == ["RUNNING"], 30,
+                 "the burst job to run")
+        time.sleep(12)  # a probe or two while the parent runs: the grace holds it
+        assert not gone(burst)
+        slurm.cancel_job(parent)
+        wait_for(lambda: gone(burst), 40, "the burst job to end at its next probe")
+        out = (tmp_path / "state" / "burst" / f"burst-{burst}.out").read_text()
+        assert f"controller unreachable and parent job {parent} is" in out, out
+    finally:
+        jobs.cancel(burst)
+        slurm.cancel_job(parent)
+
+
 def test_the_manager_submits_releases_through_slurm_is_adopted_after_a_restart_and_cancelled(
         devcluster: DevCluster, slurm: SlurmCli, tmp_path: Path) -> None:
     config = parse_config({"burst": {"max_jobs": 2, "gpus_per_job": 2, "submit_cooldown_s": 0,
                                      "partition": devcluster.spec.preempt_partition,
                                      "controller_unreachable_grace_s": 600}})
+    # a parent Slurm lists as running: with none, its burst jobs would end at their first probe
+    parent = int(run_command(["sbatch", "--parsable", "--job-name=burst-parent", "--output=/dev/null", "--mem=64",
+                              "--wrap", "sleep 900"]).stdout.strip().split(";")[0])
 
     def manager() -> BurstManager:
-        made = BurstManager(BurstJobs(slurm, config, 888888, tmp_path / "state"), burst_policy(config), 1)
+        made = BurstManager(BurstJobs(slurm, config, parent, tmp_path / "state"), burst_policy(config), 1)
         made.observe()
         return made
     first = manager()
@@ -117,23 +144,24 @@ def test_the_manager_submits_releases_through_slurm_is_adopted_after_a_restart_a
             run_command(["scontrol", "update", f"JobId={job_id}", "Comment=my own note"])
         restarted.observe()
         assert sorted(j.job_id for j in restarted.listed) == [a, b] and restarted.releasing == {b}
-        assert comment_of(a) == burst_job_comment(888888) and comment_of(b) == burst_job_comment(888888, True)
+        assert comment_of(a) == burst_job_comment(parent) and comment_of(b) == burst_job_comment(parent, True)
         run_command(["scontrol", "update", f"JobId={a}", "JobName=my own job"])  # a rename: found by id, named back
         restarted.observe()
         assert sorted(j.job_id for j in restarted.listed) == [a, b]
-        assert run_command(["squeue", "-h", "-j", str(a), "-o", "%j"]).stdout.strip() == "elastic-burst-888888"
+        assert run_command(["squeue", "-h", "-j", str(a), "-o", "%j"]).stdout.strip() == f"elastic-burst-{parent}"
         run_command(["scontrol", "update", f"JobId={a}", "JobName=my own job", "Comment=my own note"])
         started_after = manager()  # a controller started after both changes finds a by its script
         assert sorted(j.job_id for j in started_after.listed) == [a, b]
-        assert comment_of(a) == burst_job_comment(888888)
-        assert run_command(["squeue", "-h", "-j", str(a), "-o", "%j"]).stdout.strip() == "elastic-burst-888888"
+        assert comment_of(a) == burst_job_comment(parent)
+        assert run_command(["squeue", "-h", "-j", str(a), "-o", "%j"]).stdout.strip() == f"elastic-burst-{parent}"
         again = manager()  # the mark is in Slurm: another restart knows b is being emptied
         assert again.releasing == {b}
         assert [r["state"] for r in again.status_rows({a: 2})] == ["RUNNING", "RELEASING"]
         assert again.step(target_workers=6, allocation_slots=4, workers_by_job={a: 2}, draining_by_job={},
                           now_s=3).cancel == (b,)
         wait_for(lambda: gone(b), 30, f"burst job {b} to end")
-        assert slurm.cancel_burst_jobs(888888) == [a]  # what `slurm-elastic stop` and the epilog run
+        assert slurm.cancel_burst_jobs(parent) == [a]  # what `slurm-elastic stop` and the epilog run
         wait_for(lambda: gone(a), 30, f"burst job {a} to end")
     finally:
-        slurm.cancel_burst_jobs(888888)
+        slurm.cancel_burst_jobs(parent)
+        slurm.cancel_job(parent)
