@@ -172,6 +172,9 @@ class BurstManager:
         listed_ids = {j.job_id for j in self.listed}
         new_ending = (set(ending_jobs) & listed_ids) - self._ending - self._given_back
         self.counters.lost += len(new_ending)  # preempted or at its time limit: lost to the pool
+        for job_id in sorted(new_ending):
+            log.warning("burst job %d is ending (Slurm's drain signal reached its workers: a preemption or its "
+                        "time limit): counted lost; nothing new goes there", job_id)
         drained = (set(out_of_use_jobs) & listed_ids) - self._ending - self._given_back
         for job_id in sorted(drained):
             log.warning("burst job %d: none of its GPUs can take a worker (its nodes out of use in Slurm, or "
@@ -183,7 +186,11 @@ class BurstManager:
         current = core_jobs(self.listed, self.policy.worker_slots_per_job, workers_by_job, draining_by_job)
         releasing = self.releasing | self._ending
         self._given_back |= releasing
-        self.counters.lost += len(lost_jobs(self._previous, current, frozenset(self._given_back)))
+        gone = lost_jobs(self._previous, current, frozenset(self._given_back))
+        for job_id in gone:
+            log.warning("burst job %d ended before it was given back (preempted, timed out, or cancelled from "
+                        "outside): counted lost", job_id)
+        self.counters.lost += len(gone)
         self._given_back &= listed_ids  # gone from Slurm's listing: nothing more to tell about it
         self._account(current, workers_by_job, now_s)
         self._previous = current

@@ -55,7 +55,7 @@ class _Snapshot(Collector):
             ("tick_seconds", "Wall time of all reconcile ticks", ctl["tick_duration_s"]["total_s"]),
             ("burst_gpu_seconds_held", "GPU-seconds running burst jobs held", burst.get("gpu_s_held")),
             ("burst_gpu_seconds_used", "GPU-seconds workers had in burst jobs", burst.get("gpu_s_used")),
-            ("burst_jobs_lost", "Burst jobs that ended unreleased (preempted, timed out)", burst.get("lost")),
+            ("burst_jobs_lost", "Burst jobs that ended unreleased (preempted, timed out, cancelled from outside)", burst.get("lost")),
         ]:
             yield CounterMetricFamily(PREFIX + name, doc, value=float(value or 0))
         workers = GaugeMetricFamily(PREFIX + "workers", "Workers by state", labels=["state"])
