@@ -324,7 +324,7 @@ def stop(job_id: int, drain_timeout_s: float) -> None:
             ended = SlurmCli().cancel_burst_jobs(job_id)
         except SlurmError as slurm_exc:
             raise click.ClickException(f"{exc}; its burst jobs could not be cancelled: {slurm_exc}") from None
-        click.echo(f"{str(exc).split(';')[0]}: nothing to stop"
+        click.echo(f"{exc}; nothing to stop"
                    + (f"; burst jobs {', '.join(map(str, ended))} it left were cancelled" if ended else ""))
         return
     try:

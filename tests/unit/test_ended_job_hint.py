@@ -46,5 +46,6 @@ def test_stop_of_an_ended_job_cancels_the_burst_jobs_it_left(monkeypatch: pytest
     monkeypatch.setattr(jobs.SlurmCli, "cancel_burst_jobs", lambda _self, job_id: cancelled.append(job_id) or [1043])
     result = CliRunner().invoke(main, ["stop", "1041"])
     assert result.exit_code == 0, result.output
-    assert result.output == "job 1041 ended (TIMEOUT): its controller is gone: nothing to stop; burst jobs 1043 it left were cancelled\n"
+    assert result.output == ("job 1041 ended (TIMEOUT): its controller is gone; not sending the job's token; nothing "
+                             "to stop; burst jobs 1043 it left were cancelled\n")
     assert cancelled == [1041]
