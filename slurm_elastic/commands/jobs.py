@@ -18,6 +18,7 @@ from slurm_elastic.client.locate import (
     JobHandle,
     SlurmView,
     ask_slurm,
+    left_behind,
     locate_running,
 )
 from slurm_elastic.client.wire import WORKER_ID
@@ -62,6 +63,19 @@ def _stopped(handle: JobHandle) -> StoppedByOperatorError | None:
     return None if stopped_at is None else StoppedByOperatorError(handle.job_id, stopped_at)
 
 
+def _batch_script_ended(job_id: int) -> JobEndedError | None:
+    """Why a controller that refuses connections will not come back: its job is COMPLETING (the
+    batch script that restarts it has ended) or has ended; None while Slurm lets it run (or does not answer)."""
+    try:
+        job = ask_slurm(job_id, SlurmCli()).job
+    except SlurmError as exc:  # gone from Slurm's memory meanwhile
+        return JobEndedError(f"job {job_id} has ended: {exc}")
+    if job is None or (job.state in CONTROLLER_MAY_RUN and job.state != "COMPLETING"):
+        return None
+    return JobEndedError(f"job {job_id} is {job.state}: its batch script has ended, and its controller with it"
+                         f"{left_behind(job_id)}")
+
+
 def _token_source(handle: JobHandle) -> str:
     return f" (token read from {handle.state_dir / TOKEN_FILE})"
 
@@ -94,6 +108,8 @@ def _call(job_id: int, what: str, *args: Any) -> dict[str, Any]:
                     raise stopped from None
                 if not exc.not_connected or time.monotonic() >= deadline_s:
                     raise
+                if (ended := _batch_script_ended(job_id)) is not None:
+                    raise ended from None
                 if not said:
                     said = True
                     click.echo(f"controller of job {job_id} refuses connections (restarting?): trying again for "
@@ -326,6 +342,15 @@ def stop(job_id: int, drain_timeout_s: float) -> None:
             raise click.ClickException(f"{exc}; its burst jobs could not be cancelled: {slurm_exc}") from None
         click.echo(f"{exc}; nothing to stop"
                    + (f"; burst jobs {', '.join(map(str, ended))} it left were cancelled" if ended else ""))
+        return
+    except SlurmError as exc:  # unknown to Slurm: a wrong id, or a job long over whose burst jobs may be left
+        try:
+            ended = SlurmCli().cancel_burst_jobs(job_id)
+        except SlurmError:
+            ended = []
+        if not ended:
+            raise
+        click.echo(f"{exc}; nothing to stop; burst jobs {', '.join(map(str, ended))} it left were cancelled")
         return
     try:
         _wait_for(job_id, lambda ctl: not any(w.get("state") in ("STARTING", "ACTIVE", "DRAINING")
