@@ -134,6 +134,19 @@ def report(code: str, fixed_code: str, name: str, seeds: int, pools: Mapping[str
             f"at medians {'dominated by ' + ', '.join(over) if over else 'not dominated'}")
 
 
+def load_cache(path: Path) -> dict[str, Run]:
+    """The fixed counts' runs kept at ``path``; none when it is missing or unreadable (they are run anew)."""
+    try:
+        return {k: (v[0], v[1]) for k, v in json.loads(path.read_text()).items()}
+    except (OSError, ValueError, TypeError, KeyError, IndexError):
+        return {}
+
+
+def save_cache(path: Path, cache: dict[str, Run]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(cache))
+
+
 def _medians(runs: list[Run]) -> Run:
     return statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
 
@@ -153,18 +166,14 @@ def main() -> None:
     names = sorted(p.stem for p in TRACES.glob("*.toml")) if args.traces == "all" else args.traces.split(",")
     code = str(Path(args.code).resolve())
     fixed_code = str(Path(args.fixed_code).resolve()) if args.fixed_code else code
-    try:
-        cache = {k: (v[0], v[1]) for k, v in json.loads(args.cache.read_text()).items()}
-    except (OSError, ValueError):
-        cache = {}  # none yet, or unreadable: simulated anew
+    cache = load_cache(args.cache)
     # a pool per checkout, spawned: a process imports slurm_elastic once, from the checkout of its pool
     spawn = multiprocessing.get_context("spawn")
     pools = {c: ProcessPoolExecutor(args.jobs, mp_context=spawn) for c in {code, fixed_code}}
     try:
         for name in names:
             print(report(code, fixed_code, name, args.seeds, pools, args.initial_workers, cache), flush=True)
-            args.cache.parent.mkdir(parents=True, exist_ok=True)
-            args.cache.write_text(json.dumps(cache))
+            save_cache(args.cache, cache)
     finally:
         for pool in pools.values():
             pool.shutdown()
