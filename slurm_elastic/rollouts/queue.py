@@ -155,7 +155,10 @@ class RolloutQueue:
                 self.book.refused(worker_id, group_id, n_seqs, self.clock())  # on_rollout_rejected (saved by save_counts)
                 if isinstance(refusal, StaleGroup):
                     self.refused_stale_seqs += n_seqs
-                raise refusal
+                try:
+                    raise refusal
+                finally:  # the refusal's traceback holds this frame: naming the refusal in it would
+                    del refusal  # be a cycle, which keeps ``payload`` until a rare cyclic collection
             full = None
             if not retry:
                 queued_seqs = self._queued.seqs + self._committing_seqs
@@ -170,7 +173,10 @@ class RolloutQueue:
             if not self.store.known(group_id):  # outside the lock, as above
                 with self._lock:
                     self.refused_submits += 1
-                raise full
+                try:
+                    raise full
+                finally:  # as above
+                    del full
             retry = True  # delivered or handed out already: a retry, whether or not the buffer has room
         if retry:
             then(False, None)  # outside the lock: ``then`` may call back into the queue

@@ -50,3 +50,39 @@ def test_submits_leave_no_reference_cycles(tmp_path: Path) -> None:
     assert answers[:-1] == [(200, b'{"accepted":true}')] * 50
     assert answers[-1] == (200, b'{"accepted":false}')
     assert leftovers == 0, f"{leftovers} objects in reference cycles after 51 submits (11 a submit before the fix)"
+
+
+def test_refused_submits_leave_no_reference_cycles(tmp_path: Path) -> None:
+    """429 (full), 409 (a version past the trainer's) and stale: a refusal raised from a local
+    variable was a cycle holding the request's body, so refused resends piled their bodies up
+    (a live job grew by about the body's size per refusal, to 23 GB)."""
+    queue = RolloutQueue(RolloutStore(tmp_path / "q.sqlite"), QueueConfig(batch_size=2, capacity_seqs=2,
+                                                                          max_staleness=0))
+    endpoint = SubmitEndpoint(queue)
+
+    async def submit(group_id: str, version: int) -> int:
+        text = json.loads(body(group_id))
+        text["policy_version"] = version
+
+        async def receive() -> Message:
+            return {"type": "http.request", "body": json.dumps(text).encode(), "more_body": False}
+        code, _answer, _headers = await endpoint.answer(receive)
+        return code
+
+    async def scenario() -> list[int]:
+        assert await submit("fills", 0) == 200
+        queue.set_version(1)  # version 0 is stale now (max_staleness 0); the buffer is full
+        await submit("warm-up", 5)
+        gc.collect()
+        return [*[await submit(f"ahead{i}", 5) for i in range(5)], *[await submit(f"stale{i}", 0) for i in range(5)],
+                *[await submit(f"full{i}", 1) for i in range(5)]]
+
+    gc.disable()
+    try:
+        codes = asyncio.run(scenario())
+        leftovers = gc.collect()
+    finally:
+        gc.enable()
+        queue.store.close()
+    assert codes == [409] * 5 + [200] * 5 + [429] * 5
+    assert leftovers == 0, f"{leftovers} objects in reference cycles after 15 refused submits"
