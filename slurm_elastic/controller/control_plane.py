@@ -27,6 +27,15 @@ class UnknownWorkerError(KeyError):
 class ControlPlane(ControllerBase):
     """The API's handlers. Each takes the controller's lock and saves what it changed."""
 
+    def check_lease_holder(self, worker_id: str) -> None:
+        """UnknownWorkerError for an id that may not hold an admission lease: the rule of
+        registration (a record with a live step, or a step of that name in Slurm's latest
+        listing). Read without the lock (one dict and one set lookup): a lease asked for while a
+        tick changes the record gets the answer of just before or just after it."""
+        if refusal := registration_refusal(worker_id, self.state.workers.get(worker_id),
+                                           self.state.listed_worker_ids):
+            raise UnknownWorkerError(refusal)
+
     def register_worker(self, worker_id: str, info: dict[str, Any]) -> dict[str, Any]:
         """A worker step says where it landed: ``run`` or ``hold`` (a cordoned GPU); UnknownWorkerError
         (nothing recorded) for an id this controller did not launch."""
@@ -42,8 +51,12 @@ class ControlPlane(ControllerBase):
                 worker = Worker(worker_id=worker_id, launched_at_s=now_s)
                 worker.history.append((now_s, "", S.STARTING.value, "registered without a record: adopted"))
                 workers[worker_id] = worker
-            worker.node = str(info.get("node", worker.node))
-            worker.gpus = tuple(int(g) for g in info.get("gpus", worker.gpus))
+            node, gpus = str(info.get("node", worker.node)), tuple(int(g) for g in info.get("gpus", worker.gpus))
+            if worker.state in (S.ACTIVE, S.DRAINING) and worker.node and (node, gpus) != (worker.node, worker.gpus):
+                log.warning("worker %s registered again on %s GPUs %s, but its step runs on %s GPUs %s (a step "
+                            "does not move): kept", worker_id, node, list(gpus), worker.node, list(worker.gpus))
+            else:
+                worker.node, worker.gpus = node, gpus
             worker.step_id = str(info.get("step_id", worker.step_id) or worker.step_id)
             worker.endpoint = str(info.get("endpoint", worker.endpoint) or "")
             if worker.state is S.STARTING:  # the published weights version the server started with

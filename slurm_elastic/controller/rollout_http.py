@@ -31,6 +31,7 @@ from slurm_elastic.client.wire import (
     VersionUpdate,
 )
 from slurm_elastic.controller.beats import HeartbeatEndpoint, read_body, replaying
+from slurm_elastic.controller.control_plane import UnknownWorkerError
 from slurm_elastic.controller.guard import Headers, RequestGuard, send_answer
 from slurm_elastic.controller.http_errors import (
     error_detail,
@@ -330,8 +331,13 @@ def rollout_router(controller: Controller, queue: RolloutQueue) -> APIRouter:
         code, body, headers = await endpoint.answer(request.receive)
         return Response(body, status_code=code, headers={k.decode(): v.decode() for k, v in headers})
 
-    @router.post("/rollouts/admission", tags=["rollouts"])
+    @router.post("/rollouts/admission", tags=["rollouts"], responses={
+        404: {"description": "worker_id is not a worker this controller launched (no live record, no listed step)"}})
     def admission(body: Admission) -> dict[str, Any]:
+        try:  # a lease under an id no step has would hold the staleness room until admission_ttl_s
+            controller.check_lease_holder(body.worker_id)
+        except UnknownWorkerError as exc:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"unknown: {exc.args[0]}") from None
         granted = queue.admit(body.sequences, body.worker_id, body.admission_id or "", body.whole)
         stats = queue.stats()
         return {"granted": granted, "staleness_capacity": stats["staleness_capacity"],

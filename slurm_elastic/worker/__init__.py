@@ -30,13 +30,19 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from slurm_elastic.client.answers import stored_by_an_earlier_try
-from slurm_elastic.errors import ApiError, ControllerUnreachableError, SlurmElasticError
+from slurm_elastic.errors import (
+    ApiError,
+    ControllerUnreachableError,
+    SlurmElasticError,
+    UnknownOnControllerError,
+)
 from slurm_elastic.rollouts.wire import group_json, pack_group
 from slurm_elastic.worker.context import StepContext
 from slurm_elastic.worker.control import FollowingControl
 
 SUBMIT_TRY_S = 5.0  # one submit's own retries, before the controller's URL is read again
 UNREACHABLE_LOG_S = 60.0  # a controller that does not answer is logged this often
+UNKNOWN_WAIT_S = 30.0  # a controller that does not know this worker is asked again this long (a restart without state)
 
 if TYPE_CHECKING:  # imported when a worker is made: the step wrapper imports this package without httpx
     from slurm_elastic.client.control import ControlClient
@@ -193,13 +199,24 @@ class RolloutWorker:
 
     def _through_outages(self, call: Any, give_up_on_drain: bool = True) -> dict[str, Any] | None:
         """``call()``, retried while the controller is unreachable (re-reading its URL; logged at
-        the first failure and every minute after)."""
+        the first failure and every minute after), and for up to UNKNOWN_WAIT_S while it does not
+        know this worker (404)."""
         delay_s = 0.2
         logged_s = -math.inf
+        unknown_since_s: float | None = None
         while True:
             try:
                 result: dict[str, Any] = call()
                 return result
+            except UnknownOnControllerError as exc:  # a controller restarted without its saved state knows no
+                now_s = time.monotonic()             # worker until it lists the job's steps (its first tick)
+                if unknown_since_s is None:
+                    unknown_since_s = now_s
+                    log.warning("%s; asking again for up to %g s", exc, UNKNOWN_WAIT_S)
+                if now_s - unknown_since_s >= UNKNOWN_WAIT_S or (give_up_on_drain and self.draining):
+                    raise
+                time.sleep(delay_s)
+                delay_s = min(5.0, delay_s * 2)
             except ControllerUnreachableError as exc:
                 if give_up_on_drain and self.draining:
                     return None

@@ -304,6 +304,16 @@ def growth_probes(rig: Rig) -> Iterator[Probe]:
                 f"{len(status['cordoned_gpus'])} GPUs cordoned; {kept}",
                 codes == {404} and after == workers and not status["cordoned_gpus"] and same)
     before = rig.snapshot()
+    running = rig.http.get("/global-status", headers=rig.auth).json()["queue"]["running_rollouts"]
+    phantom = rig.post("/rollouts/admission", {"sequences": 100_000, "worker_id": "9999"})
+    running_after = rig.http.get("/global-status", headers=rig.auth).json()["queue"]["running_rollouts"]
+    kept, same = rig.kept(before)
+    yield Probe("HTTP API", "ask admission for 100,000 sequences as a worker id the controller never launched",
+                f"{phantom.status_code} {phantom.text[:90]}",
+                f"running rollouts {running} -> {running_after} (the real workers' own asks only); {kept}",
+                phantom.status_code == 404 and "was not launched" in phantom.text
+                and running_after - running < 100 and same)  # before: 200, the whole bound taken for 600 s
+    before = rig.snapshot()
     codes = {rig.post("/endpoints/load", {"client_id": f"router-{i}", "outstanding": {"0001": 1}}).status_code
              for i in range(2000)}
     routers = rig.http.get("/endpoints", headers=rig.auth).json()["routers"]

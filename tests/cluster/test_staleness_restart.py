@@ -16,7 +16,10 @@ from tests.cluster.test_queue_api import client, group
 from tests.unit.areal_reference import load_staleness_manager
 
 pytestmark = pytest.mark.cluster
-QUEUE = {"queue": {"batch_size": 8, "capacity_seqs": 400, "max_staleness": 3, "max_concurrent": 100}}
+QUEUE = {"queue": {"batch_size": 8, "capacity_seqs": 400, "max_staleness": 3, "max_concurrent": 100},
+         # two workers that run on (fake workers ask for no admissions): the test's own admissions are
+         # theirs, held while their steps run (the controller refuses ids it did not launch)
+         "workers": {"initial_workers": 2}, "autoscaler": {"min_workers": 2, "max_workers": 2}}
 
 
 class Trainer:
@@ -36,15 +39,17 @@ def test_kill_9_keeps_the_staleness_counts_of_areals_class(job: ControllerJob) -
             areal.on_rollout_enqueued()
             areal.on_rollout_submitted()
 
+    wait_for(lambda: {w["worker_id"]: w["state"] for w in job.status()["workers"]} == {"0001": "ACTIVE", "0002": "ACTIVE"},
+             60, "two active workers")
     with client(job) as c:
         assert c.set_version(2, recovered=True)["policy_version"] == 2
         trainer.version = 2
         areal.on_version_recovered(2)
-        # worker ids the controller never launches (it releases the admissions of its own workers' ended steps)
-        assert c.admit(20, "api_1")["granted"] == 20 and c.admit(4, "api_2")["granted"] == 4  # api_2 dies
+        # 0002's rollout never comes back (its lease is held while its step runs)
+        assert c.admit(20, "0001")["granted"] == 20 and c.admit(4, "0002")["granted"] == 4
         started(24)
         for i in range(4):
-            c.submit_group({**group(f"k{i}"), "worker_id": "api_1", "policy_version": 2})
+            c.submit_group({**group(f"k{i}"), "worker_id": "0001", "policy_version": 2})
             for _ in range(4):
                 areal.on_rollout_accepted()
         assert c.pull_batch() is not None  # 8 handed out, never acknowledged; 8 queued; 4 + 4 running
@@ -62,7 +67,7 @@ def test_kill_9_keeps_the_staleness_counts_of_areals_class(job: ControllerJob) -
     with client(job) as c:  # the trainer goes back to its checkpoint at 2: nothing made past it is delivered
         assert c.set_version(3)["policy_version"] == 3
         for name in ("held-1", "held-2", "queued-3"):
-            c.submit_group({**group(name), "worker_id": "api_1", "policy_version": 3})
+            c.submit_group({**group(name), "worker_id": "0001", "policy_version": 3})
         held = [c.pull_batch() for _ in range(3)]  # (k0, k1) again, (k2, k3), (held-1, held-2): none acknowledged
         assert all(batch is not None for batch in held)
         c.trainer_register()  # the trainer restarts: every unacknowledged batch comes again first

@@ -35,6 +35,12 @@ class ServedController:
         self.server.start()
         self.url = self.server.url
 
+    def launched(self, *worker_ids: str) -> ServedController:
+        """Let ``worker_ids`` hold admission leases and register, as steps of those names in Slurm's
+        listing would (the controller refuses ids it did not launch)."""
+        self.controller.state.listed_worker_ids |= frozenset(worker_ids)
+        return self
+
     def close(self) -> None:
         self.server.stop()
         self.queue.store.close()

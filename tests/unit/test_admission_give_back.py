@@ -51,7 +51,8 @@ def test_a_whole_admission_is_all_or_none_and_leaves_the_lease_as_it_was(tmp_pat
 
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[ServedController]:
-    server = ServedController(tmp_path, TOKEN, {"autoscaler": {"min_workers": 0}}, batch_size=8)
+    server = ServedController(tmp_path, TOKEN, {"autoscaler": {"min_workers": 0}}, batch_size=8).launched(
+        "0001", "0002", "0003")
     yield server
     server.close()
 
@@ -81,3 +82,26 @@ def test_the_sdk_gives_back_a_failed_rollout_and_waits_for_whole_grants(
         bad = client._http.post("/rollouts/admission/release", json={"sequences": 0, "worker_id": "0001"})
     assert bad.status_code == 422 and "release_id" in bad.text and "sequences" in bad.text
     one.close(), two.close()
+
+
+def test_the_sdk_asks_again_while_a_restarted_controller_does_not_know_it_yet(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A controller restarted without its saved state knows no worker until it lists the job's
+    steps: the admission's 404 is asked again, and granted once the worker is known; an id that
+    stays unknown gets the error after UNKNOWN_WAIT_S."""
+    import threading
+
+    import slurm_elastic.worker as sdk
+    from slurm_elastic.errors import UnknownOnControllerError
+
+    server = ServedController(tmp_path, TOKEN, {"autoscaler": {"min_workers": 0}}, batch_size=8)
+    try:
+        monkeypatch.setattr(sdk, "UNKNOWN_WAIT_S", 1.0)
+        with pytest.raises(UnknownOnControllerError, match="worker 0005 was not launched"):
+            worker(server, "0005", monkeypatch).admit(4)
+        monkeypatch.setattr(sdk, "UNKNOWN_WAIT_S", 30.0)
+        threading.Timer(0.5, lambda: server.launched("0004")).start()  # its first listing
+        assert worker(server, "0004", monkeypatch).admit(4) == 4
+        assert server.queue.staleness.running == 4
+    finally:
+        server.close()

@@ -278,7 +278,8 @@ class LosesAnswers(httpx.HTTPTransport):
 
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[ServedController]:
-    server = ServedController(tmp_path, TOKEN, {"autoscaler": {"min_workers": 0}}, batch_size=8)
+    server = ServedController(tmp_path, TOKEN, {"autoscaler": {"min_workers": 0}}, batch_size=8).launched(
+        "0001", "0002", "0003")
     yield server
     server.close()
 

@@ -152,6 +152,7 @@ def app_over(q: RolloutQueue, tmp: Path):  # type: ignore[no-untyped-def]
 
     config = parse_config({"agent": {"enabled": False}, "autoscaler": {"min_workers": 0}})
     controller = Controller(config, 1, SlurmCli(timeout_s=5), tmp, gpus_by_node={"node1": (0,)}, queue=q)
+    controller.state.listed_worker_ids = frozenset(f"{i:04d}" for i in range(1, 10))  # as if their steps ran
     return create_controller_app(controller, "t", q)
 
 
@@ -164,6 +165,9 @@ def test_the_routes_lease_per_worker_and_refuse_bad_versions(tmp_path: Path) -> 
     assert missing.status_code == 422 and "worker_id" in missing.text
     answer = client.post("/rollouts/admission", json={"sequences": 4, "worker_id": "0007"}).json()
     assert answer["granted"] == 4 and q.leases.leases["0007"].unused_seqs == 4
+    phantom = client.post("/rollouts/admission", json={"sequences": 4, "worker_id": "9999"})
+    assert phantom.status_code == 404 and "worker 9999 was not launched by this controller" in phantom.text
+    assert "9999" not in q.leases.leases and q.stats()["running_rollouts"] == 4  # it held the room for 600 s before
     assert client.post("/trainer/version", json={"version": 2}).status_code == 200
     lower = client.post("/trainer/version", json={"version": 1})
     assert lower.status_code == 409 and "recovered=true" in lower.json()["detail"]
