@@ -30,6 +30,9 @@ async def _disconnect(request: Request) -> None:
         pass
 
 
+MAX_LONG_POLLS = 256  # /endpoints polls that may wait at once (a router or client each holds one)
+
+
 def control_router(controller: Controller) -> APIRouter:
     """Routes that call into ``controller``."""
     router = APIRouter()
@@ -65,8 +68,12 @@ def control_router(controller: Controller) -> APIRouter:
                         weights: Literal["any", "latest"] = "any") -> Any:
         """Routable servers. Long-poll: returns when the set is no longer ``version`` (or after ``wait_s``).
         ETag is the version; ``If-None-Match`` with the current one answers 304. ``weights=latest``:
-        only servers at the latest published weights."""
+        only servers at the latest published weights. At most MAX_LONG_POLLS wait at once; past
+        them a poll is answered at once (its connection is then idle: the connection cap may
+        close it), so polls cannot take every connection from the workers' heartbeats."""
         loop = asyncio.get_running_loop()
+        if controller.endpoints_changed.waiting() >= MAX_LONG_POLLS:
+            wait_s = 0.0
         deadline = loop.time() + wait_s
         latest_only = weights == "latest"
         gone = asyncio.ensure_future(_disconnect(request))  # a client that left ends its poll

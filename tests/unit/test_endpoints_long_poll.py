@@ -82,3 +82,34 @@ def test_a_long_poll_whose_client_left_ends_with_it(served: Served) -> None:
     while served.controller.endpoints_changed.waiting() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert served.controller.endpoints_changed.waiting() == 0
+
+
+def test_polls_past_the_cap_are_answered_at_once(served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client holding thousands of long-polls would take every connection of the cap (a request
+    in progress is never the one closed), and workers' heartbeats would find none: past
+    MAX_LONG_POLLS a poll gets the current view at once, and its connection is idle again."""
+    from slurm_elastic.controller import http
+
+    monkeypatch.setattr(http, "MAX_LONG_POLLS", 3)
+    version = served.client.endpoints()["version"]
+    clients = [ControlClient(served.url, TOKEN) for _ in range(3)]
+    waiting = [threading.Thread(target=lambda c=c: c.endpoints(version, wait_s=30)) for c in clients]
+    for poll in waiting:
+        poll.start()
+    try:
+        deadline = time.monotonic() + 10
+        while served.controller.endpoints_changed.waiting() < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert served.controller.endpoints_changed.waiting() == 3
+        started = time.monotonic()
+        assert served.client.endpoints(version, wait_s=30)["version"] == version
+        assert time.monotonic() - started < 5, "a poll past the cap waited"
+    finally:
+        with served.controller.lock:
+            served.controller.workers["0001"] = Worker("0001", launched_at_s=time.time())
+        served.client.register("0001", {"node": "node1", "gpus": [0], "step_id": "1", "ready": True,
+                                        "endpoint": "http://127.0.0.1:1"})  # a change ends the waiting polls
+        for poll in waiting:
+            poll.join(timeout=30)
+        for client in clients:
+            client.close()
