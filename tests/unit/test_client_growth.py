@@ -103,3 +103,15 @@ def test_a_cordon_reason_with_escape_codes_is_refused(live: Live) -> None:
     assert live.controller.status()["cordoned_gpus"] == []
     answer = live.http.post("/admin/cordon", json={"node": "node1", "gpu": 1, "reason": "fan noise, é 日本"})
     assert answer.status_code == 200
+
+
+def test_a_registered_worker_registering_again_elsewhere_does_not_move(live: Live) -> None:
+    """A step does not move: a second registration of a running worker naming other GPUs (another
+    process using its id, a confused client) leaves the record where the step runs, so no two
+    workers are booked on one GPU."""
+    assert live.controller.workers["0001"].state.value == "ACTIVE"
+    moved = live.http.post("/workers/0001/register", json={"node": "node2", "gpus": [0, 1, 2, 3], "step_id": "0"})
+    assert moved.status_code == 200, moved.text
+    assert (live.controller.workers["0001"].node, live.controller.workers["0001"].gpus) == ("node1", (0,))
+    again = live.http.post("/workers/0001/register", json={"node": "node1", "gpus": [0], "step_id": "0"})
+    assert again.status_code == 200 and live.controller.workers["0001"].gpus == (0,)
