@@ -116,6 +116,17 @@ def _since(since_s: Any, now_s: float) -> str:
         return "-"
 
 
+def _relaunched(worker: dict[str, Any]) -> str:
+    """" (relaunched 2x, 2 crashes)" for a worker whose step was launched again; "" for one launched once."""
+    try:
+        again, crashes = int(worker.get("launches") or 1) - 1, int(worker.get("crash_count") or 0)
+    except (TypeError, ValueError):
+        return ""
+    if again <= 0 and crashes <= 0:
+        return ""
+    return f" (relaunched {again}x" + (f", {crashes} crash{'es' if crashes != 1 else ''}" if crashes else "") + ")"
+
+
 def _weights_cell(worker: dict[str, Any]) -> str:
     """A server's weights version, the one it is being updated to, and failed updates in a row."""
     version = worker.get("weights_version")
@@ -181,7 +192,7 @@ def render_status(job_id: int, status: dict[str, Any] | None, slurm_steps: list[
     show_weights = bool(weights) or any(w.get("weights_version") is not None for w in workers)
     for w in workers:
         nodes, gpus = _nodes_and_gpus(w)
-        state = w.get("state", "?") + (" (placeholder)" if w.get("placeholder") else "")
+        state = w.get("state", "?") + (" (placeholder)" if w.get("placeholder") else "") + _relaunched(w)
         rows.append([str(w.get("worker_id", "")), *([str(w.get("job_id") or "-")] if in_burst else []),
                      str(w.get("step_id") or "-"), nodes, gpus,
                      state, _age(w.get("age_s")), str(w.get("rollouts", 0)), _per_rollout(w),

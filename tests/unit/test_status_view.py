@@ -116,3 +116,15 @@ def test_a_quiet_trainer_is_named_with_the_age_of_its_last_call() -> None:
     text = render_status(7, {**STATUS, "queue": queue})
     assert "trainer: step 77.7 s (demand 0.41 seqs/s)" in text and "(its last call to the controller: 2m ago)" in text
     assert "last call" not in render_status(7, {**STATUS, "queue": {**queue, "trainer_last_call_s_ago": 3.0}})
+
+
+def test_a_relaunched_worker_says_so_and_how_often_it_crashed() -> None:
+    """A server that crashed and was relaunched under its id is no longer in "ended last": its row says it."""
+    workers = [{**STATUS["workers"][0], "launches": 3, "crash_count": 2},  # type: ignore[index]
+               {**STATUS["workers"][0], "worker_id": "0003", "launches": 2, "crash_count": 0},  # type: ignore[index]
+               {**STATUS["workers"][0], "worker_id": "0004", "launches": 1, "crash_count": 0}]  # type: ignore[index]
+    text = render_status(7, {**STATUS, "workers": workers})
+    assert "ACTIVE (relaunched 2x, 2 crashes)" in text
+    assert "ACTIVE (relaunched 1x)" in text
+    row = next(line for line in text.splitlines() if line.lstrip().startswith("0004")).split()
+    assert row[4:6] == ["ACTIVE", "2m"]  # no note: launched once
