@@ -4,6 +4,7 @@ trace, several seeds, medians, each policy's distance to the limit.
     .venv/bin/python bench/bench_policy.py --quick      # 2 seeds, 3 clairvoyant slacks, verdicts over 5 seeds
     .venv/bin/python bench/bench_policy.py [--seeds 5]  # 5 clairvoyant slacks, verdicts over 20 seeds
     .venv/bin/python bench/bench_policy.py --jobs 2     # the same figures, two traces at once
+    .venv/bin/python bench/bench_policy.py --random 16  # and ours against the fixed counts on 16 random traces
 
 Writes bench/out/policy.md. Pure simulation (slurm_elastic.sim): no cluster, one core per job.
 Metrics and the clairvoyant search are defined in docs/autoscaler.md.
@@ -30,6 +31,7 @@ from slurm_elastic.sim.policies import POLICIES
 from slurm_elastic.sim.trace import Trace
 
 TRACES = Path(__file__).resolve().parent.parent / "examples" / "traces"
+RANDOM_SEEDS = 10
 TRACE_NAMES = ("steady", "bursty", "phase_shift", "failures", "eval_pauses", "long_warmup", "checkpoint_stalls",
                "big_batch_pareto", "fixed_rollouts_faster_trainer", "irregular_pauses",
                # written held out; tuning traces since the setpoint's floor was chosen on them too
@@ -208,6 +210,17 @@ def run(seeds: int, slacks: tuple[float, ...], headline: list[tuple[str, str, st
     return "\n".join(lines)
 
 
+def random_section(count: int, jobs: int) -> str:
+    """Ours against the fixed counts on the first ``count`` random traces (bench/random_traces.py)."""
+    from bench.random_traces import verdicts
+
+    code = str(Path(__file__).resolve().parents[1])
+    lines = list(verdicts(range(count), RANDOM_SEEDS, jobs, code, code))
+    return "\n".join(["## Random traces", "", f"Traces drawn by `bench/random_traces.py` (trace i from seed i), "
+                      f"no policy tuned on them; ours against the fixed counts, {RANDOM_SEEDS} seeds "
+                      f"(`bench/bench_policy.py --random {count}`):", "", *[f"- {line}" for line in lines], ""])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default 5; 2 with --quick)")
@@ -216,6 +229,8 @@ def main() -> None:
                         help="seeds of ours and every fixed count for the domination verdict (default 20)")
     parser.add_argument("--jobs", type=int, default=1, help="traces run at once, one process each (default 1)")
     parser.add_argument("--traces", default="", help="comma-separated trace names (default: every shipped trace)")
+    parser.add_argument("--random", type=int, default=0, metavar="N",
+                        help="also judge ours on the first N traces of bench/random_traces.py (10 seeds; default 0)")
     args = parser.parse_args()
     names = tuple(n for n in args.traces.split(",") if n) or (*TRACE_NAMES, *HELD_OUT)
     unknown = sorted(set(names) - {*TRACE_NAMES, *HELD_OUT})
@@ -227,7 +242,10 @@ def main() -> None:
     command = "bench/bench_policy.py" + (" --quick" if args.quick else "") + (
         f" --seeds {args.seeds}" if args.seeds else "") + (f" --traces {args.traces}" if args.traces else "")
     headline: list[tuple[str, str, str, str]] = []
-    write_report("policy", run(seeds, slacks, headline, command, verdict_seeds, args.jobs, names))
+    report = run(seeds, slacks, headline, command, verdict_seeds, args.jobs, names)
+    if args.random:
+        report += random_section(args.random, args.jobs)
+    write_report("policy", report)
     write_headline("policy", headline)
 
 

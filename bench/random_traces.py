@@ -29,7 +29,7 @@ import multiprocessing
 import random
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -155,24 +155,31 @@ def main() -> None:
         return
     code = str(Path(args.code).resolve())
     fixed_code = str(Path(args.fixed_code or args.code).resolve())
-    cache = load_cache(args.cache)
+    for line in verdicts(indexes, args.seeds, args.jobs, code, fixed_code, args.cache):
+        print(line, flush=True)
+
+
+def verdicts(indexes: range, seeds: int, jobs: int, code: str, fixed_code: str, cache_path: Path = CACHE) -> Iterator[str]:
+    """One line per trace as it is judged, then the totals (the fixed counts' runs kept at ``cache_path``)."""
+    cache = load_cache(cache_path)
     seeds_dominated = traces_dominated = 0
     # a pool per checkout, spawned: a process imports slurm_elastic once, from the checkout of its pool
     spawn = multiprocessing.get_context("spawn")
-    pools = {c: ProcessPoolExecutor(args.jobs, mp_context=spawn) for c in {code, fixed_code}}
-    with tempfile.TemporaryDirectory() as tmp:
-        for i in indexes:
-            path = Path(tmp) / f"random{i}.toml"
-            path.write_text(draw_trace(i))
-            line, by_seed, at_medians = verdict(code, fixed_code, path, args.seeds, pools, cache)
-            save_cache(args.cache, cache)
-            seeds_dominated, traces_dominated = seeds_dominated + by_seed, traces_dominated + at_medians
-            print(line, flush=True)
-    for pool in pools.values():
-        pool.shutdown()
-    print(f"{traces_dominated} of {args.count} traces dominated at medians; {seeds_dominated} of "
-          f"{args.count * args.seeds} seeds dominated seed by seed")
-
+    pools = {c: ProcessPoolExecutor(jobs, mp_context=spawn) for c in {code, fixed_code}}
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for i in indexes:
+                path = Path(tmp) / f"random{i}.toml"
+                path.write_text(draw_trace(i))
+                line, by_seed, at_medians = verdict(code, fixed_code, path, seeds, pools, cache)
+                save_cache(cache_path, cache)
+                seeds_dominated, traces_dominated = seeds_dominated + by_seed, traces_dominated + at_medians
+                yield line
+    finally:
+        for pool in pools.values():
+            pool.shutdown()
+    yield (f"{traces_dominated} of {len(indexes)} traces dominated at medians; {seeds_dominated} of "
+           f"{len(indexes) * seeds} seeds dominated seed by seed")
 
 if __name__ == "__main__":
     main()

@@ -1,6 +1,6 @@
 """Every benchmark in one command, and one markdown report: bench/out/report.md.
 
-    ./run bench            # as root on Debian 12: set-up, dev cluster, every bench (about 35 minutes)
+    ./run bench            # as root on Debian 12: set-up, dev cluster, every bench (about 50 minutes)
     ./run bench --quick    # shorter forms of each (about 15 minutes)
     .venv/bin/python bench/run_all.py [--quick] [--only NAME ...]
 
@@ -35,7 +35,7 @@ BENCHES: dict[str, tuple[list[str], list[str]]] = {
     "controller": ([], []),
     "router": ([], []),
     "ingest": ([], ["--quick"]),
-    "policy": ([], ["--seeds", "3"]),  # not --quick: the headline's verdicts stay over 20 seeds
+    "policy": (["--random", "16"], ["--seeds", "3"]),  # not --quick: the headline's verdicts stay over 20 seeds
     "burst": ([], ["--quick"]),
     "bad_input": ([], []),
     "chaos": (["--duration-s", "600"], ["--quick"]),
