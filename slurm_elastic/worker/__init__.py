@@ -213,7 +213,9 @@ class RolloutWorker:
                 if unknown_since_s is None:
                     unknown_since_s = now_s
                     log.warning("%s; asking again for up to %g s", exc, UNKNOWN_WAIT_S)
-                if now_s - unknown_since_s >= UNKNOWN_WAIT_S or (give_up_on_drain and self.draining):
+                if give_up_on_drain and self.draining:
+                    return None
+                if now_s - unknown_since_s >= UNKNOWN_WAIT_S:
                     raise
                 time.sleep(delay_s)
                 delay_s = min(5.0, delay_s * 2)
