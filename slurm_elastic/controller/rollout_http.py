@@ -216,11 +216,10 @@ class SubmitEndpoint:
                                  "msg": f"group_size (n_seqs) {group.group_size} is over the queue's batch_size "
                                         f"{batch_size}: a batch is made of whole groups, so this group could "
                                         "never be delivered"}])
-        waiter: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        waiter: asyncio.Future[tuple[bool, BaseException | None]] = asyncio.get_running_loop().create_future()
         try:
             self.queue.submit_then(group.id, group.worker_id, group.group_size, group.policy_version, body,
                                    _Resolver(waiter))
-            stored = await waiter  # answered once its group commit is durable
         except QueueFull as exc:
             return _error(status.HTTP_429_TOO_MANY_REQUESTS, str(exc),
                           [(b"retry-after", str(max(1, round(exc.retry_after_s))).encode())])
@@ -234,23 +233,31 @@ class SubmitEndpoint:
             return 200, json.dumps({"accepted": False, "reason": "stale", "detail": str(exc),
                                     "policy_version": exc.policy_version, "current_version": exc.current_version,
                                     "max_staleness": exc.max_staleness}).encode(), JSON
-        except Exception as exc:  # the store failed this commit: nothing was stored, a retry is safe
-            log.warning("the rollout store did not take group %s: %s", group.id, exc)
-            return _error(status.HTTP_503_SERVICE_UNAVAILABLE, f"the rollout store did not take the group: {exc}",
-                          [(b"retry-after", retry_after(exc).encode())])
+        except Exception as exc:  # the store refused the group at once: nothing was stored, a retry is safe
+            return _unavailable(group.id, exc)
+        stored, error = await waiter  # answered once its group commit is durable (or failed)
+        if error is not None:  # the commit failed: nothing was stored, a retry is safe
+            return _unavailable(group.id, error)
         return 200, b'{"accepted":true}' if stored else b'{"accepted":false}', JSON
 
 
+def _unavailable(group_id: str, error: BaseException) -> tuple[int, bytes, Headers]:
+    log.warning("the rollout store did not take group %s: %s", group_id, error)
+    return _error(status.HTTP_503_SERVICE_UNAVAILABLE, f"the rollout store did not take the group: {error}",
+                  [(b"retry-after", retry_after(error).encode())])
+
+
 class _Resolver(Generic[T]):
-    """A :data:`Then` that settles ``waiter`` on its loop, without a cross-thread wake-up when
-    called on the loop's own thread (the store's group commits are, on the loop that serves
-    the submits). An object, not a closure: a closure that names itself is a reference cycle,
-    which only the cyclic collector frees, and one per submit would keep that collector tracing
-    them on the event loop."""
+    """A :data:`Then` that settles ``waiter`` on its loop with ``(result, error)``, without a
+    cross-thread wake-up when called on the loop's own thread (the store's group commits are, on
+    the loop that serves the submits). The error is a value, never raised into the waiting
+    frame: a raised one's traceback would hold that frame, and the frame the waiter that holds
+    the error, a cycle keeping the request's body until a rare cyclic collection. An object,
+    not a closure, for the same reason: a closure that names itself is such a cycle."""
 
     __slots__ = ("loop", "loop_thread", "waiter")
 
-    def __init__(self, waiter: asyncio.Future[T]) -> None:
+    def __init__(self, waiter: asyncio.Future[tuple[T, BaseException | None]]) -> None:
         self.waiter = waiter
         self.loop = waiter.get_loop()
         self.loop_thread = threading.get_ident()
@@ -258,12 +265,8 @@ class _Resolver(Generic[T]):
     def __call__(self, result: T, error: BaseException | None) -> None:
         if threading.get_ident() != self.loop_thread:
             self.loop.call_soon_threadsafe(self, result, error)
-        elif self.waiter.cancelled():
-            pass
-        elif error is not None:
-            self.waiter.set_exception(error)
-        else:
-            self.waiter.set_result(result)
+        elif not self.waiter.cancelled():
+            self.waiter.set_result((result, error))
 
 
 class ControllerApp(FastAPI):
