@@ -69,11 +69,14 @@ def control_router(controller: Controller) -> APIRouter:
         """Routable servers. Long-poll: returns when the set is no longer ``version`` (or after ``wait_s``).
         ETag is the version; ``If-None-Match`` with the current one answers 304. ``weights=latest``:
         only servers at the latest published weights. At most MAX_LONG_POLLS wait at once; past
-        them a poll is answered at once (its connection is then idle: the connection cap may
-        close it), so polls cannot take every connection from the workers' heartbeats."""
+        them a poll that would wait gets 503 with Retry-After (the Router backs off): polls
+        cannot take every connection from the workers' heartbeats, nor turn into a busy loop of
+        answers that come at once."""
         loop = asyncio.get_running_loop()
-        if controller.endpoints_changed.waiting() >= MAX_LONG_POLLS:
-            wait_s = 0.0
+        if wait_s > 0 and controller.endpoints_changed.waiting() >= MAX_LONG_POLLS:
+            raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE,
+                                f"{MAX_LONG_POLLS} polls wait already: poll again after Retry-After, or without wait_s",
+                                headers={"Retry-After": "1"})
         deadline = loop.time() + wait_s
         latest_only = weights == "latest"
         gone = asyncio.ensure_future(_disconnect(request))  # a client that left ends its poll

@@ -15,6 +15,7 @@ import pytest
 
 from slurm_elastic.client.control import ControlClient
 from slurm_elastic.core.lifecycle import Worker
+from slurm_elastic.errors import ApiError
 from tests.unit.served_controller import ServedController
 
 TOKEN = "long-poll-token"
@@ -87,7 +88,8 @@ def test_a_long_poll_whose_client_left_ends_with_it(served: Served) -> None:
 def test_polls_past_the_cap_are_answered_at_once(served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
     """A client holding thousands of long-polls would take every connection of the cap (a request
     in progress is never the one closed), and workers' heartbeats would find none: past
-    MAX_LONG_POLLS a poll gets the current view at once, and its connection is idle again."""
+    MAX_LONG_POLLS a poll that would wait gets 503 with Retry-After, at once (an answer at once
+    with the same view made clients that poll again at once a busy loop)."""
     from slurm_elastic.controller import http
 
     monkeypatch.setattr(http, "MAX_LONG_POLLS", 3)
@@ -102,8 +104,11 @@ def test_polls_past_the_cap_are_answered_at_once(served: Served, monkeypatch: py
             time.sleep(0.01)
         assert served.controller.endpoints_changed.waiting() == 3
         started = time.monotonic()
-        assert served.client.endpoints(version, wait_s=30)["version"] == version
+        with pytest.raises(ApiError) as refused:
+            served.client.endpoints(version, wait_s=30)
         assert time.monotonic() - started < 5, "a poll past the cap waited"
+        assert refused.value.status_code == 503 and "3 polls wait already" in str(refused.value)
+        assert served.client.endpoints(version)["version"] == version  # a poll that does not wait is answered
     finally:
         with served.controller.lock:
             served.controller.workers["0001"] = Worker("0001", launched_at_s=time.time())
