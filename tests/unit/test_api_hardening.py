@@ -490,3 +490,34 @@ def test_a_post_pipelined_behind_a_request_keeps_its_whole_body(tmp_path: Path) 
             assert chunk, answers
             answers += chunk
         assert answers.endswith(b'{"accepted":true}') and len(body) > 400_000
+
+
+def test_bodies_that_stall_do_not_hold_the_cap(tmp_path: Path) -> None:
+    """A client with the token that sends a whole head and one byte of its body, on more
+    connections than the cap, held every slot until the body timeout (30 s): a request in
+    progress is never the one closed, and workers' heartbeats were refused (two workers cancelled
+    in a live audit). A body that has sent nothing for STALLED_BODY_S may now be closed to make room."""
+    nofile = 256  # the cap: 256 - 128 reserved
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 2 * nofile:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4 * nofile), hard))
+    head = (f"POST /admin/scale HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {TOKEN}\r\n"
+            "content-type: application/json\r\ncontent-length: 100\r\n\r\n{").encode()
+    with served(tmp_path, "--nofile", str(nofile)) as (url, _server):
+        stalled = []
+        try:
+            for _ in range(nofile - 100):  # more than the cap
+                conn = socket.create_connection(address(url), timeout=10)
+                with contextlib.suppress(OSError):
+                    conn.sendall(head)
+                stalled.append(conn)
+            time.sleep(1.5)
+            with httpx.Client(base_url=url, timeout=10) as http:
+                for _ in range(5):
+                    assert http.get("/healthz", headers=AUTH).status_code == 200
+                    assert http.post("/admin/scale", json={"workers": 2}, headers=AUTH).status_code == 200
+            closed = sum(1 for conn in stalled if _closed(conn))
+            assert closed >= 1, "no stalled body was closed to make room"
+        finally:
+            for conn in stalled:
+                conn.close()
