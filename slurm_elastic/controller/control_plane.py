@@ -52,13 +52,17 @@ class ControlPlane(ControllerBase):
                 worker.history.append((now_s, "", S.STARTING.value, "registered without a record: adopted"))
                 workers[worker_id] = worker
             node, gpus = str(info.get("node", worker.node)), tuple(int(g) for g in info.get("gpus", worker.gpus))
-            if worker.state in (S.ACTIVE, S.DRAINING) and worker.node and (node, gpus) != (worker.node, worker.gpus):
+            running = worker.state in (S.ACTIVE, S.DRAINING) and bool(worker.node)
+            if running and (node, gpus) != (worker.node, worker.gpus):
                 log.warning("worker %s registered again on %s GPUs %s, but its step runs on %s GPUs %s (a step "
                             "does not move): kept", worker_id, node, list(gpus), worker.node, list(worker.gpus))
-            else:
+            elif not running:
                 worker.node, worker.gpus = node, gpus
-            worker.step_id = str(info.get("step_id", worker.step_id) or worker.step_id)
-            worker.endpoint = str(info.get("endpoint", worker.endpoint) or "")
+            if not (running and worker.step_id):  # a running step keeps its id
+                worker.step_id = str(info.get("step_id", worker.step_id) or worker.step_id)
+            endpoint = str(info.get("endpoint") or "")
+            if endpoint or not running:  # a server registering again keeps its address unless it names one
+                worker.endpoint = endpoint
             if worker.state is S.STARTING:  # the published weights version the server started with
                 worker.weights_version = info.get("weights_version")
             worker.last_heartbeat_s = now_s
@@ -86,6 +90,9 @@ class ControlPlane(ControllerBase):
         worker of its own. Until the record exists (a restart adopts the step) it is asked to retry."""
         if worker is None or not worker.has_step:
             raise UnknownWorkerError(f"worker {worker_id}: no live record yet for its task {info.get('rank')}")
+        if self.shape.nodes <= 1:  # no other task holds GPUs: its GPUs would be blamed for its crashes
+            raise UnknownWorkerError(f"worker {worker_id}: its step spans one node; it has no task "
+                                     f"{info.get('rank')} on another")
         node = str(info.get("node", ""))
         if node and node != worker.node:
             worker.node_gpus[node] = tuple(int(g) for g in info.get("gpus", ()))

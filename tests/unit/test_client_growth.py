@@ -115,3 +115,9 @@ def test_a_registered_worker_registering_again_elsewhere_does_not_move(live: Liv
     assert (live.controller.workers["0001"].node, live.controller.workers["0001"].gpus) == ("node1", (0,))
     again = live.http.post("/workers/0001/register", json={"node": "node1", "gpus": [0], "step_id": "0"})
     assert again.status_code == 200 and live.controller.workers["0001"].gpus == (0,)
+    live.controller.workers["0001"].endpoint = "http://node1:8000"
+    assert live.http.post("/workers/0001/register", json={"node": "node1", "gpus": [0], "step_id": "999"}).is_success
+    assert (live.controller.workers["0001"].step_id, live.controller.workers["0001"].endpoint) == ("0", "http://node1:8000")
+    rank = live.http.post("/workers/0001/register", json={"node": "node2", "gpus": [0, 1, 2, 3], "rank": 1})
+    assert rank.status_code == 404 and "spans one node" in rank.text  # its crashes would be blamed on node2's GPUs
+    assert live.controller.workers["0001"].node_gpus == {}
