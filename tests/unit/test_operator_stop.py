@@ -37,6 +37,7 @@ class Gone:
 def run_stop(state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[int, str]:
     handle = JobHandle(7, state_dir, "http://127.0.0.1:1", "t", {})
     monkeypatch.setattr("slurm_elastic.commands.jobs._client", lambda job_id, *a, **k: (handle, Gone()))
+    monkeypatch.setattr("slurm_elastic.commands.jobs._batch_script_ended", lambda job_id: None)  # job 7 runs
     result = CliRunner().invoke(main, ["stop", "7", "--drain-timeout-s", "5"])
     return result.exit_code, result.output
 
@@ -79,6 +80,7 @@ class Restarting:
 def test_an_operator_command_waits_out_a_controller_restart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     handle, controller = JobHandle(7, tmp_path, "http://127.0.0.1:1", "t", {}), Restarting()
     monkeypatch.setattr("slurm_elastic.commands.jobs._client", lambda job_id, *a, **k: (handle, controller))
+    monkeypatch.setattr("slurm_elastic.commands.jobs._batch_script_ended", lambda job_id: None)  # job 7 runs
     monkeypatch.setattr("slurm_elastic.commands.jobs.RESTART_RETRY_S", 0.01)
     result = CliRunner().invoke(main, ["drain", "7", "3"])
     assert result.exit_code == 0 and '"DRAINING"' in result.output and controller.calls == 3, result.output
