@@ -7,8 +7,9 @@ sends a head a byte at a time, or never sends one, holds no descriptor for long.
 ``max_connections`` are open; one more closes the longest-waiting connection that has no request
 in progress and no response still leaving, else the one whose request body has sent nothing for
 the longest, if for ``stalled_body_s`` or more (a client that sends a head and a byte of its body
-now and then holds no slot for long), or is itself closed at once if every connection is busy. An interim answer (``100 Continue``) is no response: the request's body follows it. The
-cap is kept below the process's open-files limit so that the controller's own files always open. A response whose bytes
+now and then holds no slot for long), or is itself closed at once if every connection is busy.
+An interim answer (``100 Continue``) is no response: the request's body follows it. The cap is
+kept below the process's open-files limit so that the controller's own files always open. A response whose bytes
 wait in the transport's write buffer must send at least ``min_send_rate_bytes_per_s`` times
 ``write_timeout_s`` of them in every window of ``write_timeout_s``, or its connection is closed:
 a client that never reads its answers (nothing leaves: ``stalled``), or reads them a drip at a
