@@ -23,7 +23,9 @@ response that fits in the kernel's buffers never waits in the transport's, and i
 sees only the asyncio ``Protocol`` and ``Transport`` interfaces, and two attributes of uvicorn's
 protocol: ``pipeline`` (the requests that arrived behind the one being answered) and ``cycle``
 (the latest request; ``more_body`` false once its whole body is in): bytes after that are the
-next request's head, held to the head's size cap even while an answer is pending. The transport
+next request's head, held to the head's size cap even while an answer is pending; and at most
+``max_pipelined`` whole requests may wait behind the one being answered (each holds its parsed
+head in memory), or the connection is reset. The transport
 it hands the wrapped protocol also sends a response's head together with its body
 (:class:`_InnerTransport`).
 """
@@ -45,6 +47,7 @@ INTERIM = re.compile(rb"HTTP/1\.[01] 1[0-9][0-9] [^\r\n]*\r\n\r\n\Z")  # an inte
 RESERVED_FDS = 128  # descriptors kept for the controller itself: store, state files, Slurm commands
 MAX_CONNECTIONS = 4096
 STALLED_BODY_S = 1.0  # a request body that sent nothing for this long may be closed to make room
+MAX_PIPELINED = 32  # requests queued behind the one being answered; one more resets the connection
 
 
 def raise_open_files_limit() -> int:
@@ -74,6 +77,7 @@ class ConnectionBook:
     write_timeout_s: float = 30.0
     min_send_rate_bytes_per_s: float = 64 * 1024
     stalled_body_s: float = STALLED_BODY_S
+    max_pipelined: int = MAX_PIPELINED
     open: set[GuardedConnection] = field(default_factory=set)
     waiting: dict[GuardedConnection, None] = field(default_factory=dict)  # insertion order: oldest first
     receiving: dict[GuardedConnection, float] = field(default_factory=dict)  # body still due: its last bytes' time
@@ -81,6 +85,7 @@ class ConnectionBook:
     evicted: int = 0  # waiting connections closed to make room
     stalled: int = 0  # connections closed because nothing of their response left for a window
     slow: int = 0  # connections closed because their response left slower than the minimum rate
+    overpipelined: int = 0  # connections reset for queueing more than max_pipelined requests
 
     def admit(self, connection: GuardedConnection) -> bool:
         if len(self.open) >= self.max_connections:
@@ -206,13 +211,23 @@ class GuardedConnection(asyncio.Protocol):
         if self in self.book.waiting:
             if self._watch_head(data):
                 self.inner.data_received(data)
-                self._note_body()
+                if self._pipeline_within_cap():
+                    self._note_body()
             return
         before = getattr(self.inner, "cycle", None)  # the HTTP protocol's latest request (uvicorn's)
         whole_before = before is not None and not getattr(before, "more_body", True)
         self.inner.data_received(data)
-        self._count_next_head(data, before, whole_before)
-        self._note_body()
+        if self._pipeline_within_cap():
+            self._count_next_head(data, before, whole_before)
+            self._note_body()
+
+    def _pipeline_within_cap(self) -> bool:
+        """At most ``max_pipelined`` requests queued behind the one answered; else the connection is reset."""
+        if len(getattr(self.inner, "pipeline", ())) <= self.book.max_pipelined:
+            return True
+        self.book.overpipelined += 1
+        self.abort(reset=True)
+        return False
 
     def _note_body(self) -> None:
         """Whether the latest request's body is still due, and since when nothing of it came."""

@@ -20,7 +20,7 @@ from slurm_elastic.controller.runtime import Controller
 from slurm_elastic.rollouts.queue import RolloutQueue
 
 PREFIX = "slurm_elastic_"
-CLOSED_REASONS = ("refused", "evicted", "stalled", "slow")
+CLOSED_REASONS = ("refused", "evicted", "stalled", "slow", "overpipelined")
 
 
 class _Snapshot(Collector):
@@ -73,7 +73,8 @@ class _Snapshot(Collector):
             closed = CounterMetricFamily(
                 PREFIX + "api_connections_closed",
                 "API connections the server closed: refused (every one busy), evicted (idle, to make room), "
-                "stalled (response not read), slow (response read below the minimum rate)", labels=["reason"])
+                "stalled (response not read), slow (response read below the minimum rate), "
+                "overpipelined (more requests queued than the server answers ahead)", labels=["reason"])
             for reason in CLOSED_REASONS:
                 closed.add_metric([reason], getattr(self.connections, reason))
             yield closed
