@@ -114,7 +114,7 @@ class ControllerBase:
         self.heartbeats = 0
         self.busy_meter = WindowRate(PRODUCTION_WINDOW_S)  # worker-seconds spent generating, from heartbeats' busy_s
         self._busy_s_seen: dict[str, float] = {}  # each worker's last reported busy_s
-        self._busy_from_zero: set[str] = set()  # registered steps launched here: their first busy_s counts whole
+        self._busy_from_zero: dict[str, float] = {}  # registered steps launched here (when): their first busy_s counts whole
         self._busy_since_report: dict[str, tuple[float, bool]] = {}  # each worker's last busy_s report: when, busy then
         self._busy_lock = threading.Lock()  # heartbeats add while a tick reads
         self.started_at_s = clock()

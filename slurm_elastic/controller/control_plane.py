@@ -172,22 +172,31 @@ class ControlPlane(ControllerBase):
         would leave the first heartbeat interval out while its sequences count: the per-worker
         rate read several times too high in a job's first seconds)."""
         with self._busy_lock:
-            self._busy_from_zero.add(worker_id)
+            self._busy_from_zero[worker_id] = self.clock()
             if len(self._busy_from_zero) > 2 * len(self.state.workers) + 16:
-                self._busy_from_zero &= set(self.state.workers)
+                self._busy_from_zero = {w: t for w, t in self._busy_from_zero.items() if w in self.state.workers}
 
     def _record_busy_s(self, worker_id: str, busy_s: float, busy_now: bool = False) -> None:
-        """A worker's cumulative seconds inside rollouts: the increase goes into the busy meter;
-        whether it is inside one now carries its busy time on until its next report."""
+        """A worker's cumulative seconds inside rollouts: the increase goes into the busy meter, at
+        most the time since its previous report (or its registration) and two heartbeat intervals,
+        as the SDK runs one rollout at a time (a report of 1e9 s read as a per-worker production
+        near 0, and the autoscaler asked for millions of workers); whether it is inside one now
+        carries its busy time on until its next report."""
         with self._busy_lock:
-            self._busy_since_report[worker_id] = (self.clock(), busy_now)
+            now_s = self.clock()
+            previous = self._busy_since_report.get(worker_id)
+            self._busy_since_report[worker_id] = (now_s, busy_now)
+            counted_from_s = previous[0] if previous is not None else None
             before = self._busy_s_seen.get(worker_id)
-            if worker_id in self._busy_from_zero:
-                self._busy_from_zero.discard(worker_id)
-                before = 0.0
+            registered_s = self._busy_from_zero.pop(worker_id, None)
+            if registered_s is not None:
+                before, counted_from_s = 0.0, registered_s
             self._busy_s_seen[worker_id] = busy_s
             if before is not None:  # the first report of a step adopted after a restart sets where counting starts
-                self.busy_meter.add(self.clock(), busy_s - before if busy_s >= before else busy_s)
+                increase = busy_s - before if busy_s >= before else busy_s  # lower: its SDK counts from 0 again
+                if counted_from_s is not None:
+                    increase = min(increase, now_s - counted_from_s + 2 * self.config.workers.heartbeat_interval_s)
+                self.busy_meter.add(now_s, increase)
             if len(self._busy_s_seen) > 2 * len(self.state.workers) + 16:
                 self._busy_s_seen = {w: s for w, s in self._busy_s_seen.items() if w in self.state.workers}
                 self._busy_since_report = {w: r for w, r in self._busy_since_report.items() if w in self.state.workers}

@@ -58,10 +58,24 @@ def test_a_restarted_worker_counting_from_zero_adds_no_negative_time(tmp_path: P
     clock = Clock()
     controller = controller_with_two_workers(tmp_path, clock)
     for tick, busy_s in enumerate([50.0, 51.0, 52.0, 1.0, 2.0, 3.0]):  # the SDK restarted at tick 3
-        clock.now_s = 1000.0 + tick
+        clock.now_s = 1050.0 + tick  # its first report 50 s after its registration
         controller.heartbeat("0001", {"busy_s": busy_s})
     # 50 s from its launch, +1 s a report after; the restart's report (1.0) counts as 1 s, not -51 s
     assert controller.busy_worker_s(clock()) == pytest.approx(55.0)
+
+
+def test_a_report_past_the_time_since_the_last_counts_that_time_only(tmp_path: Path) -> None:
+    """busy_s of 1e9 from a client with the token read as a per-worker production near 0 for the
+    production window (the autoscaler asked for 12.7 million workers); the real reports after it,
+    lower, were taken as the SDK's restart and counted whole. An increase now counts at most the
+    time since the previous report, and two heartbeat intervals (one rollout runs at a time)."""
+    clock = Clock()
+    controller = controller_with_two_workers(tmp_path, clock)
+    slack_s = 2 * controller.config.workers.heartbeat_interval_s
+    for tick in range(1, 25):  # a report every 5 s for two minutes, busy all the time
+        clock.now_s = 1000.0 + 5 * tick
+        controller.heartbeat("0001", {"busy_s": 1e9 if tick == 12 else 5.0 * tick})
+    assert controller.busy_worker_s(clock()) <= 120.0 + 2 * slack_s
 
 
 def test_a_new_workers_first_report_counts_whole(tmp_path: Path) -> None:
