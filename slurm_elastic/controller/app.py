@@ -54,7 +54,7 @@ def create_controller_app(controller: Controller, token: str, queue: RolloutQueu
         raise ValueError("the routes would serve another queue than the controller reads: build the controller with queue=")
     submit_max_bytes = queue.config.max_group_bytes if queue is not None else BODY_MAX_BYTES
     app = ControllerApp(RequestGuard(token, submit_max_bytes), title="slurm-elastic controller", version=__version__,
-                        docs_url=None, redoc_url=None)
+                        docs_url=None, redoc_url=None, redirect_slashes=False)  # no redirect built from the client's Host
     app.add_middleware(JsonBodies, takes=routed(lambda: app.router.routes))
 
     @app.get("/healthz", tags=["status"])

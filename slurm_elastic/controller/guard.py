@@ -2,7 +2,7 @@
 ``Authorization`` header (400 with more than one: which of them counts is not the client's to
 choose), the job's token (401 without one, 403 with a wrong one), a path of printable characters
 (404 otherwise: Starlette's routes, ending in ``$``, would take ``/admin/scale`` followed by a
-newline), then the body's size (413 over the route's cap, from ``Content-Length`` before a byte
+newline) with no encoded ``/`` (404: the server decodes ``/admin%2Fpause`` to ``/admin/pause``), then the body's size (413 over the route's cap, from ``Content-Length`` before a byte
 is read, or counted as a chunked body streams in), then the body's time: it must arrive whole
 within ``body_timeout_s`` of its head (408 otherwise), so a client that trickles a body, or
 declares more than it sends, holds its connection that long at most.
@@ -81,6 +81,8 @@ class RequestGuard:
             return refusal(403, "wrong token for this job"), False, False
         if not scope["path"].isprintable():  # the router's `$` would take a trailing newline
             return refusal(404, "no route: the path holds a control character"), False, False
+        if b"%2f" in scope.get("raw_path", b"").lower():  # decoded, it would route as a separator
+            return refusal(404, "no route: the path holds an encoded / (%2F)"), False, False
         limit = self.limit_bytes(scope)
         if content_length and not content_length.isdigit():
             return refusal(400, "Content-Length is not a whole number of bytes"), False, False

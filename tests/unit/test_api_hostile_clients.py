@@ -240,3 +240,23 @@ def test_a_superseded_trainer_that_goes_on_calling_is_logged_once_a_minute() -> 
 
     noise.last_s, noise.left_out = -math.inf, 0
     assert noise.filter(record()) and not any(noise.filter(record()) for _ in range(100))
+
+
+def _raw_answer(served: Served, request_line: str) -> bytes:
+    """The status line of an answer to ``request_line`` sent as is (no client normalises its path)."""
+    host, port = served.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(f"{request_line}\r\nhost: evil.example\r\nauthorization: {AUTH['Authorization']}\r\n"
+                     "content-length: 0\r\nconnection: close\r\n\r\n".encode())
+        return conn.recv(65536)
+
+
+@pytest.mark.parametrize("request_line", ["POST /admin%2Fpause HTTP/1.1", "POST /admin%2fpause HTTP/1.1",
+                                          "GET /healthz%2F HTTP/1.1", "GET /healthz/ HTTP/1.1"])
+def test_an_encoded_slash_or_a_trailing_one_is_no_route(served: Served, request_line: str) -> None:
+    """The server decodes %2F: ``POST /admin%2Fpause`` paused the autoscaler; a trailing slash got
+    a 307 whose Location was built from the client's Host header."""
+    before = unchanged(served)
+    answer = _raw_answer(served, request_line)
+    assert answer.startswith(b"HTTP/1.1 404 "), answer[:300]
+    assert b"location:" not in answer.lower() and unchanged(served) == before
