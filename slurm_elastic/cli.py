@@ -28,6 +28,11 @@ class _Group(click.Group):
         except SlurmElasticError as exc:
             click.echo(f"slurm-elastic: error: {exc}", err=True)
             sys.exit(EXIT_CONFIG if isinstance(exc, ConfigError) else 1)
+        except click.UsageError:
+            raise  # click's own usage message and exit 2
+        except click.ClickException as exc:  # a command's own failure: said as ours are
+            click.echo(f"slurm-elastic: error: {exc.format_message()}", err=True)
+            sys.exit(exc.exit_code)
 
 
 @click.group(cls=_Group)

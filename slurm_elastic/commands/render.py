@@ -26,5 +26,8 @@ def render(config_arg: Path | None, config_path: Path | None, output: Path | Non
     if output is None:
         click.echo(text, nl=False)
     else:
-        output.write_text(text)
-        output.chmod(0o755)
+        try:
+            output.write_text(text)
+            output.chmod(0o755)
+        except OSError as exc:
+            raise click.ClickException(f"cannot write the batch script to {output}: {exc.strerror or exc}") from None

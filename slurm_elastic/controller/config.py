@@ -201,6 +201,8 @@ class JobSection(_Section):
     trainer_command: list[str] = Field(default_factory=list, description=(
         "The trainer, run as its own step; it starts with USR1 and USR2 (the drain signals) ignored."))
     trainer_gpus: int = Field(1, ge=0, description="GPUs of the trainer step.")
+    trainer_mem_mb: int = Field(0, ge=0, description="Memory of the trainer step in MB (srun --mem); 0: Slurm's "
+                                "default. Needed with mem_per_node_mb (below it, with the workers' memory).")
 
     @field_validator("trainer_command", mode="before")
     @classmethod
@@ -241,7 +243,7 @@ class HealthSection(_Section):
     crash_threshold: int = Field(_RULES.crash_threshold, ge=1)
     crash_window_s: float = Field(_RULES.crash_window_s, ge=0)
     crash_cordon_s: float = Field(_RULES.crash_cordon_s, ge=0)
-    agent_silence_s: float = Field(_RULES.agent_silence_s, ge=0)
+    agent_silence_s: float = Field(_RULES.agent_silence_s, gt=0)  # 0 would make every node unknown at once
 
     @field_validator("cordon_clock_events")
     @classmethod
@@ -270,7 +272,12 @@ class ElasticConfig(_Section):
 
     @model_validator(mode="after")
     def _tables_agree(self) -> ElasticConfig:
-        if self.agent.enabled and self.health.agent_silence_s and self.agent.interval_s >= self.health.agent_silence_s:
+        job = self.job
+        if job.mem_per_node_mb and not (job.trainer_mem_mb and self.workers.mem_per_worker_mb):
+            raise ValueError(f"job.mem_per_node_mb ({job.mem_per_node_mb}) needs job.trainer_mem_mb and "
+                             "workers.mem_per_worker_mb too: in a job that sets --mem, a step without --mem takes "
+                             "the job's whole memory on its node, and no worker could start beside it")
+        if self.agent.enabled and self.agent.interval_s >= self.health.agent_silence_s:
             raise ValueError(f"agent.interval_s ({self.agent.interval_s:g}) must be below health.agent_silence_s "
                              f"({self.health.agent_silence_s:g}): every node would read as of unknown health between "
                              "two samples")

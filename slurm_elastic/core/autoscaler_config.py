@@ -34,6 +34,7 @@ REFUSED_KEYS: dict[str, str] = {
 POSITIVE = {  # knobs the law divides by
     "horizon_s": "the control law closes the buffer's error within about this long",
     "requests_per_worker_capacity": "a server's load is its outstanding requests over this",
+    "setpoint_batches": "the buffer the law aims for; at 0 the trainer waits at every step",
 }
 
 

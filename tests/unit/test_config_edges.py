@@ -30,6 +30,10 @@ def test_a_knob_the_law_divides_by_must_be_positive(key: str, value: float) -> N
      "workers.initial_workers (6) > autoscaler.max_workers (2)"),
     ({"agent": {"interval_s": 0.05}}, "agent.interval_s: Input should be greater than or equal to 0.1"),
     ({"agent": {"interval_s": 60}}, "agent.interval_s (60) must be below health.agent_silence_s (30)"),
+    ({"health": {"agent_silence_s": 0}}, "health.agent_silence_s: Input should be greater than 0"),
+    ({"job": {"mem_per_node_mb": 2000}}, "job.mem_per_node_mb (2000) needs job.trainer_mem_mb and workers.mem_per_worker_mb"),
+    ({"job": {"mem_per_node_mb": 2000, "trainer_mem_mb": 500}}, "needs job.trainer_mem_mb and workers.mem_per_worker_mb"),
+    ({"autoscaler": {"setpoint_batches": 0}}, "autoscaler.setpoint_batches: must be > 0"),
     ({"workers": {"readiness_path": "health"}}, "workers.readiness_path: 'health' must start with /"),
     ({"workers": {"liveness_path": "live"}}, "workers.liveness_path: 'live' must start with /"),
     ({"workers": {"backoff_base_s": 600}}, "workers.backoff_base_s (600) > workers.backoff_max_s (300)"),
@@ -41,9 +45,9 @@ def test_a_value_that_would_break_the_job_later_is_refused_now(doc: dict[str, An
 
 def test_good_values_still_load() -> None:
     config = parse_config({"controller": {"tick_interval_s": 2}, "workers": {"heartbeat_interval_s": 5,
-                           "heartbeat_grace_s": 10, "command": "python w.py"},
+                           "heartbeat_grace_s": 10, "command": "python w.py", "mem_per_worker_mb": 8000},
                            "job": {"time_limit": "1-00:00:00", "name": "rl-run_1", "partition": "gpu,scavenger",
-                                   "mem_per_node_mb": 64000}})
+                                   "mem_per_node_mb": 64000, "trainer_mem_mb": 16000}})
     assert config.controller.tick_interval_s == 2.0 and config.job.mem_per_node_mb == 64000
 
 

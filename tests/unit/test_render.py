@@ -52,6 +52,23 @@ def test_the_config_may_be_named_as_the_argument_and_a_relative_one_survives_the
     assert out.strip() == f"{tmp_path}/cfg/job.toml"
 
 
+def test_an_output_that_cannot_be_written_is_one_line_and_exit_1(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["render", "examples/elastic.toml", "--output", str(tmp_path / "no" / "x")])
+    assert result.exit_code == 1
+    assert result.output.strip() == (f"slurm-elastic: error: cannot write the batch script to {tmp_path / 'no' / 'x'}: "
+                                     "No such file or directory"), result.output
+
+
+def test_the_trainer_step_gets_its_memory_where_the_job_sets_one() -> None:
+    """A step without --mem in a job with --mem takes the job's whole memory on its node (Slurm
+    22.05: the trainer step showed mem=2000M of 2000, and no worker step could start)."""
+    config = parse_config({"job": {"trainer_command": ["python", "t.py"], "mem_per_node_mb": 2000,
+                                   "trainer_mem_mb": 500},
+                           "workers": {"command": "python w.py", "mem_per_worker_mb": 300}})
+    script = render_sbatch(config, "x.toml")
+    assert "#SBATCH --mem=2000\n" in script and " --mem=500M --job-name=se-trainer" in script
+
+
 def test_render_needs_a_trainer() -> None:
     with pytest.raises(ConfigError, match=r"job\.trainer_command is empty"):
         render_sbatch(parse_config({}), "x.toml")
