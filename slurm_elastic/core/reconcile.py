@@ -200,7 +200,8 @@ def _handle_vanished(workers: dict[str, Worker], by_id: dict[str, ObservedStep],
         elif unlisted_launch and now_s - worker.launched_at_s < cfg.start_timeout_s:
             continue  # launched, not listed yet
         elif worker.state is S.DRAINING and not worker.failure_reason:
-            transition(worker, S.INACTIVE, now_s, "step ended after drain")
+            transition(worker, S.INACTIVE, now_s, "step ended after drain" if not worker.kill_sent_s
+                       else f"step cancelled at the drain timeout ({cfg.drain_timeout_s:g} s)")
         elif worker.placeholder:
             transition(worker, S.INACTIVE, now_s, "placeholder released")
         elif worker.exit_code == 0 and worker.state is not S.DRAINING and not worker.failure_reason:

@@ -120,6 +120,9 @@ def test_drain_timeout_cancels_once_then_resends() -> None:
     assert run(workers, observed, 0, now_s=30).actions == [Cancel("0001", "1", "drain timeout 30 s reached")]
     assert run(workers, observed, 0, now_s=31).actions == []
     assert len(run(workers, observed, 0, now_s=61).actions) == 1
+    run(workers, [], 0, now_s=62)  # its step ends: cancelled, not drained (it said "step ended after drain")
+    assert workers["0001"].state is S.INACTIVE and workers["0001"].crash_count == 0
+    assert workers["0001"].history[-1][3] == "step cancelled at the drain timeout (30 s)"
 
 
 def test_unexpected_exit_crashes_with_exponential_backoff_and_same_id_relaunch() -> None:
