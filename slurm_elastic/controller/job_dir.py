@@ -2,7 +2,8 @@
 
 The directory records the job it belongs to in ``job.json`` (cluster, job id, submit time, restart count, user). A
 controller that finds a directory of another job there (an earlier job with the same id, one
-left without a record) moves the whole directory aside and starts clean, with a note.
+left without a record) moves the whole directory aside and starts clean, with a note; one that
+the job's own Slurm comment names is kept whatever its record says.
 """
 
 from __future__ import annotations
@@ -58,17 +59,17 @@ def claim_state_dir(state_dir: Path, job: JobIdentity, named_by_job: bool = Fals
     """Make ``state_dir`` this job's: create it, or keep it if it is this job's (a restarted
     controller, a requeue), or move another job's aside (``<dir>.stale-<time>``) and start clean.
     ``named_by_job``: the job itself names this directory (its Slurm comment, which only its own
-    controllers set): without a readable record it is kept as this job's, and the record written
-    again, with a note."""
+    controllers set): a record that is missing, unreadable or names another job is damage, not
+    another job's directory: it is kept as this job's, and the record written again, with a note."""
     note = ""
     if state_dir.is_dir() and any(state_dir.iterdir()):
         recorded = read_identity(state_dir)
-        if recorded is None and named_by_job:
-            write_identity(state_dir, job)
-            return ClaimedDir(state_dir, f"{state_dir / JOB_FILE} was missing or unreadable; the directory is this "
-                                         "job's (its Slurm comment names it): kept, and the record written again")
         why = ("it has no readable job record (left by an older version, or damaged)" if recorded is None
                else identity_mismatch(recorded, job))
+        if why and named_by_job:
+            write_identity(state_dir, job)
+            return ClaimedDir(state_dir, f"{state_dir / JOB_FILE} is not this job's record ({why}); the directory "
+                                         "is this job's (its Slurm comment names it): kept, and the record written again")
         if not why:
             if recorded != job:
                 write_identity(state_dir, job)  # requeued: the same job, with its new submit time

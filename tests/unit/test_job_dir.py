@@ -110,10 +110,16 @@ def test_status_finds_the_directory_of_this_cluster(tmp_path: Path, monkeypatch:
     assert locate(17).url == "http://dev:1"
 
 
-@pytest.mark.parametrize("record", [None, "", "{trunc", '{"format": "slurm-elastic-job", "cluster": 5}'])
+OTHER_FIELD = [json.dumps({"format": "slurm-elastic-job", **{**JOB.to_json(), **change}})
+               for change in ({"job_id": 9999}, {"cluster": "elsewhere"}, {"submit_time_s": 1_700_000_001})]
+
+
+@pytest.mark.parametrize("record", [None, "", "{trunc", '{"format": "slurm-elastic-job", "cluster": 5}', *OTHER_FIELD])
 def test_a_lost_record_of_a_directory_the_job_names_is_written_again(tmp_path: Path, record: str | None) -> None:
-    """The job's own Slurm comment names the directory (only its controllers set it): a missing or
-    damaged ``job.json`` there is this job's, and the directory with its queue and token is kept."""
+    """The job's own Slurm comment names the directory (only its controllers set it): a missing,
+    damaged or changed ``job.json`` there is this job's, and the directory with its queue and
+    token is kept. Before, one changed field (job id 9999, in a live audit) moved the directory
+    aside: a new token, the queue and versions gone, the trainer refused with 403."""
     state_dir = old_job_dir(tmp_path, JOB)
     if record is None:
         (state_dir / JOB_FILE).unlink()
