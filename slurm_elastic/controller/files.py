@@ -46,15 +46,20 @@ def write_text_atomic(path: Path, text: str, mode: int = 0o600) -> None:
 def ensure_token(state_dir: Path) -> tuple[str, Path, str]:
     """The job's secret token (mode 0600, only the job's user can read it), its file, and a note
     for the operator ('' if none). The token of the file, else of its copy (the file is restored:
-    running workers and the trainer hold that token), else a new one, made once; the note says
+    running workers and the trainer hold that token; so too where the two differ, unless only the
+    file has the shape of a token made here), else a new one, made once; the note says
     when a token was restored, or made anew where a controller ran before (whoever holds the
     old one is refused until it restarts)."""
     path, copy = state_dir / TOKEN_FILE, state_dir / TOKEN_COPY
     token, note = _read_secret(path), ""
+    kept = _read_secret(copy)
+    if token and kept and token != kept and not (_made_here(token) and not _made_here(kept)):
+        token = ""  # the file changed under the copy, which holds what the last controller served
+        note = f"the job's token file {path} did not match its copy {copy.name}: restored from the copy"
     if not token:
-        token = _read_secret(copy)
+        token = kept
         if token:
-            note = f"the job's token file {path} was missing or empty: restored from {copy.name}"
+            note = note or f"the job's token file {path} was missing or empty: restored from {copy.name}"
         else:
             token = secrets.token_urlsafe(32)
             if (state_dir / CONTROLLER_FILE).exists():
@@ -67,6 +72,11 @@ def ensure_token(state_dir: Path) -> tuple[str, Path, str]:
     if _read_secret(copy) != token:
         write_text_atomic(copy, token + "\n")
     return token, path, note
+
+
+def _made_here(token: str) -> bool:
+    """``token`` has the shape of one :func:`ensure_token` makes (``secrets.token_urlsafe(32)``)."""
+    return len(token) == 43 and all(c.isascii() and (c.isalnum() or c in "-_") for c in token)
 
 
 def _read_secret(path: Path) -> str:

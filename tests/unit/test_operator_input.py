@@ -210,6 +210,12 @@ def test_the_token_survives_its_file_being_emptied_or_deleted(tmp_path: Path) ->
         assert again == token and path.read_text().strip() == token, damage
         assert "restored from .token.copy" in note, note
         assert read_token_file(path) == token
+    path.write_text("X" + token[1:])  # one character changed (a live audit: the trainer got 403)
+    again, _path, note = ensure_token(tmp_path)
+    assert again == token and path.read_text().strip() == token and "did not match its copy" in note
+    (tmp_path / TOKEN_COPY).write_text("\x00garbled")  # the copy damaged instead: the file is kept
+    again, _path, note = ensure_token(tmp_path)
+    assert again == token and (tmp_path / TOKEN_COPY).read_text().strip() == token and note == ""
     path.write_text("")
     (tmp_path / TOKEN_COPY).unlink()
     assert read_token_file(path) == ""
