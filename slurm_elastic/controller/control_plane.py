@@ -217,8 +217,7 @@ class ControlPlane(ControllerBase):
     def scale(self, n: int) -> dict[str, Any]:
         with self.lock:
             st = self.state
-            st.manual_target, st.wake_all_active, st.paused = max(0, int(n)), False, True
-            self.save()
+            self._set_saved(manual_target=max(0, int(n)), wake_all_active=False, paused=True)
             self.wake_loop()
             answer: dict[str, Any] = {"target_workers": st.manual_target, "paused": True}
             notes = []
@@ -238,8 +237,7 @@ class ControlPlane(ControllerBase):
         the answer says what holds it and what ends that."""
         with self.lock:
             st = self.state
-            st.paused = True
-            self.save()
+            self._set_saved(paused=True)
             if st.wake_all_active:
                 return self._noting_drain({
                     "paused": True, "note": "wake-all holds the count already (a worker on every usable GPU): "
@@ -252,8 +250,7 @@ class ControlPlane(ControllerBase):
     def resume(self) -> dict[str, Any]:
         with self.lock:
             st = self.state
-            st.paused, st.manual_target, st.wake_all_active = False, None, False
-            self.save()
+            self._set_saved(paused=False, manual_target=None, wake_all_active=False)
             self.wake_loop()
             if not st.autoscaler.config.enabled:
                 return self._noting_drain({
@@ -263,11 +260,23 @@ class ControlPlane(ControllerBase):
 
     def wake_all(self) -> dict[str, Any]:
         with self.lock:
-            st = self.state
-            st.wake_all_active, st.manual_target, st.paused = True, None, True
-            self.save()
+            self._set_saved(wake_all_active=True, manual_target=None, paused=True)
             self.wake_loop()
             return self._noting_drain({"wake_all": True})
+
+    def _set_saved(self, **fields: Any) -> None:
+        """Set the state's ``fields`` and save them; if the save fails they are set back, so that
+        the 503 the request gets means what it says: nothing changed (before, the target changed
+        in memory while the operator was told that storage failed)."""
+        before = {name: getattr(self.state, name) for name in fields}
+        for name, value in fields.items():
+            setattr(self.state, name, value)
+        try:
+            self.save()
+        except BaseException:
+            for name, value in before.items():
+                setattr(self.state, name, value)
+            raise
 
     def _noting_drain(self, answer: dict[str, Any]) -> dict[str, Any]:
         """``answer``, its note saying so while every worker drains before the job's time limit (call

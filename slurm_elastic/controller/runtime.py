@@ -311,7 +311,7 @@ class Controller(ControlPlane, StatusViews):
                     log.warning("%s", event.message)
             self._release_leases(result)
             if result.actions:  # write-ahead: a controller killed while it launches, signals or cancels
-                self.save()  # leaves records its successor waits for, drains on, or counts as its own kills
+                self._save_ahead()  # leaves records its successor waits for, drains on, or counts as its own kills
             self._run_all(result.actions)
             self._publish_endpoints()
             self.save()
@@ -321,6 +321,15 @@ class Controller(ControlPlane, StatusViews):
             self.burst.step(**burst_inputs)
             self.save()  # what it submitted or gave back, for a successor killed before the next tick
         return result
+
+    def _save_ahead(self) -> None:
+        """The write-ahead save of a tick's actions; if it fails they run all the same (a
+        successor adopts their steps from Slurm's listing). Before, the tick stopped there: its
+        launches stayed STARTING with no srun until ``start_timeout_s``, then counted as crashes."""
+        try:
+            self.save()
+        except OSError as exc:
+            log.error("could not save the state before this tick's actions (%s); running them all the same", exc)
 
     def _release_leases(self, result: TickResult) -> None:
         """Release the queue's admissions held under ids whose command ended or is relaunched
