@@ -113,6 +113,26 @@ def test_a_configuration_error_ends_the_job_instead_of_restarting_the_controller
         "wait-ready", "controller"]
 
 
+def test_a_controller_that_keeps_failing_at_once_is_restarted_ever_more_slowly(tmp_path: Path) -> None:
+    """A controller that refuses a damaged store exits 1 at once: restarted after 2, 4, 8 s ...
+    (before, every 2 s for as long as the job ran: 37 restarts in a live audit)."""
+    bin_dir, calls = tmp_path / "bin", tmp_path / "calls"
+    bin_dir.mkdir()
+    (bin_dir / "slurm-elastic").write_text(
+        f'#!/bin/bash\necho "$1" >> {calls}\n'
+        'case "$1" in controller) exit 1 ;; wait-ready) exec sleep 3 </dev/null >/dev/null 2>&1 ;; esac\n')
+    (bin_dir / "srun").write_text('#!/bin/bash\ntouch "$SLURM_ELASTIC_STOP"\n')  # the trainer ends: stop
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    script = tmp_path / "job.sbatch"
+    script.write_text(render_sbatch(load_config(DATA / "minimal.toml"), "minimal.toml"))
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "7", "TMPDIR": str(tmp_path)}
+    result = subprocess.run(["bash", str(script)], env=env, cwd=tmp_path, capture_output=True, text=True,
+                            timeout=60)
+    assert "restarting in 2 s" in result.stderr and "restarting in 4 s" in result.stderr, result.stderr
+    assert calls.read_text().split().count("controller") == 2  # at 0 and 2 s; the next would be at 6 s
+
+
 def test_a_controller_without_a_worker_command_stops_at_once_with_the_key(tmp_path: Path) -> None:
     """Not at every launch: an empty command would crash every worker step (`slurm-elastic worker --`)."""
     (tmp_path / "elastic.toml").write_text("[workers]\ninitial_workers = 1\n")
