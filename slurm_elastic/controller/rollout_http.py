@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated, Any, Generic, TypeVar
 
 from fastapi import APIRouter, FastAPI, HTTPException, Query, Request, Response, status
@@ -170,6 +171,7 @@ def inline_schema(model: type[BaseModel]) -> dict[str, Any]:
 
 
 JSON = [(b"content-type", b"application/json")]
+PARSE_APART_BYTES = 1 << 20  # a submit this large is parsed in the parser thread
 MAX_CONTAINERS = 1_000_000  # arrays and objects in a submitted group (brackets in strings count too): 32 MiB of
 # empty lists took the event loop 10 s and 2.5 GB to parse; a group of token lists holds a few per sequence
 
@@ -190,6 +192,9 @@ class SubmitEndpoint:
 
     def __init__(self, queue: RolloutQueue) -> None:
         self.queue = queue
+        # a large body is parsed here, off the event loop (pydantic lets other threads run while
+        # it parses), one at a time: a 28 MB group took 1.2 s without answers to anyone else
+        self.parser = ThreadPoolExecutor(max_workers=1, thread_name_prefix="submit-parse")
 
     async def answer(self, receive: Receive) -> tuple[int, bytes, Headers]:
         chunks: list[bytes] = []
@@ -206,7 +211,8 @@ class SubmitEndpoint:
                                  "msg": f"more than {MAX_CONTAINERS:,} arrays and objects in one group: refused "
                                         "before parsing (it would hold the controller for seconds)"}])
         try:
-            group = RolloutGroup.model_validate_json(body)
+            group = (RolloutGroup.model_validate_json(body) if len(body) < PARSE_APART_BYTES else await
+                     asyncio.get_running_loop().run_in_executor(self.parser, RolloutGroup.model_validate_json, body))
         except ValidationError as exc:
             return 422, json.dumps(error_detail(exc.errors(include_url=False, include_context=False, include_input=False),
                                                 exc.error_count(), ("body",))).encode(), JSON
