@@ -311,12 +311,41 @@ class StalenessSnapshot:
         staleness = leases.staleness
         return cls(staleness.version, staleness.accepted + dropped_seqs, at_seq, dict(leases.leases))
 
-    def restore(self, leases: AdmissionLeases, arrived_seqs: dict[str, int], dropped_seqs: int) -> None:
+    def restore(self, leases: AdmissionLeases, arrived_seqs: dict[str, int], dropped_seqs: int,
+                buffered_seqs: int = 0, last_seq: int | None = None) -> None:
         """Set ``leases`` and its manager to the counts after ``arrived_seqs`` (per worker, the
-        groups after ``at_seq``) arrived, with ``dropped_seqs`` dropped in all."""
+        groups after ``at_seq``) arrived, with ``dropped_seqs`` dropped in all. Raises ValueError,
+        changing nothing, when those counts are impossible for a store with ``buffered_seqs``
+        queued or handed out and not acknowledged and ``last_seq`` its highest arrival number
+        (:meth:`damage`): they would open as a capacity above the bound."""
+        damage = self.damage(arrived_seqs, dropped_seqs, buffered_seqs, last_seq)
+        if damage:
+            raise ValueError("; ".join(damage))
         leases.staleness.version = self.version
         leases.staleness.accepted = self.gross_seqs + sum(arrived_seqs.values()) - dropped_seqs
         leases.restore(self.leases, arrived_seqs)
+
+    def damage(self, arrived_seqs: dict[str, int], dropped_seqs: int, buffered_seqs: int,
+               last_seq: int | None) -> list[str]:
+        """Why the counts :meth:`restore` would give are impossible; empty if they are not. Every
+        buffered sequence was accepted and not freed, and beyond them only acknowledged ones (or
+        V·batch_size at a resume at V) are counted, so ``accepted`` is at least ``buffered_seqs``;
+        with no lease below 0 the capacity is then at most AReaL's formula with the buffer
+        counted. ``at_seq`` is an arrival the store holds."""
+        found = []
+        arrived = sum(arrived_seqs.values())
+        accepted = self.gross_seqs + arrived - dropped_seqs
+        if accepted < max(0, buffered_seqs):
+            below = f"the {buffered_seqs} sequences still buffered (queued, or handed out and not acknowledged)"
+            found.append(f"gross_seqs {self.gross_seqs} + {arrived} arrived since - {dropped_seqs} dropped or lost "
+                         f"gives accepted {accepted}, below {below if accepted >= 0 else 0}")
+        found += [f"the lease of {w} holds {held.unused_seqs} (running below 0)"
+                  for w, held in self.leases.items() if held.unused_seqs < 0]
+        if self.version > MAX_VERSION:
+            found.append(f"version {self.version} is past {MAX_VERSION}")
+        if last_seq is not None and self.at_seq > last_seq:
+            found.append(f"at_seq {self.at_seq} is past the last arrival stored, {last_seq}")
+        return found
 
     def to_json(self) -> str:
         leases = {w: [h.unused_seqs, h.granted_at_s, h.admission_id, h.admission_granted,

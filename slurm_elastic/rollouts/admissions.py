@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable
 
 from slurm_elastic.core.staleness import AdmissionLeases, StalenessManager, StalenessSnapshot
+from slurm_elastic.errors import StateFileError
 from slurm_elastic.rollouts.storage import Recovered, RolloutStorage
 
 log = logging.getLogger(__name__)
@@ -42,10 +43,21 @@ class StalenessBook:
 
     def recover(self, recovered: Recovered, freed_seqs: int, now_s: float) -> None:
         """The counts as saved last, moved on by the groups stored since and the sequences
-        freed in all (``freed_seqs``)."""
+        freed in all (``freed_seqs``). Saved counts that give impossible ones (damage SQLite does
+        not see) are refused with :class:`StateFileError`, as unreadable ones are: nothing is
+        restored, and nothing saved over them."""
         saved = recovered.staleness or StalenessSnapshot(0, 0, 0, {})
+        buffered = sum(g.n_seqs for g in recovered.queued)
+        buffered += sum(g.n_seqs for _batch, groups in recovered.unacked for g in groups)
+        try:
+            saved.restore(self.leases, recovered.arrived_after_snapshot, freed_seqs, buffered, recovered.last_seq)
+        except ValueError as exc:
+            raise StateFileError(
+                f"rollout store: its saved staleness counts (version {saved.version}, gross_seqs {saved.gross_seqs}, "
+                f"at_seq {saved.at_seq}) are damaged: {exc}; opened, they would admit rollouts past the "
+                "staleness bound. Restore the store's .sqlite file (with its -wal file) from a copy, or "
+                "move the store aside to start with an empty queue and give its groups up") from None
         self.freed_seqs, self.last_seq = freed_seqs, recovered.last_seq
-        saved.restore(self.leases, recovered.arrived_after_snapshot, freed_seqs)
         self.leases.expire(now_s)
 
     def admit(self, worker_id: str, n_seqs: int, now_s: float, admission_id: str = "", whole: bool = False) -> int:
