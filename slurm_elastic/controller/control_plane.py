@@ -216,17 +216,17 @@ class ControlPlane(ControllerBase):
 
     def scale(self, n: int) -> dict[str, Any]:
         with self.lock:
-            st = self.state
-            self._set_saved(manual_target=max(0, int(n)), wake_all_active=False, paused=True)
+            target = max(0, int(n))
+            self._set_saved(manual_target=target, wake_all_active=False, paused=True)
             self.wake_loop()
-            answer: dict[str, Any] = {"target_workers": st.manual_target, "paused": True}
+            answer: dict[str, Any] = {"target_workers": target, "paused": True}
             notes = []
-            if self.usable_slots is not None and st.manual_target > self.usable_slots:
+            if self.usable_slots is not None and target > self.usable_slots:
                 more = "a lifted cordon, a burst job" if self.burst is not None else "a lifted cordon"
-                notes.append(f"{st.manual_target} workers asked; {self.usable_slots} GPU slots are usable now, so "
+                notes.append(f"{target} workers asked; {self.usable_slots} GPU slots are usable now, so "
                              f"{self.usable_slots} run and the rest wait for GPUs ({more})")
-            max_workers = st.autoscaler.config.max_workers
-            if st.manual_target > max_workers:
+            max_workers = self.state.autoscaler.config.max_workers
+            if target > max_workers:
                 notes.append(f"above autoscaler.max_workers ({max_workers}): a manual target is not bound by it")
             if notes:
                 answer["note"] = "; ".join(notes)
