@@ -5,6 +5,7 @@ or dropped as too stale, or lost: its record in the log was damaged) and where i
 the log. Batches and their acknowledgements, lost groups (why, when) and a few settings
 (``meta``) live here too. Every method is one transaction under the store's lock; SQLite and
 OS errors come out as :class:`StoreUnavailableError` (the disk is full or failing: try again).
+Before the index is opened for writing it is checked read-only (:mod:`inspection`).
 """
 
 from __future__ import annotations
@@ -102,86 +103,31 @@ class StoreIndex:
         self.path = path
         self.lock = threading.Lock()
         self.transitions = 0  # what the index has committed: read by create_schema
-        self._mark = MarkWriter(path)
+        self._mark = MarkWriter(path, fsync=fsync == "always")
         self._mark_failing = False
         try:
             self.db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute(f"PRAGMA synchronous={SYNCHRONOUS[fsync]}")
             self.db.execute("PRAGMA busy_timeout=30000")  # the syncer writes index rows too
-            self.fresh = self.db.execute("SELECT 1 FROM sqlite_master WHERE name='groups'").fetchone() is None
         except sqlite3.DatabaseError as exc:
             raise StateFileError(f"rollout store {path} is unusable: {exc}{disk_full_hint(path)}") from None
 
-    def create_schema(self, now_s: float) -> int:
-        """The tables, made if missing (after :attr:`fresh` was looked at). A store whose rows
-        hold no place in the payload log is refused (a format this version does not read). Lost
-        groups whose ``lost`` row is gone (the table was dropped or emptied) get one back, dated
-        ``now_s``, saying their reason was lost: returns how many."""
+    def create_schema(self, now_s: float, transitions: int) -> int:
+        """The tables, made if missing (the index was checked by :func:`inspection.inspect_index`
+        first, which counted its ``transitions``). Lost groups whose ``lost`` row is gone (the table
+        was dropped or emptied) get one back, dated ``now_s``, saying their reason was lost:
+        returns how many."""
+        self.transitions = transitions
         try:
-            columns = {r[1] for r in self.db.execute("PRAGMA table_info(groups)")}
-            if columns and (not {"segment", "body_offset"} <= columns or self.db.execute(
-                    f"SELECT 1 FROM groups WHERE state IN {LIVE_STATES} AND segment IS NULL LIMIT 1").fetchone()):
-                raise StateFileError(
-                    f"rollout store {self.path} keeps group bodies inside its index, a format this version does "
-                    "not read: let the trainer take every batch with the version that wrote it, or move the "
-                    "store aside to start with an empty queue")
-            if columns:
-                self._refuse_foreign_rows()
-                self._refuse_lost_meta()
             self.db.executescript(SCHEMA)
             self.db.execute("INSERT OR IGNORE INTO meta (key, value) VALUES (?, 'slurm-elastic rollout store')",
                             (MARKER_KEY,))
-            self.transitions = self._committed_transitions()
             return self.db.execute(
                 "INSERT INTO lost (id, reason, lost_s) SELECT id, ?, ? FROM groups "
                 "WHERE state = 'lost' AND id NOT IN (SELECT id FROM lost)", (UNKNOWN_LOSS, now_s)).rowcount
         except sqlite3.DatabaseError as exc:
             raise StateFileError(f"rollout store {self.path} is unusable: {exc}") from None
-
-    def _refuse_foreign_rows(self) -> None:
-        """StateFileError naming the first row of the index that this version never writes: the
-        index was edited or damaged, and its queue cannot be trusted (such rows were skipped
-        unreported, or stopped the controller with a traceback)."""
-        n_rows, first = self.db.execute(f"SELECT COUNT(*), MIN(seq) FROM groups WHERE {NOT_WRITTEN_HERE}").fetchone()
-        if n_rows:
-            row = self.db.execute("SELECT seq, quote(id), quote(state), quote(n_seqs), quote(version), quote(batch_id) "
-                                  "FROM groups WHERE seq = ?", (first,)).fetchone()
-            raise StateFileError(
-                f"rollout store {self.path} is damaged: {n_rows} group row(s) hold what this version never writes "
-                f"(the first: arrival {row[0]}, id {row[1]}, state {row[2]}, n_seqs {row[3]}, version {row[4]}, "
-                f"batch {row[5]}); restore the store from a copy, or move {self.path.name} and its segments "
-                "aside to start with an empty queue")
-
-    def _refuse_lost_meta(self) -> None:
-        """StateFileError if the ``meta`` table's staleness row (the policy version and staleness
-        counts) is gone while groups of a policy version above 0 are stored: the version would
-        silently start again at 0 (and every group would read as made past it). A version above
-        0 is saved in that row before any group of it is accepted. Every open writes
-        :data:`MARKER_KEY`; an index from before that with no staleness row never had a
-        published version."""
-        has_meta = self.db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'").fetchone()
-        keys = {r[0] for r in self.db.execute("SELECT key FROM meta")} if has_meta else set()
-        if STALENESS_KEY in keys:
-            return
-        top_version, n_rows = self.db.execute("SELECT COALESCE(MAX(version), 0), COUNT(*) FROM groups").fetchone()
-        if top_version > 0 or (n_rows and not has_meta):
-            state = "gone" if not has_meta else ("empty" if not keys else "without its staleness row")
-            raise StateFileError(
-                f"rollout store {self.path} is damaged: its meta table, which holds the policy version and the "
-                f"staleness counts, is {state} while it stores {n_rows} group(s) "
-                f"of policy versions up to {top_version}: the version would start again at 0; restore the store "
-                f"from a copy, or move {self.path.name} and its segments aside to start with an empty queue")
-
-    def _committed_transitions(self) -> int:
-        raw = self.db.execute("SELECT value FROM meta WHERE key = ?", (TRANSITIONS_KEY,)).fetchone()
-        if raw is None:
-            return 0  # an index written before the count was kept, or a new one
-        if not str(raw[0]).isdigit():
-            raise StateFileError(f"rollout store {self.path} is damaged: its count of transitions is {raw[0]!r}, "
-                                 f"not a count; restore the store from a copy, or move {self.path.name} and its "
-                                 "segments aside to start with an empty queue")
-        return int(raw[0])
 
     @contextmanager
     def transaction(self, transition: bool = False) -> Iterator[sqlite3.Connection]:
@@ -239,7 +185,6 @@ class StoreIndex:
     def close(self) -> None:
         with self.lock:
             self.db.close()
-            self._mark.close()
 
     # ---- reads ------------------------------------------------------------------------------
     def last_row(self) -> tuple[int, int | None, int | None, int] | None:

@@ -9,8 +9,9 @@ handed out and never acknowledged are handed out again, with the same id, after 
 controller restart. Batch and acknowledgement transactions are fsynced by SQLite itself; they
 also make every index row written before them durable, so after a power loss the index is a
 prefix of the log, and what the log holds past it is indexed again at open. Opening takes the
-writer lock, refuses a log without its index and checks every live record (:mod:`recovery`);
-every read checks its record again.
+writer lock, looks at the index read-only (:mod:`inspection`: an index it refuses, or one older
+than its mark, or a log without its index, is left as it was), then checks every live record
+(:mod:`recovery`); every read checks its record again.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from slurm_elastic.rollouts.index import (
     GroupBody,
     StoreIndex,
 )
+from slurm_elastic.rollouts.inspection import Inspected, inspect_index
 from slurm_elastic.rollouts.recovery import (
     index_log_tail,
     read_body,
@@ -79,26 +81,38 @@ class RolloutStore(GroupCommits):
 
     # ---- opening ----------------------------------------------------------------------------
     def _open(self, segment_bytes: int) -> list[LostGroup]:
-        """Open the index and the log, index the log's tail, verify every live record (the
-        damaged ones are quarantined and returned), go on appending in a new segment."""
+        """Check the index read-only and refuse it (changing nothing) if it is damaged, older than
+        its mark, or missing beside a log; then open it and the log, index the log's tail, verify
+        every live record (the damaged ones are quarantined and returned), go on appending in a
+        new segment."""
         log_dir = self.path.with_name(self.path.stem + ".segments")
         if not self.path.exists():
             refuse_log_without_index(self.path, "is missing", log_dir)
+        found = inspect_index(self.path) if self.path.exists() else Inspected(True, 0, {})
+        if found.fresh:
+            refuse_log_without_index(self.path, "holds no index", log_dir)
+        else:
+            refuse_index_behind_mark(self.path, found.transitions, log_dir)
+        self._saved(lambda key, default: found.meta.get(key, default))
         self._index = StoreIndex(self.path, self.fsync)
         try:
-            if self._index.fresh:
-                refuse_log_without_index(self.path, "holds no index", log_dir)
-            if unknown := self._index.create_schema(self.clock()):
+            if unknown := self._index.create_schema(self.clock(), found.transitions):
                 log.warning("rollout store %s: %d lost group(s) had no record of why (the index's lost table "
                             "was dropped or emptied): recorded again as lost, reason unknown", self.path, unknown)
-            if self._index.fresh:
+            if found.fresh:
                 self._index.reset_mark()
-            else:
-                refuse_index_behind_mark(self.path, self._index.transitions, log_dir)
             self.log = SegmentLog(log_dir, segment_bytes)
         except BaseException:
             self._index.close()
             raise
+        try:
+            return self._check_at_open()
+        except BaseException:
+            self._index.close()
+            self.log.close()
+            raise
+
+    def _check_at_open(self) -> list[LostGroup]:
         self._next_seq = index_log_tail(self._index, self.log) + 1
         self._live: collections.Counter[int] = collections.Counter(self._index.live_per_segment())
         _good, damaged = self._check(self._index.live_bodies())
@@ -117,10 +131,11 @@ class RolloutStore(GroupCommits):
         self.log.close()
         os.close(self._writer_lock)  # the syncer, its other holder, is gone
 
-    def recover(self) -> Recovered:
-        """What the store holds, for a queue to rebuild itself from."""
-        raw = self.get_meta(STALENESS_KEY)
-        if not raw and self.get_meta("version"):
+    def _saved(self, meta: Callable[[str, str], str]) -> tuple[StalenessSnapshot | None, int, int]:
+        """The staleness counts, trainer session and count of lost groups told, from ``meta``
+        (key, default); StateFileError if they cannot be read (checked at open, before writing)."""
+        raw = meta(STALENESS_KEY, "")
+        if not raw and meta("version", ""):
             raise StateFileError(f"rollout store {self.path} keeps the policy version without the staleness "
                                  "counts, a format this version does not read: let the trainer take every batch "
                                  "with the version that wrote it, or move the store aside")
@@ -128,14 +143,18 @@ class RolloutStore(GroupCommits):
             snapshot = StalenessSnapshot.from_json(raw) if raw else None
         except ValueError as exc:
             raise StateFileError(f"rollout store {self.path}: unreadable staleness snapshot {raw!r} ({exc})") from None
-        last_seq, arrived = self._index.arrived_since(snapshot.at_seq if snapshot else 0)
-        session, told = self.get_meta(TRAINER_SESSION_KEY, "0"), self.get_meta(LOST_TOLD_KEY, "0")
+        session, told = meta(TRAINER_SESSION_KEY, "0"), meta(LOST_TOLD_KEY, "0")
         if not (session.isdigit() and told.isdigit()):
             raise StateFileError(f"rollout store {self.path}: unreadable trainer session {session!r} "
                                  f"or count of lost groups told {told!r}")
+        return snapshot, int(session), int(told)
+
+    def recover(self) -> Recovered:
+        """What the store holds, for a queue to rebuild itself from."""
+        snapshot, session, told = self._saved(self.get_meta)
+        last_seq, arrived = self._index.arrived_since(snapshot.at_seq if snapshot else 0)
         return Recovered(self._index.queued(), self._index.unacked_batches(), self._index.counts(),
-                         self._index.lost(), self.lost_at_open, snapshot, last_seq, arrived, int(session),
-                         int(told))
+                         self._index.lost(), self.lost_at_open, snapshot, last_seq, arrived, session, told)
 
     def save_staleness(self, snapshot: StalenessSnapshot) -> None:
         self.set_meta(STALENESS_KEY, snapshot.to_json())

@@ -1,6 +1,7 @@
 """An index older than its log, on the real store on disk: its ``-wal`` file deleted after a
 kill -9, or an older copy of it restored. Refused at open (it would hand out again groups
-delivered since), with what to do; a kill -9 alone, or a power cut's lagging mark, is no alarm."""
+delivered since), with what to do; a kill -9 alone, or a power cut's lagging mark, is no alarm;
+a damaged mark is refused, a missing one checks nothing."""
 
 from __future__ import annotations
 
@@ -106,17 +107,38 @@ def test_a_mark_behind_the_index_is_allowed_and_catches_up(tmp_path: Path) -> No
     store.close()
 
 
-@pytest.mark.parametrize("damage", [b"", b"junk\n", b"\xff\xfe"])
-def test_an_unreadable_mark_is_logged_and_written_again(tmp_path: Path, damage: bytes,
-                                                        caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("damage", [b"", b"junk\n", b"\xff\xfe", "directory",
+                                    b"slurm-elastic rollout st0re transitions 00000000000000000004\n"])
+def test_a_damaged_mark_is_refused_until_restored_or_deleted(tmp_path: Path, damage: bytes | str) -> None:
+    """Marks are renamed into place whole, so one that is there and cannot be read is damage;
+    before, it was only logged ("not checked this time") and an older index opened."""
+    delivered_then_killed(tmp_path)
+    (tmp_path / "q.sqlite-wal").unlink()  # refused on its own: the mark says 2, the index 0
+    good = mark_path(tmp_path / "q.sqlite").read_bytes()
+    mark_path(tmp_path / "q.sqlite").unlink()
+    if isinstance(damage, bytes):
+        mark_path(tmp_path / "q.sqlite").write_bytes(damage)
+    else:
+        mark_path(tmp_path / "q.sqlite").mkdir()
+    with pytest.raises(StateFileError, match=r"mark .*q\.mark is damaged .*Restore q\.mark from a copy; or, to open "
+                                             r"without that check knowingly .*delete .*q\.mark"):
+        RolloutStore(tmp_path / "q.sqlite")
+    if damage == "directory":
+        os.rmdir(mark_path(tmp_path / "q.sqlite"))
+    mark_path(tmp_path / "q.sqlite").write_bytes(good)  # restored: the older index is refused again
+    with pytest.raises(StateFileError, match="older than its log"):
+        RolloutStore(tmp_path / "q.sqlite")
+
+
+def test_a_missing_mark_opens_unchecked(tmp_path: Path) -> None:
+    """A store from before marks, or one whose mark was deleted knowingly: opens, and gets one."""
     store = RolloutStore(tmp_path / "q.sqlite")
     store.insert("a", "0007", 4, 0, body("a"))
     store.hand_out("b1", ["a"], 1.0)
     store.close()
-    mark_path(tmp_path / "q.sqlite").write_bytes(damage)
-    with caplog.at_level(logging.WARNING):
-        store = RolloutStore(tmp_path / "q.sqlite")
-    assert "not checked this time" in caplog.text or "unreadable" in caplog.text
+    mark_path(tmp_path / "q.sqlite").unlink()
+    store = RolloutStore(tmp_path / "q.sqlite")
+    assert read_mark(tmp_path / "q.sqlite") is None
     assert store.ack("b1") and read_mark(tmp_path / "q.sqlite") == 2
     store.close()
 
