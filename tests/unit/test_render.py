@@ -89,24 +89,33 @@ def test_shell_quoting_of_arguments() -> None:
     assert "CONFIG='my config.toml'" in render_sbatch(config, "my config.toml")
 
 
+def run_script_with_stand_ins(tmp: Path, controller: str, wait_ready_s: float,
+                              srun: str) -> subprocess.CompletedProcess[str]:
+    """The rendered minimal script run by bash, with ``slurm-elastic`` and ``srun`` replaced by
+    stand-ins: each call's first word goes to ``tmp/calls``; ``controller`` and ``srun`` are
+    their shell bodies, ``wait-ready`` sleeps ``wait_ready_s``."""
+    bin_dir, calls = tmp / "bin", tmp / "calls"
+    bin_dir.mkdir()
+    (bin_dir / "slurm-elastic").write_text(
+        f'#!/bin/bash\necho "$1" >> {calls}\n'
+        f'case "$1" in controller) {controller} ;;\n'
+        f'  wait-ready) exec sleep {wait_ready_s} </dev/null >/dev/null 2>&1 ;; esac\n')
+    (bin_dir / "srun").write_text(f"#!/bin/bash\n{srun}\n")
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    script = tmp / "job.sbatch"
+    script.write_text(render_sbatch(load_config(DATA / "minimal.toml"), "minimal.toml"))
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "7", "TMPDIR": str(tmp)}
+    return subprocess.run(["bash", str(script)], env=env, cwd=tmp, capture_output=True, text=True, timeout=60)
+
+
 def test_a_configuration_error_ends_the_job_instead_of_restarting_the_controller(tmp_path: Path) -> None:
     """The rendered script with stand-ins for slurm-elastic and srun: a controller that exits 78
     (a configuration error) is started once and the script ends before the trainer step."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
     calls = tmp_path / "calls"
-    (bin_dir / "slurm-elastic").write_text(
-        f'#!/bin/bash\necho "$1" >> {calls}\n'
-        'case "$1" in controller) echo "slurm-elastic: error: bad key" >&2; exit 78 ;;\n'
-        '  wait-ready) exec sleep 5 </dev/null >/dev/null 2>&1 ;; esac\n')
-    (bin_dir / "srun").write_text(f'#!/bin/bash\necho srun >> {calls}\n')
-    for tool in bin_dir.iterdir():
-        tool.chmod(0o755)
-    script = tmp_path / "job.sbatch"
-    script.write_text(render_sbatch(load_config(DATA / "minimal.toml"), "minimal.toml"))
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "7", "TMPDIR": str(tmp_path)}
-    result = subprocess.run(["bash", str(script)], env=env, cwd=tmp_path, capture_output=True, text=True,
-                            timeout=60)
+    result = run_script_with_stand_ins(
+        tmp_path, controller='echo "slurm-elastic: error: bad key" >&2; exit 78', wait_ready_s=5,
+        srun=f"echo srun >> {calls}")
     assert result.returncode != 0
     assert "configuration is refused" in result.stderr
     assert calls.read_text().split() == ["controller", "wait-ready"] or calls.read_text().split() == [
@@ -116,19 +125,9 @@ def test_a_configuration_error_ends_the_job_instead_of_restarting_the_controller
 def test_a_controller_that_keeps_failing_at_once_is_restarted_ever_more_slowly(tmp_path: Path) -> None:
     """A controller that refuses a damaged store exits 1 at once: restarted after 2, 4, 8 s ...
     (before, every 2 s for as long as the job ran: 37 restarts in a live audit)."""
-    bin_dir, calls = tmp_path / "bin", tmp_path / "calls"
-    bin_dir.mkdir()
-    (bin_dir / "slurm-elastic").write_text(
-        f'#!/bin/bash\necho "$1" >> {calls}\n'
-        'case "$1" in controller) exit 1 ;; wait-ready) exec sleep 3 </dev/null >/dev/null 2>&1 ;; esac\n')
-    (bin_dir / "srun").write_text('#!/bin/bash\ntouch "$SLURM_ELASTIC_STOP"\n')  # the trainer ends: stop
-    for tool in bin_dir.iterdir():
-        tool.chmod(0o755)
-    script = tmp_path / "job.sbatch"
-    script.write_text(render_sbatch(load_config(DATA / "minimal.toml"), "minimal.toml"))
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "7", "TMPDIR": str(tmp_path)}
-    result = subprocess.run(["bash", str(script)], env=env, cwd=tmp_path, capture_output=True, text=True,
-                            timeout=60)
+    calls = tmp_path / "calls"
+    result = run_script_with_stand_ins(tmp_path, controller="exit 1", wait_ready_s=3,
+                                       srun='touch "$SLURM_ELASTIC_STOP"')  # the trainer ends: stop
     assert "restarting in 2 s" in result.stderr and "restarting in 4 s" in result.stderr, result.stderr
     assert calls.read_text().split().count("controller") == 2  # at 0 and 2 s; the next would be at 6 s
 
