@@ -32,9 +32,10 @@ from slurm_elastic.controller.main import (
     slurm_backend,
 )
 from slurm_elastic.controller.prolog_results import take_prolog_results
-from slurm_elastic.controller.rollout_http import ControllerApp, SubmitEndpoint, rollout_router
+from slurm_elastic.controller.rollout_http import ControllerApp, rollout_router
 from slurm_elastic.controller.runtime import Controller
 from slurm_elastic.controller.serve import ApiServer, default_listen_host
+from slurm_elastic.controller.submit import SubmitEndpoint
 from slurm_elastic.controller.weights import WeightsPusher
 from slurm_elastic.errors import ConfigError, SlurmError
 from slurm_elastic.rollouts.queue import QueueConfig, RolloutQueue
@@ -43,7 +44,7 @@ from slurm_elastic.rollouts.store import RolloutStore
 log = logging.getLogger(__name__)
 
 
-def create_controller_app(controller: Controller, token: str, queue: RolloutQueue | None = None) -> ControllerApp:
+def create_controller_app(controller: Controller, token: str | tuple[str, ...], queue: RolloutQueue | None = None) -> ControllerApp:
     """The controller's ASGI app: /healthz, the control plane, the rollout queue and the schema
     (/openapi.json), every route behind the job's token, checked with the body's size before any
     body is read; the framework's routes take their body as JSON whatever its Content-Type, refused
@@ -95,7 +96,7 @@ def run_controller(config: ElasticConfig, stop: threading.Event) -> bool:
     check_worker_shape(config, job)
     claimed = open_state_dir(config, job)  # before anything in it is read: it must be this job's
     state_dir = claimed.path
-    token, token_file, token_note = ensure_token(state_dir)
+    tokens, token_file, token_note = ensure_token(state_dir)
     install_stop_handlers(stop)
     queue = open_queue(config, state_dir)
     ctl = build_controller(config, job, backend, state_dir, token_file=token_file, queue=queue)
@@ -108,7 +109,7 @@ def run_controller(config: ElasticConfig, stop: threading.Event) -> bool:
     host = config.controller.listen_host or default_listen_host()
     port = config.controller.listen_port or previous_port(state_dir, host)
     try:
-        server = ApiServer(create_controller_app(ctl, token, queue), host, port)
+        server = ApiServer(create_controller_app(ctl, tokens, queue), host, port)
     except OSError as exc:  # socket.gaierror included: a name that does not resolve
         if not config.controller.listen_host or not _a_config_mistake(exc):
             raise

@@ -77,7 +77,7 @@ class ControlPlane(ControllerBase):
                         cordons.record_preflight_failure(worker.node, gpu, need_mb, why, now_s)
             admit(worker, cordons.cordoned(), bool(info.get("ready", True)), now_s)
             self._publish_endpoints()
-            self.save()
+            self._save_behind()
             if self.weights_wake is not None and worker.endpoint:  # update it before it enters discovery
                 self.weights_wake.set()
             action = "hold" if worker.placeholder else ("drain" if worker.state is S.DRAINING else "run")
@@ -97,7 +97,7 @@ class ControlPlane(ControllerBase):
         if node and node != worker.node:
             worker.node_gpus[node] = tuple(int(g) for g in info.get("gpus", ()))
             worker.nodes = worker.nodes if node in worker.nodes else (*worker.nodes, node)
-        self.save()
+        self._save_behind()
         action = "hold" if worker.placeholder else ("drain" if worker.state is S.DRAINING else "run")
         return {"worker_id": worker_id, "action": action, "weights": latest_weights(self.weights),
                 "heartbeat_interval_s": self.config.workers.heartbeat_interval_s}
@@ -154,7 +154,7 @@ class ControlPlane(ControllerBase):
         begin_drain(worker, self.clock(), "the drain signal reached its step (scancel --signal, or Slurm's)")
         worker.drained_by_its_step = True
         log.info("worker %s: the drain signal reached its step; draining", worker.worker_id)
-        self.save()
+        self._save_behind()
 
     def _rank_failed(self, worker: Worker, rank: int, exit_code: int | None) -> dict[str, Any]:
         """Another task of the worker's step says its command failed on its own (no SIGTERM, drain or
@@ -163,8 +163,17 @@ class ControlPlane(ControllerBase):
         if exit_code and not worker.failure_reason:
             worker.failure_reason = f"its task {rank} exited with code {exit_code}"
             log.warning("worker %s: %s; the step ends", worker.worker_id, worker.failure_reason)
-            self.save()
+            self._save_behind()
         return {"drain": False, "hold": False, "register": False}
+
+    def _save_behind(self) -> None:
+        """Save what a worker's own call changed; a failure is logged, not answered: the worker's
+        step runs whatever the file says, and the next tick saves again (a registration answered
+        503 while the state file could not be written ended its worker, counted as a crash)."""
+        try:
+            self.save()
+        except OSError as exc:
+            log.error("could not save the state after a worker's call (%s); the next tick tries again", exc)
 
     def _count_busy_from_zero(self, worker_id: str) -> None:
         """A step this controller launched registers: its SDK counts busy time from 0, all of it
@@ -177,29 +186,35 @@ class ControlPlane(ControllerBase):
                 self._busy_from_zero = {w: t for w, t in self._busy_from_zero.items() if w in self.state.workers}
 
     def _record_busy_s(self, worker_id: str, busy_s: float, busy_now: bool = False) -> None:
-        """A worker's cumulative seconds inside rollouts: the increase goes into the busy meter, at
-        most the time since its previous report (or its registration) and two heartbeat intervals,
-        as the SDK runs one rollout at a time (a report of 1e9 s read as a per-worker production
-        near 0, and the autoscaler asked for millions of workers); whether it is inside one now
-        carries its busy time on until its next report."""
+        """A worker's cumulative seconds inside rollouts: the increase goes into the busy meter;
+        whether it is inside one now carries its busy time on until its next report. The SDK runs
+        one rollout at a time, so what is counted never runs ahead of the clock: from its previous
+        report (or its registration) on, a worker is credited at most the time since and two
+        heartbeat intervals, however many reports come (one report of 1e9 s, or 50,000 reports a
+        few seconds apart, read as a per-worker production near 0, and the autoscaler asked for
+        thousands of workers)."""
         with self._busy_lock:
             now_s = self.clock()
             previous = self._busy_since_report.get(worker_id)
             self._busy_since_report[worker_id] = (now_s, busy_now)
-            counted_from_s = previous[0] if previous is not None else None
             before = self._busy_s_seen.get(worker_id)
+            floor_s = previous[0] if previous is not None else now_s
             registered_s = self._busy_from_zero.pop(worker_id, None)
             if registered_s is not None:
-                before, counted_from_s = 0.0, registered_s
+                before, floor_s = 0.0, registered_s
             self._busy_s_seen[worker_id] = busy_s
+            counted_to_s = max(self._busy_counted_to_s.get(worker_id, floor_s), floor_s)
             if before is not None:  # the first report of a step adopted after a restart sets where counting starts
                 increase = busy_s - before if busy_s >= before else busy_s  # lower: its SDK counts from 0 again
-                if counted_from_s is not None:
-                    increase = min(increase, now_s - counted_from_s + 2 * self.config.workers.heartbeat_interval_s)
+                room_s = now_s + 2 * self.config.workers.heartbeat_interval_s - counted_to_s
+                increase = max(0.0, min(increase, room_s))
+                counted_to_s += increase
                 self.busy_meter.add(now_s, increase)
+            self._busy_counted_to_s[worker_id] = counted_to_s
             if len(self._busy_s_seen) > 2 * len(self.state.workers) + 16:
                 self._busy_s_seen = {w: s for w, s in self._busy_s_seen.items() if w in self.state.workers}
                 self._busy_since_report = {w: r for w, r in self._busy_since_report.items() if w in self.state.workers}
+                self._busy_counted_to_s = {w: t for w, t in self._busy_counted_to_s.items() if w in self.state.workers}
 
     def busy_worker_s(self, now_s: float) -> float | None:
         """Worker-seconds inside rollouts over the production window: those reported, and since

@@ -43,19 +43,24 @@ def write_text_atomic(path: Path, text: str, mode: int = 0o600) -> None:
         raise
 
 
-def ensure_token(state_dir: Path) -> tuple[str, Path, str]:
-    """The job's secret token (mode 0600, only the job's user can read it), its file, and a note
-    for the operator ('' if none). The token of the file, else of its copy (the file is restored:
-    running workers and the trainer hold that token; so too where the two differ, unless only the
-    file has the shape of a token made here), else a new one, made once; the note says
-    when a token was restored, or made anew where a controller ran before (whoever holds the
-    old one is refused until it restarts)."""
+def ensure_token(state_dir: Path) -> tuple[tuple[str, ...], Path, str]:
+    """The job's secret tokens (mode 0600, only the job's user can read them: one, or two where
+    the file and its copy differ), the token file, and a note for the operator ('' if none).
+
+    The token of the file, else of its copy (the file is restored: running workers and the
+    trainer hold that token), else a new one, made once. Where the file and its copy differ, one
+    was changed or damaged and nothing tells which the clients hold: both are accepted and both
+    files kept, unless only one has the shape of a token made here (the other is written again
+    from it). The note says when a token was restored, when two are accepted, or when one was
+    made anew where a controller ran before (whoever holds the old one is refused until it restarts)."""
     path, copy = state_dir / TOKEN_FILE, state_dir / TOKEN_COPY
-    token, note = _read_secret(path), ""
-    kept = _read_secret(copy)
-    if token and kept and token != kept and not (_made_here(token) and not _made_here(kept)):
-        token = ""  # the file changed under the copy, which holds what the last controller served
-        note = f"the job's token file {path} did not match its copy {copy.name}: restored from the copy"
+    token, kept, note = _read_secret(path), _read_secret(copy), ""
+    if token and kept and token != kept and _made_here(token) == _made_here(kept):
+        os.chmod(path, 0o600)
+        return (token, kept), path, (f"the job's token file {path} and its copy {copy.name} differ (one was changed "
+                                     "or damaged): both tokens are accepted; write the right one into both files")
+    if token and kept and token != kept and _made_here(kept):
+        token, note = "", f"the job's token file {path} is not a token this job made: restored from {copy.name}"
     if not token:
         token = kept
         if token:
@@ -71,7 +76,7 @@ def ensure_token(state_dir: Path) -> tuple[str, Path, str]:
         os.chmod(path, 0o600)
     if _read_secret(copy) != token:
         write_text_atomic(copy, token + "\n")
-    return token, path, note
+    return (token,), path, note
 
 
 def _made_here(token: str) -> bool:

@@ -44,9 +44,9 @@ async def send_answer(send: Send, answer: tuple[int, bytes, Headers]) -> None:
 class RequestGuard:
     """The token and body-size checks for one job's API."""
 
-    def __init__(self, token: str, submit_max_bytes: int, body_max_bytes: int = BODY_MAX_BYTES,
+    def __init__(self, token: str | tuple[str, ...], submit_max_bytes: int, body_max_bytes: int = BODY_MAX_BYTES,
                  body_timeout_s: float = BODY_TIMEOUT_S) -> None:
-        self.token = token.encode()
+        self.tokens = tuple(t.encode() for t in ((token,) if isinstance(token, str) else token))
         self.submit_max_bytes = submit_max_bytes
         self.body_max_bytes = body_max_bytes
         self.body_timeout_s = body_timeout_s
@@ -77,7 +77,7 @@ class RequestGuard:
         token = token.strip()
         if scheme.lower() != b"bearer" or not token:
             return refusal(401, "missing bearer token", [(b"www-authenticate", b"Bearer")]), False, False
-        if not hmac.compare_digest(token, self.token):
+        if not any([hmac.compare_digest(token, accepted) for accepted in self.tokens]):  # each compared
             return refusal(403, "wrong token for this job"), False, False
         if not scope["path"].isprintable():  # the router's `$` would take a trailing newline
             return refusal(404, "no route: the path holds a control character"), False, False

@@ -76,6 +76,12 @@ def test_a_report_past_the_time_since_the_last_counts_that_time_only(tmp_path: P
         clock.now_s = 1000.0 + 5 * tick
         controller.heartbeat("0001", {"busy_s": 1e9 if tick == 12 else 5.0 * tick})
     assert controller.busy_worker_s(clock()) <= 120.0 + 2 * slack_s
+    before = controller.busy_worker_s(clock())
+    assert before is not None
+    for report in range(50_000):  # many reports within a second, each 2 s more (a live re-check)
+        clock.now_s += 1e-5
+        controller.heartbeat("0002", {"busy_s": 2.0 * report})
+    assert controller.busy_worker_s(clock()) - before <= 1.0 + slack_s
 
 
 def test_a_new_workers_first_report_counts_whole(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from slurm_elastic.controller.rollout_http import RolloutGroup
+from slurm_elastic.controller.submit import RolloutGroup
 from slurm_elastic.rollouts.wire import (
     check_token_ids,
     decode_tokens,

@@ -55,3 +55,18 @@ def test_a_ticks_launches_run_when_their_write_ahead_save_fails(tmp_path: Path,
         controller.tick()
     assert len(backend.launched) == 2
     assert sorted(w.state for w in controller.state.workers.values()) == [WorkerState.STARTING] * 2
+
+
+def test_a_worker_registers_while_the_state_file_cannot_be_written(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before, its registration got 503 "storage failed" and the worker's step ended, counted as a
+    crash: three such ended cordoned a healthy GPU (a live re-check with `chattr +i state.json`)."""
+    backend = Launches()
+    controller = Controller(parse_config({"agent": {"enabled": False}, "autoscaler": {"min_workers": 0}}), 1,
+                            backend, tmp_path, gpus_by_node={"node1": (0, 1, 2, 3)})
+    controller.scale(1)
+    controller.tick()
+    (worker_id,) = controller.state.workers
+    failing_saves(controller, monkeypatch)
+    answer = controller.register_worker(worker_id, {"node": "node1", "gpus": [0], "step_id": 3})
+    assert answer["action"] == "run" and controller.state.workers[worker_id].state is WorkerState.ACTIVE

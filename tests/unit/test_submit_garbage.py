@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from starlette.types import Message
 
-from slurm_elastic.controller.rollout_http import SubmitEndpoint
+from slurm_elastic.controller.submit import SubmitEndpoint
 from slurm_elastic.rollouts.queue import QueueConfig, RolloutQueue
 from slurm_elastic.rollouts.store import RolloutStore
 from slurm_elastic.rollouts.wire import pack_group
@@ -98,7 +98,7 @@ def test_a_failed_commit_leaves_no_reference_cycle(tmp_path: Path, monkeypatch: 
     from slurm_elastic.rollouts.store import StoreUnavailableError
 
     # pytest keeps every log record, and a record's arguments would keep the error reachable
-    monkeypatch.setattr(logging.getLogger("slurm_elastic.controller.rollout_http"), "disabled", True)
+    monkeypatch.setattr(logging.getLogger("slurm_elastic.controller.submit"), "disabled", True)
 
     queue = RolloutQueue(RolloutStore(tmp_path / "q.sqlite"), QueueConfig(batch_size=2, capacity_seqs=1000))
     endpoint = SubmitEndpoint(queue)
@@ -137,22 +137,22 @@ def test_a_large_submit_is_parsed_off_the_event_loop(tmp_path: Path, monkeypatch
     thread, where pydantic lets the loop's thread run. A small one is parsed in place."""
     import threading
 
-    from slurm_elastic.controller import rollout_http
+    from slurm_elastic.controller import submit
 
     parsed_in: list[str] = []
-    group_model = rollout_http.RolloutGroup
+    group_model = submit.RolloutGroup
 
     class Recording:
         @staticmethod
-        def model_validate_json(payload: bytes) -> rollout_http.RolloutGroup:
+        def model_validate_json(payload: bytes) -> submit.RolloutGroup:
             parsed_in.append(threading.current_thread().name)
             return group_model.model_validate_json(payload)
 
-    monkeypatch.setattr(rollout_http, "RolloutGroup", Recording)
+    monkeypatch.setattr(submit, "RolloutGroup", Recording)
     queue = RolloutQueue(RolloutStore(tmp_path / "q.sqlite"), QueueConfig(batch_size=2, capacity_seqs=1000))
     endpoint = SubmitEndpoint(queue)
     large = json.loads(body("large"))
-    large["metadata"] = {"numbers": list(range(rollout_http.PARSE_APART_BYTES // 4))}
+    large["metadata"] = {"numbers": list(range(submit.PARSE_APART_BYTES // 4))}
 
     async def submit(payload: bytes) -> int:
         async def receive() -> Message:
