@@ -68,10 +68,10 @@ def inspect_index(path: Path) -> Inspected:
                                      f"{RESTORE.format(name=path.name)}")
             _refuse_old_format(db, path)
             _refuse_foreign_rows(db, path)
-            _refuse_lost_meta(db, path)
             has_meta = db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'").fetchone()
-            meta = {str(k): str(v) for k, v in db.execute("SELECT key, value FROM meta")} if has_meta else {}
-            return Inspected(False, _committed_transitions(meta, path), meta)
+            meta = {str(k): str(v) for k, v in db.execute("SELECT key, value FROM meta")} if has_meta else None
+            _refuse_lost_meta(db, path, meta)
+            return Inspected(False, _committed_transitions(meta or {}, path), meta or {})
     except sqlite3.DatabaseError as exc:
         raise StateFileError(f"rollout store {path} is unusable: {exc}") from None
     except OSError as exc:  # the -shm file could not be made
@@ -106,15 +106,14 @@ def _refuse_foreign_rows(db: sqlite3.Connection, path: Path) -> None:
             f"batch {row[5]}); {RESTORE.format(name=path.name)}")
 
 
-def _refuse_lost_meta(db: sqlite3.Connection, path: Path) -> None:
+def _refuse_lost_meta(db: sqlite3.Connection, path: Path, meta: dict[str, str] | None) -> None:
     """StateFileError if the ``meta`` table's staleness row (the policy version and staleness
     counts) is gone while groups of a policy version above 0 are stored: the version would
     silently start again at 0 (and every group would read as made past it). A version above
     0 is saved in that row before any group of it is accepted. Every open writes
     :data:`MARKER_KEY`; an index from before that with no staleness row never had a
-    published version."""
-    has_meta = db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'").fetchone()
-    keys = {r[0] for r in db.execute("SELECT key FROM meta")} if has_meta else set()
+    published version. ``meta``: its rows (None: no such table)."""
+    has_meta, keys = meta is not None, set(meta or ())
     if STALENESS_KEY in keys:
         return
     top_version, n_rows = db.execute("SELECT COALESCE(MAX(version), 0), COUNT(*) FROM groups").fetchone()
