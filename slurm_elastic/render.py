@@ -11,6 +11,7 @@ import jinja2
 from slurm_elastic.controller.burst_config import split_excludes
 from slurm_elastic.controller.config import ElasticConfig, check_worker_command
 from slurm_elastic.core.burst import burst_job_comment, burst_job_name
+from slurm_elastic.core.shape import worker_shape
 from slurm_elastic.errors import ConfigError
 from slurm_elastic.resources import templates_dir
 
@@ -31,12 +32,37 @@ def render_sbatch(config: ElasticConfig, config_path: str) -> str:
     if config.job.trainer_gpus > config.job.gpus_per_node:
         raise ConfigError(f"{config_path}: job.trainer_gpus ({config.job.trainer_gpus}) > job.gpus_per_node "
                           f"({config.job.gpus_per_node}): the trainer step could never start")
+    _check_node_memory(config, config_path)
     return _templates().get_template("elastic_rl.sbatch.j2").render(
         job=config.job,
         config_path=shlex.quote(config_path),
         trainer_command=shlex.join(config.job.trainer_command),
         drain_timeout_s=f"{config.workers.drain_timeout_s:g}",
     )
+
+
+def _check_node_memory(config: ElasticConfig, config_path: str) -> None:
+    """ConfigError unless the trainer and the workers that fit beside it by GPUs fit in
+    ``job.mem_per_node_mb`` (a worker step that asks for more memory than is left never starts)."""
+    job, workers = config.job, config.workers
+    if not job.mem_per_node_mb:
+        return
+    shape = worker_shape(workers.gpus_per_worker, workers.nodes_per_worker, job.gpus_per_node,
+                         nodes_in_job=job.nodes)
+    per_node = shape.gpus_per_node or job.gpus_per_node or 1
+    beside_trainer = (job.gpus_per_node - job.trainer_gpus) // per_node if shape.gpus_per_node else 0
+    needed_mb = job.trainer_mem_mb + beside_trainer * workers.mem_per_worker_mb
+    if needed_mb > job.mem_per_node_mb:
+        raise ConfigError(
+            f"{config_path}: job.trainer_mem_mb ({job.trainer_mem_mb}) + {beside_trainer} workers of "
+            f"workers.mem_per_worker_mb ({workers.mem_per_worker_mb}) = {needed_mb} MB > job.mem_per_node_mb "
+            f"({job.mem_per_node_mb}): the workers on the trainer's node that find no memory never start")
+    on_other_nodes_mb = job.gpus_per_node // per_node * workers.mem_per_worker_mb if job.nodes > 1 else 0
+    if on_other_nodes_mb > job.mem_per_node_mb:
+        raise ConfigError(
+            f"{config_path}: {job.gpus_per_node // per_node} workers of workers.mem_per_worker_mb "
+            f"({workers.mem_per_worker_mb}) = {on_other_nodes_mb} MB > job.mem_per_node_mb ({job.mem_per_node_mb}): "
+            "the workers of a node that find no memory never start")
 
 
 def render_burst_script(config: ElasticConfig, parent_job_id: int, state_dir: Path, python: str = sys.executable,

@@ -50,6 +50,20 @@ STALLED_BODY_S = 1.0  # a request body that sent nothing for this long may be cl
 MAX_PIPELINED = 32  # requests queued behind the one being answered; one more resets the connection
 
 
+def _pieces(data: bytes, most_heads: int) -> list[bytes]:
+    """``data`` cut after every ``most_heads``-th ``\r\n\r\n`` (a head's end, or a body's blank lines)."""
+    if data.count(HEAD_END) <= most_heads:
+        return [data]
+    pieces, start, seen, at = [], 0, 0, data.find(HEAD_END)
+    while at >= 0:
+        seen += 1
+        if seen % most_heads == 0:
+            pieces.append(data[start:at + len(HEAD_END)])
+            start = at + len(HEAD_END)
+        at = data.find(HEAD_END, at + len(HEAD_END))
+    return [*pieces, data[start:]] if start < len(data) else pieces
+
+
 def raise_open_files_limit() -> int:
     """Raise this process's soft limit on open files to its hard limit; returns the soft limit now."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -208,27 +222,35 @@ class GuardedConnection(asyncio.Protocol):
             self.abort()
 
     def data_received(self, data: bytes) -> None:
-        if not self._pipeline_within_cap(data.count(HEAD_END)):  # before the parser holds them all
-            return
+        """Hand ``data`` to the HTTP parser in pieces of at most ``max_pipelined`` heads' ends each,
+        checking the pipeline after each piece: a read of 256 KiB holds 2,000 small requests, which
+        the parser would keep; a body's own blank lines may end a piece, never the connection."""
+        for piece in _pieces(data, self.book.max_pipelined):
+            if not self._take(piece) or self.transport is None or self.transport.is_closing():
+                return
+
+    def _take(self, data: bytes) -> bool:
+        """Parse ``data`` within the limits; False if that closed the connection."""
         if self in self.book.waiting:
-            if self._watch_head(data):
-                self.inner.data_received(data)
-                if self._pipeline_within_cap():
-                    self._note_body()
-            return
+            if not self._watch_head(data):
+                return False
+            self.inner.data_received(data)
+            if not self._pipeline_within_cap():
+                return False
+            self._note_body()
+            return True
         before = getattr(self.inner, "cycle", None)  # the HTTP protocol's latest request (uvicorn's)
         whole_before = before is not None and not getattr(before, "more_body", True)
         self.inner.data_received(data)
-        if self._pipeline_within_cap():
-            self._count_next_head(data, before, whole_before)
-            self._note_body()
+        if not self._pipeline_within_cap():
+            return False
+        self._count_next_head(data, before, whole_before)
+        self._note_body()
+        return True
 
-    def _pipeline_within_cap(self, arriving: int = 0) -> bool:
-        """At most ``max_pipelined`` requests queued behind the one answered, counting ``arriving``
-        more (heads' ends in a read not parsed yet: a read of 256 KiB holds 2,000 small requests,
-        which the parser would keep); else the connection is reset."""
-        queued = len(getattr(self.inner, "pipeline", ())) + max(0, arriving - 1)
-        if queued <= self.book.max_pipelined:
+    def _pipeline_within_cap(self) -> bool:
+        """At most ``max_pipelined`` requests queued behind the one answered; else the connection is reset."""
+        if len(getattr(self.inner, "pipeline", ())) <= self.book.max_pipelined:
             return True
         self.book.overpipelined += 1
         self.abort(reset=True)

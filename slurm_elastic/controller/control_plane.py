@@ -4,7 +4,10 @@ through it (an operator drain is :func:`slurm_elastic.core.tick.operator_drain`)
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import logging
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -167,13 +170,13 @@ class ControlPlane(ControllerBase):
         return {"drain": False, "hold": False, "register": False}
 
     def _save_behind(self) -> None:
-        """Save what a worker's own call changed; a failure is logged, not answered: the worker's
-        step runs whatever the file says, and the next tick saves again (a registration answered
-        503 while the state file could not be written ended its worker, counted as a crash)."""
+        """Save what already happened (a worker's own call, a drain signal sent); a failure is
+        logged, not answered: the step runs whatever the file says, and the next tick saves again
+        (a registration answered 503 while the state file could not be written ended its worker)."""
         try:
             self.save()
         except OSError as exc:
-            log.error("could not save the state after a worker's call (%s); the next tick tries again", exc)
+            log.error("could not save the state (%s); the next tick tries again", exc)
 
     def _count_busy_from_zero(self, worker_id: str) -> None:
         """A step this controller launched registers: its SDK counts busy time from 0, all of it
@@ -279,6 +282,19 @@ class ControlPlane(ControllerBase):
             self.wake_loop()
             return self._noting_drain({"wake_all": True})
 
+    @contextlib.contextmanager
+    def _undone_unless_saved(self, *changed: object) -> Iterator[None]:
+        """Run the block, which changes ``changed`` and saves; if it raises (the save failed),
+        ``changed`` are set back as they were: the 503 the request gets means nothing changed."""
+        before = [copy.deepcopy(vars(obj)) for obj in changed]
+        try:
+            yield
+        except BaseException:
+            for obj, fields in zip(changed, before, strict=True):
+                vars(obj).clear()
+                vars(obj).update(fields)
+            raise
+
     def _set_saved(self, **fields: Any) -> None:
         """Set the state's ``fields`` and save them; if the save fails they are set back, so that
         the 503 the request gets means what it says: nothing changed (before, the target changed
@@ -321,21 +337,25 @@ class ControlPlane(ControllerBase):
                 raise UnknownWorkerError(f"{worker_id}: no step runs for it, nothing to drain (it is "
                                          f"{worker.state.value}" + (f": {last})" if last else ")"))
             now_s = self.clock()
-            actions = operator_drain(self.state, worker, self.tick_config,
-                                     {worker_id: self.endpoints.outstanding(worker_id, now_s)}, now_s)
-            self._publish_endpoints()
-            self.save()  # write-ahead: a successor of a controller killed after the signal drains it too
+            try:
+                with self._undone_unless_saved(worker):
+                    actions = operator_drain(self.state, worker, self.tick_config,
+                                             {worker_id: self.endpoints.outstanding(worker_id, now_s)}, now_s)
+                    self.save()  # write-ahead: a successor of a controller killed after the signal drains it too
+            finally:
+                self._publish_endpoints()
             for action in actions:
                 self._run(action)
-            self.save()
+            self._save_behind()  # the signal is sent: the drain stands whether this save holds or not
             return {"worker_id": worker_id, "state": worker.state.value}
 
     def cordon(self, node: str, gpu: int, reason: str) -> dict[str, Any]:
         self._check_gpu(node, gpu)
         with self.lock:
-            self.state.cordons.cordon_manual(node, gpu, reason or "cordoned by operator", self.clock())
+            with self._undone_unless_saved(self.state.cordons):
+                self.state.cordons.cordon_manual(node, gpu, reason or "cordoned by operator", self.clock())
+                self.save()
             log.warning("cordon %s:%d (operator): %s", node, gpu, reason or "no reason given")
-            self.save()
             return {"node": node, "gpu": gpu, "cordoned": True}
 
     def uncordon(self, node: str, gpu: int, reason: str = "") -> dict[str, Any]:
@@ -343,10 +363,11 @@ class ControlPlane(ControllerBase):
         with the operator's ``reason``. A health cordon stays (the answer says so)."""
         self._check_gpu(node, gpu)
         with self.lock:
-            lifted = self.state.cordons.uncordon_manual(node, gpu, self.clock())
+            with self._undone_unless_saved(self.state.cordons):
+                lifted = self.state.cordons.uncordon_manual(node, gpu, self.clock())
+                self.save()
             for change in lifted:
                 log.warning("uncordon %s:%d (%s) by operator: %s", node, gpu, change.source, reason or "no reason given")
-            self.save()
             still = self.state.cordons.cordoned().get((node, gpu))
             return {"node": node, "gpu": gpu, "cordoned": still is not None, "lifted": [c.source for c in lifted],
                     "reason": still.reason if still else "", "source": still.source if still else ""}

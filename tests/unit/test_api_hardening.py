@@ -275,6 +275,24 @@ def test_requests_pipelined_past_the_cap_reset_the_connection(tmp_path: Path) ->
                 conn.close()
 
 
+def test_blank_lines_inside_a_body_are_not_counted_as_pipelined_requests(tmp_path: Path) -> None:
+    """A body with hundreds of blank CRLF lines (JSON whitespace), then two requests behind it, in one
+    write: all three are answered. Before, every ``\r\n\r\n`` in a read counted as a request's
+    head before parsing, and the connection was reset past 32."""
+    body = b"\r\n\r\n" * 400 + b'{"workers": 0}'
+    get = f"GET /global-status HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {TOKEN}\r\n\r\n".encode()
+    scale = (f"POST /admin/scale HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {TOKEN}\r\n"
+             f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n").encode() + body
+    with served(tmp_path) as (url, _), socket.create_connection(address(url), timeout=10) as conn:
+        conn.sendall(scale + get * 2)
+        answers = b""
+        while answers.count(b"HTTP/1.1 200") < 3:
+            chunk = conn.recv(1 << 20)
+            assert chunk, answers[-300:]
+            answers += chunk
+        assert _closed_count(url, "overpipelined") == 0.0
+
+
 def _closed_count(url: str, reason: str) -> float:
     """The server's count of connections it closed for ``reason``, as /metrics reports it."""
     text = httpx.get(url + "/metrics", headers=AUTH, timeout=10).text

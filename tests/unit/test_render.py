@@ -82,6 +82,22 @@ def test_render_needs_a_worker_command_and_a_trainer_that_fits_a_node() -> None:
                                     "workers": {"command": "python w.py"}}), "x.toml")
 
 
+def test_render_refuses_workers_that_do_not_fit_in_the_nodes_memory() -> None:
+    """3 workers of 30 GB beside a trainer of 40 GB need 130 GB of a 100 GB node: before, the job
+    ran and those worker steps waited for memory that never came."""
+    def job(**memory: int) -> dict[str, dict[str, object]]:
+        return {"job": {"trainer_command": ["python", "t.py"], "nodes": 2, "gpus_per_node": 4, "trainer_mem_mb": memory.get("trainer", 40_000),
+                        "mem_per_node_mb": memory.get("node", 100_000)},
+                "workers": {"command": "python w.py", "mem_per_worker_mb": memory.get("worker", 30_000)}}
+    with pytest.raises(ConfigError, match=r"40000\) \+ 3 workers of workers\.mem_per_worker_mb \(30000\) = 130000 MB > "
+                                          r"job\.mem_per_node_mb \(100000\)"):
+        render_sbatch(parse_config(job()), "x.toml")
+    with pytest.raises(ConfigError, match=r"4 workers of workers\.mem_per_worker_mb \(30000\) = 120000 MB > "
+                                          r"job\.mem_per_node_mb \(110000\)"):
+        render_sbatch(parse_config(job(node=110_000, trainer=10_000)), "x.toml")
+    assert "#SBATCH --mem=130000" in render_sbatch(parse_config(job(node=130_000)), "x.toml")
+
+
 def test_shell_quoting_of_arguments() -> None:
     config = parse_config({"job": {"trainer_command": ["python", "t.py", "--name", "a b; rm -rf /"]},
                            "workers": {"command": "python w.py"}})

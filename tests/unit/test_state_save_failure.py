@@ -70,3 +70,30 @@ def test_a_worker_registers_while_the_state_file_cannot_be_written(tmp_path: Pat
     failing_saves(controller, monkeypatch)
     answer = controller.register_worker(worker_id, {"node": "node1", "gpus": [0], "step_id": 3})
     assert answer["action"] == "run" and controller.state.workers[worker_id].state is WorkerState.ACTIVE
+
+
+def test_a_cordon_uncordon_or_drain_whose_save_fails_changes_nothing(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before, each answered 503 "storage failed" while the cordon, its lift or the drain held in
+    memory (and the drain's signal was never sent)."""
+    backend = Launches()
+    controller = Controller(parse_config({"agent": {"enabled": False}, "autoscaler": {"min_workers": 0}}), 1,
+                            backend, tmp_path, gpus_by_node={"node1": (0, 1, 2, 3)})
+    controller.scale(1)
+    controller.tick()
+    (worker_id,) = controller.state.workers
+    controller.register_worker(worker_id, {"node": "node1", "gpus": [0], "step_id": 3})
+    controller.cordon("node1", 2, "fan noise")
+    cordons_before = controller.state.cordons.to_state()
+    worker_before = controller.state.workers[worker_id].to_json()
+    failing_saves(controller, monkeypatch)
+    for request in (lambda: controller.cordon("node1", 1, "bad"), lambda: controller.uncordon("node1", 2, "fixed"),
+                    lambda: controller.drain(worker_id)):
+        with pytest.raises(PermissionError):
+            request()
+        assert controller.state.cordons.to_state() == cordons_before
+        assert controller.state.workers[worker_id].to_json() == worker_before
+    assert set(controller.state.cordons.cordoned()) == {("node1", 2)}
+    assert controller.state.workers[worker_id].state is WorkerState.ACTIVE
+    monkeypatch.undo()
+    assert controller.drain(worker_id)["state"] == "DRAINING"  # the same request, once the file can be written
