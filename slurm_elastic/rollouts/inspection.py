@@ -26,11 +26,24 @@ from slurm_elastic.rollouts.index import (
 
 
 class Inspected(NamedTuple):
-    """What a read-only look at the index found: no tables yet, its count of transitions, its ``meta`` rows."""
+    """What a read-only look at the index found: no tables yet, its count of transitions, its
+    ``meta`` rows, where replaying the log past it starts (:func:`replay_start`)."""
 
     fresh: bool
     transitions: int
     meta: dict[str, str]
+    replay_from: tuple[int, int] = (0, 0)
+
+
+LAST_PLACE_SQL = "SELECT segment, body_offset, nbytes FROM groups ORDER BY seq DESC LIMIT 1"
+
+
+def replay_start(last: tuple[int | None, int | None, int] | None) -> tuple[int, int]:
+    """Where the log's records past the index start: just past the body of its newest row
+    (``last``: segment, body offset, size), or the log's start if it has none or no place."""
+    if last is None or last[0] is None:
+        return 0, 0
+    return int(last[0]), int(last[1] or 0) + int(last[2])
 
 
 @contextmanager
@@ -58,7 +71,8 @@ def read_only(path: Path) -> Iterator[sqlite3.Connection]:
 def inspect_index(path: Path) -> Inspected:
     """Every check of an existing index that can refuse it, read-only (:func:`read_only`):
     SQLite's own check of its pages, a format this version does not read, rows it never writes,
-    a lost ``meta`` table, a damaged count of transitions (StateFileError, saying what to do)."""
+    a lost ``meta`` table, a damaged count of transitions (StateFileError, saying what to do);
+    and where replaying the log past it starts."""
     try:
         with read_only(path) as db:
             if db.execute("SELECT 1 FROM sqlite_master WHERE name='groups'").fetchone() is None:
@@ -71,7 +85,8 @@ def inspect_index(path: Path) -> Inspected:
             has_meta = db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'").fetchone()
             meta = {str(k): str(v) for k, v in db.execute("SELECT key, value FROM meta")} if has_meta else None
             _refuse_lost_meta(db, path, meta)
-            return Inspected(False, _committed_transitions(meta or {}, path), meta or {})
+            return Inspected(False, _committed_transitions(meta or {}, path), meta or {},
+                             replay_start(db.execute(LAST_PLACE_SQL).fetchone()))
     except sqlite3.DatabaseError as exc:
         raise StateFileError(f"rollout store {path} is unusable: {exc}") from None
     except OSError as exc:  # the -shm file could not be made

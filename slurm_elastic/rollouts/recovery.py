@@ -26,6 +26,7 @@ from pathlib import Path
 from slurm_elastic.errors import StateFileError
 from slurm_elastic.rollouts import syncer
 from slurm_elastic.rollouts.index import GroupBody, StoreIndex
+from slurm_elastic.rollouts.inspection import replay_start
 from slurm_elastic.rollouts.mark import mark_path, read_mark
 from slurm_elastic.rollouts.segments import SegmentLog, group_head, json_str
 
@@ -134,7 +135,7 @@ def index_log_tail(index: StoreIndex, segments: SegmentLog) -> int:
     arrival number now known."""
     last = index.last_row()
     max_seq = last[0] if last else 0
-    segment, offset = (int(last[1]), int(last[2] or 0) + last[3]) if last and last[1] is not None else (0, 0)
+    segment, offset = replay_start(last[1:] if last else None)
     found = [(n, r) for n, r in segments.records_after(segment, offset) if int(r.head["seq"]) > max_seq]
     if found:
         rows = [(r.head["seq"], r.head["id"], r.head["worker_id"], r.head["n_seqs"], r.head["version"],

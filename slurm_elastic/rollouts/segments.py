@@ -17,7 +17,8 @@ commit overwrites. So a segment may end with fewer than :data:`BLOCK_BYTES` zero
 a record. Segments roll over at ``segment_bytes`` and are deleted once no group in them is
 waiting or handed out. After a crash the records past what the database knows are read back
 (:func:`scan`); a torn record can only be the last segment's tail, from a commit nobody was
-answered for, and is cut off.
+answered for, and is cut off. A bad record in an older segment is damage: found read-only before
+the index is opened for writing (:func:`refuse_damaged_older`), so the refusal changes nothing.
 """
 
 from __future__ import annotations
@@ -185,6 +186,39 @@ def is_padding(path: Path, end: int) -> bool:
     return end + len(rest) == block_end(end) and not rest.strip(b"\0")
 
 
+def segment_numbers(directory: Path) -> list[int]:
+    """The segment numbers in ``directory``, oldest first (none if it does not exist)."""
+    return sorted(int(p.stem) for p in directory.glob("*.log") if p.stem.isdigit())
+
+
+def scan_from(directory: Path, numbers: list[int], number: int,
+              offset: int) -> Iterator[tuple[int, list[ScannedRecord], int, int]]:
+    """:func:`scan` of each of ``numbers`` from (``number``, ``offset``) on that holds bytes
+    there: (segment, whole records, where they end, the segment's size)."""
+    for n in [x for x in numbers if x >= number]:
+        path = directory / segment_name(n)
+        start, size = (offset if n == number else 0), path.stat().st_size
+        if start >= size:  # nothing past the index (a segment shorter than the index says is
+            continue  # damage to indexed records: found when they are checked, never refilled)
+        records, end = scan(path, start)
+        yield n, records, end, size
+
+
+def refuse_damage(path: Path, end: int, size: int) -> None:
+    """StateFileError if ``path``, an older segment, holds more than padding after its whole
+    records end at ``end``: damage, not a torn write (only the newest segment is written to)."""
+    if end != size and not is_padding(path, end):
+        raise StateFileError(f"payload log segment {path} is damaged at byte {end}")
+
+
+def refuse_damaged_older(directory: Path, number: int, offset: int) -> None:
+    """Read-only: StateFileError if a segment older than the newest holds a bad record past
+    (``number``, ``offset``), where replay starts; what :meth:`SegmentLog.records_after` would
+    refuse, found before the index is opened for writing."""
+    for n, _records, end, size in scan_from(directory, segment_numbers(directory)[:-1], number, offset):
+        refuse_damage(directory / segment_name(n), end, size)
+
+
 class SegmentLog:
     """Places commits in the newest segment (the syncer writes them there), reads bodies back by
     position, deletes segments nobody needs. Thread-safe for reads; places come from one place."""
@@ -204,7 +238,7 @@ class SegmentLog:
 
     def numbers(self) -> list[int]:
         """The segment numbers on disk, oldest first."""
-        return sorted(int(p.stem) for p in self.directory.glob("*.log") if p.stem.isdigit())
+        return segment_numbers(self.directory)
 
     def path(self, number: int) -> Path:
         return self.directory / segment_name(number)
@@ -274,18 +308,14 @@ class SegmentLog:
 
     def records_after(self, number: int, offset: int) -> Iterator[tuple[int, ScannedRecord]]:
         """Every whole record from (segment, offset) on, in order; cuts a torn tail off the newest
-        segment. A bad record in an older segment is damage, not a torn write: StateFileError."""
-        for n in [x for x in self.numbers() if x >= number]:
-            start, size = (offset if n == number else 0), self.path(n).stat().st_size
-            if start >= size:  # nothing past the index (a segment shorter than the index says is
-                continue  # damage to indexed records: found when they are checked, never refilled)
-            records, end = scan(self.path(n), start)
+        segment. A bad record in an older segment is damage, not a torn write: StateFileError
+        (found before, read-only, by :func:`refuse_damaged_older`)."""
+        for n, records, end, size in scan_from(self.directory, self.numbers(), number, offset):
             yield from ((n, r) for r in records)
-            if end != size:
-                if n != self.current and not is_padding(self.path(n), end):
-                    raise StateFileError(f"payload log segment {self.path(n)} is damaged at byte {end}")
-                if n == self.current:
-                    self.truncate(end)
+            if n != self.current:
+                refuse_damage(self.path(n), end, size)
+            elif end != size:
+                self.truncate(end)
 
     def close(self) -> None:
         for fd in [self._fd, *self._readers.values()]:

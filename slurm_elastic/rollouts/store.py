@@ -10,8 +10,9 @@ controller restart. Batch and acknowledgement transactions are fsynced by SQLite
 also make every index row written before them durable, so after a power loss the index is a
 prefix of the log, and what the log holds past it is indexed again at open. Opening takes the
 writer lock, looks at the index read-only (:mod:`inspection`: an index it refuses, or one older
-than its mark, or a log without its index, is left as it was), then checks every live record
-(:mod:`recovery`); every read checks its record again.
+than its mark, or a log without its index, or one with a bad record in an older segment past
+the index, is left as it was), then checks every live record (:mod:`recovery`); every read checks
+its record again.
 """
 
 from __future__ import annotations
@@ -42,7 +43,12 @@ from slurm_elastic.rollouts.recovery import (
     refuse_log_without_index,
     take_writer_lock,
 )
-from slurm_elastic.rollouts.segments import SEGMENT_BYTES, DamagedRecordError, SegmentLog
+from slurm_elastic.rollouts.segments import (
+    SEGMENT_BYTES,
+    DamagedRecordError,
+    SegmentLog,
+    refuse_damaged_older,
+)
 from slurm_elastic.rollouts.storage import (
     LostGroup,
     Pulled,
@@ -81,10 +87,11 @@ class RolloutStore(GroupCommits):
 
     # ---- opening ----------------------------------------------------------------------------
     def _open(self, segment_bytes: int) -> list[LostGroup]:
-        """Check the index read-only and refuse it (changing nothing) if it is damaged, older than
-        its mark, or missing beside a log; then open it and the log, index the log's tail, verify
-        every live record (the damaged ones are quarantined and returned), go on appending in a
-        new segment."""
+        """Check the index and the log past it read-only and refuse them (changing nothing) if the
+        index is damaged, older than its mark, or missing beside a log, or an older segment past
+        it holds a bad record; then open the index and the log, index the log's tail (cutting a
+        torn tail off the newest segment), verify every live record (the damaged ones are
+        quarantined and returned), go on appending in a new segment."""
         log_dir = self.path.with_name(self.path.stem + ".segments")
         if not self.path.exists():
             refuse_log_without_index(self.path, "is missing", log_dir)
@@ -93,6 +100,7 @@ class RolloutStore(GroupCommits):
             refuse_log_without_index(self.path, "holds no index", log_dir)
         else:
             refuse_index_behind_mark(self.path, found.transitions, log_dir)
+            refuse_damaged_older(log_dir, *found.replay_from)
         self._saved(lambda key, default: found.meta.get(key, default))
         self._index = StoreIndex(self.path, self.fsync)
         try:
