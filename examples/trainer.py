@@ -18,6 +18,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from toy_rl import Policy, policy_gradient_step
 
+from slurm_elastic.errors import ControllerStoppedError
 from slurm_elastic.trainer import Trainer
 
 
@@ -38,22 +39,25 @@ def main() -> None:
     trainer.publish_version(policy.version, recovered=policy.version > 0)
     history = []
     started = time.time()
-    while policy.version < args.steps:
-        batch = trainer.next_batch()
-        if batch is None:
-            break
-        tokens = np.array([s["tokens"] for g in batch.groups for s in g["sequences"]])
-        scores = np.array([s["score"] for g in batch.groups for s in g["sequences"]])
-        time.sleep(args.step_s * (8 if policy.version in slow else 1))  # the "GPU" work
-        policy = policy_gradient_step(policy, tokens, scores, group_size=batch.groups[0]["group_size"])
-        policy.save(policy_dir)
-        trainer.ack(batch)
-        status = trainer.publish_version(policy.version)
-        queue = trainer.status()  # retried through a controller restart, like the calls above
-        history.append((policy.version, time.time() - started, float(scores.mean()),
-                        queue["workers_by_state"]["ACTIVE"], queue["queue_size"]))
-        print(f"step {policy.version:3d}  reward {scores.mean():.3f}  workers {history[-1][3]}  "
-              f"buffer {history[-1][4]:3d}  staleness capacity {status['staleness_capacity']}", flush=True)
+    try:
+        while policy.version < args.steps:
+            batch = trainer.next_batch()
+            if batch is None:
+                break
+            tokens = np.array([s["tokens"] for g in batch.groups for s in g["sequences"]])
+            scores = np.array([s["score"] for g in batch.groups for s in g["sequences"]])
+            time.sleep(args.step_s * (8 if policy.version in slow else 1))  # the "GPU" work
+            policy = policy_gradient_step(policy, tokens, scores, group_size=batch.groups[0]["group_size"])
+            policy.save(policy_dir)
+            trainer.ack(batch)
+            status = trainer.publish_version(policy.version)
+            queue = trainer.status()  # retried through a controller restart, like the calls above
+            history.append((policy.version, time.time() - started, float(scores.mean()),
+                            queue["workers_by_state"]["ACTIVE"], queue["queue_size"]))
+            print(f"step {policy.version:3d}  reward {scores.mean():.3f}  workers {history[-1][3]}  "
+                  f"buffer {history[-1][4]:3d}  staleness capacity {status['staleness_capacity']}", flush=True)
+    except ControllerStoppedError:  # `slurm-elastic stop`: the operator ended the run here
+        print(f"the controller was stopped: training ends at step {policy.version}", flush=True)
     write_outputs(state_dir, history)
     trainer.close()
 

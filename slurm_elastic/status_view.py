@@ -162,7 +162,7 @@ def render_status(job_id: int, status: dict[str, Any] | None, slurm_steps: list[
             else "autoscaler disabled" if disabled else "autoscaling")
     usable = ctl.get("usable_slots")
     if isinstance(usable, int) and isinstance(ctl.get("target_workers"), int) and ctl["target_workers"] > usable:
-        mode += f"; only {usable} GPU slots usable now"
+        mode += f"; only {usable} GPU slot{'' if usable == 1 else 's'} usable now"
     action, reason = decision.get("action", "-"), str(decision.get("reason", "-"))
     said = reason if reason.startswith(f"{action}:") else f"{action}: {reason}"  # a hold's reason says "hold:"
     target = ctl.get("target_workers", "?")

@@ -56,6 +56,7 @@ class Heartbeat(_Body):
     exit_code: int | None = Field(None, ge=-255, le=255)
     terminated_by_signal: bool | None = None  # the wrapper got SIGTERM or SIGINT before the exit it reports
     not_ready_after_s: float | None = Field(None, ge=0, le=1e9, allow_inf_nan=False)  # servers: stopped, not ready
+    cannot_start: str | None = Field(None, max_length=1024)  # the command could not be started (why): not its GPU's fault
     child_pid: Count | None = None
     placeholder: bool | None = None
     outstanding_requests: Count | None = None

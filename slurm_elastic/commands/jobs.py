@@ -206,9 +206,10 @@ def scale(job_id: int, workers: int, wait: bool, timeout_s: float) -> None:
 
 
 def _settled(ctl: dict[str, Any], workers: int) -> bool:
-    """``workers`` are ACTIVE, or as many as the usable GPU slots allow, and none is on its way."""
+    """``workers`` are ACTIVE, or as many as the usable GPU slots allow, and none is starting or
+    draining (one in BACKOFF then has no slot to come back to: it does not hold the wait)."""
     by_state = ctl.get("workers_by_state", {})
-    busy = by_state.get("STARTING", 0) + by_state.get("DRAINING", 0) + by_state.get("BACKOFF", 0)
+    busy = by_state.get("STARTING", 0) + by_state.get("DRAINING", 0)
     usable = ctl.get("usable_slots")  # None: no tick yet, nothing known
     return bool(by_state.get("ACTIVE", 0) == (workers if usable is None else min(workers, usable)) and busy == 0)
 
@@ -327,8 +328,8 @@ def wait_ready(job_id: int, timeout_s: float) -> None:
                    "the controller stops after it, drained or not.")
 def stop(job_id: int, drain_timeout_s: float) -> None:
     """Drain every worker, then stop the job's controller (end of training). Workers still there
-    when the drain time is up (and the controller's cancel of their steps has had
-    ``CANCEL_GRACE_S``) do not hold the stop back: their steps end with the job. A controller
+    when the drain time is up (and the controller's cancel of their steps has had 15 s more) do
+    not hold the stop back: their steps end with the job. A controller
     stopped already is no error: the batch script's own stop follows an operator's."""
     try:
         _call(job_id, "scale", 0)  # tried again through a controller restart
@@ -352,6 +353,7 @@ def stop(job_id: int, drain_timeout_s: float) -> None:
             raise
         click.echo(f"{exc}; nothing to stop; burst jobs {', '.join(map(str, ended))} it left were cancelled")
         return
+    drained = "workers drained"
     try:
         _wait_for(job_id, lambda ctl: not any(w.get("state") in ("STARTING", "ACTIVE", "DRAINING")
                                               and not w.get("placeholder") for w in ctl.get("workers", [])),
@@ -359,10 +361,11 @@ def stop(job_id: int, drain_timeout_s: float) -> None:
     except click.ClickException as exc:
         click.echo(f"warning: {exc.message}: stopping the controller all the same (the steps left end with "
                    "the job, or `scancel` them)", err=True)
+        drained = "not every worker drained in time"
     _stop_controller(job_id)
     slurm = SlurmCli()
     ended = slurm.cancel_burst_jobs(job_id)
-    click.echo(f"job {job_id}: workers drained, controller stopped"
+    click.echo(f"job {job_id}: {drained}, controller stopped"
                + (f", burst jobs {', '.join(map(str, ended))} cancelled" if ended else ""))
     left = _other_steps(slurm, job_id)
     if left:

@@ -20,7 +20,7 @@ from slurm_elastic.controller.burst_config import BurstSection, SlurmNames, Slur
 from slurm_elastic.core import defaults as d
 from slurm_elastic.core.health import CLOCK_EVENT_FLAGS, HealthRules
 from slurm_elastic.core.signals import DEFAULT_DRAIN_SIGNAL, DrainSignal
-from slurm_elastic.errors import ConfigError
+from slurm_elastic.errors import ConfigError, unknown_key
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -325,12 +325,21 @@ def parse_config(data: dict[str, Any], source: str = "config") -> ElasticConfig:
         problems = []
         for error in exc.errors():
             key = ".".join(str(p) for p in error["loc"])
-            problem = "unknown key" if error["type"] == "extra_forbidden" else error["msg"].removeprefix("Value error, ")
+            problem = (_unknown(error["loc"]) if error["type"] == "extra_forbidden"
+                       else error["msg"].removeprefix("Value error, "))
             problems.append(f"{key}: {problem}" if key else problem)
         raise ConfigError(f"{source}: " + "; ".join(problems)) from None
     _validate_policy_tables(config, source)
     _validate_worker_shape(config, source)
     return config
+
+
+def _unknown(loc: tuple[int | str, ...]) -> str:
+    """"unknown key" for the key at ``loc``, naming a close key of its table (a typo)."""
+    model: Any = ElasticConfig
+    for part in loc[:-1]:
+        model = model.model_fields[str(part)].annotation if part in getattr(model, "model_fields", {}) else None
+    return unknown_key(str(loc[-1]), getattr(model, "model_fields", {}))
 
 
 def _validate_worker_shape(config: ElasticConfig, source: str) -> None:

@@ -89,15 +89,17 @@ class ControlPlane(ControllerBase):
                     "server_drain_grace_s": self.config.workers.server_drain_grace_s}
 
     def _register_rank(self, worker_id: str, worker: Worker | None, info: dict[str, Any]) -> dict[str, Any]:
-        """Another task of a multi-node worker's step says which node and GPUs it holds; it is not a
-        worker of its own. Until the record exists (a restart adopts the step) it is asked to retry."""
+        """Another task of the worker's step (``workers.tasks_per_node`` above 1, or a multi-node
+        step) says which node and GPUs it holds; it is not a worker of its own, and a task on the
+        worker's own node adds no GPUs. Until the record exists (a restart adopts the step) it is
+        asked to retry."""
         if worker is None or not worker.has_step:
             raise UnknownWorkerError(f"worker {worker_id}: no live record yet for its task {info.get('rank')}")
-        if self.shape.nodes <= 1:  # no other task holds GPUs: its GPUs would be blamed for its crashes
-            raise UnknownWorkerError(f"worker {worker_id}: its step spans one node; it has no task "
-                                     f"{info.get('rank')} on another")
         node = str(info.get("node", ""))
-        if node and node != worker.node:
+        if self.shape.nodes <= 1 and node and worker.node and node != worker.node:  # its GPUs would be blamed
+            raise UnknownWorkerError(f"worker {worker_id}: its step spans one node ({worker.node}); it has no "
+                                     f"task {info.get('rank')} on {node}")
+        if self.shape.nodes > 1 and node and node != worker.node:
             worker.node_gpus[node] = tuple(int(g) for g in info.get("gpus", ()))
             worker.nodes = worker.nodes if node in worker.nodes else (*worker.nodes, node)
         self._save_behind()
@@ -126,6 +128,10 @@ class ControlPlane(ControllerBase):
             if info.get("exit_code") is not None:
                 worker.exit_code = int(info["exit_code"])
                 worker.terminated_by_signal = bool(info.get("terminated_by_signal"))
+            if info.get("cannot_start") and not worker.failure_reason:
+                worker.failure_reason = (f"workers.command cannot start: {info['cannot_start']}; not counted "
+                                         "against its GPU")
+                worker.gpu_blameless = True
             if info.get("not_ready_after_s") is not None and not worker.failure_reason:
                 worker.failure_reason = (f"server not ready after {float(info['not_ready_after_s']):g} s "
                                          "(workers.start_timeout_s): stopped by its wrapper; not counted against its GPU")
@@ -241,7 +247,8 @@ class ControlPlane(ControllerBase):
             notes = []
             if self.usable_slots is not None and target > self.usable_slots:
                 more = "a lifted cordon, a burst job" if self.burst is not None else "a lifted cordon"
-                notes.append(f"{target} workers asked; {self.usable_slots} GPU slots are usable now, so "
+                notes.append(f"{target} workers asked; {self.usable_slots} GPU slot"
+                             f"{' is' if self.usable_slots == 1 else 's are'} usable now, so "
                              f"{self.usable_slots} run and the rest wait for GPUs ({more})")
             max_workers = self.state.autoscaler.config.max_workers
             if target > max_workers:

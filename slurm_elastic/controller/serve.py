@@ -17,7 +17,6 @@ and the body's size are checked in the ASGI app, before routing
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import math
 import socket
@@ -25,7 +24,6 @@ import threading
 import time
 from collections.abc import Callable
 
-import psutil
 import uvicorn
 from fastapi import FastAPI
 from uvicorn.config import HTTP_PROTOCOLS
@@ -37,6 +35,7 @@ from slurm_elastic.controller.connections import (
     guarded,
     raise_open_files_limit,
 )
+from slurm_elastic.host_address import reachable_address
 
 log = logging.getLogger(__name__)
 
@@ -48,31 +47,14 @@ HTTP_IMPLEMENTATION = "httptools"  # uvicorn's HTTP/1.1 implementation on httpto
 
 
 def default_listen_host() -> str:
-    """This host's address as other nodes reach it (the batch host's): its name's address, or,
-    where that is loopback (a stock Debian ``/etc/hosts`` maps the name to 127.0.1.1), the first
-    IPv4 address of an interface that is up and neither loopback nor link-local (psutil reads
-    them); loopback only where there is none, with a warning."""
-    try:
-        named = socket.gethostbyname(socket.gethostname())
-    except OSError:
-        named = "127.0.0.1"
-    if not ipaddress.ip_address(named).is_loopback:
-        return named
-    for interface, address in _interface_addresses():
-        log.info("this host's name resolves to %s (loopback), which other nodes cannot reach: listening on %s "
-                 "(%s); set controller.listen_host to choose", named, address, interface)
-        return address
-    log.warning("this host's name resolves to %s (loopback) and no other interface is up: workers on other "
-                "hosts cannot reach the controller; set controller.listen_host", named)
-    return named
-
-
-def _interface_addresses() -> list[tuple[str, str]]:
-    """(interface, IPv4 address) of the interfaces that are up, loopback and link-local left out."""
-    up = {name for name, stats in psutil.net_if_stats().items() if stats.isup}
-    return [(name, a.address) for name, addresses in psutil.net_if_addrs().items() if name in up
-            for a in addresses if a.family == socket.AF_INET
-            and not (ip := ipaddress.ip_address(a.address)).is_loopback and not ip.is_link_local]
+    """This host's address as other nodes reach it (the batch host's): see
+    :func:`~slurm_elastic.host_address.reachable_address`; how it was found is logged."""
+    address, how = reachable_address()
+    if how.startswith("loopback"):
+        log.warning("%s: workers on other hosts cannot reach the controller; set controller.listen_host", how)
+    elif how != "this host's name":
+        log.info("%s: listening on %s; set controller.listen_host to choose", how, address)
+    return address
 
 
 NOISE_LOG_INTERVAL_S = 60.0

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from slurm_elastic.errors import ConfigError
+from slurm_elastic.errors import ConfigError, unknown_key
 
 # verl's ElasticConfig names -> ours (docs/autoscaler.md explains each)
 VERL_ALIASES: dict[str, str] = {
@@ -77,7 +77,7 @@ class AutoscalerConfig:
                 raise ConfigError(f"{prefix}.{key}: not an [autoscaler] key here; {REFUSED_KEYS[key]}")
             name = VERL_ALIASES.get(key, key)
             if name not in known:
-                raise ConfigError(f"{prefix}.{key}: unknown key")
+                raise ConfigError(f"{prefix}.{key}: {unknown_key(key, [*known, *VERL_ALIASES])}")
             if name in given_as:
                 raise ConfigError(f"{prefix}.{key}: given twice (also as {prefix}.{given_as[name]})")
             given_as[name] = key

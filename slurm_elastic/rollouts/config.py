@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from slurm_elastic.errors import ConfigError
+from slurm_elastic.errors import ConfigError, unknown_key
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class QueueConfig:
         values: dict[str, Any] = {}
         for key, value in data.items():
             if key not in known:
-                raise ConfigError(f"{prefix}.{key}: unknown key")
+                raise ConfigError(f"{prefix}.{key}: {unknown_key(key, known)}")
             default = known[key].default
             if isinstance(default, bool):
                 if not isinstance(value, bool):

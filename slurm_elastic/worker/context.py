@@ -18,6 +18,7 @@ from slurm_elastic.core.defaults import (
 )
 from slurm_elastic.core.signals import DEFAULT_DRAIN_SIGNAL, drain_signal_name, drain_signal_number
 from slurm_elastic.errors import ConfigError
+from slurm_elastic.host_address import reachable_address
 
 
 @dataclass(frozen=True)
@@ -95,8 +96,5 @@ class StepContext:
 
 
 def node_address() -> str:
-    """This node's address as other nodes reach it."""
-    try:
-        return socket.gethostbyname(socket.gethostname())
-    except OSError:
-        return "127.0.0.1"
+    """This node's address as other nodes reach it (not loopback where an interface has another)."""
+    return reachable_address()[0]

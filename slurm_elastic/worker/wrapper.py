@@ -84,14 +84,19 @@ def free_port() -> int:
 
 def register_with_retry(register: Call, info: dict[str, Any], deadline_s: float, flags: Flags) -> dict[str, Any]:
     """Register, retrying while the controller is unreachable (it may be restarting) or does not
-    know this worker yet (a restarted controller knows it once it has listed the job's steps)."""
-    delay_s = 0.2
+    know this worker yet (a restarted controller knows it once it has listed the job's steps);
+    the first refusal is logged at once, with the controller's words."""
+    delay_s, said = 0.2, False
     while True:
         try:
             return register(info)
-        except (ControllerUnreachableError, KeyError):
+        except (ControllerUnreachableError, KeyError) as exc:
             if time.monotonic() > deadline_s or flags.terminate.is_set():
                 raise
+            if not said:
+                log.warning("registration not answered yet, retrying for up to %.0f s: %s",
+                            max(0.0, deadline_s - time.monotonic()), exc)
+                said = True
             time.sleep(delay_s)
             delay_s = min(5.0, delay_s * 2)
 
@@ -129,7 +134,7 @@ def run_wrapped(
             child = subprocess.Popen(argv, env=env)
         except OSError as exc:
             log.error("cannot start worker command %s: %s", argv[0], exc)
-            _final(heartbeat, 127, state_dir=ctx.state_dir)
+            _final(heartbeat, 127, state_dir=ctx.state_dir, cannot_start=f"{argv[0]}: {exc.strerror or exc}")
             return 127
         wakeup.watch_exit(child)
         interval_s = float(answer.get("heartbeat_interval_s", ctx.heartbeat_interval_s))
@@ -319,13 +324,15 @@ def _beat(ctx: StepContext, register: Call, heartbeat: Call, payload: dict[str, 
 
 
 def _final(heartbeat: Call, exit_code: int, terminated: bool = False, not_ready_after_s: float | None = None,
-           state_dir: Path | None = None) -> None:
+           state_dir: Path | None = None, cannot_start: str = "") -> None:
     """The exit code, whether a SIGTERM or SIGINT came first (``terminated``), and whether the
     wrapper stopped a server that was not ready after ``not_ready_after_s``; offered for up to
     ``FINAL_REPORT_S`` to a controller that does not answer (a restart: its successor learns how
     the step ended instead of guessing a crash), unless ``state_dir`` says it was stopped or a
-    SIGTERM came (the job or the step is being ended: once, as Slurm's kill follows)."""
+    SIGTERM came (the job or the step is being ended: once, as Slurm's kill follows). ``cannot_start``:
+    why the command could not be started (a configuration error, not its GPU's)."""
     payload = {"exit_code": exit_code, **({"terminated_by_signal": True} if terminated else {}),
+               **({"cannot_start": cannot_start} if cannot_start else {}),
                **({"not_ready_after_s": not_ready_after_s} if not_ready_after_s is not None else {})}
     deadline = time.monotonic() + (0.0 if terminated else FINAL_REPORT_S)  # a SIGTERM: the job or step ends
     while True:

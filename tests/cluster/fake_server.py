@@ -14,7 +14,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-port = int(sys.argv[1])
+port = int(sys.argv[1]) + int(os.environ.get("SLURM_LOCALID", "0"))  # a second task on its node: the next port
 worker_id = os.environ.get("SLURM_ELASTIC_WORKER_ID", "?")
 gen_s = float(os.environ.get("GEN_S", "0.2"))
 log_path = os.environ.get("FAKE_WORKER_LOG", "/dev/null")

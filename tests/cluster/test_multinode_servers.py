@@ -110,6 +110,23 @@ def test_2_gpu_servers_take_a_pair_of_gpus_each_two_per_node(job: ControllerJob)
         job.active(0)
 
 
+@pytest.mark.parametrize("job", [{**servers(1), "workers": {**servers(1)["workers"], "tasks_per_node": 2}}],
+                         indirect=True)
+def test_a_second_task_on_a_one_node_worker_runs_its_command(job: ControllerJob) -> None:
+    """Before (a live audit), task 1's registration was refused ("its step spans one node"): its
+    wrapper retried for 300 s without running the command, then the step was cancelled."""
+    with job.client() as c:
+        c.scale(1)
+        worker = job.active(1)["workers"][0]
+        starts = wait_for(lambda: len(by_event(job, "start")) == 2 and by_event(job, "start"), 30, "both tasks")
+        assert sorted((e["rank"], e["node"]) for e in starts) == [(0, worker["node"]), (1, worker["node"])]
+        assert len(job.status()["workers"]) == 1 and len(worker["gpus"]) == 1
+        c.scale(0)
+        job.active(0)
+    drained = wait_for(lambda: len(by_event(job, "drained")) == 2 and by_event(job, "drained"), 20, "both drained")
+    assert sorted(e["rank"] for e in drained) == [0, 1]
+
+
 @pytest.mark.parametrize("job", [servers(8)], indirect=True)
 def test_a_cordon_on_the_second_node_keeps_the_8_gpu_server_off_until_lifted(job: ControllerJob) -> None:
     with job.client() as c:

@@ -73,22 +73,37 @@ def test_a_host_name_that_resolves_to_loopback_listens_on_an_interface_other_nod
     import socket
     from types import SimpleNamespace
 
+    from slurm_elastic import host_address
     from slurm_elastic.controller import serve
+    from slurm_elastic.worker.context import node_address
 
     def addr(address: str, family: int = socket.AF_INET) -> SimpleNamespace:
         return SimpleNamespace(family=family, address=address)
 
-    monkeypatch.setattr(serve.socket, "gethostbyname", lambda _name: "127.0.1.1")
-    monkeypatch.setattr(serve.psutil, "net_if_stats", lambda: {n: SimpleNamespace(isup=n != "down0")
+    monkeypatch.setattr(host_address.socket, "gethostbyname", lambda _name: "127.0.1.1")
+    monkeypatch.setattr(host_address.psutil, "net_if_stats", lambda: {n: SimpleNamespace(isup=n != "down0")
                                                                for n in ("lo", "down0", "ib0", "eth0")})
-    monkeypatch.setattr(serve.psutil, "net_if_addrs", lambda: {
+    monkeypatch.setattr(host_address.psutil, "net_if_addrs", lambda: {
         "lo": [addr("127.0.0.1")], "down0": [addr("10.9.9.9")],
         "ib0": [addr("fe80::1", socket.AF_INET6), addr("169.254.3.4"), addr("10.1.0.17")],
         "eth0": [addr("10.2.0.5")]})
     with caplog.at_level("INFO"):
         assert serve.default_listen_host() == "10.1.0.17"
     assert "127.0.1.1 (loopback)" in caplog.text and "controller.listen_host" in caplog.text
-    monkeypatch.setattr(serve.psutil, "net_if_addrs", lambda: {"lo": [addr("127.0.0.1")]})
+    assert node_address() == "10.1.0.17"  # a server's endpoint too (before, http://127.0.1.1:PORT)
+    monkeypatch.setattr(host_address.psutil, "net_if_addrs", lambda: {"lo": [addr("127.0.0.1")]})
     assert serve.default_listen_host() == "127.0.1.1"  # nothing else is up: loopback, with a warning
-    monkeypatch.setattr(serve.socket, "gethostbyname", lambda _name: "10.3.0.1")
+    monkeypatch.setattr(host_address.socket, "gethostbyname", lambda _name: "10.3.0.1")
     assert serve.default_listen_host() == "10.3.0.1"  # a name that resolves off this host is taken as it is
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    ({"workers": {"drain_timout_s": 3}}, "workers.drain_timout_s: unknown key (did you mean drain_timeout_s?)"),
+    ({"autoscaler": {"max_worker": 3}}, "autoscaler.max_worker: unknown key (did you mean max_workers?)"),
+    ({"queue": {"batch_sise": 3}}, "queue.batch_sise: unknown key (did you mean batch_size?)"),
+    ({"workers": {"zzz": 1}}, "workers.zzz: unknown key"),
+])
+def test_an_unknown_key_names_the_close_one(data: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(data)
+    assert str(caught.value) == f"config: {message}"

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from slurm_elastic.controller.config import parse_config
+from slurm_elastic.controller.control_plane import UnknownWorkerError
 from slurm_elastic.controller.runtime import Controller
 from slurm_elastic.controller.state_model import restore_state
 from slurm_elastic.core.autoscaler_config import AutoscalerConfig
@@ -229,6 +230,26 @@ def test_the_controller_launches_a_2_node_step_and_only_rank_0_registers_the_wor
     assert [e["url"] for e in controller.endpoints.view(100.0)["endpoints"]] == ["http://n1:9000"]
     view = controller.status()["workers"][0]
     assert (view["nodes"], view["node_gpus"]) == (["n1", "n2"], {"n2": [0, 1, 2, 3]})
+
+
+def test_a_second_task_on_a_one_node_worker_is_told_to_run(tmp_path: Path) -> None:
+    """``tasks_per_node = 2`` on a 1-GPU worker: task 1 sits on the worker's own node. Before (a
+    live audit), its registration got 404 "its step spans one node", its wrapper retried for
+    register_timeout_s (300 s) without running the command, and the step was cancelled."""
+    config = parse_config({"agent": {"enabled": False}, "autoscaler": {"enable_elastic": False},
+                           "workers": {"initial_workers": 1, "tasks_per_node": 2}})
+    backend = Recorded([])
+    controller = Controller(config, 7, backend, tmp_path, gpus_by_node={"n1": (0, 1, 2, 3)}, clock=lambda: 100.0)
+    controller.tick()
+    assert [(s.nodes, s.gpus, s.tasks_per_node) for s in backend.launched] == [(1, 1, 2)]
+    backend.steps = [StepInfo(7, "5", "se-w-0001", ("n1",), "0:01", "", "gres/gpu:1", 2)]
+    controller.tick()
+    controller.register_worker("0001", {"node": "n1", "gpus": [0], "step_id": "5", "ready": True})
+    assert controller.register_worker("0001", {"node": "n1", "gpus": [0], "rank": 1})["action"] == "run"
+    worker = controller.workers["0001"]
+    assert worker.state is S.ACTIVE and worker.gpu_keys == (("n1", 0),) and worker.nodes in ((), ("n1",))
+    with pytest.raises(UnknownWorkerError, match="spans one node"):  # a task elsewhere is no task of it
+        controller.register_worker("0001", {"node": "n2", "gpus": [0], "rank": 1})
 
 
 def test_a_task_above_rank_0_reports_once_runs_the_command_and_forwards_the_drain(tmp_path: Path) -> None:

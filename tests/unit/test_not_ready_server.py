@@ -1,6 +1,7 @@
 """A server its wrapper stopped for not becoming ready in time (a model too slow to load, a bad
-path): its worker backs off as after a crash, but its GPUs are not blamed. Before, three such
-stops crash-cordoned every GPU of the job within 20 s."""
+path), or a worker command that cannot be started at all (a wrong path): its worker backs off as
+after a crash, but its GPUs are not blamed. Before, three such stops crash-cordoned every GPU of
+the job within 20 s (for the command, in a live audit: 30 minutes of cordons for a typo)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from slurm_elastic.slurm.parse import StepInfo
 from tests.stub_backend import ListedSteps
 
 
-def stop_unready_servers(tmp_path: Path, times: int, not_ready: bool) -> Controller:
+def stop_unready_servers(tmp_path: Path, times: int, not_ready: bool,
+                         last_report: dict[str, object] | None = None) -> Controller:
     config = parse_config({"agent": {"enabled": False}, "autoscaler": {"min_workers": 0},
                            "workers": {"kind": "server", "command": ["engine", "{port}"], "backoff_base_s": 0.01,
                                        "backoff_max_s": 0.01},
@@ -30,7 +32,7 @@ def stop_unready_servers(tmp_path: Path, times: int, not_ready: bool) -> Control
         backend.steps = [StepInfo(7, str(step), worker_step_name(worker_id), ("node1",), "0:01", "", "gres/gpu:1", 1)]
         controller.tick()
         controller.register_worker(worker_id, {"node": "node1", "gpus": [0], "step_id": str(step), "ready": False})
-        report: dict[str, object] = {"exit_code": -15}
+        report: dict[str, object] = dict(last_report or {"exit_code": -15})
         if not_ready:
             report["not_ready_after_s"] = 600.0
         controller.heartbeat(worker_id, report)
@@ -49,3 +51,11 @@ def test_a_server_never_ready_backs_off_without_cordoning_its_gpu(tmp_path: Path
 def test_a_server_that_crashed_three_times_still_cordons_its_gpu(tmp_path: Path) -> None:
     controller = stop_unready_servers(tmp_path, 3, not_ready=False)
     assert controller.cordoned_gpus() != {}
+
+
+def test_a_command_that_cannot_start_backs_off_without_cordoning_its_gpu(tmp_path: Path) -> None:
+    controller = stop_unready_servers(tmp_path, 3, not_ready=False, last_report={
+        "exit_code": 127, "cannot_start": "/nonexistent/engine: No such file or directory"})
+    (worker,) = controller.workers.values()
+    assert worker.crash_count == 3 and controller.cordoned_gpus() == {}
+    assert any("workers.command cannot start: /nonexistent/engine: No such file" in h[3] for h in worker.history)

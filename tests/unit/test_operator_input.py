@@ -409,6 +409,10 @@ def test_scale_wait_with_every_gpu_cordoned_is_settled_at_once() -> None:
     assert jobs._settled({"workers_by_state": {"ACTIVE": 0}, "usable_slots": 0}, 2)
     assert not jobs._settled({"workers_by_state": {"ACTIVE": 0}, "usable_slots": None}, 2)
     assert not jobs._settled({"workers_by_state": {"ACTIVE": 1}, "usable_slots": 4}, 2)
+    # a worker in BACKOFF whose GPU is crash-cordoned has no slot to come back to (a live audit: the
+    # wait ran out its whole timeout); one whose GPU is usable still holds it
+    assert jobs._settled({"workers_by_state": {"ACTIVE": 1, "BACKOFF": 2}, "usable_slots": 1}, 3)
+    assert not jobs._settled({"workers_by_state": {"ACTIVE": 1, "BACKOFF": 1}, "usable_slots": 2}, 2)
 
 
 def test_status_says_the_autoscaler_is_off_when_it_is() -> None:

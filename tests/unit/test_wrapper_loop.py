@@ -155,6 +155,13 @@ def test_a_controller_that_does_not_know_the_worker_yet_does_not_end_it() -> Non
     assert code == 0 and answers["registrations"] >= 5, answers
 
 
+def test_a_command_that_cannot_start_says_why_in_its_last_report() -> None:
+    calls = Calls()
+    code = run_wrapped(["/nonexistent/worker", "--flag"], CTX, calls.register, calls.heartbeat, flags=Flags())
+    assert code == 127 and calls.heartbeats[-1]["exit_code"] == 127
+    assert calls.heartbeats[-1]["cannot_start"] == "/nonexistent/worker: No such file or directory"
+
+
 def test_a_server_stopped_for_not_becoming_ready_says_so_in_its_last_report() -> None:
     server = dataclasses.replace(CTX, kind="server", start_timeout_s=0.3)
     calls = Calls()
