@@ -30,6 +30,16 @@ def failing_saves(controller: Controller, monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(controller.state_file, "save", refuse)
 
 
+def one_launched_worker(tmp_path: Path) -> tuple[Controller, str]:
+    """A controller on 4 GPUs that has launched one worker (not registered yet), and its id."""
+    controller = Controller(parse_config({"agent": {"enabled": False}, "autoscaler": {"min_workers": 0}}), 1,
+                            Launches(), tmp_path, gpus_by_node={"node1": (0, 1, 2, 3)})
+    controller.scale(1)
+    controller.tick()
+    (worker_id,) = controller.state.workers
+    return controller, worker_id
+
+
 def test_a_scale_whose_save_fails_changes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Before, `scale 3` answered 503 "storage failed" while the target changed to 3 (a live audit)."""
     controller = Controller(parse_config({"agent": {"enabled": False}}), 1, Launches(), tmp_path,
@@ -61,12 +71,7 @@ def test_a_worker_registers_while_the_state_file_cannot_be_written(tmp_path: Pat
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """Before, its registration got 503 "storage failed" and the worker's step ended, counted as a
     crash: three such ended cordoned a healthy GPU (a live re-check with `chattr +i state.json`)."""
-    backend = Launches()
-    controller = Controller(parse_config({"agent": {"enabled": False}, "autoscaler": {"min_workers": 0}}), 1,
-                            backend, tmp_path, gpus_by_node={"node1": (0, 1, 2, 3)})
-    controller.scale(1)
-    controller.tick()
-    (worker_id,) = controller.state.workers
+    controller, worker_id = one_launched_worker(tmp_path)
     failing_saves(controller, monkeypatch)
     answer = controller.register_worker(worker_id, {"node": "node1", "gpus": [0], "step_id": 3})
     assert answer["action"] == "run" and controller.state.workers[worker_id].state is WorkerState.ACTIVE
@@ -76,12 +81,7 @@ def test_a_cordon_uncordon_or_drain_whose_save_fails_changes_nothing(tmp_path: P
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """Before, each answered 503 "storage failed" while the cordon, its lift or the drain held in
     memory (and the drain's signal was never sent)."""
-    backend = Launches()
-    controller = Controller(parse_config({"agent": {"enabled": False}, "autoscaler": {"min_workers": 0}}), 1,
-                            backend, tmp_path, gpus_by_node={"node1": (0, 1, 2, 3)})
-    controller.scale(1)
-    controller.tick()
-    (worker_id,) = controller.state.workers
+    controller, worker_id = one_launched_worker(tmp_path)
     controller.register_worker(worker_id, {"node": "node1", "gpus": [0], "step_id": 3})
     controller.cordon("node1", 2, "fan noise")
     cordons_before = controller.state.cordons.to_state()
