@@ -134,7 +134,7 @@ def run_wrapped(
             child = subprocess.Popen(argv, env=env)
         except OSError as exc:
             log.error("cannot start worker command %s: %s", argv[0], exc)
-            _final(heartbeat, 127, state_dir=ctx.state_dir, cannot_start=f"{argv[0]}: {exc.strerror or exc}")
+            _final(heartbeat, 127, state_dir=ctx.state_dir, cannot_start=f"{argv[0][:512]}: {exc.strerror or exc}"[:1024])
             return 127
         wakeup.watch_exit(child)
         interval_s = float(answer.get("heartbeat_interval_s", ctx.heartbeat_interval_s))
