@@ -117,14 +117,15 @@ def _since(since_s: Any, now_s: float) -> str:
 
 
 def _relaunched(worker: dict[str, Any]) -> str:
-    """" (relaunched 2x, 2 crashes)" for a worker whose step was launched again; "" for one launched once."""
+    """" (relaunched 2x, 2 crashes)" for a worker whose step was launched again (" (1 crash)" for one
+    adopted from a controller that saved no record of it); "" for one launched once that never crashed."""
     try:
         again, crashes = int(worker.get("launches") or 1) - 1, int(worker.get("crash_count") or 0)
     except (TypeError, ValueError):
         return ""
-    if again <= 0 and crashes <= 0:
-        return ""
-    return f" (relaunched {again}x" + (f", {crashes} crash{'es' if crashes != 1 else ''}" if crashes else "") + ")"
+    parts = ([f"relaunched {again}x"] if again > 0 else []) + (
+        [f"{crashes} crash{'es' if crashes != 1 else ''}"] if crashes > 0 else [])
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def _weights_cell(worker: dict[str, Any]) -> str:

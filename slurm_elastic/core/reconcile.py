@@ -177,7 +177,7 @@ def _adopt_and_refresh(workers: dict[str, Worker], by_id: dict[str, ObservedStep
             if worker is not None and worker.step_id == step.step_id:
                 continue  # the old step of a finished record is still winding down
             adopted = Worker(worker_id=worker_id, step_id=step.step_id, node=step.node, job_id=step.job_id,
-                             nodes=step.nodes, launched_at_s=now_s, last_heartbeat_s=now_s)
+                             nodes=step.nodes, launched_at_s=now_s, last_heartbeat_s=now_s, launches=1)
             if worker is not None:
                 adopted.crash_count, adopted.launches = worker.crash_count, worker.launches
                 adopted.history = worker.history

@@ -213,6 +213,7 @@ def test_restart_adopts_running_steps_without_relaunching() -> None:
     plan = run(workers, observed, 2, now_s=100)
     assert plan.actions == [] and set(workers) == {"0003", "0009"}
     assert plan.next_number == 10  # new ids never collide with adopted ones
+    assert workers["0003"].launches == 1  # its step was launched once: a relaunch is its second
 
 
 def test_restart_keeps_draining_workers_draining() -> None:

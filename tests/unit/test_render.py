@@ -47,9 +47,28 @@ def test_the_config_may_be_named_as_the_argument_and_a_relative_one_survives_the
     start = script.index("CONFIG=")
     head = script[start:script.index("supervise_controller()")]  # the config's path and the set-up
     assert "cd /" in head
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "job.toml").touch()
     out = subprocess.run(["bash", "-c", head + 'echo "$CONFIG"'], cwd=tmp_path, capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == f"{tmp_path}/cfg/job.toml"
+
+
+def test_a_script_submitted_from_another_directory_ends_at_once_naming_its_config(tmp_path: Path) -> None:
+    """A relative config path is read from the directory ``sbatch`` ran in: from another one the
+    script ends before it starts anything (exit 78), naming the path and where it is looked for.
+    Before, the controller's restart loop met the missing file first."""
+    calls = tmp_path / "calls"
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "slurm-elastic").write_text(f'#!/bin/bash\necho "$1" >> {calls}\n')
+    (tmp_path / "bin" / "slurm-elastic").chmod(0o755)
+    script = render_sbatch(load_config(DATA / "minimal.toml"), "cfg/job.toml")
+    env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "SLURM_JOB_ID": "7", "TMPDIR": str(tmp_path)}
+    done = subprocess.run(["bash", "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 78 and not calls.exists(), done.stderr
+    assert done.stderr.strip() == (f"slurm-elastic: cannot read the job's config {tmp_path}/cfg/job.toml: submit this "
+                                   "script from the directory cfg/job.toml is relative to, or render it with an "
+                                   "absolute path")
 
 
 def test_an_output_that_cannot_be_written_is_one_line_and_exit_1(tmp_path: Path) -> None:
@@ -121,6 +140,7 @@ def run_script_with_stand_ins(tmp: Path, controller: str, wait_ready_s: float,
         tool.chmod(0o755)
     script = tmp / "job.sbatch"
     script.write_text(render_sbatch(load_config(DATA / "minimal.toml"), "minimal.toml"))
+    (tmp / "minimal.toml").write_bytes((DATA / "minimal.toml").read_bytes())
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "7", "TMPDIR": str(tmp)}
     return subprocess.run(["bash", str(script)], env=env, cwd=tmp, capture_output=True, text=True, timeout=60)
 

@@ -122,9 +122,11 @@ def test_a_relaunched_worker_says_so_and_how_often_it_crashed() -> None:
     """A server that crashed and was relaunched under its id is no longer in "ended last": its row says it."""
     workers = [{**STATUS["workers"][0], "launches": 3, "crash_count": 2},  # type: ignore[index]
                {**STATUS["workers"][0], "worker_id": "0003", "launches": 2, "crash_count": 0},  # type: ignore[index]
-               {**STATUS["workers"][0], "worker_id": "0004", "launches": 1, "crash_count": 0}]  # type: ignore[index]
+               {**STATUS["workers"][0], "worker_id": "0004", "launches": 1, "crash_count": 0},  # type: ignore[index]
+               {**STATUS["workers"][0], "worker_id": "0005", "launches": 1, "crash_count": 1}]  # type: ignore[index]
     text = render_status(7, {**STATUS, "workers": workers})
     assert "ACTIVE (relaunched 2x, 2 crashes)" in text
+    assert "ACTIVE (1 crash)" in text and "relaunched 0x" not in text  # adopted with no saved record
     assert "ACTIVE (relaunched 1x)" in text
     row = next(line for line in text.splitlines() if line.lstrip().startswith("0004")).split()
     assert row[4:6] == ["ACTIVE", "2m"]  # no note: launched once
