@@ -211,12 +211,19 @@ class TrainerSteps:
 @dataclass
 class GroupSizes:
     """The sizes of the last groups accepted [sequences]: the smallest is the least a rollout holds
-    of the staleness bound while it runs."""
+    of the staleness bound while it runs. Until a group is accepted, the smallest admission asked
+    for stands in (a worker asks for its group's sequences before it starts it)."""
 
     _sizes: collections.deque[int] = field(default_factory=lambda: collections.deque(maxlen=GROUP_SIZES_KEPT))
+    _asked: int | None = None
 
     def add(self, seqs: int) -> None:
         self._sizes.append(seqs)
 
+    def asked(self, seqs: int) -> None:
+        """An admission asked for ``seqs`` (the rest of a group, after a partial grant: smaller)."""
+        if seqs > 0 and not self._sizes:
+            self._asked = seqs if self._asked is None else min(self._asked, seqs)
+
     def smallest(self) -> int | None:
-        return min(self._sizes) if self._sizes else None
+        return min(self._sizes) if self._sizes else self._asked

@@ -93,6 +93,8 @@ class RolloutQueue:
         concurrency; ``whole``: all or none); they are its lease, recorded durably before this
         returns. A retry with the same ``admission_id`` (its answer lost) gets the same grant,
         granted once."""
+        with self._lock:
+            self._group_sizes.asked(n_seqs)
         return self.book.admit(worker_id, n_seqs, self.clock(), admission_id, whole)
 
     def give_back(self, n_seqs: int, worker_id: str, release_id: str) -> int:

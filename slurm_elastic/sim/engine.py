@@ -296,6 +296,7 @@ class Simulation:
             self._exit(proc)
             return True
         group = self.trace.queue.group_size
+        self.group_sizes.asked(group - proc.granted)
         proc.granted += self.grants.grant(proc.worker_id, group - proc.granted, self.now_s)
         if proc.granted < group:
             self._wait(proc, "admit", self.admit_waiters)

@@ -8,6 +8,7 @@ import dataclasses
 from pathlib import Path
 
 from slurm_elastic.core.autoscaler_config import AutoscalerConfig
+from slurm_elastic.core.rates import GroupSizes
 from slurm_elastic.core.scaling import Autoscaler, PressureInputs
 from slurm_elastic.core.staleness import rollouts_at_once
 from slurm_elastic.core.startup import staleness_ceiling
@@ -71,6 +72,24 @@ def test_the_queue_reports_the_smallest_of_its_last_groups(tmp_path: Path) -> No
     assert snapshot is not None and snapshot.smallest_group_seqs == 3
 
 
+def test_before_any_group_the_smallest_admission_asked_for_stands_in(tmp_path: Path) -> None:
+    """A worker asks for its group's sequences before it starts it: the bound is known a rollout
+    earlier than the first group. Groups accepted then decide alone."""
+    sizes = GroupSizes()
+    sizes.asked(8)
+    sizes.asked(6)
+    assert sizes.smallest() == 6
+    q = make(tmp_path, capacity_seqs=64, max_staleness=3)
+    q.admit(8, "0001")
+    assert q._group_sizes.smallest() == 8  # the snapshot shows it once the trainer has asked for a batch
+    assert submit(q, "g0", n=12)
+    snapshot = q.snapshot()
+    assert snapshot is not None and snapshot.smallest_group_seqs == 12
+    q.admit(2, "0003")  # a rest after a partial grant, once groups are known: changes nothing
+    snapshot = q.snapshot()
+    assert snapshot is not None and snapshot.smallest_group_seqs == 12
+
+
 def test_a_simulated_job_whose_bound_binds_holds_no_idle_gpus(tmp_path: Path) -> None:
     """40 GPUs, room for 24 rollouts: the start-up's fill is shed to 24 once groups arrive."""
     trace_path = tmp_path / "bound.toml"
@@ -82,4 +101,5 @@ def test_a_simulated_job_whose_bound_binds_holds_no_idle_gpus(tmp_path: Path) ->
     result = simulate(load_trace(trace_path), "ours", 0)
     after_fill = [e for e in result.scale_events if e.t_s > 20]
     assert after_fill and all(e.target <= 24 for e in after_fill), after_fill
+    assert after_fill[0].t_s < 30, after_fill[0]  # at the first admissions (~21 s), not the first groups (~61 s)
     assert result.metrics["gpu_seconds"] < 24 * 600 + 16 * 80  # the fill's 16 extra for a minute or so
