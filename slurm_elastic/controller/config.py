@@ -200,7 +200,8 @@ class JobSection(_Section):
     setup: str = Field("", description="Shell lines run first (e.g. activating a virtual environment).")
     trainer_command: list[str] = Field(default_factory=list, description=(
         "The trainer, run as its own step; it starts with USR1 and USR2 (the drain signals) ignored."))
-    trainer_gpus: int = Field(1, ge=0, description="GPUs of the trainer step.")
+    trainer_gpus: int = Field(1, ge=0, description="GPUs of the trainer step; 0: none (its step names "
+                              "`--gres=none`, so all of its node's GPUs take workers).")
     trainer_mem_mb: int = Field(0, ge=0, description="Memory of the trainer step in MB (srun --mem); 0: Slurm's "
                                 "default. Needed with mem_per_node_mb (below it, with the workers' memory).")
 

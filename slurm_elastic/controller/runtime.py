@@ -31,6 +31,7 @@ from slurm_elastic.core.tick import Observation, TickResult, autoscaler_inputs, 
 from slurm_elastic.errors import SlurmElasticError
 from slurm_elastic.slurm.launchers import running_step_launches
 from slurm_elastic.slurm.parse import JobInfo, StepInfo
+from slurm_elastic.slurm.runner import killed_since_spawned
 
 __all__ = ["STATE_REFRESH_S", "Controller", "UnknownWorkerError", "foreign_gpus_by_node"]
 log = logging.getLogger(__name__)
@@ -144,7 +145,8 @@ class Controller(ControlPlane, StatusViews):
     def cancelled_worker_ids(self, steps: list[StepInfo]) -> frozenset[str]:
         """Workers whose step left the listing because someone cancelled it: slurmstepd wrote
         ``*** STEP J.S ON node CANCELLED AT ... ***`` to the step's output (or srun logged
-        ``Terminating StepId=J.S``, where that line did not come), and the wrapper reported
+        ``Terminating StepId=J.S``, where that line did not come, or the step's srun was killed
+        by a signal: its shepherd then cancels the step, and the reaper notes it in srun's log), and the wrapper reported
         no exit code (``scancel J.S`` kills it outright) or the exit that followed a SIGTERM
         (``scancel --signal=TERM J.S``). A step srun ends because one of its tasks failed gets the
         same line, and srun's SIGTERM to the other tasks looks like an operator's; the failed task
@@ -160,7 +162,8 @@ class Controller(ControlPlane, StatusViews):
     def _says_cancelled(self, worker_id: str, step: str) -> bool:
         logs = self.state_dir / "logs"
         return (step_output_says_cancelled(logs / f"worker-{worker_id}.out", step)
-                or srun_log_says_terminated(logs / "srun" / f"{worker_id}.log", step))
+                or srun_log_says_terminated(logs / "srun" / f"{worker_id}.log", step)
+                or killed_since_spawned(logs / "srun" / f"{worker_id}.log") is not None)
 
     def check_allocation(self, now_s: float) -> None:
         """Read the job's nodes and comment from Slurm. A node that left the running job (a failed

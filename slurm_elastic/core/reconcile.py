@@ -38,7 +38,7 @@ class ObservedStep:
 
 
 EXITED_CLEANLY = "exited cleanly"  # a worker that left on its own with exit code 0 (history reason)
-CANCELLED_BY_SOMEONE_ELSE = "its step was cancelled by someone else than the controller (scancel)"
+CANCELLED_BY_SOMEONE_ELSE = "its step was cancelled by someone else than the controller (scancel, or its srun killed)"
 LAUNCH_NEVER_RAN = ("its launch was saved, but no srun runs for it and no step appeared: the controller "
                     "before this one stopped between saving the launch and running srun")
 

@@ -12,6 +12,7 @@ import collections
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -133,9 +134,11 @@ def spawn_detached(
 ) -> int:
     """Start ``argv`` in a new session (immune to the caller's death and process-group signals).
 
-    Its stdout and stderr go to ``log_path``; stdin is /dev/null. Returns the pid. One shared
-    daemon thread reaps every child (not a thread per child: a controller keeps one srun per
-    worker), so none lingers as a zombie for more than ``REAP_INTERVAL_S`` while the caller lives.
+    Its stdout and stderr go to ``log_path``, after a line that marks the start (``SPAWNED``);
+    stdin is /dev/null. Returns the pid. One shared daemon thread reaps every child (not a thread
+    per child: a controller keeps one srun per worker), so none lingers as a zombie for more than
+    ``REAP_INTERVAL_S`` while the caller lives; a child killed by a signal gets a line saying so
+    (``KILLED_BY_SIGNAL``) at the end of its log.
     """
     argv = list(argv)
     require_binary(argv[0])
@@ -143,6 +146,8 @@ def spawn_detached(
     log.debug("spawn: %s", " ".join(argv))
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as out:
+        out.write(f"{SPAWNED} {os.path.basename(argv[0])}\n".encode())
+        out.flush()
         try:
             proc = subprocess.Popen(
                 argv,
@@ -155,24 +160,39 @@ def spawn_detached(
             )
         except OSError as exc:
             raise SlurmCommandError(argv, None, "", str(exc), reason=str(exc)) from None
-    _reaper.adopt(proc)
+    _reaper.adopt(proc, log_path)
     return proc.pid
 
 
 REAP_INTERVAL_S = 0.5
+SPAWNED = "slurm-elastic: spawned"
+KILLED_BY_SIGNAL = "was killed by signal"
+
+
+def killed_since_spawned(log_path: Path, tail_bytes: int = 65536) -> str | None:
+    """The line that says the last child spawned with ``log_path`` was killed by a signal; None
+    if it was not (or not while its spawner lived to reap it)."""
+    try:
+        with log_path.open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - tail_bytes))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return None
+    since = next((lines[i + 1:] for i in range(len(lines) - 1, -1, -1) if lines[i].startswith(SPAWNED)), [])
+    return next((line for line in since if line.startswith("slurm-elastic: ") and KILLED_BY_SIGNAL in line), None)
 
 
 class _Reaper:
     """Waits for detached children without a thread each: one thread polls them all."""
 
     def __init__(self) -> None:
-        self._children: set[subprocess.Popen[bytes]] = set()
+        self._children: dict[subprocess.Popen[bytes], Path] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
-    def adopt(self, proc: subprocess.Popen[bytes]) -> None:
+    def adopt(self, proc: subprocess.Popen[bytes], log_path: Path) -> None:
         with self._lock:
-            self._children.add(proc)
+            self._children[proc] = log_path
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="reap-detached", daemon=True)
                 self._thread.start()
@@ -185,7 +205,29 @@ class _Reaper:
         while True:
             time.sleep(REAP_INTERVAL_S)
             with self._lock:
-                self._children = {p for p in self._children if p.poll() is None}
+                ended = [(p, path) for p, path in self._children.items() if p.poll() is not None]
+                for proc, _path in ended:
+                    del self._children[proc]
+            for proc, path in ended:
+                if proc.returncode < 0:
+                    _note_killed(proc, path)
+
+
+def _note_killed(proc: subprocess.Popen[bytes], log_path: Path) -> None:
+    """Append to the child's log that a signal killed it (not the command it ran: srun, say)."""
+    number = -proc.returncode
+    try:
+        name = signal.Signals(number).name
+    except ValueError:
+        name = "unknown"
+    program = os.path.basename(str(proc.args[0])) if isinstance(proc.args, list) and proc.args else "child"
+    line = f"slurm-elastic: {program} (pid {proc.pid}) {KILLED_BY_SIGNAL} {number} ({name})"
+    log.warning("%s; its log: %s", line.removeprefix("slurm-elastic: "), log_path)
+    try:
+        with open(log_path, "ab") as out:
+            out.write(f"{line}\n".encode())
+    except OSError:
+        pass
 
 
 _reaper = _Reaper()

@@ -1,13 +1,16 @@
 """An operator cancels a worker's step by hand (``scancel JOB.STEP``, or ``scancel --signal=TERM
-JOB.STEP``): the worker is relaunched at once, the cancels are not counted as crashes of its
-GPU (three within the crash window would cordon it), and what the queue had admitted the killed
-step is released (its relaunch, under the same worker id, starts with no lease)."""
+JOB.STEP``, or kills its ``srun`` with SIGKILL): the worker is relaunched at once, the cancels
+are not counted as crashes of its GPU (three within the crash window would cordon it), and what
+the queue had admitted the killed step is released (its relaunch, under the same worker id,
+starts with no lease)."""
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 from slurm_elastic.devcluster.cluster import DevCluster
@@ -19,7 +22,16 @@ LEASE_WORKER = Path(__file__).with_name("lease_worker.py")
 pytestmark = pytest.mark.cluster
 
 
-@pytest.mark.parametrize("how", [[], ["--signal=TERM"]], ids=["kill", "term"])
+def kill_its_srun(job_id: int, step_name: str) -> None:
+    """SIGKILL to the controller's ``srun`` of a step (not the srun it forks): its shepherd cancels the step."""
+    sruns = {p.pid: p for p in psutil.process_iter(["ppid", "cmdline"])
+             if (p.info["cmdline"] or [""])[0].endswith("srun") and f"--jobid={job_id}" in p.info["cmdline"]
+             and f"--job-name={step_name}" in p.info["cmdline"]}
+    (launched,) = [p for p in sruns.values() if p.info["ppid"] not in sruns]
+    launched.send_signal(signal.SIGKILL)
+
+
+@pytest.mark.parametrize("how", [[], ["--signal=TERM"], ["srun"]], ids=["kill", "term", "srun-kill-9"])
 def test_a_worker_step_cancelled_by_hand_three_times_leaves_its_gpu_uncordoned(devcluster: DevCluster,
                                                                                  tmp_path: Path, how: list[str]) -> None:
     job = start_controller_job(devcluster, tmp_path, workers={"initial_workers": 1},
@@ -28,7 +40,10 @@ def test_a_worker_step_cancelled_by_hand_three_times_leaves_its_gpu_uncordoned(d
         job.active(1, timeout_s=60)
         for _ in range(3):
             (name, step_id), = job.worker_steps().items()
-            run_command(["scancel", *how, f"{job.job_id}.{step_id}"], check=not how)  # 22.05: 225 after a --signal
+            if how == ["srun"]:
+                kill_its_srun(job.job_id, name)
+            else:
+                run_command(["scancel", *how, f"{job.job_id}.{step_id}"], check=not how)  # 22.05: 225 after a --signal
             wait_for(lambda old=step_id, name=name: job.worker_steps().get(name) not in (None, old), 30,
                      "the worker's relaunch")
             job.active(1, timeout_s=30)

@@ -83,6 +83,21 @@ def test_a_step_cancelled_while_starting_with_only_sruns_word_is_not_counted(tmp
     assert "cancelled by someone else" in worker.history[-3][3]
 
 
+def test_a_step_whose_srun_was_killed_is_relaunched_and_not_counted(tmp_path: Path) -> None:
+    """kill -9 of a worker's srun: its shepherd cancels the step, and neither slurmstepd nor srun
+    says so; the reaper's line in srun's log does (before, a crash of its GPU)."""
+    clock = Clock()
+    controller, worker_id = a_step_that_left(tmp_path, clock)
+    (tmp_path / "logs" / "srun").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "logs" / "srun" / f"{worker_id}.log").write_text(
+        "slurm-elastic: spawned srun\nslurm-elastic: srun (pid 21386) was killed by signal 9 (SIGKILL)\n")
+    clock.now_s += 1
+    controller.tick()
+    worker = controller.workers[worker_id]
+    assert worker.crash_count == 0 and worker.launches == 2 and controller.cordoned_gpus() == {}
+    assert "its srun killed" in worker.history[-3][3]
+
+
 def cancel_the_step(tmp_path: Path, exit_code: int | None, terminated: bool = False,
                     nodes: tuple[str, ...] = ("node1",), other_task_exit: int | None = None) -> Controller:
     """A worker's step on ``nodes`` leaves the listing with Slurm's CANCELLED line in its output,

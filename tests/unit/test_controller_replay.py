@@ -111,7 +111,7 @@ def test_a_restart_without_state_adopts_every_running_step_and_launches_nothing(
     again, backend2 = make(tmp_path, RUNNING, clock)  # kill -9 and restart: the saved records
     again.tick()
     assert backend2.launched == [] and backend2.cancelled == []
-    assert all(w.state is S.ACTIVE and w.launches == 0 for w in again.workers.values())
+    assert all(w.state is S.ACTIVE and w.launches == 1 for w in again.workers.values())  # adopted: launched once
 
 
 def test_a_controller_back_after_the_agents_silence_limit_keeps_their_nodes_usable(tmp_path: Path) -> None:
@@ -209,7 +209,7 @@ def test_a_vanished_worker_backs_off_and_is_relaunched_under_the_same_id(tmp_pat
     clock.now_s += 0.1
     result = controller.tick()
     assert [a.worker_id for a in result.actions if isinstance(a, Launch)] == ["0002"]
-    assert (worker.state, worker.launches) == (S.STARTING, 1)
+    assert (worker.state, worker.launches) == (S.STARTING, 2)  # adopted (its first), then relaunched
     assert [s.name for s in backend.launched] == ["se-w-0002"]
 
 
@@ -287,7 +287,7 @@ def test_a_controller_killed_mid_scale_up_waits_for_the_launched_steps_and_relau
     again.tick()
     assert backend2.launched == [] and backend2.cancelled == [] and backend2.signalled == []
     assert {w: (r.state, r.launches) for w, r in again.workers.items()} == {
-        "0001": (S.ACTIVE, 0), "0002": (S.ACTIVE, 0), "0003": (S.ACTIVE, 0), "0004": (S.ACTIVE, 1),
+        "0001": (S.ACTIVE, 1), "0002": (S.ACTIVE, 1), "0003": (S.ACTIVE, 1), "0004": (S.ACTIVE, 1),
         "0005": (S.ACTIVE, 1)}
     assert [again.workers[w].step_id for w in ("0004", "0005")] == ["10", "11"]
 

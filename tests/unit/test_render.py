@@ -88,6 +88,16 @@ def test_the_trainer_step_gets_its_memory_where_the_job_sets_one() -> None:
     assert "#SBATCH --mem=2000\n" in script and " --mem=500M --job-name=se-trainer" in script
 
 
+def test_a_trainer_without_gpus_names_none() -> None:
+    """A step that names no GRES holds all of its node's (Slurm's default): no worker could start there."""
+    def trainer_line(gpus: int) -> str:
+        config = parse_config({"job": {"trainer_command": "python t.py", "trainer_gpus": gpus},
+                               "workers": {"command": "python w.py"}})
+        return next(line for line in render_sbatch(config, "x.toml").splitlines() if "--job-name=se-trainer" in line)
+    assert " --gres=none " in trainer_line(0)
+    assert " --gres=gpu:2 " in trainer_line(2)
+
+
 def test_render_needs_a_trainer() -> None:
     with pytest.raises(ConfigError, match=r"job\.trainer_command is empty"):
         render_sbatch(parse_config({}), "x.toml")

@@ -57,6 +57,21 @@ def test_spawn_detached_runs_in_its_own_session(tmp_path: Path) -> None:
     assert not process_alive(pid)
 
 
+def test_a_child_killed_by_a_signal_is_noted_in_its_log_until_the_next_spawn(tmp_path: Path) -> None:
+    """kill -9 of a worker's srun ends its step: the log then says so, for the controller to read."""
+    log = tmp_path / "0001.log"
+    pid = spawn_detached(["sleep", "30"], log_path=log)
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while runner.killed_since_spawned(log) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert runner.killed_since_spawned(log) == f"slurm-elastic: sleep (pid {pid}) was killed by signal 9 (SIGKILL)"
+    spawn_detached(["true"], log_path=log)  # its relaunch, which ends by itself
+    time.sleep(2 * runner.REAP_INTERVAL_S + 0.2)
+    assert runner.killed_since_spawned(log) is None
+    assert runner.killed_since_spawned(tmp_path / "none.log") is None
+
+
 def test_srun_argv_golden(tmp_path: Path) -> None:
     spec = StepSpec(
         job_id=42, name="se-w-0007", argv=("python3", "-m", "worker"), output_path=Path("/s/w7.out"),
