@@ -147,22 +147,25 @@ class ControlPlane(ControllerBase):
                 self._drained_by_its_step(worker)
             elif info.get("leaving") and (worker_id, worker.step_id) not in self.leaving:
                 self.leaving.add((worker_id, worker.step_id))  # routers drop it before its command hears the drain
-                log.info("worker %s: a drain signal reached its step; out of discovery", worker_id)
+                self._drained_by_its_step(worker)
                 self._publish_endpoints()
             drain = worker.state is S.DRAINING and not worker.placeholder and (
-                not self.is_server or worker.drain_signaled)
+                not self.is_server or (worker.drain_signaled and not worker.drained_by_its_step))
             # a record still STARTING (e.g. restored from before its registration was saved): ask again
             return {"drain": drain, "hold": worker.placeholder, "register": worker.state is S.STARTING}
 
     def _drained_by_its_step(self, worker: Worker) -> None:
-        """A rollout worker's step got the drain signal from outside (``scancel --signal`` by an
-        operator, Slurm's ``--signal`` before a burst job's end): it drains from now, as one this
-        controller drained (its replacement may start; the drain timeout runs)."""
+        """A worker's step got the drain signal from outside (``scancel --signal`` by an operator,
+        Slurm's ``--signal`` before a burst job's end): it drains from now, as one this controller
+        drained (its replacement may start; the drain timeout runs). A server's wrapper forwards
+        the signal to its engine itself, after the routers' grace: the controller sends none."""
         if worker.state not in (S.ACTIVE, S.STARTING) or worker.placeholder:
             return
         begin_drain(worker, self.clock(), "the drain signal reached its step (scancel --signal, or Slurm's)")
         worker.drained_by_its_step = True
-        log.info("worker %s: the drain signal reached its step; draining", worker.worker_id)
+        worker.drain_signaled = self.is_server
+        log.info("worker %s: the drain signal reached its step; draining%s", worker.worker_id,
+                 ", out of discovery" if self.is_server else "")
         self._save_behind()
 
     def _rank_failed(self, worker: Worker, rank: int, exit_code: int | None) -> dict[str, Any]:

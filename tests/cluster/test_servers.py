@@ -144,6 +144,9 @@ def test_a_server_step_signalled_by_the_operator_leaves_routing_before_its_engin
     assert heard == []  # nothing was routed to it once its engine had the drain signal
     assert [e for e in events if e["worker"] == "0001" and e["event"] == "drained"]
     assert all(ok for _w, _t, ok in load.results) and len(load.results) > 10
+    ended = wait_for(lambda: next((w for w in job.status()["ended_workers"] if w["worker_id"] == "0001"), None), 30,
+                     "0001 to end")  # DRAINING from its wrapper's word, not ACTIVE until "exited cleanly"
+    assert "the drain signal reached its step" in ended["reason"], ended
 
 
 @pytest.mark.parametrize("job", [SERVERS], indirect=True)

@@ -253,14 +253,18 @@ def _wait(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
 
 def test_a_server_that_says_it_is_leaving_is_out_of_discovery_at_once_and_no_drain_is_sent(live: Live) -> None:
     """Its wrapper got the drain signal itself (an operator's scancel, a preemption): the heartbeat
-    that says so takes it out of ``/endpoints`` before its command hears the signal; the controller
-    signals nothing more, and the worker stays ACTIVE until its step ends (its replacement then)."""
+    that says so takes it out of ``/endpoints`` before its command hears the signal, and it is
+    DRAINING from then, saying why (before, ACTIVE until its step ended "exited cleanly"); the
+    controller signals nothing more (its wrapper forwards the signal after the routers' grace)."""
     with Router(live.url, TOKEN, poll_wait_s=0.5) as router:
         assert set(router.wait_for_endpoints(2, timeout_s=10)) == {"0001", "0002"}
         assert live.http.post("/workers/0002/heartbeat", json={"leaving": True}).json()["drain"] is False
         assert {e["worker_id"] for e in live.http.get("/endpoints").json()["endpoints"]} == {"0001"}
         _wait(lambda: set(router.endpoints()) == {"0001"})
     live.controller.tick()
-    assert live.backend.signalled == [] and live.controller.workers["0002"].state is S.ACTIVE
+    leaving = live.controller.workers["0002"]
+    assert live.backend.signalled == [] and leaving.state is S.DRAINING
+    assert leaving.history[-1][3] == "the drain signal reached its step (scancel --signal, or Slurm's)"
+    assert live.http.post("/workers/0002/heartbeat", json={}).json()["drain"] is False  # its wrapper's grace holds
     assert {e["worker_id"] for e in live.http.get("/endpoints").json()["endpoints"]} == {"0001"}
     assert live.http.post("/workers/0001/heartbeat", json={"leaving": "yes"}).status_code == 422
