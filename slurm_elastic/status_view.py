@@ -186,6 +186,9 @@ def render_status(job_id: int, status: dict[str, Any] | None, slurm_steps: list[
         at_latest = sum(1 for w in workers if w.get("weights_version") == weights.get("version"))
         lines.append(f"weights: version {weights.get('version')} ({weights.get('ref')})  servers at it: "
                      f"{at_latest}/{len(workers)}" + ("" if weights.get("enforced") else "  (no update hook)"))
+    servers = ctl.get("servers")
+    if isinstance(servers, dict):
+        lines.append(_servers_line(servers))
     lines.append(f"workers: {worker_counts(ctl) or 'none'}")
     rows = []
     workers = ctl.get("workers", [])
@@ -231,6 +234,20 @@ def render_status(job_id: int, status: dict[str, Any] | None, slurm_steps: list[
         when = "" if err.get("at_s") is None else f" {_since(err.get('at_s'), now)}"
         lines.append(f"recent error [{err.get('where')}]{when}: {err.get('error')}")
     return "\n".join(lines) + "\n"
+
+
+def _servers_line(servers: dict[str, Any]) -> str:
+    """"servers: 3 routable, 4 requests outstanding (load 0.33 of capacity 4 each); 2 routers: 108 sent,
+    1 retried, 0 failed" (the routers' totals over the last 10 s)."""
+    endpoints = servers.get("endpoints") or []
+    outstanding = sum(int(e.get("outstanding") or 0) for e in endpoints if isinstance(e, dict))
+    ratio = servers.get("load_ratio")
+    load = "" if ratio is None else f" (load {float(ratio):.2f} of capacity {servers.get('requests_per_worker_capacity')} each)"
+    routers = int(servers.get("routers") or 0)
+    said = (f"; {routers} router{'' if routers == 1 else 's'}: {servers.get('requests_sent', 0)} sent, "
+            f"{servers.get('requests_retried', 0)} retried, {servers.get('requests_failed', 0)} failed" if routers
+            else "; no router reported in the last 10 s")
+    return f"servers: {len(endpoints)} routable, {outstanding} requests outstanding{load}{said}"
 
 
 def _burst_lines(ctl: dict[str, Any]) -> list[str]:

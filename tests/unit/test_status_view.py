@@ -118,6 +118,19 @@ def test_a_quiet_trainer_is_named_with_the_age_of_its_last_call() -> None:
     assert "last call" not in render_status(7, {**STATUS, "queue": {**queue, "trainer_last_call_s_ago": 3.0}})
 
 
+def test_a_server_job_says_its_routable_servers_load_and_routers() -> None:
+    """Before, the table of a server job said nothing of its servers (only `--json` did)."""
+    servers = {"version": 5, "endpoints": [{"worker_id": "0001", "outstanding": 3}, {"worker_id": "0004", "outstanding": 1}],
+               "routers": 2, "requests_sent": 108, "requests_retried": 1, "requests_failed": 0, "load_ratio": 0.5,
+               "requests_per_worker_capacity": 4}
+    text = render_status(7, {**STATUS, "servers": servers})
+    assert ("servers: 2 routable, 4 requests outstanding (load 0.50 of capacity 4 each); 2 routers: 108 sent, "
+            "1 retried, 0 failed") in text
+    quiet = render_status(7, {**STATUS, "servers": {**servers, "endpoints": [], "routers": 0, "load_ratio": None}})
+    assert "servers: 0 routable, 0 requests outstanding; no router reported in the last 10 s" in quiet
+    assert "servers:" not in render_status(7, {**STATUS, "servers": None})  # a rollout job
+
+
 def test_a_relaunched_worker_says_so_and_how_often_it_crashed() -> None:
     """A server that crashed and was relaunched under its id is no longer in "ended last": its row says it."""
     workers = [{**STATUS["workers"][0], "launches": 3, "crash_count": 2},  # type: ignore[index]
