@@ -44,6 +44,7 @@ from slurm_elastic.errors import ControllerUnreachableError, SlurmElasticError
 log = logging.getLogger(__name__)
 EJECT_S = 5.0  # a server that failed a request gets none for this long; doubles per failure in a row
 MAX_EJECT_S = 60.0
+CLOSING_REPORT_TIMEOUT_S = 2.0  # close() waits at most this long for its last load report
 
 
 def eject_penalty_s(failures_in_a_row: int, eject_s: float, max_eject_s: float) -> float:
@@ -162,12 +163,21 @@ class Router:
     def request(self, method: str, path: str, *, key: str | None = None, idempotent: bool = True,
                 max_attempts: int = 3, **kwargs: Any) -> httpx.Response:
         """Send to one server; on a dead or hung one (no answer within the request timeout) eject
-        it for a while and retry an idempotent request on another."""
+        it for a while and retry an idempotent request on another. A request that gets no answer,
+        none being routable included, counts as failed; a retry counts when it is sent."""
         tried: set[str] = set()
         last_error: Exception | None = None
-        for _attempt in range(max_attempts):
-            worker, url = self.pick(key, frozenset(tried))
+        for attempt in range(max_attempts):
+            try:
+                worker, url = self.pick(key, frozenset(tried))
+            except RoutingError as exc:
+                with self._lock:
+                    self.failed += 1
+                if not tried:
+                    raise
+                raise RoutingError(f"{method} {path} failed on {sorted(tried)}: {last_error}; {exc}") from None
             with self._lock:
+                self.retried += 1 if attempt else 0
                 self._outstanding[worker] += 1
                 self._sent_to[worker] += 1
                 self.sent += 1
@@ -184,8 +194,6 @@ class Router:
                 tried.add(worker)
                 if not idempotent:
                     break
-                with self._lock:
-                    self.retried += 1
                 log.info("server %s failed (%s); retrying elsewhere", worker, type(exc).__name__)
             finally:
                 with self._lock:
@@ -226,7 +234,15 @@ class Router:
                     "outstanding": dict(self._outstanding), "endpoints": len(self._endpoints)}
 
     def close(self) -> None:
+        """Stop its threads; a last report says it has nothing in flight (else the controller counts
+        its last outstanding requests as load until the report ages out, 10 s)."""
         self._stop.set()
+        with self._lock:
+            totals = (self.sent, self.retried, self.failed)
+        try:
+            self._control.report_load(self.client_id, {}, *totals, timeout_s=CLOSING_REPORT_TIMEOUT_S)
+        except (SlurmElasticError, KeyError, RuntimeError) as exc:
+            log.debug("closing load report failed: %s", exc)
         self._control.close()  # ends a long-poll in flight
         for thread in self._threads:
             thread.join(timeout=5)

@@ -81,9 +81,10 @@ class ControlClient:
                           timeout_s=float(wait_s) + 10.0)
 
     def report_load(self, client_id: str, outstanding: dict[str, int], sent: int = 0, retried: int = 0,
-                    failed: int = 0) -> dict[str, Any]:
+                    failed: int = 0, timeout_s: float | None = None) -> dict[str, Any]:
         return self._call("POST", "/endpoints/load", {"client_id": client_id, "outstanding": outstanding,
-                                                      "sent": sent, "retried": retried, "failed": failed})
+                                                      "sent": sent, "retried": retried, "failed": failed},
+                          timeout_s=timeout_s)
 
     # rollouts (workers)
     def submit_group(self, group: dict[str, Any] | bytes, max_wait_s: float = 3600.0,

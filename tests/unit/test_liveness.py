@@ -23,7 +23,7 @@ from slurm_elastic.core.lifecycle import Worker, WorkerState
 from slurm_elastic.core.liveness import drain_not_live, not_live_reason
 from slurm_elastic.core.naming import worker_step_name
 from slurm_elastic.core.reconcile import Drain, Launch, ObservedStep, ReconcileConfig, reconcile
-from slurm_elastic.router import Router, eject_penalty_s
+from slurm_elastic.router import Router, RoutingError, eject_penalty_s
 from slurm_elastic.slurm.backend import StepSpec
 from slurm_elastic.slurm.parse import StepInfo
 from slurm_elastic.worker.liveness import LivenessProbe, probe_server
@@ -244,11 +244,40 @@ def test_a_timed_out_server_is_ejected_and_the_request_retried_elsewhere(
     assert len(good.served) == 12
 
 
+def test_a_request_no_server_answers_counts_as_failed_and_only_sent_retries_count(
+        live: Live, engines: tuple[FakeEngine, FakeEngine]) -> None:
+    """Before, a request whose retries ran out of servers ("no routable server") was not counted
+    as failed, and its last retry, never sent, was counted as retried."""
+    for engine in engines:
+        engine.hang.set()
+    with Router(live.url, TOKEN, poll_wait_s=0.5, request_timeout_s=0.3, eject_s=600.0) as router:
+        router.wait_for_endpoints(2, timeout_s=10)
+        with pytest.raises(RoutingError, match="failed on \\['0001', '0002'\\]"):
+            router.request("POST", "/generate", json={})  # both hung: tried both, then none left
+        with pytest.raises(RoutingError, match="no routable server"):
+            router.request("POST", "/generate", json={})  # both ejected: sent nowhere
+        stats = router.stats()
+    assert (stats["sent"], stats["retried"], stats["failed"]) == (2, 1, 2)
+
+
 def _wait(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
         assert time.monotonic() < deadline, "condition not met in time"
         time.sleep(0.01)
+
+
+def test_a_router_that_closes_leaves_no_requests_counted_in_flight(live: Live) -> None:
+    """Before, its last report's outstanding requests counted as load until the report aged out (10 s)."""
+    router = Router(live.url, TOKEN, poll_wait_s=0.5, report_interval_s=60.0)
+    router.wait_for_endpoints(2, timeout_s=10)
+    with router._lock:
+        router._outstanding["0001"] = 3  # requests in flight at its last report
+    router.report_now()
+    assert live.controller.status()["servers"]["endpoints"][0]["outstanding"] == 3
+    router.close()
+    servers = live.controller.status()["servers"]
+    assert [e["outstanding"] for e in servers["endpoints"]] == [0, 0] and servers["load_ratio"] == 0.0
 
 
 def test_a_server_that_says_it_is_leaving_is_out_of_discovery_at_once_and_no_drain_is_sent(live: Live) -> None:
