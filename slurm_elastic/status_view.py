@@ -239,11 +239,15 @@ def render_status(job_id: int, status: dict[str, Any] | None, slurm_steps: list[
 def _servers_line(servers: dict[str, Any]) -> str:
     """"servers: 3 routable, 4 requests outstanding (load 0.33 of capacity 4 each); 2 routers: 108 sent,
     1 retried, 0 failed" (the routers' totals over the last 10 s)."""
-    endpoints = servers.get("endpoints") or []
-    outstanding = sum(int(e.get("outstanding") or 0) for e in endpoints if isinstance(e, dict))
-    ratio = servers.get("load_ratio")
-    load = "" if ratio is None else f" (load {float(ratio):.2f} of capacity {servers.get('requests_per_worker_capacity')} each)"
-    routers = int(servers.get("routers") or 0)
+    try:
+        endpoints = list(servers.get("endpoints") or [])
+        outstanding = sum(int(e.get("outstanding") or 0) for e in endpoints if isinstance(e, dict))
+        ratio = servers.get("load_ratio")
+        load = ("" if ratio is None
+                else f" (load {float(ratio):.2f} of capacity {servers.get('requests_per_worker_capacity')} each)")
+        routers = int(servers.get("routers") or 0)
+    except (TypeError, ValueError):
+        return "servers: ? (unreadable)"
     said = (f"; {routers} router{'' if routers == 1 else 's'}: {servers.get('requests_sent', 0)} sent, "
             f"{servers.get('requests_retried', 0)} retried, {servers.get('requests_failed', 0)} failed" if routers
             else "; no router reported in the last 10 s")

@@ -129,6 +129,7 @@ def test_a_server_job_says_its_routable_servers_load_and_routers() -> None:
     quiet = render_status(7, {**STATUS, "servers": {**servers, "endpoints": [], "routers": 0, "load_ratio": None}})
     assert "servers: 0 routable, 0 requests outstanding; no router reported in the last 10 s" in quiet
     assert "servers:" not in render_status(7, {**STATUS, "servers": None})  # a rollout job
+    assert "servers: ? (unreadable)" in render_status(7, {**STATUS, "servers": {"routers": "many"}})
 
 
 def test_a_relaunched_worker_says_so_and_how_often_it_crashed() -> None:
