@@ -31,7 +31,8 @@ class _Snapshot(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         q, ctl = self.q, self.ctl
-        burst = ctl.get("burst") or {}
+        burst, servers = ctl.get("burst") or {}, ctl.get("servers") or {}
+        endpoints = servers.get("endpoints") or []
         for name, doc, value in [
             ("queued_sequences", "Sequences waiting in the rollout buffer", q["queued_sequences"]),
             ("buffer_capacity_sequences", "Bound of the rollout buffer", q["capacity_sequences"]),
@@ -41,6 +42,12 @@ class _Snapshot(Collector):
             ("burst_jobs", "Burst jobs Slurm lists for this job (pending or running)", len(ctl.get("burst_jobs") or [])),
             ("cordoned_gpus", "Cordoned GPUs", len(ctl["cordoned_gpus"])),
             ("placeholders", "Steps holding cordoned GPUs (not workers)", ctl["placeholders"]),
+            ("servers_routable", "Server workers in discovery (0 for rollout workers)", len(endpoints)),
+            ("server_requests_outstanding", "Requests in flight at the servers, as the routers report them",
+             sum(e.get("outstanding") or 0 for e in endpoints)),
+            ("server_load_ratio", "Outstanding requests / (routable servers x requests_per_worker_capacity)",
+             servers.get("load_ratio")),
+            ("routers", "Routers that reported their load in the last 10 s", servers.get("routers")),
         ]:
             yield GaugeMetricFamily(PREFIX + name, doc, value=float(value or 0))
         for name, doc, value in [

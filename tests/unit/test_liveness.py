@@ -14,15 +14,19 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client import generate_latest
 
 from slurm_elastic.controller.app import create_controller_app
 from slurm_elastic.controller.config import parse_config
+from slurm_elastic.controller.metrics import metrics_registry
 from slurm_elastic.controller.runtime import Controller
 from slurm_elastic.controller.serve import ApiServer
 from slurm_elastic.core.lifecycle import Worker, WorkerState
 from slurm_elastic.core.liveness import drain_not_live, not_live_reason
 from slurm_elastic.core.naming import worker_step_name
 from slurm_elastic.core.reconcile import Drain, Launch, ObservedStep, ReconcileConfig, reconcile
+from slurm_elastic.rollouts.queue import QueueConfig, RolloutQueue
+from slurm_elastic.rollouts.store import RolloutStore
 from slurm_elastic.router import Router, RoutingError, eject_penalty_s
 from slurm_elastic.slurm.backend import StepSpec
 from slurm_elastic.slurm.parse import StepInfo
@@ -267,7 +271,7 @@ def _wait(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
         time.sleep(0.01)
 
 
-def test_a_router_that_closes_leaves_no_requests_counted_in_flight(live: Live) -> None:
+def test_a_router_that_closes_leaves_no_requests_counted_in_flight(live: Live, tmp_path: Path) -> None:
     """Before, its last report's outstanding requests counted as load until the report aged out (10 s)."""
     router = Router(live.url, TOKEN, poll_wait_s=0.5, report_interval_s=60.0)
     router.wait_for_endpoints(2, timeout_s=10)
@@ -275,6 +279,12 @@ def test_a_router_that_closes_leaves_no_requests_counted_in_flight(live: Live) -
         router._outstanding["0001"] = 3  # requests in flight at its last report
     router.report_now()
     assert live.controller.status()["servers"]["endpoints"][0]["outstanding"] == 3
+    queue = RolloutQueue(RolloutStore(tmp_path / "q.sqlite", fsync="off"), QueueConfig())
+    metrics = generate_latest(metrics_registry(live.controller, queue)).decode()  # the same, for Prometheus
+    queue.store.close()
+    assert all(line in metrics.splitlines() for line in (
+        "slurm_elastic_servers_routable 2.0", "slurm_elastic_server_requests_outstanding 3.0",
+        "slurm_elastic_server_load_ratio 0.1875", "slurm_elastic_routers 1.0")), metrics
     router.close()
     servers = live.controller.status()["servers"]
     assert [e["outstanding"] for e in servers["endpoints"]] == [0, 0] and servers["load_ratio"] == 0.0
