@@ -101,7 +101,6 @@ class ControllerBase:
         # versions keep increasing across controller restarts, so a router never mistakes a new
         # controller's set for the one it already has
         self.endpoints = EndpointBook(version=int(clock() * 1000))
-        self.leaving: set[tuple[str, str]] = set()  # (worker, step) a drain signal reached itself: not routable
         self.endpoints_changed = Changes()  # wakes the /endpoints long-polls
         self.queue = queue  # the rollout queue's numbers, for the autoscaler and the status (None: no queue)
         self.errors: list[dict[str, Any]] = []
@@ -244,14 +243,12 @@ class ControllerBase:
 
     # ---- effects ---------------------------------------------------------------------------
     def _publish_endpoints(self) -> None:
-        """The routable set: ACTIVE server workers with an endpoint (never draining, leaving on a drain
-        signal of their own, or placeholders) that the weights book lets in (at the latest published
-        weights)."""
+        """The routable set: ACTIVE server workers with an endpoint (never draining, or placeholders)
+        that the weights book lets in (at the latest published weights)."""
         latest = self.weights.latest
-        self.leaving &= {(w.worker_id, w.step_id) for w in self.state.workers.values() if w.has_step}
         changed = self.endpoints.publish([
             Endpoint(w.worker_id, w.endpoint, w.node, w.gpus, w.weights_version) for w in self.state.workers.values()
-            if w.state is S.ACTIVE and w.endpoint and not w.placeholder and (w.worker_id, w.step_id) not in self.leaving
+            if w.state is S.ACTIVE and w.endpoint and not w.placeholder
             and self.weights.routable(w.worker_id, w.weights_version)
         ], latest.version if latest is not None else None)
         if changed:

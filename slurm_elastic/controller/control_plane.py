@@ -143,30 +143,28 @@ class ControlPlane(ControllerBase):
                 if drain_not_live([worker], self.tick_config.reconcile.liveness_failure_threshold,
                                   worker.last_heartbeat_s):
                     self._publish_endpoints()  # out of discovery now; the tick sends the drain signal
-            if info.get("leaving") and not self.is_server:
-                self._drained_by_its_step(worker)
-            elif info.get("leaving") and (worker_id, worker.step_id) not in self.leaving:
-                self.leaving.add((worker_id, worker.step_id))  # routers drop it before its command hears the drain
-                self._drained_by_its_step(worker)
-                self._publish_endpoints()
+            if info.get("leaving") and self._drained_by_its_step(worker) and self.is_server:
+                self._publish_endpoints()  # routers drop it before its command hears the drain
             drain = worker.state is S.DRAINING and not worker.placeholder and (
                 not self.is_server or (worker.drain_signaled and not worker.drained_by_its_step))
             # a record still STARTING (e.g. restored from before its registration was saved): ask again
             return {"drain": drain, "hold": worker.placeholder, "register": worker.state is S.STARTING}
 
-    def _drained_by_its_step(self, worker: Worker) -> None:
+    def _drained_by_its_step(self, worker: Worker) -> bool:
         """A worker's step got the drain signal from outside (``scancel --signal`` by an operator,
         Slurm's ``--signal`` before a burst job's end): it drains from now, as one this controller
         drained (its replacement may start; the drain timeout runs). A server's wrapper forwards
-        the signal to its engine itself, after the routers' grace: the controller sends none."""
+        the signal to its engine itself, after the routers' grace: the controller sends none.
+        False if it was draining already (or holds GPUs as a placeholder)."""
         if worker.state not in (S.ACTIVE, S.STARTING) or worker.placeholder:
-            return
+            return False
         begin_drain(worker, self.clock(), "the drain signal reached its step (scancel --signal, or Slurm's)")
         worker.drained_by_its_step = True
         worker.drain_signaled = self.is_server
         log.info("worker %s: the drain signal reached its step; draining%s", worker.worker_id,
                  ", out of discovery" if self.is_server else "")
         self._save_behind()
+        return True
 
     def _rank_failed(self, worker: Worker, rank: int, exit_code: int | None) -> dict[str, Any]:
         """Another task of the worker's step says its command failed on its own (no SIGTERM, drain or
