@@ -111,7 +111,7 @@ class Controller(ControlPlane, StatusViews):
                 ObservedStep(wid, st.step_id, st.nodes[0] if st.nodes else "", st.job_id, st.nodes)
                 for st in steps if (wid := worker_id_of_step(st.name)) is not None),
             agent_nodes=frozenset() if steps is None else frozenset(
-                st.name.removeprefix(AGENT_PREFIX) for st in steps if st.name.startswith(AGENT_PREFIX)),
+                (st.job_id, st.name.removeprefix(AGENT_PREFIX)) for st in steps if st.name.startswith(AGENT_PREFIX)),
             foreign_gpus={} if steps is None else {
                 job: foreign_gpus_by_node([st for st in steps if st.job_id == job]) for job in jobs},
             releasing_jobs=releasing,
@@ -360,8 +360,11 @@ class Controller(ControlPlane, StatusViews):
             elif (worker.state is WorkerState.INACTIVE and worker.job_id != self.job_id and worker.history
                   and worker.history[-1][0] >= recent_s and worker.history[-1][3] == EXITED_CLEANLY):
                 ending.add(worker.job_id)  # left a burst job unasked: Slurm signalled its end
-            if worker.job_id != self.job_id and worker.drained_by_its_step and worker.state is WorkerState.DRAINING:
-                ending.add(worker.job_id)  # the drain signal reached it from outside: Slurm's (a preemption, the limit)
+            if worker.job_id != self.job_id and worker.drained_by_its_step and (
+                    worker.state is WorkerState.DRAINING
+                    or (worker.state is WorkerState.INACTIVE and worker.history and worker.history[-1][0] >= recent_s)):
+                ending.add(worker.job_id)  # the drain signal reached it from outside: Slurm's (a preemption, the
+                # limit); also when its step ended within the tick that saw it DRAINING (a quick drain)
         slurm_cordoned = self.state.cordons.cordoned_by("slurm")
         ours = set().union(*(self.state.cordons.cordoned_by(s) for s in NOT_SLURM_CORDONS))
 

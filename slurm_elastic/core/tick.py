@@ -55,7 +55,7 @@ class Observation:
     on Slurm's account, the decisions that need no listing still run)."""
 
     steps: tuple[ObservedStep, ...] | None
-    agent_nodes: frozenset[str] = frozenset()  # nodes whose agent step runs
+    agent_nodes: frozenset[tuple[int, str]] = frozenset()  # (job, node) whose agent step runs
     foreign_gpus: Mapping[int, Mapping[str, int]] = field(default_factory=dict)  # job -> node -> GPUs held
     queue: QueueSnapshot | None = None
     busy_worker_s: float | None = None  # worker-seconds inside rollouts over the production window (None: not reported)
@@ -91,8 +91,8 @@ class ControlState:
     wake_all_active: bool = False
     seed_target_from_slurm: bool = False  # no saved target: the first listing keeps what runs
     last_decision: dict[str, Any] = field(default_factory=lambda: {"action": "hold", "reason": "starting"})
-    agent_launched_s: dict[str, float] = field(default_factory=dict)
-    node_held_since_s: dict[str, float] = field(default_factory=dict)  # since when the job or a burst job holds it
+    agent_launched_s: dict[tuple[int, str], float] = field(default_factory=dict)  # (job, node): its agent's last launch
+    node_held_since_s: dict[tuple[int, str], float] = field(default_factory=dict)  # (job, node): since when it holds it
     foreign_gpus: Mapping[int, Mapping[str, int]] = field(default_factory=dict)
     listed_worker_ids: frozenset[str] = frozenset()  # worker steps in Slurm's latest listing
     policy: ScalingPolicy | None = None  # decides instead of the autoscaler (the simulator's baselines)
@@ -145,14 +145,14 @@ def tick(obs: Observation, state: ControlState, cfg: TickConfig, allocations: tu
         state.listed_worker_ids = frozenset(o.worker_id for o in obs.steps)
         if state.seed_target_from_slurm:
             _seed_target(state, len(obs.steps), result)
-    unknown = (state.cordons.unknown_nodes(now_s, nodes=[n for a in allocations for n in a.gpus_by_node])
-               if cfg.agents else set())
-    result.slots = placement(allocations, cfg.gpus_per_worker, cordoned, unknown, state.foreign_gpus,
-                             cfg.nodes_per_worker)
-    allowed = sum(s.slots for s in result.slots)
     if cfg.agents:
         hold_nodes(state, allocations, now_s)
     awaiting = awaiting_first_reports(state, now_s) if cfg.agents else set()
+    unknown = (state.cordons.unknown_nodes(now_s, nodes=[n for a in allocations for n in a.gpus_by_node]) | awaiting
+               if cfg.agents else set())  # awaiting: also a node an earlier job's agent reported on
+    result.slots = placement(allocations, cfg.gpus_per_worker, cordoned, unknown, state.foreign_gpus,
+                             cfg.nodes_per_worker)
+    allowed = sum(s.slots for s in result.slots)
     once_heard = placement(allocations, cfg.gpus_per_worker, cordoned, unknown - awaiting, state.foreign_gpus,
                            cfg.nodes_per_worker) if awaiting else result.slots
     result.slots_once_heard = tuple(s.slots for s in once_heard)
@@ -187,13 +187,13 @@ def tick(obs: Observation, state: ControlState, cfg: TickConfig, allocations: tu
 
 
 def hold_nodes(state: ControlState, allocations: Iterable[Allocation], now_s: float) -> None:
-    """Note since when each node of ``allocations`` is held; a node no longer held is forgotten, so a
-    later burst job that holds it again starts its hold anew."""
-    held = {n for a in allocations for n in a.gpus_by_node}
-    for node in set(state.node_held_since_s) - held:
-        del state.node_held_since_s[node]
-    for node in held:
-        state.node_held_since_s.setdefault(node, now_s)
+    """Note since when each node of ``allocations`` is held, per job: a later burst job that holds a
+    node again starts its hold anew, also when it follows the one before within a tick."""
+    held = {(a.job_id, n) for a in allocations for n in a.gpus_by_node}
+    for key in set(state.node_held_since_s) - held:
+        del state.node_held_since_s[key]
+    for key in held:
+        state.node_held_since_s.setdefault(key, now_s)
 
 
 def awaiting_first_reports(state: ControlState, now_s: float) -> set[str]:
@@ -204,7 +204,7 @@ def awaiting_first_reports(state: ControlState, now_s: float) -> set[str]:
     Bounded by the hold's start, not the agent's launch: an agent that never works (relaunched
     every ``agent_relaunch_s``) must not keep its node's GPUs counted."""
     silence_s = state.cordons.rules.agent_silence_s
-    return {node for node, since_s in state.node_held_since_s.items()
+    return {node for (_job, node), since_s in state.node_held_since_s.items()
             if ((heard_s := state.cordons.heard_s(node)) is None or heard_s < since_s)
             and now_s - since_s <= silence_s}
 
@@ -382,14 +382,16 @@ def _place(launches: list[Launch], state: ControlState, slots: tuple[Slots, ...]
     return placed
 
 
-def _agents(state: ControlState, running: frozenset[str], allocations: tuple[Allocation, ...], cfg: TickConfig,
+def _agents(state: ControlState, running: frozenset[tuple[int, str]], allocations: tuple[Allocation, ...], cfg: TickConfig,
             now_s: float) -> list[LaunchAgent]:
-    """One agent step per node (all of the node's GPUs); a vanished one is relaunched after a pause."""
+    """One agent step per node of each job (all of the node's GPUs); a vanished one is relaunched
+    after a pause. A burst job that holds a node again gets its own at once."""
     launches = []
     for allocation in allocations:
         for node, gpus in allocation.gpus_by_node.items():
-            if node in running or now_s - state.agent_launched_s.get(node, -1e9) < cfg.agent_relaunch_s:
+            key = (allocation.job_id, node)
+            if key in running or now_s - state.agent_launched_s.get(key, -1e9) < cfg.agent_relaunch_s:
                 continue
-            state.agent_launched_s[node] = now_s
+            state.agent_launched_s[key] = now_s
             launches.append(LaunchAgent(allocation.job_id, node, len(gpus)))
     return launches

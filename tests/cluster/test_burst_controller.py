@@ -111,6 +111,22 @@ def test_a_preempted_burst_job_drains_its_workers_and_loses_no_rollout(parent: C
         run_command(["scancel", urgent], check=False)
 
 
+def test_the_drain_signal_to_a_burst_job_ends_it_and_no_worker_goes_there_again(parent: ControllerJob) -> None:
+    """``scancel --signal=USR1 BURSTJOB`` (an operator; Slurm's ``--signal`` before the time limit
+    reads the same): its workers drain, the job is counted lost and given back once empty, and new
+    workers go to a new burst job. Before, workers that drained within a tick left no mark: two
+    new ones were launched into the same job at once."""
+    with parent.client() as c:
+        c.scale(6)
+    parent.active(6, timeout_s=60)
+    [(burst_id, _state)] = burst_jobs_of(parent)
+    run_command(["scancel", "--signal=USR1", str(burst_id)], check=False)  # 22.05: rc 225 after a --signal
+    wait_for(lambda: (s := parent.status())["burst"]["lost"] == 1 and s, 30, "the burst job counted as ending")
+    wait_for(lambda: burst_id not in [j for j, _ in burst_jobs_of(parent)], 60, "the drained burst job given back")
+    status = parent.active(6, timeout_s=60)  # in a new burst job
+    assert all(w["job_id"] != burst_id for w in status["workers"]), status["workers"]
+
+
 def test_a_cancelled_parent_leaves_no_burst_job(devcluster: DevCluster, tmp_path: Path) -> None:
     job = start_controller_job(
         devcluster, tmp_path, nodes=1, gpus_per_node=4,

@@ -83,3 +83,18 @@ def test_the_burst_manager_hears_of_a_job_ending_from_its_first_drained_worker(t
     inputs = ctl.burst_inputs(TickResult(desired=3), {19: {"b1": (0, 1)}}, 10.0)
     assert inputs["ending_jobs"] == {19} and inputs["target_workers"] == 3
     assert ctl.burst_inputs(TickResult(desired=0), {19: {"b1": (0, 1)}}, 11.0)["target_workers"] == 0
+
+
+def test_a_burst_worker_that_drained_within_one_tick_still_marks_its_job_as_ending(tmp_path: Path) -> None:
+    """Seen on the dev cluster (`scancel --signal=USR1 BURSTJOB`): the workers drained at once, the
+    tick after their heartbeat found their steps gone (INACTIVE), and the next placed two new
+    workers into the job the signal said was ending."""
+    from slurm_elastic.core.tick import TickResult
+
+    config = parse_config({"agent": {"enabled": False}, "burst": {"max_jobs": 1, "gpus_per_job": 2}})
+    ctl = Controller(config, 7, ListedSteps(), tmp_path / "state", gpus_by_node={"a1": (0,)})  # type: ignore[arg-type]
+    drained = Worker("0002", state=S.INACTIVE, job_id=19, node="b1", gpus=(0,), drained_by_its_step=True)
+    drained.history.append((9.5, "DRAINING", "INACTIVE", "step ended after drain"))
+    ctl.state.workers["0002"] = drained
+    assert ctl.burst_inputs(TickResult(desired=3), {19: {"b1": (0, 1)}}, 10.0)["ending_jobs"] == {19}
+    assert ctl.burst_inputs(TickResult(desired=3), {19: {"b1": (0, 1)}}, 100.0)["ending_jobs"] == set()  # long ago

@@ -208,6 +208,26 @@ def test_gpus_whose_agent_has_yet_to_report_count_for_the_target_but_get_no_work
     assert later.slots_once_heard == (0,) and later.desired == 0  # of unknown health now: not counted
 
 
+def test_a_burst_job_that_takes_a_node_straight_after_another_awaits_its_own_agent() -> None:
+    """Seen on the dev cluster: burst job B got node b1 within a tick of A's end there; b1 counted
+    as heard (A's agent had reported) and took B's workers at once, while B's agent waited for A's
+    (still listed) to go and for the relaunch pause: 19 s after the workers, or never."""
+    from slurm_elastic.core.tick import LaunchAgent
+
+    cfg = TickConfig(reconcile=ReconcileConfig(), gpus_per_worker=1, agents=True)
+    st = ControlState(autoscaler=Autoscaler(AutoscalerConfig(min_workers=0, max_workers=5)), cordons=CordonBook(),
+                      target_workers=3)
+    tick(Observation(steps=()), st, cfg, (OWN, OTHER), 0.0)
+    st.cordons.observe([GpuSample(n, g, temperature_c=40.0, memory_used_mb=0, memory_total_mb=1000)
+                        for n, gpus in (("a1", (0, 1)), ("b1", (0, 1, 2))) for g in gpus], 1.0)
+    heard = tick(Observation(steps=(), agent_nodes=frozenset({(7, "a1"), (9, "b1")})), st, cfg, (OWN, OTHER), 2.0)
+    assert [s.slots for s in heard.slots] == [2, 3]
+    after = Allocation(10, {"b1": (0, 1, 2)})  # B: the same node, A's agent step still listed
+    taken = tick(Observation(steps=(), agent_nodes=frozenset({(7, "a1"), (9, "b1")})), st, cfg, (OWN, after), 3.0)
+    assert [s.slots for s in taken.slots] == [2, 0] and taken.slots_once_heard == (2, 3)  # awaited anew
+    assert [a for a in taken.actions if isinstance(a, LaunchAgent)] == [LaunchAgent(10, "b1", 3)]  # its own, now
+
+
 def test_a_node_is_awaited_from_when_it_is_held_until_it_reports_or_for_agent_silence_s_at_most() -> None:
     """A node a new burst job holds again was heard before, under the old job: its agent is awaited
     all the same; and an agent that never reports (relaunched every agent_relaunch_s) keeps its
@@ -226,7 +246,7 @@ def test_a_node_is_awaited_from_when_it_is_held_until_it_reports_or_for_agent_si
     assert awaited((OTHER,), 2.0) == set()  # heard
     assert awaited((), 100.0) == set()  # the burst job ended: b1 is not held
     assert awaited((OTHER,), 500.0) == {"b1"}  # held again: its old report does not count
-    st.agent_launched_s["b1"] = 500.0 + silence_s  # relaunched, still silent
+    st.agent_launched_s[(OTHER.job_id, "b1")] = 500.0 + silence_s  # relaunched, still silent
     assert awaited((OTHER,), 500.0 + silence_s + 1) == set()  # bounded by the hold's start
     st.cordons.observe([GpuSample("b1", 0, temperature_c=40.0)], 600.0)
     assert awaited((OTHER,), 601.0) == set()
