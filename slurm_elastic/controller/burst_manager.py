@@ -30,6 +30,7 @@ from slurm_elastic.errors import SlurmError
 from slurm_elastic.slurm.parse import QueuedJob
 
 log = logging.getLogger(__name__)
+JOB_FINISHED = "Job has already finished"  # scontrol update's answer for a job that is completing
 
 
 @dataclass
@@ -261,10 +262,16 @@ class BurstManager:
         self._last_seen_s = now_s
 
     def _mark(self, job_id: int, released: bool, kind: str = "") -> None:
-        """Mark a job released (being emptied) or kept in its comment, and remember the comment."""
-        if self._try(f"{'release' if released else 'keep'} {kind}burst job {job_id}",
-                     lambda: self.jobs.mark_released(job_id, released)):
-            self._comments[job_id] = burst_job_comment(self.jobs.parent_job_id, released)
+        """Mark a job released (being emptied) or kept in its comment, and remember the comment. A
+        job Slurm says has finished (still listed while it completes) needs no mark: no error."""
+        try:
+            self.jobs.mark_released(job_id, released)
+        except SlurmError as exc:
+            if JOB_FINISHED not in str(exc):
+                self._error(f"{'release' if released else 'keep'} {kind}burst job {job_id} failed: {exc}")
+                return
+            log.debug("burst job %s has finished: no mark needed", job_id)
+        self._comments[job_id] = burst_job_comment(self.jobs.parent_job_id, released)
 
     def _try(self, what: str, action: Any) -> bool:
         try:

@@ -114,6 +114,22 @@ def test_a_refused_set_back_is_reported_once_and_the_job_kept(tmp_path: Path) ->
         f"{SlurmCommandError(['scontrol', 'update'], 1, '', 'Access/permission denied')}"]
 
 
+def test_a_job_that_finished_before_its_release_mark_is_no_error(tmp_path: Path) -> None:
+    """Seen on the dev cluster after an operator's `scancel` of a burst job: while Slurm still listed
+    it (completing), each tick's release mark failed with "Job has already finished", a warning
+    and a status error each time."""
+    slurm = FakeSlurm()
+    made = manager(slurm, tmp_path)
+    step(made, 8, {})
+    made.observe()
+    a, b = sorted(slurm.jobs)
+    slurm.refusal = f"Job has already finished for job {b}"
+    for _ in range(3):
+        step(made, 6, {a: 2, b: 1})  # b is being emptied: its release is marked
+        made.observe()
+    assert slurm.comment_calls >= 1 and made.counters.errors == []
+
+
 def test_a_renamed_job_is_still_listed_and_its_name_set_back(tmp_path: Path) -> None:
     slurm = FakeSlurm()
     made = manager(slurm, tmp_path)
