@@ -150,8 +150,8 @@ class Controller(ControlPlane, StatusViews):
         the wrapper reported no exit code (``scancel J.S`` kills it outright) or the exit that
         followed a SIGTERM (``scancel --signal=TERM J.S``). A step srun ends because one of its
         tasks failed gets the same line, and srun's SIGTERM to the other tasks looks like an
-        operator's; the failed task says so first (rank 0 in its exit, another task through :meth:`_rank_failed`, which sets
-        ``failure_reason``), so that end counts as a crash."""
+        operator's; the failed task says so first (rank 0 in its exit, another task through
+        :meth:`_rank_failed`, which sets ``failure_reason``), so that end counts as a crash."""
         listed = {worker_id_of_step(st.name) for st in steps}
         return frozenset(
             w.worker_id for w in self.state.workers.values()
