@@ -10,7 +10,10 @@ For each trace and seed 0..N-1: ours, and every fixed count from min_workers to 
 count dominates ours on a seed when it idles no more on no more GPU-seconds, one strictly. The
 distance is ours' idle fraction minus the fixed counts' curve (straight between counts) at ours'
 GPU-seconds, averaged over the seeds where ours lies inside the curve's range: below 0, ours
-idles less than running a mix of fixed counts with its GPU-seconds. ``--code`` simulates the
+idles less than running a mix of fixed counts with its GPU-seconds. Both verdicts are redone on
+400 resamples of the seeds (with replacement, the same seeds for every policy): the share of them
+in which a fixed count's medians dominate ours' tells a verdict beyond the seeds' noise (near
+100 %) from a coin flip (near 50 %), and the distance gets a 95 % interval. ``--code`` simulates the
 ``slurm_elastic/`` of another checkout on this checkout's traces (the figures "earlier policy →
 now" in docs/autoscaler.md). Prints one line per trace, naming the fixed counts whose medians
 dominate ours' medians, with theirs; pure simulation, ``--jobs`` processes.
@@ -32,9 +35,10 @@ import hashlib
 import itertools
 import json
 import multiprocessing
+import random
 import statistics
 import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
@@ -84,6 +88,50 @@ def _dominates(fixed: Run, ours: Run) -> bool:
     return fixed[0] <= ours[0] and fixed[1] <= ours[1] and (fixed[0] < ours[0] or fixed[1] < ours[1])
 
 
+RESAMPLES = 400  # resamples of the seeds behind each verdict's share and interval
+
+
+@dataclasses.dataclass(frozen=True)
+class Robustness:
+    """How far the seeds' noise carries a trace's verdict: ``dominated_share`` of resamples of the
+    seeds (drawn with replacement, the same seeds for ours and every fixed count) in which a fixed
+    count's medians dominate ours' medians (near 1: beyond the noise; near 0.5: a coin flip), and
+    the mean distance above the fixed counts' curve with its 95 % interval over the same resamples."""
+
+    dominated_share: float
+    gap: float | None
+    gap_low: float | None
+    gap_high: float | None
+
+    def words(self) -> str:
+        interval = "" if self.gap_low is None else f" (95 % interval {self.gap_low:+.4f} to {self.gap_high:+.4f})"
+        gap = "-" if self.gap is None else f"{self.gap:+.4f}"
+        return (f"above the fixed counts' curve by {gap} idle (mean over seeds){interval}; dominated at medians in "
+                f"{self.dominated_share:.0%} of {RESAMPLES} resamples of the seeds")
+
+
+def robustness(ours: Sequence[Run], fixed: Mapping[int, Sequence[Run]], resamples: int = RESAMPLES) -> Robustness:
+    """The verdict of ``ours`` (a run per seed) against ``fixed`` (count -> a run per seed) under
+    resampling of the seeds; the same draws every call (a fixed generator seed)."""
+    seeds = len(ours)
+    gaps: list[float | None] = [None if (at := _curve_at([runs[s] for runs in fixed.values()], ours[s][1])) is None
+                                else ours[s][0] - at for s in range(seeds)]
+    rng = random.Random(0)
+    dominated, means = 0, []
+    for _ in range(resamples):
+        picks = [rng.randrange(seeds) for _ in range(seeds)]
+        mine = _medians([ours[s] for s in picks])
+        dominated += any(_dominates(_medians([runs[s] for s in picks]), mine) for runs in fixed.values())
+        if inside := [g for s in picks if (g := gaps[s]) is not None]:
+            means.append(statistics.mean(inside))
+    known = [g for g in gaps if g is not None]
+    if not known or not means:
+        return Robustness(dominated / resamples, statistics.mean(known) if known else None, None, None)
+    means.sort()
+    return Robustness(dominated / resamples, statistics.mean(known), means[int(0.025 * len(means))],
+                      means[min(len(means) - 1, int(0.975 * len(means)))])
+
+
 def _digest(*parts: bytes) -> str:
     hasher = hashlib.sha256()
     for part in parts:
@@ -124,13 +172,12 @@ def report(code: str, fixed_code: str, name: str, seeds: int, pools: Mapping[str
     fixed = [cache[f"{key}:{s}:{n}"] for n in counts for s in range(seeds)]
     by_seed = [[fixed[i * seeds + s] for i in range(len(counts))] for s in range(seeds)]
     dominated = sum(any(_dominates(f, ours[s]) for f in by_seed[s]) for s in range(seeds))
-    gaps = [ours[s][0] - at for s in range(seeds) if (at := _curve_at(by_seed[s], ours[s][1])) is not None]
-    gap = f"{statistics.mean(gaps):+.4f}" if gaps else "-"
     mine = _medians(ours)
     over = [f"static {n} ({m[0]:.3f} / {m[1]:,.0f})" for i, n in enumerate(counts)
             if _dominates(m := _medians(fixed[i * seeds:(i + 1) * seeds]), mine)]
+    robust = robustness(ours, {n: fixed[i * seeds:(i + 1) * seeds] for i, n in enumerate(counts)})
     return (f"{name}: ours {mine[0]:.3f} idle / {mine[1]:,.0f} GPU-s (medians); a fixed count dominates it on "
-            f"{dominated} of {seeds} seeds; above the fixed counts' curve by {gap} idle (mean over seeds); "
+            f"{dominated} of {seeds} seeds; {robust.words()}; "
             f"at medians {'dominated by ' + ', '.join(over) if over else 'not dominated'}")
 
 

@@ -17,7 +17,8 @@ slots 1.6 to 3 times the mean-flow count (4 to 40), one shape (steady, steps in 
 swings, trainer phases, spikes), worker losses and throttled GPUs. For each trace and seed
 0..N-1: ours, and the fixed counts that could dominate it (from 0.6x ours' fewest mean workers
 to one above its most); one line per trace (ours' medians, on how many seeds a fixed count
-dominates ours, which counts dominate at medians), then the totals. Pure simulation.
+dominates ours, which counts dominate at medians and in what share of 400 resamples of the seeds,
+bench/policy_seeds.py's ``robustness``), then the totals. Pure simulation.
 """
 
 from __future__ import annotations
@@ -44,9 +45,11 @@ from bench.policy_seeds import (
     _medians,
     code_digest,
     load_cache,
+    robustness,
     save_cache,
 )
 
+BEYOND_NOISE = 0.95  # a trace dominated at medians in this share of the resamples: beyond the seeds' noise
 MEAN_OVER_MEDIAN = {"lognormal": 1.25, "exponential": 1.44, "pareto": 2.0, "fixed": 1.0}  # about, for sizing
 
 
@@ -108,9 +111,10 @@ def _run(code: str, path: str, policy: str, seed: int, workers: int) -> Run:
 
 
 def verdict(code: str, fixed_code: str, path: Path, seeds: int, pools: Mapping[str, Pool],
-            cache: dict[str, Run]) -> tuple[str, int, bool]:
-    """One trace's line, the seeds on which a fixed count dominates ours, and whether one does at medians;
-    the fixed counts from ``cache`` where there, added to it where not."""
+            cache: dict[str, Run]) -> tuple[str, int, bool, float]:
+    """One trace's line, the seeds on which a fixed count dominates ours, whether one does at medians,
+    and the share of resamples of the seeds in which one does; the fixed counts from ``cache`` where
+    there, added to it where not."""
     def runs(code: str, policy: str, tasks: list[tuple[int, int]]) -> list[Run]:
         if not tasks:
             return []
@@ -127,11 +131,12 @@ def verdict(code: str, fixed_code: str, path: Path, seeds: int, pools: Mapping[s
     by_seed = sum(any(_dominates(fixed[n][s], ours[s]) for n in counts) for s in range(seeds))
     mine = _medians(ours)
     over = [f"static {n} ({m[0]:.3f} / {m[1]:,.0f})" for n in counts if _dominates(m := _medians(fixed[n]), mine)]
+    robust = robustness(ours, fixed)
     shape = path.read_text().splitlines()[0].removeprefix("# shape: ")
     line = (f"{path.stem} ({shape}): ours {mine[0]:.3f} idle / {mine[1]:,.0f} GPU-s (medians); a fixed count "
-            f"dominates it on {by_seed} of {seeds} seeds; at medians "
+            f"dominates it on {by_seed} of {seeds} seeds; {robust.words()}; at medians "
             f"{'dominated by ' + ', '.join(over) if over else 'not dominated'}")
-    return line, by_seed, bool(over)
+    return line, by_seed, bool(over), robust.dominated_share
 
 
 def main() -> None:
@@ -162,7 +167,7 @@ def main() -> None:
 def verdicts(indexes: range, seeds: int, jobs: int, code: str, fixed_code: str, cache_path: Path = CACHE) -> Iterator[str]:
     """One line per trace as it is judged, then the totals (the fixed counts' runs kept at ``cache_path``)."""
     cache = load_cache(cache_path)
-    seeds_dominated = traces_dominated = 0
+    seeds_dominated = traces_dominated = beyond_noise = 0
     # a pool per checkout, spawned: a process imports slurm_elastic once, from the checkout of its pool
     spawn = multiprocessing.get_context("spawn")
     pools = {c: ProcessPoolExecutor(jobs, mp_context=spawn) for c in {code, fixed_code}}
@@ -171,14 +176,16 @@ def verdicts(indexes: range, seeds: int, jobs: int, code: str, fixed_code: str, 
             for i in indexes:
                 path = Path(tmp) / f"random{i}.toml"
                 path.write_text(draw_trace(i))
-                line, by_seed, at_medians = verdict(code, fixed_code, path, seeds, pools, cache)
+                line, by_seed, at_medians, share = verdict(code, fixed_code, path, seeds, pools, cache)
                 save_cache(cache_path, cache)
                 seeds_dominated, traces_dominated = seeds_dominated + by_seed, traces_dominated + at_medians
+                beyond_noise += share >= BEYOND_NOISE
                 yield line
     finally:
         for pool in pools.values():
             pool.shutdown()
-    yield (f"{traces_dominated} of {len(indexes)} traces dominated at medians; {seeds_dominated} of "
+    yield (f"{traces_dominated} of {len(indexes)} traces dominated at medians, {beyond_noise} of them in "
+           f"{BEYOND_NOISE:.0%} or more of the resamples of the seeds; {seeds_dominated} of "
            f"{len(indexes) * seeds} seeds dominated seed by seed")
 
 if __name__ == "__main__":

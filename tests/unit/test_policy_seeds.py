@@ -61,3 +61,30 @@ def test_the_fixed_counts_read_from_the_toml_are_the_loaders(name: str) -> None:
     trace = load_trace(policy_seeds.TRACES / f"{name}.toml")
     top = min(trace.cluster.gpu_slots, trace.autoscaler.max_workers)
     assert policy_seeds._counts(name) == range(trace.autoscaler.min_workers, top + 1)
+
+
+def test_a_fixed_count_better_on_every_seed_dominates_beyond_the_noise() -> None:
+    ours = [(0.10 + 0.01 * s, 10_000.0) for s in range(10)]
+    fixed = {4: [(0.30, 8_000.0)] * 10, 5: [(0.05 + 0.01 * s, 9_900.0) for s in range(10)],
+             6: [(0.02, 12_000.0)] * 10}
+    robust = policy_seeds.robustness(ours, fixed)
+    assert robust.dominated_share == 1.0
+    assert robust.gap is not None and robust.gap_low is not None and robust.gap_high is not None
+    assert 0 < robust.gap_low <= robust.gap <= robust.gap_high
+    assert "dominated at medians in 100% of 400 resamples" in robust.words()
+
+
+def test_a_verdict_the_seeds_split_is_a_coin_flip() -> None:
+    """Static 5 beats ours on half the seeds and loses on the other half by as much: at medians a
+    tie either way, so the resamples split."""
+    ours = [(0.10, 10_000.0)] * 10
+    fixed = {5: [(0.09 if s % 2 else 0.11, 9_900.0) for s in range(10)], 8: [(0.01, 16_000.0)] * 10}
+    robust = policy_seeds.robustness(ours, fixed)
+    assert 0.2 < robust.dominated_share < 0.8
+    assert robust.gap_low is not None and robust.gap_high is not None and robust.gap_low < 0 < robust.gap_high
+
+
+def test_ours_outside_the_curve_has_no_distance() -> None:
+    robust = policy_seeds.robustness([(0.1, 50_000.0)] * 4, {4: [(0.2, 8_000.0)] * 4, 5: [(0.1, 10_000.0)] * 4})
+    assert robust.gap is None and robust.dominated_share == 1.0
+    assert robust.words().startswith("above the fixed counts' curve by - idle")
