@@ -62,6 +62,7 @@ class Heartbeat(_Body):
     outstanding_requests: Count | None = None
     liveness_failures: Count | None = None  # servers: failed liveness probes in a row
     leaving: bool | None = None  # a drain signal reached the step itself (an operator, Slurm): a server leaves discovery, a rollout worker drains
+    leaving_signal: str | None = Field(None, pattern=r"^SIG[A-Z0-9+]{1,12}$")  # which one (SIGUSR1, SIGTERM, ...)
     rank: int | None = Field(None, ge=0, le=65535, description="another task of a multi-node step (SLURM_PROCID "
                              "above 0) reporting that its command failed; only exit_code counts then")
 

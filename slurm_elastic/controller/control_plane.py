@@ -14,7 +14,7 @@ from typing import Any
 from slurm_elastic.controller.base import ControllerBase
 from slurm_elastic.controller.weights import latest_weights
 from slurm_elastic.core.health import AgentReport
-from slurm_elastic.core.lifecycle import Worker, WorkerState, begin_drain
+from slurm_elastic.core.lifecycle import Worker, WorkerState, begin_drain, drained_by_signal_reason
 from slurm_elastic.core.liveness import drain_not_live
 from slurm_elastic.core.registration import admit, registration_refusal
 from slurm_elastic.core.tick import operator_drain
@@ -143,22 +143,23 @@ class ControlPlane(ControllerBase):
                 if drain_not_live([worker], self.tick_config.reconcile.liveness_failure_threshold,
                                   worker.last_heartbeat_s):
                     self._publish_endpoints()  # out of discovery now; the tick sends the drain signal
-            if info.get("leaving") and self._drained_by_its_step(worker) and self.is_server:
+            if info.get("leaving") and self._drained_by_its_step(worker, info.get("leaving_signal")) and self.is_server:
                 self._publish_endpoints()  # routers drop it before its command hears the drain
             drain = worker.state is S.DRAINING and not worker.placeholder and (
                 not self.is_server or (worker.drain_signaled and not worker.drained_by_its_step))
             # a record still STARTING (e.g. restored from before its registration was saved): ask again
             return {"drain": drain, "hold": worker.placeholder, "register": worker.state is S.STARTING}
 
-    def _drained_by_its_step(self, worker: Worker) -> bool:
+    def _drained_by_its_step(self, worker: Worker, signal_name: str | None = None) -> bool:
         """A worker's step got the drain signal from outside (``scancel --signal`` by an operator,
-        Slurm's ``--signal`` before a burst job's end): it drains from now, as one this controller
-        drained (its replacement may start; the drain timeout runs). A server's wrapper forwards
-        the signal to its engine itself, after the routers' grace: the controller sends none.
-        False if it was draining already (or holds GPUs as a placeholder)."""
+        Slurm's ``--signal`` before a burst job's end, a burst job's SIGTERM): it drains from now, as
+        one this controller drained (its replacement may start; the drain timeout runs). A server's
+        wrapper forwards the signal to its engine itself, after the routers' grace: the controller
+        sends none. ``signal_name``: the signal its wrapper saw first, if it said. False if it was
+        draining already (or holds GPUs as a placeholder)."""
         if worker.state not in (S.ACTIVE, S.STARTING) or worker.placeholder:
             return False
-        begin_drain(worker, self.clock(), "the drain signal reached its step (scancel --signal, or Slurm's)")
+        begin_drain(worker, self.clock(), drained_by_signal_reason(signal_name))
         worker.drained_by_its_step = True
         worker.drain_signaled = self.is_server
         log.info("worker %s: the drain signal reached its step; draining%s", worker.worker_id,

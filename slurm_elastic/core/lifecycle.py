@@ -135,6 +135,17 @@ def commands_ended(workers: Iterable[Worker], launched_ids: Collection[str]) -> 
             if w.state in (S.FAILED, S.BACKOFF, S.INACTIVE) or w.placeholder or w.worker_id in launched_ids]
 
 
+def drained_by_signal_reason(signal_name: str | None) -> str:
+    """Why a worker drains whose step got a drain signal from outside, by the signal its wrapper
+    saw first: SIGTERM drains only a burst job's worker (an operator's scancel, a preemption's
+    grace time); any other is the configured drain signal (scancel --signal, Slurm's --signal)."""
+    if signal_name == "SIGTERM":
+        return "the drain signal reached its step (SIGTERM: an operator's scancel, or a preemption's grace time)"
+    if signal_name:
+        return f"the drain signal reached its step ({signal_name}: scancel --signal, or Slurm's --signal)"
+    return "the drain signal reached its step (scancel --signal, or Slurm's)"
+
+
 def begin_drain(worker: Worker, now_s: float, reason: str, *, failure_reason: str = "") -> None:
     """The one way into DRAINING: the drain clock starts now. ``failure_reason`` marks a kill for
     cause (it keeps the worker's slot counted, so a replacement follows its exit)."""

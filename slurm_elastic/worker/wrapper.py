@@ -54,6 +54,14 @@ class Flags:
     signals_seen: list[int] = field(default_factory=list)
 
 
+def _leaving(child_pid: int, flags: Flags) -> dict[str, Any]:
+    """The heartbeat that says a drain signal reached the step, naming the first signal seen."""
+    payload: dict[str, Any] = {"child_pid": child_pid, "leaving": True}
+    if flags.signals_seen:
+        payload["leaving_signal"] = signal.Signals(flags.signals_seen[0]).name
+    return payload
+
+
 def install_handlers(flags: Flags, drain_signum: int, term_drains: bool = False) -> None:
     """``term_drains`` (steps in burst jobs): the first SIGTERM is a drain, not a stop. Slurm sends
     SIGTERM (no other signal) to a preempted job's steps when its GraceTime starts; a SIGTERM that
@@ -199,13 +207,13 @@ def _supervise(child: subprocess.Popen[bytes], ctx: StepContext, register: Call,
                 asked_to_drain = True
         if flags.drain.is_set() and not forwarded and ready and ctx.kind == "server" and not asked_to_drain:
             if forward_at is None:  # the signal came to the step (an operator, a preemption): routers first
-                _beat(ctx, register, heartbeat, {"child_pid": child.pid, "leaving": True}, info)
+                _beat(ctx, register, heartbeat, _leaving(child.pid, flags), info)
                 forward_at = time.monotonic() + leave_grace_s
             if time.monotonic() < forward_at:
                 wakeup.wait(min(READINESS_POLL_S, forward_at - time.monotonic()))
                 continue
         if flags.drain.is_set() and not forwarded and ctx.kind != "server" and not asked_to_drain:
-            _beat(ctx, register, heartbeat, {"child_pid": child.pid, "leaving": True}, info)  # it drains from now
+            _beat(ctx, register, heartbeat, _leaving(child.pid, flags), info)  # it drains from now
         if flags.drain.is_set() and not forwarded:
             log.info("worker %s: draining; forwarding SIG%s to the worker command", ctx.worker_id, ctx.drain_signal)
             child.send_signal(ctx.drain_signum)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from slurm_elastic.controller.config import parse_config
 from slurm_elastic.controller.runtime import Controller
 from slurm_elastic.core.autoscaler_config import AutoscalerConfig
@@ -50,6 +52,25 @@ def test_a_worker_whose_step_got_the_drain_signal_drains_and_is_replaced(tmp_pat
     controller.tick()
     assert controller.workers["0002"].state is S.INACTIVE
     assert controller.workers["0002"].history[-1][3] == "step ended after drain"
+
+
+@pytest.mark.parametrize(("signal_name", "said"), [
+    ("SIGUSR1", "(SIGUSR1: scancel --signal, or Slurm's --signal)"),
+    ("SIGTERM", "(SIGTERM: an operator's scancel, or a preemption's grace time)"),  # a burst job's worker
+    (None, "(scancel --signal, or Slurm's)"),  # a wrapper that does not say
+])
+def test_the_reason_names_the_signal_the_wrapper_saw(tmp_path: Path, signal_name: str | None, said: str) -> None:
+    config = parse_config({"agent": {"enabled": False}, "autoscaler": {"enabled": False},
+                           "workers": {"initial_workers": 1}})
+    backend = ListedSteps()
+    controller = Controller(config, 1, backend, tmp_path, gpus_by_node={"node1": (0,)})  # type: ignore[arg-type]
+    controller.tick()
+    backend.steps.append(StepInfo(1, "1", worker_step_name("0001"), ("node1",), "0:01", "", "gres/gpu:1", 1))
+    controller.register_worker("0001", {"node": "node1", "gpus": [0], "step_id": "1"})
+    controller.tick()
+    beat = {"leaving": True} if signal_name is None else {"leaving": True, "leaving_signal": signal_name}
+    assert controller.heartbeat("0001", beat)["drain"] is True
+    assert controller.workers["0001"].history[-1][3] == f"the drain signal reached its step {said}"
 
 
 def test_a_burst_worker_drained_by_its_step_marks_its_job_as_ending() -> None:

@@ -307,3 +307,5 @@ def test_a_server_that_says_it_is_leaving_is_out_of_discovery_at_once_and_no_dra
     assert live.http.post("/workers/0002/heartbeat", json={}).json()["drain"] is False  # its wrapper's grace holds
     assert {e["worker_id"] for e in live.http.get("/endpoints").json()["endpoints"]} == {"0001"}
     assert live.http.post("/workers/0001/heartbeat", json={"leaving": "yes"}).status_code == 422
+    assert live.http.post("/workers/0001/heartbeat", json={"leaving": True, "leaving_signal": "kill -9"}
+                          ).status_code == 422

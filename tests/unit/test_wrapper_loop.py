@@ -103,7 +103,7 @@ def test_a_drain_signal_reaches_the_command(tmp_path: Path, handlers_restored: N
               "time.sleep(60)\n")
     code, flags, calls = run_signalled(script, marker, signal.SIGUSR1)
     # the controller hears first that the drain signal reached the step (it drains the worker from then)
-    assert code == 3 and flags.signals_seen == [signal.SIGUSR1] and beats(calls) == [{"leaving": True}, {"exit_code": 3}]
+    assert code == 3 and flags.signals_seen == [signal.SIGUSR1] and beats(calls) == [{"leaving": True, "leaving_signal": "SIGUSR1"}, {"exit_code": 3}]
 
 
 def test_a_sigterm_reaches_the_command_and_its_exit_is_reported_with_it(tmp_path: Path, handlers_restored: None) -> None:
@@ -121,7 +121,7 @@ def test_a_command_the_drain_signal_ends_before_it_handles_it_has_drained(tmp_pa
     marker = tmp_path / "started"
     script = f"import pathlib, time\npathlib.Path({str(marker)!r}).touch()\ntime.sleep(60)\n"  # no USR1 handler
     code, _, calls = run_signalled(script, marker, signal.SIGUSR1)
-    assert code == 0 and beats(calls) == [{"leaving": True}, {"exit_code": 0}]
+    assert code == 0 and beats(calls) == [{"leaving": True, "leaving_signal": "SIGUSR1"}, {"exit_code": 0}]
 
 
 def test_a_command_killed_by_the_drain_signal_with_no_drain_asked_still_reports_it(tmp_path: Path) -> None:
