@@ -5,9 +5,10 @@ A connection waiting for a request head (just opened, or after a response) must 
 whole head within ``head_timeout_s`` and ``head_max_bytes``, or it is closed: a client that
 sends a head a byte at a time, or never sends one, holds no descriptor for long. At most
 ``max_connections`` are open; one more closes the longest-waiting connection that has no request
-in progress and no response still leaving, else the one whose request body has sent nothing for
-the longest, if for ``stalled_body_s`` or more (a client that sends a head and a byte of its body
-now and then holds no slot for long), or is itself closed at once if every connection is busy.
+in progress and no response still leaving, else the one whose request body began arriving the
+longest ago, if ``slow_body_s`` or more ago (a client that sends a head and then its body a byte
+at a time, at whatever pace, holds no slot for long: a body takes milliseconds to arrive), or is
+itself closed at once if every connection is busy.
 An interim answer (``100 Continue``) is no response: the request's body follows it. The cap is
 kept below the process's open-files limit so that the controller's own files always open. A response whose bytes
 wait in the transport's write buffer must send at least ``min_send_rate_bytes_per_s`` times
@@ -46,7 +47,7 @@ HEAD_END = b"\r\n\r\n"
 INTERIM = re.compile(rb"HTTP/1\.[01] 1[0-9][0-9] [^\r\n]*\r\n\r\n\Z")  # an interim answer, written whole
 RESERVED_FDS = 128  # descriptors kept for the controller itself: store, state files, Slurm commands
 MAX_CONNECTIONS = 4096
-STALLED_BODY_S = 1.0  # a request body that sent nothing for this long may be closed to make room
+SLOW_BODY_S = 1.0  # a request body still arriving this long after it began may be closed to make room
 MAX_PIPELINED = 32  # requests queued behind the one being answered; one more resets the connection
 
 
@@ -90,11 +91,11 @@ class ConnectionBook:
     head_max_bytes: int = 64 * 1024
     write_timeout_s: float = 30.0
     min_send_rate_bytes_per_s: float = 64 * 1024
-    stalled_body_s: float = STALLED_BODY_S
+    slow_body_s: float = SLOW_BODY_S
     max_pipelined: int = MAX_PIPELINED
     open: set[GuardedConnection] = field(default_factory=set)
     waiting: dict[GuardedConnection, None] = field(default_factory=dict)  # insertion order: oldest first
-    receiving: dict[GuardedConnection, float] = field(default_factory=dict)  # body still due: its last bytes' time
+    receiving: dict[GuardedConnection, float] = field(default_factory=dict)  # body still due: since when (oldest first)
     refused: int = 0  # connections closed at once: every open one was busy
     evicted: int = 0  # waiting connections closed to make room
     stalled: int = 0  # connections closed because nothing of their response left for a window
@@ -103,7 +104,7 @@ class ConnectionBook:
 
     def admit(self, connection: GuardedConnection) -> bool:
         if len(self.open) >= self.max_connections:
-            oldest = next((c for c in self.waiting if not c.sending()), None) or self._stalled_body()
+            oldest = next((c for c in self.waiting if not c.sending()), None) or self._slow_body()
             if oldest is None:
                 self.refused += 1
                 return False
@@ -113,11 +114,11 @@ class ConnectionBook:
         self.open.add(connection)
         return True
 
-    def _stalled_body(self) -> GuardedConnection | None:
-        """The connection whose request body has sent nothing for the longest, if for stalled_body_s."""
+    def _slow_body(self) -> GuardedConnection | None:
+        """The connection whose request body began arriving the longest ago, if slow_body_s or more ago."""
         oldest = next(iter(self.receiving.items()), None)
         if (oldest is None or oldest[0].sending()
-                or asyncio.get_running_loop().time() - oldest[1] < self.stalled_body_s):
+                or asyncio.get_running_loop().time() - oldest[1] < self.slow_body_s):
             return None
         return oldest[0]
 
@@ -145,6 +146,7 @@ class GuardedConnection(asyncio.Protocol):
         self._window_sent = 0  # of them, those that had left its write buffer when the window began
         self._window_start_s = 0.0
         self._write_watch: asyncio.TimerHandle | None = None
+        self._body_cycle: object = None  # the request whose body arrival is timed
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         transport = cast(asyncio.Transport, transport)
@@ -257,11 +259,15 @@ class GuardedConnection(asyncio.Protocol):
         return False
 
     def _note_body(self) -> None:
-        """Whether the latest request's body is still due, and since when nothing of it came."""
-        self.book.receiving.pop(self, None)
+        """Whether the latest request's body is still due, and since when (its head's arrival, or
+        the end of the body before it)."""
         latest = getattr(self.inner, "cycle", None)
-        if not self._lost and self not in self.book.waiting and latest is not None and getattr(latest, "more_body", False):
-            self.book.receiving[self] = self._now_s()  # moved to the end: the newest
+        if self._lost or self in self.book.waiting or latest is None or not getattr(latest, "more_body", False):
+            self.book.receiving.pop(self, None)
+        elif self._body_cycle is not latest:  # a new request's body: the newest
+            self.book.receiving.pop(self, None)
+            self.book.receiving[self] = self._now_s()
+        self._body_cycle = latest
 
     def _count_next_head(self, data: bytes, before: object, whole_before: bool) -> None:
         """While a request is answered, the bytes after the latest request's whole body are the

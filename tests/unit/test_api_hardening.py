@@ -27,6 +27,7 @@ from typing import Any
 
 import httpx
 import psutil
+import pytest
 
 from slurm_elastic.controller.connections import MAX_PIPELINED, ConnectionBook, guarded
 from slurm_elastic.controller.serve import KEEP_ALIVE_S
@@ -547,11 +548,15 @@ def test_a_post_pipelined_behind_a_request_keeps_its_whole_body(tmp_path: Path) 
         assert answers.endswith(b'{"accepted":true}') and len(body) > 400_000
 
 
-def test_bodies_that_stall_do_not_hold_the_cap(tmp_path: Path) -> None:
+@pytest.mark.parametrize("trickle_s", [None, 0.3])
+def test_bodies_that_stall_or_trickle_do_not_hold_the_cap(tmp_path: Path, trickle_s: float | None) -> None:
     """A client with the token that sends a whole head and one byte of its body, on more
     connections than the cap, held every slot until the body timeout (30 s): a request in
     progress is never the one closed, and workers' heartbeats were refused (two workers cancelled
-    in a live audit). A body that has sent nothing for STALLED_BODY_S may now be closed to make room."""
+    in a live audit). Then one that went on sending a byte every 0.5 s did the same (a body silent
+    for 1 s could be closed, but none was): new connections were reset for 27 s and two servers
+    cancelled (a later audit). A body still arriving SLOW_BODY_S after it began may now be closed
+    to make room, whatever its pace."""
     nofile = 256  # the cap: 256 - 128 reserved
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < 2 * nofile:
@@ -566,13 +571,25 @@ def test_bodies_that_stall_do_not_hold_the_cap(tmp_path: Path) -> None:
                 with contextlib.suppress(OSError):
                     conn.sendall(head)
                 stalled.append(conn)
+            stop = threading.Event()
+
+            def trickle() -> None:  # a byte to every connection every trickle_s
+                while trickle_s is not None and not stop.wait(trickle_s):
+                    for conn in stalled:
+                        with contextlib.suppress(OSError):
+                            conn.send(b" ")
+
+            sender = threading.Thread(target=trickle, daemon=True)
+            sender.start()
             time.sleep(1.5)
             with httpx.Client(base_url=url, timeout=10) as http:
                 for _ in range(5):
                     assert http.get("/healthz", headers=AUTH).status_code == 200
                     assert http.post("/admin/scale", json={"workers": 2}, headers=AUTH).status_code == 200
+            stop.set()
+            sender.join()
             closed = sum(1 for conn in stalled if _closed(conn))
-            assert closed >= 1, "no stalled body was closed to make room"
+            assert closed >= 1, "no slow body was closed to make room"
         finally:
             for conn in stalled:
                 conn.close()
