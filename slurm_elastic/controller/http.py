@@ -33,6 +33,15 @@ async def _disconnect(request: Request) -> None:
 MAX_LONG_POLLS = 256  # /endpoints polls that may wait at once (a router or client each holds one)
 
 
+def etag_matches(if_none_match: str | None, etag: str) -> bool:
+    """Whether an ``If-None-Match`` header names ``etag``: ``*``, or a tag of its list, weak
+    (``W/"7"``) or strong, compared by its quoted value (RFC 9110's weak comparison)."""
+    if not if_none_match:
+        return False
+    tags = [tag.strip() for tag in if_none_match.split(",")]
+    return any(tag == "*" or tag.removeprefix("W/") == etag for tag in tags)
+
+
 def control_router(controller: Controller) -> APIRouter:
     """Routes that call into ``controller``."""
     router = APIRouter()
@@ -67,22 +76,24 @@ def control_router(controller: Controller) -> APIRouter:
                         wait_s: Annotated[float, Query(ge=0, le=60)] = 0.0,
                         weights: Literal["any", "latest"] = "any") -> Any:
         """Routable servers. Long-poll: returns when the set is no longer ``version`` (or after ``wait_s``).
-        ETag is the version; ``If-None-Match`` with the current one answers 304. ``weights=latest``:
-        only servers at the latest published weights. At most MAX_LONG_POLLS wait at once; past
-        them a poll that would wait gets 503 with Retry-After (the Router backs off): polls
+        ETag is the version; ``If-None-Match`` naming the current one (or ``*``) answers 304.
+        ``weights=latest``: only servers at the latest published weights. At most MAX_LONG_POLLS
+        wait at once; past them a poll that would wait (its ``version`` is the current one) gets
+        503 with Retry-After (the Router backs off), and one that would not is answered: polls
         cannot take every connection from the workers' heartbeats, nor turn into a busy loop of
         answers that come at once."""
         loop = asyncio.get_running_loop()
-        if wait_s > 0 and controller.endpoints_changed.waiting() >= MAX_LONG_POLLS:
-            raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE,
-                                f"{MAX_LONG_POLLS} polls wait already: poll again after Retry-After, or without wait_s",
-                                headers={"Retry-After": "1"})
         deadline = loop.time() + wait_s
         latest_only = weights == "latest"
         gone = asyncio.ensure_future(_disconnect(request))  # a client that left ends its poll
         try:
-            with controller.endpoints_changed.watch() as changed:
+            with controller.endpoints_changed.watch() as changed:  # this poll counts among the waiting
                 view = controller.endpoints_view(latest_only)
+                if (wait_s > 0 and view["version"] == version
+                        and controller.endpoints_changed.waiting() > MAX_LONG_POLLS):
+                    raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE,
+                                        f"{MAX_LONG_POLLS} polls wait already: poll again after Retry-After, or "
+                                        "without wait_s", headers={"Retry-After": "1"})
                 while view["version"] == version and loop.time() < deadline and not gone.done():
                     change = asyncio.ensure_future(changed.wait())
                     await asyncio.wait({change, gone}, timeout=deadline - loop.time(),
@@ -93,7 +104,7 @@ def control_router(controller: Controller) -> APIRouter:
         finally:
             gone.cancel()
         etag = f'"{view["version"]}"'
-        if request.headers.get("if-none-match") == etag:
+        if etag_matches(request.headers.get("if-none-match"), etag):
             return Response(status_code=status.HTTP_304_NOT_MODIFIED, headers={"ETag": etag})
         response.headers["ETag"] = etag
         return view

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from slurm_elastic.client.control import ControlClient
@@ -89,7 +90,8 @@ def test_polls_past_the_cap_are_answered_at_once(served: Served, monkeypatch: py
     """A client holding thousands of long-polls would take every connection of the cap (a request
     in progress is never the one closed), and workers' heartbeats would find none: past
     MAX_LONG_POLLS a poll that would wait gets 503 with Retry-After, at once (an answer at once
-    with the same view made clients that poll again at once a busy loop)."""
+    with the same view made clients that poll again at once a busy loop). One that would not wait
+    is answered: before, every poll with ``wait_s`` got 503, and a new Router found no server."""
     from slurm_elastic.controller import http
 
     monkeypatch.setattr(http, "MAX_LONG_POLLS", 3)
@@ -109,6 +111,9 @@ def test_polls_past_the_cap_are_answered_at_once(served: Served, monkeypatch: py
         assert time.monotonic() - started < 5, "a poll past the cap waited"
         assert refused.value.status_code == 503 and "3 polls wait already" in str(refused.value)
         assert served.client.endpoints(version)["version"] == version  # a poll that does not wait is answered
+        # nor does one whose version is not the current one (a new router's first poll): answered
+        assert served.client.endpoints(-1, wait_s=30)["version"] == version
+        assert served.client.endpoints(version - 1, wait_s=30)["version"] == version
     finally:
         with served.controller.lock:
             served.controller.workers["0001"] = Worker("0001", launched_at_s=time.time())
@@ -118,3 +123,13 @@ def test_polls_past_the_cap_are_answered_at_once(served: Served, monkeypatch: py
             poll.join(timeout=30)
         for client in clients:
             client.close()
+
+
+@pytest.mark.parametrize(("header", "unchanged"), [
+    ('"{v}"', True), ('W/"{v}"', True), ('"x", W/"{v}"', True), ("*", True), ('"{w}"', False), ("", False)])
+def test_if_none_match_takes_lists_weak_tags_and_a_star(served: Served, header: str, unchanged: bool) -> None:
+    """RFC 9110: ``*``, a list, and weak tags (compared weakly); before, only the exact tag gave 304."""
+    version = served.client.endpoints()["version"]
+    answer = httpx.get(served.url + "/endpoints", timeout=10, headers={
+        "Authorization": f"Bearer {TOKEN}", "If-None-Match": header.format(v=version, w=version + 1)})
+    assert answer.status_code == (304 if unchanged else 200)
