@@ -159,8 +159,14 @@ def rollout_router(controller: Controller, queue: RolloutQueue) -> APIRouter:
     @router.post("/trainer/version", tags=["trainer"], responses={
         409: {"description": "a plain publish lower than the current version, or more than max_staleness + 1 "
                              "past it: publish with recovered=true after a checkpoint resume; or "
-                             "trainer_session older than the newest registration, or never issued"}})
+                             "trainer_session older than the newest registration, or never issued; or the "
+                             "version's weights published before at another ref (a plain publish)"}})
     def version(body: VersionUpdate, trainer_session: Session = None) -> dict[str, Any]:
+        if body.weights is not None and not body.recovered:
+            with controller.lock:
+                conflict = controller.weights.conflict(body.version, body.weights)
+            if conflict is not None:
+                raise HTTPException(status.HTTP_409_CONFLICT, conflict)
         try:
             queue.set_version(body.version, recovered=body.recovered, session=trainer_session)
         except VersionRefused as exc:

@@ -81,6 +81,15 @@ class WeightsBook:
             updates.retry_at_s = 0.0  # new weights: a server waiting out a backoff may try them now
         return True
 
+    def conflict(self, version: int, ref: str) -> str | None:
+        """Why a plain publish of ``version`` at ``ref`` is refused (None: it is not): that version
+        was published with other weights, and a server counts as up to date by its version alone."""
+        latest = self.latest
+        if latest is None or latest.version != version or latest.ref == ref:
+            return None
+        return (f"version {version} was published with the weights at {latest.ref!r}: other weights need a new "
+                f"version (the servers at version {version} would keep the old ones)")
+
     def routable(self, worker_id: str, loaded_version: int | None) -> bool:
         """Whether an ACTIVE server with ``loaded_version`` may be in discovery."""
         if not self.enforced or self.latest is None:

@@ -28,6 +28,16 @@ def test_a_publish_is_due_to_every_server_on_another_version_once() -> None:
     assert book.server_view("0001")["weights_updating_to"] == 3
 
 
+def test_a_version_published_again_with_other_weights_is_a_conflict() -> None:
+    """A server counts as up to date by its version alone: version 3 published again at another
+    ref would never reach the servers at 3 (a hostile-client audit saw it accepted and not pushed)."""
+    book = WeightsBook()
+    assert book.conflict(3, "/ckpt/3") is None  # nothing published yet
+    book.publish(3, "/ckpt/3")
+    assert book.conflict(3, "/ckpt/3") is None and book.conflict(4, "/ckpt/other") is None  # a retry; a new version
+    assert "version 3 was published with the weights at '/ckpt/3'" in (book.conflict(3, "/ckpt/other") or "")
+
+
 def test_a_new_server_enters_discovery_only_at_the_latest_version() -> None:
     book = WeightsBook()
     book.due([], 0.0)  # the first round has passed (nothing to adopt)

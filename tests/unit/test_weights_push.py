@@ -154,6 +154,22 @@ def test_a_publish_reaches_every_server_within_the_timeout(preset: str, engines:
     assert "weights: version 1 (/ckpt/step-1)  servers at it: 3/3" in text and "WEIGHTS" in text
 
 
+def test_a_version_published_again_with_other_weights_is_refused_and_changes_nothing(
+        engines: Engines, job_factory: Callable[..., Job]) -> None:
+    job = job_factory()
+    fake = FakeEngine("sglang", worker_id="0001")
+    job.add_server("0001", engines.start(fake))
+    job.trainer.publish_version(1, weights="/ckpt/1")
+    wait_for(lambda: fake.weights_path == "/ckpt/1", "the engine loaded /ckpt/1")
+    with pytest.raises(ApiError) as refused:
+        job.trainer.publish_version(1, weights="/ckpt/1-fixed")
+    assert refused.value.status_code == 409 and "other weights need a new version" in str(refused.value)
+    assert job.trainer.publish_version(1, weights="/ckpt/1")["weights"]["ref"] == "/ckpt/1"  # a retry: as it was
+    assert job.client.status()["weights"]["ref"] == "/ckpt/1" and len(fake.updates) == 1
+    job.trainer.publish_version(2, weights="/ckpt/1-fixed")  # a new version: pushed
+    wait_for(lambda: fake.weights_path == "/ckpt/1-fixed", "the engine loaded /ckpt/1-fixed")
+
+
 def test_a_failing_server_leaves_discovery_at_once_is_retried_then_drained_for_replacement(
         engines: Engines, job_factory: Callable[..., Job]) -> None:
     job = job_factory(max_failures=3)
