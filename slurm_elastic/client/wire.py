@@ -21,12 +21,21 @@ WORKER_ID = r"^[A-Za-z0-9_]{1,64}$"
 ID = r"^[A-Za-z0-9_.:-]{1,128}$"
 INT64_MAX = 2**63 - 1  # what the store (SQLite) and the state file's readers hold
 Count = Annotated[int, Field(ge=0, le=INT64_MAX)]
+RouterTotal = Annotated[int, Field(ge=0, le=10**15)]  # a router's requests: the sum over 256 fits in int64
 GPU_INDEX_MAX = 1024  # the highest GPU index a body may name
 NODE_GPUS_MAX = 64  # GPUs one node may report or one worker hold
+NODE_NAME = r"^[A-Za-z0-9._-]+$"  # a Slurm node name's characters
 NodeName = Annotated[str, Field(min_length=1, max_length=256)]  # a Slurm node name
 TEXT_MAX = 4096  # characters of an agent's error message
 NOTES_MAX = 64  # messages or flags in one list of an agent's report (a sample reads about 15 fields)
 Note = Annotated[str, Field(max_length=TEXT_MAX)]
+
+
+def _printable(text: str) -> str:
+    """Refuse control and format characters (terminal escapes, newlines) in text shown to operators."""
+    if not text.isprintable():
+        raise ValueError("must be printable text (no control characters, newlines or escape codes)")
+    return text
 
 
 class _Body(BaseModel):
@@ -37,11 +46,13 @@ class _Body(BaseModel):
 
 
 class Registration(_Body):
-    node: str = Field(min_length=1, max_length=256)
+    node: str = Field(min_length=1, max_length=256, pattern=NODE_NAME)
     gpus: list[Annotated[int, Field(ge=0, le=GPU_INDEX_MAX)]] = Field(default_factory=list, max_length=NODE_GPUS_MAX)
-    step_id: str = Field("", max_length=64)
+    step_id: str = Field("", max_length=64, pattern=r"^[A-Za-z0-9._+-]*$")
     pid: Count = 0
-    endpoint: str = Field("", max_length=512)
+    endpoint: Annotated[str, AfterValidator(_printable)] = Field(
+        "", max_length=512, pattern=r"^(https?://[^\s/?#@]+(/\S*)?)?$",
+        description="servers: where routers reach it, an http:// or https:// URL (empty: not ready)")
     ready: bool = True
     rank: int = Field(0, ge=0, le=65535, description="the task's rank in a multi-node step (SLURM_PROCID); "
                       "above 0 only reports the node and GPUs it holds")
@@ -70,9 +81,9 @@ class Heartbeat(_Body):
 class LoadReport(_Body):
     client_id: str = Field(min_length=1, max_length=128)
     outstanding: dict[str, Annotated[int, Field(ge=0, le=1_000_000)]] = Field(default_factory=dict, max_length=10_000)
-    sent: Count = 0
-    retried: Count = 0
-    failed: Count = 0
+    sent: RouterTotal = 0
+    retried: RouterTotal = 0
+    failed: RouterTotal = 0
 
 
 # --------------------------------------------------------------------------- operators
@@ -82,15 +93,8 @@ class ScaleRequest(_Body):
     workers: int = Field(ge=0, le=100_000)
 
 
-def _printable(text: str) -> str:
-    """Refuse control and format characters (terminal escapes, newlines) in text shown to operators."""
-    if not text.isprintable():
-        raise ValueError("must be printable text (no control characters, newlines or escape codes)")
-    return text
-
-
 class GpuRef(_Body):
-    node: str = Field(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9._-]+$")  # a Slurm node name
+    node: str = Field(min_length=1, max_length=256, pattern=NODE_NAME)
     gpu: int = Field(ge=0, le=GPU_INDEX_MAX)
     reason: Annotated[str, AfterValidator(_printable)] = Field("", max_length=256)
 
