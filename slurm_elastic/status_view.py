@@ -226,6 +226,11 @@ def render_status(job_id: int, status: dict[str, Any] | None, slurm_steps: list[
     unknown = ctl.get("unknown_health_nodes") or []
     if unknown:
         lines.append(f"health unknown (agent silent, no new workers): {', '.join(unknown)}")
+    agent_errors = ctl.get("agent_errors") if isinstance(ctl.get("agent_errors"), dict) else {}
+    for node, errors in agent_errors.items():
+        if isinstance(errors, list) and errors:
+            more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+            lines.append(f"agent on {node} reports: {errors[0]}{more}")
     notes = ctl.get("state_notes") or ([ctl["state_note"]] if ctl.get("state_note") else [])
     lines += [f"saved state: {note}" for note in notes]
     errors = [e for e in ctl.get("errors") or [] if not (notes and e.get("where") == "state")  # shown above

@@ -123,6 +123,7 @@ class ControllerBase:
         # included); None: no tick yet
         self.usable_slots: int | None = None
         self.left_nodes: list[dict[str, Any]] = []  # nodes Slurm took out of the running job (failed, or the job shrunk)
+        self.agent_errors: dict[str, list[str]] = {}  # node -> the errors of its agent's last report (none: absent)
         self.allocation_checked_s = self.started_at_s  # the last read of the job's nodes
         self.allocation_check_due = False  # read them at the next tick (a worker step ended unasked)
         self.node_states_read_for: frozenset[int] = frozenset()  # the burst jobs whose nodes the last check read

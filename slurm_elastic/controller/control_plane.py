@@ -392,6 +392,7 @@ class ControlPlane(ControllerBase):
         if ignored:
             parsed = replace(parsed, gpus=[s for s in parsed.gpus if s.index in held])
         with self.lock:
+            self._note_agent_errors(parsed.node, list(parsed.errors))
             self.state.cordons.keep_only(parsed.node, held)
             changes = self.state.cordons.observe_report(parsed, self.clock())
             for change in changes:
@@ -400,6 +401,18 @@ class ControlPlane(ControllerBase):
             if ignored:
                 answer["ignored_gpus"] = ignored
             return answer
+
+    def _note_agent_errors(self, node: str, errors: list[str]) -> None:
+        """Keep what a node's agent says is wrong (a drill file that does not parse, a GPU it cannot
+        read) for status, and log it when it changes."""
+        if errors == self.agent_errors.get(node, []):
+            return
+        if errors:
+            log.warning("the agent on %s reports: %s", node, "; ".join(errors))
+            self.agent_errors[node] = errors
+        else:
+            log.info("the agent on %s reports no more errors", node)
+            self.agent_errors.pop(node, None)
 
     def _held_gpus(self, node: str) -> set[int]:
         """The GPUs of ``node`` that the job holds, or a burst job of this run held."""

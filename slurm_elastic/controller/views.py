@@ -49,6 +49,7 @@ class StatusViews(ControllerBase):
                 "ended_workers": self._ended_view(now_s),
                 "cordoned_gpus": [{"node": n, "gpu": g, **v} for (n, g), v in sorted(self.cordoned_gpus().items())],
                 "unknown_health_nodes": sorted(self.unknown_nodes(now_s)),
+                "agent_errors": {node: list(errors) for node, errors in sorted(self.agent_errors.items())},
                 "left_nodes": list(self.left_nodes),
                 "servers": self._servers_view(now_s) if self.is_server else None,
                 "weights": self.weights.view(),

@@ -122,6 +122,7 @@ class TickResult:
     events: list[TickEvent] = field(default_factory=list)
     slots: tuple[Slots, ...] = ()  # per allocation: where workers may go now
     slots_once_heard: tuple[int, ...] = ()  # per allocation: the slots once the agents yet to report have
+    kept_on_cordoned: int = 0  # workers running on cordoned GPUs (a cordon does not drain): slots they keep
     desired: int = 0
 
 
@@ -156,8 +157,8 @@ def tick(obs: Observation, state: ControlState, cfg: TickConfig, allocations: tu
     once_heard = placement(allocations, cfg.gpus_per_worker, cordoned, unknown - awaiting, state.foreign_gpus,
                            cfg.nodes_per_worker) if awaiting else result.slots
     result.slots_once_heard = tuple(s.slots for s in once_heard)
-    on_cordoned = sum(1 for w in state.workers.values()  # kept running where new ones may not go
-                      if w.counts_as_capacity and w.has_step and w.cordoned_gpus(cordoned))
+    on_cordoned = result.kept_on_cordoned = sum(1 for w in state.workers.values()  # kept where new ones may not go
+                                                if w.counts_as_capacity and w.has_step and w.cordoned_gpus(cordoned))
     result.desired = desired_workers(state, obs, sum(result.slots_once_heard) + obs.burst_slots_possible, cfg, now_s,
                                      on_cordoned)
     exclude = result.slots[0].exclude_nodes if result.slots else ()

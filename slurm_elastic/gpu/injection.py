@@ -137,8 +137,10 @@ class InjectionSource:
             cfg = self.load(now_s)
             self._last_good = cfg
         except TelemetryError as exc:
+            if self._last_good is None:  # healthy readings now would lift the drill's cordons
+                return Reading([], [f"{exc} (no good version read yet: no readings until it parses)"])
             errors.append(f"{exc} (using the last good version)")
-            cfg = self._last_good or InjectionConfig({}, {}, [])
+            cfg = self._last_good
         base = cfg.baseline
         count = cfg.gpus_per_node.get(self.node)
         if count is None:

@@ -123,6 +123,9 @@ def test_bad_file_keeps_last_good_and_reports(tmp_path: Path) -> None:
     reading = src.sample(1.0)
     assert reading.gpus[0].clock_event_reasons == {"hw_slowdown"}
     assert "last good" in reading.errors[0]
+    fresh = InjectionSource("n1", f, gpus=1, env={})  # an agent relaunched on the broken file: no good version
+    reading = fresh.sample(2.0)
+    assert reading.gpus == [] and "no good version read yet" in reading.errors[0]
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,51 @@
+"""What status tells an operator of GPU health, from a live audit of the health path: the slots
+workers keep on cordoned GPUs, and what a node's agent says is wrong."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from slurm_elastic.controller.config import parse_config
+from slurm_elastic.controller.runtime import Controller
+from slurm_elastic.core.health import AgentReport, GpuSample
+from slurm_elastic.core.naming import worker_step_name
+from slurm_elastic.slurm.parse import StepInfo
+from slurm_elastic.status_view import render_status
+from tests.stub_backend import ListedSteps
+
+
+def test_a_worker_kept_on_a_cordoned_gpu_keeps_its_slot_in_usable_slots(tmp_path: Path) -> None:
+    """A cordon does not drain: before, an operator's cordon of a running worker's GPU made status
+    say "only 3 GPU slots usable now" with 4 workers running and the target of 4 met."""
+    config = parse_config({"agent": {"enabled": False}, "autoscaler": {"enabled": False},
+                           "workers": {"initial_workers": 4}})
+    backend = ListedSteps()
+    controller = Controller(config, 1, backend, tmp_path, gpus_by_node={"node1": (0, 1, 2, 3)})  # type: ignore[arg-type]
+    controller.tick()
+    for number in range(1, 5):
+        backend.steps.append(StepInfo(1, str(number), worker_step_name(f"000{number}"), ("node1",), "0:01", "",
+                                      "gres/gpu:1", 1))
+        controller.register_worker(f"000{number}", {"node": "node1", "gpus": [number - 1], "step_id": str(number)})
+    controller.tick()
+    assert controller.usable_slots == 4
+    controller.cordon("node1", 1, "looks odd")
+    controller.tick()
+    status = controller.status()
+    assert status["workers_by_state"]["ACTIVE"] == 4 and status["usable_slots"] == 4
+    assert "usable now" not in render_status(1, status)
+
+
+def test_an_agents_errors_are_shown_until_its_report_has_none(tmp_path: Path) -> None:
+    """Before, the errors of an agent's report (a drill file that does not parse) were dropped: an
+    operator could not tell the file was being ignored."""
+    config = parse_config({"autoscaler": {"enabled": False}})
+    controller = Controller(config, 1, ListedSteps(), tmp_path, gpus_by_node={"node1": (0, 1)})  # type: ignore[arg-type]
+    broken = "inject file /shared/drill.toml: Expected '=' after a key (using the last good version)"
+    samples = [GpuSample("node1", i, memory_total_mb=80_000, memory_used_mb=0, temperature_c=40.0,
+                         clock_event_reasons=frozenset()) for i in (0, 1)]
+    controller.report_gpu_health(AgentReport("node1", 1.0, "inject", samples, [broken, "another \x1b[2J"]))
+    status = controller.status()
+    assert status["agent_errors"] == {"node1": [broken, "another \x1b[2J"]}
+    assert f"agent on node1 reports: {broken} (and 1 more)" in render_status(1, status)
+    controller.report_gpu_health(AgentReport("node1", 2.0, "inject", samples, []))
+    assert controller.status()["agent_errors"] == {} and "reports:" not in render_status(1, controller.status())
