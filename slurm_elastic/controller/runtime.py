@@ -296,7 +296,7 @@ class Controller(ControlPlane, StatusViews):
                                    paused_s=paused_s)
             self.forget_ended()
             result = tick(obs, self.state, self.tick_config, self.burst_allocations(running_burst), now_s)
-            self.usable_slots = sum(result.slots_once_heard) + obs.burst_slots_possible + result.kept_on_cordoned
+            self.usable_slots = sum(result.slots_once_heard) + obs.burst_slots_possible + result.kept_outside_slots
             if "error" in self.state.last_decision:
                 log.error("the autoscaler failed, the worker count holds: %s", self.state.last_decision["error"])
             if any(w.vanished_at_s == now_s for w in self.state.workers.values()):

@@ -122,7 +122,7 @@ class TickResult:
     events: list[TickEvent] = field(default_factory=list)
     slots: tuple[Slots, ...] = ()  # per allocation: where workers may go now
     slots_once_heard: tuple[int, ...] = ()  # per allocation: the slots once the agents yet to report have
-    kept_on_cordoned: int = 0  # workers running on cordoned GPUs (a cordon does not drain): slots they keep
+    kept_outside_slots: int = 0  # workers running where new ones may not go (a cordoned GPU, a silent agent's node)
     desired: int = 0
 
 
@@ -157,8 +157,10 @@ def tick(obs: Observation, state: ControlState, cfg: TickConfig, allocations: tu
     once_heard = placement(allocations, cfg.gpus_per_worker, cordoned, unknown - awaiting, state.foreign_gpus,
                            cfg.nodes_per_worker) if awaiting else result.slots
     result.slots_once_heard = tuple(s.slots for s in once_heard)
-    on_cordoned = result.kept_on_cordoned = sum(1 for w in state.workers.values()  # kept where new ones may not go
-                                                if w.counts_as_capacity and w.has_step and w.cordoned_gpus(cordoned))
+    running = [w for w in state.workers.values() if w.counts_as_capacity and w.has_step]
+    on_cordoned = sum(1 for w in running if w.cordoned_gpus(cordoned))  # kept running where new ones may not go
+    result.kept_outside_slots = on_cordoned + sum(1 for w in running if not w.cordoned_gpus(cordoned)
+                                                  and set(w.all_nodes) & (unknown - awaiting))
     result.desired = desired_workers(state, obs, sum(result.slots_once_heard) + obs.burst_slots_possible, cfg, now_s,
                                      on_cordoned)
     exclude = result.slots[0].exclude_nodes if result.slots else ()

@@ -49,3 +49,30 @@ def test_an_agents_errors_are_shown_until_its_report_has_none(tmp_path: Path) ->
     assert f"agent on node1 reports: {broken} (and 1 more)" in render_status(1, status)
     controller.report_gpu_health(AgentReport("node1", 2.0, "inject", samples, []))
     assert controller.status()["agent_errors"] == {} and "reports:" not in render_status(1, controller.status())
+
+
+def test_workers_kept_on_a_node_whose_agent_is_silent_keep_their_slots(tmp_path: Path) -> None:
+    """A silent agent's node takes no new workers, and its running ones stay: status said "only 0
+    GPU slots usable now" with the target of 2 met (a live audit)."""
+    now = [0.0]
+    config = parse_config({"autoscaler": {"enabled": False}, "workers": {"initial_workers": 2}})
+    backend = ListedSteps()
+    controller = Controller(config, 1, backend, tmp_path, gpus_by_node={"node1": (0, 1)},  # type: ignore[arg-type]
+                            clock=lambda: now[0])
+    samples = [GpuSample("node1", i, memory_total_mb=80_000, memory_used_mb=0, temperature_c=40.0,
+                         clock_event_reasons=frozenset()) for i in (0, 1)]
+    controller.report_gpu_health(AgentReport("node1", now[0], "inject", samples))
+    controller.tick()
+    for number in (1, 2):
+        backend.steps.append(StepInfo(1, str(number), worker_step_name(f"000{number}"), ("node1",), "0:01", "",
+                                      "gres/gpu:1", 1))
+        controller.register_worker(f"000{number}", {"node": "node1", "gpus": [number - 1], "step_id": str(number)})
+    controller.tick()
+    assert controller.usable_slots == 2
+    now[0] += 120.0  # past health.agent_silence_s: the node's health is unknown
+    for number in (1, 2):
+        controller.heartbeat(f"000{number}", {"busy": True})
+    controller.tick()
+    status = controller.status()
+    assert status["unknown_health_nodes"] == ["node1"] and status["workers_by_state"]["ACTIVE"] == 2
+    assert status["usable_slots"] == 2 and "usable now" not in render_status(1, status)
