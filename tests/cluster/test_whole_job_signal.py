@@ -71,8 +71,8 @@ def test_usr1_to_the_whole_job_drains_the_workers_and_spares_the_trainer_and_age
             assert all(w["crash_count"] == 0 and w["launches"] == 1 for w in workers), workers
             ended = [w for w in client.status()["ended_workers"] if f"se-w-{w['worker_id']}" in old_workers]
             assert len(ended) == 2 and all(  # their wrappers told the controller: drained, not "exited cleanly"
-                w["reason"] == "drained (the drain signal reached its step (scancel --signal, or Slurm's)); "
-                               "step ended after drain" for w in ended), ended
+                w["reason"] == "drained (the drain signal reached its step (SIGUSR1: scancel --signal, or Slurm's "
+                               "--signal)); step ended after drain" for w in ended), ended
 
             run_command(["scancel", "--full", "--signal=USR1", str(job_id)], check=False)  # the batch script too
             time.sleep(2.0)
