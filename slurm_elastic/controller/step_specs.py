@@ -46,10 +46,14 @@ def worker_step_spec(config: ElasticConfig, job_id: int, worker_id: str, exclude
 
 def agent_step_spec(config: ElasticConfig, job_id: int, node: str, gpu_count: int, *, controller_url: str,
                     state_dir: Path, token_file: Path | None) -> StepSpec:
-    """The node's health agent: ``srun --overlap`` on all of the node's GPUs."""
+    """The node's health agent: ``srun --overlap`` on all of the node's GPUs. Its backoff after
+    failed reports stays under half of ``health.agent_silence_s``: a controller back from an outage
+    hears every agent before their nodes read as of unknown health."""
     a = config.agent
+    backoff_s = max(a.interval_s, config.health.agent_silence_s / 2)
     argv = [sys.executable, "-m", "slurm_elastic", "agent", "--controller-url", controller_url,
-            "--source", a.source, "--interval-s", str(a.interval_s), "--node", node]
+            "--source", a.source, "--interval-s", str(a.interval_s), "--max-backoff-s", f"{backoff_s:g}",
+            "--node", node]
     if token_file is not None:
         argv += ["--token-file", str(token_file)]
     if a.source != "nvml":  # the drill file; where NVML works, "auto" never reads it

@@ -76,3 +76,14 @@ def test_workers_kept_on_a_node_whose_agent_is_silent_keep_their_slots(tmp_path:
     status = controller.status()
     assert status["unknown_health_nodes"] == ["node1"] and status["workers_by_state"]["ACTIVE"] == 2
     assert status["usable_slots"] == 2 and "usable now" not in render_status(1, status)
+
+
+def test_the_agents_back_off_for_less_than_half_the_silence_bound(tmp_path: Path) -> None:
+    """An agent whose reports failed through a controller outage retried up to 60 s apart, longer
+    than health.agent_silence_s (30 s): a controller back from it could read the node as silent."""
+    from slurm_elastic.controller.step_specs import agent_step_spec
+
+    config = parse_config({"health": {"agent_silence_s": 40}})
+    argv = agent_step_spec(config, 1, "node1", 4, controller_url="http://c:1", state_dir=tmp_path,
+                           token_file=None).argv
+    assert argv[argv.index("--max-backoff-s") + 1] == "20"
