@@ -6,7 +6,9 @@ the dev cluster."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+from slurm_elastic.core.naming import worker_step_name
 from slurm_elastic.slurm.backend import StepSpec
 from slurm_elastic.slurm.parse import JobInfo, NodeState, StepInfo
 
@@ -42,3 +44,12 @@ class ListedSteps:
 
     def cancel_step(self, job_id: int, step_id: str) -> None:
         pass
+
+
+def run_workers(controller: Any, backend: ListedSteps, count: int, node: str = "node1") -> None:
+    """Workers 0001..000<count> running on ``node``'s GPUs 0..count-1 (step ids 1..count): listed by
+    Slurm and registered, as after their launch."""
+    for number in range(1, count + 1):
+        backend.steps.append(StepInfo(1, str(number), worker_step_name(f"{number:04d}"), (node,), "0:01", "",
+                                      "gres/gpu:1", 1))
+        controller.register_worker(f"{number:04d}", {"node": node, "gpus": [number - 1], "step_id": str(number)})

@@ -22,7 +22,7 @@ from slurm_elastic.core.reconcile import Launch, ObservedStep, ReconcileConfig
 from slurm_elastic.core.scaling import Autoscaler
 from slurm_elastic.core.tick import ControlState, Observation, TickConfig, tick
 from slurm_elastic.slurm.parse import StepInfo
-from tests.stub_backend import ListedSteps
+from tests.stub_backend import ListedSteps, run_workers
 
 S = WorkerState
 
@@ -33,10 +33,7 @@ def test_a_worker_whose_step_got_the_drain_signal_drains_and_is_replaced(tmp_pat
     backend = ListedSteps()
     controller = Controller(config, 1, backend, tmp_path, gpus_by_node={"node1": (0, 1, 2)})  # type: ignore[arg-type]
     controller.tick()
-    for number in (1, 2):
-        backend.steps.append(StepInfo(1, str(number), worker_step_name(f"000{number}"), ("node1",), "0:01", "",
-                                      "gres/gpu:1", 1))
-        controller.register_worker(f"000{number}", {"node": "node1", "gpus": [number - 1], "step_id": str(number)})
+    run_workers(controller, backend, 2)
     controller.tick()
     assert [w.state for w in controller.workers.values()] == [S.ACTIVE, S.ACTIVE]
 

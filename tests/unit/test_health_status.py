@@ -8,10 +8,8 @@ from pathlib import Path
 from slurm_elastic.controller.config import parse_config
 from slurm_elastic.controller.runtime import Controller
 from slurm_elastic.core.health import AgentReport, GpuSample
-from slurm_elastic.core.naming import worker_step_name
-from slurm_elastic.slurm.parse import StepInfo
 from slurm_elastic.status_view import render_status
-from tests.stub_backend import ListedSteps
+from tests.stub_backend import ListedSteps, run_workers
 
 
 def test_a_worker_kept_on_a_cordoned_gpu_keeps_its_slot_in_usable_slots(tmp_path: Path) -> None:
@@ -22,10 +20,7 @@ def test_a_worker_kept_on_a_cordoned_gpu_keeps_its_slot_in_usable_slots(tmp_path
     backend = ListedSteps()
     controller = Controller(config, 1, backend, tmp_path, gpus_by_node={"node1": (0, 1, 2, 3)})  # type: ignore[arg-type]
     controller.tick()
-    for number in range(1, 5):
-        backend.steps.append(StepInfo(1, str(number), worker_step_name(f"000{number}"), ("node1",), "0:01", "",
-                                      "gres/gpu:1", 1))
-        controller.register_worker(f"000{number}", {"node": "node1", "gpus": [number - 1], "step_id": str(number)})
+    run_workers(controller, backend, 4)
     controller.tick()
     assert controller.usable_slots == 4
     controller.cordon("node1", 1, "looks odd")
@@ -63,10 +58,7 @@ def test_workers_kept_on_a_node_whose_agent_is_silent_keep_their_slots(tmp_path:
                          clock_event_reasons=frozenset()) for i in (0, 1)]
     controller.report_gpu_health(AgentReport("node1", now[0], "inject", samples))
     controller.tick()
-    for number in (1, 2):
-        backend.steps.append(StepInfo(1, str(number), worker_step_name(f"000{number}"), ("node1",), "0:01", "",
-                                      "gres/gpu:1", 1))
-        controller.register_worker(f"000{number}", {"node": "node1", "gpus": [number - 1], "step_id": str(number)})
+    run_workers(controller, backend, 2)
     controller.tick()
     assert controller.usable_slots == 2
     now[0] += 120.0  # past health.agent_silence_s: the node's health is unknown
