@@ -1,18 +1,20 @@
 """The controller's Prometheus metrics (``GET /metrics``): the queue, the controller, burst
 jobs and, once the app is served, the API's connections.
 
-Counts that only grow are typed ``counter`` (exposed as ``..._total``), levels ``gauge``. The
+Counts that only grow are typed ``counter`` (exposed as ``..._total``), levels ``gauge``, the
+tick durations ``summary``. The
 store's counts (delivered, dropped, lost, burst GPU-seconds) survive a controller restart; the
 controller's own (ticks, heartbeats, refusals, closed connections) start again from 0, which
 Prometheus' ``rate()`` reads as a counter reset."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from slurm_elastic.controller.connections import ConnectionBook
@@ -29,7 +31,7 @@ class _Snapshot(Collector):
     def __init__(self, q: dict[str, Any], ctl: dict[str, Any], connections: ConnectionBook | None) -> None:
         self.q, self.ctl, self.connections = q, ctl, connections
 
-    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         q, ctl = self.q, self.ctl
         burst, servers = ctl.get("burst") or {}, ctl.get("servers") or {}
         endpoints = servers.get("endpoints") or []
@@ -69,11 +71,17 @@ class _Snapshot(Collector):
         for state, count in ctl["workers_by_state"].items():
             workers.add_metric([state], count)
         yield workers
-        tick = GaugeMetricFamily(PREFIX + "tick_duration_seconds", "Recent reconcile tick wall time",
-                                 labels=["quantile"])
+        ticks = ctl["tick_duration_s"]
+        tick = Metric(PREFIX + "tick_duration_seconds", "Reconcile tick wall time: quantiles of the last 60 ticks, "
+                      "sum and count of all", "summary")
         for quantile, key in (("0.5", "p50"), ("0.95", "p95"), ("1", "max")):
-            tick.add_metric([quantile], ctl["tick_duration_s"][key])
+            tick.add_sample(tick.name, {"quantile": quantile}, ticks[key])
+        tick.add_sample(tick.name + "_sum", {}, ticks["total_s"])
+        tick.add_sample(tick.name + "_count", {}, ticks["count"])
         yield tick
+        yield GaugeMetricFamily(PREFIX + "controller_start_time_seconds",
+                                "When this controller started (Unix time): its own counters count from then",
+                                value=round(time.time() - ctl["uptime_s"]))
         if self.connections is not None:
             yield GaugeMetricFamily(PREFIX + "api_connections", "Open API connections",
                                     value=len(self.connections.open))

@@ -313,8 +313,9 @@ class StoreIndex:
                            [(b.group.id,) for b, _r in damaged])
         return list(collections.Counter(b.segment for b, _r in damaged).items())
 
-    def set_meta(self, key: str, value: str) -> None:
-        with self.transaction() as db:
+    def set_meta(self, key: str, value: str, transition: bool = False) -> None:
+        """Set one meta value; a ``transition`` is counted (and marked) as hand-outs are."""
+        with self.transaction(transition) as db:
             db.execute(SET_META, (key, value))
 
 

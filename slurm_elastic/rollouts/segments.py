@@ -187,8 +187,19 @@ def is_padding(path: Path, end: int) -> bool:
 
 
 def segment_numbers(directory: Path) -> list[int]:
-    """The segment numbers in ``directory``, oldest first (none if it does not exist)."""
-    return sorted(int(p.stem) for p in directory.glob("*.log") if p.stem.isdigit())
+    """The segment numbers in ``directory``, oldest first (none if it does not exist).
+    StateFileError, naming it, for a segment that is not a regular file (a directory or a FIFO
+    in its place: reading a FIFO would wait forever)."""
+    numbers = []
+    for path in directory.glob("*.log"):
+        if not path.stem.isdigit():
+            continue
+        if not path.is_file():
+            raise StateFileError(
+                f"rollout store segment {path} is not a regular file, so the records it held cannot be read; "
+                f"restore it from a copy, or move it aside to give up the groups it held")
+        numbers.append(int(path.stem))
+    return sorted(numbers)
 
 
 def scan_from(directory: Path, numbers: list[int], number: int,
@@ -282,7 +293,8 @@ class SegmentLog:
         fd = self._readers.get(number)
         if fd is None:
             try:
-                fd = self._readers[number] = os.open(self.path(number), os.O_RDONLY | os.O_CLOEXEC)
+                fd = self._readers[number] = os.open(self.path(number),
+                                                     os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # a FIFO: no wait
             except FileNotFoundError:
                 raise DamagedRecordError(f"segment {name} is missing") from None
         start = body_offset - len(head) - HEADER.size

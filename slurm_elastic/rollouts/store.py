@@ -77,6 +77,7 @@ class RolloutStore(GroupCommits):
         self.fsync = fsync
         self.direct_io = direct_io and fsync == "always"  # the syncer writes the log with O_DIRECT
         self.clock = clock
+        self._version_saved: int | None = None  # the policy version of the last staleness save
         self._writer_lock = take_writer_lock(path, lock_wait_s)  # held (with the syncer) until close
         try:
             self.lost_at_open = self._open(segment_bytes)
@@ -101,7 +102,8 @@ class RolloutStore(GroupCommits):
         else:
             refuse_index_behind_mark(self.path, found.transitions, log_dir)
             refuse_damaged_older(log_dir, *found.replay_from)
-        self._saved(lambda key, default: found.meta.get(key, default))
+        snapshot, _session, _told = self._saved(lambda key, default: found.meta.get(key, default))
+        self._version_saved = None if snapshot is None else snapshot.version
         self._index = StoreIndex(self.path, self.fsync)
         try:
             if unknown := self._index.create_schema(self.clock(), found.transitions):
@@ -165,7 +167,12 @@ class RolloutStore(GroupCommits):
                          self._index.lost(), self.lost_at_open, snapshot, last_seq, arrived, session, told)
 
     def save_staleness(self, snapshot: StalenessSnapshot) -> None:
-        self.set_meta(STALENESS_KEY, snapshot.to_json())
+        """Keep the staleness counts; a save that moves the policy version is a transition (the
+        mark counts it), so an index that lost it is refused: it would judge staleness against an
+        older version and hand the trainer groups past the bound."""
+        moved = snapshot.version != self._version_saved
+        self.set_meta(STALENESS_KEY, snapshot.to_json(), transition=moved)
+        self._version_saved = snapshot.version
 
     def save_trainer_session(self, session: int) -> None:
         self.set_meta(TRAINER_SESSION_KEY, str(session))
@@ -279,5 +286,5 @@ class RolloutStore(GroupCommits):
     def get_meta(self, key: str, default: str = "") -> str:
         return self._index.get_meta(key, default)
 
-    def set_meta(self, key: str, value: str) -> None:
-        self._index.set_meta(key, value)
+    def set_meta(self, key: str, value: str, transition: bool = False) -> None:
+        self._index.set_meta(key, value, transition)

@@ -171,6 +171,10 @@ def main(argv: list[str]) -> int:
             reply: dict[str, object] = {"ignored": index_rows(db, segment, message["rows"])}
         except Exception as exc:  # answered, so the controller fails this commit and nothing else
             reply = {"error": f"{type(exc).__name__}: {exc}"}
-        sys.stdout.buffer.write(json.dumps(reply).encode() + b"\n")
-        sys.stdout.buffer.flush()
+        try:
+            sys.stdout.buffer.write(json.dumps(reply).encode() + b"\n")
+            sys.stdout.buffer.flush()
+        except BrokenPipeError:  # the controller is gone (killed): what was written is indexed at its next open
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+            return 0
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -105,6 +106,13 @@ def test_counts_that_only_grow_are_counters_and_levels_are_gauges(tmp_path: Path
     for family in families.values():
         for sample in family.samples:
             assert sample.name.endswith("_total") == (family.type == "counter"), (family.type, sample.name)
+            assert ("quantile" in sample.labels) <= (family.type == "summary"), sample  # a quantile is a summary's
+    tick = families["slurm_elastic_tick_duration_seconds"]
+    assert tick.type == "summary" and {s.name for s in tick.samples} == {
+        "slurm_elastic_tick_duration_seconds", "slurm_elastic_tick_duration_seconds_sum",
+        "slurm_elastic_tick_duration_seconds_count"}
+    started = families["slurm_elastic_controller_start_time_seconds"].samples[0].value
+    assert abs(started - (time.time() - controller.status()["uptime_s"])) < 5
     counters = {name for name, f in families.items() if f.type == "counter"}
     assert {"slurm_elastic_delivered_sequences", "slurm_elastic_heartbeats", "slurm_elastic_ticks",
             "slurm_elastic_api_connections_closed", "slurm_elastic_burst_gpu_seconds_held"} <= counters

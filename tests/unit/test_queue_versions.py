@@ -81,7 +81,7 @@ def test_a_stale_refusal_is_answered_even_when_its_counts_cannot_be_saved(
     q = at_version_10(tmp_path)
     assert q.admit(4, "0001") == 4
 
-    def full_disk(key: str, value: str) -> None:
+    def full_disk(key: str, value: str, transition: bool = False) -> None:
         raise OSError("No space left on device")
 
     monkeypatch.setattr(q.store, "set_meta", full_disk)

@@ -227,7 +227,7 @@ def test_an_admission_that_cannot_be_recorded_is_taken_back(tmp_path: Path,
     q = make(tmp_path)
     q.admit(4, "0001")
 
-    def full_disk(key: str, value: str) -> None:
+    def full_disk(key: str, value: str, transition: bool = False) -> None:
         raise OSError("No space left on device")
 
     monkeypatch.setattr(q.store, "set_meta", full_disk)

@@ -5,7 +5,10 @@ never handed out; a lost index with a log beside it is refused."""
 from __future__ import annotations
 
 import json
+import os
+import re
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -144,6 +147,20 @@ def test_a_deleted_segment_loses_its_groups_only(tmp_path: Path) -> None:
     left = [g.id for g in again.queued()]
     assert ids(again.hand_out("b", left, 1.0)) == [f"g{i}" for i in range(12) if f"g{i}" not in gone]
     again.close()
+
+
+@pytest.mark.parametrize("replace", [os.mkdir, os.mkfifo])
+def test_a_segment_that_is_not_a_regular_file_is_refused_naming_it(tmp_path: Path,
+                                                                   replace: Callable[[Path], None]) -> None:
+    """A FIFO in a segment's place made the store's open wait forever, with nothing logged (found
+    by a crash audit); a directory was named as the index's problem."""
+    store = filled(tmp_path, [f"g{i}" for i in range(12)], segment_bytes=1024)
+    store.close()
+    first, _o, _n = where(tmp_path, "g0")
+    first.unlink()
+    replace(first)
+    with pytest.raises(StateFileError, match=rf"segment {re.escape(str(first))} is not a regular file"):
+        RolloutStore(tmp_path / "q.sqlite", segment_bytes=1024)
 
 
 def test_a_lost_index_beside_a_log_is_refused_with_what_to_do(tmp_path: Path) -> None:

@@ -65,6 +65,35 @@ def test_an_index_whose_wal_was_deleted_after_a_kill_9_is_refused(tmp_path: Path
     store.close()
 
 
+def test_an_index_whose_wal_held_only_submits_and_version_publishes_is_refused(tmp_path: Path) -> None:
+    """Found by a crash audit: with the publishes of versions 8 to 10 lost with the -wal file, the
+    store opened at version 7 and handed a trainer at version 10 groups of version 7 (bound 2)."""
+    script = textwrap.dedent(f"""
+        import json, os, signal
+        from pathlib import Path
+        from slurm_elastic.core.staleness import StalenessSnapshot
+        from slurm_elastic.rollouts.store import RolloutStore
+        store = RolloutStore(Path({str(tmp_path / "q.sqlite")!r}))
+        store.save_staleness(StalenessSnapshot(7, 0, 0, {{}}))
+        store.close()  # version 7 in the index file itself
+        store = RolloutStore(Path({str(tmp_path / "q.sqlite")!r}))
+        store.save_staleness(StalenessSnapshot(7, 0, 0, {{}}))  # the same version: no transition
+        for name in ["a", "b"]:
+            store.insert(name, "0007", 4, 7, json.dumps({{"id": name}}).encode())
+        for version in (8, 9, 10):
+            store.save_staleness(StalenessSnapshot(version, 8, 2, {{}}))
+        os.killpg(0, signal.SIGKILL)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], check=False, start_new_session=True)
+    assert done.returncode == -9
+    assert read_mark(tmp_path / "q.sqlite") == 4  # version 7's first save, then 8, 9 and 10
+    for suffix in ("-wal", "-shm"):
+        (tmp_path / f"q.sqlite{suffix}").unlink()
+    with pytest.raises(StateFileError, match=r"older than its log: it has committed 1 hand-outs, acknowledgements, "
+                                             r"drops, quarantines and version publishes, its mark q\.mark says 4"):
+        RolloutStore(tmp_path / "q.sqlite")
+
+
 def test_an_older_copy_of_the_index_restored_is_refused_and_nothing_is_changed(tmp_path: Path) -> None:
     store = RolloutStore(tmp_path / "q.sqlite")
     for name in ["a", "b", "c"]:
