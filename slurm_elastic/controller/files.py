@@ -18,18 +18,21 @@ from typing import Any
 from slurm_elastic.client.files import CONTROLLER_FILE, STOPPED_KEY, TOKEN_COPY, TOKEN_FILE
 
 
-def write_json_atomic(path: Path, data: dict[str, Any], mode: int = 0o600, indent: int | None = 1) -> None:
+def write_json_atomic(path: Path, data: dict[str, Any], mode: int = 0o600, indent: int | None = 1,
+                      previous: Path | None = None) -> None:
     """Write ``data`` so that readers see the old or the new file, never half of one.
 
-    ``indent=None`` writes one line, with the C encoder (the one to use for large files).
+    ``indent=None`` writes one line, with the C encoder (the one to use for large files);
+    ``previous``: where the file it replaces is kept (:func:`write_text_atomic`).
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(path, json.dumps(data, indent=indent, sort_keys=True), mode)
+    write_text_atomic(path, json.dumps(data, indent=indent, sort_keys=True), mode, previous)
 
 
-def write_text_atomic(path: Path, text: str, mode: int = 0o600) -> None:
+def write_text_atomic(path: Path, text: str, mode: int = 0o600, previous: Path | None = None) -> None:
     """Write ``text`` to ``path`` (made with ``mode``) so that readers see the old file or the new
-    one, never an empty or half-written one."""
+    one, never an empty or half-written one. With ``previous``, the file it replaces is renamed
+    there first: between the two renames only ``previous`` holds the state."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
@@ -37,6 +40,8 @@ def write_text_atomic(path: Path, text: str, mode: int = 0o600) -> None:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        if previous is not None and path.is_file():
+            os.replace(path, previous)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)

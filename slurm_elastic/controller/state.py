@@ -31,14 +31,33 @@ class StateFile:
         self.path = path
         self.job_id = job_id
 
+    @property
+    def previous(self) -> Path:
+        """The state the last save replaced (``state.json.previous``)."""
+        return self.path.with_name(self.path.name + ".previous")
+
     def load(self) -> RestoredState:
-        """The saved state, validated (an empty one if there is no file).
+        """The saved state, validated; where ``state.json`` is missing or cannot be this job's
+        state, the one saved before it (:attr:`previous`), said in a note; an empty one if
+        neither is there.
 
         A file that cannot be this job's state at all (not JSON, not ours, another job's, no state
         object) is moved aside and said in a note. Otherwise every section and record that
         validates is kept, the rest is noted, and the file as it was is kept beside it. A file
         from a newer version is read the same way, for the fields this version knows.
         """
+        restored = self._read()
+        older = StateFile(self.previous, self.job_id)._read() if not restored.found else RestoredState()
+        if older.found:
+            why = restored.notes or (f"{self.path.name} is missing",)
+            return replace(older, notes=(*why, f"restored from {self.previous.name}, the state the last save "
+                                               "replaced (cordons, targets and pauses as they were then)",
+                                         *older.notes))
+        if restored.found or not (notes := (*restored.notes, *older.notes)):
+            return restored
+        return replace(restored, notes=(*notes[:-1], f"{notes[-1]} and rebuilt from Slurm's listing"))
+
+    def _read(self) -> RestoredState:
         try:
             text = self.path.read_text()
         except FileNotFoundError:
@@ -70,11 +89,12 @@ class StateFile:
 
     def save(self, state: dict[str, Any]) -> None:
         write_json_atomic(self.path, {"format": STATE_FORMAT, "version": STATE_VERSION,
-                                      "job_id": self.job_id, "saved_at": time.time(), "state": state}, indent=None)
+                                      "job_id": self.job_id, "saved_at": time.time(), "state": state}, indent=None,
+                          previous=self.previous)
 
     def _unreadable(self, why: str) -> RestoredState:
         moved = self.move_aside()
-        return RestoredState(notes=(f"{why}; moved to {moved.name} and rebuilt from Slurm's listing",), dropped=True)
+        return RestoredState(notes=(f"{why}; moved to {moved.name}",), dropped=True)
 
     def _aside(self, kind: str) -> Path:
         stamp = int(time.time())

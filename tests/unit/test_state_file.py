@@ -5,6 +5,7 @@ file on disk, with the real controller in process (Slurm is a listed-steps stub)
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -136,7 +137,8 @@ def test_a_file_that_is_not_this_jobs_state_is_moved_aside(tmp_path: Path, text:
     (tmp_path / "state.json").write_text(text)
     ctl = start(tmp_path)
     notes = ctl.status()["state_notes"]
-    assert len(notes) == 1 and says in notes[0] and "moved to state.json.corrupt-" in notes[0], notes
+    assert len(notes) == 2 and says in notes[0] and "moved to state.json.corrupt-" in notes[0], notes
+    assert "cordons, a manual target or a pause set before are not known" in notes[1]
     assert ctl.state.target_workers == 2 and set(ctl.workers) == {"0001", "0002"}  # the running fleet is kept
     assert list(tmp_path.glob("state.json.corrupt-*"))
 
@@ -155,3 +157,39 @@ def test_status_json_and_table_show_the_notes(tmp_path: Path) -> None:
 
 def test_the_record_model_has_every_field_of_a_worker() -> None:
     assert set(WorkerRecord.model_fields) == set(Worker.__dataclass_fields__)
+
+
+@pytest.mark.parametrize("damage", ["delete", "truncate", "directory"])
+def test_a_lost_or_damaged_file_falls_back_to_the_state_the_last_save_replaced(tmp_path: Path, damage: str) -> None:
+    """Found by a crash audit: with ``state.json`` deleted or cut short, the operator's cordon and
+    manual target were dropped without a word, and the autoscaler then scaled against them."""
+    write(tmp_path, good_state())
+    first = start(tmp_path)
+    first.save()  # the state as loaded goes to state.json.previous, this save's to state.json
+    path = tmp_path / "state.json"
+    assert (tmp_path / "state.json.previous").is_file()
+    if damage == "delete":
+        path.unlink()
+    elif damage == "truncate":
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    else:
+        path.unlink()
+        path.mkdir()
+    ctl = start(tmp_path)
+    notes = ctl.status()["state_notes"]
+    assert operator_kept(ctl) and {"0001", "0002"} <= set(ctl.workers)
+    assert any("restored from state.json.previous" in n for n in notes), notes
+
+
+def test_with_neither_file_the_steps_are_kept_and_the_log_says_what_is_not_known(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    write(tmp_path, good_state())
+    start(tmp_path).save()
+    for name in ("state.json", "state.json.previous"):
+        (tmp_path / name).unlink()
+    with caplog.at_level(logging.INFO):
+        ctl = start(tmp_path)
+    assert ctl.state.target_workers == 2 and ctl.state.manual_target is None
+    said = ("no saved state: keeping the 2 worker steps Slurm runs; cordons, a manual target or a pause set "
+            "before are not known (set them again)")
+    assert said in caplog.text and said in ctl.status()["state_notes"]
