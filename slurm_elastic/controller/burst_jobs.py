@@ -23,6 +23,7 @@ from slurm_elastic.core.burst import (
     burst_job_comment,
     burst_job_name,
     burst_phase,
+    on_hold,
     parent_of_comment,
 )
 from slurm_elastic.render import render_burst_script
@@ -136,6 +137,7 @@ def core_jobs(listed: list[QueuedJob], slots_per_job: int, workers_by_job: Mappi
     return tuple(
         BurstJob(job_id=j.job_id, phase=burst_phase(j.state), worker_slots=slots_per_job,
                  workers=workers_by_job.get(j.job_id, 0), draining_workers=draining_by_job.get(j.job_id, 0),
-                 expected_start_s=start_time_s(j.start_time) if j.state == "PENDING" else None)
+                 expected_start_s=start_time_s(j.start_time) if j.state == "PENDING" else None,
+                 on_hold=on_hold(j.state, j.reason))
         for j in listed
     )

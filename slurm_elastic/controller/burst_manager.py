@@ -25,6 +25,7 @@ from slurm_elastic.core.burst import (
     decide_burst,
     is_released_comment,
     lost_jobs,
+    on_hold,
 )
 from slurm_elastic.errors import SlurmError
 from slurm_elastic.slurm.parse import QueuedJob
@@ -139,6 +140,12 @@ class BurstManager:
     def releasing(self) -> frozenset[int]:
         """Jobs being emptied: marked so in Slurm, or ending (preempted, at their time limit)."""
         return frozenset(j.job_id for j in self.listed if is_released_comment(j.comment)) | self._ending
+
+    @property
+    def jobs_on_hold(self) -> int:
+        """Pending jobs that wait on a hold at the last listing: they take a place of ``max_jobs``
+        and will bring nothing until released."""
+        return sum(on_hold(j.state, j.reason) for j in self.listed)
 
     def held_nodes(self) -> set[str]:
         """The nodes of the burst jobs running at the last listing whose GPUs were read (no Slurm call)."""

@@ -104,7 +104,7 @@ class Controller(ControlPlane, StatusViews):
         releasing = frozenset(running_burst or {}) & self.burst.releasing if self.burst is not None else frozenset()
         possible = 0
         if self.burst is not None:
-            held = len(running_burst or {}) - len(releasing)
+            held = len(running_burst or {}) - len(releasing) + self.burst.jobs_on_hold
             possible = max(0, self.burst.policy.max_jobs - held) * self.burst.policy.worker_slots_per_job
         return Observation(
             steps=None if steps is None else tuple(
@@ -310,6 +310,8 @@ class Controller(ControlPlane, StatusViews):
                                 event.reason)
                 elif isinstance(event, CordonChange):
                     log.warning("cordoned %s:%d: %s", event.node, event.gpu, event.reason)
+                elif event.for_status:
+                    self.note_state(event.message)
                 else:
                     log.warning("%s", event.message)
             self._release_leases(result)

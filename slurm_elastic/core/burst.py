@@ -8,6 +8,8 @@ and which to release (drain their workers, then cancel the job). The rules:
 - the allocation's slots are filled first; burst jobs hold only what the target needs beyond them;
 - a pending job is capacity already asked for: no new submission while it waits, and no new
   submission within ``submit_cooldown_s`` of the last one; never more than ``max_jobs`` jobs;
+- a pending job on hold (``scontrol hold``, a requeue hold) is not capacity: it counts towards
+  ``max_jobs`` and is cancelled as soon as the target does not need more than the others hold;
 - on scale-down, pending jobs are cancelled first (latest expected start first), then whole
   running jobs are released, the emptiest first; a released job is cancelled once its workers are
   gone, and one whose workers are all gone already is cancelled at once (its GPUs go back).
@@ -24,6 +26,7 @@ BurstPhase = Literal["PENDING", "RUNNING", "ENDED"]
 
 _PENDING_STATES = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SUSPENDED"})
 _RUNNING_STATES = frozenset({"RUNNING"})
+_HOLD_REASONS = frozenset({"JobHeldUser", "JobHeldAdmin"})
 BURST_NAME_PREFIX = "elastic-burst-"
 BURST_COMMENT_PREFIX = "slurm-elastic burst parent="
 
@@ -65,6 +68,12 @@ def burst_phase(slurm_state: str) -> BurstPhase:
     return "ENDED"
 
 
+def on_hold(slurm_state: str, reason: str) -> bool:
+    """Whether a pending job waits on a hold (a user's or an admin's, or a requeue's), not on the
+    cluster: it starts only once someone releases it."""
+    return slurm_state == "REQUEUE_HOLD" or (burst_phase(slurm_state) == "PENDING" and reason in _HOLD_REASONS)
+
+
 @dataclass(frozen=True)
 class BurstPolicy:
     """The ``[burst]`` limits the decision needs."""
@@ -88,6 +97,7 @@ class BurstJob:
     workers: int = 0  # live workers of the pool in it (starting or active), draining ones not counted
     draining_workers: int = 0
     expected_start_s: float | None = None  # Slurm's estimate for a pending job, if it has one
+    on_hold: bool = False  # pending on a hold (:func:`on_hold`): asked for, but not coming by itself
 
 
 @dataclass(frozen=True)
@@ -118,7 +128,8 @@ def decide_burst(
     running jobs already being emptied (they count as capacity no more); ``released_for_good``: those
     of them never taken back (ending, or on nodes Slurm took out of use)."""
     live = [j for j in jobs if j.phase != "ENDED"]
-    held = [j for j in live if j.job_id not in releasing]
+    on_hold = [j.job_id for j in live if j.on_hold and j.job_id not in releasing]
+    held = [j for j in live if j.job_id not in releasing and not j.on_hold]
     beyond = max(0, target_workers - max(0, allocation_slots)) if policy.max_jobs else 0
     capacity = sum(j.worker_slots for j in held)
     keep: list[int] = []  # released jobs that still run are taken back before anything is submitted
@@ -132,7 +143,8 @@ def decide_burst(
               and (j.phase == "PENDING" or j.workers + j.draining_workers == 0)]
     if beyond > capacity:
         return _grow(policy, beyond - capacity, len(live) - len(cancel), last_submit_s, now_s, tuple(cancel),
-                     tuple(keep))
+                     tuple(keep), len(on_hold))
+    cancel += on_hold  # the others cover the target: a job on hold is not waited for
     if keep:
         return BurstDecision(cancel=tuple(cancel), keep=tuple(keep),
                              reason=f"burst: {beyond} slots needed beyond the allocation: keeping {len(keep)} released job(s)")
@@ -151,18 +163,21 @@ def decide_burst(
             release.append(job.job_id)
     if not cancel and not release:
         return BurstDecision(reason=f"burst: {capacity} slots held or asked for, {beyond} needed beyond the allocation")
+    holds = f" ({len(on_hold)} pending on a hold)" if on_hold else ""
     return BurstDecision(cancel=tuple(cancel), release=tuple(release),
                          reason=f"burst: {beyond} slots needed beyond the allocation; giving back "
-                                f"{len(cancel)} job(s) now, releasing {len(release)}")
+                                f"{len(cancel)} job(s) now{holds}, releasing {len(release)}")
 
 
 def _grow(policy: BurstPolicy, missing: int, live_jobs: int, last_submit_s: float | None, now_s: float,
-          cancel: tuple[int, ...], keep: tuple[int, ...]) -> BurstDecision:
+          cancel: tuple[int, ...], keep: tuple[int, ...], jobs_on_hold: int = 0) -> BurstDecision:
     wanted = math.ceil(missing / policy.worker_slots_per_job)
     room = max(0, policy.max_jobs - live_jobs)
     if room == 0:
+        holds = (f", {jobs_on_hold} of them pending on a hold (scontrol release, or scancel, lets the pool "
+                 f"ask again)") if jobs_on_hold else ""
         return BurstDecision(cancel=cancel, keep=keep, reason=f"burst: {missing} slots missing, but max_jobs "
-                                                   f"({policy.max_jobs}) burst jobs exist")
+                                                   f"({policy.max_jobs}) burst jobs exist{holds}")
     if last_submit_s is not None and now_s - last_submit_s < policy.submit_cooldown_s:
         wait_s = policy.submit_cooldown_s - (now_s - last_submit_s)
         return BurstDecision(cancel=cancel, keep=keep, reason=f"burst: {missing} slots missing; submit cooldown, {wait_s:.0f} s left")

@@ -33,9 +33,14 @@ class Slots:
 
 def allocation_slots(allocation: Allocation, gpus_per_worker: int, cordoned: Collection[GpuKey],
                      unknown_nodes: Collection[str] = (), foreign_gpus: Mapping[str, int] | None = None,
-                     nodes_per_worker: int = 1) -> Slots:
+                     nodes_per_worker: int = 1, own_gpus: Collection[GpuKey] = ()) -> Slots:
     """Worker slots on the allocation's usable GPUs; a node with too few usable GPUs is excluded.
-    A worker over ``nodes_per_worker`` nodes takes ``gpus_per_worker / nodes_per_worker`` on each."""
+    A worker over ``nodes_per_worker`` nodes takes ``gpus_per_worker / nodes_per_worker`` on each.
+
+    Slurm names how many GPUs a node's other steps (the trainer's) hold, not which: they are taken
+    first from the cordoned GPUs none of ``own_gpus`` (those the pool's steps hold) is on, so a
+    cordoned trainer GPU is not taken off twice. Where the guess is wrong, a launch lands on the
+    cordoned GPU, holds it as a placeholder, and the next count is exact."""
     if gpus_per_worker == 0:
         return Slots(allocation.job_id, CPU_ONLY_SLOTS, ())
     foreign = foreign_gpus or {}
@@ -43,7 +48,8 @@ def allocation_slots(allocation: Allocation, gpus_per_worker: int, cordoned: Col
     node_slots, exclude = [], []
     for node, gpus in allocation.gpus_by_node.items():
         usable = [] if node in unknown_nodes else [g for g in gpus if (node, g) not in cordoned]
-        usable = usable[: max(0, len(usable) - foreign.get(node, 0))]
+        cordoned_unheld = sum(1 for g in gpus if (node, g) in cordoned and (node, g) not in own_gpus)
+        usable = usable[: max(0, len(usable) - max(0, foreign.get(node, 0) - cordoned_unheld))]
         if len(usable) < per_node:
             exclude.append(node)  # every GPU there is cordoned (or too few are left)
         node_slots.append(len(usable) // per_node)
@@ -63,9 +69,10 @@ def multi_node_slots(node_slots: list[int], nodes_per_worker: int) -> int:
 
 def placement(allocations: tuple[Allocation, ...], gpus_per_worker: int, cordoned: Collection[GpuKey],
               unknown_nodes: Collection[str] = (), foreign_gpus: Mapping[int, Mapping[str, int]] | None = None,
-              nodes_per_worker: int = 1) -> tuple[Slots, ...]:
+              nodes_per_worker: int = 1, own_gpus: Collection[GpuKey] = ()) -> tuple[Slots, ...]:
     """Each allocation's slots, in the order given (launches fill them in that order).
-    ``foreign_gpus``: per job id, the GPUs its non-worker steps hold on each node."""
+    ``foreign_gpus``: per job id, the GPUs its non-worker steps hold on each node; ``own_gpus``:
+    the GPUs the pool's steps hold (workers and placeholders)."""
     foreign = foreign_gpus or {}
     return tuple(allocation_slots(a, gpus_per_worker, cordoned, unknown_nodes, foreign.get(a.job_id),
-                                  nodes_per_worker) for a in allocations)
+                                  nodes_per_worker, own_gpus) for a in allocations)

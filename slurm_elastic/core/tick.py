@@ -107,9 +107,10 @@ class LaunchAgent:
 
 @dataclass(frozen=True)
 class Note:
-    """Something the controller logs."""
+    """Something the controller logs (and, ``for_status``, shows in status as a saved-state note)."""
 
     message: str
+    for_status: bool = False
 
 
 TickAction = Launch | Drain | Cancel | LaunchAgent
@@ -151,11 +152,12 @@ def tick(obs: Observation, state: ControlState, cfg: TickConfig, allocations: tu
     awaiting = awaiting_first_reports(state, now_s) if cfg.agents else set()
     unknown = (state.cordons.unknown_nodes(now_s, nodes=[n for a in allocations for n in a.gpus_by_node]) | awaiting
                if cfg.agents else set())  # awaiting: also a node an earlier job's agent reported on
+    own = frozenset(k for w in state.workers.values() if w.has_step for k in w.gpu_keys)
     result.slots = placement(allocations, cfg.gpus_per_worker, cordoned, unknown, state.foreign_gpus,
-                             cfg.nodes_per_worker)
+                             cfg.nodes_per_worker, own)
     allowed = sum(s.slots for s in result.slots)
     once_heard = placement(allocations, cfg.gpus_per_worker, cordoned, unknown - awaiting, state.foreign_gpus,
-                           cfg.nodes_per_worker) if awaiting else result.slots
+                           cfg.nodes_per_worker, own) if awaiting else result.slots
     result.slots_once_heard = tuple(s.slots for s in once_heard)
     running = [w for w in state.workers.values() if w.counts_as_capacity and w.has_step]
     on_cordoned = sum(1 for w in running if w.cordoned_gpus(cordoned))  # kept running where new ones may not go
@@ -360,8 +362,8 @@ def _seed_target(state: ControlState, running: int, result: TickResult) -> None:
     """Without saved state, keep the worker steps that already run: never tear down a live fleet."""
     state.seed_target_from_slurm = False
     if running > state.target_workers:
-        result.events.append(Note(f"no saved state: keeping the {running} worker steps Slurm runs "
-                                  f"(target was {state.target_workers})"))
+        result.events.append(Note(f"no saved state: keeping the {running} worker steps Slurm runs; cordons, a "
+                                  "manual target or a pause set before are not known (set them again)", True))
         state.target_workers = running
 
 

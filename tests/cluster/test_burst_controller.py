@@ -127,6 +127,35 @@ def test_the_drain_signal_to_a_burst_job_ends_it_and_no_worker_goes_there_again(
     assert all(w["job_id"] != burst_id for w in status["workers"]), status["workers"]
 
 
+def test_a_burst_job_on_hold_is_not_waited_for_and_is_cancelled_once_another_covers_the_target(
+        devcluster: DevCluster, tmp_path: Path) -> None:
+    """``scontrol hold`` on a pending burst job: the pool asks for another (within ``max_jobs``),
+    and once that one runs the workers wanted, the held one is cancelled, not left in the queue."""
+    blocker = run_command(["sbatch", "--parsable", "--nodelist=node2", "--gres=gpu:4", "--output=/dev/null",
+                           "--job-name=se-blocker", "--wrap", "sleep 300"]).stdout.strip().split(";")[0]
+    job = start_controller_job(
+        devcluster, tmp_path, nodes=1, gpus_per_node=4, sbatch_options=("--nodelist=node1",),
+        burst={"max_jobs": 2, "gpus_per_job": 4, "partition": devcluster.spec.preempt_partition,
+               "submit_cooldown_s": 0, "controller_unreachable_grace_s": 60, "signal_lead_s": 0})
+    try:
+        with job.client() as c:
+            c.scale(6)  # 4 in the allocation, 2 beyond it: node2 is taken, so the burst job waits
+        [(held, _state)] = wait_for(lambda: burst_jobs_of(job) or None, 30, "a pending burst job")
+        run_command(["scontrol", "hold", str(held)])
+        jobs = wait_for(lambda: len(b := burst_jobs_of(job)) == 2 and b, 30, "a second burst job beside the held one")
+        [other] = [j for j, _ in jobs if j != held]
+        run_command(["scancel", blocker])
+        status = job.active(6, timeout_s=60)
+        assert sum(w["job_id"] == other for w in status["workers"]) == 2
+        wait_for(lambda: [j for j, _ in burst_jobs_of(job)] == [other], 30, "the held burst job cancelled")
+        assert job.status()["burst"]["submitted"] == 2
+    finally:
+        run_command(["scancel", blocker], check=False)
+        stop_controller_job(job)
+        for burst_id, _state in burst_jobs_of(job):
+            run_command(["scancel", str(burst_id)], check=False)
+
+
 def test_a_cancelled_parent_leaves_no_burst_job(devcluster: DevCluster, tmp_path: Path) -> None:
     job = start_controller_job(
         devcluster, tmp_path, nodes=1, gpus_per_node=4,

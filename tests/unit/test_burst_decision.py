@@ -3,6 +3,7 @@ pending cancelled before running jobs are released, a released job cancelled onc
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -17,6 +18,7 @@ from slurm_elastic.core.burst import (
     decide_burst,
     is_released_comment,
     lost_jobs,
+    on_hold,
     parent_of_comment,
 )
 
@@ -52,6 +54,22 @@ def test_off_by_default_submits_nothing_and_gives_back_what_it_holds() -> None:
 def test_a_pending_job_is_capacity_no_resubmission_while_it_waits() -> None:
     decision = decide(8, (pending(7),))
     assert decision.submit == 0 and decision.cancel == ()
+
+
+def test_a_job_on_hold_is_no_capacity_takes_a_place_of_max_jobs_and_is_cancelled_once_not_needed() -> None:
+    hold = BurstJob(7, "PENDING", 4, on_hold=True)
+    assert decide(8, (hold,)).submit == 1  # the 4 slots beyond the allocation are not coming
+    full = decide(16, (hold, running(8), running(9)))
+    assert full.submit == 0 and "max_jobs (3) burst jobs exist, 1 of them pending on a hold" in full.reason
+    covered = decide(8, (hold, running(8)))
+    assert covered.cancel == (7,) and "1 pending on a hold" in covered.reason
+
+
+@pytest.mark.parametrize(("state", "reason", "held"), [
+    ("PENDING", "JobHeldUser", True), ("PENDING", "JobHeldAdmin", True), ("REQUEUE_HOLD", "", True),
+    ("PENDING", "Resources", False), ("PENDING", "Priority", False), ("RUNNING", "JobHeldUser", False)])
+def test_on_hold_reads_slurms_hold_reasons(state: str, reason: str, held: bool) -> None:
+    assert on_hold(state, reason) is held
 
 
 def test_cooldown_between_submissions() -> None:
@@ -135,11 +153,11 @@ def test_drain_order_released_jobs_then_burst_then_the_allocation() -> None:
 
 job_lists = st.lists(
     st.tuples(st.sampled_from(["PENDING", "RUNNING", "ENDED"]), st.integers(0, 4), st.integers(0, 2),
-              st.one_of(st.none(), st.floats(0, 1e5))),
+              st.one_of(st.none(), st.floats(0, 1e5)), st.booleans()),
     max_size=6,
 ).map(lambda rows: tuple(BurstJob(i + 1, phase, 4, workers if phase == "RUNNING" else 0,  # type: ignore[arg-type]
-                                  draining if phase == "RUNNING" else 0, start)
-                             for i, (phase, workers, draining, start) in enumerate(rows)))
+                                  draining if phase == "RUNNING" else 0, start, hold and phase == "PENDING")
+                             for i, (phase, workers, draining, start, hold) in enumerate(rows)))
 
 
 @settings(max_examples=300, deadline=None)
@@ -167,7 +185,7 @@ def test_invariants(jobs: tuple[BurstJob, ...], target: int, slots: int, releasi
     assert remaining + d.submit <= max(max_jobs, remaining)  # never more than max_jobs
     beyond = max(0, target - slots) if max_jobs else 0
     held_after = sum(j.worker_slots for j in live if j.job_id not in d.cancel and j.job_id not in d.release
-                     and (j.job_id not in releasing or j.job_id in d.keep))
+                     and (j.job_id not in releasing or j.job_id in d.keep) and not j.on_hold)
     gave_back_held = [i for i in (*d.cancel, *d.release) if i not in releasing]
     if gave_back_held:  # giving back never leaves less than what is needed
         assert held_after >= beyond and d.submit == 0

@@ -28,6 +28,27 @@ def test_placement_counts_slots_per_allocation_and_excludes_full_nodes() -> None
     assert [(s.job_id, s.slots, s.exclude_nodes) for s in slots] == [(7, 0, ("a1",)), (9, 2, ())]
 
 
+def test_a_cordoned_gpu_no_worker_holds_is_taken_for_the_trainers_first() -> None:
+    """Slurm counts the trainer's GPUs, it does not name them: a cordon on the trainer's GPU (one no
+    step of the pool holds) must not take a second GPU off the slots (found by an operator's probe:
+    a healthy GPU stayed empty)."""
+    node = Allocation(7, {"n1": (0, 1, 2, 3)})
+    trainer = {7: {"n1": 1}}
+    assert placement((node,), 1, set(), foreign_gpus=trainer)[0].slots == 3
+    assert placement((node,), 1, {("n1", 0)}, foreign_gpus=trainer)[0].slots == 3
+    assert placement((node,), 1, {("n1", 0), ("n1", 1)}, foreign_gpus=trainer, own_gpus={("n1", 1)})[0].slots == 2
+    held_by_ours = placement((node,), 1, {("n1", 0)}, foreign_gpus=trainer, own_gpus={("n1", 0)})
+    assert held_by_ours[0].slots == 2  # a placeholder holds the cordoned GPU: the trainer is elsewhere
+
+
+def test_with_the_trainers_gpu_cordoned_the_tick_launches_on_every_other_one() -> None:
+    node = Allocation(7, {"n1": (0, 1, 2, 3)})
+    st = state(3)
+    st.cordons.cordon_manual("n1", 0, "the trainer's GPU reports faults", 0.0)
+    result = tick(Observation(steps=(), foreign_gpus={7: {"n1": 1}}), st, CFG, (node,), 0.0)
+    assert sum(isinstance(a, Launch) for a in result.actions) == 3 and result.slots[0].slots == 3
+
+
 def test_launches_fill_the_first_allocation_then_the_next() -> None:
     st = state(4)
     result = tick(Observation(steps=()), st, CFG, (OWN, OTHER), 0.0)
