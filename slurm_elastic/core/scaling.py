@@ -26,7 +26,8 @@ a move back: an integral that grows while a cooldown or the stabilization window
 it asks for overshoots once the move is made). Then the bounds that make it
 safe: a full buffer or an exhausted staleness capacity never scales up (they scale down, to
 what the trainer's measured demand needs when that is fewer than one down: more workers would
-only make rollouts staler), min/max workers and GPU slots, a deadband and N confirmations in a
+only make rollouts staler), the law never scales down while the trainer waits with the buffer
+below its setpoint (its consumption, starved, reads as low demand), min/max workers and GPU slots, a deadband and N confirmations in a
 row (hysteresis), separate scale-up and scale-down cooldowns, a minimum stable period, a
 scale-down stabilization window (act on the highest recommendation in it, as Kubernetes' HPA
 does, each scaled by the trainer's demand now over its demand then; lengthened to a swinging
@@ -208,6 +209,11 @@ class Autoscaler:
         window_held = bool(kept)
         delta = bounded - current
         self.held_dir = -1 if window_held else 0
+        if delta < -cfg.deadband_workers and starving and x.trainer_waiting and terms[1] is not None:
+            self.votes, self.votes_dir, self.direction_since_s = 0, 0, None  # the law's move, not a bound's
+            self.held_dir = -1
+            return Decision(steady, "hold", f"hold: no scale-down while the trainer waits for rollouts; {why}",
+                            rec, *terms)
         if abs(delta) <= cfg.deadband_workers:
             self.votes, self.votes_dir, self.direction_since_s = 0, 0, None
             return Decision(steady, "hold", f"hold: {bounded:.1f} workers wanted is within the deadband "

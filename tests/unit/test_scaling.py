@@ -53,6 +53,19 @@ def test_staleness_bound_and_full_buffer_never_scale_up() -> None:
     assert (target, action) == (3, "scale_down") and "buffer full" in reason
 
 
+def test_no_scale_down_while_the_trainer_waits_with_the_buffer_below_its_setpoint() -> None:
+    """A starved trainer's consumption reads as low demand: after an operator's `resume` from a
+    manual count too low, the law asked for fewer workers while the trainer waited (an operator's
+    probe: "scale_down: trainer starving")."""
+    starved = inputs(queued=16, active=3, rate=8.57, consumption=7.36, trainer_demand_seqs_per_s=31.6)
+    _target, action, _reason = decide(FAST, starved)
+    assert action == "scale_down"  # the trainer not seen waiting: the law as it is
+    target, action, reason = decide(FAST, dataclasses.replace(starved, trainer_waiting=True))
+    assert (target, action) == (3, "hold") and reason.startswith("hold: no scale-down while the trainer waits")
+    target, action, reason = decide(FAST, dataclasses.replace(starved, trainer_waiting=True, staleness_capacity_seqs=0))
+    assert action == "scale_down" and "staleness bound" in reason  # a bound still sheds
+
+
 def test_confirmations_in_a_row() -> None:
     scaler = Autoscaler(dataclasses.replace(FAST, confirmations=3))
     actions = [scaler.decide(inputs(queued=0), t).action for t in (1, 2, 3)]
