@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from slurm_elastic.errors import EXIT_CONFIG
+
 
 def printable(text: str) -> str:
     """``text`` with every control or format character shown as its escape (``\\x1b``, ``\\u202e``)."""
@@ -48,7 +50,9 @@ def _cordons_by_cause(cordons: list[dict[str, Any]], now: float) -> dict[tuple[s
     """The cordoned GPUs grouped by node, source, age and reason (a node Slurm takes out is one row)."""
     grouped: dict[tuple[str, str, str, str], list[int]] = {}
     for c in cordons:
-        key = (str(c.get("node")), str(c.get("source", "")), _since(c.get("since_s"), now), str(c.get("reason", "")))
+        also = "".join(f"; also {o.get('source')}: {o.get('reason')}" for o in c.get("also") or [] if isinstance(o, dict))
+        key = (str(c.get("node")), str(c.get("source", "")), _since(c.get("since_s"), now),
+               str(c.get("reason", "")) + also)
         grouped.setdefault(key, []).append(int(c.get("gpu", 0)))
     return grouped
 
@@ -139,6 +143,17 @@ def _weights_cell(worker: dict[str, Any]) -> str:
     return cell
 
 
+def ended_how(doc: dict[str, Any]) -> str:
+    """How an ended job's batch script ended, and where its output is ('' if Slurm says nothing)."""
+    code, output = doc.get("job_exit_code"), printable(str(doc.get("job_output") or ""))
+    how = "" if code in (None, 0) else f"exit {code}"
+    if code == EXIT_CONFIG:
+        how += ": the controller refused the job's configuration"
+    if output and how:
+        how += f"; its output says why: {output}"
+    return f" ({how})" if how else ""
+
+
 def render_status(job_id: int, status: dict[str, Any] | None, slurm_steps: list[dict[str, Any]] | None = None,
                   unreachable: str = "", now_s: float | None = None, refused: bool = False) -> str:
     """The status table. With ``status`` None (controller down, or ``refused``: it answered with
@@ -195,12 +210,13 @@ def render_status(job_id: int, status: dict[str, Any] | None, slurm_steps: list[
     in_burst = any(w.get("job_id") not in (None, job_id) for w in workers)  # a JOB column only when it says something
     show_weights = bool(weights) or any(w.get("weights_version") is not None for w in workers)
     for w in workers:
-        nodes, gpus = _nodes_and_gpus(w)
+        waiting = w.get("state") == "BACKOFF"  # no step: it holds no GPU, and nothing heart-beats
+        nodes, gpus = ("-", "-") if waiting else _nodes_and_gpus(w)
         state = w.get("state", "?") + (" (placeholder)" if w.get("placeholder") else "") + _relaunched(w)
         rows.append([str(w.get("worker_id", "")), *([str(w.get("job_id") or "-")] if in_burst else []),
                      str(w.get("step_id") or "-"), nodes, gpus,
                      state, _age(w.get("age_s")), str(w.get("rollouts", 0)), _per_rollout(w),
-                     _age(w.get("last_heartbeat_age_s"))]
+                     "-" if waiting else _age(w.get("last_heartbeat_age_s"))]
                     + ([_weights_cell(w)] if show_weights else []))
     if rows:
         headers = ["WORKER", *(["JOB"] if in_burst else []), "STEP", "NODE", "GPU", "STATE", "AGE", "ROLLOUTS", "S/ROLLOUT",

@@ -320,8 +320,11 @@ class ControllerBase:
         return self.state.cordons.unknown_nodes(now_s, nodes=held) & held
 
     def cordoned_gpus(self) -> dict[tuple[str, int], dict[str, Any]]:
-        """Every cordoned GPU with why, since when, and who cordoned it (operator, health, crash, preflight)."""
-        return {key: entry.to_dict() for key, entry in self.state.cordons.cordoned().items()}
+        """Every cordoned GPU with why, since when, and who cordoned it (operator, health, crash,
+        preflight); ``also``: its other cordons (source and reason), which outlast the main one's lift."""
+        book = self.state.cordons
+        return {key: {**entry.to_dict(), "also": [{"source": o.source, "reason": o.reason} for o in book.others(key)]}
+                for key, entry in book.cordoned().items()}
 
     def outstanding_of_draining(self, now_s: float) -> dict[str, int]:
         """Servers: requests in flight at each draining worker (its drain signal waits for none)."""

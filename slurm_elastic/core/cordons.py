@@ -222,6 +222,12 @@ class CordonBook:
                     break
         return out
 
+    def others(self, key: GpuKey) -> list[CordonEntry]:
+        """A GPU's cordons besides its main one (:meth:`cordoned`), in the same precedence."""
+        g = self._gpus.get(key)
+        entries = [g.entries[s] for s in _SOURCE_PRECEDENCE if g is not None and s in g.entries]
+        return entries[1:]
+
     def entry(self, key: GpuKey, source: CordonSource) -> CordonEntry | None:
         """The cordon of ``source`` on a GPU, if it has one."""
         g = self._gpus.get(key)

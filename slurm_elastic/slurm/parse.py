@@ -103,11 +103,26 @@ class JobInfo:
     restart_count: int = 0  # how often Slurm requeued the job
     start_time_s: int = 0  # when the job (its current run) started (epoch s); 0 if unknown
     end_time_s: int = 0  # its time limit, as a time (epoch s; moves when the limit is changed); 0 if unknown
+    exit_code: int | None = None  # the batch script's exit code once it ended (None: running, or killed by a signal)
+    output: str = ""  # the batch script's output file, %j filled in ("" if unknown)
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def is_running(self) -> bool:
         return self.state == "RUNNING"
+
+
+def _exit_code(value: Any) -> int | None:
+    """``squeue --json``'s exit code: a wait status (22.05: 19968 is exit 78) or, from 23.02, an
+    object with ``status`` and ``return_code``; None for a job killed by a signal, or none yet."""
+    if isinstance(value, dict):
+        code = value.get("return_code")
+        code = code.get("number") if isinstance(code, dict) else code
+        return code if isinstance(code, int) and value.get("status") in ("EXITED", ["EXITED"], "SUCCESS", ["SUCCESS"]) \
+            else None
+    if isinstance(value, int) and value & 0x7F == 0:
+        return value >> 8
+    return None
 
 
 _BRACKET = re.compile(r"\[([^\]]*)\]")
@@ -284,6 +299,8 @@ def parse_jobs_json(text: str) -> list[JobInfo]:
                 restart_count=_int(raw.get("restart_cnt")),
                 start_time_s=_int(raw.get("start_time")),
                 end_time_s=0 if _unlimited(raw.get("time_limit")) else _int(raw.get("end_time")),
+                exit_code=_exit_code(raw.get("exit_code")),
+                output=str(raw.get("standard_output") or "").replace("%j", str(raw["job_id"])),
                 raw=raw,
             )
         )

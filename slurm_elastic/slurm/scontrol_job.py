@@ -72,7 +72,14 @@ def job_info_from_scontrol(text: str) -> JobInfo:
         gpus_by_node=parse_scontrol_job_gpus(text), submit_time_s=_epoch_s(fields.get("SubmitTime", "")),
         restart_count=int(restarts) if restarts.isdigit() else 0,
         start_time_s=_epoch_s(fields.get("StartTime", "")), end_time_s=_epoch_s(fields.get("EndTime", "")),
+        exit_code=_exit_code(fields.get("ExitCode", "")), output=fields.get("StdOut", ""),
     )
+
+
+def _exit_code(text: str) -> int | None:
+    """``ExitCode=78:0`` (code:signal) as 78; None where a signal ended it, or none is given."""
+    code, _, signal = text.partition(":")
+    return int(code) if code.isdigit() and signal in ("", "0") else None
 
 
 def _epoch_s(when: str) -> int:

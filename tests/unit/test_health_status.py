@@ -79,3 +79,17 @@ def test_the_agents_back_off_for_less_than_half_the_silence_bound(tmp_path: Path
     argv = agent_step_spec(config, 1, "node1", 4, controller_url="http://c:1", state_dir=tmp_path,
                            token_file=None).argv
     assert argv[argv.index("--max-backoff-s") + 1] == "20"
+
+
+def test_an_operators_cordon_shows_the_health_cordon_under_it(tmp_path: Path) -> None:
+    """Before, status showed only the main cordon: an operator could not tell the GPU was also
+    unhealthy until `uncordon` failed on it (an operator's probe)."""
+    config = parse_config({"autoscaler": {"enabled": False}, "health": {"max_temperature_c": 80}})
+    controller = Controller(config, 1, ListedSteps(), tmp_path, gpus_by_node={"node1": (0, 1)})  # type: ignore[arg-type]
+    controller.cordon("node1", 1, "op")
+    hot = [GpuSample("node1", i, memory_total_mb=80_000, memory_used_mb=0, temperature_c=90.0 if i else 40.0,
+                     clock_event_reasons=frozenset()) for i in (0, 1)]
+    controller.report_gpu_health(AgentReport("node1", 1.0, "inject", hot))
+    [cordon] = controller.status()["cordoned_gpus"]
+    assert cordon["source"] == "operator" and [a["source"] for a in cordon["also"]] == ["health"]
+    assert "op; also health: temperature_c=90" in render_status(1, controller.status())

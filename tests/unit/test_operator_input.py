@@ -70,8 +70,9 @@ class SlurmSays:
     """Slurm's answer about the job, as the CLI asks it before it sends the job's token: a job in
     ``state``, or ``raises`` (the job unknown, or Slurm not answering)."""
 
-    def __init__(self, state: str = "RUNNING", raises: Exception | None = None) -> None:
-        self.state, self.raises = state, raises
+    def __init__(self, state: str = "RUNNING", raises: Exception | None = None, exit_code: int | None = None,
+                 output: str = "") -> None:
+        self.state, self.raises, self.exit_code, self.output = state, raises, exit_code, output
 
     def __call__(self) -> SlurmSays:  # stands in for the SlurmCli class
         return self
@@ -79,7 +80,8 @@ class SlurmSays:
     def job_info(self, job_id: int) -> JobInfo:
         if self.raises is not None:
             raise self.raises
-        return JobInfo(job_id, "train", self.state, ("node1",), "node1", "", "me", "gpu")
+        return JobInfo(job_id, "train", self.state, ("node1",), "node1", "", "me", "gpu", exit_code=self.exit_code,
+                       output=self.output)
 
     def list_steps(self, job_id: int) -> list[Any]:
         return []
@@ -259,6 +261,15 @@ def test_status_of_an_ended_job_says_so(state_dir: Path, monkeypatch: pytest.Mon
     monkeypatch.setattr(jobs, "SlurmCli", SlurmSays("COMPLETED"))
     code, out = cli("status", str(JOB))
     assert code == 3 and f"job {JOB} is COMPLETED in Slurm: no controller runs for it" in out, out
+
+
+def test_status_of_a_job_whose_configuration_was_refused_points_at_its_output(
+        state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before, it said only that the job had FAILED (an operator's probe of a misspelt key)."""
+    monkeypatch.setattr(jobs, "SlurmCli", SlurmSays("FAILED", exit_code=78, output="/tmp/elastic-rl-7.out"))
+    code, out = cli("status", str(JOB))
+    assert code == 3 and (f"job {JOB} is FAILED in Slurm (exit 78: the controller refused the job's configuration; "
+                          "its output says why: /tmp/elastic-rl-7.out): no controller runs for it") in out, out
 
 
 def test_uncordon_logs_the_operators_reason(running: Running, state_dir: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -48,6 +48,13 @@ def test_a_recorded_job_reads_whole_from_scontrol() -> None:
     assert (pending.state, pending.nodes, pending.batch_host, pending.gpus_by_node) == ("PENDING", (), "", {})
 
 
+@pytest.mark.parametrize(("field", "expected"), [("ExitCode=78:0", 78), ("ExitCode=0:15", None), ("", None)])
+def test_an_ended_jobs_exit_code_and_output_read_from_scontrol(field: str, expected: int | None) -> None:
+    text = f"JobId=9 JobName=x\n   JobState=FAILED Reason=NonZeroExitCode {field}\n   StdOut=/tmp/out-9.txt\n"
+    info = job_info_from_scontrol(text)
+    assert info.exit_code == expected and info.output == "/tmp/out-9.txt"
+
+
 def test_names_and_comments_with_spaces_and_an_array_head_read_whole() -> None:
     text = ("JobId=9 ArrayJobId=9 ArrayTaskId=1 JobName=my job = v2\n   UserId=alice(1001) GroupId=x(1)\n"
             "   JobState=RUNNING Reason=None\n   Restarts=2 BatchFlag=1\n   NodeList=n1\n   BatchHost=n1\n"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -116,3 +117,13 @@ def test_squeue_json_that_reports_an_error_instead_of_jobs_is_not_an_unknown_job
             '(connect failure)", "source": "slurm_load_jobs"}], "jobs": []}')
     with pytest.raises(SlurmUnavailableError, match="Slurm reported an error instead of jobs"):
         parse_jobs_json(text)
+
+
+@pytest.mark.parametrize(("exit_code", "expected"), [
+    (19968, 78), (0, 0), (15, None),  # 22.05: a wait status (78 << 8; killed by SIGTERM)
+    ({"status": ["EXITED"], "return_code": {"set": True, "number": 78}}, 78),  # 23.02 and later
+    ({"status": ["SIGNALED"], "return_code": {"set": True, "number": 0}}, None), (None, None)])
+def test_an_ended_jobs_exit_code_and_output_file_read_from_squeue_json(exit_code: object, expected: int | None) -> None:
+    job = {"job_id": 3369, "job_state": "FAILED", "exit_code": exit_code, "standard_output": "/tmp/out-%j.txt"}
+    (info,) = parse_jobs_json(json.dumps({"jobs": [job]}))
+    assert info.exit_code == expected and info.output == "/tmp/out-3369.txt"

@@ -144,3 +144,11 @@ def test_a_relaunched_worker_says_so_and_how_often_it_crashed() -> None:
     assert "ACTIVE (relaunched 1x)" in text
     row = next(line for line in text.splitlines() if line.lstrip().startswith("0004")).split()
     assert row[4:6] == ["ACTIVE", "2m"]  # no note: launched once
+
+
+def test_a_worker_waiting_out_its_backoff_holds_no_gpu_and_has_no_heartbeat_age() -> None:
+    """Before, it kept its old GPU and a growing heartbeat age beside its replacement on that GPU."""
+    waiting = {"worker_id": "0009", "step_id": None, "node": "node1", "gpus": [3], "state": "BACKOFF",
+               "age_s": 360, "rollouts": 291, "last_heartbeat_age_s": 46.0, "crash_count": 1}
+    row = next(line for line in render_status(7, {**STATUS, "workers": [waiting]}).splitlines() if "0009" in line)
+    assert row.split()[:5] == ["0009", "-", "-", "-", "BACKOFF"] and "46s" not in row
