@@ -111,6 +111,9 @@ def job_info_from_pyslurm(job_id: int, fields: Mapping[str, Any]) -> JobInfo:
         cluster=str(fields.get("cluster") or ""), submit_time_s=int(fields.get("submit_time") or 0),
         restart_count=int(fields.get("requeue_count") or 0),
         start_time_s=int(fields.get("start_time") or 0), end_time_s=int(fields.get("end_time") or 0),
+        exit_code=code if isinstance(code := fields.get("exit_code"), int) and not fields.get("exit_code_signal")
+        else None,
+        output=str(fields.get("standard_output") or "").replace("%j", str(job_id)),
     )
 
 
@@ -218,7 +221,8 @@ class PySlurm:
             layout = {}
         fields = {key: getattr(job, key, None) for key in
                   ("name", "state", "allocated_nodes", "batch_host", "comment", "user_name", "partition",
-                   "cluster", "submit_time", "requeue_count", "start_time", "end_time")}
+                   "cluster", "submit_time", "requeue_count", "start_time", "end_time", "exit_code",
+                   "exit_code_signal", "standard_output")}
         return job_info_from_pyslurm(job_id, {**fields, "layout": layout})
 
     def node_states(self, nodes: Sequence[str]) -> dict[str, NodeState]:

@@ -40,7 +40,7 @@ def test_job_info_agrees_with_the_cli_parser_on_the_same_shape() -> None:
               "batch_host": cli.batch_host, "comment": cli.comment, "user_name": cli.user_name,
               "partition": cli.partition, "cluster": cli.cluster, "submit_time": cli.submit_time_s,
               "requeue_count": cli.restart_count, "start_time": cli.start_time_s, "end_time": cli.end_time_s,
-              "layout": layout}
+              "exit_code": cli.exit_code, "exit_code_signal": 0, "standard_output": cli.output, "layout": layout}
     assert job_info_from_pyslurm(cli.job_id, fields) == cli
 
 
