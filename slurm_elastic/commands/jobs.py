@@ -25,12 +25,7 @@ from slurm_elastic.client.wire import WORKER_ID
 from slurm_elastic.commands.params import Seconds
 from slurm_elastic.core.health import parse_gpu_ref
 from slurm_elastic.core.naming import AGENT_PREFIX, WORKER_PREFIX
-from slurm_elastic.errors import (
-    ApiError,
-    ControllerUnreachableError,
-    SlurmElasticError,
-    SlurmError,
-)
+from slurm_elastic.errors import ApiError, ControllerUnreachableError, SlurmElasticError, SlurmError
 from slurm_elastic.slurm.cli_backend import SlurmCli
 from slurm_elastic.status_view import ended_how, render_status, worker_counts
 

@@ -27,8 +27,9 @@ it asks for overshoots once the move is made). Then the bounds that make it
 safe: a full buffer or an exhausted staleness capacity never scales up (they scale down, to
 what the trainer's measured demand needs when that is fewer than one down: more workers would
 only make rollouts staler), the law never scales down while the trainer waits with the buffer
-below its setpoint (its consumption, starved, reads as low demand), min/max workers and GPU slots, a deadband and N confirmations in a
-row (hysteresis), separate scale-up and scale-down cooldowns, a minimum stable period, a
+below its setpoint (its consumption, starved, reads as low demand), min/max workers and GPU
+slots, a deadband and N confirmations in a row (hysteresis), separate scale-up and scale-down
+cooldowns, a minimum stable period, a
 scale-down stabilization window (act on the highest recommendation in it, as Kubernetes' HPA
 does, each scaled by the trainer's demand now over its demand then; lengthened to a swinging
 load's cycle by core.swings), and a maximum step per action. The trainer's demand is

@@ -6,9 +6,10 @@ after the commit the count goes to the mark, one line written to a temporary fil
 the store fsyncs) and renamed over the mark, so the mark is always a whole old or a whole new
 line, whenever the writer is killed. An index that counts fewer than its mark is older than the
 state the job reached: its ``-wal`` file was lost, or an older copy was restored, and it would
-hand out again groups delivered since, or judge staleness against an older version. The store refuses to open it. The directory is not
-fsynced: after a power cut the rename may be lost and the mark lag the index (never run ahead of
-it), which the rule allows; an operator's deleted ``-wal`` or restored copy leaves it as it was.
+hand out again groups delivered since, or judge staleness against an older version. The store
+refuses to open it. The directory is not fsynced: after a power cut the rename may be lost and
+the mark lag the index (never run ahead of it), which the rule allows; an operator's deleted
+``-wal`` or restored copy leaves it as it was.
 A missing mark checks nothing (a new store, or one from before marks); one that is there and
 cannot be read is damage, and the store refuses to open until it is restored or deleted.
 """

@@ -123,8 +123,9 @@ def refuse_index_behind_mark(path: Path, transitions: int, log_dir: Path) -> Non
         return
     raise StateFileError(
         f"rollout store index {path} is older than its log: it has committed {transitions} hand-outs, "
-        f"acknowledgements, drops, quarantines and version publishes, its mark {mark_path(path).name} says {marked} (its -wal file "
-        "was lost, or an older copy was restored): groups delivered since would be handed out again. Restore "
+        f"acknowledgements, drops, quarantines and version publishes, its mark {mark_path(path).name} says "
+        f"{marked} (its -wal file was lost, or an older copy was restored): groups delivered since would be handed "
+        "out again, and staleness judged against an older policy version. Restore "
         f"the newest {path.name} with its -wal file; or, to hand those groups out again knowingly, delete "
         f"{mark_path(path)}; or, to start with an empty queue and give every group up, move {path.name} "
         f"(with its -wal and -shm files) and {log_dir} aside")

@@ -116,10 +116,10 @@ def _exit_code(value: Any) -> int | None:
     """``squeue --json``'s exit code: a wait status (22.05: 19968 is exit 78) or, from 23.02, an
     object with ``status`` and ``return_code``; None for a job killed by a signal, or none yet."""
     if isinstance(value, dict):
-        code = value.get("return_code")
+        code, status = value.get("return_code"), value.get("status")
         code = code.get("number") if isinstance(code, dict) else code
-        return code if isinstance(code, int) and value.get("status") in ("EXITED", ["EXITED"], "SUCCESS", ["SUCCESS"]) \
-            else None
+        exited = {"EXITED", "SUCCESS"} & set(status if isinstance(status, list) else [status])
+        return code if isinstance(code, int) and exited else None
     if isinstance(value, int) and value & 0x7F == 0:
         return value >> 8
     return None
