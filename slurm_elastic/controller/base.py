@@ -177,6 +177,7 @@ class ControllerBase:
             self.burst.restore(restored.burst)
         self.left_nodes = [left for left in restored.left_nodes if left["node"] not in self.gpus_by_node]
         now_s = self.clock()
+        st.started_s = now_s  # routers report again to this controller: a draining server's grace starts over
         st.cordons.move_clocks_on(math.inf, now_s)  # nor could a node's agent report: heard now, not unknown
         for worker in st.workers.values():  # nobody could heart-beat while no controller ran
             if worker.has_step:

@@ -227,6 +227,14 @@ class ControlPlane(ControllerBase):
                 self._busy_since_report = {w: r for w, r in self._busy_since_report.items() if w in self.state.workers}
                 self._busy_counted_to_s = {w: t for w, t in self._busy_counted_to_s.items() if w in self.state.workers}
 
+    def move_busy_clocks_on(self, paused_s: float) -> None:
+        """The controller did not run for ``paused_s`` (a suspended job): workers were stopped too,
+        and the busy time their SDK counted meanwhile is not credited (it read a worker's
+        production as half of what it was after a 60 s suspend, and the autoscaler took every GPU)."""
+        with self._busy_lock:
+            self._busy_counted_to_s = {w: t + paused_s for w, t in self._busy_counted_to_s.items()}
+            self._busy_since_report = {w: (at_s + paused_s, busy) for w, (at_s, busy) in self._busy_since_report.items()}
+
     def busy_worker_s(self, now_s: float) -> float | None:
         """Worker-seconds inside rollouts over the production window: those reported, and since
         its last report, for a worker inside a rollout then, up to now (at most two heartbeat

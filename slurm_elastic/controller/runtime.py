@@ -36,7 +36,9 @@ from slurm_elastic.slurm.runner import killed_since_spawned
 __all__ = ["STATE_REFRESH_S", "Controller", "UnknownWorkerError", "foreign_gpus_by_node"]
 log = logging.getLogger(__name__)
 NOT_SLURM_CORDONS: tuple[CordonSource, ...] = tuple(s for s in get_args(CordonSource) if s != "slurm")  # ours alone
-_TASK_FAILED = re.compile(r"task \d+: Exited with exit code [1-9]")  # srun's line for a task that failed
+_TASK_FAILED = re.compile(r"task \d+: (Exited with exit code [1-9]|Killed|Terminated|Aborted|Segmentation fault|"
+                          r"Out Of Memory)")  # srun's line for a task that failed, or died by a signal
+_STEP_ABORTED = "Job step aborted"  # srun's line when Slurm ends the step (scancel), before it sees a task end
 OUTPUT_TAIL_BYTES = 4096  # of a step's output, read for Slurm's CANCELLED line
 
 
@@ -49,11 +51,17 @@ def srun_log_says_terminated(path: Path, step: str) -> bool:
     """Whether the end of the step's srun log holds srun's ``_step_signal: Terminating StepId={step}``:
     srun's own record that Slurm cancelled the step, written even where slurmstepd's line in the
     step's output is not (a step cancelled while it was starting). Not when the line before it is
-    ``task N: Exited with exit code M`` (M > 0): srun ending the step because a task failed
-    (``--kill-on-bad-exit``), a crash whose exit code the wrapper could not report."""
+    a task's failure (``task N: Exited with exit code M``, M > 0, or ``task N: Killed``: the
+    wrapper killed on its node) with no ``Job step aborted`` just before it: srun ending the step
+    because a task ended by itself, a crash whose exit code the wrapper could not report. A
+    ``scancel`` of the step reads ``Job step aborted``, then the task's ``Killed``, then this line."""
     pattern = re.compile(rf"Terminating StepId={re.escape(step)}(?![0-9])")
     lines = _tail_lines(path)
-    return any(pattern.search(line) and not (i and _TASK_FAILED.search(lines[i - 1])) for i, line in enumerate(lines))
+
+    def cancelled(i: int) -> bool:
+        aborted = any(_STEP_ABORTED in line for line in lines[max(0, i - 2):i])
+        return aborted or not (i and _TASK_FAILED.search(lines[i - 1]))
+    return any(pattern.search(line) and cancelled(i) for i, line in enumerate(lines))
 
 
 
@@ -290,6 +298,8 @@ class Controller(ControlPlane, StatusViews):
         steps = self.observe(tuple(sorted(running_burst)))
         with self.lock:
             paused_s = self.pause_watch.take() if self.pause_watch is not None else 0.0
+            if paused_s > 0:
+                self.move_busy_clocks_on(paused_s)
             now_s = self.clock()
             self.ticks += 1
             obs = self.observation(steps, now_s, with_queue=autoscales(self.state), running_burst=running_burst,

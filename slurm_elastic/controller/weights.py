@@ -6,9 +6,9 @@ directory (written atomically, read back by a restarted controller). :class:`Wei
 beside the reconcile loop: it asks the pure :class:`~slurm_elastic.core.weights.WeightsBook` which
 ACTIVE servers are due an update, sends the updates in parallel (a thread pool, outside the
 controller's lock) through the configured hook, each within ``weights.timeout_s``, and records the
-outcome: the server's version, a retry (it is out of discovery meanwhile), or a drain with the
-reason after ``weights.max_failures`` failures in a row (the replacement is launched as for any
-drained worker).
+outcome: the server's version, a retry (out of discovery meanwhile once another server has loaded
+those weights), or a drain with the reason after ``weights.max_failures`` failures in a row of
+weights another server loaded (the replacement is launched as for any drained worker).
 """
 
 from __future__ import annotations

@@ -202,6 +202,7 @@ class Autoscaler:
                  else f"max_workers ({cfg.max_workers})" if cfg.max_workers <= x.allowed_slots
                  else f"the usable GPU slots ({x.allowed_slots})")
         if rec > ceiling and current <= ceiling and abs(bounded - current) <= cfg.deadband_workers:
+            self._remember(bounded, _positive(x.trainer_demand_seqs_per_s), now_s)  # the window holds the ceiling
             self.votes, self.votes_dir, self.direction_since_s = 0, 0, None
             self.held_dir = 1
             return Decision(steady, "hold", f"hold: at the ceiling, {limit}{despite}; {why}", rec, *terms)
@@ -244,14 +245,20 @@ class Autoscaler:
         bound = f" (bounded by {limit})" if direction > 0 and rec > ceiling and target == ceiling else ""
         return Decision(target, f"scale_{word}", f"{why}{capped}{bound}", rec, *terms)
 
+    def _remember(self, bounded: float, demand: float | None, now_s: float) -> tuple[float, str]:
+        """Put a recommendation in the stabilization window (not a start-up's: its counts are
+        guesses) and drop those older than it; the window's length, and why it is lengthened."""
+        if not self.startup_step:
+            self.window.append((now_s, bounded, demand))
+        window_s, swinging = self.swings.window_s(self.config.stabilization_window_s, now_s)
+        self.window = [w for w in self.window if now_s - w[0] <= window_s]
+        return window_s, swinging
+
     def _stabilized(self, bounded: float, current: int, demand: float | None, now_s: float) -> tuple[float, str]:
         """The scale-down stabilization window: a count below ``current`` raised to the highest
         recommendation in the window (each scaled by the trainer's demand now over its demand
         then), and what the reason says of it ('' where the window kept nothing back)."""
-        if not self.startup_step:  # the start-up's counts are guesses, not recommendations to hold on to
-            self.window.append((now_s, bounded, demand))
-        window_s, swinging = self.swings.window_s(self.config.stabilization_window_s, now_s)
-        self.window = [w for w in self.window if now_s - w[0] <= window_s]
+        window_s, swinging = self._remember(bounded, demand, now_s)
         if bounded >= current:
             return bounded, ""
         highest = max((r * (demand / then if demand and then else 1.0) for _t, r, then in self.window),

@@ -95,6 +95,7 @@ class ControlState:
     node_held_since_s: dict[tuple[int, str], float] = field(default_factory=dict)  # (job, node): since when it holds it
     foreign_gpus: Mapping[int, Mapping[str, int]] = field(default_factory=dict)
     listed_worker_ids: frozenset[str] = frozenset()  # worker steps in Slurm's latest listing
+    started_s: float = float("-inf")  # this controller's start: a server's drain grace counts again from it
     policy: ScalingPolicy | None = None  # decides instead of the autoscaler (the simulator's baselines)
 
 
@@ -305,13 +306,14 @@ def drain_signals(state: ControlState, drained: Iterable[Worker], cfg: TickConfi
                   outstanding_by_worker: Mapping[str, int], now_s: float, only_these: bool = False) -> list[Drain]:
     """The drain signals to send now. Other workers get theirs as they enter DRAINING; servers
     leave discovery first and get it once nothing is in flight at them and the grace is over
-    (every draining server is checked each tick, unless ``only_these``)."""
+    (every draining server is checked each tick, unless ``only_these``). A restarted controller
+    has heard no router yet: the grace counts again from its start."""
     if not cfg.is_server:
         due = [w for w in drained if w.step_id]
     else:
         pool = drained if only_these else state.workers.values()
         due = [w for w in pool if w.state is S.DRAINING and w.step_id and not w.drain_signaled
-               and not w.placeholder and now_s - w.drain_started_s >= cfg.server_drain_grace_s
+               and not w.placeholder and now_s - max(w.drain_started_s, state.started_s) >= cfg.server_drain_grace_s
                and outstanding_by_worker.get(w.worker_id, 0) == 0]
     for worker in due:
         worker.drain_signaled = True

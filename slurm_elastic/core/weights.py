@@ -1,11 +1,15 @@
 """Which weights each server runs, and which servers are due an update (pure; time passed in).
 
 The trainer publishes a version with where its weights are (:class:`PublishedWeights`). Every
-server that runs another version is due an update through the configured hook; a server that
-fails one leaves discovery at once, is retried after a backoff (doubling per failure in a row),
-and after ``max_failures`` in a row is to be replaced. A server enters discovery only once it
-runs the latest published weights; one that joined at an earlier version stays routable while its
-update to the latest is under way (routers that want only the latest filter on the version).
+server that runs another version is due an update through the configured hook, retried after a
+backoff (doubling per failure in a row) up to ``max_failures`` in a row. Once some server has
+loaded the version (the weights are good), a server that fails it leaves discovery at once and
+after ``max_failures`` is to be replaced. Until then a failure may be the weights' (a path
+mistyped): the servers keep serving the weights they run, stay in discovery, and none is
+replaced. A server enters discovery only once it runs the latest published weights; one that
+joined at an earlier version stays routable while its update to the latest is under way
+(routers that want only the latest filter on the version). A failed update of a version already
+superseded counts for nothing.
 """
 
 from __future__ import annotations
@@ -70,15 +74,16 @@ class WeightsBook:
     _updates: dict[str, _Updates] = field(default_factory=dict)
     _joined: set[str] = field(default_factory=set)  # were in discovery: at the latest, or before any publish
     _seeded: bool = False
+    _proven: bool = False  # some server has loaded the latest version
 
     def publish(self, version: int, ref: str) -> bool:
         """The trainer's new weights; True if they differ from the latest."""
         new = PublishedWeights(version, ref)
         if new == self.latest:
             return False
-        self.latest = new
-        for updates in self._updates.values():
-            updates.retry_at_s = 0.0  # new weights: a server waiting out a backoff may try them now
+        self.latest, self._proven = new, False
+        for updates in self._updates.values():  # new weights: a server waiting out a backoff may try them now
+            updates.failures, updates.retry_at_s = 0, 0.0
         return True
 
     def conflict(self, version: int, ref: str) -> str | None:
@@ -94,8 +99,8 @@ class WeightsBook:
         """Whether an ACTIVE server with ``loaded_version`` may be in discovery."""
         if not self.enforced or self.latest is None:
             return True
-        if self._updates.get(worker_id, _Updates()).failures > 0:
-            return False  # failed its last update: out until one succeeds
+        if self._proven and self._updates.get(worker_id, _Updates()).failures > 0:
+            return False  # failed weights another server loaded: out until an update succeeds
         if loaded_version == self.latest.version or worker_id in self._joined:
             return True
         return not self._seeded and loaded_version is not None  # restored, before the first round adopts it
@@ -118,6 +123,7 @@ class WeightsBook:
         for server in servers:
             if server.loaded_version == latest.version:
                 self._joined.add(server.worker_id)
+                self._prove()
                 continue
             updates = self._updates.setdefault(server.worker_id, _Updates())
             if (updates.in_flight is not None or updates.retry_at_s > now_s
@@ -131,19 +137,38 @@ class WeightsBook:
         """An update of ``worker_id`` to ``version`` ended (``error`` empty: it succeeded)."""
         updates = self._updates.setdefault(worker_id, _Updates())
         updates.in_flight = None
+        latest = self.latest
         if not error:
             updates.failures, updates.retry_at_s, updates.last_error = 0, 0.0, ""
-            if self.latest is not None and version == self.latest.version:
+            if latest is not None and version == latest.version:
                 self._joined.add(worker_id)
+                self._prove()
             return UpdateOutcome("loaded")
+        if latest is not None and version != latest.version:  # superseded: the latest is due next, at once
+            return UpdateOutcome("retry", f"weights update to version {version} failed ({error}); version "
+                                          f"{latest.version} is due next")
         updates.failures += 1
         updates.last_error = error
         updates.retry_at_s = now_s + self.retry_backoff_s * 2 ** (updates.failures - 1)
+        if updates.failures >= self.max_failures and not self._proven:
+            return UpdateOutcome("retry", f"weights update to version {version} failed {updates.failures} times "
+                                          f"in a row and no server has loaded it: kept in discovery on the weights "
+                                          f"it runs, not replaced (publish again to retry): {error}")
         if updates.failures >= self.max_failures:
             return UpdateOutcome("replace", f"weights update to version {version} failed {updates.failures} "
                                             f"times in a row: {error}")
         return UpdateOutcome("retry", f"weights update to version {version} failed "
                                       f"({updates.failures}/{self.max_failures}): {error}")
+
+    def _prove(self) -> None:
+        """A server loaded the latest version: the weights are good. A server that gave up on them
+        while none had gets one more try, and is replaced if that fails too."""
+        if self._proven:
+            return
+        self._proven = True
+        for updates in self._updates.values():
+            if updates.failures >= self.max_failures:
+                updates.failures, updates.retry_at_s = self.max_failures - 1, 0.0
 
     def server_view(self, worker_id: str) -> dict[str, object]:
         """A server's update state for status: failures in a row, the version in flight, the last error."""

@@ -156,3 +156,20 @@ def test_a_jobs_first_seconds_read_a_workers_production_as_it_is(tmp_path: Path)
     rate = controller.pressure_inputs(8, clock()).per_worker_seqs_per_s
     assert rate == pytest.approx(8.0, rel=0.05)
     queue.store.close()
+
+
+def test_the_time_a_suspended_job_stood_still_is_not_busy_time(tmp_path: Path) -> None:
+    """Found by a live audit: after `scontrol suspend` for 60 s, the busy time the SDK counted
+    while stopped was credited, the per-worker production read ~0.6x, and the autoscaler took
+    every GPU."""
+    clock = Clock()
+    controller = controller_with_two_workers(tmp_path, clock)
+    for tick in range(0, 31):  # always busy, a heartbeat a second
+        clock.now_s = 1000.0 + tick
+        controller.heartbeat("0001", {"busy_s": float(tick), "busy": True})
+    clock.now_s += 60.0  # suspended: nobody ran
+    controller.move_busy_clocks_on(60.0)
+    clock.now_s += 1.0
+    controller.heartbeat("0001", {"busy_s": 30.0 + 61.0, "busy": True})  # its SDK's clock ran on
+    slack_s = 2 * controller.config.workers.heartbeat_interval_s  # what a report may run ahead, as ever
+    assert controller.busy_worker_s(clock()) <= 30.0 + 1.0 + slack_s  # not the 60 s it stood still (91 before)

@@ -49,8 +49,23 @@ def test_sruns_line_after_a_failed_task_is_a_crash_not_a_cancel(tmp_path: Path) 
     log.write_text("srun: error: node1: task 0: Exited with exit code 1\n" + SRUN_TERMINATING.replace("7.3", "27.0"))
     assert not srun_log_says_terminated(log, "27.0")
     log.write_text("srun: error: node1: task 0: Exited with exit code 1\n" + SRUN_TERMINATING.replace("7.3", "27.0")
-                   + "srun: error: node1: task 0: Killed\n" + SRUN_TERMINATING.replace("7.3", "27.3"))
+                   + SCANCELLED_22_05.replace("3601.1", "27.3"))
     assert srun_log_says_terminated(log, "27.3")  # the relaunched step, cancelled, in the same log
+
+
+SCANCELLED_22_05 = ("srun: Job step aborted: Waiting up to 7 seconds for job step to finish.\n"  # scancel 3601.1
+                    "srun: error: node2: task 0: Killed\nsrun: launch/slurm: _step_signal: Terminating StepId=3601.1\n")
+WRAPPER_KILLED_22_05 = ("srun: error: node2: task 0: Killed\n"  # kill -9 of the wrapper on its node (a live audit)
+                        "srun: launch/slurm: _step_signal: Terminating StepId=3601.2\nsrun: Force Terminated StepId=3601.2\n")
+
+
+def test_a_wrapper_killed_on_its_node_is_a_crash_and_a_scancel_of_its_step_is_not(tmp_path: Path) -> None:
+    """Before, a kill -9 of the wrapper read as an operator's cancel: relaunched at once, not counted."""
+    log = tmp_path / "0002.log"
+    log.write_text("slurm-elastic: spawned srun\n" + WRAPPER_KILLED_22_05)
+    assert not srun_log_says_terminated(log, "3601.2")
+    log.write_text("slurm-elastic: spawned srun\n" + SCANCELLED_22_05)
+    assert srun_log_says_terminated(log, "3601.1")
 
 
 SLURM_25_11 = {  # what Slurm 25.11.7 wrote for `scancel 30.0` of a running step (docs/real-cluster.md)

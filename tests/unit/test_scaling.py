@@ -66,6 +66,17 @@ def test_no_scale_down_while_the_trainer_waits_with_the_buffer_below_its_setpoin
     assert action == "scale_down" and "staleness bound" in reason  # a bound still sheds
 
 
+def test_the_stabilization_window_remembers_the_calls_for_more_made_at_the_ceiling() -> None:
+    """Found by a live audit of servers: while the count sat at max_workers, the calls for more were
+    not put in the window, so a pause right after a long load shed at once, not a window later."""
+    scaler = Autoscaler(dataclasses.replace(FAST, max_workers=4, stabilization_window_s=60))
+    for t in range(0, 101, 2):
+        assert scaler.decide(inputs(queued=0, active=4), t).action == "hold"  # at the ceiling
+    held = scaler.decide(inputs(queued=640, active=4), 102)
+    assert held.action == "hold" and "stabilization window" in held.reason
+    assert scaler.decide(inputs(queued=640, active=4), 161).action == "scale_down"
+
+
 def test_confirmations_in_a_row() -> None:
     scaler = Autoscaler(dataclasses.replace(FAST, confirmations=3))
     actions = [scaler.decide(inputs(queued=0), t).action for t in (1, 2, 3)]

@@ -81,6 +81,18 @@ def test_a_server_gets_its_drain_signal_once_nothing_is_in_flight_and_the_grace_
     assert tick(idle, st, cfg, (OWN,), 7.0).actions == []  # once
 
 
+def test_after_a_restart_a_draining_server_waits_the_grace_again_for_the_routers_reports() -> None:
+    """Found by a live audit: a restarted controller read "no report yet" as nothing in flight, and
+    the drain's grace had long passed, so it signalled a server with 2 requests running."""
+    cfg = TickConfig(reconcile=ReconcileConfig(), gpus_per_worker=1, is_server=True, server_drain_grace_s=1.0)
+    st = state(0)
+    st.workers["0001"] = Worker("0001", state=S.DRAINING, step_id="4", node="a1", gpus=(0,), drain_started_s=0.0)
+    st.started_s = 100.0
+    no_report = Observation(steps=(ObservedStep("0001", "4", "a1"),))
+    assert tick(no_report, st, cfg, (OWN,), 100.2).actions == []
+    assert tick(no_report, st, cfg, (OWN,), 101.0).actions == [Drain("0001", "4", 0)]
+
+
 def test_a_policy_in_the_autoscalers_seat_decides_the_count_from_the_autoscalers_inputs() -> None:
     seen: list[PressureInputs] = []
 

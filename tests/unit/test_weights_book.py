@@ -64,19 +64,55 @@ def test_a_failed_update_leaves_discovery_at_once_is_retried_after_a_backoff_the
     book.due(servers(3, 3), 0.0)  # both joined
     book.publish(4, "/ckpt/4")
     book.due(servers(3, 3), 0.0)
+    assert book.done("0002", 4, "", 0.0).action == "loaded"  # the weights are good: 0001's failures are its own
     first = book.done("0001", 4, "HTTP 400: corrupt", 0.0)
     assert first.action == "retry" and "(1/3)" in first.reason
-    assert not book.routable("0001", 3) and book.routable("0002", 3)
-    assert book.due(servers(3, 3), 1.9) == []  # backing off 2 s
-    [again] = book.due(servers(3, 3), 2.0)
+    assert not book.routable("0001", 3) and book.routable("0002", 4)
+    assert book.due(servers(3, 4), 1.9) == []  # backing off 2 s
+    [again] = book.due(servers(3, 4), 2.0)
     assert again.attempt == 2
     assert book.done("0001", 4, "HTTP 400: corrupt", 2.0).action == "retry"
-    assert book.due(servers(3, 3), 5.9) == [] and len(book.due(servers(3, 3), 6.0)) == 1  # doubled: 4 s
+    assert book.due(servers(3, 4), 5.9) == [] and len(book.due(servers(3, 4), 6.0)) == 1  # doubled: 4 s
     last = book.done("0001", 4, "no answer within 5 s", 6.0)
     assert last.action == "replace"
     assert last.reason == "weights update to version 4 failed 3 times in a row: no answer within 5 s"
-    assert book.due(servers(3, 3), 100.0) == []  # replaced, not retried
+    assert book.due(servers(3, 4), 100.0) == []  # replaced, not retried
     assert book.server_view("0001")["weights_update_failures"] == 3
+
+
+def test_weights_every_server_fails_take_no_server_out_of_discovery_and_replace_none() -> None:
+    """Found by a live audit: one publish every server failed (a mistyped path) took the whole
+    fleet out of discovery at once, and replaced it again and again, each round a model load."""
+    book = WeightsBook(max_failures=2, retry_backoff_s=1.0)
+    book.publish(3, "/ckpt/3")
+    book.due(servers(3, 3), 0.0)
+    book.publish(4, "/ckpt/typo")
+    assert len(book.due(servers(3, 3), 0.0)) == 2
+    outcomes = [book.done(w, 4, "HTTP 500: no such file", 0.0) for w in ("0001", "0002")]
+    assert [o.action for o in outcomes] == ["retry", "retry"]
+    assert book.routable("0001", 3) and book.routable("0002", 3)  # still serving version 3
+    assert len(book.due(servers(3, 3), 1.0)) == 2
+    last = book.done("0001", 4, "HTTP 500: no such file", 1.0)
+    assert last.action == "retry" and "no server has loaded it: kept in discovery" in last.reason
+    assert book.routable("0001", 3)
+    book.publish(5, "/ckpt/5")  # the fixed path: tried at once, counted afresh
+    assert [o.attempt for o in book.due(servers(3, 3), 1.5)] == [1]  # 0002's update to 4 is still in flight
+    assert book.done("0002", 4, "HTTP 500: no such file", 1.6).reason.endswith("version 5 is due next")
+    assert [o.worker_id for o in book.due(servers(3, 3), 1.7)] == ["0002"]  # a superseded failure: no backoff
+
+
+def test_a_server_that_gave_up_on_weights_no_server_had_loaded_tries_once_more_when_one_does() -> None:
+    book = WeightsBook(max_failures=2, retry_backoff_s=1.0)
+    book.publish(1, "/ckpt/1")
+    book.due(servers(None, None), 0.0)
+    book.done("0001", 1, "HTTP 400", 0.0)
+    book.due(servers(None, None), 1.0)
+    assert "no server has loaded it" in book.done("0001", 1, "HTTP 400", 1.0).reason
+    assert book.done("0002", 1, "", 1.5).action == "loaded"  # the weights are good after all
+    assert not book.routable("0001", None)
+    [order] = book.due(servers(None, 1), 2.0)
+    assert order.worker_id == "0001" and order.attempt == 2
+    assert book.done("0001", 1, "HTTP 400", 2.5).action == "replace"
 
 
 def test_a_success_clears_the_failures_and_a_new_publish_ends_a_backoff() -> None:
@@ -85,8 +121,8 @@ def test_a_success_clears_the_failures_and_a_new_publish_ends_a_backoff() -> Non
     book.due(servers(None), 0.0)
     book.done("0001", 1, "boom", 0.0)
     book.publish(2, "/b")
-    [order] = book.due(servers(None), 1.0)  # new weights: tried at once
-    assert order.weights.version == 2 and order.attempt == 2
+    [order] = book.due(servers(None), 1.0)  # new weights: tried at once, its failures counted afresh
+    assert order.weights.version == 2 and order.attempt == 1
     assert book.done("0001", 2, "", 2.0).action == "loaded"
     assert book.routable("0001", 2) and book.server_view("0001")["weights_update_failures"] == 0
 
