@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 EJECT_S = 5.0  # a server that failed a request gets none for this long; doubles per failure in a row
 MAX_EJECT_S = 60.0
 CLOSING_REPORT_TIMEOUT_S = 2.0  # close() waits at most this long for its last load report
+WAIT_FOR_SERVER_S = 30.0  # a request sent while the router knows no server waits this long for one
 
 
 def eject_penalty_s(failures_in_a_row: int, eject_s: float, max_eject_s: float) -> float:
@@ -62,7 +63,8 @@ class Router:
     def __init__(self, controller_url: str, token: str, *, state_dir: Path | None = None,
                  client_id: str | None = None, report_interval_s: float = 0.5, poll_wait_s: float = 20.0,
                  request_timeout_s: float = 300.0, eject_s: float = EJECT_S,
-                 max_eject_s: float = MAX_EJECT_S, latest_weights_only: bool = False) -> None:
+                 max_eject_s: float = MAX_EJECT_S, latest_weights_only: bool = False,
+                 wait_for_server_s: float = WAIT_FOR_SERVER_S) -> None:
         self.token = token
         self.state_dir = state_dir
         self.client_id = client_id or f"{os.uname().nodename}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -70,6 +72,7 @@ class Router:
         self.poll_wait_s = poll_wait_s
         self.eject_s, self.max_eject_s = eject_s, max_eject_s
         self.latest_weights_only = latest_weights_only
+        self.wait_for_server_s = wait_for_server_s
         self._control = ControlClient(controller_url, token)
         self._http = httpx.Client(timeout=request_timeout_s)
         self._lock = threading.Lock()
@@ -142,6 +145,12 @@ class Router:
                 self._changed.wait(left)
             return dict(self._endpoints)
 
+    def _wait_for_any(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        with self._changed:
+            while not self._endpoints and not self._stop.is_set() and (left := deadline - time.monotonic()) > 0:
+                self._changed.wait(left)
+
     def endpoints(self) -> dict[str, str]:
         with self._lock:
             return dict(self._endpoints)
@@ -164,7 +173,10 @@ class Router:
                 max_attempts: int = 3, **kwargs: Any) -> httpx.Response:
         """Send to one server; on a dead or hung one (no answer within the request timeout) eject
         it for a while and retry an idempotent request on another. A request that gets no answer,
-        none being routable included, counts as failed; a retry counts when it is sent."""
+        none being routable included, counts as failed; a retry counts when it is sent. Sent while
+        the router knows no server (none started yet; at the latest weights only, while a publish
+        is pushed), it waits up to ``wait_for_server_s`` for one; ejected servers fail it at once."""
+        self._wait_for_any(self.wait_for_server_s)
         tried: set[str] = set()
         last_error: Exception | None = None
         for attempt in range(max_attempts):
@@ -220,9 +232,8 @@ class Router:
             totals = (self.sent, self.retried, self.failed)
         try:
             self._control.report_load(self.client_id, outstanding, *totals)
-        except RuntimeError:  # httpx's "client has been closed": the router closed under this report
-            if not self._stop.is_set():
-                raise
+        except RuntimeError:  # httpx's "client has been closed": the router closed, or followed a moved
+            pass  # controller (discovery swapped the client) under this report: the next one goes there
         except (SlurmElasticError, KeyError) as exc:
             log.debug("load report failed: %s", exc)
 
@@ -237,6 +248,8 @@ class Router:
         """Stop its threads; a last report says it has nothing in flight (else the controller counts
         its last outstanding requests as load until the report ages out, 10 s)."""
         self._stop.set()
+        with self._changed:
+            self._changed.notify_all()  # a request waiting for a server gives up now
         with self._lock:
             totals = (self.sent, self.retried, self.failed)
         try:

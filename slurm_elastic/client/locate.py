@@ -60,7 +60,9 @@ def read_token(path: Path) -> str:
     token = read_token_file(path)
     if not token:
         state = "is empty" if path.exists() else "is missing"
-        raise ControllerUnreachableError(f"the job's token file {path} {state}, and so is its copy {TOKEN_COPY}")
+        raise ControllerUnreachableError(
+            f"the job's token file {path} {state}, and so is its copy {TOKEN_COPY}: put the file back from a copy, "
+            f"or restart the job's controller (kill it: the batch script starts a new one, which writes a new token)")
     return token
 
 

@@ -23,6 +23,7 @@ from slurm_elastic.client.locate import (
 )
 from slurm_elastic.client.wire import WORKER_ID
 from slurm_elastic.commands.params import Seconds
+from slurm_elastic.commands.said import echo_answer, json_option
 from slurm_elastic.core.health import parse_gpu_ref
 from slurm_elastic.core.naming import AGENT_PREFIX, WORKER_PREFIX
 from slurm_elastic.errors import ApiError, ControllerUnreachableError, SlurmElasticError, SlurmError
@@ -193,9 +194,10 @@ def status(job_id: int, as_json: bool, watch: bool, interval_s: float) -> None:
 @click.argument("workers", type=click.IntRange(0))
 @click.option("--wait", is_flag=True, help="Wait until the job has that many active workers.")
 @click.option("--timeout-s", default=300.0, show_default=True, type=Seconds(0))
-def scale(job_id: int, workers: int, wait: bool, timeout_s: float) -> None:
+@json_option
+def scale(job_id: int, workers: int, wait: bool, timeout_s: float, as_json: bool) -> None:
     """Set the worker count by hand (pauses autoscaling until `resume`)."""
-    click.echo(json.dumps(_call(job_id, "scale", workers)))
+    echo_answer("scale", job_id, _call(job_id, "scale", workers), as_json)
     if wait:
         ctl = _wait_for(job_id, lambda ctl: _settled(ctl, workers),
                         f"{workers} active workers, or a worker on every usable GPU slot", timeout_s)
@@ -246,8 +248,9 @@ def _wait_for(job_id: int, done: Any, what: str, timeout_s: float) -> dict[str, 
 def _simple(name: str, method: str, doc: str) -> click.Command:
     @click.command(name=name, help=doc)
     @click.argument("job_id", type=int)
-    def command(job_id: int) -> None:
-        click.echo(json.dumps(_call(job_id, method)))
+    @json_option
+    def command(job_id: int, as_json: bool) -> None:
+        echo_answer(method, job_id, _call(job_id, method), as_json)
 
     return command
 
@@ -260,7 +263,8 @@ wake_all = _simple("wake-all", "wake_all", "Give every usable GPU a worker (e.g.
 @click.command()
 @click.argument("job_id", type=int)
 @click.argument("worker_id")
-def drain(job_id: int, worker_id: str) -> None:
+@json_option
+def drain(job_id: int, worker_id: str, as_json: bool) -> None:
     """Drain one worker: it finishes its rollout, hands it over and exits (replaced if still needed).
     WORKER_ID as `status` lists it (0003, or 3), or its step's name as `squeue` lists it (se-w-0003)."""
     worker_id = worker_id.removeprefix(WORKER_PREFIX)  # the step's name: se-w-0003
@@ -268,7 +272,7 @@ def drain(job_id: int, worker_id: str) -> None:
     if not re.fullmatch(WORKER_ID, worker_id):
         raise click.BadParameter(f"{worker_id!r} is not a worker id (as `status` lists them, e.g. 0003)",
                                  param_hint="WORKER_ID")
-    click.echo(json.dumps(_call(job_id, "drain", worker_id)))
+    echo_answer("drain", job_id, _call(job_id, "drain", worker_id), as_json)
 
 
 def _gpu(ref: str) -> tuple[str, int]:
@@ -285,22 +289,24 @@ def _gpu(ref: str) -> tuple[str, int]:
 @click.argument("job_id", type=int)
 @click.argument("gpu_ref", metavar="NODE:GPU")
 @click.option("--reason", default="", help="Why (shown by status).")
-def cordon(job_id: int, gpu_ref: str, reason: str) -> None:
+@json_option
+def cordon(job_id: int, gpu_ref: str, reason: str, as_json: bool) -> None:
     """Keep new workers off a GPU until an operator uncordons it."""
     node, gpu = _gpu(gpu_ref)
-    click.echo(json.dumps(_call(job_id, "cordon", node, gpu, reason or "cordoned by operator")))
+    echo_answer("cordon", job_id, _call(job_id, "cordon", node, gpu, reason or "cordoned by operator"), as_json)
 
 
 @click.command()
 @click.argument("job_id", type=int)
 @click.argument("gpu_ref", metavar="NODE:GPU")
 @click.option("--reason", default="", help="Why (logged).")
-def uncordon(job_id: int, gpu_ref: str, reason: str) -> None:
+@json_option
+def uncordon(job_id: int, gpu_ref: str, reason: str, as_json: bool) -> None:
     """Lift an operator's, crash, prolog or pre-flight cordon; health cordons lift themselves after a
     healthy period, Slurm's when an admin resumes the node. Exits 1 when the GPU stays cordoned."""
     node, gpu = _gpu(gpu_ref)
     answer = _call(job_id, "uncordon", node, gpu, reason)
-    click.echo(json.dumps(answer))
+    echo_answer("uncordon", job_id, answer, as_json)
     if answer.get("cordoned"):
         click.echo(f"{node}:{gpu} stays cordoned: {answer.get('reason')}; "
                    + STILL_CORDONED.get(answer.get("source", ""), "it lifts when its cause is gone").format(node=node), err=True)

@@ -110,6 +110,7 @@ class ControllerBase:
         self.stop_requested = threading.Event()  # an operator's stop (the API): the loop ends
         self.tick_durations_s: deque[float] = deque(maxlen=TICK_WINDOW)
         self.tick_total_s = 0.0
+        self.tick_total_count = 0  # the ticks tick_total_s is the time of
         self.heartbeats = 0
         self.busy_meter = WindowRate(PRODUCTION_WINDOW_S)  # worker-seconds spent generating, from heartbeats' busy_s
         self._busy_s_seen: dict[str, float] = {}  # each worker's last reported busy_s
@@ -137,12 +138,12 @@ class ControllerBase:
                       if config.burst.max_jobs else None)  # burst jobs (docs/burst.md): off unless [burst] max_jobs
         self.unconfirmed_launches: set[str] = set()  # saved launches not yet seen run (set by _load_state)
         self.job_times_s: tuple[float, float] | None = None  # the job's start and time limit (epoch s), if known
-        self._load_state()
         # weights follow the trainer (controller/weights.py): the latest published weights, durable
         self.weights_record = WeightsRecord(state_dir)
         self.weights = weights_book(config.weights, enforced=self.is_server)
         self.weights_wake: threading.Event | None = None  # set by a running WeightsPusher
         restore_weights(self)
+        self._load_state()
 
     # ---- the records, read-only views of the state the core decides over ----------------------
     @property
@@ -175,6 +176,7 @@ class ControllerBase:
             st.cordons = CordonBook.from_state(restored.cordons, self.health_rules)
         if restored.burst is not None and self.burst is not None:
             self.burst.restore(restored.burst)
+        self.weights.rejoin(restored.weights_joined)  # servers in discovery stay in while an update reaches them
         self.left_nodes = [left for left in restored.left_nodes if left["node"] not in self.gpus_by_node]
         now_s = self.clock()
         st.started_s = now_s  # routers report again to this controller: a draining server's grace starts over
@@ -224,6 +226,7 @@ class ControllerBase:
             "cordons": st.cordons.to_state(),
             "autoscaler": st.autoscaler.to_state(),
             "left_nodes": list(self.left_nodes),
+            "weights_joined": self.weights.joined(),
             **({"burst": self.burst.to_state()} if self.burst is not None else {}),
         }
 

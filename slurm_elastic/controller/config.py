@@ -68,14 +68,15 @@ class WorkersSection(_Section):
     )
     kind: Literal["rollout", "server"] = Field("rollout", description="Rollout loop or inference server.")
     gpus_per_worker: int = Field(1, ge=0, le=64, description="GPUs per worker in all (--gres=gpu:N on one node); above "
-                                 "a node's GPUs: one step over whole nodes (docs/servers.md).")
+                                 "a node's GPUs: one step over whole nodes (docs/servers.md); 0: CPU-only workers, "
+                                 "placed by CPUs (not with [burst]).")
     nodes_per_worker: int = Field(0, ge=0, le=64, description="Nodes one worker step spans (--nodes), each with "
                                   "gpus_per_worker / nodes_per_worker GPUs; 0: 1, or whole nodes when gpus_per_worker "
                                   "is above a node's GPUs.")
     tasks_per_node: int = Field(1, ge=1, le=256, description="Tasks of a worker step on each of its nodes "
                                 "(--ntasks-per-node); task 0 registers, the others run the command beside it.")
     cpus_per_worker: int = Field(1, ge=1, description="CPUs per worker step (--cpus-per-task).")
-    mem_per_worker_mb: int = Field(0, ge=0, description="Memory per worker step in MB; 0: Slurm's default.")
+    mem_per_worker_mb: int = Field(0, ge=0, description="Memory per worker step in MB; 0: Slurm's default (needed, with job.trainer_mem_mb, when job.mem_per_node_mb is set).")
     initial_workers: int = Field(-1, ge=-1, description="Workers at start (at most autoscaler.max_workers); -1: the autoscaler's minimum. The count the job keeps with the autoscaler off; with it on, its start-up resizes the pool from the first tick (doubling it, or a worker on every GPU while the trainer waits for its first batches: docs/autoscaler.md).")
     drain_signal: DrainSignal = Field(DEFAULT_DRAIN_SIGNAL, description="Signal that asks a worker to drain.")
     drain_timeout_s: float = Field(d.DRAIN_TIMEOUT_S, gt=0, description="After this, a draining worker is cancelled.")
@@ -176,7 +177,7 @@ class WeightsSection(_Section):
 class AgentSection(_Section):
     """The per-node GPU health agents (one ``srun --overlap`` step per node)."""
 
-    enabled: bool = Field(True, description="Run an agent per node; nodes not heard from get no new workers.")
+    enabled: bool = Field(True, description="Run an agent per node (GPU telemetry); while on, a node whose agent is not heard from for health.agent_silence_s gets no new workers. false: no agents, and every node is placed on.")
     source: Literal["auto", "nvml", "inject"] = Field(
         "auto", description="NVML; the fault-injection file; or auto: NVML, and the file only on nodes without an NVIDIA driver.")
     inject_file: str = Field("", description="Fault-injection drill file (docs/gpu-health.md); default <state dir>/drill.toml.")
@@ -275,8 +276,10 @@ class ElasticConfig(_Section):
     def _tables_agree(self) -> ElasticConfig:
         job = self.job
         if job.mem_per_node_mb and not (job.trainer_mem_mb and self.workers.mem_per_worker_mb):
-            raise ValueError(f"job.mem_per_node_mb ({job.mem_per_node_mb}) needs job.trainer_mem_mb and "
-                             "workers.mem_per_worker_mb too: in a job that sets --mem, a step without --mem takes "
+            missing = " and ".join(name for name, value in (("job.trainer_mem_mb", job.trainer_mem_mb),
+                                                              ("workers.mem_per_worker_mb", self.workers.mem_per_worker_mb))
+                                   if not value)
+            raise ValueError(f"job.mem_per_node_mb ({job.mem_per_node_mb}) needs {missing} too: in a job that sets --mem, a step without --mem takes "
                              "the job's whole memory on its node, and no worker could start beside it")
         if self.agent.enabled and self.agent.interval_s >= self.health.agent_silence_s:
             raise ValueError(f"agent.interval_s ({self.agent.interval_s:g}) must be below health.agent_silence_s "

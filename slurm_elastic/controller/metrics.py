@@ -77,7 +77,7 @@ class _Snapshot(Collector):
         for quantile, key in (("0.5", "p50"), ("0.95", "p95"), ("1", "max")):
             tick.add_sample(tick.name, {"quantile": quantile}, ticks[key])
         tick.add_sample(tick.name + "_sum", {}, ticks["total_s"])
-        tick.add_sample(tick.name + "_count", {}, ticks["count"])
+        tick.add_sample(tick.name + "_count", {}, ticks["total_count"])
         yield tick
         yield GaugeMetricFamily(PREFIX + "controller_start_time_seconds",
                                 "When this controller started (Unix time): its own counters count from then",

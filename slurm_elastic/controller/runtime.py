@@ -430,4 +430,5 @@ class Controller(ControlPlane, StatusViews):
             with self.lock:
                 self.tick_durations_s.append(time.monotonic() - started)
                 self.tick_total_s += self.tick_durations_s[-1]
+                self.tick_total_count += 1
             self._wake.wait(max(0.0, interval_s - (time.monotonic() - started)))

@@ -114,6 +114,7 @@ class ApiServer:
     def __init__(self, app: FastAPI, host: str, port: int = 0, head_timeout_s: float = HEAD_TIMEOUT_S,
                  max_connections: int | None = None, write_timeout_s: float = WRITE_TIMEOUT_S,
                  min_send_rate_bytes_per_s: float = MIN_SEND_RATE_BYTES_PER_S) -> None:
+        self.app = app
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((host, port))
@@ -148,3 +149,6 @@ class ApiServer:
         self.server.should_exit = True
         self.thread.join(timeout=5)
         self.sock.close()
+        submit = getattr(self.app, "submit_endpoint", None)
+        if submit is not None:
+            submit.close()  # its parser process, if a large submit started one

@@ -153,6 +153,8 @@ SCALARS: dict[str, TypeAdapter[Any]] = {  # the state's single values, each vali
     "paused": TypeAdapter(StrictBool),
     "wake_all_active": TypeAdapter(StrictBool),
     "left_nodes": TypeAdapter(Annotated[list[LeftNode], Field(max_length=10_000)]),
+    "weights_joined": TypeAdapter(Annotated[list[Annotated[StrictStr, Field(pattern=_WORKER_ID.pattern)]],
+                                            Field(max_length=100_000)]),
 }
 
 
@@ -167,6 +169,7 @@ class RestoredState:
     paused: bool = False
     wake_all_active: bool = False
     left_nodes: tuple[dict[str, Any], ...] = ()
+    weights_joined: tuple[str, ...] = ()  # server workers in discovery by the weights book's rules
     autoscaler: dict[str, Any] | None = None
     cordons: dict[str, Any] | None = None
     burst: dict[str, Any] | None = None
@@ -187,6 +190,8 @@ def restore_state(body: dict[str, Any]) -> RestoredState:
             values[name] = adapter.validate_python(body[name])
         except ValidationError as exc:
             notes.append(f"{name} {_shown(body[name])} is not valid ({_first_error(exc)}): not restored")
+    if "weights_joined" in values:
+        values["weights_joined"] = tuple(values["weights_joined"])
     if "left_nodes" in values:
         values["left_nodes"] = tuple(left.model_dump() for left in values["left_nodes"])
     if "next_number" not in values and workers:

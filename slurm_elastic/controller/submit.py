@@ -1,5 +1,5 @@
 """``POST /rollouts``: a submitted group validated from its raw bytes (pydantic; a large one in a
-thread of its own), refused with a clear answer, or stored as the exact bytes received and
+process of its own), refused with a clear answer, or stored as the exact bytes received and
 answered once its group commit is durable. Answered in front of the framework, as a plain ASGI
 handler (:class:`SubmitEndpoint`); the models document it in OpenAPI."""
 
@@ -9,8 +9,10 @@ import asyncio
 import json
 import logging
 import math
+import multiprocessing
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Annotated, Any, Generic, NamedTuple, TypeVar
 
 from fastapi import status
@@ -135,7 +137,8 @@ def inline_schema(model: type[BaseModel]) -> dict[str, Any]:
 
 
 JSON = [(b"content-type", b"application/json")]
-PARSE_APART_BYTES = 1 << 20  # a submit this large is parsed in the parser thread
+PARSE_APART_BYTES = 1 << 20  # a submit this large is parsed in the parser process
+HELD_BODIES_MAX_BYTES = 512 << 20  # submits being received, parsed or stored hold at most this much at once
 MAX_CONTAINERS = 1_000_000  # arrays and objects in a submitted group (brackets in strings count too): 32 MiB of
 # empty lists took the event loop 10 s and 2.5 GB to parse; a group of token lists holds a few per sequence
 
@@ -154,32 +157,53 @@ class SubmitEndpoint:
     (:class:`ControllerApp`) so the hot route skips its per-request machinery; the FastAPI route
     with the same handler documents it in OpenAPI."""
 
-    def __init__(self, queue: RolloutQueue) -> None:
+    def __init__(self, queue: RolloutQueue, held_max_bytes: int = HELD_BODIES_MAX_BYTES) -> None:
         self.queue = queue
-        # a large body is parsed here, off the event loop (pydantic lets other threads run while
-        # it parses), one at a time: a 28 MB group took 1.2 s without answers to anyone else
-        self.parser = ThreadPoolExecutor(max_workers=1, thread_name_prefix="submit-parse")
+        self.held_bytes = 0  # the bodies of the submits being answered (received so far)
+        self.held_max_bytes = held_max_bytes
+        # a large body is parsed in a process of its own, one at a time, started at the first: pydantic
+        # holds the GIL while it parses, so in a thread a 16 MB group still held every answer 0.9 s
+        self.parser: ProcessPoolExecutor | None = None
 
     async def answer(self, receive: Receive) -> tuple[int, bytes, Headers]:
+        """The answer to one submit. The bodies of all the submits being answered hold at most
+        ``held_max_bytes`` at once: past that, a submit gets 503 with Retry-After as its bytes
+        arrive (nothing stored), so clients that send large bodies and withhold their last byte
+        cannot take the host's memory."""
         chunks: list[bytes] = []
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return _error(400, "client went away")
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body"):
-                break
-        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)  # one chunk: stored uncopied
+        held = 0
+        try:
+            while True:
+                message = await receive()
+                if message["type"] != "http.request":
+                    return _error(400, "client went away")
+                chunk = message.get("body", b"")
+                held += len(chunk)
+                self.held_bytes += len(chunk)
+                if self.held_bytes > self.held_max_bytes:
+                    return _error(status.HTTP_503_SERVICE_UNAVAILABLE,
+                                  f"the controller holds {self.held_max_bytes >> 20} MiB of submitted groups being "
+                                  "received or stored, its limit: nothing was stored, send it again",
+                                  [(b"retry-after", b"1"), (b"connection", b"close")])
+                chunks.append(chunk)
+                if not message.get("more_body"):
+                    break
+            return await self._answer(chunks[0] if len(chunks) == 1 else b"".join(chunks))  # one chunk: uncopied
+        finally:
+            self.held_bytes -= held
+
+    async def _answer(self, body: bytes) -> tuple[int, bytes, Headers]:
         if len(body) > MAX_CONTAINERS and body.count(b"[") + body.count(b"{") > MAX_CONTAINERS:
             return _error(422, [{"loc": ["body"], "type": "json_invalid",
                                  "msg": f"more than {MAX_CONTAINERS:,} arrays and objects in one group: refused "
                                         "before parsing (it would hold the controller for seconds)"}])
         try:
-            group = (_group_head(body) if len(body) < PARSE_APART_BYTES else
-                     await asyncio.get_running_loop().run_in_executor(self.parser, _group_head, body))
-        except ValidationError as exc:
-            return 422, json.dumps(error_detail(exc.errors(include_url=False, include_context=False, include_input=False),
-                                                exc.error_count(), ("body",))).encode(), JSON
+            group = await self._parse(body)
+        except BrokenProcessPool as exc:  # the parser died (killed for its memory?): a new one parses the next
+            self.parser = None
+            return _unavailable("(not parsed)", exc)
+        if isinstance(group, _Invalid):
+            return 422, json.dumps(error_detail(group.errors, group.n_errors, ("body",))).encode(), JSON
         batch_size = self.queue.config.batch_size
         if group.group_size > batch_size:
             return _error(422, [{"loc": ["body", "group_size"], "type": "group_over_batch_size",
@@ -211,6 +235,20 @@ class SubmitEndpoint:
         return 200, b'{"accepted":true}' if stored else b'{"accepted":false}', JSON
 
 
+    async def _parse(self, body: bytes) -> _GroupHead | _Invalid:
+        if len(body) < PARSE_APART_BYTES:
+            return _group_head(body)
+        if self.parser is None:  # spawned: a fork of this process would copy its threads' locks
+            self.parser = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+        return await asyncio.get_running_loop().run_in_executor(self.parser, _group_head, body)
+
+    def close(self) -> None:
+        """Stop the parser process, if one was started."""
+        if self.parser is not None:
+            self.parser.shutdown(wait=False, cancel_futures=True)
+            self.parser = None
+
+
 class _GroupHead(NamedTuple):
     id: str
     worker_id: str
@@ -218,11 +256,21 @@ class _GroupHead(NamedTuple):
     policy_version: int
 
 
-def _group_head(body: bytes) -> _GroupHead:
-    """``body`` validated as a group (ValidationError otherwise), and what the queue needs of it:
-    the parsed group is dropped here, in the thread that parsed it (freeing the millions of
-    objects a large one holds took the event loop half a second)."""
-    group = RolloutGroup.model_validate_json(body)
+class _Invalid(NamedTuple):
+    """Why a body is not a group: pydantic's errors (plain values: they cross a process boundary)."""
+
+    errors: list[Any]
+    n_errors: int
+
+
+def _group_head(body: bytes) -> _GroupHead | _Invalid:
+    """``body`` validated as a group, and what the queue needs of it (the parsed group is dropped
+    where it was parsed: freeing the millions of objects a large one holds took the event loop
+    half a second); or why it is not one."""
+    try:
+        group = RolloutGroup.model_validate_json(body)
+    except ValidationError as exc:
+        return _Invalid(exc.errors(include_url=False, include_context=False, include_input=False), exc.error_count())
     return _GroupHead(group.id, group.worker_id, group.group_size, group.policy_version)
 
 

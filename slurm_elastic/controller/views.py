@@ -83,13 +83,14 @@ class StatusViews(ControllerBase):
 
     def tick_duration_summary(self) -> dict[str, float | int]:
         """Wall time of the last ``TICK_WINDOW`` ticks (observe + decide + act + persist): p50, p95, max,
-        how many; and ``total_s``, the time of all ticks so far (a window's mean: delta total / delta ticks)."""
+        how many; and ``total_s``, the time of all ``total_count`` ticks so far (a window's mean: delta
+        total_s / delta total_count)."""
         recent = sorted(self.tick_durations_s)
         if not recent:
-            return {"p50": 0.0, "p95": 0.0, "max": 0.0, "count": 0, "total_s": 0.0}
+            return {"p50": 0.0, "p95": 0.0, "max": 0.0, "count": 0, "total_s": 0.0, "total_count": 0}
         p95 = recent[min(len(recent) - 1, round(0.95 * (len(recent) - 1)))]
         return {"p50": round(statistics.median(recent), 4), "p95": round(p95, 4), "max": round(recent[-1], 4),
-                "count": len(recent), "total_s": round(self.tick_total_s, 4)}
+                "count": len(recent), "total_s": round(self.tick_total_s, 4), "total_count": self.tick_total_count}
 
     def _servers_view(self, now_s: float) -> dict[str, Any]:
         capacity = self.state.autoscaler.config.requests_per_worker_capacity

@@ -141,7 +141,8 @@ class StalenessManager:
 
 
 ADMISSION_IDS_KEPT = 16  # a worker's admission ids remembered with their answers (a late repeat is answered)
-REFUSED_IDS_KEPT = 16  # a worker's refused group ids remembered (a resend releases nothing again)
+REFUSED_IDS_KEPT = 16  # a worker's refused group ids remembered, and saved (a resend releases nothing again)
+REFUSED_WORKERS_KEPT = 4096  # workers whose refused ids are remembered (the longest unheard of forgotten first)
 
 
 @dataclass(frozen=True)
@@ -151,29 +152,19 @@ class Lease:
     ids with what each was granted, oldest first. A repeat of one (a retry whose answer was lost,
     or a request that arrives late) is answered the same and granted nothing more. Only the last
     id granted any is saved: a late request comes on a connection to the process that answered
-    it, and a restart ends those; what a restarted controller must answer again is the last ask.
-    The same for the groups of the worker refused (stale, or a version ahead) and released from
-    the lease: the last one is saved, the last ``REFUSED_IDS_KEPT`` are in memory, and a resend
-    of one (its answer lost, a restart between the release's save and the answer) releases
-    nothing again."""
+    it, and a restart ends those; what a restarted controller must answer again is the last ask."""
 
     unused_seqs: int
     granted_at_s: float
     admission_id: str = ""
     admission_granted: int = 0
     answered: tuple[tuple[str, int], ...] = ()
-    refused_id: str = ""
-    refused: tuple[str, ...] = ()
 
     def answer(self, admission_id: str) -> int | None:
         """What ``admission_id`` was granted; None if it is not one of the ids remembered."""
         if admission_id == self.admission_id:
             return self.admission_granted
         return next((granted for known, granted in self.answered if known == admission_id), None)
-
-    def released_for(self, group_id: str) -> bool:
-        """Whether the refused group ``group_id`` was released from this lease already."""
-        return group_id == self.refused_id or group_id in self.refused
 
 
 @dataclass
@@ -182,11 +173,16 @@ class AdmissionLeases:
     only; what it brings beyond that lease is accepted as unadmitted. A lease is released when
     its worker's step is seen to end (:meth:`release`; a relaunch under the same id starts with
     none), and one not used within ``ttl_s`` of its worker's last admission (a worker that hangs)
-    is released too. Used by the queue and the simulator."""
+    is released too. Each worker's last ``REFUSED_IDS_KEPT`` refused (or given back) group ids
+    are kept apart from its lease, saved with it, and forgotten when its step ends: a resend of one
+    (its answer lost, a restart before the answer) releases nothing again, also when the first
+    refusal found no lease (one that expired) and the resend finds a new one. Used by the queue
+    and the simulator."""
 
     staleness: StalenessManager
     ttl_s: float
     leases: dict[str, Lease] = field(default_factory=dict)
+    refused: dict[str, tuple[str, ...]] = field(default_factory=dict)
     _oldest_s: float = field(default=math.inf, init=False, repr=False, compare=False)  # no lease older
     _scanned_s: float = field(default=-math.inf, init=False, repr=False, compare=False)  # the last expiry scan
 
@@ -222,22 +218,28 @@ class AdmissionLeases:
             held = replace(held, admission_id="", admission_granted=0)
         self._set(worker_id, held)
 
-    def refuse(self, worker_id: str, n_seqs: int, group_id: str) -> int:
-        """``worker_id``'s group ``group_id`` of ``n_seqs`` sequences was refused: what the lease
-        covers of it is released (AReaL's ``on_rollout_rejected``), once per group: a resend of it
-        releases nothing. Returns the sequences released."""
+    def refuse(self, worker_id: str, n_seqs: int, group_id: str) -> int | None:
+        """``worker_id``'s group ``group_id`` of ``n_seqs`` sequences was refused: what its lease
+        covers of it is released (AReaL's ``on_rollout_rejected``), once per group. Returns the
+        sequences released; None for a resend of a group refused before (nothing changes)."""
+        seen = self.refused.pop(worker_id, ())
+        self.refused[worker_id] = seen if group_id in seen else (*seen, group_id)[-REFUSED_IDS_KEPT:]
+        if len(self.refused) > REFUSED_WORKERS_KEPT:
+            del self.refused[next(iter(self.refused))]
+        if group_id in seen:
+            return None
         held = self.leases.get(worker_id)
-        if held is None or held.released_for(group_id):
+        if held is None:
             return 0
         taken = min(n_seqs, held.unused_seqs)
         self.staleness.on_rejected(taken)
-        self._set(worker_id, replace(held, unused_seqs=held.unused_seqs - taken, refused_id=group_id,
-                                     refused=(*held.refused, group_id)[-REFUSED_IDS_KEPT:]))
+        self._set(worker_id, replace(held, unused_seqs=held.unused_seqs - taken))
         return taken
 
     def release(self, worker_id: str) -> int:
         """``worker_id``'s step has ended: what its lease holds will never be submitted under it
         (AReaL's ``on_rollout_rejected``); returns the sequences released."""
+        self.refused.pop(worker_id, None)
         held = self.leases.pop(worker_id, None)
         if held is None:
             return 0
@@ -276,10 +278,11 @@ class AdmissionLeases:
             self.staleness.on_rejected(released)
         return released
 
-    def restore(self, saved: dict[str, Lease], arrived_seqs: dict[str, int]) -> None:
+    def restore(self, saved: dict[str, Lease], arrived_seqs: dict[str, int],
+                refused: dict[str, tuple[str, ...]] | None = None) -> None:
         """After a restart: the leases as saved, less what each worker handed over since
-        (``arrived_seqs``); ``running`` is what they hold."""
-        self.leases = {}
+        (``arrived_seqs``), and the refused ids as saved; ``running`` is what the leases hold."""
+        self.leases, self.refused = {}, dict(refused or {})
         for worker_id, held in saved.items():
             self._set(worker_id, replace(held, unused_seqs=max(0, held.unused_seqs - arrived_seqs.get(worker_id, 0))))
         self.staleness.running = sum(held.unused_seqs for held in self.leases.values())
@@ -287,7 +290,7 @@ class AdmissionLeases:
 
     def _set(self, worker_id: str, lease: Lease) -> None:
         """Keep ``lease`` while it holds sequences or admission ids to answer repeats of."""
-        if lease.unused_seqs > 0 or lease.admission_id or lease.answered or lease.refused_id:
+        if lease.unused_seqs > 0 or lease.admission_id or lease.answered:
             self.leases[worker_id] = lease
             self._oldest_s = min(self._oldest_s, lease.granted_at_s)
         else:
@@ -298,18 +301,21 @@ class AdmissionLeases:
 class StalenessSnapshot:
     """What the queue stores so that its counts survive a restart exactly: the version, the
     accepted count plus the dropped total (a sum only arrivals move), the leases, and the
-    arrival number of the last group accounted for. Groups that arrived after it, and the
-    dropped total, are the store's to tell at the restart (:meth:`restore`)."""
+    arrival number of the last group accounted for, and each worker's refused group ids.
+    Groups that arrived after it, and the dropped total, are the store's to tell at the restart
+    (:meth:`restore`)."""
 
     version: int
     gross_seqs: int
     at_seq: int
     leases: dict[str, Lease]
+    refused: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     @classmethod
     def take(cls, leases: AdmissionLeases, dropped_seqs: int, at_seq: int) -> StalenessSnapshot:
         staleness = leases.staleness
-        return cls(staleness.version, staleness.accepted + dropped_seqs, at_seq, dict(leases.leases))
+        return cls(staleness.version, staleness.accepted + dropped_seqs, at_seq, dict(leases.leases),
+                   dict(leases.refused))
 
     def restore(self, leases: AdmissionLeases, arrived_seqs: dict[str, int], dropped_seqs: int,
                 buffered_seqs: int = 0, last_seq: int | None = None) -> None:
@@ -323,7 +329,7 @@ class StalenessSnapshot:
             raise ValueError("; ".join(damage))
         leases.staleness.version = self.version
         leases.staleness.accepted = self.gross_seqs + sum(arrived_seqs.values()) - dropped_seqs
-        leases.restore(self.leases, arrived_seqs)
+        leases.restore(self.leases, arrived_seqs, self.refused)
 
     def damage(self, arrived_seqs: dict[str, int], dropped_seqs: int, buffered_seqs: int,
                last_seq: int | None) -> list[str]:
@@ -348,11 +354,11 @@ class StalenessSnapshot:
         return found
 
     def to_json(self) -> str:
-        leases = {w: [h.unused_seqs, h.granted_at_s, h.admission_id, h.admission_granted,
-                      *([h.refused_id] if h.refused_id else [])]
-                  for w, h in self.leases.items() if h.unused_seqs or h.admission_id or h.refused_id}
+        leases = {w: [h.unused_seqs, h.granted_at_s, h.admission_id, h.admission_granted]
+                  for w, h in self.leases.items() if h.unused_seqs or h.admission_id}
+        refused = {"refused": {w: list(ids) for w, ids in self.refused.items()}} if self.refused else {}
         return json.dumps({"version": self.version, "gross_seqs": self.gross_seqs, "at_seq": self.at_seq,
-                           "leases": leases}, separators=(",", ":"))
+                           "leases": leases, **refused}, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> StalenessSnapshot:
@@ -361,7 +367,11 @@ class StalenessSnapshot:
         try:
             data: Any = json.loads(text)
             leases = {str(w): _lease(held) for w, held in data["leases"].items()}
-            snapshot = cls(int(data["version"]), int(data["gross_seqs"]), int(data["at_seq"]), leases)
+            refused = {str(w): _refused_ids(ids) for w, ids in data.get("refused", {}).items()}
+            for w, held in data["leases"].items():  # the last refused id, as the lease's 5th item (an earlier form)
+                if isinstance(held, list) and len(held) == 5 and str(w) not in refused:
+                    refused[str(w)] = (str(held[4]),)
+            snapshot = cls(int(data["version"]), int(data["gross_seqs"]), int(data["at_seq"]), leases, refused)
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"not a staleness snapshot: {exc}") from None
         negative = [name for name, value in (("version", snapshot.version), ("gross_seqs", snapshot.gross_seqs),
@@ -374,12 +384,18 @@ class StalenessSnapshot:
 
 def _lease(saved: Any) -> Lease:
     """A lease as :meth:`StalenessSnapshot.to_json` writes it: [unused, granted at, the last
-    admission id granted any, its grant(, the last group refused)], or [unused, granted at]
-    (written before admissions had ids)."""
+    admission id granted any, its grant], or [unused, granted at] (written before admissions had
+    ids); a 5th item, the last group refused, was written before the refused ids were saved apart."""
     if not isinstance(saved, list) or len(saved) not in (2, 4, 5):
         raise TypeError(f"a lease is [unused, granted_at(, admission_id, granted(, refused_id))], not {saved!r}")
     unused, granted_at, *last = saved
     if not last:
         return Lease(int(unused), float(granted_at))
-    return Lease(int(unused), float(granted_at), str(last[0]), int(last[1]),
-                 refused_id=str(last[2]) if len(last) > 2 else "")
+    return Lease(int(unused), float(granted_at), str(last[0]), int(last[1]))
+
+
+def _refused_ids(saved: Any) -> tuple[str, ...]:
+    """A worker's refused group ids as :meth:`StalenessSnapshot.to_json` writes them."""
+    if not isinstance(saved, list) or len(saved) > REFUSED_IDS_KEPT or not all(isinstance(i, str) for i in saved):
+        raise TypeError(f"refused ids are a list of at most {REFUSED_IDS_KEPT} strings, not {saved!r}")
+    return tuple(saved)

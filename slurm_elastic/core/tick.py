@@ -264,8 +264,8 @@ def end_drain_reason(obs: Observation, cfg: TickConfig) -> str | None:
     window_s = cfg.end_drain_s if obs.run_span_s is None else min(cfg.end_drain_s, obs.run_span_s / 4)
     if obs.time_left_s > window_s:
         return None
-    shortened = (f", a quarter of the job's {obs.run_span_s:.0f} s" if window_s < cfg.end_drain_s and obs.run_span_s
-                 else "")
+    shortened = (f", capped at a quarter of the job's {obs.run_span_s:.0f} s: {window_s:.0f} s"
+                 if window_s < cfg.end_drain_s and obs.run_span_s else "")
     return (f"the job's time limit is {max(0.0, obs.time_left_s):.0f} s away: every worker drains, finishing its "
             f"rollout, and none is launched (workers.end_drain_s = {cfg.end_drain_s:g} s{shortened}); the "
             "trainer takes what is buffered")

@@ -170,6 +170,15 @@ class WeightsBook:
             if updates.failures >= self.max_failures:
                 updates.failures, updates.retry_at_s = self.max_failures - 1, 0.0
 
+    def joined(self) -> list[str]:
+        """The servers in discovery by these rules (saved with the controller's state)."""
+        return sorted(self._joined)
+
+    def rejoin(self, worker_ids: Iterable[str]) -> None:
+        """Servers a previous controller had in discovery: they stay in while an update reaches them
+        (a server on the weights it started with, say, that the first publish had not yet reached)."""
+        self._joined |= set(worker_ids)
+
     def server_view(self, worker_id: str) -> dict[str, object]:
         """A server's update state for status: failures in a row, the version in flight, the last error."""
         updates = self._updates.get(worker_id, _Updates())

@@ -27,12 +27,14 @@ from slurm_elastic.rollouts.index import (
 
 class Inspected(NamedTuple):
     """What a read-only look at the index found: no tables yet, its count of transitions, its
-    ``meta`` rows, where replaying the log past it starts (:func:`replay_start`)."""
+    ``meta`` rows, where replaying the log past it starts (:func:`replay_start`), and how many
+    undelivered groups it holds in each segment."""
 
     fresh: bool
     transitions: int
     meta: dict[str, str]
     replay_from: tuple[int, int] = (0, 0)
+    live_segments: dict[int, int] = {}
 
 
 LAST_PLACE_SQL = "SELECT segment, body_offset, nbytes FROM groups ORDER BY seq DESC LIMIT 1"
@@ -85,8 +87,10 @@ def inspect_index(path: Path) -> Inspected:
             has_meta = db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'").fetchone()
             meta = {str(k): str(v) for k, v in db.execute("SELECT key, value FROM meta")} if has_meta else None
             _refuse_lost_meta(db, path, meta)
+            live = db.execute(f"SELECT segment, COUNT(*) FROM groups WHERE state IN {LIVE_STATES} "
+                              "AND segment IS NOT NULL GROUP BY segment")
             return Inspected(False, _committed_transitions(meta or {}, path), meta or {},
-                             replay_start(db.execute(LAST_PLACE_SQL).fetchone()))
+                             replay_start(db.execute(LAST_PLACE_SQL).fetchone()), {int(n): int(k) for n, k in live})
     except sqlite3.DatabaseError as exc:
         raise StateFileError(f"rollout store {path} is unusable: {exc}") from None
     except OSError as exc:  # the -shm file could not be made

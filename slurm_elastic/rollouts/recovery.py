@@ -28,7 +28,7 @@ from slurm_elastic.rollouts import syncer
 from slurm_elastic.rollouts.index import GroupBody, StoreIndex
 from slurm_elastic.rollouts.inspection import replay_start
 from slurm_elastic.rollouts.mark import mark_path, read_mark
-from slurm_elastic.rollouts.segments import SegmentLog, group_head, json_str
+from slurm_elastic.rollouts.segments import SegmentLog, group_head, json_str, segment_name
 
 log = logging.getLogger(__name__)
 LOCK_POLL_S = 0.05
@@ -113,6 +113,36 @@ def refuse_log_without_index(path: Path, what: str, log_dir: Path) -> None:
             f"({len(segments)} segment(s)): without the index every group in the log, delivered or not, would "
             f"be handed out again. Restore {path.name} (with its -wal file) if you have it; or, to start with an "
             f"empty queue and give those groups up, move {log_dir} aside")
+
+
+def refuse_odd_files(path: Path, log_dir: Path) -> None:
+    """StateFileError naming the store's file that is there but not a regular file (its index and
+    the index's -wal and -shm files), or its payload log that is not a directory; SQLite would
+    name only the index, with "disk I/O error" or "attempt to write a readonly database"."""
+    for file in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+        if os.path.lexists(file) and not file.is_file():
+            raise StateFileError(f"rollout store file {file} is not a regular file: restore it from a copy (or, "
+                                 "for a -shm file, remove it: SQLite makes it again)")
+    if os.path.lexists(log_dir) and not log_dir.is_dir():
+        raise StateFileError(f"rollout store payload log {log_dir} is not a directory: restore it from a copy")
+
+
+def refuse_missing_segments(path: Path, live_segments: dict[int, int], log_dir: Path) -> None:
+    """StateFileError if a segment the index ``path`` holds undelivered groups in is missing, or
+    the whole payload log (an unmounted or moved file system): opened, those groups would be
+    quarantined as lost for good, also once the files came back."""
+    missing = sorted(n for n in live_segments if not (log_dir / segment_name(n)).exists())
+    if not missing:
+        return
+    groups = sum(live_segments[n] for n in missing)
+    what = (f"its payload log {log_dir} is missing" if not log_dir.exists() else
+            f"{len(missing)} segment(s) of its payload log {log_dir} are missing ({', '.join(map(segment_name, missing[:5]))}"
+            + (", ..." if len(missing) > 5 else "") + ")")
+    touch = " ".join(str(log_dir / segment_name(n)) for n in missing)
+    raise StateFileError(
+        f"rollout store index {path} holds {groups} undelivered group(s) whose records are gone: {what}. Restore "
+        f"them (a file system not mounted, a directory moved?); or, to give those groups up (counted as lost), "
+        f"create the segments empty: mkdir -p {log_dir} && touch {touch}")
 
 
 def refuse_index_behind_mark(path: Path, transitions: int, log_dir: Path) -> None:

@@ -41,6 +41,8 @@ from slurm_elastic.rollouts.recovery import (
     read_body,
     refuse_index_behind_mark,
     refuse_log_without_index,
+    refuse_missing_segments,
+    refuse_odd_files,
     take_writer_lock,
 )
 from slurm_elastic.rollouts.segments import (
@@ -94,6 +96,7 @@ class RolloutStore(GroupCommits):
         torn tail off the newest segment), verify every live record (the damaged ones are
         quarantined and returned), go on appending in a new segment."""
         log_dir = self.path.with_name(self.path.stem + ".segments")
+        refuse_odd_files(self.path, log_dir)
         if not self.path.exists():
             refuse_log_without_index(self.path, "is missing", log_dir)
         found = inspect_index(self.path) if self.path.exists() else Inspected(True, 0, {})
@@ -102,6 +105,7 @@ class RolloutStore(GroupCommits):
         else:
             refuse_index_behind_mark(self.path, found.transitions, log_dir)
             refuse_damaged_older(log_dir, *found.replay_from)
+            refuse_missing_segments(self.path, found.live_segments, log_dir)
         snapshot, _session, _told = self._saved(lambda key, default: found.meta.get(key, default))
         self._version_saved = None if snapshot is None else snapshot.version
         self._index = StoreIndex(self.path, self.fsync)

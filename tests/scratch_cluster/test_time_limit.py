@@ -35,7 +35,7 @@ def test_before_the_time_limit_every_worker_drains_and_none_is_launched() -> Non
             assert job.status()["last_decision"]["action"] != "drain"
             status = wait_for(lambda: (s := job.status())["last_decision"]["action"] == "drain" and s, 120,
                               "the drain before the time limit")
-            assert "a quarter of the job's 120 s" in status["last_decision"]["reason"], status["last_decision"]
+            assert "capped at a quarter of the job's 120 s: 30 s" in status["last_decision"]["reason"], status["last_decision"]
             wait_for(lambda: not job.worker_steps(), 30, "every worker step to end")
             status = wait_for(lambda: (s := job.status())["workers_by_state"]["INACTIVE"] == 2 and s, 20,
                               "both workers ended")

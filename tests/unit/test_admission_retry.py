@@ -231,13 +231,36 @@ def test_a_resent_refused_group_releases_nothing_again_even_across_a_restart(tmp
         q.submit("g-new", "0001", 1, 9, b"x")
     q.store.close()  # a restart between the release's save and its answer
     again = make(tmp_path)
-    for _ in range(3):  # g-new, the worker's last refused group, is saved with its lease
+    for _ in range(3):  # the worker's refused groups are saved with the counts
         with pytest.raises(VersionAhead):
             again.submit("g-new", "0001", 1, 9, b"x")
     assert again.staleness.running == 6 and again.admit(16, "0003", "c1") == 16 - 6  # nothing past the bound
-    with pytest.raises(StaleGroup):  # an older refused one is remembered in memory only: after a restart,
-        again.submit("g-old", "0001", 1, 0, b"x")  # its resend releases once more (the SDK resends its last)
-    assert again.staleness.running == 15
+    with pytest.raises(StaleGroup):  # an older refused one too (before, only the last was saved, and
+        again.submit("g-old", "0001", 1, 0, b"x")  # this resend released once more: 15 running)
+    assert again.staleness.running == 16 and again.stats()["staleness_capacity"] == 0
+
+
+def test_a_group_refused_while_its_worker_held_no_lease_releases_nothing_from_a_later_one(tmp_path: Path) -> None:
+    """Stale groups come most often from a worker whose lease expired: its refusal released
+    nothing and was not remembered, so the resend, after the worker was granted anew, took its
+    sequences off the new lease (running 4 -> 2: two rollouts past the bound; a differential run
+    against AReaL's StalenessManager found it). A give-back resent the same way is the same."""
+    q = make(tmp_path)
+    q.set_version(2)
+    with pytest.raises(StaleGroup):
+        q.submit("g1", "0001", 2, 0, b"x")  # no lease: nothing to release
+    q.give_back(2, "0001", "r1")
+    assert q.admit(4, "0001", "a1") == 4 and q.staleness.running == 4
+    for _ in range(2):
+        with pytest.raises(StaleGroup):
+            q.submit("g1", "0001", 2, 0, b"x")
+        assert q.give_back(2, "0001", "r1") == 0
+    assert q.staleness.running == 4
+    q.store.close()
+    again = make(tmp_path)
+    with pytest.raises(StaleGroup):
+        again.submit("g1", "0001", 2, 0, b"x")
+    assert again.give_back(2, "0001", "r1") == 0 and again.staleness.running == 4
 
 
 def test_only_the_last_granted_id_is_saved_and_earlier_forms_still_load() -> None:
@@ -251,9 +274,14 @@ def test_only_the_last_granted_id_is_saved_and_earlier_forms_still_load() -> Non
     assert '"leases":{"0001":[4,99.5,"a2",2]}' in saved
     assert lease('[4,99.5,"a2",2]') == Lease(4, 99.5, "a2", 2) and lease('[4,99.5,"a2",2]').answer("a2") == 2
     assert lease("[4,99.5]") == Lease(4, 99.5)  # before admissions had ids
-    refused = Lease(2, 99.5, "a2", 2, refused_id="g-old", refused=("g-0", "g-old"))
-    assert '"0001":[2,99.5,"a2",2,"g-old"]' in StalenessSnapshot(3, 8, 2, {"0001": refused}).to_json()
-    assert lease('[2,99.5,"a2",2,"g-old"]') == Lease(2, 99.5, "a2", 2, refused_id="g-old")
+    refused = StalenessSnapshot(3, 8, 2, {"0001": Lease(2, 99.5, "a2", 2)}, {"0001": ("g-0", "g-old"), "0002": ("g",)})
+    assert refused.to_json().endswith('"leases":{"0001":[2,99.5,"a2",2]},"refused":{"0001":["g-0","g-old"],"0002":["g"]}}')
+    assert StalenessSnapshot.from_json(refused.to_json()) == refused
+    earlier = StalenessSnapshot.from_json('{"version":3,"gross_seqs":8,"at_seq":2,"leases":{"0001":[2,99.5,"a2",2,"g-old"]}}')
+    assert earlier.leases["0001"] == Lease(2, 99.5, "a2", 2) and earlier.refused == {"0001": ("g-old",)}
+    for bad in ('{"0001":"g"}', '{"0001":[1]}', '{"0001":' + str(["g"] * 17).replace("'", '"') + "}"):
+        with pytest.raises(ValueError, match="not a staleness snapshot"):
+            StalenessSnapshot.from_json(f'{{"version":3,"gross_seqs":8,"at_seq":2,"leases":{{}},"refused":{bad}}}')
     for bad in ("[4]", '[4,99.5,"a1",-1]', '[4,99.5,"a1"]', '[4,99.5,[["a1",4]]]'):
         with pytest.raises(ValueError, match="not a staleness snapshot"):
             lease(bad)

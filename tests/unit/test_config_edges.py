@@ -32,7 +32,7 @@ def test_a_knob_the_law_divides_by_must_be_positive(key: str, value: float) -> N
     ({"agent": {"interval_s": 60}}, "agent.interval_s (60) must be below health.agent_silence_s (30)"),
     ({"health": {"agent_silence_s": 0}}, "health.agent_silence_s: Input should be greater than 0"),
     ({"job": {"mem_per_node_mb": 2000}}, "job.mem_per_node_mb (2000) needs job.trainer_mem_mb and workers.mem_per_worker_mb"),
-    ({"job": {"mem_per_node_mb": 2000, "trainer_mem_mb": 500}}, "needs job.trainer_mem_mb and workers.mem_per_worker_mb"),
+    ({"job": {"mem_per_node_mb": 2000, "trainer_mem_mb": 500}}, "(2000) needs workers.mem_per_worker_mb too"),
     ({"autoscaler": {"setpoint_batches": 0}}, "autoscaler.setpoint_batches: must be > 0"),
     ({"workers": {"readiness_path": "health"}}, "workers.readiness_path: 'health' must start with /"),
     ({"workers": {"liveness_path": "live"}}, "workers.liveness_path: 'live' must start with /"),

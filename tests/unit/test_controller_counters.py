@@ -33,7 +33,8 @@ def make_controller(tmp: Path) -> Controller:
 
 def test_status_summarizes_recent_tick_durations(tmp_path: Path) -> None:
     controller = make_controller(tmp_path)
-    assert controller.status()["tick_duration_s"] == {"p50": 0.0, "p95": 0.0, "max": 0.0, "count": 0, "total_s": 0.0}
+    assert controller.status()["tick_duration_s"] == {"p50": 0.0, "p95": 0.0, "max": 0.0, "count": 0, "total_s": 0.0,
+                                                       "total_count": 0}
     stop = threading.Event()
     loop = threading.Thread(target=controller.run_forever, args=(stop,))
     loop.start()
@@ -111,6 +112,12 @@ def test_counts_that_only_grow_are_counters_and_levels_are_gauges(tmp_path: Path
     assert tick.type == "summary" and {s.name for s in tick.samples} == {
         "slurm_elastic_tick_duration_seconds", "slurm_elastic_tick_duration_seconds_sum",
         "slurm_elastic_tick_duration_seconds_count"}
+    controller.tick_durations_s.extend([0.01] * 60)  # the window is full; 100 ticks ran in all
+    controller.tick_total_s, controller.tick_total_count = 1.5, 100
+    text = generate_latest(metrics_registry(controller, queue)).decode()
+    tick = {f.name: f for f in text_string_to_metric_families(text)}["slurm_elastic_tick_duration_seconds"]
+    assert {s.name: s.value for s in tick.samples if not s.labels} == {
+        "slurm_elastic_tick_duration_seconds_sum": 1.5, "slurm_elastic_tick_duration_seconds_count": 100}
     started = families["slurm_elastic_controller_start_time_seconds"].samples[0].value
     assert abs(started - (time.time() - controller.status()["uptime_s"])) < 5
     counters = {name for name, f in families.items() if f.type == "counter"}

@@ -67,7 +67,7 @@ def test_a_short_job_drains_for_a_quarter_of_its_time_at_most(tmp_path: Path) ->
     controller.job_times_s = (time.time() - 160, time.time() + 40)
     controller.tick()
     assert len(backend.signalled) == 3
-    assert "a quarter of the job's 200 s" in controller.state.last_decision["reason"]
+    assert "capped at a quarter of the job's 200 s: 50 s" in controller.state.last_decision["reason"]
 
 
 def test_the_jobs_start_and_time_limit_are_read_from_slurm() -> None:

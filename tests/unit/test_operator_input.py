@@ -246,7 +246,7 @@ def test_commands_and_workers_read_the_token_from_its_copy(running: Running, sta
     (state_dir / "controller.json").write_text(json.dumps({"url": running.server.url, "pid": 1, "host": "x"}))
     (state_dir / "token").write_text("")
     (state_dir / TOKEN_COPY).write_text(TOKEN + "\n")
-    code, out = cli("pause", str(JOB))
+    code, out = cli("pause", str(JOB), "--json")
     assert code == 0 and json.loads(out) == {"paused": True}, out
     env = {"SLURM_ELASTIC_WORKER_ID": "0001", "SLURM_ELASTIC_CONTROLLER_URL": running.server.url,
            "SLURM_ELASTIC_TOKEN_FILE": str(state_dir / "token")}
@@ -277,8 +277,9 @@ def test_uncordon_logs_the_operators_reason(running: Running, state_dir: Path, c
     (state_dir / "controller.json").write_text(json.dumps({"url": running.server.url, "pid": 1, "host": "x"}))
     (state_dir / "token").write_text(TOKEN + "\n")
     code, out = cli("cordon", str(JOB), "node1:1", "--reason", "fan noise")
-    assert code == 0 and json.loads(out)["cordoned"] is True, out
-    code, out = cli("uncordon", str(JOB), "node1:1", "--reason", "fan replaced")
+    assert code == 0 and out == f"job {JOB}: node1:1 cordoned: no new worker is placed on it " \
+                                f"(`slurm-elastic uncordon {JOB} node1:1` lifts it)\n", out
+    code, out = cli("uncordon", str(JOB), "node1:1", "--reason", "fan replaced", "--json")
     assert code == 0 and json.loads(out)["cordoned"] is False, out
     lifted = [r.getMessage() for r in caplog.records if "uncordon node1:1" in r.getMessage()]
     assert lifted == ["uncordon node1:1 (operator) by operator: fan replaced"], [r.getMessage() for r in caplog.records]
@@ -340,7 +341,8 @@ def test_with_slurm_down_the_controller_file_is_trusted_and_that_is_said(running
     (state_dir / "controller.json").write_text(json.dumps({"url": running.server.url, "pid": 1, "host": "x"}))
     (state_dir / "token").write_text(TOKEN + "\n")
     result = CliRunner().invoke(main, ["pause", str(JOB)])
-    assert result.exit_code == 0 and json.loads(result.stdout) == {"paused": True}, result.output
+    assert result.exit_code == 0 and result.stdout == (f"job {JOB}: autoscaling paused: the worker count stays at its "
+                                                       f"target (`slurm-elastic resume {JOB}`)\n"), result.output
     assert result.stderr == (f"warning: Slurm did not answer: Unable to contact slurm controller; sending the job's "
                              f"token to {running.server.url} on the word of {state_dir}/controller.json alone\n")
     code, out = cli("status", str(JOB))

@@ -83,7 +83,7 @@ def test_an_operator_command_waits_out_a_controller_restart(tmp_path: Path, monk
     monkeypatch.setattr("slurm_elastic.commands.jobs._batch_script_ended", lambda job_id: None)  # job 7 runs
     monkeypatch.setattr("slurm_elastic.commands.jobs.RESTART_RETRY_S", 0.01)
     result = CliRunner().invoke(main, ["drain", "7", "3"])
-    assert result.exit_code == 0 and '"DRAINING"' in result.output and controller.calls == 3, result.output
+    assert result.exit_code == 0 and "worker 0003 is DRAINING" in result.output and controller.calls == 3, result.output
     assert "refuses connections (restarting?)" in result.output
 
 

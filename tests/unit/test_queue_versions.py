@@ -105,7 +105,7 @@ def test_a_group_ahead_of_the_trainer_is_refused_and_its_sequences_leave_the_lea
         assert (refused.value.policy_version, refused.value.current_version) == (version, 10)
         assert "ahead of the trainer's current policy version 10" in str(refused.value)
     assert q.stats()["queued_sequences"] == 0 and q.staleness.running == 0
-    assert q.leases.leases["0001"].unused_seqs == 0  # kept with the ids refused: a resend releases nothing
+    assert "0001" not in q.leases.leases and len(q.leases.refused["0001"]) == 3  # a resend releases nothing
     q.store.close()
     assert make(tmp_path).staleness.running == 0  # saved before the refusal was answered
 

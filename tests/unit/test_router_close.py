@@ -5,7 +5,9 @@ thread). The router's routing is tested against a live controller in tests/clust
 
 from __future__ import annotations
 
-from slurm_elastic.router import Router
+import pytest
+
+from slurm_elastic.router import Router, RoutingError
 
 
 def test_a_report_or_a_discovery_call_after_close_ends_quietly() -> None:
@@ -15,3 +17,24 @@ def test_a_report_or_a_discovery_call_after_close_ends_quietly() -> None:
     router._discover_loop()  # returns: stopped
     assert not any(t.is_alive() for t in router._threads)
 
+
+
+def test_a_report_under_a_client_swapped_for_a_moved_controller_keeps_the_report_thread_alive() -> None:
+    """Discovery follows a restarted controller to its new port by closing the old client: a
+    report in flight on it then met "client has been closed", which ended the report thread
+    for good (the new controller never heard of the router's load)."""
+    router = Router("http://127.0.0.1:9", "token", report_interval_s=60.0, poll_wait_s=0.1)
+    try:
+        router._control.close()  # as _follow_controller does, under a report
+        router.report_now()
+    finally:
+        router.close()
+
+
+def test_a_request_sent_while_the_router_knows_no_server_fails_after_waiting_for_one() -> None:
+    router = Router("http://127.0.0.1:9", "token", report_interval_s=60.0, poll_wait_s=0.1, wait_for_server_s=0.2)
+    try:
+        with pytest.raises(RoutingError, match="no routable server"):
+            router.request("GET", "/health")
+    finally:
+        router.close()

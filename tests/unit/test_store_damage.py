@@ -135,17 +135,42 @@ def test_a_truncated_segment_loses_only_what_was_cut_and_new_groups_stay_readabl
     again.close()
 
 
-def test_a_deleted_segment_loses_its_groups_only(tmp_path: Path) -> None:
+def test_a_missing_segment_is_refused_and_its_groups_given_up_only_when_it_is_made_empty(tmp_path: Path) -> None:
+    """Before, a missing segment's groups were quarantined at open, for good: also a whole log
+    directory on a file system not mounted yet (a differential audit)."""
     store = filled(tmp_path, [f"g{i}" for i in range(12)], segment_bytes=1024)
     assert len(store.log.numbers()) >= 3
     store.close()
     first, _o, _n = where(tmp_path, "g0")
     gone = {g for g in [f"g{i}" for i in range(12)] if where(tmp_path, g)[0] == first}
-    first.unlink()
+    first.rename(tmp_path / "aside")
+    with pytest.raises(StateFileError, match=rf"holds {len(gone)} undelivered group\(s\) whose records are gone: 1 "
+                                             rf"segment\(s\) .* are missing \({first.name}\).* touch {re.escape(str(first))}"):
+        RolloutStore(tmp_path / "q.sqlite", segment_bytes=1024)
+    log_dir = first.parent
+    log_dir.rename(tmp_path / "unmounted")
+    with pytest.raises(StateFileError, match=rf"its payload log {re.escape(str(log_dir))} is missing"):
+        RolloutStore(tmp_path / "q.sqlite", segment_bytes=1024)
+    (tmp_path / "unmounted").rename(log_dir)
+    first.touch()  # given up, as the message says
     again = RolloutStore(tmp_path / "q.sqlite", segment_bytes=1024)
-    assert {g.id for g in again.lost()} == gone and "missing" in again.lost()[0].reason
+    assert {g.id for g in again.lost()} == gone
     left = [g.id for g in again.queued()]
     assert ids(again.hand_out("b", left, 1.0)) == [f"g{i}" for i in range(12) if f"g{i}" not in gone]
+    again.close()
+
+
+def test_a_segment_put_back_loses_nothing(tmp_path: Path) -> None:
+    store = filled(tmp_path, [f"g{i}" for i in range(12)], segment_bytes=1024)
+    store.close()
+    first, _o, _n = where(tmp_path, "g0")
+    first.rename(tmp_path / "aside")
+    with pytest.raises(StateFileError):
+        RolloutStore(tmp_path / "q.sqlite", segment_bytes=1024)
+    (tmp_path / "aside").rename(first)
+    again = RolloutStore(tmp_path / "q.sqlite", segment_bytes=1024)
+    assert again.lost() == [] and ids(again.hand_out("b", [g.id for g in again.queued()], 1.0)) == [
+        f"g{i}" for i in range(12)]
     again.close()
 
 
@@ -184,7 +209,10 @@ def test_a_lost_index_beside_a_log_is_refused_with_what_to_do(tmp_path: Path) ->
 def test_groups_stored_after_a_lost_segment_are_found_again_if_their_index_rows_are_lost(tmp_path: Path) -> None:
     filled(tmp_path, ["a", "b", "c"]).close()
     (segment,) = (tmp_path / "q.segments").glob("*.log")
-    segment.unlink()  # the segment being appended to, gone
+    segment.unlink()  # the segment being appended to, gone ...
+    with pytest.raises(StateFileError, match="3 undelivered group"):
+        RolloutStore(tmp_path / "q.sqlite")
+    segment.touch()  # ... and given up
     store = RolloutStore(tmp_path / "q.sqlite")
     assert sorted(g.id for g in store.lost()) == ["a", "b", "c"]
     for name in ["n0", "n1"]:
@@ -314,3 +342,22 @@ def test_a_lost_group_is_named_until_a_batch_naming_it_is_acknowledged_whatever_
     later = q.pull()
     assert later is not None and q.lost_ids_for(later[0]) == ["e"]  # "a" is told for good; the new loss is named
     q.store.close()
+
+
+@pytest.mark.parametrize("name", ["q.sqlite", "q.sqlite-wal", "q.sqlite-shm", "q.segments"])
+def test_a_store_file_of_the_wrong_kind_is_named(tmp_path: Path, name: str) -> None:
+    """Before, SQLite's "disk I/O error" or "attempt to write a readonly database" named the index
+    for a -wal or -shm directory, and a log directory that was a file read "[Errno 17] File exists"."""
+    filled(tmp_path, ["a"]).close()
+    odd = tmp_path / name
+    if odd.is_dir():
+        for child in odd.iterdir():
+            child.unlink()
+        odd.rmdir()
+        odd.write_text("")
+    else:
+        odd.unlink(missing_ok=True)
+        odd.mkdir()
+    kind = "a directory" if name == "q.segments" else "a regular file"
+    with pytest.raises(StateFileError, match=rf"{re.escape(str(odd))} is not {kind}"):
+        RolloutStore(tmp_path / "q.sqlite")

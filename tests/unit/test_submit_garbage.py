@@ -131,40 +131,77 @@ def test_a_failed_commit_leaves_no_reference_cycle(tmp_path: Path, monkeypatch: 
     assert leftovers == 0, f"{leftovers} objects in reference cycles after 10 failed commits"
 
 
-def test_a_large_submit_is_parsed_off_the_event_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A 28 MB group (its metadata 7 million numbers) parsed on the event loop held every other
-    client 1.2 s (a live audit); a body of PARSE_APART_BYTES or more is parsed in the parser
-    thread, where pydantic lets the loop's thread run. A small one is parsed in place."""
-    import threading
-
-    from slurm_elastic.controller import submit
-
-    parsed_in: list[str] = []
-    group_model = submit.RolloutGroup
-
-    class Recording:
-        @staticmethod
-        def model_validate_json(payload: bytes) -> submit.RolloutGroup:
-            parsed_in.append(threading.current_thread().name)
-            return group_model.model_validate_json(payload)
-
-    monkeypatch.setattr(submit, "RolloutGroup", Recording)
+def test_bodies_withheld_past_the_memory_limit_get_503_and_the_bytes_are_given_back(tmp_path: Path) -> None:
+    """A token holder sent 30 MiB bodies without their last byte on 100 connections: the
+    controller grew by 3 GB (to the host's memory, with more), each held until its 30 s timeout
+    (a hostile-client audit)."""
     queue = RolloutQueue(RolloutStore(tmp_path / "q.sqlite"), QueueConfig(batch_size=2, capacity_seqs=1000))
-    endpoint = SubmitEndpoint(queue)
-    large = json.loads(body("large"))
-    large["metadata"] = {"numbers": list(range(submit.PARSE_APART_BYTES // 4))}
+    endpoint = SubmitEndpoint(queue, held_max_bytes=1000)
+    release = asyncio.Event()
 
-    async def submit(payload: bytes) -> int:
+    async def withheld() -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
+        parts = [{"type": "http.request", "body": b" " * 600, "more_body": True}]
+
         async def receive() -> Message:
-            return {"type": "http.request", "body": payload, "more_body": False}
+            if parts:
+                return parts.pop()
+            await release.wait()
+            return {"type": "http.disconnect"}
+        return await endpoint.answer(receive)
+
+    async def whole(group_id: str) -> int:
+        async def receive() -> Message:
+            return {"type": "http.request", "body": body(group_id), "more_body": False}
         code, _answer, _headers = await endpoint.answer(receive)
         return code
 
-    codes = asyncio.run(_both(submit, body("small"), json.dumps(large).encode()))
-    assert codes == [200, 200] and parsed_in[0] == threading.main_thread().name
-    assert parsed_in[1].startswith("submit-parse")
-    queue.store.close()
+    async def scenario() -> tuple[int, tuple[int, bytes, list[tuple[bytes, bytes]]], int, int]:
+        first = asyncio.create_task(withheld())
+        await asyncio.sleep(0)
+        refused = await withheld()  # 600 + 600 > 1000
+        small = await whole("g1")  # its ~200 bytes fit beside the first's 600
+        release.set()
+        await first
+        return small, refused, endpoint.held_bytes, await whole("g2")
+
+    try:
+        small, (code, answer, headers), held_after, later = asyncio.run(scenario())
+    finally:
+        queue.store.close()
+    assert code == 503 and (b"retry-after", b"1") in headers and b"nothing was stored" in answer
+    assert (small, later, held_after) == (200, 200, 0)
 
 
-async def _both(submit, small: bytes, large: bytes) -> list[int]:  # type: ignore[no-untyped-def]
-    return [await submit(small), await submit(large)]
+def test_a_large_group_is_parsed_in_a_process_of_its_own_and_a_dead_parser_is_replaced(tmp_path: Path) -> None:
+    """pydantic holds the GIL while it parses: in a thread, a 16 MB group held every answer of the
+    API 0.9 s (a hostile-client audit: 4 clients resending 30 MB groups kept status answers 4 s
+    late). The parse now runs in a process; its refusals cross back whole."""
+    queue = RolloutQueue(RolloutStore(tmp_path / "q.sqlite"), QueueConfig(batch_size=2, capacity_seqs=1000))
+    endpoint = SubmitEndpoint(queue)
+    tokens = list(range(300_000))
+    large = {"id": "big", "worker_id": "0001", "policy_version": 0, "group_size": 2,
+             "sequences": [{"tokens": tokens, "score": 1.0}] * 2}
+    bad = {**large, "id": "bad", "metadata": {"x": float("nan")}}
+
+    async def submit(group: dict[str, object]) -> tuple[int, bytes]:
+        raw = json.dumps(group).encode()
+        assert len(raw) > (1 << 20)
+
+        async def receive() -> Message:
+            return {"type": "http.request", "body": raw, "more_body": False}
+        code, answer, _headers = await endpoint.answer(receive)
+        return code, answer
+
+    try:
+        assert asyncio.run(submit(large)) == (200, b'{"accepted":true}')
+        assert endpoint.parser is not None
+        code, answer = asyncio.run(submit(bad))
+        assert code == 422 and "not finite" in answer.decode(), answer
+        for process in list(endpoint.parser._processes.values()):  # killed (its memory, say)
+            process.kill()
+            process.join()
+        assert asyncio.run(submit({**large, "id": "after"}))[0] == 503
+        assert asyncio.run(submit({**large, "id": "after"})) == (200, b'{"accepted":true}')
+    finally:
+        endpoint.close()
+        queue.store.close()

@@ -137,6 +137,19 @@ def test_servers_gone_are_forgotten_and_a_restart_keeps_servers_at_a_published_v
     assert book.server_view("0001")["weights_updating_to"] is None  # forgotten
 
 
+def test_servers_a_restarted_controller_had_in_discovery_stay_in_while_their_update_runs() -> None:
+    before = WeightsBook()
+    before.due(servers(None, None), 0.0)  # both in discovery on the weights they started with
+    before.publish(1, "/ckpt/1")
+    before.due(servers(None, None), 1.0)
+    after = WeightsBook()  # restarted: the record gives the weights, the state the servers in discovery
+    after.publish(1, "/ckpt/1")
+    after.rejoin(before.joined())
+    assert {o.worker_id for o in after.due(servers(None, None, None), 2.0)} == {"0001", "0002", "0003"}
+    assert after.routable("0001", None) and after.routable("0002", None)
+    assert not after.routable("0003", None)  # a server that had not joined still waits for the weights
+
+
 def test_without_an_update_hook_versions_are_kept_but_never_pushed_or_enforced() -> None:
     book = WeightsBook(enforced=False)
     book.publish(2, "/ckpt/2")

@@ -242,6 +242,27 @@ def test_routers_can_ask_for_servers_at_the_latest_weights_only(engines: Engines
         assert all(router.request("POST", "/generate", json={"id": i}).json()["worker"] == "0001" for i in range(5))
 
 
+def test_a_request_at_the_latest_weights_only_waits_out_the_update_instead_of_failing(
+        engines: Engines, job_factory: Callable[..., Job]) -> None:
+    """Before, a latest-only router had no server while a publish was pushed, and every request
+    sent then failed at once with "no routable server"."""
+    job = job_factory()
+    engine = FakeEngine("sglang", update="hang", worker_id="0001")
+    job.add_server("0001", engines.start(engine))
+    job.trainer.publish_version(1, weights="/ckpt/1")
+    with Router(job.server.url, TOKEN, poll_wait_s=1.0, latest_weights_only=True) as router:
+        replies: list[httpx.Response] = []
+        sender = threading.Thread(target=lambda: replies.append(router.request("POST", "/generate", json={"id": 1})))
+        sender.start()
+        time.sleep(0.3)
+        assert sender.is_alive() and router.endpoints() == {}, "it waits while no server is at the latest weights"
+        engine.update = "ok"
+        engine.release.set()  # the hung update fails; the next one loads
+        sender.join(WAIT_S)
+    assert replies[0].json() == {"worker": "0001", "id": 1, "weights_path": "/ckpt/1"}
+    assert replies[0].extensions["weights_version"] == 1
+
+
 def test_the_latest_weights_survive_a_controller_restart_and_bad_weights_get_a_clear_422(
         engines: Engines, job_factory: Callable[..., Job]) -> None:
     job = job_factory()
@@ -259,6 +280,25 @@ def test_the_latest_weights_survive_a_controller_restart_and_bad_weights_get_a_c
     fake = FakeEngine("sglang", worker_id="0001")
     assert again.add_server("0001", engines.start(fake))["weights"] == {"version": 4, "ref": "/ckpt/4"}
     wait_for(lambda: fake.weights_path == "/ckpt/4", "the restarted controller pushed the kept weights")
+
+
+def test_a_server_on_its_own_weights_stays_in_discovery_across_a_restart_during_the_first_publish(
+        engines: Engines, job_factory: Callable[..., Job]) -> None:
+    job = job_factory(timeout_s=0.5)
+    slow = FakeEngine("sglang", update="hang", worker_id="0001")
+    job.add_server("0001", engines.start(slow))  # before any publish: in discovery on the weights it started with
+    assert job.routable() == {"0001"}
+    job.trainer.publish_version(1, weights="/ckpt/1")
+    wait_for(lambda: job.worker("0001")["weights_updating_to"] == 1, "the first publish is being pushed")
+    job.controller.save()
+    job.close()
+    again = job_factory(timeout_s=0.5)  # the restarted controller: the update to 1 is still due
+    with again.controller.lock:
+        again.controller.publish_endpoints()  # as its first tick does
+    assert again.routable() == {"0001"}, "a server in discovery before the restart stays in while its update runs"
+    slow.update = "ok"
+    wait_for(lambda: again.worker("0001")["weights_version"] == 1, "the kept weights reached the server")
+    assert again.routable() == {"0001"}
 
 
 def test_a_publish_refused_by_the_staleness_rules_records_no_weights(job_factory: Callable[..., Job]) -> None:
