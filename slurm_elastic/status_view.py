@@ -146,11 +146,13 @@ def _weights_cell(worker: dict[str, Any]) -> str:
 def ended_how(doc: dict[str, Any]) -> str:
     """How an ended job's batch script ended, and where its output is ('' if Slurm says nothing)."""
     code, output = doc.get("job_exit_code"), printable(str(doc.get("job_output") or ""))
-    how = "" if code in (None, 0) else f"exit {code}"
+    how = "" if code is None else f"exit {code}"
     if code == EXIT_CONFIG:
         how += ": the controller refused the job's configuration"
-    if output and how:
+    if output and code:
         how += f"; its output says why: {output}"
+    elif output:
+        how += f"{'; ' if how else ''}its output: {output}"
     return f" ({how})" if how else ""
 
 

@@ -7,7 +7,8 @@
         update_policy(batch.groups)
         trainer.ack(batch)                       # only now are these rollouts "delivered"
         trainer.publish_version(step)            # frees staleness capacity for the workers
-        # server workers: trainer.publish_version(step, weights="/shared/ckpt/step-N") pushes them too
+        # server workers: trainer.publish_version(step, weights="/shared/ckpt/step-N") pushes them too,
+        # and trainer.wait_for_weights(step) waits until a server runs them (or says why none does)
 
 After resuming from a checkpoint at version V, call ``publish_version(V, recovered=True)``: the
 staleness capacity is then one window less what is still buffered, not inflated by V, and groups
@@ -44,11 +45,20 @@ from typing import Any
 
 from slurm_elastic.client.control import ControlClient
 from slurm_elastic.client.files import read_controller_url, stopped_by_operator_at
-from slurm_elastic.errors import ApiError, ControllerStoppedError, ControllerUnreachableError
+from slurm_elastic.errors import (
+    ApiError,
+    ControllerStoppedError,
+    ControllerUnreachableError,
+    SlurmElasticError,
+)
 from slurm_elastic.rollouts.wire import unpack_group
 
 log = logging.getLogger(__name__)
 UNAVAILABLE = 503  # the controller's store could not write (disk full): nothing changed, ask again
+
+
+class WeightsNotLoadedError(SlurmElasticError):
+    """Fewer servers than asked run the published weights in time (:meth:`Trainer.wait_for_weights`)."""
 
 
 @dataclass(frozen=True)
@@ -177,6 +187,27 @@ class Trainer:
         result: dict[str, Any] = self._retry(lambda: self.client.set_version(version, recovered, weights,
                                                                              self.session))
         return result
+
+    def wait_for_weights(self, version: int, servers: int = 1, timeout_s: float = 600.0,
+                         poll_s: float = 1.0) -> int:
+        """Block until ``servers`` ACTIVE server workers run the published ``version`` (every one
+        that runs, if fewer do); returns how many run it. A publish is answered once kept, before
+        any server loaded it: this says whether any could. WeightsNotLoadedError, naming each
+        server's last update error, when ``timeout_s`` passes first."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            active = [w for w in self.status()["controller"].get("workers", [])
+                      if w.get("state") == "ACTIVE" and w.get("endpoint")]
+            loaded = sum(1 for w in active if w.get("weights_version") == version)
+            if active and loaded >= min(servers, len(active)):
+                return loaded
+            if time.monotonic() >= deadline:
+                errors = "; ".join(f"{w['worker_id']}: {w['weights_update_error']}" for w in active
+                                   if w.get("weights_update_error")) or "no update error reported"
+                raise WeightsNotLoadedError(
+                    f"{loaded} of {len(active)} active servers run weights version {version} after "
+                    f"{timeout_s:g} s ({servers} wanted): {errors}")
+            time.sleep(poll_s)
 
     def status(self) -> dict[str, Any]:
         """The controller's ``/global-status``, waiting through a controller restart like every call here."""

@@ -337,6 +337,9 @@ class Autoscaler:
         full = None
         if x.staleness_capacity_seqs is not None and x.staleness_capacity_seqs <= 0:
             full = "staleness bound reached (capacity 0)"
+            if x.trainer_waiting and x.queued_seqs < x.batch_size:  # nothing starts, no batch comes: stuck
+                full += (" while the trainer waits for a batch: no rollout starts until it publishes its next "
+                         "policy version (Trainer.publish_version after every batch: a version a batch)")
         elif x.buffer_capacity_seqs is not None and x.queued_seqs >= x.buffer_capacity_seqs:
             full = f"buffer full ({x.queued_seqs:.0f}/{x.buffer_capacity_seqs:.0f})"
         if full is not None and not self.ramped and x.trainer_waiting is not None:

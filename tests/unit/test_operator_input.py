@@ -261,6 +261,10 @@ def test_status_of_an_ended_job_says_so(state_dir: Path, monkeypatch: pytest.Mon
     monkeypatch.setattr(jobs, "SlurmCli", SlurmSays("COMPLETED"))
     code, out = cli("status", str(JOB))
     assert code == 3 and f"job {JOB} is COMPLETED in Slurm: no controller runs for it" in out, out
+    monkeypatch.setattr(jobs, "SlurmCli", SlurmSays("COMPLETED", exit_code=0, output="/tmp/elastic-rl-7.out"))
+    code, out = cli("status", str(JOB))  # the output file is named for a job that ended well too
+    assert code == 3 and (f"job {JOB} is COMPLETED in Slurm (exit 0; its output: /tmp/elastic-rl-7.out): no "
+                          "controller runs for it") in out, out
 
 
 def test_status_of_a_job_whose_configuration_was_refused_points_at_its_output(

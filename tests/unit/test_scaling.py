@@ -64,6 +64,14 @@ def test_no_scale_down_while_the_trainer_waits_with_the_buffer_below_its_setpoin
     assert (target, action) == (3, "hold") and reason.startswith("hold: no scale-down while the trainer waits")
     target, action, reason = decide(FAST, dataclasses.replace(starved, trainer_waiting=True, staleness_capacity_seqs=0))
     assert action == "scale_down" and "staleness bound" in reason  # a bound still sheds
+    assert "no rollout starts until it publishes its next policy version" in reason  # and says why it is stuck
+
+
+def test_a_bound_reached_with_a_batch_buffered_says_nothing_of_publishing() -> None:
+    """Only a trainer that waits with less than a batch buffered is stuck on its next publish (a
+    live audit: a trainer that published every 2 batches with max_staleness 1 stopped for good)."""
+    _target, _action, reason = decide(FAST, inputs(queued=40, trainer_waiting=True, staleness_capacity_seqs=0))
+    assert "staleness bound" in reason and "publishes" not in reason
 
 
 def test_the_stabilization_window_remembers_the_calls_for_more_made_at_the_ceiling() -> None:

@@ -263,6 +263,24 @@ def test_a_request_at_the_latest_weights_only_waits_out_the_update_instead_of_fa
     assert replies[0].extensions["weights_version"] == 1
 
 
+def test_the_trainer_can_wait_until_a_server_runs_its_weights_or_learn_why_none_does(
+        engines: Engines, job_factory: Callable[..., Job]) -> None:
+    """A publish is answered once kept, before any server loaded it; before, a trainer whose
+    weights no server could load heard 200 and nothing more."""
+    from slurm_elastic.trainer import WeightsNotLoadedError
+
+    job = job_factory(max_failures=2)
+    engine = FakeEngine("sglang", update="fail", worker_id="0001")
+    job.add_server("0001", engines.start(engine))
+    job.trainer.publish_version(1, weights="/ckpt/1")  # a checkpoint no server can load
+    with pytest.raises(WeightsNotLoadedError, match=r"0 of 1 active servers run weights version 1 after 1 s \(1 "
+                                                    r"wanted\): 0001: .*safetensors header is corrupt"):
+        job.trainer.wait_for_weights(1, timeout_s=1.0, poll_s=0.05)
+    engine.update = "ok"
+    job.trainer.publish_version(2, weights="/ckpt/2")
+    assert job.trainer.wait_for_weights(2, timeout_s=WAIT_S, poll_s=0.05) == 1
+
+
 def test_the_latest_weights_survive_a_controller_restart_and_bad_weights_get_a_clear_422(
         engines: Engines, job_factory: Callable[..., Job]) -> None:
     job = job_factory()
