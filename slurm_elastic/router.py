@@ -185,6 +185,12 @@ class Router:
             except RoutingError as exc:
                 with self._lock:
                     self.failed += 1
+                    known = bool(self._endpoints)
+                if not tried and not known:  # none came while it waited
+                    only = (" at the latest published weights (latest_weights_only: servers on earlier weights "
+                            "are not used)" if self.latest_weights_only else "")
+                    raise RoutingError(f"no routable server{only} after waiting {self.wait_for_server_s:g} s "
+                                       "(wait_for_server_s)") from None
                 if not tried:
                     raise
                 raise RoutingError(f"{method} {path} failed on {sorted(tried)}: {last_error}; {exc}") from None

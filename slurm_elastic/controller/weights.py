@@ -26,7 +26,7 @@ import httpx
 from slurm_elastic.controller.config import WEIGHTS_PRESETS, WeightsSection
 from slurm_elastic.controller.files import write_json_atomic
 from slurm_elastic.core.lifecycle import WorkerState, begin_drain
-from slurm_elastic.core.weights import ServerWeights, UpdateOrder, WeightsBook
+from slurm_elastic.core.weights import PublishedWeights, ServerWeights, UpdateOrder, WeightsBook
 from slurm_elastic.errors import SlurmElasticError
 from slurm_elastic.slurm.runner import run_command
 
@@ -40,23 +40,27 @@ POLL_S = 0.25  # the pusher looks for servers due an update at least this often
 
 
 class WeightsRecord:
-    """The latest published (version, weights) in ``<state dir>/weights.json``."""
+    """The latest published weights in ``<state dir>/weights.json``, with the book's fallback (the
+    newest some server loaded) when the latest were not yet loaded by any."""
 
     def __init__(self, state_dir: Path) -> None:
         self.path = state_dir / WEIGHTS_FILE
 
-    def load(self) -> tuple[int, str] | None:
-        """The saved (version, ref); None if none was saved. A damaged file is an error that names it."""
+    def load(self) -> tuple[PublishedWeights, PublishedWeights | None] | None:
+        """The saved (latest, fallback); None if none was saved. A damaged file is an error that names it."""
         try:
             data = json.loads(self.path.read_text())
-            return int(data["version"]), str(data["ref"])
+            fallback = data.get("fallback")
+            return (PublishedWeights(int(data["version"]), str(data["ref"])),
+                    None if fallback is None else PublishedWeights(int(fallback["version"]), str(fallback["ref"])))
         except FileNotFoundError:
             return None
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise SlurmElasticError(f"{self.path}: not a weights record ({exc}); remove it or publish again") from None
 
-    def save(self, version: int, ref: str) -> None:
-        write_json_atomic(self.path, {"version": version, "ref": ref})
+    def save(self, latest: PublishedWeights, fallback: PublishedWeights | None) -> None:
+        write_json_atomic(self.path, {"version": latest.version, "ref": latest.ref, **(
+            {} if fallback is None else {"fallback": {"version": fallback.version, "ref": fallback.ref}})})
 
 
 def weights_book(config: WeightsSection, enforced: bool) -> WeightsBook:
@@ -73,14 +77,16 @@ def restore_weights(controller: ControllerBase) -> None:
         controller.note_state(str(exc))
         return
     if saved is not None:
-        controller.weights.publish(*saved)
+        controller.weights.publish(saved[0].version, saved[0].ref)
+        controller.weights.fallback = saved[1]
 
 
 def publish_weights(controller: Controller, version: int, ref: str) -> dict[str, Any]:
     """The trainer's new weights (validated by the route): kept durably, then pushed to every server."""
     with controller.lock:
-        controller.weights_record.save(version, ref)
-        controller.weights.publish(version, ref)
+        book = controller.weights
+        controller.weights_record.save(PublishedWeights(version, ref), book.fallback_after(version, ref))
+        book.publish(version, ref)
         controller.publish_endpoints()
     if controller.weights_wake is not None:
         controller.weights_wake.set()

@@ -41,6 +41,8 @@ class EndpointBook:
     endpoints: dict[str, Endpoint] = field(default_factory=dict)
     weights_version: int | None = None  # the latest published weights (None: none published)
     _reports: dict[str, _ClientReport] = field(default_factory=dict)
+    _gone: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # routers silent since: their last totals
+    _gone_for_good: tuple[int, int, int] = (0, 0, 0)  # the totals of routers forgotten from _gone
 
     def publish(self, endpoints: list[Endpoint], weights_version: int | None = None) -> bool:
         """Replace the routable set (and the latest weights version); True (and a new version) if it changed."""
@@ -55,15 +57,35 @@ class EndpointBook:
                retried: int = 0, failed: int = 0) -> None:
         """A router's current outstanding requests per worker (and its running totals).
 
-        Reports older than ``report_ttl_s`` are dropped, and at most ``max_clients`` are kept."""
+        Reports older than ``report_ttl_s`` are dropped, and at most ``max_clients`` are kept; the
+        totals of a router dropped still count in the job's (:meth:`view`)."""
+        self._gone.pop(client_id, None)  # back: its totals count in its report again
         self._reports.pop(client_id, None)  # re-inserted last: the dict stays in report order
         self._reports[client_id] = _ClientReport(now_s, {k: max(0, int(v)) for k, v in outstanding.items()},
                                                  sent, retried, failed)
-        self._reports = prune_reports(self._reports, now_s, self.report_ttl_s, self.max_clients)
+        self._prune(now_s)
+
+    def _prune(self, now_s: float) -> None:
+        kept = prune_reports(self._reports, now_s, self.report_ttl_s, self.max_clients)
+        if kept is self._reports:
+            return
+        for client_id, dropped in self._reports.items():
+            if client_id not in kept:
+                self._gone[client_id] = (dropped.sent, dropped.retried, dropped.failed)
+        while len(self._gone) > self.max_clients:  # bounded: the oldest are summed for good
+            sent, retried, failed = self._gone.pop(next(iter(self._gone)))
+            before = self._gone_for_good
+            self._gone_for_good = (before[0] + sent, before[1] + retried, before[2] + failed)
+        self._reports = kept
 
     def _fresh(self, now_s: float) -> list[_ClientReport]:
-        self._reports = prune_reports(self._reports, now_s, self.report_ttl_s, self.max_clients)
+        self._prune(now_s)
         return list(self._reports.values())
+
+    def totals(self, now_s: float) -> tuple[int, int, int]:
+        """Requests sent, retried and failed by every router that reported to this controller."""
+        rows = [(r.sent, r.retried, r.failed) for r in self._fresh(now_s)] + [*self._gone.values(), self._gone_for_good]
+        return sum(r[0] for r in rows), sum(r[1] for r in rows), sum(r[2] for r in rows)
 
     def outstanding(self, worker_id: str, now_s: float) -> int:
         return sum(r.outstanding.get(worker_id, 0) for r in self._fresh(now_s))
@@ -88,9 +110,7 @@ class EndpointBook:
                           for e in sorted(self.endpoints.values(), key=lambda e: e.worker_id)
                           if not latest_weights_only or e.weights_version == self.weights_version],
             "routers": len(fresh),
-            "requests_sent": sum(r.sent for r in fresh),
-            "requests_retried": sum(r.retried for r in fresh),
-            "requests_failed": sum(r.failed for r in fresh),
+            **dict(zip(("requests_sent", "requests_retried", "requests_failed"), self.totals(now_s), strict=True)),
         }
 
 

@@ -6,7 +6,9 @@ backoff (doubling per failure in a row) up to ``max_failures`` in a row. Once so
 loaded the version (the weights are good), a server that fails it leaves discovery at once and
 after ``max_failures`` is to be replaced. Until then a failure may be the weights' (a path
 mistyped): the servers keep serving the weights they run, stay in discovery, and none is
-replaced. A server enters discovery only once it runs the latest published weights; one that
+replaced; a server that gave up on them and runs other weights than the fleet (one started or
+relaunched since) is given the newest weights some server loaded (the fallback), enters discovery
+on them, and is replaced if it cannot load those either. A server enters discovery only once it runs the latest published weights; one that
 joined at an earlier version stays routable while its update to the latest is under way
 (routers that want only the latest filter on the version). A failed update of a version already
 superseded counts for nothing.
@@ -71,6 +73,7 @@ class WeightsBook:
     max_failures: int = WEIGHTS_MAX_FAILURES
     retry_backoff_s: float = WEIGHTS_RETRY_BACKOFF_S
     latest: PublishedWeights | None = None
+    fallback: PublishedWeights | None = None  # the newest weights some server loaded, while the latest are not
     _updates: dict[str, _Updates] = field(default_factory=dict)
     _joined: set[str] = field(default_factory=set)  # were in discovery: at the latest, or before any publish
     _seeded: bool = False
@@ -81,10 +84,17 @@ class WeightsBook:
         new = PublishedWeights(version, ref)
         if new == self.latest:
             return False
+        self.fallback = self.fallback_after(version, ref)
         self.latest, self._proven = new, False
         for updates in self._updates.values():  # new weights: a server waiting out a backoff may try them now
             updates.failures, updates.retry_at_s = 0, 0.0
         return True
+
+    def fallback_after(self, version: int, ref: str) -> PublishedWeights | None:
+        """What the fallback would be after a publish of ``version`` at ``ref`` (saved before it)."""
+        if PublishedWeights(version, ref) == self.latest:
+            return self.fallback
+        return self.latest if self._proven else self.fallback
 
     def conflict(self, version: int, ref: str) -> str | None:
         """Why a plain publish of ``version`` at ``ref`` is refused (None: it is not): that version
@@ -126,11 +136,13 @@ class WeightsBook:
                 self._prove()
                 continue
             updates = self._updates.setdefault(server.worker_id, _Updates())
-            if (updates.in_flight is not None or updates.retry_at_s > now_s
-                    or updates.failures >= self.max_failures):
+            if updates.in_flight is not None or updates.retry_at_s > now_s:
                 continue
-            updates.in_flight = latest.version
-            orders.append(UpdateOrder(server.worker_id, server.url, latest, updates.failures + 1))
+            weights = latest if updates.failures < self.max_failures else self._fallback_for(server)
+            if weights is None:
+                continue
+            updates.in_flight = weights.version
+            orders.append(UpdateOrder(server.worker_id, server.url, weights, min(updates.failures + 1, self.max_failures)))
         return orders
 
     def done(self, worker_id: str, version: int, error: str, now_s: float) -> UpdateOutcome:
@@ -138,12 +150,21 @@ class WeightsBook:
         updates = self._updates.setdefault(worker_id, _Updates())
         updates.in_flight = None
         latest = self.latest
+        fallback = self.fallback is not None and version == self.fallback.version and not self._proven
         if not error:
+            if fallback:  # on the fleet's weights now: in discovery, the latest not tried again
+                self._joined.add(worker_id)
+                return UpdateOutcome("loaded")
             updates.failures, updates.retry_at_s, updates.last_error = 0, 0.0, ""
             if latest is not None and version == latest.version:
                 self._joined.add(worker_id)
                 self._prove()
             return UpdateOutcome("loaded")
+        if fallback:
+            updates.last_error = error
+            return UpdateOutcome("replace", f"weights version {version}, which the other servers run, failed too "
+                                            f"(no server has loaded version {latest.version if latest else '?'}): "
+                                            f"{error}")
         if latest is not None and version != latest.version:  # superseded: the latest is due next, at once
             return UpdateOutcome("retry", f"weights update to version {version} failed ({error}); version "
                                           f"{latest.version} is due next")
@@ -160,12 +181,21 @@ class WeightsBook:
         return UpdateOutcome("retry", f"weights update to version {version} failed "
                                       f"({updates.failures}/{self.max_failures}): {error}")
 
+    def _fallback_for(self, server: ServerWeights) -> PublishedWeights | None:
+        """The weights a server that gave up on the latest is given: the fallback, while no server
+        has loaded the latest and this one runs other weights and is not in discovery."""
+        fallback = self.fallback
+        if self._proven or fallback is None or server.loaded_version == fallback.version \
+                or server.worker_id in self._joined:
+            return None
+        return fallback
+
     def _prove(self) -> None:
         """A server loaded the latest version: the weights are good. A server that gave up on them
         while none had gets one more try, and is replaced if that fails too."""
         if self._proven:
             return
-        self._proven = True
+        self._proven, self.fallback = True, None
         for updates in self._updates.values():
             if updates.failures >= self.max_failures:
                 updates.failures, updates.retry_at_s = self.max_failures - 1, 0.0

@@ -46,3 +46,21 @@ def test_prune_reports_keeps_what_is_fresh_and_within_the_cap() -> None:
     for i in range(20):
         book.report(f"r{i}", {}, now_s=float(i))
     assert book.view(19.0)["routers"] == 6  # 14..19: at most 5 s old
+
+
+def test_the_request_totals_keep_what_routers_that_went_away_sent() -> None:
+    """Found by a live audit: a router that ended took its totals out of status 10 s later
+    (`2 routers: 1427 sent` became `1 router: 1138 sent` while the other kept sending), and one
+    that failed requests and exited read as 0 failed."""
+    book = EndpointBook(report_ttl_s=10.0, max_clients=2)
+    book.report("a", {}, 0.0, sent=100, retried=5, failed=2)
+    book.report("b", {}, 0.0, sent=50)
+    book.report("b", {}, 15.0, sent=60)  # a went away
+    view = book.view(15.0)
+    assert view["routers"] == 1 and (view["requests_sent"], view["requests_retried"], view["requests_failed"]) == (
+        160, 5, 2)
+    book.report("a", {}, 16.0, sent=120, retried=5, failed=2)  # back: counted once, as it reports now
+    assert book.totals(16.0) == (180, 5, 2)
+    for n, client in enumerate("cdef"):  # more routers come and go than are remembered apart
+        book.report(client, {}, 20.0 + 20 * n, sent=1)
+    assert book.totals(200.0) == (184, 5, 2)

@@ -34,7 +34,7 @@ def test_a_report_under_a_client_swapped_for_a_moved_controller_keeps_the_report
 def test_a_request_sent_while_the_router_knows_no_server_fails_after_waiting_for_one() -> None:
     router = Router("http://127.0.0.1:9", "token", report_interval_s=60.0, poll_wait_s=0.1, wait_for_server_s=0.2)
     try:
-        with pytest.raises(RoutingError, match="no routable server"):
+        with pytest.raises(RoutingError, match=r"no routable server after waiting 0.2 s \(wait_for_server_s\)"):
             router.request("GET", "/health")
     finally:
         router.close()

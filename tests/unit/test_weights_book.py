@@ -101,6 +101,47 @@ def test_weights_every_server_fails_take_no_server_out_of_discovery_and_replace_
     assert [o.worker_id for o in book.due(servers(3, 3), 1.7)] == ["0002"]  # a superseded failure: no backoff
 
 
+def test_a_server_started_after_weights_no_server_loads_is_given_the_weights_the_fleet_runs() -> None:
+    """Found by a live audit: after a publish every server failed, a server relaunched since (on
+    its base model) failed it too and stayed ACTIVE out of discovery for good, holding its GPU and
+    a place in the target: each crash or replacement lost one more server."""
+    book = WeightsBook(max_failures=2, retry_backoff_s=1.0)
+    book.publish(8, "/ckpt/8")
+    book.due(servers(None, None), 0.0)
+    assert [book.done(w, 8, "", 0.0).action for w in ("0001", "0002")] == ["loaded", "loaded"]
+    book.publish(9, "/ckpt/bad")
+    fleet = [ServerWeights("0001", "u1", 8), ServerWeights("0003", "u3", None)]  # 0003: relaunched since
+    for now_s in (1.0, 3.0):
+        assert {o.worker_id for o in book.due(fleet, now_s)} == {"0001", "0003"}
+        assert {book.done(w, 9, "HTTP 400", now_s).action for w in ("0001", "0003")} == {"retry"}
+    assert book.routable("0001", 8) and not book.routable("0003", None)
+    [order] = book.due(fleet, 10.0)  # 0003 gave up on 9: it gets 8, what 0001 runs; 0001 is left alone
+    assert (order.worker_id, order.weights.version, order.weights.ref) == ("0003", 8, "/ckpt/8")
+    assert book.done("0003", 8, "", 10.5).action == "loaded"
+    fleet[1] = ServerWeights("0003", "u3", 8)
+    assert book.routable("0003", 8) and book.due(fleet, 20.0) == []  # in discovery, on the fleet's weights
+    book.publish(10, "/ckpt/10")  # a good publish: everyone tries it afresh
+    assert {o.worker_id for o in book.due(fleet, 21.0)} == {"0001", "0003"}
+    assert book.fallback is not None and book.done("0001", 10, "", 21.5).action == "loaded"
+    assert book.fallback is None
+
+
+def test_a_server_that_cannot_load_the_fleets_weights_either_is_replaced() -> None:
+    book = WeightsBook(max_failures=1, retry_backoff_s=1.0)
+    book.publish(8, "/ckpt/8")
+    book.due([ServerWeights("0001", "u1", None)], 0.0)
+    book.done("0001", 8, "", 0.0)
+    book.publish(9, "/ckpt/bad")
+    fleet = [ServerWeights("0001", "u1", 8), ServerWeights("0002", "u2", None)]
+    book.due(fleet, 1.0)
+    book.done("0001", 9, "HTTP 400", 1.0)
+    book.done("0002", 9, "HTTP 400", 1.0)
+    [order] = book.due(fleet, 5.0)
+    assert order.weights.version == 8
+    outcome = book.done("0002", 8, "HTTP 400: out of memory", 5.0)
+    assert outcome.action == "replace" and "which the other servers run, failed too" in outcome.reason
+
+
 def test_a_server_that_gave_up_on_weights_no_server_had_loaded_tries_once_more_when_one_does() -> None:
     book = WeightsBook(max_failures=2, retry_backoff_s=1.0)
     book.publish(1, "/ckpt/1")

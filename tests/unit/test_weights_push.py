@@ -319,6 +319,25 @@ def test_a_server_on_its_own_weights_stays_in_discovery_across_a_restart_during_
     assert again.routable() == {"0001"}
 
 
+def test_the_weights_the_fleet_runs_are_kept_across_a_restart_while_the_latest_are_not_loaded(
+        engines: Engines, job_factory: Callable[..., Job]) -> None:
+    """A server relaunched after a publish no server loads is given the fleet's weights: a
+    restarted controller must still know them."""
+    from slurm_elastic.core.weights import PublishedWeights
+
+    job = job_factory()
+    engine = FakeEngine("sglang", worker_id="0001")
+    job.add_server("0001", engines.start(engine))
+    job.trainer.publish_version(1, weights="/ckpt/1")
+    assert job.trainer.wait_for_weights(1, timeout_s=WAIT_S, poll_s=0.05) == 1
+    engine.update = "fail"
+    job.trainer.publish_version(2, weights="/ckpt/bad")
+    job.close()
+    again = job_factory()
+    assert (again.controller.weights.latest, again.controller.weights.fallback) == (
+        PublishedWeights(2, "/ckpt/bad"), PublishedWeights(1, "/ckpt/1"))
+
+
 def test_a_publish_refused_by_the_staleness_rules_records_no_weights(job_factory: Callable[..., Job]) -> None:
     job = job_factory()
     job.trainer.publish_version(3, weights="/ckpt/3")
