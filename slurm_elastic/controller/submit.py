@@ -10,7 +10,9 @@ import json
 import logging
 import math
 import multiprocessing
+import os
 import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Annotated, Any, Generic, NamedTuple, TypeVar
@@ -138,6 +140,7 @@ def inline_schema(model: type[BaseModel]) -> dict[str, Any]:
 
 JSON = [(b"content-type", b"application/json")]
 PARSE_APART_BYTES = 1 << 20  # a submit this large is parsed in the parser process
+PARENT_CHECK_S = 1.0  # how often the parser process looks whether the controller still runs
 HELD_BODIES_MAX_BYTES = 512 << 20  # submits being received, parsed or stored hold at most this much at once
 MAX_CONTAINERS = 1_000_000  # arrays and objects in a submitted group (brackets in strings count too): 32 MiB of
 # empty lists took the event loop 10 s and 2.5 GB to parse; a group of token lists holds a few per sequence
@@ -239,7 +242,8 @@ class SubmitEndpoint:
         if len(body) < PARSE_APART_BYTES:
             return _group_head(body)
         if self.parser is None:  # spawned: a fork of this process would copy its threads' locks
-            self.parser = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+            self.parser = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
+                                              initializer=_exit_with, initargs=(os.getpid(),))
         return await asyncio.get_running_loop().run_in_executor(self.parser, _group_head, body)
 
     def close(self) -> None:
@@ -261,6 +265,17 @@ class _Invalid(NamedTuple):
 
     errors: list[Any]
     n_errors: int
+
+
+def _exit_with(parent_pid: int) -> None:
+    """In the parser process: exit once the controller that started it is gone (a kill -9 leaves
+    the pool's process waiting for work for ever otherwise)."""
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(PARENT_CHECK_S)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 def _group_head(body: bytes) -> _GroupHead | _Invalid:

@@ -205,3 +205,54 @@ def test_a_large_group_is_parsed_in_a_process_of_its_own_and_a_dead_parser_is_re
     finally:
         endpoint.close()
         queue.store.close()
+
+
+PARSER_OWNER = """
+import asyncio, json, sys
+from pathlib import Path
+from slurm_elastic.controller.submit import SubmitEndpoint
+from slurm_elastic.rollouts.queue import QueueConfig, RolloutQueue
+from slurm_elastic.rollouts.store import RolloutStore
+
+async def main():
+    queue = RolloutQueue(RolloutStore(Path(sys.argv[1]) / "q.sqlite"), QueueConfig(batch_size=2, capacity_seqs=100))
+    endpoint = SubmitEndpoint(queue)
+    body = json.dumps({"id": "g", "worker_id": "0001", "policy_version": 0, "group_size": 1,
+                       "sequences": [{"tokens": list(range(300000)), "score": 1.0}]}).encode()
+    async def receive():
+        return {"type": "http.request", "body": body, "more_body": False}
+    print((await endpoint.answer(receive))[0], *endpoint.parser._processes, flush=True)
+    await asyncio.sleep(600)
+
+if __name__ == "__main__":
+    asyncio.run(main())
+"""
+
+
+def test_the_parser_process_ends_with_a_controller_killed_under_it(tmp_path: Path) -> None:
+    """Before, a kill -9 of the controller left its parser process waiting for work until the job
+    ended: one more for every restart."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "owner.py"
+    script.write_text(PARSER_OWNER)
+    owner = subprocess.Popen([sys.executable, str(script), str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                             cwd=Path(__file__).resolve().parents[2])
+    assert owner.stdout is not None
+    code, parser_pid = owner.stdout.readline().split()
+    assert code == "200"
+    owner.send_signal(signal.SIGKILL)
+    owner.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.kill(int(parser_pid), 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.kill(int(parser_pid), signal.SIGKILL)
+    raise AssertionError("the parser process outlived its controller by 30 s")
