@@ -10,7 +10,7 @@ import jinja2
 
 from slurm_elastic.controller.burst_config import split_excludes
 from slurm_elastic.controller.config import ElasticConfig, check_worker_command
-from slurm_elastic.core.burst import burst_job_comment, burst_job_name
+from slurm_elastic.core.burst import BURST_NAME_PREFIX, burst_job_comment, burst_job_name
 from slurm_elastic.core.shape import worker_shape
 from slurm_elastic.errors import ConfigError
 from slurm_elastic.resources import templates_dir
@@ -38,6 +38,7 @@ def render_sbatch(config: ElasticConfig, config_path: str) -> str:
         config_path=shlex.quote(config_path),
         trainer_command=shlex.join(config.job.trainer_command),
         drain_timeout_s=f"{config.workers.drain_timeout_s:g}",
+        burst_name_prefix=BURST_NAME_PREFIX if config.burst.max_jobs else "",
     )
 
 

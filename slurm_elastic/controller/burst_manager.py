@@ -10,6 +10,7 @@ overwrote is set back), the time of the last submission, counters.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -200,7 +201,7 @@ class BurstManager:
                         "outside): counted lost", job_id)
         self.counters.lost += len(gone)
         self._given_back &= listed_ids  # gone from Slurm's listing: nothing more to tell about it
-        self._account(current, workers_by_job, now_s)
+        self._account(current, Counter(workers_by_job) + Counter(draining_by_job), now_s)  # a draining worker works on
         self._previous = current
         decision = decide_burst(self.policy, target_workers=target_workers, allocation_slots=allocation_slots,
                                 jobs=current, releasing=releasing, last_submit_s=self.last_submit_s, now_s=now_s,

@@ -160,10 +160,11 @@ class SubmitEndpoint:
     (:class:`ControllerApp`) so the hot route skips its per-request machinery; the FastAPI route
     with the same handler documents it in OpenAPI."""
 
-    def __init__(self, queue: RolloutQueue, held_max_bytes: int = HELD_BODIES_MAX_BYTES) -> None:
+    def __init__(self, queue: RolloutQueue, held_max_bytes: int | None = None) -> None:
         self.queue = queue
         self.held_bytes = 0  # the bodies of the submits being answered (received so far)
-        self.held_max_bytes = held_max_bytes
+        # the largest group the queue takes always fits
+        self.held_max_bytes = held_max_bytes or max(HELD_BODIES_MAX_BYTES, queue.config.max_group_bytes)
         # a large body is parsed in a process of its own, one at a time, started at the first: pydantic
         # holds the GIL while it parses, so in a thread a 16 MB group still held every answer 0.9 s
         self.parser: ProcessPoolExecutor | None = None
@@ -191,7 +192,9 @@ class SubmitEndpoint:
                 chunks.append(chunk)
                 if not message.get("more_body"):
                     break
-            return await self._answer(chunks[0] if len(chunks) == 1 else b"".join(chunks))  # one chunk: uncopied
+            body = chunks[0] if len(chunks) == 1 else b"".join(chunks)  # one chunk: uncopied
+            chunks.clear()  # not held twice while it is parsed and stored
+            return await self._answer(body)
         finally:
             self.held_bytes -= held
 
@@ -203,7 +206,6 @@ class SubmitEndpoint:
         try:
             group = await self._parse(body)
         except BrokenProcessPool as exc:  # the parser died (killed for its memory?): a new one parses the next
-            self.parser = None
             return _unavailable("(not parsed)", exc)
         if isinstance(group, _Invalid):
             return 422, json.dumps(error_detail(group.errors, group.n_errors, ("body",))).encode(), JSON
@@ -244,7 +246,13 @@ class SubmitEndpoint:
         if self.parser is None:  # spawned: a fork of this process would copy its threads' locks
             self.parser = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
                                               initializer=_exit_with, initargs=(os.getpid(),))
-        return await asyncio.get_running_loop().run_in_executor(self.parser, _group_head, body)
+        parser = self.parser
+        try:
+            return await asyncio.get_running_loop().run_in_executor(parser, _group_head, body)
+        except BrokenProcessPool:
+            if self.parser is parser:  # not one made since by a submit that met the same death
+                self.parser = None
+            raise
 
     def close(self) -> None:
         """Stop the parser process, if one was started."""

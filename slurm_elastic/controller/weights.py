@@ -93,6 +93,17 @@ def publish_weights(controller: Controller, version: int, ref: str) -> dict[str,
     return {"version": version, "ref": ref}
 
 
+def _save_if_proven(controller: ControllerBase, fallback_before: PublishedWeights | None) -> None:
+    """A server loaded the latest weights, which clears the book's fallback: the record drops it
+    too (else a restart would bring back weights the fleet no longer runs). Call under the lock."""
+    book = controller.weights
+    if fallback_before is not None and book.fallback is None and book.latest is not None:
+        try:
+            controller.weights_record.save(book.latest, None)
+        except OSError as exc:  # kept in memory; the next publish writes the record again
+            log.warning("weights: %s could not be written: %s", controller.weights_record.path, exc)
+
+
 def latest_weights(book: WeightsBook) -> dict[str, Any] | None:
     """What a new server is told at registration: the latest published weights (None: none yet)."""
     latest = book.latest
@@ -205,7 +216,10 @@ class WeightsPusher:
         with ctl.lock:
             servers = [ServerWeights(w.worker_id, w.endpoint, w.weights_version) for w in ctl.workers.values()
                        if w.state is WorkerState.ACTIVE and w.endpoint and not w.placeholder]
-            return ctl.weights.due(servers, ctl.clock())
+            fallback = ctl.weights.fallback
+            orders = ctl.weights.due(servers, ctl.clock())
+            _save_if_proven(ctl, fallback)
+            return orders
 
     def _push(self, order: UpdateOrder) -> None:
         log.info("weights: updating %s to version %d (%s), attempt %d", order.worker_id, order.weights.version,
@@ -223,7 +237,9 @@ class WeightsPusher:
         ctl = self.controller
         with ctl.lock:
             now_s = ctl.clock()
+            fallback = ctl.weights.fallback
             outcome = ctl.weights.done(order.worker_id, order.weights.version, error, now_s)
+            _save_if_proven(ctl, fallback)
             worker = ctl.workers.get(order.worker_id)
             if outcome.action == "loaded":
                 self.pushed += 1

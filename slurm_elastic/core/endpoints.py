@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MAX_LOAD_CLIENTS = 256  # routers whose reports are kept at once (the oldest report goes first)
+TOTALS_CLIENTS_KEPT = 4096  # routers whose last totals are kept apart (the requests they add count once)
 
 
 @dataclass(frozen=True)
@@ -41,8 +42,8 @@ class EndpointBook:
     endpoints: dict[str, Endpoint] = field(default_factory=dict)
     weights_version: int | None = None  # the latest published weights (None: none published)
     _reports: dict[str, _ClientReport] = field(default_factory=dict)
-    _gone: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # routers silent since: their last totals
-    _gone_for_good: tuple[int, int, int] = (0, 0, 0)  # the totals of routers forgotten from _gone
+    _last_totals: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # per router, its last report's
+    _totals: tuple[int, int, int] = (0, 0, 0)  # requests sent, retried, failed by every router that reported
 
     def publish(self, endpoints: list[Endpoint], weights_version: int | None = None) -> bool:
         """Replace the routable set (and the latest weights version); True (and a new version) if it changed."""
@@ -58,34 +59,32 @@ class EndpointBook:
         """A router's current outstanding requests per worker (and its running totals).
 
         Reports older than ``report_ttl_s`` are dropped, and at most ``max_clients`` are kept; the
-        totals of a router dropped still count in the job's (:meth:`view`)."""
-        self._gone.pop(client_id, None)  # back: its totals count in its report again
+        totals of a router dropped still count in the job's (:meth:`totals`)."""
+        self._count(client_id, (sent, retried, failed))
         self._reports.pop(client_id, None)  # re-inserted last: the dict stays in report order
         self._reports[client_id] = _ClientReport(now_s, {k: max(0, int(v)) for k, v in outstanding.items()},
                                                  sent, retried, failed)
-        self._prune(now_s)
+        self._reports = prune_reports(self._reports, now_s, self.report_ttl_s, self.max_clients)
 
-    def _prune(self, now_s: float) -> None:
-        kept = prune_reports(self._reports, now_s, self.report_ttl_s, self.max_clients)
-        if kept is self._reports:
-            return
-        for client_id, dropped in self._reports.items():
-            if client_id not in kept:
-                self._gone[client_id] = (dropped.sent, dropped.retried, dropped.failed)
-        while len(self._gone) > self.max_clients:  # bounded: the oldest are summed for good
-            sent, retried, failed = self._gone.pop(next(iter(self._gone)))
-            before = self._gone_for_good
-            self._gone_for_good = (before[0] + sent, before[1] + retried, before[2] + failed)
-        self._reports = kept
+    def _count(self, client_id: str, totals: tuple[int, int, int]) -> None:
+        """Add what a router's running totals grew by since its last report (all of them, for a
+        router not heard before or whose totals went down: a new process under that id). The last
+        totals of at most TOTALS_CLIENTS_KEPT routers are kept (the longest silent forgotten)."""
+        last = self._last_totals.pop(client_id, None)
+        self._last_totals[client_id] = totals
+        if len(self._last_totals) > TOTALS_CLIENTS_KEPT:
+            del self._last_totals[next(iter(self._last_totals))]
+        grew = totals if last is None or any(n < b for n, b in zip(totals, last, strict=True)) else tuple(
+            n - b for n, b in zip(totals, last, strict=True))
+        self._totals = (self._totals[0] + grew[0], self._totals[1] + grew[1], self._totals[2] + grew[2])
 
     def _fresh(self, now_s: float) -> list[_ClientReport]:
-        self._prune(now_s)
+        self._reports = prune_reports(self._reports, now_s, self.report_ttl_s, self.max_clients)
         return list(self._reports.values())
 
-    def totals(self, now_s: float) -> tuple[int, int, int]:
+    def totals(self) -> tuple[int, int, int]:
         """Requests sent, retried and failed by every router that reported to this controller."""
-        rows = [(r.sent, r.retried, r.failed) for r in self._fresh(now_s)] + [*self._gone.values(), self._gone_for_good]
-        return sum(r[0] for r in rows), sum(r[1] for r in rows), sum(r[2] for r in rows)
+        return self._totals
 
     def outstanding(self, worker_id: str, now_s: float) -> int:
         return sum(r.outstanding.get(worker_id, 0) for r in self._fresh(now_s))
@@ -110,7 +109,7 @@ class EndpointBook:
                           for e in sorted(self.endpoints.values(), key=lambda e: e.worker_id)
                           if not latest_weights_only or e.weights_version == self.weights_version],
             "routers": len(fresh),
-            **dict(zip(("requests_sent", "requests_retried", "requests_failed"), self.totals(now_s), strict=True)),
+            **dict(zip(("requests_sent", "requests_retried", "requests_failed"), self.totals(), strict=True)),
         }
 
 

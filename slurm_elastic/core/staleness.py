@@ -141,7 +141,8 @@ class StalenessManager:
 
 
 ADMISSION_IDS_KEPT = 16  # a worker's admission ids remembered with their answers (a late repeat is answered)
-REFUSED_IDS_KEPT = 16  # a worker's refused group ids remembered, and saved (a resend releases nothing again)
+REFUSED_IDS_KEPT = 16  # a worker's refused group ids remembered (a resend releases nothing again) ...
+REFUSED_IDS_SAVED = 4  # ... and the last of them saved with every admission (a resend after a restart)
 REFUSED_WORKERS_KEPT = 4096  # workers whose refused ids are remembered (the longest unheard of forgotten first)
 
 
@@ -174,7 +175,8 @@ class AdmissionLeases:
     its worker's step is seen to end (:meth:`release`; a relaunch under the same id starts with
     none), and one not used within ``ttl_s`` of its worker's last admission (a worker that hangs)
     is released too. Each worker's last ``REFUSED_IDS_KEPT`` refused (or given back) group ids
-    are kept apart from its lease, saved with it, and forgotten when its step ends: a resend of one
+    are kept apart from its lease (the last ``REFUSED_IDS_SAVED`` saved with the counts: a
+    worker resends what it has in flight, a few groups at most) and forgotten when its step ends: a resend of one
     (its answer lost, a restart before the answer) releases nothing again, also when the first
     refusal found no lease (one that expired) and the resend finds a new one. Used by the queue
     and the simulator."""
@@ -356,7 +358,8 @@ class StalenessSnapshot:
     def to_json(self) -> str:
         leases = {w: [h.unused_seqs, h.granted_at_s, h.admission_id, h.admission_granted]
                   for w, h in self.leases.items() if h.unused_seqs or h.admission_id}
-        refused = {"refused": {w: list(ids) for w, ids in self.refused.items()}} if self.refused else {}
+        refused = {"refused": {w: list(ids[-REFUSED_IDS_SAVED:]) for w, ids in self.refused.items()}} \
+            if self.refused else {}
         return json.dumps({"version": self.version, "gross_seqs": self.gross_seqs, "at_seq": self.at_seq,
                            "leases": leases, **refused}, separators=(",", ":"))
 

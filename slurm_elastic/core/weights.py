@@ -60,6 +60,7 @@ class UpdateOutcome:
 class _Updates:
     failures: int = 0  # failed updates in a row
     in_flight: int | None = None  # the version being pushed now
+    on_fallback: bool = False  # ... and it is the fallback (the fleet's weights), not the latest
     retry_at_s: float = 0.0
     last_error: str = ""
 
@@ -94,7 +95,8 @@ class WeightsBook:
         """What the fallback would be after a publish of ``version`` at ``ref`` (saved before it)."""
         if PublishedWeights(version, ref) == self.latest:
             return self.fallback
-        return self.latest if self._proven else self.fallback
+        kept = self.latest if self._proven else self.fallback
+        return kept if kept is not None and kept.version <= version else None  # not a version gone back from
 
     def conflict(self, version: int, ref: str) -> str | None:
         """Why a plain publish of ``version`` at ``ref`` is refused (None: it is not): that version
@@ -141,16 +143,16 @@ class WeightsBook:
             weights = latest if updates.failures < self.max_failures else self._fallback_for(server)
             if weights is None:
                 continue
-            updates.in_flight = weights.version
+            updates.in_flight, updates.on_fallback = weights.version, weights is not latest
             orders.append(UpdateOrder(server.worker_id, server.url, weights, min(updates.failures + 1, self.max_failures)))
         return orders
 
     def done(self, worker_id: str, version: int, error: str, now_s: float) -> UpdateOutcome:
         """An update of ``worker_id`` to ``version`` ended (``error`` empty: it succeeded)."""
         updates = self._updates.setdefault(worker_id, _Updates())
-        updates.in_flight = None
+        fallback = updates.on_fallback and not self._proven
+        updates.in_flight, updates.on_fallback = None, False
         latest = self.latest
-        fallback = self.fallback is not None and version == self.fallback.version and not self._proven
         if not error:
             if fallback:  # on the fleet's weights now: in discovery, the latest not tried again
                 self._joined.add(worker_id)

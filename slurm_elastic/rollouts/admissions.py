@@ -140,16 +140,15 @@ class StalenessBook:
         self.last_seq = max(self.last_seq, seq)
         self.leases.accept(worker_id, n_seqs, now_s)
 
-    def refused(self, worker_id: str, group_id: str, n_seqs: int, now_s: float) -> int:
+    def refused(self, worker_id: str, group_id: str, n_seqs: int, now_s: float) -> int | None:
         """``worker_id``'s group ``group_id`` of ``n_seqs`` sequences was refused (stale, or a
         version ahead) or given back: they leave its lease as AReaL's ``on_rollout_rejected``,
         once: a resend releases nothing again (lock held; saved, with the group's id, by the next
-        :meth:`save`). Returns the sequences released."""
+        :meth:`save`). Returns the sequences released; None for a resend (nothing changed)."""
         self.leases.expire(now_s)
         released = self.leases.refuse(worker_id, n_seqs, group_id)
-        if released is None:
-            return 0
-        self._changed()
+        if released is not None:
+            self._changed()
         return released
 
     def released(self, worker_ids: list[str]) -> int:

@@ -104,9 +104,9 @@ class RolloutQueue:
         returns. Returns the sequences released."""
         with self._lock:
             released = self.book.refused(worker_id, release_id, n_seqs, self.clock())
-        if released:
-            self.save_counts()
-        return released
+        if released is not None:  # its id, too, is saved before the answer: a retry after a restart
+            self.save_counts()  # and a new grant must release nothing
+        return released or 0
 
     def release_leases(self, worker_ids: list[str]) -> int:
         """The steps of ``worker_ids`` have ended (failed, drained, cancelled, or now a

@@ -263,6 +263,18 @@ def test_a_group_refused_while_its_worker_held_no_lease_releases_nothing_from_a_
     assert again.give_back(2, "0001", "r1") == 0 and again.staleness.running == 4
 
 
+def test_a_give_back_that_released_nothing_is_saved_before_its_answer(tmp_path: Path) -> None:
+    """Its id must survive a restart too: a retry of it after the restart, once the worker was
+    granted anew, released 2 of the new lease (a code review)."""
+    q = make(tmp_path)
+    q.set_version(2)
+    assert q.give_back(2, "0001", "r1") == 0
+    q.store.close()  # a restart before any other save
+    again = make(tmp_path)
+    assert again.admit(4, "0001", "a1") == 4
+    assert again.give_back(2, "0001", "r1") == 0 and again.staleness.running == 4
+
+
 def test_only_the_last_granted_id_is_saved_and_earlier_forms_still_load() -> None:
     def lease(saved: str) -> Lease:
         return StalenessSnapshot.from_json(

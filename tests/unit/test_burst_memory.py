@@ -174,3 +174,17 @@ def test_the_controller_submits_nothing_on_a_failed_listing_and_keeps_its_counte
     assert restarted_controller.status()["burst"]["submitted"] == 1
     restarted_controller.tick()
     assert len(backend.submitted) == 1
+
+
+def test_a_worker_draining_in_a_burst_job_still_counts_as_using_its_gpu(tmp_path: Path) -> None:
+    """It finishes its rollout there: before, gpu_s_used stopped the moment it began to drain
+    while status's WORKERS column still counted it (a live audit)."""
+    slurm = FlakySlurm()
+    made = new_manager(slurm, tmp_path)
+    step(made, 6, {}, now_s=0)
+    [job] = list(slurm.jobs)
+    step(made, 6, {job: 2}, now_s=10)
+    used = made.counters.gpu_s_used
+    made.observe()
+    made.step(target_workers=6, allocation_slots=4, workers_by_job={job: 1}, draining_by_job={job: 1}, now_s=20)
+    assert made.counters.gpu_s_used == used + 20.0

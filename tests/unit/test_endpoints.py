@@ -48,7 +48,7 @@ def test_prune_reports_keeps_what_is_fresh_and_within_the_cap() -> None:
     assert book.view(19.0)["routers"] == 6  # 14..19: at most 5 s old
 
 
-def test_the_request_totals_keep_what_routers_that_went_away_sent() -> None:
+def test_the_request_totals_keep_what_routers_that_went_away_sent_and_count_each_request_once() -> None:
     """Found by a live audit: a router that ended took its totals out of status 10 s later
     (`2 routers: 1427 sent` became `1 router: 1138 sent` while the other kept sending), and one
     that failed requests and exited read as 0 failed."""
@@ -59,8 +59,11 @@ def test_the_request_totals_keep_what_routers_that_went_away_sent() -> None:
     view = book.view(15.0)
     assert view["routers"] == 1 and (view["requests_sent"], view["requests_retried"], view["requests_failed"]) == (
         160, 5, 2)
-    book.report("a", {}, 16.0, sent=120, retried=5, failed=2)  # back: counted once, as it reports now
-    assert book.totals(16.0) == (180, 5, 2)
-    for n, client in enumerate("cdef"):  # more routers come and go than are remembered apart
-        book.report(client, {}, 20.0 + 20 * n, sent=1)
-    assert book.totals(200.0) == (184, 5, 2)
+    book.report("a", {}, 16.0, sent=120, retried=5, failed=2)  # back: only what it sent since counts
+    assert book.totals() == (180, 5, 2)
+    for rounds in range(10):  # more routers than reports are kept, reporting round after round
+        for n in range(600):
+            book.report(f"r{n}", {}, 100.0 + rounds, sent=10 * (rounds + 1))
+    assert book.totals() == (180 + 600 * 100, 5, 2)
+    book.report("b", {}, 200.0, sent=3)  # totals that went down: a new router process under that id
+    assert book.totals() == (183 + 600 * 100, 5, 2)

@@ -206,3 +206,37 @@ def test_a_failed_trainer_still_drains_and_stops_and_its_status_is_the_jobs(tmp_
     logged = calls.read_text().splitlines()
     assert logged[-1] == "slurm-elastic stop" and any(c.startswith("srun ") for c in logged)
     assert ("the trainer exited with status 3" in done.stderr) == (trainer_status == 3)
+
+
+def test_a_job_with_burst_jobs_cancels_those_still_pending_when_it_is_terminated(tmp_path: Path) -> None:
+    """A burst job held while pending outlived its cancelled parent (a live audit): it never starts,
+    so it never looks whether its parent still runs. The batch script's SIGTERM trap cancels the
+    pending ones; a job without [burst] keeps the default (no scancel)."""
+    import contextlib
+    import signal
+    import time
+
+    calls = tmp_path / "calls"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in {"srun": "sleep 1", "scancel": f'echo "scancel $*" >> {calls}',
+                       "slurm-elastic": '[ "$1" != controller ] || exec sleep 30'}.items():
+        (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    config = load_config(DATA / "burst.toml")
+    config = config.model_copy(update={"job": config.job.model_copy(update={"trainer_command": ["train"]})})
+    script = tmp_path / "job.sbatch"
+    script.write_text(render_sbatch(config, "burst.toml"))
+    (tmp_path / "burst.toml").write_bytes((DATA / "burst.toml").read_bytes())
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "7", "TMPDIR": str(tmp_path)}
+    job = subprocess.Popen(["bash", str(script)], env=env, cwd=tmp_path, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, start_new_session=True)
+    time.sleep(0.5)  # in the trainer step (srun)
+    job.send_signal(signal.SIGTERM)
+    try:
+        assert job.wait(timeout=30) == 143
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(job.pid, signal.SIGKILL)  # the controller stand-in
+    assert calls.read_text() == "scancel --state=PENDING --name=elastic-burst-7\n"
+    assert "scancel --state=PENDING" not in render_sbatch(load_config(DATA / "minimal.toml"), "minimal.toml")

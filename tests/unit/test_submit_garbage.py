@@ -256,3 +256,14 @@ def test_the_parser_process_ends_with_a_controller_killed_under_it(tmp_path: Pat
         time.sleep(0.1)
     os.kill(int(parser_pid), signal.SIGKILL)
     raise AssertionError("the parser process outlived its controller by 30 s")
+
+
+def test_the_largest_group_the_queue_takes_always_fits_in_the_bodies_held(tmp_path: Path) -> None:
+    """A queue configured for groups above the default budget answered every such group 503,
+    for as long as its worker resent it (a code review)."""
+    config = QueueConfig(batch_size=2, capacity_seqs=100, max_group_bytes=1 << 30, capacity_bytes=2 << 30)
+    queue = RolloutQueue(RolloutStore(tmp_path / "q.sqlite"), config)
+    try:
+        assert SubmitEndpoint(queue).held_max_bytes == 1 << 30
+    finally:
+        queue.store.close()

@@ -142,6 +142,26 @@ def test_a_server_that_cannot_load_the_fleets_weights_either_is_replaced() -> No
     assert outcome.action == "replace" and "which the other servers run, failed too" in outcome.reason
 
 
+def test_a_failed_update_to_a_version_just_superseded_is_retried_not_replaced() -> None:
+    """The fallback is the version just superseded: an ordinary update to it, failing after the
+    next publish, read as a fallback order that failed, and its server was replaced (a code review)."""
+    book = WeightsBook(max_failures=3, retry_backoff_s=1.0)
+    book.publish(1, "/ckpt/1")
+    book.due([ServerWeights("a", "ua", None), ServerWeights("s", "us", None)], 0.0)
+    book.done("a", 1, "", 0.1)  # proven
+    book.publish(2, "/ckpt/2")  # s's update to 1 still in flight
+    assert book.done("s", 1, "timeout", 0.2).action == "retry"
+
+
+def test_a_publish_back_to_an_earlier_version_keeps_no_newer_fallback() -> None:
+    book = WeightsBook()
+    book.publish(7, "/ckpt/7")
+    book.due([ServerWeights("a", "ua", None)], 0.0)
+    book.done("a", 7, "", 0.1)
+    book.publish(5, "/ckpt/5")  # recovered from a checkpoint at 5: 7's weights are not the fleet's to come
+    assert book.fallback is None
+
+
 def test_a_server_that_gave_up_on_weights_no_server_had_loaded_tries_once_more_when_one_does() -> None:
     book = WeightsBook(max_failures=2, retry_backoff_s=1.0)
     book.publish(1, "/ckpt/1")

@@ -338,6 +338,19 @@ def test_the_weights_the_fleet_runs_are_kept_across_a_restart_while_the_latest_a
         PublishedWeights(2, "/ckpt/bad"), PublishedWeights(1, "/ckpt/1"))
 
 
+def test_the_record_drops_the_fleets_weights_once_a_server_loads_the_latest(
+        engines: Engines, job_factory: Callable[..., Job]) -> None:
+    import json
+
+    job = job_factory()
+    job.add_server("0001", engines.start(FakeEngine("sglang", worker_id="0001")))
+    for version in (1, 2):
+        job.trainer.publish_version(version, weights=f"/ckpt/{version}")
+        assert job.trainer.wait_for_weights(version, timeout_s=WAIT_S, poll_s=0.05) == 1
+    wait_for(lambda: "fallback" not in json.loads((job.state / "weights.json").read_text()),
+             "the record written again without the fallback")
+
+
 def test_a_publish_refused_by_the_staleness_rules_records_no_weights(job_factory: Callable[..., Job]) -> None:
     job = job_factory()
     job.trainer.publish_version(3, weights="/ckpt/3")
