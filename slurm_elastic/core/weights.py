@@ -8,9 +8,9 @@ after ``max_failures`` is to be replaced. Until then a failure may be the weight
 mistyped): the servers keep serving the weights they run, stay in discovery, and none is
 replaced; a server that gave up on them and runs other weights than the fleet (one started or
 relaunched since) is given the newest weights some server loaded (the fallback), enters discovery
-on them, and is replaced if it cannot load those either. A server enters discovery only once it runs the latest published weights; one that
-joined at an earlier version stays routable while its update to the latest is under way
-(routers that want only the latest filter on the version). A failed update of a version already
+on them, and is replaced if it cannot load those either. A server enters discovery only once it
+runs the latest published weights; one that joined at an earlier version stays routable while its
+update to the latest is under way (routers that want only the latest filter on the version). A failed update of a version already
 superseded counts for nothing.
 """
 
@@ -119,7 +119,8 @@ class WeightsBook:
 
     def due(self, servers: Iterable[ServerWeights], now_s: float) -> list[UpdateOrder]:
         """Updates to send now (marked in flight): every server not at the latest version, with no
-        update in flight, past its backoff and under ``max_failures``. Servers not listed are forgotten."""
+        update in flight, past its backoff and under ``max_failures`` (past it, the fallback where
+        :meth:`_fallback_for` gives one). Servers not listed are forgotten."""
         servers = list(servers)
         listed = {s.worker_id for s in servers}
         self._updates = {w: u for w, u in self._updates.items() if w in listed}
