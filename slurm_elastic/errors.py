@@ -77,6 +77,14 @@ class ControllerUnreachableError(SlurmElasticError):
         self.not_connected = not_connected
 
 
+class ControllerNotAskedError(ControllerUnreachableError):
+    """The controller was not asked: what names it or its token is missing or damaged on this side
+    (its controller file, the job's token file)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, not_connected=True)
+
+
 class ApiError(SlurmElasticError):
     """The controller's HTTP API answered with an error status."""
 

@@ -157,13 +157,15 @@ def ended_how(doc: dict[str, Any]) -> str:
 
 
 def render_status(job_id: int, status: dict[str, Any] | None, slurm_steps: list[dict[str, Any]] | None = None,
-                  unreachable: str = "", now_s: float | None = None, refused: bool = False) -> str:
-    """The status table. With ``status`` None (controller down, or ``refused``: it answered with
-    an error, a wrong token say) it shows what Slurm reports."""
+                  unreachable: str = "", now_s: float | None = None, refused: bool = False,
+                  not_asked: bool = False) -> str:
+    """The status table. With ``status`` None (controller down; ``refused``: it answered with an
+    error, a wrong token say; ``not_asked``: its token or controller file is missing or damaged
+    here) it shows what Slurm reports."""
     status, slurm_steps, unreachable = _printable_tree(status), _printable_tree(slurm_steps), printable(unreachable)
     lines = [f"job {job_id}"]
     if status is None:
-        word = "REFUSED the request" if refused else "UNREACHABLE"
+        word = "REFUSED the request" if refused else "NOT ASKED" if not_asked else "UNREACHABLE"
         lines.append(f"controller: {word} ({unreachable})" if unreachable else f"controller: {word}")
         lines.append("job steps Slurm reports (the controller's view is unavailable):")
         rows = [[str(s.get("step_id", "")), str(s.get("name", "")), ",".join(s.get("nodes", [])),

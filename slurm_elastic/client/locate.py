@@ -22,6 +22,7 @@ from slurm_elastic.client.files import (
 )
 from slurm_elastic.errors import (
     ConfigError,
+    ControllerNotAskedError,
     ControllerUnreachableError,
     SlurmCommandError,
     SlurmError,
@@ -47,20 +48,20 @@ def controller_url(path: Path, info: Any) -> str:
     it is not a controller file (no ``http://`` or ``https://`` URL, a ``pid`` that is no number)."""
     url = info.get("url") if isinstance(info, dict) else None
     if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-        raise ControllerUnreachableError(f"{path} is not a controller file: no http:// URL in it{REWRITTEN}")
+        raise ControllerNotAskedError(f"{path} is not a controller file: no http:// URL in it{REWRITTEN}")
     pid = info.get("pid", 0)
     if isinstance(pid, bool) or not isinstance(pid, int):
-        raise ControllerUnreachableError(f"{path} is not a controller file: its pid is not a number{REWRITTEN}")
+        raise ControllerNotAskedError(f"{path} is not a controller file: its pid is not a number{REWRITTEN}")
     return url
 
 
 def read_token(path: Path) -> str:
-    """The job's token from ``path`` or its copy; ControllerUnreachableError naming it if
+    """The job's token from ``path`` or its copy; ControllerNotAskedError naming it if
     neither holds one."""
     token = read_token_file(path)
     if not token:
         state = "is empty" if path.exists() else "is missing"
-        raise ControllerUnreachableError(
+        raise ControllerNotAskedError(
             f"the job's token file {path} {state}, and so is its copy {TOKEN_COPY}: put the file back from a copy, "
             f"or restart the job's controller (kill it: the batch script starts a new one, which writes a new token)")
     return token
@@ -161,7 +162,7 @@ def locate(job_id: int, slurm: SlurmCli | None = None, view: SlurmView | None = 
         except FileNotFoundError:
             continue
         except (OSError, ValueError) as exc:
-            raise ControllerUnreachableError(f"cannot read {path}: {exc}{REWRITTEN}") from None
+            raise ControllerNotAskedError(f"cannot read {path}: {exc}{REWRITTEN}") from None
         return JobHandle(job_id, state_dir, controller_url(path, info), read_token(state_dir / TOKEN_FILE), info)
     why = f"; {view.error} (is SLURM_CONF set for this job's cluster?)" if view is not None and view.error else ""
     if view is not None and view.job is not None and state_dir_from_comment(view.job.comment) is None:

@@ -26,7 +26,13 @@ from slurm_elastic.commands.params import Seconds
 from slurm_elastic.commands.said import echo_answer, json_option
 from slurm_elastic.core.health import parse_gpu_ref
 from slurm_elastic.core.naming import AGENT_PREFIX, WORKER_PREFIX
-from slurm_elastic.errors import ApiError, ControllerUnreachableError, SlurmElasticError, SlurmError
+from slurm_elastic.errors import (
+    ApiError,
+    ControllerNotAskedError,
+    ControllerUnreachableError,
+    SlurmElasticError,
+    SlurmError,
+)
 from slurm_elastic.slurm.cli_backend import SlurmCli
 from slurm_elastic.status_view import ended_how, render_status, worker_counts
 
@@ -127,7 +133,8 @@ def collect_status(job_id: int, slurm: SlurmCli | None = None) -> dict[str, Any]
                            "job_state": view.job.state if view.job else "UNKNOWN",
                            "job_exit_code": view.job.exit_code if view.job else None,
                            "job_output": view.job.output if view.job else "",
-                           "controller_reachable": False, "controller_refused": False, "controller_error": "",
+                           "controller_reachable": False, "controller_refused": False, "controller_not_asked": False,
+                           "controller_error": "",
                            "controller": None,
                            "slurm_steps": [], "slurm_error": view.error}
     handle: JobHandle | None = None
@@ -139,6 +146,7 @@ def collect_status(job_id: int, slurm: SlurmCli | None = None) -> dict[str, Any]
     except ControllerUnreachableError as exc:
         stopped = _stopped(handle) if handle else None
         doc["controller_error"] = str(stopped or exc)
+        doc["controller_not_asked"] = isinstance(exc, ControllerNotAskedError)
     except ApiError as exc:  # a wrong token, say: the controller answered, but not with the status
         where = _token_source(handle) if handle and exc.status_code in (401, 403) else ""
         doc["controller_error"] = f"{exc}{where}"
@@ -162,7 +170,8 @@ def _render(doc: dict[str, Any]) -> str:
     if doc["controller_reachable"]:
         return warning + render_status(doc["job_id"], doc["controller"])
     return warning + render_status(doc["job_id"], None, doc["slurm_steps"], doc["controller_error"],
-                                   refused=doc.get("controller_refused", False))
+                                   refused=doc.get("controller_refused", False),
+                                   not_asked=doc.get("controller_not_asked", False))
 
 
 @click.command()

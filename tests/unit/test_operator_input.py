@@ -132,6 +132,23 @@ def test_a_damaged_state_directory_is_named_in_one_line(state_dir: Path, what: s
     assert re.search(says, lines[0]), (what, lines[0])
 
 
+@pytest.mark.parametrize(("damage", "says"), [
+    ({"token": None}, "token file .*/token is missing, and so is its copy"),
+    ({"controller.json": "{not json"}, "cannot read .*/controller.json"),
+])
+def test_status_says_the_controller_was_not_asked_when_its_token_or_file_is_missing(
+        state_dir: Path, damage: dict[str, str | None], says: str) -> None:
+    """Nothing was sent: the table says NOT ASKED with the remedy, not that the controller is unreachable."""
+    for name, text in damage.items():
+        (state_dir / name).unlink() if text is None else (state_dir / name).write_text(text)
+    code, out = cli("status", str(JOB))
+    assert code == 3 and "controller: NOT ASKED (" in out and "UNREACHABLE" not in out, out
+    assert re.search(says, out), out
+    code, out = cli("status", "--json", str(JOB))
+    doc = json.loads(out)
+    assert doc["controller_not_asked"] and not doc["controller_reachable"] and re.search(says, doc["controller_error"])
+
+
 class Running:
     """A controller running its loop (over a stub Slurm) behind the real server."""
 
