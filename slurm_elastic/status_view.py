@@ -285,7 +285,8 @@ def _burst_lines(ctl: dict[str, Any]) -> list[str]:
     if not burst and not jobs:
         return []
     lines = [f"burst jobs: {len(jobs)}  held {float(burst.get('gpu_s_held', 0)):.0f} GPU-s, used "
-             f"{float(burst.get('gpu_s_used', 0)):.0f}  submitted {burst.get('submitted', 0)}  lost {burst.get('lost', 0)}"]
+             f"{float(burst.get('gpu_s_used', 0)):.0f}  submitted {burst.get('submitted', 0)}  lost {burst.get('lost', 0)}"
+             + (f"  requeued {burst['requeued']}" if burst.get("requeued") else "")]
     rows = [[str(j.get("job_id", "")), str(j.get("state", "")), ",".join(j.get("nodes", [])) or "-",
              str(j.get("gpus", "")), str(j.get("workers", 0)), str(j.get("pending_reason") or "-")] for j in jobs]
     if rows:

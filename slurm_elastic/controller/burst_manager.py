@@ -25,8 +25,8 @@ from slurm_elastic.core.burst import (
     burst_phase,
     decide_burst,
     is_released_comment,
-    lost_jobs,
     on_hold,
+    run_outcomes,
 )
 from slurm_elastic.errors import SlurmError
 from slurm_elastic.slurm.parse import QueuedJob
@@ -42,6 +42,7 @@ class BurstCounters:
     submitted: int = 0
     cancelled: int = 0
     lost: int = 0  # ended while running without being released: preempted, timed out, cancelled by others
+    requeued: int = 0  # put back in the queue by Slurm while running (same job id, pending again): not lost
     gpu_s_held: float = 0.0  # GPU-seconds burst jobs held while running
     gpu_s_used: float = 0.0  # of those, GPU-seconds the pool's workers had in them
     errors: list[str] = field(default_factory=list)
@@ -59,9 +60,10 @@ class BurstManager:
         self.last_decision = BurstDecision(reason="burst: not decided yet")
         self.counters = BurstCounters()
         self._gpus: dict[int, dict[str, tuple[int, ...]]] = {}
-        self._previous: tuple[BurstJob, ...] = ()
+        self._ran: frozenset[int] = frozenset()  # jobs whose run was not over at the last listing
         self._last_seen_s: float | None = None
         self._ending: set[int] = set()
+        self._signalled: set[int] = set()  # of those, jobs Slurm's drain signal reached: lost when their run ends
         self._given_back: set[int] = set()  # jobs this controller cancelled or released: not lost when they end
         self._comments: dict[int, str] = {}  # job -> the comment this controller submitted, adopted or set
         self._refusals: dict[tuple[int, str], str] = {}  # (job, "name"/"comment") -> why Slurm refused to set it back
@@ -83,7 +85,8 @@ class BurstManager:
         self.listed = [self._own(j) for j in sorted(named + renamed, key=lambda j: j.job_id)
                        if self.jobs.is_ours(j) or j.job_id in self._comments]
         known = {j.job_id for j in self.listed}
-        self._gpus = {k: v for k, v in self._gpus.items() if k in known}
+        running = {j.job_id for j in self.listed if j.state == "RUNNING"}  # a requeued job's GPUs are read anew
+        self._gpus = {k: v for k, v in self._gpus.items() if k in running}
         self._comments = {k: v for k, v in self._comments.items() if k in known}
         self.listed_now = True
         return True
@@ -174,35 +177,38 @@ class BurstManager:
              out_of_use_jobs: frozenset[int] = frozenset(), exclude_nodes: tuple[str, ...] = ()) -> BurstDecision:
         """Decide with the core and act: submit, cancel, mark released (or needed again).
 
-        ``ending_jobs``: burst jobs whose workers left on their own (Slurm signalled a preemption or
-        the time limit); ``out_of_use_jobs``: running ones none of whose GPUs can take a worker
-        (Slurm marks their nodes out of use, or every GPU is cordoned). Both are released for good
-        and cancelled once empty; the pool may ask for another, not on ``exclude_nodes``."""
+        ``ending_jobs``: burst jobs whose workers left on their own (Slurm signalled a preemption,
+        the time limit or a requeue); ``out_of_use_jobs``: running ones none of whose GPUs can take a
+        worker (Slurm marks their nodes out of use, or every GPU is cordoned). Both are released for
+        good and cancelled once empty; the pool may ask for another, not on ``exclude_nodes``. A
+        running job listed pending again was requeued: counted so, kept as a pending job."""
         listed_ids = {j.job_id for j in self.listed}
-        new_ending = (set(ending_jobs) & listed_ids) - self._ending - self._given_back
-        self.counters.lost += len(new_ending)  # preempted or at its time limit: lost to the pool
+        current = core_jobs(self.listed, self.policy.worker_slots_per_job, workers_by_job, draining_by_job)
+        runs = run_outcomes(self._ran, current, frozenset(self._given_back - self._signalled))
+        for job_id in runs.lost:
+            log.warning("burst job %d ended before it was given back (preempted, timed out, or cancelled from "
+                        "outside): counted lost", job_id)
+        self.counters.lost += len(runs.lost)
+        for job_id in runs.requeued:
+            self._requeued(job_id)
+        self._ran = runs.running
+        new_ending = (set(ending_jobs) & runs.running) - self._ending - self._given_back
         for job_id in sorted(new_ending):
-            log.warning("burst job %d is ending (Slurm's drain signal reached its workers: a preemption or its "
-                        "time limit): counted lost; nothing new goes there", job_id)
+            log.warning("burst job %d is ending (Slurm's drain signal reached its workers: a preemption, its time "
+                        "limit or a requeue): nothing new goes there; lost unless Slurm requeues it", job_id)
         drained = (set(out_of_use_jobs) & listed_ids) - self._ending - self._given_back
         for job_id in sorted(drained):
             log.warning("burst job %d: none of its GPUs can take a worker (its nodes out of use in Slurm, or "
                         "every GPU cordoned); giving it back", job_id)
+        self._signalled = (self._signalled | new_ending) & listed_ids
         self._ending = (self._ending | new_ending | drained) & listed_ids
         marked = {j.job_id for j in self.listed if is_released_comment(j.comment)}
         for job_id in sorted(self._ending - marked):
             self._mark(job_id, True, "ending ")
-        current = core_jobs(self.listed, self.policy.worker_slots_per_job, workers_by_job, draining_by_job)
         releasing = self.releasing | self._ending
         self._given_back |= releasing
-        gone = lost_jobs(self._previous, current, frozenset(self._given_back))
-        for job_id in gone:
-            log.warning("burst job %d ended before it was given back (preempted, timed out, or cancelled from "
-                        "outside): counted lost", job_id)
-        self.counters.lost += len(gone)
         self._given_back &= listed_ids  # gone from Slurm's listing: nothing more to tell about it
         self._account(current, Counter(workers_by_job) + Counter(draining_by_job), now_s)  # a draining worker works on
-        self._previous = current
         decision = decide_burst(self.policy, target_workers=target_workers, allocation_slots=allocation_slots,
                                 jobs=current, releasing=releasing, last_submit_s=self.last_submit_s, now_s=now_s,
                                 released_for_good=frozenset(self._ending))
@@ -228,13 +234,29 @@ class BurstManager:
             log.info("%s", decision.reason)
         return decision
 
+    def _requeued(self, job_id: int) -> None:
+        """A running job Slurm put back in the queue: its workers are gone (lost steps), the job waits
+        as capacity asked for, and runs again as a new burst job. A drain signal its workers took for
+        the end of the job (the requeue's SIGTERM) no longer holds: the ending mark is taken back."""
+        self.counters.requeued += 1
+        log.warning("burst job %d was requeued by Slurm: its workers are gone; it waits in the queue again as a "
+                    "pending burst job (no replacement is submitted for it)", job_id)
+        if job_id in self._ending:
+            self._ending.discard(job_id)
+            self._signalled.discard(job_id)
+            self._given_back.discard(job_id)
+            self._mark(job_id, False, "requeued ")
+            wanted = self._comments.get(job_id)
+            if wanted is not None:
+                self.listed = [replace(j, comment=wanted) if j.job_id == job_id else j for j in self.listed]
+
     # ---- memory --------------------------------------------------------------------------------
     def to_state(self) -> dict[str, Any]:
         """What a restarted controller needs to go on counting and deciding as this one would."""
         c = self.counters
-        return {"submitted": c.submitted, "cancelled": c.cancelled, "lost": c.lost, "gpu_s_held": c.gpu_s_held,
-                "gpu_s_used": c.gpu_s_used, "given_back": sorted(self._given_back), "ending": sorted(self._ending),
-                "running": sorted(j.job_id for j in self._previous if j.phase == "RUNNING"),
+        return {"submitted": c.submitted, "cancelled": c.cancelled, "lost": c.lost, "requeued": c.requeued,
+                "gpu_s_held": c.gpu_s_held, "gpu_s_used": c.gpu_s_used, "given_back": sorted(self._given_back),
+                "ending": sorted(self._ending), "signalled": sorted(self._signalled), "running": sorted(self._ran),
                 "last_submit_s": self.last_submit_s}
 
     def restore(self, state: Mapping[str, Any]) -> None:
@@ -243,10 +265,12 @@ class BurstManager:
         one that ended while no controller ran is, and the submission cooldown runs from the last
         submission."""
         self.counters = replace(self.counters, submitted=state["submitted"], cancelled=state["cancelled"],
-                                lost=state["lost"], gpu_s_held=state["gpu_s_held"], gpu_s_used=state["gpu_s_used"])
+                                lost=state["lost"], requeued=state["requeued"], gpu_s_held=state["gpu_s_held"],
+                                gpu_s_used=state["gpu_s_used"])
         self._given_back = set(state["given_back"])
         self._ending = set(state["ending"])
-        self._previous = tuple(BurstJob(job_id, "RUNNING", 0) for job_id in state["running"])
+        self._signalled = set(state["signalled"]) & self._ending
+        self._ran = frozenset(state["running"])
         self.last_submit_s = state["last_submit_s"]
 
     # ---- report --------------------------------------------------------------------------------

@@ -65,6 +65,7 @@ class _Snapshot(Collector):
             ("burst_gpu_seconds_held", "GPU-seconds running burst jobs held", burst.get("gpu_s_held")),
             ("burst_gpu_seconds_used", "GPU-seconds workers had in burst jobs", burst.get("gpu_s_used")),
             ("burst_jobs_lost", "Burst jobs that ended unreleased (preempted, timed out, cancelled from outside)", burst.get("lost")),
+            ("burst_jobs_requeued", "Running burst jobs Slurm put back in the queue (not lost: they wait again)", burst.get("requeued")),
         ]:
             yield CounterMetricFamily(PREFIX + name, doc, value=float(value or 0))
         workers = GaugeMetricFamily(PREFIX + "workers", "Workers by state", labels=["state"])

@@ -129,11 +129,13 @@ class BurstMemory(_Model):
     submitted: Count = 0
     cancelled: Count = 0
     lost: Count = 0
+    requeued: Count = 0
     gpu_s_held: NonNegative = 0.0
     gpu_s_used: NonNegative = 0.0
     given_back: JobIds = Field(default_factory=list)  # jobs this job cancelled or released: not lost when they end
     ending: JobIds = Field(default_factory=list)  # jobs Slurm is ending (preemption, time limit), released for good
-    running: JobIds = Field(default_factory=list)  # jobs running at the last listing: lost if they end unreleased
+    signalled: JobIds = Field(default_factory=list)  # of those, the ones Slurm signalled: lost unless requeued
+    running: JobIds = Field(default_factory=list)  # runs not over at the last listing: lost if they end unreleased
     last_submit_s: Annotated[StrictFloat, Field(allow_inf_nan=False)] | None = None
 
 

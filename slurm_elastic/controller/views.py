@@ -78,7 +78,7 @@ class StatusViews(ControllerBase):
         c = self.burst.counters
         return {"burst_jobs": self.burst.status_rows(live),
                 "burst": {"submitted": c.submitted, "cancelled": c.cancelled, "lost": c.lost,
-                          "gpu_s_held": round(c.gpu_s_held, 1), "gpu_s_used": round(c.gpu_s_used, 1),
+                          "requeued": c.requeued, "gpu_s_held": round(c.gpu_s_held, 1), "gpu_s_used": round(c.gpu_s_used, 1),
                           "last_decision": self.burst.last_decision.reason, "errors": c.errors[-3:]}}
 
     def tick_duration_summary(self) -> dict[str, float | int]:

@@ -10,6 +10,10 @@ and which to release (drain their workers, then cancel the job). The rules:
   submission within ``submit_cooldown_s`` of the last one; never more than ``max_jobs`` jobs;
 - a pending job on hold (``scontrol hold``, a requeue hold) is not capacity: it counts towards
   ``max_jobs`` and is cancelled as soon as the target does not need more than the others hold;
+- a job Slurm requeued (``scontrol requeue``) is the same job pending again: capacity asked for, not
+  lost (:func:`run_outcomes`); a completing job (ended, or about to be requeued: a later listing
+  tells) counts towards ``max_jobs``, nothing is submitted for its slots while it completes, and
+  it is neither cancelled nor released;
 - on scale-down, pending jobs are cancelled first (latest expected start first), then whole
   running jobs are released, the emptiest first; a released job is cancelled once its workers are
   gone, and one whose workers are all gone already is cancelled at once (its GPUs go back).
@@ -26,7 +30,7 @@ BurstPhase = Literal["PENDING", "RUNNING", "ENDED"]
 
 _PENDING_STATES = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SUSPENDED"})
 _RUNNING_STATES = frozenset({"RUNNING"})
-_HOLD_REASONS = frozenset({"JobHeldUser", "JobHeldAdmin"})
+_HOLD_REASONS = frozenset({"JobHeldUser", "JobHeldAdmin", "job requeued in held state"})  # squeue's %r
 BURST_NAME_PREFIX = "elastic-burst-"
 BURST_COMMENT_PREFIX = "slurm-elastic burst parent="
 
@@ -98,6 +102,7 @@ class BurstJob:
     draining_workers: int = 0
     expected_start_s: float | None = None  # Slurm's estimate for a pending job, if it has one
     on_hold: bool = False  # pending on a hold (:func:`on_hold`): asked for, but not coming by itself
+    completing: bool = False  # listed COMPLETING: its run is over; it ends, or Slurm requeues it
 
 
 @dataclass(frozen=True)
@@ -127,11 +132,12 @@ def decide_burst(
     ``allocation_slots``: worker slots of the parent allocation the pool may use; ``releasing``:
     running jobs already being emptied (they count as capacity no more); ``released_for_good``: those
     of them never taken back (ending, or on nodes Slurm took out of use)."""
-    live = [j for j in jobs if j.phase != "ENDED"]
+    live = [j for j in jobs if j.phase != "ENDED" or j.completing]
     on_hold = [j.job_id for j in live if j.on_hold and j.job_id not in releasing]
-    held = [j for j in live if j.job_id not in releasing and not j.on_hold]
+    held = [j for j in live if j.job_id not in releasing and not j.on_hold and not j.completing]
     beyond = max(0, target_workers - max(0, allocation_slots)) if policy.max_jobs else 0
     capacity = sum(j.worker_slots for j in held)
+    undecided = sum(j.worker_slots for j in live if j.completing)  # requeued (capacity again) or ended: told later
     keep: list[int] = []  # released jobs that still run are taken back before anything is submitted
     for job in sorted((j for j in live if j.job_id in releasing - released_for_good and j.phase == "RUNNING"),
                       key=lambda j: (-(j.workers + j.draining_workers), j.job_id)):
@@ -139,11 +145,15 @@ def decide_burst(
             break
         keep.append(job.job_id)
         capacity += job.worker_slots
-    cancel = [j.job_id for j in live if j.job_id in releasing and j.job_id not in keep
+    cancel = [j.job_id for j in live if j.job_id in releasing and j.job_id not in keep and not j.completing
               and (j.phase == "PENDING" or j.workers + j.draining_workers == 0)]
+    if beyond > capacity + undecided:
+        return _grow(policy, beyond - capacity - undecided, len(live) - len(cancel), last_submit_s, now_s,
+                     tuple(cancel), tuple(keep), len(on_hold))
     if beyond > capacity:
-        return _grow(policy, beyond - capacity, len(live) - len(cancel), last_submit_s, now_s, tuple(cancel),
-                     tuple(keep), len(on_hold))
+        return BurstDecision(cancel=tuple(cancel), keep=tuple(keep),
+                             reason=f"burst: {beyond - capacity} slots missing beyond the allocation; waiting for "
+                                    f"the completing burst job(s) to end or be requeued")
     cancel += on_hold  # the others cover the target: a job on hold is not waited for
     if keep:
         return BurstDecision(cancel=tuple(cancel), keep=tuple(keep),
@@ -186,11 +196,33 @@ def _grow(policy: BurstPolicy, missing: int, live_jobs: int, last_submit_s: floa
                          reason=f"burst: {missing} slots missing beyond the allocation: submitting {submit} job(s)")
 
 
-def lost_jobs(previous: Iterable[BurstJob], current: Iterable[BurstJob], releasing: frozenset[int]) -> tuple[int, ...]:
-    """Running jobs that ended (preempted, timed out, cancelled by someone else) without being released."""
-    now_running = {j.job_id for j in current if j.phase == "RUNNING"}
-    return tuple(j.job_id for j in previous
-                 if j.phase == "RUNNING" and j.job_id not in now_running and j.job_id not in releasing)
+@dataclass(frozen=True)
+class RunOutcomes:
+    """What became of the runs not over at the previous listing."""
+
+    lost: tuple[int, ...] = ()  # ended without being given back: preempted, timed out, cancelled by others
+    requeued: tuple[int, ...] = ()  # listed pending again under the same id: Slurm requeued them
+    running: frozenset[int] = frozenset()  # not over for sure: running, or completing (ends or is requeued)
+
+
+def run_outcomes(was_running: Iterable[int], current: Iterable[BurstJob], given_back: frozenset[int]) -> RunOutcomes:
+    """Sort the runs of ``was_running`` by this listing. A job pending again is a requeue
+    (``scontrol requeue``/``requeuehold``, a preemption with ``PreemptMode=REQUEUE``): not lost,
+    it comes back as a new run. A completing one is told apart at a later listing. One that ended
+    otherwise, or that Slurm lists no more, is lost unless it is in ``given_back``."""
+    by_id = {j.job_id: j for j in current}
+    before = set(was_running)
+    running = frozenset(j.job_id for j in by_id.values()
+                        if j.phase == "RUNNING" or (j.completing and j.job_id in before))
+    lost: list[int] = []
+    requeued: list[int] = []
+    for job_id in sorted(before - running):
+        job = by_id.get(job_id)
+        if job is not None and job.phase == "PENDING":
+            requeued.append(job_id)
+        elif job_id not in given_back:
+            lost.append(job_id)
+    return RunOutcomes(tuple(lost), tuple(requeued), running)
 
 
 def burst_first_drain_order(worker_jobs: dict[str, int], parent_job_id: int,

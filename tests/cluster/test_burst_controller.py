@@ -121,8 +121,8 @@ def test_the_drain_signal_to_a_burst_job_ends_it_and_no_worker_goes_there_again(
     parent.active(6, timeout_s=60)
     [(burst_id, _state)] = burst_jobs_of(parent)
     run_command(["scancel", "--signal=USR1", str(burst_id)], check=False)  # 22.05: rc 225 after a --signal
-    wait_for(lambda: (s := parent.status())["burst"]["lost"] == 1 and s, 30, "the burst job counted as ending")
     wait_for(lambda: burst_id not in [j for j, _ in burst_jobs_of(parent)], 60, "the drained burst job given back")
+    wait_for(lambda: parent.status()["burst"]["lost"] == 1, 30, "the ended burst job counted lost")  # not requeued
     status = parent.active(6, timeout_s=60)  # in a new burst job
     assert all(w["job_id"] != burst_id for w in status["workers"]), status["workers"]
 
@@ -218,3 +218,37 @@ def test_with_node_agents_on_a_burst_jobs_gpus_take_workers_once_its_agent_repor
     wait_for(lambda: not burst_jobs_of(parent), 60, "the burst job to be given back")
     time.sleep(4.0)  # past agent_silence_s: a node still counted would read "health unknown" now
     assert parent.status()["unknown_health_nodes"] == []
+
+
+def test_a_requeued_burst_job_waits_as_itself_and_its_workers_come_back_when_it_runs_again(
+        devcluster: DevCluster, tmp_path: Path) -> None:
+    """``scontrol requeue`` of a burst job with 2 workers in it (room for a second burst job): its
+    workers are gone, the job is counted requeued (not lost, not cancelled) and waits in the queue
+    as the one burst job (no replacement); once it runs again, 2 workers go there anew. Before, it
+    was counted lost, a replacement was submitted while it completed, and it was then cancelled."""
+    job = start_controller_job(
+        devcluster, tmp_path, nodes=1, gpus_per_node=4, sbatch_options=("--nodelist=node1",),
+        burst={"max_jobs": 2, "gpus_per_job": 4, "partition": devcluster.spec.preempt_partition,
+               "submit_cooldown_s": 0, "controller_unreachable_grace_s": 60, "signal_lead_s": 0})
+    try:
+        with job.client() as c:
+            c.scale(6)
+        job.active(6, timeout_s=60)
+        [(burst_id, _state)] = burst_jobs_of(job)
+        run_command(["scontrol", "requeue", str(burst_id)])
+        wait_for(lambda: burst_jobs_of(job) == [(burst_id, "PENDING")], 30, "the requeued job pending again")
+        for _ in range(10):  # Slurm holds it back ~2 minutes: it stays the one burst job
+            time.sleep(1)
+            assert burst_jobs_of(job) == [(burst_id, "PENDING")]
+        burst = job.status()["burst"]
+        assert (burst["submitted"], burst["requeued"], burst["lost"], burst["cancelled"]) == (1, 1, 0, 0), burst
+        run_command(["scontrol", "update", f"JobId={burst_id}", "StartTime=now"])
+        status = job.active(6, timeout_s=90)
+        assert sum(w["job_id"] == burst_id for w in status["workers"] if w["state"] == "ACTIVE") == 2
+        assert burst_jobs_of(job) == [(burst_id, "RUNNING")]
+        burst = status["burst"]
+        assert (burst["submitted"], burst["requeued"], burst["lost"], burst["cancelled"]) == (1, 1, 0, 0), burst
+    finally:
+        stop_controller_job(job)
+        for left, _state in burst_jobs_of(job):
+            run_command(["scancel", str(left)], check=False)

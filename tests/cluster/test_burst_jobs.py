@@ -165,3 +165,63 @@ def test_the_manager_submits_releases_through_slurm_is_adopted_after_a_restart_a
     finally:
         slurm.cancel_burst_jobs(parent)
         slurm.cancel_job(parent)
+
+
+def test_a_requeued_burst_job_is_the_same_job_pending_again_and_is_used_again_when_it_runs(
+        devcluster: DevCluster, slurm: SlurmCli, tmp_path: Path) -> None:
+    """``scontrol requeue``: the job goes COMPLETING, then PENDING (``BeginTime``) under the same id.
+    It is counted requeued (not lost, not cancelled), no replacement is submitted while it waits,
+    and when it runs again its GPUs are read anew. ``scontrol requeuehold`` of a job not needed any
+    more: it is cancelled as any held pending job. Before, the requeued job was counted lost, its
+    GPUs were those of its first run, and a held requeue was taken for capacity."""
+    config = parse_config({"burst": {"max_jobs": 2, "gpus_per_job": 2, "submit_cooldown_s": 0,
+                                     "partition": devcluster.spec.preempt_partition,
+                                     "controller_unreachable_grace_s": 600}})
+    parent = int(run_command(["sbatch", "--parsable", "--job-name=burst-parent", "--output=/dev/null", "--mem=64",
+                              "--wrap", "sleep 900"]).stdout.strip().split(";")[0])
+    made = BurstManager(BurstJobs(slurm, config, parent, tmp_path / "state"), burst_policy(config), 1)
+    states: list[str] = []
+    submitted: list[int] = []
+
+    def tick(target: int = 6) -> list[str]:
+        assert made.observe()
+        submitted.append(made.step(target_workers=target, allocation_slots=4, workers_by_job={},
+                                   draining_by_job={}, now_s=time.monotonic()).submit)
+        listed = [j.state for j in made.listed]
+        if listed and (not states or states[-1] != listed[0]):
+            states.append(listed[0])
+        return listed
+    try:
+        tick()
+        tick()
+        [job] = [j.job_id for j in made.listed]
+        wait_for(lambda: tick() == ["RUNNING"], 30, "the burst job to run")
+        first_gpus = made.running_gpus()[job]
+        assert sum(len(g) for g in first_gpus.values()) == 2
+        submitted.clear()
+        run_command(["scontrol", "requeue", str(job)])
+        wait_for(lambda: tick() == ["PENDING"], 30, "the requeued job to be pending again")
+        for _ in range(6):  # it waits (Slurm's requeue delay): no replacement
+            assert tick() == ["PENDING"]
+            time.sleep(0.5)
+        c = made.counters
+        assert (c.submitted, c.requeued, c.lost, c.cancelled) == (1, 1, 0, 0), c
+        assert sum(submitted) == 0 and [j.job_id for j in made.listed] == [job] and made.running_gpus() == {}
+        assert made.listed[0].reason == "BeginTime" and made.releasing == frozenset()
+        run_command(["scontrol", "update", f"JobId={job}", "StartTime=now"])  # no need to wait Slurm's delay
+        wait_for(lambda: tick() == ["RUNNING"], 60, "the requeued job to run again")
+        again = made.running_gpus()[job]
+        assert sum(len(g) for g in again.values()) == 2 and made.releasing == frozenset()
+        assert made.last_decision.release == () and made.last_decision.cancel == ()
+        assert (c.submitted, c.requeued, c.lost, c.cancelled) == (1, 1, 0, 0), c
+        run_command(["scontrol", "requeuehold", str(job)])  # held: not waited for, as any held burst job
+        wait_for(lambda: made.jobs_on_hold == 1 if tick() == ["PENDING"] else False, 30, "the job held in the queue")
+        assert made.listed[0].reason == "job requeued in held state" and (c.requeued, c.lost) == (2, 0)
+        wait_for(lambda: len(tick()) == 2, 10, "a second burst job beside the held one")
+        assert made.last_decision.cancel == (job,)  # the other covers the target: the held one is not waited for
+        wait_for(lambda: gone(job), 30, f"burst job {job} to end")
+        assert (c.submitted, c.requeued, c.lost, c.cancelled) == (2, 2, 0, 1), c
+        assert [s for s in states if s != "COMPLETING"][:4] == ["PENDING", "RUNNING", "PENDING", "RUNNING"], states
+    finally:
+        slurm.cancel_burst_jobs(parent)
+        slurm.cancel_job(parent)

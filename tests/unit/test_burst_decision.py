@@ -17,9 +17,9 @@ from slurm_elastic.core.burst import (
     burst_phase,
     decide_burst,
     is_released_comment,
-    lost_jobs,
     on_hold,
     parent_of_comment,
+    run_outcomes,
 )
 
 POLICY = BurstPolicy(max_jobs=3, worker_slots_per_job=4, submit_cooldown_s=60.0)
@@ -129,10 +129,40 @@ def test_a_job_released_for_good_is_never_taken_back_but_cancelled_once_empty_an
 
 
 def test_lost_jobs_are_running_ones_that_ended_unreleased() -> None:
-    before = (running(1), running(2), pending(3))
     after = (BurstJob(1, "ENDED", 4), running(2))
-    assert lost_jobs(before, after, frozenset()) == (1,)
-    assert lost_jobs(before, after, frozenset({1})) == ()
+    assert run_outcomes({1, 2}, after, frozenset()).lost == (1,)
+    assert run_outcomes({1, 2}, after, frozenset({1})).lost == ()
+    assert run_outcomes({1, 2}, (running(2),), frozenset()) == run_outcomes({1, 2}, after, frozenset())  # unlisted
+
+
+def completing(job_id: int) -> BurstJob:
+    return BurstJob(job_id, "ENDED", 4, completing=True)
+
+
+def test_a_running_job_pending_again_was_requeued_not_lost_and_a_completing_one_is_told_apart_later() -> None:
+    first = run_outcomes({1, 2}, (completing(1), running(2), completing(3)), frozenset())
+    assert first.lost == () and first.requeued == () and first.running == {1, 2}  # 3 never ran here: not undecided
+    requeue = run_outcomes(first.running, (pending(1), running(2)), frozenset())
+    assert requeue.requeued == (1,) and requeue.lost == () and requeue.running == {2}
+    held = BurstJob(1, "PENDING", 4, on_hold=True)  # scontrol requeuehold
+    assert run_outcomes({1}, (held,), frozenset({1})).requeued == (1,)  # given back or not: the same job again
+    ended = run_outcomes(first.running, (BurstJob(1, "ENDED", 4), running(2)), frozenset())
+    assert ended.lost == (1,) and ended.requeued == ()
+    assert run_outcomes(requeue.running | {1}, (running(1), running(2)), frozenset()).running == {1, 2}  # runs again
+
+
+def test_a_completing_job_counts_against_max_jobs_and_as_capacity_and_is_never_cancelled() -> None:
+    """Whether it ends or is requeued shows at the next listing: no replacement before."""
+    assert decide(8, (completing(7),)).submit == 0
+    assert decide(8, (completing(7),), releasing=frozenset({7})).cancel == ()
+    full = BurstPolicy(max_jobs=1, worker_slots_per_job=4, submit_cooldown_s=0)
+    assert decide(8, (completing(7),), releasing=frozenset({7}), policy=full).submit == 0
+    assert decide(4, (completing(7),)).cancel == () and decide(4, (completing(7),)).release == ()
+
+
+def test_a_requeue_hold_is_a_hold() -> None:
+    assert on_hold("PENDING", "job requeued in held state") and not on_hold("PENDING", "BeginTime")
+    assert not on_hold("COMPLETING", "job requeued in held state")
 
 
 def test_names_and_comments_tie_a_burst_job_to_its_parent() -> None:
