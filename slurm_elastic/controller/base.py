@@ -12,7 +12,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -177,6 +177,7 @@ class ControllerBase:
         if restored.burst is not None and self.burst is not None:
             self.burst.restore(restored.burst)
         self.weights.rejoin(restored.weights_joined)  # servers in discovery stay in while an update reaches them
+        self.weights.restore_updates(restored.weights_updates)  # failures count on; updates in flight are adopted
         self.left_nodes = [left for left in restored.left_nodes if left["node"] not in self.gpus_by_node]
         now_s = self.clock()
         st.started_s = now_s  # routers report again to this controller: a draining server's grace starts over
@@ -227,6 +228,7 @@ class ControllerBase:
             "autoscaler": st.autoscaler.to_state(),
             "left_nodes": list(self.left_nodes),
             "weights_joined": self.weights.joined(),
+            "weights_updates": {w: asdict(u) for w, u in self.weights.saved_updates().items()},
             **({"burst": self.burst.to_state()} if self.burst is not None else {}),
         }
 

@@ -153,7 +153,7 @@ class WeightsSection(_Section):
                                  "{version} and {path} in its strings are replaced.")
     command: list[str] = Field(default_factory=list, description="update = command: run on the controller's "
                                "host per server; placeholders {url}, {version}, {path}, {worker_id}; exit 0: loaded.")
-    timeout_s: float = Field(300.0, gt=0, le=86400, description="One update's limit; a server not done by then failed it.")
+    timeout_s: float = Field(d.WEIGHTS_TIMEOUT_S, gt=0, le=86400, description="One update's limit; a server not done by then failed it.")
     max_failures: int = Field(d.WEIGHTS_MAX_FAILURES, ge=1, le=100, description="Failed updates in a row after which a server is drained and replaced (only once another server has loaded that version; until then no server is replaced and the retries stop).")
     retry_backoff_s: float = Field(d.WEIGHTS_RETRY_BACKOFF_S, ge=0, le=3600, description="Wait before retrying a failed update; doubles per failure in a row.")
     parallel: int = Field(16, ge=1, le=256, description="Updates sent at once.")

@@ -26,6 +26,7 @@ from pydantic import (
 
 from slurm_elastic.core.cordons import CordonBook
 from slurm_elastic.core.lifecycle import Worker, WorkerState
+from slurm_elastic.core.weights import SavedUpdates
 
 NOTE_IDS_SHOWN = 5  # worker ids named in one note; the rest are counted
 _WORKER_ID = re.compile(r"^[A-Za-z0-9_]{1,64}$")
@@ -119,6 +120,17 @@ class AutoscalerMemory(_Model):
     first_seen_s: Annotated[StrictFloat, Field(allow_inf_nan=False)] | None = None  # the start-up's first decision
 
 
+class WeightsUpdatesRecord(_Model):
+    """One server's weight updates as :meth:`WeightsBook.saved_updates` keeps them."""
+
+    failures: Annotated[StrictInt, Field(ge=0, le=1000)] = 0
+    in_flight: Count | None = None
+    on_fallback: StrictBool = False
+    sent_at_s: Annotated[StrictFloat, Field(allow_inf_nan=False)] = 0.0
+    retry_at_s: Annotated[StrictFloat, Field(allow_inf_nan=False)] = 0.0
+    last_error: Annotated[StrictStr, Field(max_length=4096)] = ""
+
+
 JobIds = Annotated[list[Annotated[StrictInt, Field(ge=1)]], Field(max_length=10_000)]
 NonNegative = Annotated[StrictFloat, Field(ge=0, allow_inf_nan=False)]
 
@@ -157,6 +169,8 @@ SCALARS: dict[str, TypeAdapter[Any]] = {  # the state's single values, each vali
     "left_nodes": TypeAdapter(Annotated[list[LeftNode], Field(max_length=10_000)]),
     "weights_joined": TypeAdapter(Annotated[list[Annotated[StrictStr, Field(pattern=_WORKER_ID.pattern)]],
                                             Field(max_length=100_000)]),
+    "weights_updates": TypeAdapter(Annotated[dict[Annotated[StrictStr, Field(pattern=_WORKER_ID.pattern)],
+                                                  WeightsUpdatesRecord], Field(max_length=100_000)]),
 }
 
 
@@ -172,6 +186,7 @@ class RestoredState:
     wake_all_active: bool = False
     left_nodes: tuple[dict[str, Any], ...] = ()
     weights_joined: tuple[str, ...] = ()  # server workers in discovery by the weights book's rules
+    weights_updates: dict[str, SavedUpdates] = field(default_factory=dict)  # failures in a row, updates in flight
     autoscaler: dict[str, Any] | None = None
     cordons: dict[str, Any] | None = None
     burst: dict[str, Any] | None = None
@@ -192,6 +207,8 @@ def restore_state(body: dict[str, Any]) -> RestoredState:
             values[name] = adapter.validate_python(body[name])
         except ValidationError as exc:
             notes.append(f"{name} {_shown(body[name])} is not valid ({_first_error(exc)}): not restored")
+    if "weights_updates" in values:
+        values["weights_updates"] = {w: SavedUpdates(**r.model_dump()) for w, r in values["weights_updates"].items()}
     if "weights_joined" in values:
         values["weights_joined"] = tuple(values["weights_joined"])
     if "left_nodes" in values:

@@ -9,6 +9,11 @@ controller's lock) through the configured hook, each within ``weights.timeout_s`
 outcome: the server's version, a retry (out of discovery meanwhile once another server has loaded
 those weights), or a drain with the reason after ``weights.max_failures`` failures in a row of
 weights another server loaded (the replacement is launched as for any drained worker).
+
+The updates in flight are saved before they are sent (with each server's failures in a row, in the
+state file), so a restarted controller does not send a server the update it may be loading; after
+that update's time limit it asks a server that can say (SGLang's ``GET /get_weight_version``)
+which version it runs before sending it again.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 WEIGHTS_FILE = "weights.json"
+VERSION_PATHS = {"sglang": ("/get_weight_version", "weight_version")}  # where a preset's server says its version
 POLL_S = 0.25  # the pusher looks for servers due an update at least this often
 
 
@@ -66,7 +72,7 @@ class WeightsRecord:
 def weights_book(config: WeightsSection, enforced: bool) -> WeightsBook:
     """The controller's book for ``[weights]`` (``enforced``: servers with an update hook)."""
     return WeightsBook(enforced=enforced and config.update != "none", max_failures=config.max_failures,
-                       retry_backoff_s=config.retry_backoff_s)
+                       retry_backoff_s=config.retry_backoff_s, update_timeout_s=config.timeout_s)
 
 
 def restore_weights(controller: ControllerBase) -> None:
@@ -159,6 +165,18 @@ class UpdateHook:
             return f"the server refused: {str(answer.get('message', ''))[:200]}"
         return ""
 
+    def loaded_version(self, order: UpdateOrder) -> int | None:
+        """The weights version the server says it runs (None: its engine cannot say, or did not)."""
+        path, key = VERSION_PATHS.get(self.config.update, ("", ""))
+        if not path:
+            return None
+        try:
+            reply = self.http.get(order.url.rstrip("/") + path)
+            version = reply.json().get(key) if reply.is_success else None
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return None
+        return int(version) if isinstance(version, int | str) and str(version).isdigit() else None
+
     def close(self) -> None:
         self.http.close()
 
@@ -166,11 +184,13 @@ class UpdateHook:
 class WeightsPusher:
     """Pushes the latest weights to every ACTIVE server of ``controller`` that runs another version."""
 
-    def __init__(self, controller: Controller, hook: Callable[[UpdateOrder], str] | None = None) -> None:
+    def __init__(self, controller: Controller, hook: Callable[[UpdateOrder], str] | None = None,
+                 loaded_version: Callable[[UpdateOrder], int | None] | None = None) -> None:
         self.controller = controller
         self.config = controller.config.weights
         self._hook = UpdateHook(self.config)
         self.hook = hook or self._hook
+        self.loaded_version = loaded_version or self._hook.loaded_version
         self.wake = threading.Event()
         self._stop = threading.Event()
         self._orders: queue.SimpleQueue[UpdateOrder | None] = queue.SimpleQueue()
@@ -211,7 +231,8 @@ class WeightsPusher:
             self._push(order)
 
     def due(self) -> list[UpdateOrder]:
-        """The updates to send now (the book marks them in flight)."""
+        """The updates to send now (the book marks them in flight; saved before they are sent, so a
+        restarted controller knows them)."""
         ctl = self.controller
         with ctl.lock:
             servers = [ServerWeights(w.worker_id, w.endpoint, w.weights_version) for w in ctl.workers.values()
@@ -219,9 +240,19 @@ class WeightsPusher:
             fallback = ctl.weights.fallback
             orders = ctl.weights.due(servers, ctl.clock())
             _save_if_proven(ctl, fallback)
+            if orders:
+                try:
+                    ctl.save()
+                except OSError as exc:  # sent all the same: a restart in between may send them again
+                    log.error("weights: could not save the updates in flight (%s)", exc)
             return orders
 
     def _push(self, order: UpdateOrder) -> None:
+        if order.confirm and self._loaded_version(order) == order.weights.version:
+            log.info("weights: %s runs version %d already (sent by an earlier controller)", order.worker_id,
+                     order.weights.version)
+            self.record(order, "")
+            return
         log.info("weights: updating %s to version %d (%s), attempt %d", order.worker_id, order.weights.version,
                  order.weights.ref, order.attempt)
         try:
@@ -230,6 +261,13 @@ class WeightsPusher:
             error = f"{type(exc).__name__}: {exc}"
         if not self._stop.is_set():  # a stopped controller records nothing more
             self.record(order, error)
+
+    def _loaded_version(self, order: UpdateOrder) -> int | None:
+        try:
+            return self.loaded_version(order)
+        except Exception:  # a read-back that raises tells nothing: the update is sent
+            log.exception("weights: could not ask %s its version", order.worker_id)
+            return None
 
     def record(self, order: UpdateOrder, error: str) -> None:
         """The outcome of ``order``: the server's version, out of discovery until a retry succeeds,

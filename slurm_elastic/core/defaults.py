@@ -20,4 +20,5 @@ LIVENESS_TIMEOUT_S = 5.0  # servers: a probe not answered within this fails
 AGENT_INTERVAL_S = 5.0  # between two GPU samples of a health agent
 AGENT_MAX_BACKOFF_S = 60.0  # a health agent's longest wait after failed reports
 WEIGHTS_MAX_FAILURES = 3  # failed weight updates in a row that drain a server
+WEIGHTS_TIMEOUT_S = 300.0  # one weight update's limit (a reload of a large model takes minutes)
 WEIGHTS_RETRY_BACKOFF_S = 5.0  # before retrying a failed weight update; doubles per failure

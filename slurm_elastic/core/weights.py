@@ -12,15 +12,26 @@ on them, and is replaced if it cannot load those either. A server enters discove
 runs the latest published weights; one that joined at an earlier version stays routable while its
 update to the latest is under way (routers that want only the latest filter on the version). A failed update of a version already
 superseded counts for nothing.
+
+What a restarted controller needs of each server's updates is saved with its state
+(:class:`SavedUpdates`): its failures in a row (a server that keeps failing is replaced whatever
+the restarts in between), and the update in flight with when it was sent. A server whose update
+was in flight when the controller stopped may be loading it still: it is sent nothing until
+``update_timeout_s`` after it was sent, then an order that asks the server which version it runs
+first (``confirm``), so a server that loaded it is not sent it again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from slurm_elastic.core.defaults import WEIGHTS_MAX_FAILURES, WEIGHTS_RETRY_BACKOFF_S
+from slurm_elastic.core.defaults import (
+    WEIGHTS_MAX_FAILURES,
+    WEIGHTS_RETRY_BACKOFF_S,
+    WEIGHTS_TIMEOUT_S,
+)
 
 
 @dataclass(frozen=True)
@@ -46,6 +57,7 @@ class UpdateOrder:
     url: str
     weights: PublishedWeights
     attempt: int
+    confirm: bool = False  # an earlier controller sent it: ask the server's version before sending again
 
 
 @dataclass(frozen=True)
@@ -56,11 +68,26 @@ class UpdateOutcome:
     reason: str = ""
 
 
+@dataclass(frozen=True)
+class SavedUpdates:
+    """One server's updates as the controller's state keeps them across a restart."""
+
+    failures: int = 0  # failed updates in a row
+    in_flight: int | None = None  # the version being pushed
+    on_fallback: bool = False  # ... and it is the fallback, not the latest
+    sent_at_s: float = 0.0  # when the update in flight was sent
+    retry_at_s: float = 0.0
+    last_error: str = ""
+
+
 @dataclass
 class _Updates:
     failures: int = 0  # failed updates in a row
     in_flight: int | None = None  # the version being pushed now
     on_fallback: bool = False  # ... and it is the fallback (the fleet's weights), not the latest
+    sent_at_s: float = 0.0  # when the update in flight was sent
+    adopted: bool = False  # ... by an earlier controller: no answer of it comes to this one
+    confirm: bool = False  # the next order asks the server's version first (an adopted update ended unheard)
     retry_at_s: float = 0.0
     last_error: str = ""
 
@@ -73,6 +100,7 @@ class WeightsBook:
     enforced: bool = True
     max_failures: int = WEIGHTS_MAX_FAILURES
     retry_backoff_s: float = WEIGHTS_RETRY_BACKOFF_S
+    update_timeout_s: float = WEIGHTS_TIMEOUT_S  # one update's limit: an adopted one has ended by then
     latest: PublishedWeights | None = None
     fallback: PublishedWeights | None = None  # the newest weights some server loaded, while the latest are not
     _updates: dict[str, _Updates] = field(default_factory=dict)
@@ -120,7 +148,9 @@ class WeightsBook:
     def due(self, servers: Iterable[ServerWeights], now_s: float) -> list[UpdateOrder]:
         """Updates to send now (marked in flight): every server not at the latest version, with no
         update in flight, past its backoff and under ``max_failures`` (past it, the fallback where
-        :meth:`_fallback_for` gives one). Servers not listed are forgotten."""
+        :meth:`_fallback_for` gives one). An update an earlier controller sent counts as in flight
+        until ``update_timeout_s`` after it was sent; the order after it asks the server's version
+        first. Servers not listed are forgotten."""
         servers = list(servers)
         listed = {s.worker_id for s in servers}
         self._updates = {w: u for w, u in self._updates.items() if w in listed}
@@ -139,20 +169,24 @@ class WeightsBook:
                 self._prove()
                 continue
             updates = self._updates.setdefault(server.worker_id, _Updates())
+            if updates.adopted and now_s >= updates.sent_at_s + self.update_timeout_s:
+                updates.in_flight, updates.adopted, updates.confirm = None, False, True  # ended unheard
             if updates.in_flight is not None or updates.retry_at_s > now_s:
                 continue
             weights = latest if updates.failures < self.max_failures else self._fallback_for(server)
             if weights is None:
                 continue
-            updates.in_flight, updates.on_fallback = weights.version, weights is not latest
-            orders.append(UpdateOrder(server.worker_id, server.url, weights, min(updates.failures + 1, self.max_failures)))
+            orders.append(UpdateOrder(server.worker_id, server.url, weights, min(updates.failures + 1, self.max_failures),
+                                      updates.confirm))
+            updates.in_flight, updates.on_fallback, updates.sent_at_s = weights.version, weights is not latest, now_s
+            updates.confirm = False
         return orders
 
     def done(self, worker_id: str, version: int, error: str, now_s: float) -> UpdateOutcome:
         """An update of ``worker_id`` to ``version`` ended (``error`` empty: it succeeded)."""
         updates = self._updates.setdefault(worker_id, _Updates())
         fallback = updates.on_fallback and not self._proven
-        updates.in_flight, updates.on_fallback = None, False
+        updates.in_flight, updates.on_fallback, updates.adopted = None, False, False
         latest = self.latest
         if not error:
             if fallback:  # on the fleet's weights now: in discovery, the latest not tried again
@@ -211,6 +245,19 @@ class WeightsBook:
         """Servers a previous controller had in discovery: they stay in while an update reaches them
         (a server on the weights it started with, say, that the first publish had not yet reached)."""
         self._joined |= set(worker_ids)
+
+    def saved_updates(self) -> dict[str, SavedUpdates]:
+        """Each server's updates worth keeping across a restart (saved with the controller's state)."""
+        return {w: SavedUpdates(u.failures, u.in_flight, u.on_fallback, u.sent_at_s, u.retry_at_s, u.last_error)
+                for w, u in sorted(self._updates.items()) if u.failures or u.in_flight is not None}
+
+    def restore_updates(self, saved: Mapping[str, SavedUpdates]) -> None:
+        """A previous controller's :meth:`saved_updates`: failures in a row count on, and an update
+        it had in flight is adopted (no answer of it comes here; see :meth:`due`)."""
+        for worker_id, s in saved.items():
+            self._updates[worker_id] = _Updates(s.failures, s.in_flight, s.on_fallback, s.sent_at_s,
+                                                adopted=s.in_flight is not None, retry_at_s=s.retry_at_s,
+                                                last_error=s.last_error)
 
     def server_view(self, worker_id: str) -> dict[str, object]:
         """A server's update state for status: failures in a row, the version in flight, the last error."""

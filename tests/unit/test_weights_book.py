@@ -239,3 +239,45 @@ def test_the_wrapper_starts_an_engine_on_the_latest_weights_when_its_command_nam
     assert "weights_version" not in info and env["SLURM_ELASTIC_WEIGHTS_PATH"] == "/ckpt/7"  # the hook updates it
     argv, env, info = launch_with_weights(["serve", "{weights_path}"], None, 9000, {})
     assert argv == ["serve", ""] and "SLURM_ELASTIC_WEIGHTS_PATH" not in env and "weights_version" not in info
+
+
+def restarted(book: WeightsBook) -> WeightsBook:
+    """The book a restarted controller builds from what ``book``'s controller saved."""
+    again = WeightsBook(max_failures=book.max_failures, retry_backoff_s=book.retry_backoff_s,
+                        update_timeout_s=book.update_timeout_s)
+    assert book.latest is not None
+    again.publish(book.latest.version, book.latest.ref)
+    again.rejoin(book.joined())
+    again.restore_updates(book.saved_updates())
+    return again
+
+
+def test_an_update_in_flight_at_a_restart_is_not_sent_again_until_it_has_ended_and_then_asks_first() -> None:
+    """A restart in the middle of a publish sent the update a second time to a server loading it."""
+    book = WeightsBook(update_timeout_s=60.0)
+    book.publish(3, "/ckpt/3")
+    [sent] = book.due(servers(2, 2), 100.0)[:1]
+    book.done("0002", 3, "", 101.0)  # the other server loaded it before the restart
+    again = restarted(book)
+    assert again.saved_updates()["0001"].in_flight == 3 and again.server_view("0001")["weights_updating_to"] == 3
+    assert again.due(servers(2, 3), 120.0) == []  # may still be loading: nothing sent
+    [order] = again.due(servers(2, 3), 160.0)  # its time limit has passed: sent, asking its version first
+    assert (order.worker_id, order.weights.version, order.confirm) == ("0001", 3, True) and not sent.confirm
+    assert again.done("0001", 3, "", 161.0).action == "loaded"
+    again.publish(4, "/ckpt/4")
+    assert [o.confirm for o in again.due(servers(3, 3), 170.0)] == [False, False]
+
+
+def test_failures_in_a_row_count_on_across_a_restart() -> None:
+    """A server that kept failing was never replaced when the controller restarted in between."""
+    book = WeightsBook(max_failures=3, retry_backoff_s=0.0)
+    book.publish(3, "/ckpt/3")
+    book.due(servers(3, 2), 0.0)  # 0001 loaded it: the weights are good
+    for attempt in (1, 2):
+        book.due(servers(3, 2), float(attempt))
+        assert book.done("0002", 3, "HTTP 400", float(attempt)).action == "retry"
+    again = restarted(book)
+    assert again.server_view("0002")["weights_update_failures"] == 2
+    [order] = again.due(servers(3, 2), 10.0)
+    assert order.attempt == 3
+    assert again.done("0002", 3, "HTTP 400", 10.0).action == "replace"

@@ -394,3 +394,48 @@ def test_an_http_template_and_a_command_hook_fill_their_placeholders(tmp_path: P
     assert "false" in failing(order)
     for hook in (http, command, failing):
         hook.close()
+
+
+def test_a_restart_in_the_middle_of_a_publish_sends_the_update_once_to_a_server_that_loaded_it(
+        engines: Engines, job_factory: Callable[..., Job]) -> None:
+    """A controller restarted while its updates were in flight sent them all again at once: a server
+    loading the weights (minutes, for a large model) got a second load. Now the updates in flight
+    are saved before they are sent; the restarted controller sends nothing until their time limit
+    has passed, then asks an SGLang server its version and sends the update only to one that does
+    not run it (the update is not lost)."""
+    job = job_factory(timeout_s=3.0)
+    loaded, lost = (FakeEngine("sglang", update="hang", worker_id=w) for w in ("0001", "0002"))
+    job.add_server("0001", engines.start(loaded))
+    job.add_server("0002", engines.start(lost))
+    job.trainer.publish_version(1, weights="/ckpt/1")
+    wait_for(lambda: len(loaded.updates) == len(lost.updates) == 1, "both updates sent")
+    job.close()  # the controller dies with both updates in flight; nothing records their outcome
+    loaded.weights_path, loaded.weight_version = "/ckpt/1", "1"  # this one finished loading meanwhile
+    loaded.update = lost.update = "ok"
+    again = job_factory(timeout_s=3.0)
+    assert again.worker("0001")["weights_updating_to"] == 1  # adopted: shown as under way
+    time.sleep(0.5)
+    assert len(loaded.updates) == len(lost.updates) == 1, "nothing sent while the updates may still be loading"
+    wait_for(lambda: again.worker("0001")["weights_version"] == again.worker("0002")["weights_version"] == 1,
+             "both servers at version 1")
+    assert len(loaded.updates) == 1, "the server that loaded it was asked its version, not sent it again"
+    assert len(lost.updates) == 2 and lost.weights_path == "/ckpt/1", "the one that had not got it did"
+    assert again.routable() == {"0001", "0002"}
+
+
+def test_a_server_that_keeps_failing_its_update_is_replaced_whatever_restarts_come_between(
+        engines: Engines, job_factory: Callable[..., Job]) -> None:
+    """Its failures in a row started from 0 again at each restart of the controller: a server that
+    keeps failing was never replaced. They are saved with the state now."""
+    job = job_factory(max_failures=3, retry_backoff_s=1.0)
+    job.add_server("0001", engines.start(FakeEngine("sglang", worker_id="0001")))
+    bad = FakeEngine("sglang", update="fail", worker_id="0002")
+    job.add_server("0002", engines.start(bad))
+    job.trainer.publish_version(1, weights="/ckpt/1")
+    wait_for(lambda: job.worker("0002")["weights_update_failures"] == 2, "two failures in a row")
+    job.close()
+    again = job_factory(max_failures=3, retry_backoff_s=1.0)
+    assert again.worker("0002")["weights_update_failures"] == 2
+    wait_for(lambda: again.worker("0002")["state"] == "DRAINING", "the failing server drained")
+    assert len(bad.updates) == 3
+    assert again.controller.workers["0002"].history[-1][3].startswith("weights update to version 1 failed 3 times")
