@@ -19,7 +19,10 @@ Every answer says which published weights the server that gave it runs
 as its ``policy_version``, so staleness counts from what the server actually ran. With
 ``latest_weights_only=True`` the router sends only to servers at the latest published weights
 (while a publish is being pushed, servers still on the previous version get nothing). A controller restart does not interrupt
-routing: the last known set stays in use until the new controller answers.
+routing: the last known set stays in use until the new controller answers. With the job's state
+directory the router follows a restarted controller to its new address as soon as
+``controller.json`` names it (:mod:`slurm_elastic.client.follow`, checked every ``FOLLOW_CHECK_S``
+while a long-poll waits), even if the old port still accepts connections and never answers.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import queue
 import threading
 import time
 import uuid
@@ -38,14 +42,16 @@ from typing import Any
 import httpx
 
 from slurm_elastic.client.control import ControlClient
-from slurm_elastic.client.files import read_controller_url
+from slurm_elastic.client.follow import FollowedClient
 from slurm_elastic.errors import ControllerUnreachableError, SlurmElasticError
 
 log = logging.getLogger(__name__)
 EJECT_S = 5.0  # a server that failed a request gets none for this long; doubles per failure in a row
 MAX_EJECT_S = 60.0
 CLOSING_REPORT_TIMEOUT_S = 2.0  # close() waits at most this long for its last load report
+REPORT_TIMEOUT_S = 3.0  # a load report not answered by then is dropped (the next goes to where the controller is)
 WAIT_FOR_SERVER_S = 30.0  # a request sent while the router knows no server waits this long for one
+FOLLOW_CHECK_S = 0.5  # while a long-poll waits, controller.json is looked at this often (a stat)
 
 
 def eject_penalty_s(failures_in_a_row: int, eject_s: float, max_eject_s: float) -> float:
@@ -73,7 +79,8 @@ class Router:
         self.eject_s, self.max_eject_s = eject_s, max_eject_s
         self.latest_weights_only = latest_weights_only
         self.wait_for_server_s = wait_for_server_s
-        self._control = ControlClient(controller_url, token)
+        # follows a restarted controller; a replaced client is closed (the report thread handles that)
+        self._line = FollowedClient(controller_url, token, state_dir, ControlClient, close_replaced=True)
         self._http = httpx.Client(timeout=request_timeout_s)
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
@@ -101,20 +108,27 @@ class Router:
         where = controller_from_env()
         return cls(where.url, where.token, state_dir=where.state_dir, **kwargs)
 
+    @property
+    def _control(self) -> ControlClient:
+        """The client of the controller's current address."""
+        return self._line.client
+
     # ---- discovery ---------------------------------------------------------------------------
     def _discover_loop(self) -> None:
         delay_s = 0.2
         while not self._stop.is_set():
             try:
-                view = self._control.endpoints(self._version, self.poll_wait_s, self.latest_weights_only)
+                view = self._poll()
                 delay_s = 0.2
+                if view is None:  # the controller moved (or the router closed): poll the new one at once
+                    continue
             except RuntimeError:  # httpx's "client has been closed": close() came between the check and the call
                 if self._stop.is_set():
                     return
                 raise
             except (ControllerUnreachableError, SlurmElasticError, KeyError) as exc:
                 log.debug("discovery: %s (keeping %d known endpoints)", exc, len(self._endpoints))
-                self._follow_controller()
+                self._line.refresh()
                 self._stop.wait(delay_s)
                 delay_s = min(5.0, delay_s * 2)
                 continue
@@ -128,11 +142,30 @@ class Router:
                                                        if w in self._endpoints})
                     self._changed.notify_all()
 
-    def _follow_controller(self) -> None:
-        url = read_controller_url(self.state_dir) if self.state_dir else ""
-        if url and url.rstrip("/") != self._control.url:
-            self._control.close()
-            self._control = ControlClient(url, self.token)
+    def _poll(self) -> dict[str, Any] | None:
+        """One long-poll of the endpoints, sent from a thread of its own while this one looks for a
+        moved controller every FOLLOW_CHECK_S: None if it moved (or the router closed) first. The
+        poll to the old address is left to end on its own (a silent listener never answers it)."""
+        control = self._line.client
+        answers: queue.SimpleQueue[tuple[dict[str, Any] | None, BaseException | None]] = queue.SimpleQueue()
+
+        def call() -> None:
+            try:
+                answers.put((control.endpoints(self._version, self.poll_wait_s, self.latest_weights_only), None))
+            except BaseException as exc:  # raised in the discovery thread
+                answers.put((None, exc))
+
+        threading.Thread(target=call, name="router-poll", daemon=True).start()
+        while True:
+            try:
+                view, error = answers.get(timeout=FOLLOW_CHECK_S)
+            except queue.Empty:
+                if self._stop.is_set() or self._line.refresh():
+                    return None
+                continue
+            if error is not None:
+                raise error
+            return view
 
     def wait_for_endpoints(self, count: int = 1, timeout_s: float = 60.0) -> dict[str, str]:
         """Block until at least ``count`` servers are routable; returns worker id -> URL."""
@@ -237,7 +270,7 @@ class Router:
             outstanding = {w: n for w, n in self._outstanding.items() if n > 0 or w in self._endpoints}
             totals = (self.sent, self.retried, self.failed)
         try:
-            self._control.report_load(self.client_id, outstanding, *totals)
+            self._control.report_load(self.client_id, outstanding, *totals, timeout_s=REPORT_TIMEOUT_S)
         except RuntimeError:  # httpx's "client has been closed": the router closed, or followed a moved
             pass  # controller (discovery swapped the client) under this report: the next one goes there
         except (SlurmElasticError, KeyError) as exc:
@@ -262,7 +295,7 @@ class Router:
             self._control.report_load(self.client_id, {}, *totals, timeout_s=CLOSING_REPORT_TIMEOUT_S)
         except (SlurmElasticError, KeyError, RuntimeError) as exc:
             log.debug("closing load report failed: %s", exc)
-        self._control.close()  # ends a long-poll in flight
+        self._line.close()
         for thread in self._threads:
             thread.join(timeout=5)
         self._http.close()

@@ -1,0 +1,76 @@
+"""A line to the job's controller that follows it to a new address.
+
+A restarted controller may listen on another port; ``controller.json`` in the job's state
+directory says where. :class:`FollowedClient` re-reads it on :meth:`~FollowedClient.refresh` (a
+``stat`` alone while the file has not changed since its last read) and connects to the URL it
+names when that differs from the one in use. Workers refresh when a call fails; routers also
+while a long-poll waits, so an old port that still accepts connections does not hold them.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Generic, Protocol, TypeVar
+
+from slurm_elastic.client.files import CONTROLLER_FILE, read_controller_url
+
+
+class ControllerClient(Protocol):
+    """What a followed client must have: the URL it calls, and ``close``."""
+
+    url: str
+
+    def close(self) -> None: ...
+
+
+C = TypeVar("C", bound=ControllerClient)
+
+
+class FollowedClient(Generic[C]):
+    """``client``: made by ``connect(url, token)`` for the controller's current URL. A replaced
+    client is closed at once with ``close_replaced`` (a call in flight on it then fails), else
+    kept open until :meth:`close` (another thread may be mid-call on it)."""
+
+    def __init__(self, url: str, token: str, state_dir: Path | None, connect: Callable[[str, str], C], *,
+                 close_replaced: bool = False) -> None:
+        self.token = token
+        self.state_dir = state_dir
+        self._connect = connect
+        self._close_replaced = close_replaced
+        self.client = connect(url, token)
+        self._retired: list[C] = []  # clients of earlier URLs, open until close()
+        self._seen: tuple[int, int, int] | None = None  # controller.json's (inode, mtime, size) at its last read
+        self._lock = threading.Lock()
+
+    def refresh(self) -> bool:
+        """Re-read the controller's URL from the state directory if ``controller.json`` changed
+        since the last read; True if it names another URL (``client`` is then connected there)."""
+        if self.state_dir is None:
+            return False
+        try:
+            st = os.stat(self.state_dir / CONTROLLER_FILE)
+        except OSError:
+            return False
+        with self._lock:
+            seen = (st.st_ino, st.st_mtime_ns, st.st_size)
+            if seen == self._seen:
+                return False
+            self._seen = seen
+            url = read_controller_url(self.state_dir)
+            if not url or url.rstrip("/") == self.client.url:
+                return False
+            replaced, self.client = self.client, self._connect(url, self.token)
+            if not self._close_replaced:
+                self._retired.append(replaced)
+        if self._close_replaced:
+            replaced.close()
+        return True
+
+    def close(self) -> None:
+        with self._lock:
+            clients, self._retired = [*self._retired, self.client], []
+        for client in clients:
+            client.close()
