@@ -44,7 +44,8 @@ from pathlib import Path
 from typing import Any
 
 from slurm_elastic.client.control import ControlClient
-from slurm_elastic.client.files import read_controller_url, stopped_by_operator_at
+from slurm_elastic.client.files import stopped_by_operator_at
+from slurm_elastic.client.follow import FollowedClient
 from slurm_elastic.errors import (
     ApiError,
     ControllerStoppedError,
@@ -78,7 +79,7 @@ class Trainer:
     def __init__(self, url: str, token: str, state_dir: Path | None = None, trainer_id: str = "trainer",
                  poll_s: float = 0.2, on_lost: Callable[[list[str]], None] | None = None) -> None:
         self.token, self.state_dir, self.trainer_id, self.poll_s = token, state_dir, trainer_id, poll_s
-        self.client = ControlClient(url, token)
+        self._line = FollowedClient(url, token, state_dir, ControlClient, close_replaced=True)
         self.acked: set[str] = set()
         self.held: set[str] = set()  # batches returned to the caller and not yet acknowledged
         self.lost_group_ids: list[str] = []  # every group the controller reported lost
@@ -87,6 +88,16 @@ class Trainer:
         self._pull_id = uuid.uuid4().hex  # kept until a batch arrives: a pull whose answer was lost asks again
         self.info = self._retry(lambda: self.client.trainer_register(trainer_id))
         self.session: int | None = self.info.get("trainer_session")  # None: a controller that fences none
+
+    @property
+    def client(self) -> ControlClient:
+        """The client of the controller's current address (a restart's new one once
+        ``controller.json`` names it)."""
+        return self._line.client
+
+    @client.setter
+    def client(self, client: ControlClient) -> None:
+        self._line.client = client
 
     @classmethod
     def from_env(cls, **kwargs: Any) -> Trainer:
@@ -116,10 +127,7 @@ class Trainer:
                 if isinstance(exc, ControllerUnreachableError) and time.monotonic() - self._unreachable_logged_s >= 60:
                     self._unreachable_logged_s = time.monotonic()
                     log.warning("%s; waiting for it (a restart: its address is read again)", exc)
-                url = read_controller_url(self.state_dir) if self.state_dir else ""
-                if url and url.rstrip("/") != self.client.url:
-                    self.client.close()
-                    self.client = ControlClient(url, self.token)
+                self._line.refresh()
                 time.sleep(0.5)
 
     def next_batch(self, timeout_s: float = 3600.0) -> Batch | None:
@@ -222,4 +230,4 @@ class Trainer:
         return None if left is None else float(left)
 
     def close(self) -> None:
-        self.client.close()
+        self._line.close()
