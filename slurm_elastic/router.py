@@ -122,13 +122,12 @@ class Router:
                 delay_s = 0.2
                 if view is None:  # the controller moved (or the router closed): poll the new one at once
                     continue
-            except RuntimeError:  # httpx's "client has been closed": close() came between the check and the call
+            except Exception as exc:  # unreachable, a bad answer, a closed or unusable client: keep discovering
                 if self._stop.is_set():
                     return
-                raise
-            except (ControllerUnreachableError, SlurmElasticError, KeyError) as exc:
-                log.debug("discovery: %s (keeping %d known endpoints)", exc, len(self._endpoints))
-                self._line.refresh()
+                level = logging.DEBUG if isinstance(exc, (ControllerUnreachableError, SlurmElasticError)) else logging.WARNING
+                log.log(level, "discovery: %s (keeping %d known endpoints)", exc, len(self._endpoints))
+                self._line.refresh(force=True)
                 self._stop.wait(delay_s)
                 delay_s = min(5.0, delay_s * 2)
                 continue

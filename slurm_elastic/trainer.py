@@ -127,7 +127,7 @@ class Trainer:
                 if isinstance(exc, ControllerUnreachableError) and time.monotonic() - self._unreachable_logged_s >= 60:
                     self._unreachable_logged_s = time.monotonic()
                     log.warning("%s; waiting for it (a restart: its address is read again)", exc)
-                self._line.refresh()
+                self._line.refresh(force=True)
                 time.sleep(0.5)
 
     def next_batch(self, timeout_s: float = 3600.0) -> Batch | None:

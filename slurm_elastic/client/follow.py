@@ -2,8 +2,9 @@
 
 A restarted controller may listen on another port; ``controller.json`` in the job's state
 directory says where. :class:`FollowedClient` re-reads it on :meth:`~FollowedClient.refresh` (a
-``stat`` alone while the file has not changed since its last read) and connects to the URL it
-names when that differs from the one in use. Workers refresh when a call fails; routers also
+``stat`` alone while the file has not changed since its last good read; a read forced after a
+failed call) and connects to the URL it names when that differs from the one in use and is usable
+(a damaged file is read again at the next refresh). Workers refresh when a call fails; routers also
 while a long-poll waits, so an old port that still accepts connections does not hold them.
 """
 
@@ -14,6 +15,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Generic, Protocol, TypeVar
+
+import httpx
 
 from slurm_elastic.client.files import CONTROLLER_FILE, read_controller_url
 
@@ -27,6 +30,19 @@ class ControllerClient(Protocol):
 
 
 C = TypeVar("C", bound=ControllerClient)
+
+
+def usable_url(url: str) -> str | None:
+    """``url`` without its trailing slash if it is an http(s) URL with a host a connection can be
+    made to by name, and a numeric port if one is given; None if not (a damaged
+    ``controller.json``: nothing to connect to)."""
+    try:
+        parsed = httpx.URL(url)
+        parsed.port  # noqa: B018 (a port that is no number raises here)
+        parsed.host.encode("idna")  # a label over 63 characters raises here, not at the connect
+    except (httpx.InvalidURL, ValueError):
+        return None
+    return url.rstrip("/") if parsed.scheme in ("http", "https") and parsed.host else None
 
 
 class FollowedClient(Generic[C]):
@@ -44,10 +60,14 @@ class FollowedClient(Generic[C]):
         self._retired: list[C] = []  # clients of earlier URLs, open until close()
         self._seen: tuple[int, int, int] | None = None  # controller.json's (inode, mtime, size) at its last read
         self._lock = threading.Lock()
+        self._closed = False  # after close(): no new client is made
 
-    def refresh(self) -> bool:
+    def refresh(self, force: bool = False) -> bool:
         """Re-read the controller's URL from the state directory if ``controller.json`` changed
-        since the last read; True if it names another URL (``client`` is then connected there)."""
+        since its last good read (``force``: whatever its ``stat`` says; after a failed call, as a
+        shared file system may show an old ``stat`` for a while); True if it names another usable
+        URL (``client`` is then connected there). A read that gives no usable URL (a damaged or
+        half-written file, a read error) is tried again at the next refresh."""
         if self.state_dir is None:
             return False
         try:
@@ -56,13 +76,19 @@ class FollowedClient(Generic[C]):
             return False
         with self._lock:
             seen = (st.st_ino, st.st_mtime_ns, st.st_size)
-            if seen == self._seen:
+            if self._closed or (seen == self._seen and not force):
+                return False
+            url = usable_url(read_controller_url(self.state_dir))
+            if url is None:
                 return False
             self._seen = seen
-            url = read_controller_url(self.state_dir)
-            if not url or url.rstrip("/") == self.client.url:
+            if url == self.client.url:
                 return False
-            replaced, self.client = self.client, self._connect(url, self.token)
+            try:
+                connected = self._connect(url, self.token)
+            except (httpx.InvalidURL, ValueError):
+                return False
+            replaced, self.client = self.client, connected
             if not self._close_replaced:
                 self._retired.append(replaced)
         if self._close_replaced:
@@ -71,6 +97,7 @@ class FollowedClient(Generic[C]):
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             clients, self._retired = [*self._retired, self.client], []
         for client in clients:
             client.close()

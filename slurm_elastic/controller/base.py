@@ -177,9 +177,9 @@ class ControllerBase:
         if restored.burst is not None and self.burst is not None:
             self.burst.restore(restored.burst)
         self.weights.rejoin(restored.weights_joined)  # servers in discovery stay in while an update reaches them
-        self.weights.restore_updates(restored.weights_updates)  # failures count on; updates in flight are adopted
-        self.left_nodes = [left for left in restored.left_nodes if left["node"] not in self.gpus_by_node]
         now_s = self.clock()
+        self.weights.restore_updates(restored.weights_updates, now_s)  # failures count on; updates in flight adopted
+        self.left_nodes = [left for left in restored.left_nodes if left["node"] not in self.gpus_by_node]
         st.started_s = now_s  # routers report again to this controller: a draining server's grace starts over
         st.cordons.move_clocks_on(math.inf, now_s)  # nor could a node's agent report: heard now, not unknown
         for worker in st.workers.values():  # nobody could heart-beat while no controller ran

@@ -209,8 +209,10 @@ class BurstManager:
         self._given_back |= releasing
         self._given_back &= listed_ids  # gone from Slurm's listing: nothing more to tell about it
         self._account(current, Counter(workers_by_job) + Counter(draining_by_job), now_s)  # a draining worker works on
+        over = self._given_back - self._signalled  # given back by this controller: completing, it ends for good
+        judged = [replace(j, completing=False) if j.completing and j.job_id in over else j for j in current]
         decision = decide_burst(self.policy, target_workers=target_workers, allocation_slots=allocation_slots,
-                                jobs=current, releasing=releasing, last_submit_s=self.last_submit_s, now_s=now_s,
+                                jobs=judged, releasing=releasing, last_submit_s=self.last_submit_s, now_s=now_s,
                                 released_for_good=frozenset(self._ending))
         self.last_decision = decision
         for job_id in decision.cancel:

@@ -103,6 +103,7 @@ class BurstJob:
     expected_start_s: float | None = None  # Slurm's estimate for a pending job, if it has one
     on_hold: bool = False  # pending on a hold (:func:`on_hold`): asked for, but not coming by itself
     completing: bool = False  # listed COMPLETING: its run is over; it ends, or Slurm requeues it
+    suspended: bool = False  # listed SUSPENDED: its run is stopped, not over (no capacity until resumed)
 
 
 @dataclass(frozen=True)
@@ -213,7 +214,7 @@ def run_outcomes(was_running: Iterable[int], current: Iterable[BurstJob], given_
     by_id = {j.job_id: j for j in current}
     before = set(was_running)
     running = frozenset(j.job_id for j in by_id.values()
-                        if j.phase == "RUNNING" or (j.completing and j.job_id in before))
+                        if j.phase == "RUNNING" or ((j.completing or j.suspended) and j.job_id in before))
     lost: list[int] = []
     requeued: list[int] = []
     for job_id in sorted(before - running):

@@ -251,12 +251,16 @@ class WeightsBook:
         return {w: SavedUpdates(u.failures, u.in_flight, u.on_fallback, u.sent_at_s, u.retry_at_s, u.last_error)
                 for w, u in sorted(self._updates.items()) if u.failures or u.in_flight is not None}
 
-    def restore_updates(self, saved: Mapping[str, SavedUpdates]) -> None:
+    def restore_updates(self, saved: Mapping[str, SavedUpdates], now_s: float) -> None:
         """A previous controller's :meth:`saved_updates`: failures in a row count on, and an update
-        it had in flight is adopted (no answer of it comes here; see :meth:`due`)."""
+        it had in flight is adopted (no answer of it comes here; see :meth:`due`). A time ahead of
+        ``now_s`` (a clock set back, a damaged file) is taken as now, and a backoff as no longer than
+        the longest one there is, so no server waits for good."""
+        longest_backoff_s = self.retry_backoff_s * 2 ** max(0, self.max_failures - 1)
         for worker_id, s in saved.items():
-            self._updates[worker_id] = _Updates(s.failures, s.in_flight, s.on_fallback, s.sent_at_s,
-                                                adopted=s.in_flight is not None, retry_at_s=s.retry_at_s,
+            self._updates[worker_id] = _Updates(s.failures, s.in_flight, s.on_fallback, min(s.sent_at_s, now_s),
+                                                adopted=s.in_flight is not None,
+                                                retry_at_s=min(s.retry_at_s, now_s + longest_backoff_s),
                                                 last_error=s.last_error)
 
     def server_view(self, worker_id: str) -> dict[str, object]:

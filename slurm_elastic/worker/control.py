@@ -45,7 +45,7 @@ class FollowingControl(FollowedClient[C]):
             result: dict[str, Any] = getattr(self.client, method)(self.worker_id, payload)
             return result
         except ControllerUnreachableError:
-            if not self.refresh():
+            if not self.refresh(force=True):
                 raise
             retried: dict[str, Any] = getattr(self.client, method)(self.worker_id, payload)
             return retried

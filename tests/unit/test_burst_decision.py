@@ -236,3 +236,11 @@ def test_invariants(jobs: tuple[BurstJob, ...], target: int, slots: int, releasi
 def test_a_released_job_still_running_is_taken_back_before_anything_is_submitted() -> None:
     decision = decide(8, (running(1, workers=0, draining=2),), releasing=frozenset({1}))
     assert decision.keep == (1,) and decision.submit == 0 and decision.cancel == ()
+
+
+def test_a_suspended_job_is_the_same_run_stopped_not_a_requeue_or_a_loss() -> None:
+    suspended = BurstJob(7, burst_phase("SUSPENDED"), 2, suspended=True)
+    runs = run_outcomes({7}, [suspended], frozenset())
+    assert runs.requeued == () and runs.lost == () and 7 in runs.running
+    resumed = run_outcomes(runs.running, [BurstJob(7, "RUNNING", 2)], frozenset())
+    assert resumed.running == frozenset({7}) and resumed.requeued == () and resumed.lost == ()

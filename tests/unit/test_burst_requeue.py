@@ -119,3 +119,18 @@ def test_a_signalled_job_that_ends_is_lost_once_also_across_a_restart(tmp_path: 
     tick(again, 6, {}, now_s=30)
     tick(again, 6, {}, now_s=40)
     assert (again.counters.lost, again.counters.cancelled, again.counters.requeued) == (1, 1, 0)
+
+
+def test_a_completing_job_this_controller_gave_back_does_not_hold_back_a_new_one(tmp_path: Path) -> None:
+    """A job the pool cancelled is never requeued: while Slurm still lists it COMPLETING (its
+    epilog, KillWait), a target that rises again gets a new burst job at once."""
+    slurm = RequeueSlurm()
+    made, job = running_job(slurm, tmp_path)
+    listed = slurm.jobs[job]
+    tick(made, 4, {}, now_s=100)  # not needed any more: empty, so given back at once
+    assert slurm.cancelled == [job]
+    slurm.jobs[job] = listed  # still listed, completing
+    slurm.set(job, "COMPLETING", node="node2")
+    tick(made, 6, {}, now_s=200)
+    assert made.last_decision.submit == 1, made.last_decision.reason
+    assert (made.counters.lost, made.counters.requeued) == (0, 0)

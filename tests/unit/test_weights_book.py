@@ -4,7 +4,7 @@ who failed and how often, who may be in discovery."""
 from __future__ import annotations
 
 from slurm_elastic.core.endpoints import Endpoint, EndpointBook
-from slurm_elastic.core.weights import ServerWeights, WeightsBook
+from slurm_elastic.core.weights import SavedUpdates, ServerWeights, WeightsBook
 from slurm_elastic.worker.wrapper import launch_with_weights
 
 
@@ -241,14 +241,14 @@ def test_the_wrapper_starts_an_engine_on_the_latest_weights_when_its_command_nam
     assert argv == ["serve", ""] and "SLURM_ELASTIC_WEIGHTS_PATH" not in env and "weights_version" not in info
 
 
-def restarted(book: WeightsBook) -> WeightsBook:
-    """The book a restarted controller builds from what ``book``'s controller saved."""
+def restarted(book: WeightsBook, now_s: float = 110.0) -> WeightsBook:
+    """The book a restarted controller builds at ``now_s`` from what ``book``'s controller saved."""
     again = WeightsBook(max_failures=book.max_failures, retry_backoff_s=book.retry_backoff_s,
                         update_timeout_s=book.update_timeout_s)
     assert book.latest is not None
     again.publish(book.latest.version, book.latest.ref)
     again.rejoin(book.joined())
-    again.restore_updates(book.saved_updates())
+    again.restore_updates(book.saved_updates(), now_s)
     return again
 
 
@@ -266,6 +266,19 @@ def test_an_update_in_flight_at_a_restart_is_not_sent_again_until_it_has_ended_a
     assert again.done("0001", 3, "", 161.0).action == "loaded"
     again.publish(4, "/ckpt/4")
     assert [o.confirm for o in again.due(servers(3, 3), 170.0)] == [False, False]
+
+
+def test_times_ahead_of_the_clock_in_a_restored_record_keep_no_server_waiting_for_good() -> None:
+    """A clock set back, or a damaged state.json (``sent_at_s`` 1e18), left a server in flight for good."""
+    book = WeightsBook(update_timeout_s=300.0, retry_backoff_s=10.0, max_failures=3)
+    book.publish(3, "/ckpt/3")
+    again = WeightsBook(update_timeout_s=300.0, retry_backoff_s=10.0, max_failures=3)
+    again.publish(3, "/ckpt/3")
+    again.restore_updates({"0001": SavedUpdates(0, 3, False, 1e18, 0.0, ""),
+                           "0002": SavedUpdates(1, None, False, 0.0, 1e18, "failed")}, 1000.0)
+    assert again.due(servers(2, 2), 1000.0) == []  # the adopted update may still be loading; 0002 backs off
+    due = again.due(servers(2, 2), 1000.0 + 300.0 + 1)  # past one update's limit and the longest backoff (40 s)
+    assert sorted(o.worker_id for o in due) == ["0001", "0002"]
 
 
 def test_failures_in_a_row_count_on_across_a_restart() -> None:
