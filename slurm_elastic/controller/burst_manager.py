@@ -21,6 +21,7 @@ from slurm_elastic.core.burst import (
     BurstDecision,
     BurstJob,
     BurstPolicy,
+    as_judged,
     burst_job_comment,
     burst_phase,
     decide_burst,
@@ -65,6 +66,7 @@ class BurstManager:
         self._ending: set[int] = set()
         self._signalled: set[int] = set()  # of those, jobs Slurm's drain signal reached: lost when their run ends
         self._given_back: set[int] = set()  # jobs this controller cancelled or released: not lost when they end
+        self._completing_since_s: dict[int, float] = {}  # jobs listed COMPLETING: when first seen so
         self._comments: dict[int, str] = {}  # job -> the comment this controller submitted, adopted or set
         self._refusals: dict[tuple[int, str], str] = {}  # (job, "name"/"comment") -> why Slurm refused to set it back
         self._script_checked = False  # the jobs running this parent's burst script were looked for
@@ -209,8 +211,9 @@ class BurstManager:
         self._given_back |= releasing
         self._given_back &= listed_ids  # gone from Slurm's listing: nothing more to tell about it
         self._account(current, Counter(workers_by_job) + Counter(draining_by_job), now_s)  # a draining worker works on
-        over = self._given_back - self._signalled  # given back by this controller: completing, it ends for good
-        judged = [replace(j, completing=False) if j.completing and j.job_id in over else j for j in current]
+        self._completing_since_s = {j.job_id: self._completing_since_s.get(j.job_id, now_s)
+                                    for j in current if j.completing}
+        judged = as_judged(current, frozenset(self._given_back - self._signalled), self._completing_since_s, now_s)
         decision = decide_burst(self.policy, target_workers=target_workers, allocation_slots=allocation_slots,
                                 jobs=judged, releasing=releasing, last_submit_s=self.last_submit_s, now_s=now_s,
                                 released_for_good=frozenset(self._ending))

@@ -22,8 +22,8 @@ and which to release (drain their workers, then cancel the job). The rules:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
 from typing import Literal
 
 BurstPhase = Literal["PENDING", "RUNNING", "ENDED"]
@@ -31,6 +31,7 @@ BurstPhase = Literal["PENDING", "RUNNING", "ENDED"]
 _PENDING_STATES = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SUSPENDED"})
 _RUNNING_STATES = frozenset({"RUNNING"})
 _HOLD_REASONS = frozenset({"JobHeldUser", "JobHeldAdmin", "job requeued in held state"})  # squeue's %r
+COMPLETING_WAIT_S = 300.0  # a job listed COMPLETING longer than this is taken as ended (a node stuck completing)
 BURST_NAME_PREFIX = "elastic-burst-"
 BURST_COMMENT_PREFIX = "slurm-elastic burst parent="
 
@@ -195,6 +196,16 @@ def _grow(policy: BurstPolicy, missing: int, live_jobs: int, last_submit_s: floa
     submit = min(wanted, room)
     return BurstDecision(submit=submit, cancel=cancel, keep=keep,
                          reason=f"burst: {missing} slots missing beyond the allocation: submitting {submit} job(s)")
+
+
+def as_judged(jobs: Iterable[BurstJob], given_back: frozenset[int], completing_since_s: Mapping[int, float],
+              now_s: float) -> tuple[BurstJob, ...]:
+    """The listing as :func:`decide_burst` weighs it: a completing job is over for good, not one
+    that may be requeued, when this controller gave it back (``given_back``: it cancelled it) or
+    once it has been completing for ``COMPLETING_WAIT_S`` (``completing_since_s``: first seen so)."""
+    return tuple(replace(j, completing=False) if j.completing and (
+        j.job_id in given_back or now_s - completing_since_s.get(j.job_id, now_s) >= COMPLETING_WAIT_S) else j
+        for j in jobs)
 
 
 @dataclass(frozen=True)

@@ -134,3 +134,19 @@ def test_a_completing_job_this_controller_gave_back_does_not_hold_back_a_new_one
     tick(made, 6, {}, now_s=200)
     assert made.last_decision.submit == 1, made.last_decision.reason
     assert (made.counters.lost, made.counters.requeued) == (0, 0)
+
+
+def test_a_job_stuck_completing_holds_back_a_new_one_only_for_a_while(tmp_path: Path) -> None:
+    """A job that ends unreleased may be requeued, so a completing one is waited for; one stuck
+    completing (a node that cannot kill its steps) is taken as ended after COMPLETING_WAIT_S."""
+    from slurm_elastic.core.burst import COMPLETING_WAIT_S
+
+    slurm = RequeueSlurm()
+    made, job = running_job(slurm, tmp_path)
+    slurm.set(job, "COMPLETING", node="node2")
+    tick(made, 6, {}, now_s=100)
+    assert made.last_decision.submit == 0 and "completing" in made.last_decision.reason
+    tick(made, 6, {}, now_s=100 + COMPLETING_WAIT_S - 1)
+    assert made.last_decision.submit == 0
+    tick(made, 6, {}, now_s=100 + COMPLETING_WAIT_S)
+    assert made.last_decision.submit == 1, made.last_decision.reason
