@@ -40,6 +40,7 @@ from types import TracebackType
 from typing import Any
 
 import httpx
+from pydantic import BaseModel, StrictInt, StrictStr, ValidationError
 
 from slurm_elastic.client.control import ControlClient
 from slurm_elastic.client.follow import FollowedClient
@@ -52,6 +53,19 @@ CLOSING_REPORT_TIMEOUT_S = 2.0  # close() waits at most this long for its last l
 REPORT_TIMEOUT_S = 3.0  # a load report not answered by then is dropped (the next goes to where the controller is)
 WAIT_FOR_SERVER_S = 30.0  # a request sent while the router knows no server waits this long for one
 FOLLOW_CHECK_S = 0.5  # while a long-poll waits, controller.json is looked at this often (a stat)
+
+
+class _Endpoint(BaseModel):
+    worker_id: StrictStr
+    url: StrictStr
+    weights_version: StrictInt | None = None
+
+
+class EndpointsView(BaseModel):
+    """The controller's ``/endpoints`` answer as the router reads it (validated once, here)."""
+
+    version: StrictInt
+    endpoints: list[_Endpoint]
 
 
 def eject_penalty_s(failures_in_a_row: int, eject_s: float, max_eject_s: float) -> float:
@@ -118,24 +132,26 @@ class Router:
         delay_s = 0.2
         while not self._stop.is_set():
             try:
-                view = self._poll()
-                delay_s = 0.2
-                if view is None:  # the controller moved (or the router closed): poll the new one at once
+                answer = self._poll()
+                if answer is None:  # the controller moved (or the router closed): poll the new one at once
                     continue
-            except Exception as exc:  # unreachable, a bad answer, a closed or unusable client: keep discovering
+                view = EndpointsView.model_validate(answer)
+                delay_s = 0.2
+            except Exception as exc:  # unreachable, a malformed answer, a closed or unusable client: keep on
                 if self._stop.is_set():
                     return
-                level = logging.DEBUG if isinstance(exc, (ControllerUnreachableError, SlurmElasticError)) else logging.WARNING
-                log.log(level, "discovery: %s (keeping %d known endpoints)", exc, len(self._endpoints))
+                known = isinstance(exc, (ControllerUnreachableError, SlurmElasticError, ValidationError))
+                log.log(logging.DEBUG if known else logging.WARNING, "discovery: %s (keeping %d known endpoints)",
+                        exc, len(self._endpoints), exc_info=not known)
                 self._line.refresh(force=True)
                 self._stop.wait(delay_s)
                 delay_s = min(5.0, delay_s * 2)
                 continue
             with self._changed:
-                if view["version"] != self._version:
-                    self._version = int(view["version"])
-                    self._endpoints = {e["worker_id"]: str(e["url"]).rstrip("/") for e in view["endpoints"]}
-                    self._weights = {e["worker_id"]: e.get("weights_version") for e in view["endpoints"]}
+                if view.version != self._version:
+                    self._version = view.version
+                    self._endpoints = {e.worker_id: e.url.rstrip("/") for e in view.endpoints}
+                    self._weights = {e.worker_id: e.weights_version for e in view.endpoints}
                     self._dead_until = {w: t for w, t in self._dead_until.items() if w in self._endpoints}
                     self._failures_in_a_row = Counter({w: n for w, n in self._failures_in_a_row.items()
                                                        if w in self._endpoints})

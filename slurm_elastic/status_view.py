@@ -280,8 +280,8 @@ def _servers_line(servers: dict[str, Any]) -> str:
 
 
 def _burst_lines(ctl: dict[str, Any]) -> list[str]:
-    """Burst jobs (docs/burst.md): GPU-seconds held and used, the counts, the last decision and
-    error, then one row per job."""
+    """Burst jobs (docs/burst.md): GPU-seconds held and used, the counts, the last decision, then
+    one row per job."""
     burst, jobs = ctl.get("burst") or {}, ctl.get("burst_jobs") or []
     if not burst and not jobs:
         return []
@@ -290,9 +290,6 @@ def _burst_lines(ctl: dict[str, Any]) -> list[str]:
              + "".join(f"  {key} {burst[key]}" for key in ("cancelled", "requeued") if burst.get(key))]
     if burst.get("last_decision"):
         lines.append(f"  decision: {burst['last_decision']}")
-    errors = burst.get("errors") or []
-    if errors:
-        lines.append(f"  last error: {errors[-1]}")
     rows = [[str(j.get("job_id", "")), str(j.get("state", "")), ",".join(j.get("nodes", [])) or "-",
              str(j.get("gpus", "")), str(j.get("workers", 0)), str(j.get("pending_reason") or "-")] for j in jobs]
     if rows:

@@ -127,7 +127,8 @@ class Trainer:
                 if isinstance(exc, ControllerUnreachableError) and time.monotonic() - self._unreachable_logged_s >= 60:
                     self._unreachable_logged_s = time.monotonic()
                     log.warning("%s; waiting for it (a restart: its address is read again)", exc)
-                self._line.refresh(force=True)
+                if isinstance(exc, ControllerUnreachableError):  # a 503 came from the controller in use
+                    self._line.refresh(force=True)
                 time.sleep(0.5)
 
     def next_batch(self, timeout_s: float = 3600.0) -> Batch | None:
@@ -219,7 +220,7 @@ class Trainer:
 
     def status(self) -> dict[str, Any]:
         """The controller's ``/global-status``, waiting through a controller restart like every call here."""
-        result: dict[str, Any] = self._retry(self.client.global_status)
+        result: dict[str, Any] = self._retry(lambda: self.client.global_status())
         return result
 
     def time_limit_in_s(self) -> float | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Generic, Protocol, TypeVar
@@ -30,6 +31,7 @@ class ControllerClient(Protocol):
 
 
 C = TypeVar("C", bound=ControllerClient)
+FORCED_READ_MIN_S = 1.0  # forced reads of controller.json at most this often per line (a shared file system's load)
 
 
 def usable_url(url: str) -> str | None:
@@ -61,11 +63,13 @@ class FollowedClient(Generic[C]):
         self._seen: tuple[int, int, int] | None = None  # controller.json's (inode, mtime, size) at its last read
         self._lock = threading.Lock()
         self._closed = False  # after close(): no new client is made
+        self._forced_at_s = -FORCED_READ_MIN_S  # the last forced read (time.monotonic)
 
     def refresh(self, force: bool = False) -> bool:
         """Re-read the controller's URL from the state directory if ``controller.json`` changed
-        since its last good read (``force``: whatever its ``stat`` says; after a failed call, as a
-        shared file system may show an old ``stat`` for a while); True if it names another usable
+        since its last good read (``force``: whatever its ``stat`` says, at most every
+        FORCED_READ_MIN_S; after a failed call, as a shared file system may show an old ``stat``
+        for a while); True if it names another usable
         URL (``client`` is then connected there). A read that gives no usable URL (a damaged or
         half-written file, a read error) is tried again at the next refresh."""
         if self.state_dir is None:
@@ -75,9 +79,11 @@ class FollowedClient(Generic[C]):
         except OSError:
             return False
         with self._lock:
-            seen = (st.st_ino, st.st_mtime_ns, st.st_size)
+            seen, now_s = (st.st_ino, st.st_mtime_ns, st.st_size), time.monotonic()
+            force = force and now_s - self._forced_at_s >= FORCED_READ_MIN_S
             if self._closed or (seen == self._seen and not force):
                 return False
+            self._forced_at_s = now_s if force else self._forced_at_s
             url = usable_url(read_controller_url(self.state_dir))
             if url is None:
                 return False

@@ -74,9 +74,11 @@ def burst_phase(slurm_state: str) -> BurstPhase:
 
 
 def on_hold(slurm_state: str, reason: str) -> bool:
-    """Whether a pending job waits on a hold (a user's or an admin's, or a requeue's), not on the
-    cluster: it starts only once someone releases it."""
-    return slurm_state == "REQUEUE_HOLD" or (burst_phase(slurm_state) == "PENDING" and reason in _HOLD_REASONS)
+    """Whether a job waits on someone, not on the cluster: a hold (a user's or an admin's, or a
+    requeue's), released by someone, or a suspension (``scontrol suspend``, a preemption by
+    suspension), resumed by someone; its workers' steps are stopped, so the controller counts them lost."""
+    return slurm_state in ("REQUEUE_HOLD", "SUSPENDED") or (
+        burst_phase(slurm_state) == "PENDING" and reason in _HOLD_REASONS)
 
 
 @dataclass(frozen=True)
@@ -104,7 +106,7 @@ class BurstJob:
     expected_start_s: float | None = None  # Slurm's estimate for a pending job, if it has one
     on_hold: bool = False  # pending on a hold (:func:`on_hold`): asked for, but not coming by itself
     completing: bool = False  # listed COMPLETING: its run is over; it ends, or Slurm requeues it
-    suspended: bool = False  # listed SUSPENDED: its run is stopped, not over (no capacity until resumed)
+    suspended: bool = False  # listed SUSPENDED: its run stopped, its workers lost; on hold until resumed
 
 
 @dataclass(frozen=True)
@@ -221,16 +223,17 @@ def run_outcomes(was_running: Iterable[int], current: Iterable[BurstJob], given_
     """Sort the runs of ``was_running`` by this listing. A job pending again is a requeue
     (``scontrol requeue``/``requeuehold``, a preemption with ``PreemptMode=REQUEUE``): not lost,
     it comes back as a new run. A completing one is told apart at a later listing. One that ended
-    otherwise, or that Slurm lists no more, is lost unless it is in ``given_back``."""
+    otherwise, was suspended (its workers' steps stopped), or that Slurm lists no more, is lost
+    unless it is in ``given_back``."""
     by_id = {j.job_id: j for j in current}
     before = set(was_running)
     running = frozenset(j.job_id for j in by_id.values()
-                        if j.phase == "RUNNING" or ((j.completing or j.suspended) and j.job_id in before))
+                        if j.phase == "RUNNING" or (j.completing and j.job_id in before))
     lost: list[int] = []
     requeued: list[int] = []
     for job_id in sorted(before - running):
         job = by_id.get(job_id)
-        if job is not None and job.phase == "PENDING":
+        if job is not None and job.phase == "PENDING" and not job.suspended:
             requeued.append(job_id)
         elif job_id not in given_back:
             lost.append(job_id)

@@ -41,11 +41,12 @@ class FollowingControl(FollowedClient[C]):
         self.worker_id = worker_id
 
     def _call(self, method: str, payload: dict[str, Any]) -> dict[str, Any]:
+        client = self.client
         try:
-            result: dict[str, Any] = getattr(self.client, method)(self.worker_id, payload)
+            result: dict[str, Any] = getattr(client, method)(self.worker_id, payload)
             return result
         except ControllerUnreachableError:
-            if not self.refresh(force=True):
+            if not self.refresh(force=True) and self.client is client:  # nor did another thread follow it
                 raise
             retried: dict[str, Any] = getattr(self.client, method)(self.worker_id, payload)
             return retried

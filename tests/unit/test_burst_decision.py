@@ -238,9 +238,16 @@ def test_a_released_job_still_running_is_taken_back_before_anything_is_submitted
     assert decision.keep == (1,) and decision.submit == 0 and decision.cancel == ()
 
 
-def test_a_suspended_job_is_the_same_run_stopped_not_a_requeue_or_a_loss() -> None:
-    suspended = BurstJob(7, burst_phase("SUSPENDED"), 2, suspended=True)
+def test_a_suspended_job_is_lost_not_requeued_and_is_not_capacity() -> None:
+    """scontrol suspend (or a preemption by suspension) stops the job's steps: its workers are
+    lost, it is no requeue, and it holds no slots the pool can use until someone resumes it."""
+    suspended = BurstJob(7, burst_phase("SUSPENDED"), 2, suspended=True, on_hold=on_hold("SUSPENDED", ""))
     runs = run_outcomes({7}, [suspended], frozenset())
-    assert runs.requeued == () and runs.lost == () and 7 in runs.running
-    resumed = run_outcomes(runs.running, [BurstJob(7, "RUNNING", 2)], frozenset())
-    assert resumed.running == frozenset({7}) and resumed.requeued == () and resumed.lost == ()
+    assert runs.requeued == () and runs.lost == (7,) and 7 not in runs.running
+    policy = BurstPolicy(max_jobs=3, worker_slots_per_job=2, submit_cooldown_s=0.0)
+    missing = decide_burst(policy, target_workers=6, allocation_slots=4, jobs=[suspended], releasing=frozenset(),
+                           last_submit_s=None, now_s=100.0)
+    assert missing.submit == 1, missing.reason  # a replacement: nothing says when it is resumed
+    covered = decide_burst(policy, target_workers=4, allocation_slots=4, jobs=[suspended], releasing=frozenset(),
+                           last_submit_s=None, now_s=100.0)
+    assert covered.cancel == (7,)  # the others cover the target: given back, as a held job is

@@ -104,3 +104,82 @@ def test_a_router_keeps_discovering_through_a_damaged_controller_json(tmp_path: 
     finally:
         router.close()
         silent.close()
+
+
+def test_a_call_that_failed_on_a_client_another_thread_replaced_is_tried_on_the_new_one(tmp_path: Path) -> None:
+    from typing import Any
+
+    from slurm_elastic.errors import ControllerUnreachableError
+    from slurm_elastic.worker.control import FollowingControl
+
+    line: FollowingControl[Any]
+
+    class Calls(Fake):
+        def register(self, worker_id: str, info: dict[str, Any]) -> dict[str, Any]:
+            return {}
+
+        def heartbeat(self, worker_id: str, info: dict[str, Any]) -> dict[str, Any]:
+            if self.url.endswith(":1"):
+                line.refresh()  # the worker's other thread follows the move while this call waits
+                raise ControllerUnreachableError("the old controller is gone")
+            return {"ok": True}
+
+    write(tmp_path, "http://127.0.0.1:1")
+    line = FollowingControl("w1", "http://127.0.0.1:1", "t", tmp_path, Calls)
+    assert line.refresh() is False
+    write(tmp_path, "http://127.0.0.1:2")
+    assert line.heartbeat({}) == {"ok": True}
+
+
+def test_the_trainers_status_follows_a_moved_controller(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its status call was bound to the client in use when it began: after a move it called the
+    closed one again and raised httpx's RuntimeError into the training loop."""
+    import httpx
+
+    import slurm_elastic.trainer as trainer_mod
+    from slurm_elastic.client.control import ControlClient
+
+    dead: set[int] = set()
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.port in dead:
+            raise httpx.ConnectError("refused", request=request)
+        if request.url.path.endswith("/register"):
+            return httpx.Response(200, json={"trainer_session": 1})
+        return httpx.Response(200, json={"controller": {"workers": []}})
+
+    monkeypatch.setattr(trainer_mod, "ControlClient",
+                        lambda url, token: ControlClient(url, token, transport=httpx.MockTransport(answer)))
+    write(tmp_path, "http://127.0.0.1:1001")
+    trainer = trainer_mod.Trainer("http://127.0.0.1:1001", "t", tmp_path)
+    assert trainer.status()["controller"] == {"workers": []}
+    dead.add(1001)
+    write(tmp_path, "http://127.0.0.1:1002")
+    assert trainer.status()["controller"] == {"workers": []}
+    trainer.close()
+
+
+def test_a_routers_discovery_survives_a_malformed_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    import httpx
+
+    import slurm_elastic.router as router_mod
+    from slurm_elastic.client.control import ControlClient
+
+    polls = {"n": 0}
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/endpoints":
+            polls["n"] += 1
+            if polls["n"] == 1:
+                return httpx.Response(200, json=[])  # not the controller's answer: something else on its port
+            return httpx.Response(200, json={"version": polls["n"], "endpoints": [
+                {"worker_id": "w1", "url": "http://127.0.0.1:9/"}]})
+        return httpx.Response(200, json={})
+
+    monkeypatch.setattr(router_mod, "ControlClient",
+                        lambda url, token: ControlClient(url, token, transport=httpx.MockTransport(answer)))
+    router = router_mod.Router("http://127.0.0.1:1001", "t", poll_wait_s=0.1, report_interval_s=5)
+    try:
+        assert router.wait_for_endpoints(1, timeout_s=5.0) == {"w1": "http://127.0.0.1:9"}
+    finally:
+        router.close()
