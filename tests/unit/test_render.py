@@ -204,7 +204,8 @@ def test_a_failed_trainer_still_drains_and_stops_and_its_status_is_the_jobs(tmp_
     done = subprocess.run(["bash", "-c", text], env=env, capture_output=True, text=True, timeout=30, check=False)
     assert done.returncode == trainer_status, done.stderr
     logged = calls.read_text().splitlines()
-    assert logged[-1] == "slurm-elastic stop" and any(c.startswith("srun ") for c in logged)
+    trainer = max(i for i, c in enumerate(logged) if c.startswith("srun "))  # the controller's stub logs
+    assert "slurm-elastic stop" in logged[trainer + 1:]  # in the background: on a loaded machine, late
     assert ("the trainer exited with status 3" in done.stderr) == (trainer_status == 3)
 
 
