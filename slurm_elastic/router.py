@@ -140,9 +140,9 @@ class Router:
             except Exception as exc:  # unreachable, a malformed answer, a closed or unusable client: keep on
                 if self._stop.is_set():
                     return
-                known = isinstance(exc, (ControllerUnreachableError, SlurmElasticError, ValidationError))
-                log.log(logging.DEBUG if known else logging.WARNING, "discovery: %s (keeping %d known endpoints)",
-                        exc, len(self._endpoints), exc_info=not known)
+                usual = isinstance(exc, (ControllerUnreachableError, SlurmElasticError))  # a restart, say
+                log.log(logging.DEBUG if usual else logging.WARNING, "discovery: %s (keeping %d known endpoints)",
+                        exc, len(self._endpoints), exc_info=not (usual or isinstance(exc, ValidationError)))
                 self._line.refresh(force=True)
                 self._stop.wait(delay_s)
                 delay_s = min(5.0, delay_s * 2)
