@@ -16,8 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Generic, Protocol, TypeVar
-
-import httpx
+from urllib.parse import urlsplit
 
 from slurm_elastic.client.files import CONTROLLER_FILE, read_controller_url
 
@@ -37,14 +36,16 @@ FORCED_READ_MIN_S = 1.0  # forced reads of controller.json at most this often pe
 def usable_url(url: str) -> str | None:
     """``url`` without its trailing slash if it is an http(s) URL with a host a connection can be
     made to by name, and a numeric port if one is given; None if not (a damaged
-    ``controller.json``: nothing to connect to)."""
+    ``controller.json``: nothing to connect to). Parsed with the standard library: a worker's
+    step imports no HTTP client to launch (tests/unit/test_step_calls.py)."""
     try:
-        parsed = httpx.URL(url)
-        parsed.port  # noqa: B018 (a port that is no number raises here)
-        parsed.host.encode("idna")  # a label over 63 characters raises here, not at the connect
-    except (httpx.InvalidURL, ValueError):
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (a port that is no number, or out of range, raises here)
+        host = parts.hostname or ""
+        host.encode("idna")  # a label over 63 characters raises here, not at the connect
+    except (ValueError, UnicodeError):
         return None
-    return url.rstrip("/") if parsed.scheme in ("http", "https") and parsed.host else None
+    return url.rstrip("/") if parts.scheme in ("http", "https") and host else None
 
 
 class FollowedClient(Generic[C]):
@@ -92,7 +93,7 @@ class FollowedClient(Generic[C]):
                 return False
             try:
                 connected = self._connect(url, self.token)
-            except (httpx.InvalidURL, ValueError):
+            except Exception:  # a URL the client's own checks refuse: as a damaged file
                 return False
             replaced, self.client = self.client, connected
             if not self._close_replaced:
