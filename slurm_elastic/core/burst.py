@@ -12,8 +12,9 @@ and which to release (drain their workers, then cancel the job). The rules:
   ``max_jobs`` and is cancelled as soon as the target does not need more than the others hold;
 - a job Slurm requeued (``scontrol requeue``) is the same job pending again: capacity asked for, not
   lost (:func:`run_outcomes`); a completing job (ended, or about to be requeued: a later listing
-  tells) counts towards ``max_jobs``, nothing is submitted for its slots while it completes, and
-  it is neither cancelled nor released;
+  tells) counts towards ``max_jobs``, nothing is submitted for its slots while it completes (up to
+  ``COMPLETING_WAIT_S``, and not once this controller gave it back: :func:`as_judged`), and it is
+  neither cancelled nor released; a suspended job's run is lost, and it waits as a job on hold;
 - on scale-down, pending jobs are cancelled first (latest expected start first), then whole
   running jobs are released, the emptiest first; a released job is cancelled once its workers are
   gone, and one whose workers are all gone already is cancelled at once (its GPUs go back).
