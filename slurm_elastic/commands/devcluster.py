@@ -38,6 +38,8 @@ def devcluster() -> None:
 @click.option("--node-prefix", default="node", show_default=True,
               help="Node names are PREFIX1, PREFIX2, ...; give a second cluster on this host its own.")
 @click.option("--cluster-name", default="dev", show_default=True, help="ClusterName= of slurm.conf.")
+@click.option("--first-job-id", default=1, show_default=True, type=click.IntRange(1, 60_000_000),
+              help="FirstJobId= of slurm.conf; give a second cluster on this host job ids of its own.")
 @click.option("--slurm-prefix", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Run the Slurm installed under this prefix (PREFIX/sbin/slurmctld, PREFIX/bin/srun) "
                    "instead of the one on PATH.")
@@ -47,13 +49,14 @@ def devcluster() -> None:
 @click.option("--wait-s", default=60.0, show_default=True, help="How long to wait for nodes to be idle.")
 def up(directory: Path | None, nodes: int, gpus_per_node: int, cpus_per_node: int,
        memory_per_node_mb: int, ctld_port: int, node_base_port: int, prolog: str, epilog: str,
-       node_prefix: str, cluster_name: str, slurm_prefix: Path | None, real_gpus: bool, wait_s: float) -> None:
+       node_prefix: str, cluster_name: str, first_job_id: int, slurm_prefix: Path | None, real_gpus: bool,
+       wait_s: float) -> None:
     """Start the cluster (idempotent) and wait until every node is idle."""
     spec = DevClusterSpec(
         dir=directory or default_dir(), nodes=nodes, gpus_per_node=gpus_per_node,
         cpus_per_node=cpus_per_node, memory_per_node_mb=memory_per_node_mb, ctld_port=ctld_port,
         node_base_port=node_base_port, prolog=prolog, epilog=epilog, node_prefix=node_prefix,
-        cluster_name=cluster_name, slurm_prefix=str(slurm_prefix.resolve()) if slurm_prefix else "",
+        cluster_name=cluster_name, first_job_id=first_job_id, slurm_prefix=str(slurm_prefix.resolve()) if slurm_prefix else "",
         real_gpus=real_gpus,
     )
     cluster = DevCluster(spec)

@@ -40,6 +40,7 @@ class DevClusterSpec:
     urgent_partition: str = "urgent"  # a higher tier than both: tests preempt with it
     preempt_grace_s: int = 10
     cluster_name: str = "dev"
+    first_job_id: int = 1  # a second cluster on this host numbers its jobs apart (tools look jobs up by id)
     node_prefix: str = "node"  # distinct prefixes keep two clusters' cgroups apart on one host
     prolog: str = ""
     epilog: str = ""

@@ -24,6 +24,8 @@ from tests.cluster.chaos import (
     run_chaos,
 )
 
+pytestmark = pytest.mark.second_cluster
+
 
 def test_schedule_is_seeded_and_each_round_has_every_fault() -> None:
     def first(seed: int, n: int) -> list[str]:

@@ -16,7 +16,7 @@ from slurm_elastic.slurm.runner import run_command
 from tests.cluster.controller_harness import ControllerJob, wait_for
 from tests.recording_listener import RecordingListener
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.second_cluster]
 
 
 def _ended(job_id: int) -> bool:

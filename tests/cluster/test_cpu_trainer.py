@@ -15,7 +15,7 @@ from slurm_elastic.slurm.cli_backend import SlurmCli
 from slurm_elastic.slurm.runner import run_command
 from tests.cluster.controller_harness import FAKE_WORKER, REPO, _toml, locate_in, wait_for
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.second_cluster]
 
 
 def test_a_trainer_without_gpus_leaves_every_gpu_of_its_node_to_the_workers(devcluster: DevCluster,

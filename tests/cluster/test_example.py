@@ -12,7 +12,7 @@ import pytest
 
 from slurm_elastic.devcluster.cluster import DevCluster
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.second_cluster]
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -21,7 +21,7 @@ from tests.cluster.controller_harness import (
     wait_for,
 )
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.second_cluster]
 
 
 def test_an_earlier_jobs_directory_with_the_same_id_is_moved_aside(devcluster: DevCluster, tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from slurm_elastic.slurm.cli_backend import SlurmCli
 from slurm_elastic.slurm.runner import run_command
 from tests.cluster.controller_harness import ControllerJob, locate_in, wait_for
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.second_cluster]
 FAKE_SERVER = str(Path(__file__).with_name("fake_server.py"))
 
 
@@ -129,15 +129,16 @@ def test_a_second_task_on_a_one_node_worker_runs_its_command(job: ControllerJob)
 
 @pytest.mark.parametrize("job", [servers(8)], indirect=True)
 def test_a_cordon_on_the_second_node_keeps_the_8_gpu_server_off_until_lifted(job: ControllerJob) -> None:
+    first, second = job.cluster.spec.node_names()
     with job.client() as c:
-        c.cordon("node2", 1, "fan noise")
+        c.cordon(second, 1, "fan noise")
         c.scale(1)
         ticks = job.status()["ticks"]
         wait_for(lambda: job.status()["ticks"] >= ticks + 5, 20, "five ticks")
-        assert job.status()["workers"] == [] and job.worker_steps() == {}  # no slot: node2 has 3 usable GPUs
-        c.uncordon("node2", 1)
+        assert job.status()["workers"] == [] and job.worker_steps() == {}  # no slot: the second has 3 usable GPUs
+        c.uncordon(second, 1)
         worker = job.active(1)["workers"][0]
-        assert sorted(worker["nodes"]) == ["node1", "node2"]
+        assert sorted(worker["nodes"]) == [first, second]
         c.scale(0)
         job.active(0)
 
@@ -154,7 +155,7 @@ def test_kill_9_of_the_controller_reattaches_the_2_node_step_without_a_relaunch(
     os.kill(old_pid, signal.SIGKILL)
     wait_for(lambda: job.controller_pid() != old_pid, 30, "a new controller")
     worker = job.active(1, timeout_s=40)["workers"][0]
-    assert sorted(worker["nodes"]) == ["node1", "node2"] and worker["launches"] == 1
+    assert sorted(worker["nodes"]) == job.cluster.spec.node_names() and worker["launches"] == 1
     assert sorted(worker["node_gpus"].get(worker["nodes"][1], [])) == [0, 1, 2, 3]
     assert job.worker_steps() == steps and len(by_event(job, "start")) == 2  # same step, nothing relaunched
     with job.client() as c:

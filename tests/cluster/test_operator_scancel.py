@@ -19,7 +19,7 @@ from tests.cluster.controller_harness import start_controller_job, stop_controll
 
 LEASE_WORKER = Path(__file__).with_name("lease_worker.py")
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.second_cluster]
 
 
 def kill_its_srun(job_id: int, step_name: str) -> None:

@@ -19,7 +19,7 @@ from slurm_elastic.errors import ApiError
 from slurm_elastic.trainer import Trainer
 from tests.cluster.controller_harness import ControllerJob, locate_in, wait_for
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.second_cluster]
 QUEUE = {"queue": {"batch_size": 8, "capacity_seqs": 32, "max_group_bytes": 200_000}}
 
 

@@ -19,7 +19,7 @@ from slurm_elastic.router import Router
 from slurm_elastic.slurm.runner import run_command
 from tests.cluster.controller_harness import ControllerJob, locate_in, wait_for
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.second_cluster]
 FAKE_SERVER = str(Path(__file__).with_name("fake_server.py"))
 SERVERS = {"workers": {"kind": "server", "command": [sys.executable, FAKE_SERVER, "{port}"],
                        "readiness_path": "/health", "server_drain_grace_s": 0.5, "drain_timeout_s": 20.0},

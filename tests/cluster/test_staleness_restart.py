@@ -15,7 +15,7 @@ from tests.cluster.controller_harness import ControllerJob, wait_for
 from tests.cluster.test_queue_api import client, group
 from tests.unit.areal_reference import load_staleness_manager
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.second_cluster]
 QUEUE = {"queue": {"batch_size": 8, "capacity_seqs": 400, "max_staleness": 3, "max_concurrent": 100},
          # two workers that run on (fake workers ask for no admissions): the test's own admissions are
          # theirs, held while their steps run (the controller refuses ids it did not launch)

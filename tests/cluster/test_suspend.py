@@ -12,7 +12,7 @@ from slurm_elastic.devcluster.cluster import DevCluster
 from slurm_elastic.slurm.runner import run_command
 from tests.cluster.controller_harness import start_controller_job, stop_controller_job, wait_for
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.second_cluster]
 
 GRACE_S = 4.0
 STOPPED_S = 12.0  # suspended this long

@@ -16,7 +16,7 @@ from slurm_elastic.trainer import Trainer
 from tests.cluster.controller_harness import ControllerJob, locate_in, wait_for
 from tests.cluster.test_servers import Load
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.second_cluster]
 FAKE_ENGINES = str(Path(__file__).resolve().parents[1] / "fake_engines.py")
 UPDATE_TIMEOUT_S = 10.0
 ENGINES = {"workers": {"kind": "server", "command": [sys.executable, FAKE_ENGINES, "sglang", "{port}", "--model", "base"],

@@ -17,7 +17,7 @@ from slurm_elastic.slurm.cli_backend import SlurmCli
 from slurm_elastic.slurm.runner import run_command
 from tests.cluster.controller_harness import FAKE_WORKER, REPO, _toml, locate_in, wait_for
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.second_cluster]
 
 
 def steps_by_name(job_id: int) -> dict[str, str]:

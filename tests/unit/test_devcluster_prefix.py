@@ -9,6 +9,7 @@ import jinja2
 import pytest
 
 from slurm_elastic.devcluster.cluster import DevCluster, DevClusterSpec
+from slurm_elastic.devcluster.spec import render_config_files
 from slurm_elastic.errors import DevClusterError
 from slurm_elastic.resources import templates_dir
 
@@ -62,3 +63,12 @@ def test_up_with_a_prefix_that_is_no_slurm_install_is_a_clear_error(tmp_path: Pa
     expected = "is not a Slurm install" if os.geteuid() == 0 else "needs root"
     assert expected in result.output + str(result.exception)
     assert not (tmp_path / "dc").exists()  # nothing started, nothing written
+
+
+def test_a_second_cluster_numbers_its_jobs_apart(tmp_path: Path) -> None:
+    spec = DevClusterSpec(dir=tmp_path / "dc", node_prefix="nodeb", first_job_id=1_000_000)
+    conf = render_config_files(spec, tmp_path, (22, 5))["slurm.conf"]
+    assert "FirstJobId=1000000\n" in conf and "NodeName=nodeb2 " in conf
+    recorded = DevClusterSpec(dir=tmp_path / "dc").to_json()
+    recorded.pop("first_job_id")  # a spec recorded before the field existed: jobs from 1, Slurm's default
+    assert DevClusterSpec.from_json(recorded).first_job_id == 1
