@@ -1,6 +1,7 @@
 """The controller's records and their edges: loading and saving the state file, running the
 actions the core decided, and the errors kept for status. The loop (controller/runtime.py), the
-API handlers (controller/control_plane.py) and the views (controller/views.py) build on it."""
+API handlers (controller/control_plane.py, controller/operator_commands.py) and the views
+(controller/views.py) build on it."""
 
 from __future__ import annotations
 

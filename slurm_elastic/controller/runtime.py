@@ -1,7 +1,8 @@
 """The controller's loop: observe Slurm (one batched listing), run the pure core's tick, execute
 its actions, persist. Errors of an action are kept and shown in status; the loop never dies on
-a bad tick. The API handlers are in controller/control_plane.py, the views in controller/views.py,
-the records and their persistence in controller/base.py."""
+a bad tick. The API handlers are in controller/control_plane.py (the operator's commands in
+controller/operator_commands.py), the views in controller/views.py, the records and their
+persistence in controller/base.py."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from typing import Any, get_args
 
 from slurm_elastic.client.locate import job_comment
 from slurm_elastic.controller.base import STATE_REFRESH_S
-from slurm_elastic.controller.control_plane import ControlPlane, UnknownWorkerError
+from slurm_elastic.controller.control_plane import UnknownWorkerError
+from slurm_elastic.controller.operator_commands import OperatorCommands
 from slurm_elastic.controller.pause_watch import PauseWatch
 from slurm_elastic.controller.step_specs import foreign_gpus_by_node
 from slurm_elastic.controller.views import StatusViews
@@ -74,7 +76,7 @@ def _tail_lines(path: Path) -> list[str]:
         return []
 
 
-class Controller(ControlPlane, StatusViews):
+class Controller(OperatorCommands, StatusViews):
     """One job's controller. Thread-safe: the API calls in while the loop ticks."""
 
     def observe(self, burst_job_ids: tuple[int, ...] = ()) -> list[StepInfo] | None:
