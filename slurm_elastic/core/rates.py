@@ -15,6 +15,7 @@ windows are the two constants below.
 from __future__ import annotations
 
 import collections
+import math
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
@@ -79,6 +80,11 @@ def per_worker_rate(production_seqs_per_s: float | None, produced_seqs: float | 
     if produced_seqs is not None and busy_worker_s is not None and busy_worker_s > 0:
         return produced_seqs / busy_worker_s
     return production_seqs_per_s / max(1, active_workers)
+
+
+def positive(value: float | None) -> float | None:
+    """A measured rate as the autoscaler takes it: a positive, finite float, else None (not measured)."""
+    return float(value) if value is not None and math.isfinite(value) and value > 0 else None
 
 
 MIN_STEP_S = 0.05  # a trainer step measured shorter than this is no model update (acks on receipt): not counted

@@ -47,21 +47,20 @@ too; when both sources exist the larger recommendation wins, and the reason says
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from slurm_elastic.core.autoscaler_config import AutoscalerConfig
+from slurm_elastic.core.autoscaler_memory import AutoscalerMemory
+from slurm_elastic.core.rates import positive
 from slurm_elastic.core.server_load import load_recommendation
 from slurm_elastic.core.speedup import SPEEDUP_LOOKBACK_S, UsualCount, speedup_resize
-from slurm_elastic.core.stalls import StallMemory
 from slurm_elastic.core.startup import (
     measured,
     sizing_step,
     staleness_ceiling,
     startup_recommendation,
 )
-from slurm_elastic.core.swings import SwingMemory
 
 RESUME_SETTLE_S = 30.0  # a restarted controller's rates start again from nothing: held this long
 
@@ -113,10 +112,6 @@ def _pressure_words(queued_seqs: float, setpoint_seqs: float) -> str:
     return f"buffer above setpoint: {queued_seqs:.0f} seqs buffered, {setpoint_seqs:.0f} aimed for"
 
 
-def _positive(value: float | None) -> float | None:
-    return float(value) if value is not None and math.isfinite(value) and value > 0 else None
-
-
 def _fewer_workers(x: PressureInputs, current: int) -> tuple[float, str]:
     """With the buffer or the staleness bound full: one worker fewer, or as few as the trainer's
     measured demand needs when that is fewer still."""
@@ -141,31 +136,9 @@ def effective_setpoint_seqs(cfg: AutoscalerConfig, x: PressureInputs) -> float:
 
 
 @dataclass
-class Autoscaler:
-    """The policy with its memory (integral, votes, cooldowns, window)."""
-
-    config: AutoscalerConfig
-    integral: float = 0.0
-    last_queued: float | None = None
-    last_now_s: float | None = None
-    votes_dir: int = 0
-    votes: int = 0
-    direction_since_s: float | None = None
-    last_up_s: float = -math.inf
-    last_down_s: float = -math.inf
-    window: list[tuple[float, float, float | None]] = field(default_factory=list)  # (time, recommendation, demand)
-    held_dir: int = 0  # +1/-1: the last decision held back a move that way (conditional integration)
-    startup_step: bool = False  # this decision is the start-up step (no votes, stable period or step cap)
-    ramped: bool = False  # both rates were measured: the start-up is over for this job (kept across restarts)
-    starting: bool = False  # the start-up decided, and its sizing step is still to come
-    direct_step: bool = False  # this decision is a speed-up resize (no votes, stable period or step cap)
-    usual: UsualCount | None = None  # the count at the trainer's normal pace (core.speedup)
-    stalls: StallMemory = field(default_factory=StallMemory)  # the trainer's recurring stalls (core.stalls)
-    swings: SwingMemory = field(default_factory=SwingMemory)  # scale-downs the load soon undid (core.swings)
-    lead_s: float | None = None  # a new worker's launch to its first rollout, measured at the start-up
-    first_seen_s: float | None = None  # the first decision of a job's start-up (None: not seen)
-    resumed_s: float | None = None  # restored by a restarted controller: its first decision (holds RESUME_SETTLE_S)
-    resuming: bool = False  # restored, and its rates not yet measured for RESUME_SETTLE_S (not saved)
+class Autoscaler(AutoscalerMemory):
+    """The policy with its memory (integral, votes, cooldowns, window: kept and saved by
+    :class:`~slurm_elastic.core.autoscaler_memory.AutoscalerMemory`)."""
 
     def decide(self, x: PressureInputs, now_s: float) -> Decision:
         """One decision; its reason names, in plain words, the pressure and whatever term, bound,
@@ -202,11 +175,11 @@ class Autoscaler:
                  else f"max_workers ({cfg.max_workers})" if cfg.max_workers <= x.allowed_slots
                  else f"the usable GPU slots ({x.allowed_slots})")
         if rec > ceiling and current <= ceiling and abs(bounded - current) <= cfg.deadband_workers:
-            self._remember(bounded, _positive(x.trainer_demand_seqs_per_s), now_s)  # the window holds the ceiling
+            self._remember(bounded, positive(x.trainer_demand_seqs_per_s), now_s)  # the window holds the ceiling
             self.votes, self.votes_dir, self.direction_since_s = 0, 0, None
             self.held_dir = 1
             return Decision(steady, "hold", f"hold: at the ceiling, {limit}{despite}; {why}", rec, *terms)
-        bounded, kept = self._stabilized(bounded, current, _positive(x.trainer_demand_seqs_per_s), now_s)
+        bounded, kept = self._stabilized(bounded, current, positive(x.trainer_demand_seqs_per_s), now_s)
         why += kept
         window_held = bool(kept)
         delta = bounded - current
@@ -315,7 +288,7 @@ class Autoscaler:
         if self.lead_s is None and not self.ramped:  # the start-up measures a worker's lead time
             if self.first_seen_s is None:
                 self.first_seen_s = now_s
-            elif _positive(x.per_worker_seqs_per_s):
+            elif positive(x.per_worker_seqs_per_s):
                 self.lead_s = now_s - self.first_seen_s
         if not self.ramped and measured(x):
             self.ramped = True
@@ -360,9 +333,9 @@ class Autoscaler:
         ahead = error - coming
         p = cfg.kp * ahead
         d = -cfg.kd * d_queued
-        consumption, taken = _positive(x.consumption_seqs_per_s), "consumption"
+        consumption, taken = positive(x.consumption_seqs_per_s), "consumption"
         if consumption is None:  # before two pulls: its demand, from its step time
-            consumption, taken = _positive(x.trainer_demand_seqs_per_s) or 0.0, "demand"
+            consumption, taken = positive(x.trainer_demand_seqs_per_s) or 0.0, "demand"
         feed_forward = consumption / rate
         tentative = feed_forward + (p + cfg.ki * self.integral + d) / (rate * cfg.horizon_s)
         saturated_up = tentative >= min(self.config.max_workers, x.allowed_slots,
@@ -381,56 +354,16 @@ class Autoscaler:
 
     def _speedup(self, x: PressureInputs, now_s: float, current: int) -> tuple[int, str] | None:
         """Track the usual count; the speed-up resize's count, if the trainer has just sped up."""
-        demand = _positive(x.trainer_demand_seqs_per_s)
+        demand = positive(x.trainer_demand_seqs_per_s)
         if demand is not None:
             if self.usual is None:
                 self.usual = UsualCount(float(current), demand, now_s)
             else:
                 self.usual.observe(current, demand, now_s)
-        latest, rate = _positive(x.trainer_latest_demand_seqs_per_s), _positive(x.per_worker_seqs_per_s)
+        latest, rate = positive(x.trainer_latest_demand_seqs_per_s), positive(x.per_worker_seqs_per_s)
         if latest is not None and self.usual is not None:
             self.stalls.observe(latest, self.usual.demand_seqs_per_s, now_s)
         if latest is None or rate is None:
             return None
         recent = [then for t, _r, then in self.window if then is not None and now_s - t <= SPEEDUP_LOOKBACK_S]
         return speedup_resize(latest, recent, rate, current, self.usual)
-
-    def to_state(self) -> dict[str, Any]:
-        return {"integral": self.integral, "last_queued": self.last_queued, "last_now_s": self.last_now_s,
-                "votes_dir": self.votes_dir, "votes": self.votes, "direction_since_s": self.direction_since_s,
-                "last_up_s": None if math.isinf(self.last_up_s) else self.last_up_s,
-                "last_down_s": None if math.isinf(self.last_down_s) else self.last_down_s,
-                "window": [list(w) for w in self.window], "held_dir": self.held_dir, "ramped": self.ramped,
-                "starting": self.starting,
-                "usual": None if self.usual is None else [self.usual.workers, self.usual.demand_seqs_per_s,
-                                                          self.usual.at_s],
-                "stalls": self.stalls.to_state(), "swings": self.swings.to_state(), "lead_s": self.lead_s,
-                "first_seen_s": self.first_seen_s}
-
-    @classmethod
-    def from_state(cls, config: AutoscalerConfig, state: Mapping[str, Any]) -> Autoscaler:
-        scaler = cls(config)
-        scaler.integral = float(state.get("integral", 0.0))
-        scaler.last_queued = state.get("last_queued")
-        scaler.last_now_s = state.get("last_now_s")
-        scaler.votes_dir = int(state.get("votes_dir", 0))
-        scaler.votes = int(state.get("votes", 0))
-        scaler.direction_since_s = state.get("direction_since_s")
-        up, down = state.get("last_up_s"), state.get("last_down_s")
-        scaler.last_up_s = -math.inf if up is None else float(up)
-        scaler.last_down_s = -math.inf if down is None else float(down)
-        scaler.window = [(float(w[0]), float(w[1]), _positive(w[2]) if len(w) > 2 else None)
-                         for w in state.get("window", [])]
-        scaler.held_dir = int(state.get("held_dir", 0))
-        scaler.ramped = bool(state.get("ramped", True))  # saved before the ramp existed: a running job
-        scaler.starting = bool(state.get("starting", False))
-        usual = state.get("usual")
-        scaler.usual = None if usual is None else UsualCount(float(usual[0]), float(usual[1]), float(usual[2]))
-        scaler.stalls = StallMemory.from_state(state.get("stalls"))
-        scaler.swings = SwingMemory.from_state(state.get("swings"))
-        lead = state.get("lead_s")
-        scaler.lead_s = float(lead) if isinstance(lead, (int, float)) and lead > 0 else None
-        first = state.get("first_seen_s")
-        scaler.first_seen_s = float(first) if isinstance(first, (int, float)) and math.isfinite(first) else None
-        scaler.resuming = True
-        return scaler
