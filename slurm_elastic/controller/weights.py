@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from slurm_elastic.controller.config import WEIGHTS_PRESETS, WeightsSection
+from slurm_elastic.controller.config_sections import WEIGHTS_PRESETS, WeightsSection
 from slurm_elastic.controller.files import write_json_atomic
 from slurm_elastic.core.lifecycle import WorkerState, begin_drain
 from slurm_elastic.core.weights import PublishedWeights, ServerWeights, UpdateOrder, WeightsBook

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from slurm_elastic.controller.config import WorkersSection
+from slurm_elastic.controller.config_sections import WorkersSection
 
 
 def worker_settings_env(w: WorkersSection) -> dict[str, str]:

@@ -7,7 +7,7 @@ The flow: the per-node agent reports :class:`GpuSample` lists, :func:`evaluate` 
 sample into cordon reasons under :class:`HealthRules`, and the cordon book
 (:mod:`slurm_elastic.core.cordons`) keeps the cordon state per GPU. Reports and the ``[health]``
 table are validated at the edges (:mod:`slurm_elastic.client.wire`,
-:mod:`slurm_elastic.controller.config`); what arrives here is typed.
+:mod:`slurm_elastic.controller.config_sections`); what arrives here is typed.
 """
 
 from __future__ import annotations
