@@ -12,6 +12,7 @@ import importlib
 import click
 
 _JOBS = "slurm_elastic.commands.jobs"
+_POOL = "slurm_elastic.commands.worker_pool"
 
 COMMANDS: dict[str, str] = {
     "devcluster": "slurm_elastic.commands.devcluster:devcluster",
@@ -22,13 +23,13 @@ COMMANDS: dict[str, str] = {
     "burst-watch": "slurm_elastic.commands.controller:burst_watch",
     "simulate": "slurm_elastic.commands.simulate:simulate",
     "status": f"{_JOBS}:status",
-    "scale": f"{_JOBS}:scale",
-    "pause": f"{_JOBS}:pause",
-    "resume": f"{_JOBS}:resume",
-    "wake-all": f"{_JOBS}:wake_all",
-    "drain": f"{_JOBS}:drain",
-    "cordon": f"{_JOBS}:cordon",
-    "uncordon": f"{_JOBS}:uncordon",
+    "scale": f"{_POOL}:scale",
+    "pause": f"{_POOL}:pause",
+    "resume": f"{_POOL}:resume",
+    "wake-all": f"{_POOL}:wake_all",
+    "drain": f"{_POOL}:drain",
+    "cordon": f"{_POOL}:cordon",
+    "uncordon": f"{_POOL}:uncordon",
     "wait-ready": f"{_JOBS}:wait_ready",
     "stop": f"{_JOBS}:stop",
 }

@@ -1,9 +1,10 @@
-"""Operator commands on a running job: status, scale, pause/resume, wake-all, drain, cordon, stop."""
+"""Operator commands on a running job: status, wait-ready, stop; and the calls to its controller
+that every operator command makes (the commands that steer its workers are in
+commands/worker_pool.py)."""
 
 from __future__ import annotations
 
 import json
-import re
 import sys
 import time
 from typing import Any
@@ -21,10 +22,7 @@ from slurm_elastic.client.locate import (
     left_behind,
     locate_running,
 )
-from slurm_elastic.client.wire import WORKER_ID
 from slurm_elastic.commands.params import Seconds
-from slurm_elastic.commands.said import echo_answer, json_option
-from slurm_elastic.core.health import parse_gpu_ref
 from slurm_elastic.core.naming import AGENT_PREFIX, WORKER_PREFIX
 from slurm_elastic.errors import (
     ApiError,
@@ -92,7 +90,7 @@ def _unchecked(view: SlurmView, handle: JobHandle) -> str:
             f"{handle.state_dir / 'controller.json'} alone")
 
 
-def _call(job_id: int, what: str, *args: Any) -> dict[str, Any]:
+def call_controller(job_id: int, what: str, *args: Any) -> dict[str, Any]:
     """One operator call. A controller that takes no connection while its job runs is most
     likely restarting (the batch script restarts it within seconds): the call, of which nothing
     was sent, is tried again for up to RESTART_WAIT_S."""
@@ -198,36 +196,9 @@ def status(job_id: int, as_json: bool, watch: bool, interval_s: float) -> None:
             return
 
 
-@click.command(context_settings={"ignore_unknown_options": True})  # "-1" is a count, refused by its range
-@click.argument("job_id", type=int)
-@click.argument("workers", type=click.IntRange(0))
-@click.option("--wait", is_flag=True, help="Wait until the job has that many active workers.")
-@click.option("--timeout-s", default=300.0, show_default=True, type=Seconds(0))
-@json_option
-def scale(job_id: int, workers: int, wait: bool, timeout_s: float, as_json: bool) -> None:
-    """Set the worker count by hand (pauses autoscaling until `resume`)."""
-    echo_answer("scale", job_id, _call(job_id, "scale", workers), as_json)
-    if wait:
-        ctl = _wait_for(job_id, lambda ctl: _settled(ctl, workers),
-                        f"{workers} active workers, or a worker on every usable GPU slot", timeout_s)
-        active = ctl.get("workers_by_state", {}).get("ACTIVE", 0)
-        if active < workers and ctl.get("usable_slots") == 0:
-            click.echo(f"none of the {workers} asked runs: no GPU slot is usable now (`slurm-elastic status "
-                       f"{job_id}` lists the cordons)", err=True)
-        elif active < workers:
-            click.echo(f"only {active} of the {workers} asked: every usable GPU slot has a worker", err=True)
-
-
-def _settled(ctl: dict[str, Any], workers: int) -> bool:
-    """``workers`` are ACTIVE, or as many as the usable GPU slots allow, and none is starting or
-    draining (one in BACKOFF then has no slot to come back to: it does not hold the wait)."""
-    by_state = ctl.get("workers_by_state", {})
-    busy = by_state.get("STARTING", 0) + by_state.get("DRAINING", 0)
-    usable = ctl.get("usable_slots")  # None: no tick yet, nothing known
-    return bool(by_state.get("ACTIVE", 0) == (workers if usable is None else min(workers, usable)) and busy == 0)
-
-
-def _wait_for(job_id: int, done: Any, what: str, timeout_s: float) -> dict[str, Any]:
+def wait_for_status(job_id: int, done: Any, what: str, timeout_s: float) -> dict[str, Any]:
+    """The controller's status once ``done`` says so, asked every 0.5 s and each change said;
+    ClickException after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     last = ""
     while True:
@@ -254,88 +225,12 @@ def _wait_for(job_id: int, done: Any, what: str, timeout_s: float) -> dict[str, 
         time.sleep(0.5)
 
 
-def _simple(name: str, method: str, doc: str) -> click.Command:
-    @click.command(name=name, help=doc)
-    @click.argument("job_id", type=int)
-    @json_option
-    def command(job_id: int, as_json: bool) -> None:
-        echo_answer(method, job_id, _call(job_id, method), as_json)
-
-    return command
-
-
-pause = _simple("pause", "pause", "Turn autoscaling off (the worker count stays where it is).")
-resume = _simple("resume", "resume", "Turn autoscaling back on (clears a manual scale or wake-all).")
-wake_all = _simple("wake-all", "wake_all", "Give every usable GPU a worker (e.g. for validation), until `resume`.")
-
-
-@click.command()
-@click.argument("job_id", type=int)
-@click.argument("worker_id")
-@json_option
-def drain(job_id: int, worker_id: str, as_json: bool) -> None:
-    """Drain one worker: it finishes its rollout, hands it over and exits (replaced if still needed).
-    WORKER_ID as `status` lists it (0003, or 3), or its step's name as `squeue` lists it (se-w-0003)."""
-    worker_id = worker_id.removeprefix(WORKER_PREFIX)  # the step's name: se-w-0003
-    worker_id = worker_id.zfill(4) if worker_id.isdigit() else worker_id  # "3" is worker 0003
-    if not re.fullmatch(WORKER_ID, worker_id):
-        raise click.BadParameter(f"{worker_id!r} is not a worker id (as `status` lists them, e.g. 0003)",
-                                 param_hint="WORKER_ID")
-    echo_answer("drain", job_id, _call(job_id, "drain", worker_id), as_json)
-
-
-def _gpu(ref: str) -> tuple[str, int]:
-    try:
-        node, gpu = parse_gpu_ref(ref)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
-    if not re.fullmatch(r"[A-Za-z0-9._-]+", node):
-        raise click.BadParameter(f"{node!r} is not one node's name (one GPU at a time, e.g. node1:2; no ranges)")
-    return node, gpu
-
-
-@click.command()
-@click.argument("job_id", type=int)
-@click.argument("gpu_ref", metavar="NODE:GPU")
-@click.option("--reason", default="", help="Why (shown by status).")
-@json_option
-def cordon(job_id: int, gpu_ref: str, reason: str, as_json: bool) -> None:
-    """Keep new workers off a GPU until an operator uncordons it."""
-    node, gpu = _gpu(gpu_ref)
-    echo_answer("cordon", job_id, _call(job_id, "cordon", node, gpu, reason or "cordoned by operator"), as_json)
-
-
-@click.command()
-@click.argument("job_id", type=int)
-@click.argument("gpu_ref", metavar="NODE:GPU")
-@click.option("--reason", default="", help="Why (logged).")
-@json_option
-def uncordon(job_id: int, gpu_ref: str, reason: str, as_json: bool) -> None:
-    """Lift an operator's, crash, prolog or pre-flight cordon; health cordons lift themselves after a
-    healthy period, Slurm's when an admin resumes the node. Exits 1 when the GPU stays cordoned."""
-    node, gpu = _gpu(gpu_ref)
-    answer = _call(job_id, "uncordon", node, gpu, reason)
-    echo_answer("uncordon", job_id, answer, as_json)
-    if answer.get("cordoned"):
-        click.echo(f"{node}:{gpu} stays cordoned: {answer.get('reason')}; "
-                   + STILL_CORDONED.get(answer.get("source", ""), "it lifts when its cause is gone").format(node=node), err=True)
-        raise SystemExit(1)
-    if answer.get("lifted") == []:  # a typo'd GPU of the job, or one lifted already
-        click.echo(f"{node}:{gpu} was not cordoned: nothing lifted", err=True)
-
-
-STILL_CORDONED = {  # why an operator's uncordon leaves a cordon, and what lifts it
-    "health": "a health cordon lifts by itself once the GPU reads healthy for the healthy period",
-    "slurm": "Slurm keeps the node out of use: an admin resumes it (scontrol update nodename={node} state=resume)",
-}
-
-
 @click.command(name="wait-ready")
 @click.argument("job_id", type=int)
 @click.option("--timeout-s", default=120.0, show_default=True, type=Seconds(0))
 def wait_ready(job_id: int, timeout_s: float) -> None:
     """Wait until the job's controller answers (used by batch scripts)."""
-    _wait_for(job_id, lambda ctl: True, "the controller", timeout_s)
+    wait_for_status(job_id, lambda ctl: True, "the controller", timeout_s)
 
 
 @click.command()
@@ -349,7 +244,7 @@ def stop(job_id: int, drain_timeout_s: float) -> None:
     not hold the stop back: their steps end with the job. A controller
     stopped already is no error: the batch script's own stop follows an operator's."""
     try:
-        _call(job_id, "scale", 0)  # tried again through a controller restart
+        call_controller(job_id, "scale", 0)  # tried again through a controller restart
     except StoppedByOperatorError as exc:
         click.echo(f"job {job_id}: its controller was stopped already (slurm-elastic stop, {exc.when})")
         return
@@ -372,9 +267,9 @@ def stop(job_id: int, drain_timeout_s: float) -> None:
         return
     drained = "workers drained"
     try:
-        _wait_for(job_id, lambda ctl: not any(w.get("state") in ("STARTING", "ACTIVE", "DRAINING")
-                                              and not w.get("placeholder") for w in ctl.get("workers", [])),
-                  "every worker to drain", drain_timeout_s + CANCEL_GRACE_S)
+        wait_for_status(job_id, lambda ctl: not any(w.get("state") in ("STARTING", "ACTIVE", "DRAINING")
+                                                    and not w.get("placeholder") for w in ctl.get("workers", [])),
+                        "every worker to drain", drain_timeout_s + CANCEL_GRACE_S)
     except click.ClickException as exc:
         click.echo(f"warning: {exc.message}: stopping the controller all the same (the steps left end with "
                    "the job, or `scancel` them)", err=True)
@@ -420,6 +315,3 @@ def _stop_controller(job_id: int) -> None:
             time.sleep(0.2)
     raise click.ClickException(f"the controller at {handle.url} still answers {STOP_WAIT_S:g} s after it was "
                                "asked to stop")
-
-
-JOB_COMMANDS: list[click.Command] = [status, scale, pause, resume, wake_all, drain, cordon, uncordon, wait_ready, stop]

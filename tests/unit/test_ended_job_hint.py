@@ -42,7 +42,7 @@ def test_stop_of_an_ended_job_cancels_the_burst_jobs_it_left(monkeypatch: pytest
         raise JobEndedError(f"job {job_id} ended (TIMEOUT): its controller is gone; not sending the job's token")
 
     cancelled: list[int] = []
-    monkeypatch.setattr(jobs, "_call", ended)
+    monkeypatch.setattr(jobs, "call_controller", ended)
     monkeypatch.setattr(jobs.SlurmCli, "cancel_burst_jobs", lambda _self, job_id: cancelled.append(job_id) or [1043])
     result = CliRunner().invoke(main, ["stop", "1041"])
     assert result.exit_code == 0, result.output
@@ -52,7 +52,7 @@ def test_stop_of_an_ended_job_cancels_the_burst_jobs_it_left(monkeypatch: pytest
 
 
 class _RefusingClient:
-    """A controller that takes no connection (the restarting one `_call` waits for)."""
+    """A controller that takes no connection (the restarting one `call_controller` waits for)."""
 
     def __enter__(self) -> _RefusingClient:
         return self
@@ -87,7 +87,7 @@ def test_a_refused_call_to_a_job_whose_batch_script_ended_fails_at_once(
     monkeypatch.setattr(jobs.SlurmCli, "job_info", lambda _self, job_id: job_info(job_id))
     started = time.monotonic()
     with pytest.raises(JobEndedError, match=r"job 41 (is COMPLETING: its batch script has ended|is COMPLETED|has ended)"):
-        jobs._call(41, "scale", 0)
+        jobs.call_controller(41, "scale", 0)
     assert time.monotonic() - started < jobs.RESTART_WAIT_S / 2
 
 
@@ -103,7 +103,7 @@ def test_a_refused_call_while_the_job_runs_waits_for_the_restart(tmp_path: Path,
     monkeypatch.setattr(jobs, "RESTART_WAIT_S", 0.6)
     monkeypatch.setattr(jobs, "RESTART_RETRY_S", 0.1)
     with pytest.raises(ControllerUnreachableError) as refused:
-        jobs._call(41, "scale", 0)
+        jobs.call_controller(41, "scale", 0)
     assert refused.value.not_connected and "refused" in str(refused.value)
 
 
@@ -118,7 +118,7 @@ def test_stop_of_a_job_slurm_forgot_cancels_the_burst_jobs_it_left(monkeypatch: 
     def unknown(job_id: int, *_args: object) -> dict[str, object]:
         raise SlurmError(f"job {job_id} is unknown to Slurm (finished long ago, or never existed)")
 
-    monkeypatch.setattr(jobs, "_call", unknown)
+    monkeypatch.setattr(jobs, "call_controller", unknown)
     monkeypatch.setattr(jobs.SlurmCli, "cancel_burst_jobs", lambda _self, job_id: [1043] if job_id == 1041 else [])
     left = CliRunner().invoke(main, ["stop", "1041"])
     assert left.exit_code == 0, left.output

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from slurm_elastic.cli import main
 from slurm_elastic.client.control import ControlClient
 from slurm_elastic.client.files import TOKEN_COPY, read_token_file
-from slurm_elastic.commands import jobs
+from slurm_elastic.commands import jobs, worker_pool
 from slurm_elastic.controller.app import create_controller_app
 from slurm_elastic.controller.config import parse_config
 from slurm_elastic.controller.files import ensure_token
@@ -393,7 +393,7 @@ def test_stop_says_which_steps_still_hold_the_allocation(monkeypatch: pytest.Mon
             return {}
 
     monkeypatch.setattr(jobs, "_client", lambda *a, **k: (None, Client()))
-    monkeypatch.setattr(jobs, "_wait_for", lambda *a: {})
+    monkeypatch.setattr(jobs, "wait_for_status", lambda *a: {})
     monkeypatch.setattr(jobs, "_stop_controller", lambda job_id: None)
     monkeypatch.setattr(jobs, "SlurmCli", Slurm)
     result = CliRunner().invoke(main, ["stop", "77"])
@@ -404,7 +404,7 @@ def test_stop_says_which_steps_still_hold_the_allocation(monkeypatch: pytest.Mon
 
 def test_an_uncordon_that_leaves_a_slurm_cordon_says_what_lifts_it(monkeypatch: pytest.MonkeyPatch) -> None:
     answer = {"node": "node2", "gpu": 1, "cordoned": True, "reason": "Slurm marks node node2 DRAIN", "source": "slurm"}
-    monkeypatch.setattr(jobs, "_call", lambda *a: answer)
+    monkeypatch.setattr(worker_pool, "call_controller", lambda *a: answer)
     result = CliRunner().invoke(main, ["uncordon", "77", "node2:1"])
     assert result.exit_code == 1 and "node2:1 stays cordoned: Slurm marks node node2 DRAIN" in result.output
     assert "scontrol update nodename=node2 state=resume" in result.output
@@ -424,15 +424,15 @@ def test_a_negative_count_gets_the_ranges_message() -> None:
 
 def test_a_worker_id_without_its_leading_zeros_names_the_same_worker(monkeypatch: pytest.MonkeyPatch) -> None:
     asked: list[tuple[Any, ...]] = []
-    monkeypatch.setattr(jobs, "_call", lambda *a: asked.append(a) or {"worker_id": a[2], "draining": True})
+    monkeypatch.setattr(worker_pool, "call_controller", lambda *a: asked.append(a) or {"worker_id": a[2], "draining": True})
     assert CliRunner().invoke(main, ["drain", "77", "3"]).exit_code == 0
     assert CliRunner().invoke(main, ["drain", "77", "se-w-0011"]).exit_code == 0  # as squeue names the step
     assert asked == [(77, "drain", "0003"), (77, "drain", "0011")]
 
 
 def test_scale_wait_says_when_fewer_than_asked_fit(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(jobs, "_call", lambda *a: {"target_workers": 5})
-    monkeypatch.setattr(jobs, "_wait_for", lambda *a: {"workers_by_state": {"ACTIVE": 2}, "usable_slots": 2})
+    monkeypatch.setattr(worker_pool, "call_controller", lambda *a: {"target_workers": 5})
+    monkeypatch.setattr(worker_pool, "wait_for_status", lambda *a: {"workers_by_state": {"ACTIVE": 2}, "usable_slots": 2})
     result = CliRunner().invoke(main, ["scale", "77", "5", "--wait"])
     assert result.exit_code == 0 and "only 2 of the 5 asked: every usable GPU slot has a worker" in result.output
 
@@ -440,13 +440,13 @@ def test_scale_wait_says_when_fewer_than_asked_fit(monkeypatch: pytest.MonkeyPat
 def test_scale_wait_with_every_gpu_cordoned_is_settled_at_once() -> None:
     """No usable GPU slot: nothing can start, so there is nothing to wait for (it waited its
     whole timeout, 300 s by default); before the first tick nothing is known yet."""
-    assert jobs._settled({"workers_by_state": {"ACTIVE": 0}, "usable_slots": 0}, 2)
-    assert not jobs._settled({"workers_by_state": {"ACTIVE": 0}, "usable_slots": None}, 2)
-    assert not jobs._settled({"workers_by_state": {"ACTIVE": 1}, "usable_slots": 4}, 2)
+    assert worker_pool._settled({"workers_by_state": {"ACTIVE": 0}, "usable_slots": 0}, 2)
+    assert not worker_pool._settled({"workers_by_state": {"ACTIVE": 0}, "usable_slots": None}, 2)
+    assert not worker_pool._settled({"workers_by_state": {"ACTIVE": 1}, "usable_slots": 4}, 2)
     # a worker in BACKOFF whose GPU is crash-cordoned has no slot to come back to (a live audit: the
     # wait ran out its whole timeout); one whose GPU is usable still holds it
-    assert jobs._settled({"workers_by_state": {"ACTIVE": 1, "BACKOFF": 2}, "usable_slots": 1}, 3)
-    assert not jobs._settled({"workers_by_state": {"ACTIVE": 1, "BACKOFF": 1}, "usable_slots": 2}, 2)
+    assert worker_pool._settled({"workers_by_state": {"ACTIVE": 1, "BACKOFF": 2}, "usable_slots": 1}, 3)
+    assert not worker_pool._settled({"workers_by_state": {"ACTIVE": 1, "BACKOFF": 1}, "usable_slots": 2}, 2)
 
 
 def test_status_says_the_autoscaler_is_off_when_it_is() -> None:

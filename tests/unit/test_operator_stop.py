@@ -132,7 +132,7 @@ def test_a_command_that_timed_out_says_the_controller_may_still_carry_it_out() -
 def test_status_says_a_wrong_token_and_a_suspended_job_in_its_document(tmp_path: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     from slurm_elastic.client.locate import SlurmView
-    from slurm_elastic.commands.jobs import _call, _render, collect_status
+    from slurm_elastic.commands.jobs import _render, call_controller, collect_status
     from slurm_elastic.errors import ApiError, SlurmElasticError
     from slurm_elastic.slurm.parse import JobInfo
 
@@ -162,4 +162,4 @@ def test_status_says_a_wrong_token_and_a_suspended_job_in_its_document(tmp_path:
     assert doc["controller_error"] == "job 7 is SUSPENDED: its controller answers again after `scontrol resume 7`"
     monkeypatch.setattr("slurm_elastic.commands.jobs._client", lambda job_id, *a, **k: (handle, WrongToken()))
     with pytest.raises(SlurmElasticError, match=r"HTTP 403: wrong token for this job \(token read from "):
-        _call(7, "scale", 3)  # an operator command says which token too
+        call_controller(7, "scale", 3)  # an operator command says which token too
