@@ -143,6 +143,11 @@ class BurstManager:
                     "`slurm-elastic stop` find it", job_id, what, found, wanted)
 
     @property
+    def suspended(self) -> frozenset[int]:
+        """Jobs listed SUSPENDED at the last listing: their workers' steps are stopped."""
+        return frozenset(j.job_id for j in self.listed if j.state == "SUSPENDED")
+
+    @property
     def releasing(self) -> frozenset[int]:
         """Jobs being emptied: marked so in Slurm, or ending (preempted, at their time limit)."""
         return frozenset(j.job_id for j in self.listed if is_released_comment(j.comment)) | self._ending

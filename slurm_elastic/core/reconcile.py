@@ -119,23 +119,26 @@ def reconcile(
     cancelled: frozenset[str] = frozenset(),
     never_ran: frozenset[str] = frozenset(),
     why_fewer: str = "",
+    stopped_jobs: frozenset[int] = frozenset(),
 ) -> Plan:
     """One tick. ``observed`` None means Slurm could not be listed: keep everything as it is.
     A scale-down drains workers in ``drain_first_jobs`` (burst jobs) before any other. ``cancelled``:
     workers whose step Slurm says was cancelled (by anyone: the controller's own cancels are known).
     ``never_ran``: STARTING workers an earlier controller saved a launch for and whose srun never
     ran (none runs, no step is listed): relaunched at once, not counted. ``why_fewer``: what a
-    scale-down's drains say instead of "scale-down to N"."""
+    scale-down's drains say instead of "scale-down to N". ``stopped_jobs``: burst jobs Slurm lists
+    suspended; their workers' steps are stopped (and unlisted): they end, not counted against
+    their GPUs, and a step listed again once its job resumes is adopted."""
     plan = Plan(next_number=next_number)
     if observed is None:
         return plan
     by_id = {o.worker_id: o for o in observed}
     _adopt_and_refresh(workers, by_id, now_s, plan)
-    _handle_vanished(workers, by_id, cfg, now_s, plan, cancelled, never_ran)
+    _handle_vanished(workers, by_id, cfg, now_s, plan, cancelled, never_ran, stopped_jobs)
     for worker in drain_not_live(workers.values(), cfg.liveness_failure_threshold, now_s):
         if worker.step_id:
             plan.actions.append(Drain(worker.worker_id, worker.step_id, worker.job_id))
-    _enforce_heartbeats_and_timeouts(workers, cfg, cordoned, now_s, plan)
+    _enforce_heartbeats_and_timeouts(workers, cfg, cordoned, now_s, plan, stopped_jobs)
     _scale(workers, desired, allowed_slots, exclude_nodes, cfg, cordoned, now_s, plan, drain_first_jobs, why_fewer)
     return plan
 
@@ -190,12 +193,15 @@ def _adopt_and_refresh(workers: dict[str, Worker], by_id: dict[str, ObservedStep
 
 def _handle_vanished(workers: dict[str, Worker], by_id: dict[str, ObservedStep], cfg: ReconcileConfig,
                      now_s: float, plan: Plan, cancelled: frozenset[str] = frozenset(),
-                     never_ran: frozenset[str] = frozenset()) -> None:
+                     never_ran: frozenset[str] = frozenset(), stopped_jobs: frozenset[int] = frozenset()) -> None:
     for worker in workers.values():
         if not worker.has_step or worker.worker_id in by_id:
             continue
         unlisted_launch = worker.state is S.STARTING and not worker.step_id
-        if unlisted_launch and worker.worker_id in never_ran:
+        if worker.job_id in stopped_jobs and worker.step_id:  # Slurm lists no step of a suspended job
+            transition(worker, S.INACTIVE, now_s, f"its burst job {worker.job_id} is suspended (its step stopped); "
+                       "not counted against its GPU")
+        elif unlisted_launch and worker.worker_id in never_ran:
             _relaunch_uncounted(worker, LAUNCH_NEVER_RAN, now_s, plan)
         elif unlisted_launch and now_s - worker.launched_at_s < cfg.start_timeout_s:
             continue  # launched, not listed yet
@@ -250,13 +256,17 @@ def _word_on_why_may_follow(worker: Worker, cfg: ReconcileConfig, now_s: float) 
 
 
 def _enforce_heartbeats_and_timeouts(workers: dict[str, Worker], cfg: ReconcileConfig,
-                                     cordoned: frozenset[tuple[str, int]], now_s: float, plan: Plan) -> None:
+                                     cordoned: frozenset[tuple[str, int]], now_s: float, plan: Plan,
+                                     stopped_jobs: frozenset[int] = frozenset()) -> None:
     for worker in workers.values():
         if not worker.step_id:
             continue
         silent_s = now_s - worker.last_heartbeat_s
         if worker.state in (S.ACTIVE, S.STARTING) and not worker.placeholder and silent_s > cfg.heartbeat_grace_s:
             reason = f"no heartbeat for {silent_s:.0f} s (grace {cfg.heartbeat_grace_s:g} s)"
+            if worker.job_id in stopped_jobs:
+                reason += f": its burst job {worker.job_id} is suspended; not counted against its GPU"
+                worker.gpu_blameless = True
             begin_drain(worker, now_s, reason, failure_reason=reason)
             _kill(worker, reason, now_s, plan)
         elif worker.state is S.DRAINING and now_s - worker.drain_started_s >= cfg.drain_timeout_s:

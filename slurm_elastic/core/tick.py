@@ -64,6 +64,7 @@ class Observation:
     releasing_jobs: frozenset[int] = frozenset()  # burst jobs being emptied: their workers drain
     burst_slots_possible: int = 0  # slots burst jobs not yet held could add: the autoscaler may ask for them
     paused_s: float = 0.0  # the controller's process did not run this long since the last tick (a suspended job)
+    stopped_jobs: frozenset[int] = frozenset()  # burst jobs listed SUSPENDED: their workers' steps are stopped
     cancelled_worker_ids: frozenset[str] = frozenset()  # steps gone from the listing that Slurm says were cancelled
     launches_never_ran: frozenset[str] = frozenset()  # saved launches of an earlier controller whose srun never ran
     time_left_s: float | None = None  # until the job's time limit (None: unknown)
@@ -171,6 +172,7 @@ def tick(obs: Observation, state: ControlState, cfg: TickConfig, allocations: tu
     plan = reconcile(state.workers, None if obs.steps is None else list(obs.steps), result.desired, allowed,
                      exclude, cordoned, cfg.reconcile, now_s, state.next_number, drain_first_jobs=burst_jobs,
                      cancelled=obs.cancelled_worker_ids, never_ran=obs.launches_never_ran,
+                     stopped_jobs=obs.stopped_jobs,
                      why_fewer="the job's time limit is near" if state.last_decision.get("action") == "drain" else "")
     state.next_number = plan.next_number
     held_nodes = {n for a in allocations for n in a.gpus_by_node}
