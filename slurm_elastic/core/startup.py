@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from slurm_elastic.core.rates import positive
 from slurm_elastic.core.staleness import rollouts_at_once
 
 if TYPE_CHECKING:
@@ -37,24 +38,20 @@ if TYPE_CHECKING:
     from slurm_elastic.core.scaling import PressureInputs
 
 
-def _positive(value: float | None) -> float | None:
-    return value if value is not None and math.isfinite(value) and value > 0 else None
-
-
 def measured_demand(x: PressureInputs) -> float | None:
     """The trainer's measured demand [seq/s]: from its step time, else its consumption."""
-    return _positive(x.trainer_demand_seqs_per_s) or _positive(x.consumption_seqs_per_s)
+    return positive(x.trainer_demand_seqs_per_s) or positive(x.consumption_seqs_per_s)
 
 
 def measured(x: PressureInputs) -> bool:
     """Both rates the control law needs are measured."""
-    return measured_demand(x) is not None and _positive(x.per_worker_seqs_per_s) is not None
+    return measured_demand(x) is not None and positive(x.per_worker_seqs_per_s) is not None
 
 
 def sizing_step(x: PressureInputs) -> tuple[float, str]:
     """The step that ends the start-up: the workers the measured demand needs at the measured
     production (call only when :func:`measured`)."""
-    demand, production = measured_demand(x), _positive(x.per_worker_seqs_per_s)
+    demand, production = measured_demand(x), positive(x.per_worker_seqs_per_s)
     assert demand is not None and production is not None
     rec = float(math.ceil(demand / production - 1e-9))
     return rec, (f"start-up ends: the trainer needs {demand:.2f} seqs/s, a worker makes {production:.2f} "
@@ -65,7 +62,7 @@ def staleness_room_workers(x: PressureInputs) -> float | None:
     """Workers the staleness bound lets generate at once before the trainer pulls:
     ((max_staleness + 1)·batch_size - queued) ÷ the sequences one active worker holds in flight
     (measured: in flight ÷ active workers); None while that share is not measured."""
-    in_flight = _positive(x.in_flight_seqs)
+    in_flight = positive(x.in_flight_seqs)
     if x.max_staleness is None or in_flight is None or x.workers_active <= 0 or x.queued_seqs is None:
         return None
     room_seqs = (x.max_staleness + 1) * x.batch_size - x.queued_seqs
@@ -92,7 +89,7 @@ def startup_recommendation(cfg: AutoscalerConfig, x: PressureInputs, current: in
     demand, demand_from = measured_demand(x), "measured"
     if demand is None and cfg.startup_trainer_step_s > 0:
         demand, demand_from = x.batch_size / cfg.startup_trainer_step_s, "startup_trainer_step_s"
-    production, production_from = _positive(x.per_worker_seqs_per_s), "measured"
+    production, production_from = positive(x.per_worker_seqs_per_s), "measured"
     if production is None and cfg.startup_worker_seqs_per_s > 0:
         production, production_from = cfg.startup_worker_seqs_per_s, "startup_worker_seqs_per_s"
     if demand is not None and production is not None:
