@@ -164,6 +164,15 @@ def _tail(path: Path) -> str:
         return "(no output)"
 
 
+def burst_options(cluster: DevCluster, max_jobs: int = 1, **more: Any) -> dict[str, Any]:
+    """``[burst]`` for a test: 4-GPU burst jobs in the preemptible partition, submitted without
+    a cooldown, given back 60 s after the controller stops answering, no signal lead; ``more``
+    overrides (a key set to None: the controller's default)."""
+    options = {"max_jobs": max_jobs, "gpus_per_job": 4, "partition": cluster.spec.preempt_partition,
+               "submit_cooldown_s": 0, "controller_unreachable_grace_s": 60, "signal_lead_s": 0, **more}
+    return {key: value for key, value in options.items() if value is not None}
+
+
 def stop_controller_job(job: ControllerJob) -> None:
     (job.tmp / "stop").touch()
     run_command(["scancel", str(job.job_id)], check=False)

@@ -19,6 +19,7 @@ from slurm_elastic.devcluster.cluster import DevCluster
 from slurm_elastic.slurm.runner import run_command
 from tests.cluster.controller_harness import (
     ControllerJob,
+    burst_options,
     start_controller_job,
     stop_controller_job,
     wait_for,
@@ -38,8 +39,7 @@ def parent(devcluster: DevCluster, tmp_path: Path, request: pytest.FixtureReques
     partition (more options via indirect parametrize)."""
     job = start_controller_job(
         devcluster, tmp_path, nodes=1, gpus_per_node=4,
-        burst={"max_jobs": 1, "gpus_per_job": 4, "partition": devcluster.spec.preempt_partition,
-               "submit_cooldown_s": 0, "controller_unreachable_grace_s": 60, "signal_lead_s": 0},
+        burst=burst_options(devcluster),
         **getattr(request, "param", {}))
     yield job
     stop_controller_job(job)
@@ -135,8 +135,7 @@ def test_a_burst_job_on_hold_is_not_waited_for_and_is_cancelled_once_another_cov
                            "--job-name=se-blocker", "--wrap", "sleep 300"]).stdout.strip().split(";")[0]
     job = start_controller_job(
         devcluster, tmp_path, nodes=1, gpus_per_node=4, sbatch_options=("--nodelist=node1",),
-        burst={"max_jobs": 2, "gpus_per_job": 4, "partition": devcluster.spec.preempt_partition,
-               "submit_cooldown_s": 0, "controller_unreachable_grace_s": 60, "signal_lead_s": 0})
+        burst=burst_options(devcluster, max_jobs=2))
     try:
         with job.client() as c:
             c.scale(6)  # 4 in the allocation, 2 beyond it: node2 is taken, so the burst job waits
@@ -159,8 +158,7 @@ def test_a_burst_job_on_hold_is_not_waited_for_and_is_cancelled_once_another_cov
 def test_a_cancelled_parent_leaves_no_burst_job(devcluster: DevCluster, tmp_path: Path) -> None:
     job = start_controller_job(
         devcluster, tmp_path, nodes=1, gpus_per_node=4,
-        burst={"max_jobs": 1, "gpus_per_job": 4, "partition": devcluster.spec.preempt_partition,
-               "submit_cooldown_s": 0, "controller_unreachable_grace_s": 10})
+        burst=burst_options(devcluster, controller_unreachable_grace_s=10, signal_lead_s=None))
     try:
         with job.client() as c:
             c.scale(6)
@@ -180,8 +178,7 @@ def test_stop_cancels_the_parents_running_and_pending_burst_jobs(devcluster: Dev
     unreachable-controller grace (300 s) could end them."""
     job = start_controller_job(
         devcluster, tmp_path, nodes=1, gpus_per_node=4,
-        burst={"max_jobs": 2, "gpus_per_job": 4, "partition": devcluster.spec.preempt_partition,
-               "submit_cooldown_s": 0, "controller_unreachable_grace_s": 300})
+        burst=burst_options(devcluster, max_jobs=2, controller_unreachable_grace_s=300, signal_lead_s=None))
     try:
         with job.client() as c:
             c.scale(10)  # 4 in the allocation, 4 in a burst job on node2, 2 in one that cannot start
@@ -228,8 +225,7 @@ def test_a_requeued_burst_job_waits_as_itself_and_its_workers_come_back_when_it_
     was counted lost, a replacement was submitted while it completed, and it was then cancelled."""
     job = start_controller_job(
         devcluster, tmp_path, nodes=1, gpus_per_node=4, sbatch_options=("--nodelist=node1",),
-        burst={"max_jobs": 2, "gpus_per_job": 4, "partition": devcluster.spec.preempt_partition,
-               "submit_cooldown_s": 0, "controller_unreachable_grace_s": 60, "signal_lead_s": 0})
+        burst=burst_options(devcluster, max_jobs=2))
     try:
         with job.client() as c:
             c.scale(6)
@@ -261,8 +257,7 @@ def test_a_suspended_burst_jobs_workers_are_not_counted_against_their_gpus(
     job = start_controller_job(
         devcluster, tmp_path, nodes=1, gpus_per_node=4, sbatch_options=(f"--nodelist={devcluster.spec.node_names()[0]}",),
         health={"crash_threshold": 1},
-        burst={"max_jobs": 1, "gpus_per_job": 4, "partition": devcluster.spec.preempt_partition,
-               "submit_cooldown_s": 0, "controller_unreachable_grace_s": 60, "signal_lead_s": 0})
+        burst=burst_options(devcluster))
     try:
         with job.client() as c:
             c.scale(6)

@@ -16,6 +16,7 @@ from slurm_elastic.devcluster.cluster import DevCluster
 from slurm_elastic.slurm.cli_backend import SlurmCli
 from slurm_elastic.slurm.runner import run_command
 from tests.cluster.controller_harness import (
+    burst_options,
     restart_slurmctld,
     start_controller_job,
     stop_controller_job,
@@ -93,8 +94,7 @@ def test_a_burst_job_on_a_drained_node_is_given_back_and_asked_for_again(devclus
                                                                          tmp_path: Path) -> None:
     job = start_controller_job(
         devcluster, tmp_path, nodes=1, gpus_per_node=4, controller={"allocation_check_s": 1.0},
-        burst={"max_jobs": 1, "gpus_per_job": 4, "partition": devcluster.spec.preempt_partition,
-               "submit_cooldown_s": 0, "controller_unreachable_grace_s": 60, "signal_lead_s": 0})
+        burst=burst_options(devcluster))
     try:
         with job.client() as c:
             c.scale(6)
@@ -127,8 +127,7 @@ def test_a_burst_job_whose_every_gpu_is_cordoned_is_given_back_and_its_node_excl
     one is asked for without that node (--exclude): here it waits, the only other node being ours."""
     job = start_controller_job(
         devcluster, tmp_path, nodes=1, gpus_per_node=4,
-        burst={"max_jobs": 1, "gpus_per_job": 4, "partition": devcluster.spec.preempt_partition,
-               "submit_cooldown_s": 0, "controller_unreachable_grace_s": 60, "signal_lead_s": 0})
+        burst=burst_options(devcluster))
     try:
         with job.client() as c:
             c.scale(6)
