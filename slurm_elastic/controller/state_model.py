@@ -96,7 +96,6 @@ class AutoscalerMemory(_Model):
 
     integral: StrictFloat = 0.0
     last_queued: StrictFloat | None = None
-    last_now_s: Time = None
     votes_dir: Annotated[StrictInt, Field(ge=-1, le=1)] = 0
     votes: Count = 0
     direction_since_s: Time = None

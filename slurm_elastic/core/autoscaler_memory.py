@@ -41,11 +41,19 @@ class AutoscalerMemory:
     swings: SwingMemory = field(default_factory=SwingMemory)  # scale-downs the load soon undid (core.swings)
     lead_s: float | None = None  # a new worker's launch to its first rollout, measured at the start-up
     first_seen_s: float | None = None  # the first decision of a job's start-up (None: not seen)
-    resumed_s: float | None = None  # restored by a restarted controller: its first decision (holds RESUME_SETTLE_S)
+    resumed_s: float | None = None  # restored by a restarted controller: its first tick (holds RESUME_SETTLE_S)
     resuming: bool = False  # restored, and its rates not yet measured for RESUME_SETTLE_S (not saved)
 
+    def not_deciding(self, now_s: float) -> None:
+        """The autoscaler did not decide this tick (an operator's target, a pause, wake-all, the
+        drain before the time limit): the time until it decides again is not integrated over, and
+        a restarted controller's settling time runs from its first tick."""
+        self.last_now_s = None
+        if self.resuming and self.resumed_s is None:
+            self.resumed_s = now_s
+
     def to_state(self) -> dict[str, Any]:
-        return {"integral": self.integral, "last_queued": self.last_queued, "last_now_s": self.last_now_s,
+        return {"integral": self.integral, "last_queued": self.last_queued,
                 "votes_dir": self.votes_dir, "votes": self.votes, "direction_since_s": self.direction_since_s,
                 "last_up_s": None if math.isinf(self.last_up_s) else self.last_up_s,
                 "last_down_s": None if math.isinf(self.last_down_s) else self.last_down_s,
@@ -61,7 +69,7 @@ class AutoscalerMemory:
         scaler = cls(config)
         scaler.integral = float(state.get("integral", 0.0))
         scaler.last_queued = state.get("last_queued")
-        scaler.last_now_s = state.get("last_now_s")
+        # last_now_s stays None: a restarted controller does not integrate over the time it was down
         scaler.votes_dir = int(state.get("votes_dir", 0))
         scaler.votes = int(state.get("votes", 0))
         scaler.direction_since_s = state.get("direction_since_s")

@@ -223,8 +223,12 @@ def desired_workers(state: ControlState, obs: Observation, allowed_slots: int, c
     limit is then the operator's (wake-all, ``scale``) or the autoscaler's last. Otherwise
     wake-all (a worker on every allowed GPU, plus the ``on_cordoned`` workers kept on cordoned
     ones), else the operator's target, else (unless paused) the autoscaler's decision, whose
-    ceiling counts those kept workers too."""
+    ceiling counts those kept workers too. A tick the autoscaler does not decide in is not
+    integrated over when it decides again (:meth:`~slurm_elastic.core.autoscaler_memory.AutoscalerMemory.not_deciding`)."""
     near_end = end_drain_reason(obs, cfg)
+    if state.wake_all_active or state.manual_target is not None or near_end is not None or state.paused \
+            or not state.autoscaler.config.enabled:
+        state.autoscaler.not_deciding(now_s)
     if state.wake_all_active:
         state.target_workers = allowed_slots + on_cordoned
         kept = f", and the {on_cordoned} kept on cordoned GPUs" if on_cordoned else ""
