@@ -122,6 +122,22 @@ def _fewer_workers(x: PressureInputs, current: int) -> tuple[float, str]:
     return float(current - 1), "fewer workers"
 
 
+def return_resize(x: PressureInputs, current: int) -> tuple[int, str] | None:
+    """Back from a count the autoscaler did not set (an operator's target, a pause, wake-all, the
+    drain before the time limit) with the trainer waiting: the workers its measured demand needs
+    at the measured production, at once, where that is more than ``current``; None otherwise (the
+    law goes on from the count it finds). A starved trainer's consumption is what the few
+    workers make, so the law alone climbs back a cooldown at a time."""
+    demand, production = positive(x.trainer_demand_seqs_per_s), positive(x.per_worker_seqs_per_s)
+    if demand is None or production is None or not x.trainer_waiting:
+        return None
+    need = math.ceil(demand / production - 1e-9)
+    if need <= current:
+        return None
+    return need, (f"back from a count the autoscaler did not set, the trainer waiting: it needs {demand:.2f} "
+                  f"seqs/s, a worker makes {production:.2f} -> {need} workers at once")
+
+
 def effective_setpoint_seqs(cfg: AutoscalerConfig, x: PressureInputs) -> float:
     """The buffer level aimed for [sequences]: setpoint_batches·batch_size, lowered to what the
     staleness bound lets the buffer hold while ``in_flight_seqs`` are generating, but not below
@@ -296,6 +312,11 @@ class Autoscaler(AutoscalerMemory):
                 self.starting, self.startup_step, self.window = False, True, []
                 rec, why = sizing_step(x)
                 return rec, f"{_pressure_words(x.queued_seqs, setpoint)}; {why}", (error, None, None, None)
+        back = return_resize(x, current) if self.returning else None
+        self.returning = False
+        if back is not None:  # the count was the operator's (or none): the trainer's demand sets it at once
+            self.direct_step = True
+            return float(back[0]), f"{_pressure_words(x.queued_seqs, setpoint)}; {back[1]}", (error, None, None, None)
         jump = self._speedup(x, now_s, current) if self.ramped else None
         if jump is not None:  # before the full bounds: the buffer a stall filled empties fast now
             self.direct_step = True

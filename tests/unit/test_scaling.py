@@ -518,3 +518,30 @@ def test_a_scale_up_stopped_by_max_workers_says_so() -> None:
     assert (target, action) == (6, "scale_up") and reason.endswith("(bounded by max_workers (6))")
     _target, _action, free = decide(FAST, inputs(queued=0, active=2, consumption=8.0, allowed_slots=16))
     assert "bounded" not in free
+
+
+def test_back_from_an_operators_count_with_the_trainer_waiting_the_pool_is_sized_to_its_demand_at_once() -> None:
+    """`scale J 1`, then `resume`: a starved trainer's consumption is what the one worker makes, so
+    the law alone climbed back 1 -> 5 over two minutes (an operator's probe). Its measured demand
+    over a worker's production sizes the pool at once, once; not while the start-up runs, and not
+    when the trainer does not wait."""
+    slow = dataclasses.replace(FAST, confirmations=3, scale_up_cooldown_s=60, max_step_up=1)
+    scaler = Autoscaler(slow)
+    scaler.decide(inputs(queued=64, active=4), 0.0)
+    assert scaler.ramped
+    starved = inputs(queued=0, active=1, rate=11.0, consumption=11.0, trainer_demand_seqs_per_s=96.0,
+                     trainer_waiting=True)
+    for t in range(10, 110, 10):
+        scaler.not_deciding(float(t))
+    back = scaler.decide(starved, 110.0)
+    assert (back.action, back.target_workers) == ("scale_up", 9), back.reason
+    assert "back from a count the autoscaler did not set" in back.reason
+    assert scaler.decide(starved, 115.0).action == "hold"  # once: the law (votes, cooldown) goes on from there
+
+    fed = Autoscaler(slow)
+    fed.decide(inputs(queued=64, active=4), 0.0)
+    fed.not_deciding(10.0)
+    assert "back from" not in fed.decide(dataclasses.replace(starved, trainer_waiting=False), 20.0).reason
+    fresh = Autoscaler(slow)  # the start-up: its own sizing step, not this one
+    fresh.not_deciding(0.0)
+    assert not fresh.returning
