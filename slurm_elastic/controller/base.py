@@ -118,6 +118,8 @@ class ControllerBase:
         self._busy_from_zero: dict[str, float] = {}  # registered steps launched here (when): their first busy_s counts whole
         self._busy_since_report: dict[str, tuple[float, bool]] = {}  # each worker's last busy_s report: when, busy then
         self._busy_counted_to_s: dict[str, float] = {}  # each worker's busy time is counted up to this clock time
+        # each worker's last busy_s report for its speed: when (a clock no pause moves on), the time lost to pauses then
+        self._busy_heard: dict[str, tuple[float, float]] = {}
         self._busy_lock = threading.Lock()  # heartbeats add while a tick reads
         self.started_at_s = clock()
         self.state_notes: list[str] = []  # what loading the job's saved state could not keep, and why

@@ -13,6 +13,7 @@ from slurm_elastic.controller.weights import latest_weights
 from slurm_elastic.core.health import AgentReport
 from slurm_elastic.core.lifecycle import Worker, WorkerState, begin_drain, drained_by_signal_reason
 from slurm_elastic.core.liveness import drain_not_live
+from slurm_elastic.core.reconcile import note_busy_s
 from slurm_elastic.core.registration import admit, registration_refusal
 
 log = logging.getLogger(__name__)
@@ -112,14 +113,14 @@ class ControlPlane(ControllerBase):
                                          f"(`slurm-elastic status {self.job_id}` lists them)")
             if info.get("rank"):
                 return self._rank_failed(worker, int(info["rank"]), info.get("exit_code"))
-            worker.last_heartbeat_s = self.clock()
+            now_s = worker.last_heartbeat_s = self.clock()
             self.heartbeats += 1
             if "busy" in info:
                 worker.busy = bool(info["busy"])
             if "rollouts" in info:
                 worker.rollouts = int(info["rollouts"])
             if "busy_s" in info:
-                worker.busy_s = float(info["busy_s"])
+                self._note_busy_s(worker, float(info["busy_s"]), now_s)
                 self._record_busy_s(worker_id, float(info["busy_s"]), bool(info.get("busy")))
             if info.get("exit_code") is not None:
                 worker.exit_code = int(info["exit_code"])
@@ -191,6 +192,23 @@ class ControlPlane(ControllerBase):
             self._busy_from_zero[worker_id] = self.clock()
             if len(self._busy_from_zero) > 2 * len(self.state.workers) + 16:
                 self._busy_from_zero = {w: t for w, t in self._busy_from_zero.items() if w in self.state.workers}
+
+    def _note_busy_s(self, worker: Worker, busy_s: float, now_s: float) -> None:
+        """Its busy time for its speed (``seconds_per_rollout``): its SDK's clock ran on while the job
+        was stopped, and a worker inside a rollout then read that much slower (after a 22 s
+        suspend, 1.8 s a rollout against 1.0, and drained first as slow). The time the process was
+        stopped since its last report comes from the pause watch, which counts a pause whether or
+        not the tick has taken it: the first report after a resume may come before that tick."""
+        lost_s = self.pause_watch.lost_total_s() if self.pause_watch is not None else 0.0
+        heard = self._busy_heard.get(worker.worker_id)
+        self._busy_heard[worker.worker_id] = (now_s, lost_s)
+        if heard is None:  # its first report here: nothing to measure against
+            note_busy_s(worker, busy_s)
+            return
+        stopped_s = lost_s - heard[1]
+        note_busy_s(worker, busy_s, now_s - heard[0] - stopped_s, stopped_s)
+        if len(self._busy_heard) > 2 * len(self.state.workers) + 16:
+            self._busy_heard = {w: h for w, h in self._busy_heard.items() if w in self.state.workers}
 
     def _record_busy_s(self, worker_id: str, busy_s: float, busy_now: bool = False) -> None:
         """A worker's cumulative seconds inside rollouts: the increase goes into the busy meter;

@@ -4,7 +4,8 @@ the core moves its workers' clocks on by that time instead of finding every work
 
 A thread wakes every ``interval_s``; a wake-up more than ``threshold_s`` late counts the lateness as
 lost. :meth:`PauseWatch.take` also counts a pause the thread has not woken from yet, so a tick that
-runs first after a resume still knows."""
+runs first after a resume still knows, and :meth:`PauseWatch.lost_total_s` tells a heartbeat how long
+its worker was stopped since its last, whichever noticed the pause first."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ class PauseWatch:
         self._clock = clock
         self._lock = threading.Lock()
         self._lost_s = 0.0
+        self._taken_s = 0.0  # lost and taken since the watch was made
         self._last_s = clock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -53,7 +55,15 @@ class PauseWatch:
             now_s = self._clock()
             lost_s = self._lost_s + self._late_s(now_s)
             self._lost_s, self._last_s = 0.0, now_s
+            self._taken_s += lost_s
             return lost_s
+
+    def lost_total_s(self) -> float:
+        """Seconds lost since the watch was made, a pause not taken (or not woken from) yet included:
+        read at two moments, the difference is how long the process did not run in between, whether
+        or not :meth:`take` ran meanwhile."""
+        with self._lock:
+            return self._taken_s + self._lost_s + self._late_s(self._clock())
 
     def _late_s(self, now_s: float) -> float:
         late_s = now_s - self._last_s - self.interval_s

@@ -58,6 +58,7 @@ class Worker:
     busy: bool = False  # a rollout in flight (from heartbeats), for choosing whom to drain
     rollouts: int = 0  # finished by its current step, from heartbeats
     busy_s: float = 0.0  # its current step's seconds inside rollouts (the one in flight included), from heartbeats
+    paused_busy_s: float = 0.0  # of busy_s, seconds its job was stopped (suspended) inside a rollout: not its speed
     endpoint: str = ""
     kill_sent_s: float = 0.0
     failure_reason: str = ""  # set when the controller kills it for cause (e.g. lost heartbeat)

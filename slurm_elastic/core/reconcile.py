@@ -321,7 +321,7 @@ def _launch(worker: Worker, exclude_nodes: tuple[str, ...], now_s: float, reason
     worker.last_heartbeat_s = now_s
     worker.step_id, worker.node, worker.gpus, worker.nodes, worker.node_gpus = "", "", (), (), {}
     worker.liveness_failures, worker.drained_by_its_step = 0, False
-    worker.rollouts, worker.busy, worker.busy_s = 0, False, 0.0  # the new step's own, from its heartbeats
+    worker.rollouts, worker.busy, worker.busy_s, worker.paused_busy_s = 0, False, 0.0, 0.0  # the new step's own
     worker.launches += 1
     plan.actions.append(Launch(worker.worker_id, exclude_nodes))
 
@@ -353,12 +353,28 @@ def _drain_order(capacity: list[Worker], first_jobs: frozenset[int] = frozenset(
     return sorted(capacity, key=rank)
 
 
+def note_busy_s(worker: Worker, busy_s: float, running_s: float | None = None, stopped_s: float = 0.0) -> None:
+    """A heartbeat's cumulative seconds inside rollouts, as its step's SDK counts them: with a
+    monotonic clock, which runs on while the job is stopped (``scontrol suspend``). Since its last
+    heartbeat the worker ran ``running_s`` and was stopped ``stopped_s``; what its count grew by past
+    ``running_s`` (at most ``stopped_s``) is stopped time inside a rollout: kept in
+    ``paused_busy_s``, not its speed. A count lower than the last is its SDK counting from 0 again
+    (its stopped time with it)."""
+    increase_s = busy_s - worker.busy_s
+    if increase_s < 0:
+        worker.paused_busy_s, increase_s = 0.0, busy_s
+    if stopped_s > 0 and running_s is not None:
+        worker.paused_busy_s += min(stopped_s, max(0.0, increase_s - max(0.0, running_s)))
+    worker.busy_s = busy_s
+
+
 def seconds_per_rollout(worker: Worker) -> float | None:
-    """Its current step's mean seconds inside one rollout (the one in flight counts as one), or
-    None before it has finished ``SLOW_MIN_ROLLOUTS``."""
-    if worker.state is not S.ACTIVE or worker.rollouts < SLOW_MIN_ROLLOUTS or worker.busy_s <= 0:
+    """Its current step's mean seconds inside one rollout (the one in flight counts as one; time its
+    job was stopped does not), or None before it has finished ``SLOW_MIN_ROLLOUTS``."""
+    busy_s = worker.busy_s - worker.paused_busy_s
+    if worker.state is not S.ACTIVE or worker.rollouts < SLOW_MIN_ROLLOUTS or busy_s <= 0:
         return None
-    return worker.busy_s / (worker.rollouts + (1 if worker.busy else 0))
+    return busy_s / (worker.rollouts + (1 if worker.busy else 0))
 
 
 def slow_workers(workers: list[Worker]) -> dict[str, float]:

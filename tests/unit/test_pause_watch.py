@@ -44,6 +44,22 @@ def test_take_counts_a_pause_the_thread_has_not_woken_from() -> None:
     assert watch.take() == 0.0
 
 
+
+def test_the_total_lost_counts_each_pause_once_whoever_takes_it_first() -> None:
+    """A heartbeat reads it to know how long its worker was stopped since its last, before or after
+    the tick takes the pause."""
+    clock = Clock()
+    watch = PauseWatch(interval_s=0.5, threshold_s=3.0, clock=clock)
+    assert watch.lost_total_s() == 0.0
+    clock.now_s += 22.5  # a pause nobody has noticed yet
+    assert watch.lost_total_s() == 22.0
+    assert watch.take() == 22.0 and watch.lost_total_s() == 22.0  # taken: still in the total, once
+    clock.now_s += 0.5
+    watch.beat()
+    clock.now_s += 10.5
+    watch.beat()
+    assert watch.lost_total_s() == 32.0 and watch.take() == 10.0 and watch.lost_total_s() == 32.0
+
 _CHILD = """
 import sys, time
 from slurm_elastic.controller.pause_watch import PauseWatch

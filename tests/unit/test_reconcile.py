@@ -15,7 +15,9 @@ from slurm_elastic.core.reconcile import (
     backoff_s,
     end_earlier_run,
     move_clocks_on,
+    note_busy_s,
     reconcile,
+    seconds_per_rollout,
     slow_workers,
 )
 
@@ -101,6 +103,53 @@ def test_no_worker_is_slow_before_three_are_measured_or_within_the_factor() -> N
     assert slow_workers([a, b, c]) == {"0003": 50.0}  # b is at the factor, not over it
     c.state = S.DRAINING
     assert slow_workers([a, b, c]) == {}
+
+
+def test_time_stopped_inside_a_rollout_is_not_its_speed() -> None:
+    """An operator's audit: after ``scontrol suspend`` for 22 s, worker 0015 (1.0 s a rollout, busy
+    when its job was stopped) read 1.8 s "(slow)", still 1.4 a minute later, and drained first:
+    its SDK's clock ran on while it was stopped. Its other heartbeats measure it as it is."""
+    workers = [active(w, w[-1]) for w in ("0015", "0016", "0017")]
+    for worker in workers:
+        for second in range(5, 30, 5):  # 1 s a rollout, a heartbeat every 5 s
+            worker.rollouts = second
+            note_busy_s(worker, float(second), running_s=5.0)
+    stopped, idle, other = workers
+    note_busy_s(idle, 30.0, running_s=5.0, stopped_s=22.0)  # at the gate while stopped: nothing to take off
+    note_busy_s(other, 30.0, running_s=5.0)
+    note_busy_s(stopped, 30.0 + 22.0, running_s=5.0, stopped_s=22.0)  # inside a rollout while stopped
+    for worker in workers:
+        worker.rollouts, worker.busy = 29, True
+    assert stopped.paused_busy_s == 22.0 and idle.paused_busy_s == 0.0
+    assert seconds_per_rollout(stopped) == seconds_per_rollout(other) == 1.0  # unchanged: 52 / 30 = 1.7 read slow
+    for second in range(35, 95, 5):  # a minute later: still as fast as the others
+        for worker in workers:
+            note_busy_s(worker, worker.busy_s + 5.0, running_s=5.0)
+            worker.rollouts, worker.last_heartbeat_s = second - 1, float(second)
+    assert seconds_per_rollout(stopped) == 1.0 and slow_workers(workers) == {}
+    plan = run({w.worker_id: w for w in workers}, obs(*workers), 2, now_s=95)
+    assert plan.actions == [Drain("0017", "7")]  # newest first, as any busy worker: 0015 is not slow
+
+
+def test_a_stopped_workers_credit_is_what_its_count_ran_past_the_time_it_ran() -> None:
+    worker = active("0001", "1")
+    note_busy_s(worker, 10.0)
+    note_busy_s(worker, 10.0 + 3.0 + 20.0, running_s=5.0, stopped_s=20.0)  # busy 3 s of 5, and while stopped
+    assert worker.paused_busy_s == 18.0  # its 2 s idle hide as much of its stop: at most a heartbeat's worth
+    note_busy_s(worker, 40.0, running_s=5.0, stopped_s=5.0)  # a count past the time: only the stop comes off
+    assert worker.paused_busy_s == 18.0 + 2.0
+    note_busy_s(worker, 4.0, running_s=5.0)  # its SDK counts from 0 again: so does its stopped time
+    assert worker.busy_s == 4.0 and worker.paused_busy_s == 0.0
+
+
+def test_a_relaunched_worker_measures_its_new_step_only() -> None:
+    workers = {"0001": active("0001", "1")}
+    worker = workers["0001"]
+    worker.rollouts, worker.busy_s, worker.paused_busy_s, worker.exit_code = 20, 42.0, 22.0, 1
+    run(workers, [], 1, now_s=10)  # it crashed: backoff, then its relaunch
+    plan = run(workers, [], 1, now_s=12)
+    assert plan.actions == [Launch("0001", ())]
+    assert (worker.rollouts, worker.busy_s, worker.paused_busy_s) == (0, 0.0, 0.0)
 
 
 def test_drained_step_that_ends_becomes_inactive() -> None:
