@@ -143,10 +143,12 @@ def _weights_cell(worker: dict[str, Any]) -> str:
     return cell
 
 
-def ended_how(doc: dict[str, Any]) -> str:
-    """How an ended job's batch script ended, and where its output is ('' if Slurm says nothing)."""
+def slurm_says(doc: dict[str, Any]) -> str:
+    """What Slurm keeps of a job the controller does not run for: an ended job's exit code, else
+    Slurm's reason (a held job's ``JobHeldUser``), and where its output is ('' if Slurm says nothing)."""
     code, output = doc.get("job_exit_code"), printable(str(doc.get("job_output") or ""))
-    how = "" if code is None else f"exit {code}"
+    reason = printable(str(doc.get("job_reason") or ""))
+    how = f"exit {code}" if code is not None else f"reason: {reason}" if reason else ""
     if code == EXIT_CONFIG:
         how += ": the controller refused the job's configuration"
     if output and code:

@@ -32,7 +32,7 @@ from slurm_elastic.errors import (
     SlurmError,
 )
 from slurm_elastic.slurm.cli_backend import SlurmCli
-from slurm_elastic.status_view import ended_how, render_status, worker_counts
+from slurm_elastic.status_view import render_status, slurm_says, worker_counts
 
 STATUS_SCHEMA_VERSION = 1
 STOP_WAIT_S = 30.0  # how long a stopped controller may take to stop answering
@@ -131,6 +131,7 @@ def collect_status(job_id: int, slurm: SlurmCli | None = None) -> dict[str, Any]
                            "job_state": view.job.state if view.job else "UNKNOWN",
                            "job_exit_code": view.job.exit_code if view.job else None,
                            "job_output": view.job.output if view.job else "",
+                           "job_reason": view.job.reason if view.job else "",
                            "controller_reachable": False, "controller_refused": False, "controller_not_asked": False,
                            "controller_error": "",
                            "controller": None,
@@ -164,7 +165,7 @@ LIVE_JOB_STATES = CONTROLLER_MAY_RUN | {"UNKNOWN"}
 def _render(doc: dict[str, Any]) -> str:
     warning = f"warning: {doc['slurm_error']}\n" if doc.get("slurm_error") else ""
     if not doc["controller_reachable"] and doc["job_state"] not in LIVE_JOB_STATES:
-        warning += f"job {doc['job_id']} is {doc['job_state']} in Slurm{ended_how(doc)}: no controller runs for it\n"
+        warning += f"job {doc['job_id']} is {doc['job_state']} in Slurm{slurm_says(doc)}: no controller runs for it\n"
     if doc["controller_reachable"]:
         return warning + render_status(doc["job_id"], doc["controller"])
     return warning + render_status(doc["job_id"], None, doc["slurm_steps"], doc["controller_error"],

@@ -9,6 +9,7 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import PurePosixPath
 from typing import Any
 
 from slurm_elastic.errors import SlurmError, SlurmUnavailableError
@@ -103,13 +104,40 @@ class JobInfo:
     restart_count: int = 0  # how often Slurm requeued the job
     start_time_s: int = 0  # when the job (its current run) started (epoch s); 0 if unknown
     end_time_s: int = 0  # its time limit, as a time (epoch s; moves when the limit is changed); 0 if unknown
-    exit_code: int | None = None  # the batch script's exit code once it ended (None: running, or killed by a signal)
+    exit_code: int | None = None  # the batch script's exit code once it ended (None: not ended, or killed by a signal)
     output: str = ""  # the batch script's output file, %j filled in ("" if unknown)
+    reason: str = ""  # Slurm's reason for the job's state (JobHeldUser, Resources, TimeLimit, ...); "" when none
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def is_running(self) -> bool:
         return self.state == "RUNNING"
+
+
+# Slurm job states in which the batch script has ended (COMPLETING: its steps are being cleaned up)
+ENDED_STATES = frozenset({"COMPLETING", "COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
+                          "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY"})
+
+
+def ended_exit_code(state: str, code: int | None) -> int | None:
+    """``code`` for a job in one of the ENDED_STATES; None for any other: Slurm 22.05 reports 0
+    for a job that is pending, running or suspended."""
+    return code if state in ENDED_STATES else None
+
+
+def output_file(output: str, job_id: int, work_dir: str = "") -> str:
+    """The batch script's output file: ``output`` with ``%j`` filled in; where none was given,
+    Slurm's default ``WORK_DIR/slurm-<job id>.out`` ("" without a ``work_dir``): ``squeue
+    --json`` leaves a job's output empty when it names none (``scontrol show job`` fills it in)."""
+    if output:
+        return output.replace("%j", str(job_id))
+    return str(PurePosixPath(work_dir) / f"slurm-{job_id}.out") if work_dir else ""
+
+
+def slurm_reason(reason: Any) -> str:
+    """Slurm's reason for a job's state; "" for its ``None`` (no reason)."""
+    text = str(reason or "")
+    return "" if text in ("None", "(null)") else text
 
 
 def _exit_code(value: Any) -> int | None:
@@ -283,6 +311,8 @@ def parse_jobs_json(text: str) -> list[JobInfo]:
         state = raw.get("job_state", "")
         if isinstance(state, list):  # Slurm >= 23.02 reports a list of flags
             state = state[0] if state else ""
+        # an array task's default output is slurm-<array job>_<task>.out: not filled in
+        work_dir = "" if _int(raw.get("array_job_id")) else str(raw.get("current_working_directory") or "")
         jobs.append(
             JobInfo(
                 job_id=int(raw["job_id"]),
@@ -299,8 +329,9 @@ def parse_jobs_json(text: str) -> list[JobInfo]:
                 restart_count=_int(raw.get("restart_cnt")),
                 start_time_s=_int(raw.get("start_time")),
                 end_time_s=0 if _unlimited(raw.get("time_limit")) else _int(raw.get("end_time")),
-                exit_code=_exit_code(raw.get("exit_code")),
-                output=str(raw.get("standard_output") or "").replace("%j", str(raw["job_id"])),
+                exit_code=ended_exit_code(str(state), _exit_code(raw.get("exit_code"))),
+                output=output_file(str(raw.get("standard_output") or ""), int(raw["job_id"]), work_dir),
+                reason=slurm_reason(raw.get("state_reason")),
                 raw=raw,
             )
         )

@@ -41,7 +41,16 @@ from slurm_elastic.slurm.backend import (
     step_signal_name,
 )
 from slurm_elastic.slurm.cli_backend import SlurmCli
-from slurm_elastic.slurm.parse import JobInfo, NodeState, QueuedJob, StepInfo, expand_hostlist
+from slurm_elastic.slurm.parse import (
+    JobInfo,
+    NodeState,
+    QueuedJob,
+    StepInfo,
+    ended_exit_code,
+    expand_hostlist,
+    output_file,
+    slurm_reason,
+)
 from slurm_elastic.slurm.runner import run_command
 
 log = logging.getLogger(__name__)
@@ -111,9 +120,11 @@ def job_info_from_pyslurm(job_id: int, fields: Mapping[str, Any]) -> JobInfo:
         cluster=str(fields.get("cluster") or ""), submit_time_s=int(fields.get("submit_time") or 0),
         restart_count=int(fields.get("requeue_count") or 0),
         start_time_s=int(fields.get("start_time") or 0), end_time_s=int(fields.get("end_time") or 0),
-        exit_code=code if isinstance(code := fields.get("exit_code"), int) and not fields.get("exit_code_signal")
-        else None,
-        output=str(fields.get("standard_output") or "").replace("%j", str(job_id)),
+        exit_code=ended_exit_code(str(fields.get("state") or ""), code if isinstance(code := fields.get("exit_code"), int)
+                                  and not fields.get("exit_code_signal") else None),
+        output=output_file(str(fields.get("standard_output") or ""), job_id,
+                           "" if fields.get("array_id") else str(fields.get("working_directory") or "")),
+        reason=slurm_reason(fields.get("state_reason")),
     )
 
 
@@ -222,7 +233,7 @@ class PySlurm:
         fields = {key: getattr(job, key, None) for key in
                   ("name", "state", "allocated_nodes", "batch_host", "comment", "user_name", "partition",
                    "cluster", "submit_time", "requeue_count", "start_time", "end_time", "exit_code",
-                   "exit_code_signal", "standard_output")}
+                   "exit_code_signal", "standard_output", "working_directory", "array_id", "state_reason")}
         return job_info_from_pyslurm(job_id, {**fields, "layout": layout})
 
     def node_states(self, nodes: Sequence[str]) -> dict[str, NodeState]:

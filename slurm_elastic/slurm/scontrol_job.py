@@ -12,7 +12,13 @@ from __future__ import annotations
 import time
 
 from slurm_elastic.errors import SlurmError
-from slurm_elastic.slurm.parse import JobInfo, expand_hostlist, parse_gres_indexes
+from slurm_elastic.slurm.parse import (
+    JobInfo,
+    ended_exit_code,
+    expand_hostlist,
+    parse_gres_indexes,
+    slurm_reason,
+)
 
 WHOLE_LINE_FIELDS = ("Comment", "AdminComment", "SystemComment", "WorkDir", "Command", "StdErr", "StdIn", "StdOut",
                      "Power")
@@ -72,7 +78,8 @@ def job_info_from_scontrol(text: str) -> JobInfo:
         gpus_by_node=parse_scontrol_job_gpus(text), submit_time_s=_epoch_s(fields.get("SubmitTime", "")),
         restart_count=int(restarts) if restarts.isdigit() else 0,
         start_time_s=_epoch_s(fields.get("StartTime", "")), end_time_s=_epoch_s(fields.get("EndTime", "")),
-        exit_code=_exit_code(fields.get("ExitCode", "")), output=fields.get("StdOut", ""),
+        exit_code=ended_exit_code(fields.get("JobState", ""), _exit_code(fields.get("ExitCode", ""))),
+        output=fields.get("StdOut", ""), reason=slurm_reason(fields.get("Reason", "")),
     )
 
 

@@ -21,10 +21,9 @@ import httpx
 from slurm_elastic.client.files import TOKEN_FILE, read_controller_url, read_token_file
 from slurm_elastic.errors import SlurmElasticError
 from slurm_elastic.slurm.cli_backend import SlurmCli
+from slurm_elastic.slurm.parse import ENDED_STATES
 
 log = logging.getLogger(__name__)
-ENDING_STATES = frozenset({"COMPLETING", "COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
-                           "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY"})
 
 
 def parent_ended(parent_job_id: int, backend: SlurmCli | None = None) -> str | None:
@@ -37,7 +36,7 @@ def parent_ended(parent_job_id: int, backend: SlurmCli | None = None) -> str | N
     if not listed:
         return f"parent job {parent_job_id} is gone from Slurm's queue"
     state = listed[0].state.split()[0]
-    return f"parent job {parent_job_id} is {state}" if state in ENDING_STATES else None
+    return f"parent job {parent_job_id} is {state}" if state in ENDED_STATES else None
 
 
 def controller_answers(state_dir: Path, timeout_s: float = 5.0) -> bool:

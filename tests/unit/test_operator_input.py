@@ -26,7 +26,7 @@ from slurm_elastic.controller.guard import RequestGuard
 from slurm_elastic.controller.runtime import Controller
 from slurm_elastic.controller.serve import ApiServer
 from slurm_elastic.errors import ApiError, ConfigError, SlurmError, SlurmUnavailableError
-from slurm_elastic.slurm.parse import JobInfo
+from slurm_elastic.slurm.parse import JobInfo, parse_jobs_json
 from slurm_elastic.worker.context import StepContext
 from tests.recording_listener import recording_listener
 from tests.stub_backend import ListedSteps
@@ -282,6 +282,32 @@ def test_status_of_an_ended_job_says_so(state_dir: Path, monkeypatch: pytest.Mon
     code, out = cli("status", str(JOB))  # the output file is named for a job that ended well too
     assert code == 3 and (f"job {JOB} is COMPLETED in Slurm (exit 0; its output: /tmp/elastic-rl-7.out): no "
                           "controller runs for it") in out, out
+
+
+class SlurmLists(SlurmSays):
+    """Slurm 22.05's ``squeue --json`` record of the job, read by the real parser."""
+
+    def __init__(self, record: dict[str, Any]) -> None:
+        super().__init__()
+        self.record = record
+
+    def job_info(self, job_id: int) -> JobInfo:
+        return parse_jobs_json(json.dumps({"jobs": [{"job_id": job_id, **self.record}]}))[0]
+
+
+def test_status_of_a_held_job_gives_its_reason_and_no_exit_code(state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before, a held job read `PENDING in Slurm (exit 0; ...)` (22.05 reports 0 for a job that has
+    not ended), and --json gave "job_exit_code": 0; its output is Slurm's default file."""
+    monkeypatch.setattr(jobs, "SlurmCli", SlurmLists({"job_state": "PENDING", "state_reason": "JobHeldUser",
+                                                      "exit_code": 0, "standard_output": "",
+                                                      "current_working_directory": "/tmp/wd"}))
+    code, out = cli("status", str(JOB))
+    assert code == 3 and (f"job {JOB} is PENDING in Slurm (reason: JobHeldUser; its output: /tmp/wd/slurm-{JOB}.out): "
+                          "no controller runs for it") in out, out
+    code, out = cli("status", str(JOB), "--json")
+    doc = json.loads(out)
+    assert (doc["job_exit_code"], doc["job_reason"], doc["job_output"]) == (None, "JobHeldUser",
+                                                                            f"/tmp/wd/slurm-{JOB}.out")
 
 
 def test_status_of_a_job_whose_configuration_was_refused_points_at_its_output(

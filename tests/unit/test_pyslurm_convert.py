@@ -49,6 +49,14 @@ def test_pending_job_has_no_nodes_and_no_gpus() -> None:
     assert info.state == "PENDING" and info.nodes == () and info.gpus_by_node == {} and info.batch_host == ""
 
 
+
+def test_a_held_job_has_its_reason_no_exit_code_and_slurms_default_output() -> None:
+    held = {**RECORDED["jobs"]["5"], "exit_code": 0, "exit_code_signal": 0, "state_reason": "JobHeldUser",
+            "standard_output": None, "working_directory": "/tmp/wd"}
+    info = job_info_from_pyslurm(5, held)
+    assert (info.exit_code, info.reason, info.output) == (None, "JobHeldUser", "/tmp/wd/slurm-5.out")
+
+
 @pytest.mark.parametrize(("layout", "expected"), [
     ({"n1": {"gres": {"gpu": {"count": 2, "indexes": "0-1"}}}}, {"n1": (0, 1)}),
     ({"n1": {"gres": {"gpu:a100": {"count": 3, "indexes": "0,2-3"}}}}, {"n1": (0, 2, 3)}),

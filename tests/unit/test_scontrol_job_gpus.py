@@ -55,6 +55,12 @@ def test_an_ended_jobs_exit_code_and_output_read_from_scontrol(field: str, expec
     assert info.exit_code == expected and info.output == "/tmp/out-9.txt"
 
 
+def test_a_held_job_has_its_reason_and_no_exit_code() -> None:
+    text = "JobId=9 JobName=x\n   JobState=PENDING Reason=JobHeldUser Dependency=(null)\n   ExitCode=0:0\n"
+    info = job_info_from_scontrol(text)
+    assert (info.exit_code, info.reason) == (None, "JobHeldUser")
+
+
 def test_names_and_comments_with_spaces_and_an_array_head_read_whole() -> None:
     text = ("JobId=9 ArrayJobId=9 ArrayTaskId=1 JobName=my job = v2\n   UserId=alice(1001) GroupId=x(1)\n"
             "   JobState=RUNNING Reason=None\n   Restarts=2 BatchFlag=1\n   NodeList=n1\n   BatchHost=n1\n"

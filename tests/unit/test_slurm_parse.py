@@ -127,3 +127,26 @@ def test_an_ended_jobs_exit_code_and_output_file_read_from_squeue_json(exit_code
     job = {"job_id": 3369, "job_state": "FAILED", "exit_code": exit_code, "standard_output": "/tmp/out-%j.txt"}
     (info,) = parse_jobs_json(json.dumps({"jobs": [job]}))
     assert info.exit_code == expected and info.output == "/tmp/out-3369.txt"
+
+
+@pytest.mark.parametrize("state", ["PENDING", "RUNNING", "SUSPENDED", "REQUEUE_HOLD"])
+def test_a_job_that_has_not_ended_has_no_exit_code(state: str) -> None:
+    """Slurm 22.05 reports 0 for a job that has not ended: read as none, not as a clean exit."""
+    job = {"job_id": 12, "job_state": state, "exit_code": 0, "state_reason": "JobHeldUser"}
+    (info,) = parse_jobs_json(json.dumps({"jobs": [job]}))
+    assert info.exit_code is None and info.reason == "JobHeldUser"
+    (running,) = parse_jobs_json((DATA / "squeue_job_22.05.json").read_text())
+    assert running.exit_code is None and running.reason == ""  # Slurm's "None": no reason
+
+
+def test_a_job_that_named_no_output_file_writes_slurms_default_one() -> None:
+    """What 22.05's squeue --json gives for `sbatch --wrap` in /tmp/wd without -o (seen on the dev
+    cluster; scontrol shows StdOut=/tmp/wd/slurm-1253.out); an array task's default is another name."""
+    job = {"job_id": 1253, "job_state": "COMPLETED", "standard_output": "", "current_working_directory": "/tmp/wd",
+           "array_job_id": 0}
+    (info,) = parse_jobs_json(json.dumps({"jobs": [job]}))
+    assert info.output == "/tmp/wd/slurm-1253.out"
+    (task,) = parse_jobs_json(json.dumps({"jobs": [{**job, "array_job_id": 1250}]}))
+    assert task.output == ""
+    (given,) = parse_jobs_json(json.dumps({"jobs": [{**job, "standard_output": "/tmp/wd/rel-%j.out"}]}))
+    assert given.output == "/tmp/wd/rel-1253.out"
