@@ -35,10 +35,13 @@ def said(what: str, job_id: int, answer: dict[str, Any]) -> str:
         line = (f"job {job_id}: {gpu} cordoned: no new worker is placed on it "
                 f"(`slurm-elastic uncordon {job_id} {gpu}` lifts it)")
     elif what == "uncordon":
-        lifted = answer.get("lifted") or []
-        line = f"job {job_id}: {gpu} uncordoned" + (f" (lifted: {', '.join(map(str, lifted))})" if lifted else "")
-        if answer.get("cordoned") or not lifted:
+        lifted = ", ".join(map(str, answer.get("lifted") or []))
+        if not lifted:
             line = ""  # the command says on stderr why it stays cordoned, or that nothing was
+        elif answer.get("cordoned"):  # the command says on stderr by what, and what lifts that
+            line = f"job {job_id}: {gpu}: lifted its {lifted} cordon{'s' if ', ' in lifted else ''}; it stays cordoned"
+        else:
+            line = f"job {job_id}: {gpu} uncordoned (lifted: {lifted})"
     else:
         line = json.dumps(answer)
     note = answer.get("note")

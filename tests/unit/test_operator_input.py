@@ -429,11 +429,13 @@ def test_stop_says_which_steps_still_hold_the_allocation(monkeypatch: pytest.Mon
 
 
 def test_an_uncordon_that_leaves_a_slurm_cordon_says_what_lifts_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    answer = {"node": "node2", "gpu": 1, "cordoned": True, "reason": "Slurm marks node node2 DRAIN", "source": "slurm"}
+    answer = {"node": "node2", "gpu": 1, "cordoned": True, "reason": "Slurm marks node node2 DRAIN", "source": "slurm",
+              "lifted": ["operator"]}
     monkeypatch.setattr(worker_pool, "call_controller", lambda *a: answer)
     result = CliRunner().invoke(main, ["uncordon", "77", "node2:1"])
-    assert result.exit_code == 1 and "node2:1 stays cordoned: Slurm marks node node2 DRAIN" in result.output
-    assert "scontrol update nodename=node2 state=resume" in result.output
+    assert result.exit_code == 1 and result.stdout == "job 77: node2:1: lifted its operator cordon; it stays cordoned\n"
+    assert "node2:1 stays cordoned: Slurm marks node node2 DRAIN" in result.stderr
+    assert "scontrol update nodename=node2 state=resume" in result.stderr
 
 
 def test_a_gpu_ref_error_says_it_once_and_a_node_range_is_named() -> None:

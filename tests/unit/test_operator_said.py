@@ -33,6 +33,15 @@ def test_a_note_follows_on_its_own_line_and_nothing_unprintable_reaches_the_term
     assert text.splitlines()[1] == "note: only 8 GPU slots\\x1b[2J"
 
 
+def test_an_uncordon_that_lifted_a_cordon_says_so_when_another_stays() -> None:
+    """Before, an operator's cordon lifted from a GPU Slurm also marks printed nothing on stdout."""
+    answer = {"node": "node2", "gpu": 1, "cordoned": True, "lifted": ["operator"], "source": "slurm",
+              "reason": "Slurm marks node node2 DRAIN"}
+    assert said("uncordon", 7, answer) == "job 7: node2:1: lifted its operator cordon; it stays cordoned"
+    assert said("uncordon", 7, {**answer, "lifted": ["operator", "crash"]}) == (
+        "job 7: node2:1: lifted its operator, crash cordons; it stays cordoned")
+
+
 def test_an_uncordon_that_lifted_nothing_prints_nothing_on_stdout() -> None:
     """The command says on stderr why the GPU stays cordoned, or that nothing was."""
     assert said("uncordon", 7, {"node": "n", "gpu": 0, "cordoned": True, "lifted": [], "reason": "hot"}) == ""
