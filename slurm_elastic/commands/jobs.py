@@ -242,8 +242,9 @@ def wait_ready(job_id: int, timeout_s: float) -> None:
 def stop(job_id: int, drain_timeout_s: float) -> None:
     """Drain every worker, then stop the job's controller (end of training). Workers still there
     when the drain time is up (and the controller's cancel of their steps has had 15 s more) do
-    not hold the stop back: their steps end with the job. A controller
-    stopped already is no error: the batch script's own stop follows an operator's."""
+    not hold the stop back: their steps end with the job. The controller cancels its placeholders'
+    steps as it stops. A controller stopped already is no error: the batch script's own stop
+    follows an operator's."""
     try:
         call_controller(job_id, "scale", 0)  # tried again through a controller restart
     except StoppedByOperatorError as exc:
@@ -275,10 +276,11 @@ def stop(job_id: int, drain_timeout_s: float) -> None:
         click.echo(f"warning: {exc.message}: stopping the controller all the same (the steps left end with "
                    "the job, or `scancel` them)", err=True)
         drained = "not every worker drained in time"
-    _stop_controller(job_id)
+    released = _stop_controller(job_id)
     slurm = SlurmCli()
     ended = slurm.cancel_burst_jobs(job_id)
     click.echo(f"job {job_id}: {drained}, controller stopped"
+               + (f", placeholders {', '.join(released)} released (their steps cancelled)" if released else "")
                + (f", burst jobs {', '.join(map(str, ended))} cancelled" if ended else ""))
     left = _other_steps(slurm, job_id)
     if left:
@@ -302,17 +304,18 @@ def _other_steps(slurm: SlurmCli, job_id: int) -> list[str]:
 
 
 
-def _stop_controller(job_id: int) -> None:
-    """Ask the controller to exit (from any host: the API) and wait until it no longer answers."""
+def _stop_controller(job_id: int) -> list[str]:
+    """Ask the controller to exit (from any host: the API) and wait until it no longer answers;
+    the placeholders it released."""
     handle, client = _client(job_id)
     with client:
-        client.stop()
+        released = [str(w) for w in client.stop().get("placeholders_released") or []]
         deadline = time.monotonic() + STOP_WAIT_S
         while time.monotonic() < deadline:
             try:
                 client.status()
             except ControllerUnreachableError:
-                return
+                return released
             time.sleep(0.2)
     raise click.ClickException(f"the controller at {handle.url} still answers {STOP_WAIT_S:g} s after it was "
                                "asked to stop")

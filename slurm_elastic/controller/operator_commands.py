@@ -9,9 +9,11 @@ from collections.abc import Iterator
 from typing import Any
 
 from slurm_elastic.controller.control_plane import ControlPlane, UnknownWorkerError
+from slurm_elastic.core.reconcile import release_placeholders
 from slurm_elastic.core.tick import operator_drain
 
 log = logging.getLogger(__name__)
+PLACEHOLDER_AT_STOP = "placeholder released: the controller stopped (slurm-elastic stop)"
 
 
 class OperatorCommands(ControlPlane):
@@ -107,11 +109,17 @@ class OperatorCommands(ControlPlane):
         return answer
 
     def request_stop(self) -> dict[str, Any]:
-        """End the loop (an operator's stop): the process exits 0 and worker steps keep running."""
+        """End the loop (an operator's stop): the process exits 0 and worker steps keep running;
+        placeholders' steps are cancelled (no controller follows to release their GPUs)."""
         log.info("an operator asked the controller to stop (worker steps keep running)")
+        with self.lock:
+            cancels = release_placeholders(self.state.workers, PLACEHOLDER_AT_STOP, self.clock())
+            for cancel in cancels:
+                self._run(cancel)
+            self._save_behind()
         self.stop_requested.set()
         self.wake_loop()
-        return {"stopping": True}
+        return {"stopping": True, "placeholders_released": [cancel.worker_id for cancel in cancels]}
 
     def drain(self, worker_id: str) -> dict[str, Any]:
         """Drain one worker now (it is replaced if the target still asks for it)."""

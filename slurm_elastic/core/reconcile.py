@@ -170,6 +170,19 @@ def end_earlier_run(workers: dict[str, Worker], job_id: int, now_s: float) -> li
     return ended
 
 
+def release_placeholders(workers: dict[str, Worker], reason: str, now_s: float) -> list[Cancel]:
+    """The cancels of every placeholder's step, each placeholder ended (INACTIVE, ``reason``) at
+    once: at an operator's stop no controller follows to see the steps leave, and a placeholder
+    would hold its GPU until the job ends."""
+    cancels = []
+    for worker in workers.values():
+        if worker.placeholder and worker.has_step and worker.step_id:
+            cancels.append(Cancel(worker.worker_id, worker.step_id, reason, worker.job_id))
+            transition(worker, S.INACTIVE, now_s, reason)
+            _forget_step(worker)
+    return cancels
+
+
 def _adopt_and_refresh(workers: dict[str, Worker], by_id: dict[str, ObservedStep], now_s: float,
                        plan: Plan) -> None:
     for worker_id, step in by_id.items():

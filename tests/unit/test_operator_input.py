@@ -176,7 +176,7 @@ def running(tmp_path: Path) -> Iterator[Running]:
 
 def test_the_api_stops_the_controllers_loop(running: Running) -> None:
     with ControlClient(running.server.url, TOKEN) as client:
-        assert client.stop() == {"stopping": True}
+        assert client.stop() == {"stopping": True, "placeholders_released": []}
     running.loop.join(timeout=30)
     assert not running.loop.is_alive(), "the loop still runs after POST /admin/stop"
     assert not running.stop.is_set()  # it ended on the API's word, not the signal handlers'
@@ -420,10 +420,11 @@ def test_stop_says_which_steps_still_hold_the_allocation(monkeypatch: pytest.Mon
 
     monkeypatch.setattr(jobs, "_client", lambda *a, **k: (None, Client()))
     monkeypatch.setattr(jobs, "wait_for_status", lambda *a: {})
-    monkeypatch.setattr(jobs, "_stop_controller", lambda job_id: None)
+    monkeypatch.setattr(jobs, "_stop_controller", lambda job_id: ["0007"])
     monkeypatch.setattr(jobs, "SlurmCli", Slurm)
     result = CliRunner().invoke(main, ["stop", "77"])
-    assert result.exit_code == 0 and "job 77: workers drained, controller stopped" in result.output
+    assert result.exit_code == 0 and ("job 77: workers drained, controller stopped, placeholders 0007 released "
+                                      "(their steps cancelled)") in result.output
     assert ("job 77 still holds its allocation: steps 77.2 (trainer) still run; they end by themselves"
             in result.output) and "`scancel 77` ends the job now" in result.output  # agents end with the job
 

@@ -16,8 +16,13 @@ from click.testing import CliRunner
 
 from slurm_elastic.cli import main
 from slurm_elastic.client.locate import JobHandle
+from slurm_elastic.controller.config import parse_config
 from slurm_elastic.controller.files import mark_stopped_by_operator, publish
+from slurm_elastic.controller.runtime import Controller
+from slurm_elastic.core.naming import worker_step_name
 from slurm_elastic.errors import ControllerUnreachableError
+from slurm_elastic.slurm.parse import StepInfo
+from tests.stub_backend import ListedSteps
 
 
 class Gone:
@@ -163,3 +168,35 @@ def test_status_says_a_wrong_token_and_a_suspended_job_in_its_document(tmp_path:
     monkeypatch.setattr("slurm_elastic.commands.jobs._client", lambda job_id, *a, **k: (handle, WrongToken()))
     with pytest.raises(SlurmElasticError, match=r"HTTP 403: wrong token for this job \(token read from "):
         call_controller(7, "scale", 3)  # an operator command says which token too
+
+
+class CancelsSteps(ListedSteps):
+    """Slurm listing the given steps; each step cancel recorded."""
+
+    def __init__(self, steps: list[StepInfo]) -> None:
+        super().__init__(steps)
+        self.cancelled: list[tuple[int, str]] = []
+
+    def cancel_step(self, job_id: int, step_id: str) -> None:
+        self.cancelled.append((job_id, step_id))
+
+
+def test_a_stop_releases_the_placeholders(tmp_path: Path) -> None:
+    """Before, a placeholder's step (holding a cordoned GPU) ran on after `slurm-elastic stop`, and
+    the last state.json kept it ACTIVE, holding its GPU until the job ended: no controller
+    follows an operator's stop to release it."""
+    config = parse_config({"agent": {"enabled": False}, "autoscaler": {"min_workers": 0}})
+    backend = CancelsSteps([StepInfo(1, "3", worker_step_name("w1"), ("node1",), "0:01", "", "gres/gpu:1", 1),
+                            StepInfo(1, "4", worker_step_name("w2"), ("node1",), "0:01", "", "gres/gpu:1", 1)])
+    controller = Controller(config, 1, backend, tmp_path, gpus_by_node={"node1": (0, 1)})  # type: ignore[arg-type]
+    controller.scale(2)
+    controller.tick()  # both steps listed: this controller's workers
+    controller.cordon("node1", 0, "fan noise")
+    assert controller.register_worker("w1", {"node": "node1", "gpus": [0], "step_id": "3"})["action"] == "hold"
+    controller.register_worker("w2", {"node": "node1", "gpus": [1], "step_id": "4"})
+    assert controller.request_stop() == {"stopping": True, "placeholders_released": ["w1"]}
+    assert backend.cancelled == [(1, "3")]  # the worker's step is not: it drains, or runs on with the job
+    saved = json.loads((tmp_path / "state.json").read_text())["state"]["workers"]
+    assert (saved["w1"]["state"], saved["w1"]["step_id"]) == ("INACTIVE", "")
+    assert saved["w1"]["history"][-1][3] == "placeholder released: the controller stopped (slurm-elastic stop)"
+    assert saved["w2"]["state"] == "ACTIVE"
