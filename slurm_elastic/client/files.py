@@ -39,6 +39,16 @@ def job_state_dir(cluster: str, job_id: int, configured: str = "") -> Path:
     return default_state_root() / "jobs" / path_part(cluster) / str(job_id)
 
 
+def job_dirs_of_every_cluster(job_id: int) -> list[Path]:
+    """``<root>/jobs/<cluster>/<job id>`` of each cluster that has one (sorted): where a job's
+    state directory may be when the cluster's name is not known here."""
+    try:
+        clusters = sorted((default_state_root() / "jobs").iterdir())
+    except OSError:
+        return []
+    return [cluster / str(job_id) for cluster in clusters if (cluster / str(job_id)).is_dir()]
+
+
 def read_token_file(path: Path) -> str:
     """The job's token from ``path``, else from the copy beside it (``.token.copy``); '' if
     neither holds one (missing, empty, unreadable, not text)."""

@@ -15,6 +15,8 @@ from slurm_elastic.client.files import (
     CONTROLLER_FILE,
     TOKEN_COPY,
     TOKEN_FILE,
+    default_state_root,
+    job_dirs_of_every_cluster,
     job_state_dir,
     pointed_state_dir,
     read_controller_url,
@@ -88,6 +90,10 @@ def state_dir_from_comment(comment: str) -> Path | None:
     return None
 
 
+def _slurm_conf() -> Path:
+    return Path(os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf"))
+
+
 def local_cluster_name() -> str:
     """This cluster's name without asking slurmctld: the job's environment, else ClusterName in
     the local slurm.conf ('' if neither says; a configless node has no local slurm.conf)."""
@@ -95,11 +101,37 @@ def local_cluster_name() -> str:
     if name:
         return name
     try:
-        text = Path(os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf")).read_text(errors="replace")
+        text = _slurm_conf().read_text(errors="replace")
     except OSError:
         return ""
     match = re.search(r"^\s*ClusterName\s*=\s*(\S+)", text, re.MULTILINE | re.IGNORECASE)
     return match.group(1) if match else ""
+
+
+@dataclass(frozen=True)
+class DefaultPlaces:
+    """Where a job's state directory is by default: this cluster's place for it, or, with no
+    cluster name known here, the places of every cluster under the jobs root that hold the job id."""
+
+    dirs: list[Path]
+    searched: str = ""  # with no cluster name: what was searched, said when no controller is found
+    ambiguous: str = ""  # set when several clusters hold the job id: which, and what to set
+
+
+def default_places(job_id: int) -> DefaultPlaces:
+    """The job's default state directory: this cluster's, else the one cluster directory under the
+    jobs root that holds the job id (several: none chosen; ``ambiguous`` says which)."""
+    cluster = local_cluster_name()
+    if cluster:
+        return DefaultPlaces([job_state_dir(cluster, job_id)])
+    found = job_dirs_of_every_cluster(job_id)
+    searched = (f"{default_state_root() / 'jobs' / '*' / str(job_id)} (no cluster name here: SLURM_CLUSTER_NAME is "
+              f"unset and {_slurm_conf()} gives no ClusterName)")
+    if len(found) <= 1:
+        return DefaultPlaces(found, searched)
+    clusters = ", ".join(d.parent.name for d in found)
+    return DefaultPlaces([], searched, f"clusters {clusters} each have a job {job_id} ({', '.join(map(str, found))}): "
+                                     "set SLURM_CLUSTER_NAME to the job's cluster")
 
 
 class JobEndedError(ControllerUnreachableError):
@@ -127,11 +159,10 @@ def ask_slurm(job_id: int, slurm: SlurmCli) -> SlurmView:
 
 def left_behind(job_id: int) -> str:
     """Where an ended job's state directory is on this cluster's default place, if it is there."""
-    cluster = local_cluster_name()
-    state_dir = job_state_dir(cluster, job_id) if cluster else None
-    if state_dir is None or not (state_dir / "state.json").exists():
+    dirs = default_places(job_id).dirs
+    if not dirs or not (dirs[0] / "state.json").exists():
         return ""
-    return f"; what it left is in {state_dir} (state.json: its workers and their history; logs/: each worker's output)"
+    return f"; what it left is in {dirs[0]} (state.json: its workers and their history; logs/: each worker's output)"
 
 
 def locate(job_id: int, slurm: SlurmCli | None = None, view: SlurmView | None = None) -> JobHandle:
@@ -139,8 +170,8 @@ def locate(job_id: int, slurm: SlurmCli | None = None, view: SlurmView | None = 
     cluster, else what Slurm says (the job's cluster and the state directory in its comment),
     else the configured directory its controller named in the default place.
     With ``view``, Slurm is not asked again."""
-    cluster = local_cluster_name()
-    candidates = [job_state_dir(cluster, job_id)] if cluster else []
+    places = default_places(job_id)
+    candidates = list(places.dirs)
     pointed = pointed_state_dir(candidates[0]) if candidates else None  # controller.state_dir, named here
     if not any((c / CONTROLLER_FILE).exists() for c in candidates):
         if view is None:
@@ -168,9 +199,10 @@ def locate(job_id: int, slurm: SlurmCli | None = None, view: SlurmView | None = 
     if view is not None and view.job is not None and state_dir_from_comment(view.job.comment) is None:
         why += (f"; Slurm's job {job_id} ({view.job.state}) carries no slurm-elastic comment: not a slurm-elastic "
                 "job, or one whose controller has not started yet")
-    raise ControllerUnreachableError(
-        f"no controller found for job {job_id} (looked in {', '.join(str(c) for c in candidates) or 'no place'}){why}"
-    )
+    if places.ambiguous:
+        why += f"; {places.ambiguous}"
+    looked = ([places.searched] if places.searched else []) + [str(c) for c in candidates]
+    raise ControllerUnreachableError(f"no controller found for job {job_id} (looked in {', '.join(looked)}){why}")
 
 
 def locate_running(job_id: int, view: SlurmView) -> JobHandle:

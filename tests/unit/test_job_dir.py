@@ -132,16 +132,49 @@ def test_a_lost_record_of_a_directory_the_job_names_is_written_again(tmp_path: P
     assert claim_state_dir(state_dir, JOB, named_by_job=True).note == ""  # the record is whole again
 
 
-def test_no_controller_found_says_why_slurm_could_not_tell(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_no_controller_found_says_why_slurm_could_not_tell(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from slurm_elastic.client import locate as locating
     from slurm_elastic.errors import ControllerUnreachableError
 
+    monkeypatch.setenv("SLURM_ELASTIC_HOME", str(tmp_path))
     monkeypatch.setattr(locating, "local_cluster_name", lambda: "")
     view = locating.SlurmView(None, "Slurm did not answer: squeue: fatal: Could not establish a configuration source")
     with pytest.raises(ControllerUnreachableError) as raised:
         locating.locate(3893, view=view)
-    assert "looked in no place); Slurm did not answer: squeue: fatal" in str(raised.value)
-    assert "is SLURM_CONF set" in str(raised.value)
+    assert (f"looked in {tmp_path}/jobs/*/3893 (no cluster name here: SLURM_CLUSTER_NAME is unset and "
+            in str(raised.value)), str(raised.value)
+    assert "Slurm did not answer: squeue: fatal" in str(raised.value) and "is SLURM_CONF set" in str(raised.value)
+
+
+def a_controller_dir(root: Path, cluster: str, job_id: int) -> Path:
+    state_dir = root / "jobs" / cluster / str(job_id)
+    state_dir.mkdir(parents=True)
+    (state_dir / "controller.json").write_text(json.dumps({"url": f"http://{cluster}:1"}))
+    (state_dir / "token").write_text("t\n")
+    return state_dir
+
+
+def test_with_no_cluster_name_the_one_cluster_that_has_the_job_is_taken(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """SLURM_CONF unset, Slurm unreachable: before, `status 1250` said "looked in no place" though
+    ~/.slurm-elastic/jobs/dev/1250 was there."""
+    from slurm_elastic.client import locate as locating
+
+    monkeypatch.setenv("SLURM_ELASTIC_HOME", str(tmp_path))
+    monkeypatch.delenv("SLURM_CLUSTER_NAME", raising=False)
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "no-slurm.conf"))
+    unreachable = locating.SlurmView(None, "Slurm did not answer: squeue: fatal: Could not establish a configuration")
+    a_controller_dir(tmp_path, "dev", 1250)
+    (tmp_path / "jobs" / "other").mkdir()  # a cluster without that job
+    assert locating.locate(1250, view=unreachable).url == "http://dev:1"
+    a_controller_dir(tmp_path, "other", 1250)
+    with pytest.raises(locating.ControllerUnreachableError) as raised:
+        locating.locate(1250, view=unreachable)
+    assert (f"clusters dev, other each have a job 1250 ({tmp_path}/jobs/dev/1250, {tmp_path}/jobs/other/1250): set "
+            "SLURM_CLUSTER_NAME to the job's cluster") in str(raised.value), str(raised.value)
+    assert f"looked in {tmp_path}/jobs/*/1250 (no cluster name here" in str(raised.value)
+    monkeypatch.setenv("SLURM_CLUSTER_NAME", "other")
+    assert locating.locate(1250, view=unreachable).url == "http://other:1"
 
 
 def test_no_controller_found_for_a_job_that_is_not_ours_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
