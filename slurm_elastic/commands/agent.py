@@ -8,6 +8,7 @@ import time
 
 import click
 
+from slurm_elastic.commands.params import Seconds, Whole
 from slurm_elastic.core.defaults import AGENT_INTERVAL_S, AGENT_MAX_BACKOFF_S
 from slurm_elastic.errors import ConfigError
 
@@ -35,10 +36,10 @@ from slurm_elastic.errors import ConfigError
     type=click.Path(dir_okay=False),
     help="Fault-injection file (TOML or JSON), re-read every sample.",
 )
-@click.option("--gpus", "fake_gpus", type=click.IntRange(min=0), help="Fake GPU count (inject).")
+@click.option("--gpus", "fake_gpus", type=Whole(min=0), help="Fake GPU count (inject).")
 @click.option("--node", help="Node name (default: SLURMD_NODENAME or the short hostname).")
-@click.option("--interval-s", type=click.FloatRange(min=0.1), default=AGENT_INTERVAL_S, show_default=True)
-@click.option("--max-backoff-s", type=click.FloatRange(min=0.1), default=AGENT_MAX_BACKOFF_S, show_default=True)
+@click.option("--interval-s", type=Seconds(0.1), default=AGENT_INTERVAL_S, show_default=True)
+@click.option("--max-backoff-s", type=Seconds(0.1), default=AGENT_MAX_BACKOFF_S, show_default=True)
 @click.option("--once", is_flag=True, help="Sample and post once; exit 1 if not delivered.")
 @click.option("--print", "print_only", is_flag=True, help="Print one report as JSON; post nothing.")
 def agent(

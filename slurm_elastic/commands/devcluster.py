@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from slurm_elastic.commands.params import Seconds, Whole
 from slurm_elastic.devcluster.cluster import DevCluster, DevClusterSpec, default_dir
 
 _dir_option = click.option(
@@ -26,19 +27,19 @@ def devcluster() -> None:
 
 @devcluster.command()
 @_dir_option
-@click.option("--nodes", default=2, show_default=True, type=click.IntRange(1, 64))
-@click.option("--gpus-per-node", default=4, show_default=True, type=click.IntRange(0, 16))
-@click.option("--cpus-per-node", default=16, show_default=True, type=click.IntRange(1, 1024))
-@click.option("--memory-per-node-mb", default=16000, show_default=True, type=click.IntRange(100))
-@click.option("--ctld-port", default=16817, show_default=True, type=click.IntRange(1024, 65535))
-@click.option("--node-base-port", default=16901, show_default=True, type=click.IntRange(1024, 65535),
+@click.option("--nodes", default=2, show_default=True, type=Whole(1, 64))
+@click.option("--gpus-per-node", default=4, show_default=True, type=Whole(0, 16))
+@click.option("--cpus-per-node", default=16, show_default=True, type=Whole(1, 1024))
+@click.option("--memory-per-node-mb", default=16000, show_default=True, type=Whole(100))
+@click.option("--ctld-port", default=16817, show_default=True, type=Whole(1024, 65535))
+@click.option("--node-base-port", default=16901, show_default=True, type=Whole(1024, 65535),
               help="node1 listens here, node2 on the next port, ...")
 @click.option("--prolog", default="", help="Prolog= script for slurm.conf (admin hooks).")
 @click.option("--epilog", default="", help="Epilog= script for slurm.conf (admin hooks).")
 @click.option("--node-prefix", default="node", show_default=True,
               help="Node names are PREFIX1, PREFIX2, ...; give a second cluster on this host its own.")
 @click.option("--cluster-name", default="dev", show_default=True, help="ClusterName= of slurm.conf.")
-@click.option("--first-job-id", default=1, show_default=True, type=click.IntRange(1, 60_000_000),
+@click.option("--first-job-id", default=1, show_default=True, type=Whole(1, 60_000_000),
               help="FirstJobId= of slurm.conf; give a second cluster on this host job ids of its own.")
 @click.option("--slurm-prefix", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Run the Slurm installed under this prefix (PREFIX/sbin/slurmctld, PREFIX/bin/srun) "
@@ -46,7 +47,7 @@ def devcluster() -> None:
 @click.option("--real-gpus", is_flag=True,
               help="The first node's GPUs are this host's NVIDIA GPUs (/dev/nvidia0, ...), pinned to steps "
                    "by the device cgroup like the fake ones; the other nodes keep --gpus-per-node fake GPUs.")
-@click.option("--wait-s", default=60.0, show_default=True, help="How long to wait for nodes to be idle.")
+@click.option("--wait-s", default=60.0, show_default=True, type=Seconds(0), help="How long to wait for nodes to be idle.")
 def up(directory: Path | None, nodes: int, gpus_per_node: int, cpus_per_node: int,
        memory_per_node_mb: int, ctld_port: int, node_base_port: int, prolog: str, epilog: str,
        node_prefix: str, cluster_name: str, first_job_id: int, slurm_prefix: Path | None, real_gpus: bool,

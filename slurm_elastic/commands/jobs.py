@@ -22,7 +22,7 @@ from slurm_elastic.client.locate import (
     left_behind,
     locate_running,
 )
-from slurm_elastic.commands.params import Seconds
+from slurm_elastic.commands.params import JOB_ID, Seconds
 from slurm_elastic.core.naming import AGENT_PREFIX, WORKER_PREFIX
 from slurm_elastic.errors import (
     ApiError,
@@ -174,7 +174,7 @@ def _render(doc: dict[str, Any]) -> str:
 
 
 @click.command()
-@click.argument("job_id", type=int)
+@click.argument("job_id", type=JOB_ID)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable (schema in docs/status.md).")
 @click.option("--watch", is_flag=True, help="Refresh in place until Ctrl-C.")
 @click.option("--interval-s", default=2.0, show_default=True, type=Seconds(0.01), help="Refresh interval for --watch.")
@@ -227,7 +227,7 @@ def wait_for_status(job_id: int, done: Any, what: str, timeout_s: float) -> dict
 
 
 @click.command(name="wait-ready")
-@click.argument("job_id", type=int)
+@click.argument("job_id", type=JOB_ID)
 @click.option("--timeout-s", default=120.0, show_default=True, type=Seconds(0))
 def wait_ready(job_id: int, timeout_s: float) -> None:
     """Wait until the job's controller answers (used by batch scripts)."""
@@ -235,7 +235,7 @@ def wait_ready(job_id: int, timeout_s: float) -> None:
 
 
 @click.command()
-@click.argument("job_id", type=int)
+@click.argument("job_id", type=JOB_ID)
 @click.option("--drain-timeout-s", default=300.0, show_default=True, type=Seconds(0),
               help="How long the workers get to finish their rollouts (use the job's workers.drain_timeout_s); "
                    "the controller stops after it, drained or not.")

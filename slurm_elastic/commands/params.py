@@ -1,12 +1,32 @@
 """Argument types shared by the commands (kept out of their modules so that a command imports
-no other command's dependencies)."""
+no other command's dependencies). Every number is taken in ASCII digits only: Python's ``int()``
+and ``float()`` also read other scripts' digits (Arabic-Indic, fullwidth), ``_`` and spaces."""
 
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import click
+
+from slurm_elastic.core.health import parse_gpu_ref
+
+NODE_NAME = re.compile(r"[A-Za-z0-9._-]+")
+
+
+class Whole(click.IntRange):
+    """A whole number in ASCII digits (a sign allowed, for the range to judge), within the range."""
+
+    name = "integer"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and not re.fullmatch(r"[-+]?[0-9]+", value):
+            self.fail(f"{value!r} is not a whole number in ASCII digits (0-9)", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+JOB_ID = Whole(min=1)  # a Slurm job id
 
 
 class Seconds(click.ParamType[float]):
@@ -18,6 +38,8 @@ class Seconds(click.ParamType[float]):
         self.min_s = min_s
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        if isinstance(value, str) and not re.fullmatch(r"[-+.0-9eE]+|[-+]?(?i:nan|inf|infinity)", value):
+            self.fail(f"{value!r} is not a number of seconds in ASCII digits (e.g. 30 or 2.5)", param, ctx)
         try:
             seconds = float(value)
         except (TypeError, ValueError):
@@ -25,3 +47,20 @@ class Seconds(click.ParamType[float]):
         if not math.isfinite(seconds) or seconds < self.min_s:
             self.fail(f"{value!r} is not a finite number of seconds of at least {self.min_s:g}", param, ctx)
         return seconds
+
+
+class GpuRef(click.ParamType[tuple[str, int]]):
+    """``NODE:GPU``: one node's name and a GPU index in ASCII digits."""
+
+    name = "NODE:GPU"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[str, int]:
+        if isinstance(value, tuple):
+            return value
+        try:
+            node, gpu = parse_gpu_ref(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+        if not NODE_NAME.fullmatch(node):
+            self.fail(f"{node!r} is not one node's name (one GPU at a time, e.g. node1:2; no ranges)", param, ctx)
+        return node, gpu

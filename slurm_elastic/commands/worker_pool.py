@@ -9,15 +9,14 @@ import click
 
 from slurm_elastic.client.wire import WORKER_ID
 from slurm_elastic.commands.jobs import call_controller, wait_for_status
-from slurm_elastic.commands.params import Seconds
+from slurm_elastic.commands.params import JOB_ID, GpuRef, Seconds, Whole
 from slurm_elastic.commands.said import echo_answer, json_option
-from slurm_elastic.core.health import parse_gpu_ref
 from slurm_elastic.core.naming import WORKER_PREFIX
 
 
 @click.command(context_settings={"ignore_unknown_options": True})  # "-1" is a count, refused by its range
-@click.argument("job_id", type=int)
-@click.argument("workers", type=click.IntRange(0))
+@click.argument("job_id", type=JOB_ID)
+@click.argument("workers", type=Whole(0))
 @click.option("--wait", is_flag=True, help="Wait until the job has that many active workers.")
 @click.option("--timeout-s", default=300.0, show_default=True, type=Seconds(0))
 @json_option
@@ -46,7 +45,7 @@ def _settled(ctl: dict[str, Any], workers: int) -> bool:
 
 def _simple(name: str, method: str, doc: str) -> click.Command:
     @click.command(name=name, help=doc)
-    @click.argument("job_id", type=int)
+    @click.argument("job_id", type=JOB_ID)
     @json_option
     def command(job_id: int, as_json: bool) -> None:
         echo_answer(method, job_id, call_controller(job_id, method), as_json)
@@ -60,13 +59,16 @@ wake_all = _simple("wake-all", "wake_all", "Give every usable GPU a worker (e.g.
 
 
 @click.command()
-@click.argument("job_id", type=int)
+@click.argument("job_id", type=JOB_ID)
 @click.argument("worker_id")
 @json_option
 def drain(job_id: int, worker_id: str, as_json: bool) -> None:
     """Drain one worker: it finishes its rollout, hands it over and exits (replaced if still needed).
     WORKER_ID as `status` lists it (0003, or 3), or its step's name as `squeue` lists it (se-w-0003)."""
     worker_id = worker_id.removeprefix(WORKER_PREFIX)  # the step's name: se-w-0003
+    if worker_id.isdigit() and not worker_id.isascii():
+        raise click.BadParameter(f"{worker_id!r}: a worker's number in ASCII digits (0-9), e.g. 3 or 0003",
+                                 param_hint="WORKER_ID")
     worker_id = worker_id.zfill(4) if worker_id.isdigit() else worker_id  # "3" is worker 0003
     if not re.fullmatch(WORKER_ID, worker_id):
         raise click.BadParameter(f"{worker_id!r} is not a worker id (as `status` lists them, e.g. 0003)",
@@ -74,37 +76,27 @@ def drain(job_id: int, worker_id: str, as_json: bool) -> None:
     echo_answer("drain", job_id, call_controller(job_id, "drain", worker_id), as_json)
 
 
-def _gpu(ref: str) -> tuple[str, int]:
-    try:
-        node, gpu = parse_gpu_ref(ref)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
-    if not re.fullmatch(r"[A-Za-z0-9._-]+", node):
-        raise click.BadParameter(f"{node!r} is not one node's name (one GPU at a time, e.g. node1:2; no ranges)")
-    return node, gpu
-
-
 @click.command()
-@click.argument("job_id", type=int)
-@click.argument("gpu_ref", metavar="NODE:GPU")
+@click.argument("job_id", type=JOB_ID)
+@click.argument("gpu_ref", metavar="NODE:GPU", type=GpuRef())
 @click.option("--reason", default="", help="Why (shown by status).")
 @json_option
-def cordon(job_id: int, gpu_ref: str, reason: str, as_json: bool) -> None:
+def cordon(job_id: int, gpu_ref: tuple[str, int], reason: str, as_json: bool) -> None:
     """Keep new workers off a GPU until an operator uncordons it."""
-    node, gpu = _gpu(gpu_ref)
+    node, gpu = gpu_ref
     echo_answer("cordon", job_id, call_controller(job_id, "cordon", node, gpu, reason or "cordoned by operator"),
                 as_json)
 
 
 @click.command()
-@click.argument("job_id", type=int)
-@click.argument("gpu_ref", metavar="NODE:GPU")
+@click.argument("job_id", type=JOB_ID)
+@click.argument("gpu_ref", metavar="NODE:GPU", type=GpuRef())
 @click.option("--reason", default="", help="Why (logged).")
 @json_option
-def uncordon(job_id: int, gpu_ref: str, reason: str, as_json: bool) -> None:
+def uncordon(job_id: int, gpu_ref: tuple[str, int], reason: str, as_json: bool) -> None:
     """Lift an operator's, crash, prolog or pre-flight cordon; health cordons lift themselves after a
     healthy period, Slurm's when an admin resumes the node. Exits 1 when the GPU stays cordoned."""
-    node, gpu = _gpu(gpu_ref)
+    node, gpu = gpu_ref
     answer = call_controller(job_id, "uncordon", node, gpu, reason)
     echo_answer("uncordon", job_id, answer, as_json)
     if answer.get("cordoned"):

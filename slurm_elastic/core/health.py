@@ -152,8 +152,8 @@ def evaluate(sample: GpuSample, rules: HealthRules) -> list[str]:
 
 
 def parse_gpu_ref(ref: str) -> GpuKey:
-    """``"node1:2"`` -> ``("node1", 2)``; raises ``ValueError``."""
+    """``"node1:2"`` -> ``("node1", 2)`` (the index in ASCII digits); raises ``ValueError``."""
     node, sep, idx = ref.rpartition(":")
-    if not sep or not node or not idx.isdigit():
-        raise ValueError(f"expected NODE:GPU (e.g. node1:2), got {ref!r}")
+    if not sep or not node or not (idx.isascii() and idx.isdigit()):
+        raise ValueError(f"expected NODE:GPU (e.g. node1:2), its GPU index in ASCII digits, got {ref!r}")
     return node, int(idx)

@@ -167,6 +167,6 @@ def test_bad_reports_raise_value_error(bad: dict[str, object]) -> None:
 def test_parse_gpu_ref() -> None:
     assert parse_gpu_ref("node1:2") == ("node1", 2)
     assert parse_gpu_ref("a:b:3") == ("a:b", 3)
-    for bad in ("node1", ":2", "node1:x", "node1:"):
+    for bad in ("node1", ":2", "node1:x", "node1:", "node1:\u0663", "node1:\uff13"):  # other scripts' digits too
         with pytest.raises(ValueError):
             parse_gpu_ref(bad)

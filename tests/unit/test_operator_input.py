@@ -446,6 +446,29 @@ def test_a_gpu_ref_error_says_it_once_and_a_node_range_is_named() -> None:
     assert result.exit_code == 2 and "'node[1-2]' is not one node's name" in result.output
 
 
+@pytest.mark.parametrize(("args", "names"), [
+    (("status", "\uff11\uff12"), "JOB_ID"),  # fullwidth 12: before, job 12
+    (("status", "1_2"), "JOB_ID"),
+    (("status", " 12"), "JOB_ID"),
+    (("scale", "77", "\u0663"), "WORKERS"),  # Arabic-Indic 3
+    (("cordon", "77", "node1:\u0663"), "NODE:GPU"),  # before, node1:3 was cordoned
+    (("uncordon", "\u0667\u0667", "node1:3"), "JOB_ID"),
+    (("drain", "77", "\u0660\u0660\u0660\u0663"), "WORKER_ID"),
+    (("stop", "77", "--drain-timeout-s", "\u0663\u0660"), "--drain-timeout-s"),
+    (("scale", "77", "2", "--wait", "--timeout-s", "1_0"), "--timeout-s"),
+])
+def test_every_number_is_taken_in_ascii_digits_only(monkeypatch: pytest.MonkeyPatch, args: tuple[str, ...],
+                                                    names: str) -> None:
+    """Python's int() and float() read other scripts' digits: `cordon J node1:\u0663` cordoned
+    node1:3 and `status \uff11\uff12` meant job 12, while `drain` refused them. Now each is refused,
+    the argument named, before anything is asked."""
+    monkeypatch.setattr(worker_pool, "call_controller", lambda *a: pytest.fail("asked the controller"))
+    monkeypatch.setattr(jobs, "SlurmCli", SlurmSays(raises=AssertionError("asked Slurm")))
+    result = CliRunner().invoke(main, list(args))
+    assert result.exit_code == 2 and re.search(f"Invalid value for '?{names}'?: .*ASCII digits", result.output), \
+        result.output
+
+
 def test_a_negative_count_gets_the_ranges_message() -> None:
     result = CliRunner().invoke(main, ["scale", "77", "-1"])
     assert result.exit_code == 2 and "-1 is not in the range x>=0" in result.output
