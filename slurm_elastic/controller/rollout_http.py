@@ -15,7 +15,7 @@ from fastapi import APIRouter, FastAPI, HTTPException, Query, Request, Response,
 from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
 from prometheus_client import generate_latest
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from slurm_elastic.client.wire import Admission, AdmissionRelease, TrainerHello, VersionUpdate
 from slurm_elastic.controller.beats import HeartbeatEndpoint, read_body, replaying
@@ -45,7 +45,8 @@ class ControllerApp(FastAPI):
     token, then the body's size, before any body is read); ``POST /rollouts`` is then answered
     before the framework's per-request machinery (telemetry hooks, middleware, routing), so the
     hot route costs only its own checks (the same handler is also a FastAPI route, so OpenAPI
-    documents it); so are heartbeats when they can be (:mod:`.beats`). A WebSocket handshake is
+    documents it); so are heartbeats when they can be (:mod:`.beats`). A HEAD request is answered
+    as its GET, without the body. A WebSocket handshake is
     closed before it is accepted (the server answers 403), whatever it carries: no route speaks
     WebSocket and the token check is the HTTP requests'; only lifespan events pass besides."""
 
@@ -73,6 +74,8 @@ class ControllerApp(FastAPI):
         if passed is None:
             return
         receive, send = passed
+        if scope["method"] == "HEAD":  # answered as GET is, its head alone
+            scope, send = {**scope, "method": "GET"}, head_only(send)
         if scope["path"] == "/openapi.json" and scope["method"] == "GET":  # made once: it cost 4 ms an answer
             self._openapi_bytes = self._openapi_bytes or json.dumps(self.openapi()).encode()
             await send_answer(send, (200, self._openapi_bytes, [(b"content-type", b"application/json")]))
@@ -90,6 +93,14 @@ class ControllerApp(FastAPI):
             await super().__call__(scope, receive, send)
             return
         await send_answer(send, await endpoint.answer(receive))
+
+
+def head_only(send: Send) -> Send:
+    """``send`` passing an answer's head whole (its Content-Length too) and none of its body: the
+    answer to a HEAD request."""
+    async def without_body(message: Message) -> None:
+        await send({**message, "body": b""} if message["type"] == "http.response.body" else message)
+    return without_body
 
 
 def rollout_router(controller: Controller, queue: RolloutQueue) -> APIRouter:

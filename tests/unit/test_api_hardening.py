@@ -593,3 +593,17 @@ def test_bodies_that_stall_or_trickle_do_not_hold_the_cap(tmp_path: Path, trickl
         finally:
             for conn in stalled:
                 conn.close()
+
+
+def test_head_is_answered_as_get_without_the_body_and_after_the_token(tmp_path: Path) -> None:
+    """Before, `HEAD /metrics` with the token got 405: no route took HEAD."""
+    with served(tmp_path) as (url, _server), httpx.Client(base_url=url, timeout=30) as http:
+        for path in ("/metrics", "/controller/status", "/healthz", "/openapi.json"):
+            got, head = http.get(path, headers=AUTH), http.head(path, headers=AUTH)
+            assert (head.status_code, head.content) == (200, b""), (path, head)
+            assert head.headers["content-type"] == got.headers["content-type"], path
+            assert int(head.headers["content-length"]) > 0, path
+        assert http.head("/admin/scale", headers=AUTH).status_code == 405  # as GET: a POST route
+        assert http.head("/metrics").status_code == 401  # the token first, as for every route
+        assert http.head("/metrics", headers={"Authorization": "Bearer no"}).status_code == 403
+        assert http.get("/healthz", headers=AUTH).json() == {"status": "ok"}  # the connection goes on
