@@ -114,9 +114,9 @@ class OperatorCommands(ControlPlane):
         log.info("an operator asked the controller to stop (worker steps keep running)")
         with self.lock:
             cancels = release_placeholders(self.state.workers, PLACEHOLDER_AT_STOP, self.clock())
-            for cancel in cancels:
-                self._run(cancel)
             self._save_behind()
+        for cancel in cancels:  # outside the lock: heartbeats go on meanwhile
+            self._run(cancel)
         self.stop_requested.set()
         self.wake_loop()
         return {"stopping": True, "placeholders_released": [cancel.worker_id for cancel in cancels]}

@@ -45,13 +45,18 @@ class AutoscalerMemory:
     resuming: bool = False  # restored, and its rates not yet measured for RESUME_SETTLE_S (not saved)
     returning: bool = False  # back from ticks it did not decide in: its next law decision may resize (not saved)
 
+    def skip_integration(self) -> None:
+        """The time until the next decision is not integrated over (the job was suspended, or the
+        autoscaler did not decide meanwhile)."""
+        self.last_now_s = None
+
     def not_deciding(self, now_s: float) -> None:
         """The autoscaler did not decide this tick (an operator's target, a pause, wake-all, the
         drain before the time limit): the time until it decides again is not integrated over, and
         a restarted controller's settling time runs from its first tick. Once the start-up is over,
         the next decision of the law may size the pool to the trainer's demand at once
         (:func:`slurm_elastic.core.scaling.return_resize`)."""
-        self.last_now_s = None
+        self.skip_integration()
         self.returning = self.ramped
         if self.resuming and self.resumed_s is None:
             self.resumed_s = now_s

@@ -127,8 +127,8 @@ def reconcile(
     ``never_ran``: STARTING workers an earlier controller saved a launch for and whose srun never
     ran (none runs, no step is listed): relaunched at once, not counted. ``why_fewer``: what a
     scale-down's drains say instead of "scale-down to N". ``stopped_jobs``: burst jobs Slurm lists
-    suspended; their workers' steps are stopped (and unlisted): they end, not counted against
-    their GPUs, and a step listed again once its job resumes is adopted."""
+    suspended; their workers' steps are stopped (and not listed: only running jobs' are): they
+    end, not counted against their GPUs, and their steps are cancelled."""
     plan = Plan(next_number=next_number)
     if observed is None:
         return plan
@@ -138,7 +138,7 @@ def reconcile(
     for worker in drain_not_live(workers.values(), cfg.liveness_failure_threshold, now_s):
         if worker.step_id:
             plan.actions.append(Drain(worker.worker_id, worker.step_id, worker.job_id))
-    _enforce_heartbeats_and_timeouts(workers, cfg, cordoned, now_s, plan, stopped_jobs)
+    _enforce_heartbeats_and_timeouts(workers, cfg, cordoned, now_s, plan)
     _scale(workers, desired, allowed_slots, exclude_nodes, cfg, cordoned, now_s, plan, drain_first_jobs, why_fewer)
     return plan
 
@@ -179,7 +179,9 @@ def release_placeholders(workers: dict[str, Worker], reason: str, now_s: float) 
         if worker.placeholder and worker.has_step and worker.step_id:
             cancels.append(Cancel(worker.worker_id, worker.step_id, reason, worker.job_id))
             transition(worker, S.INACTIVE, now_s, reason)
+            step_id = worker.step_id
             _forget_step(worker)
+            worker.step_id = step_id  # kept: a listing taken before the cancel still shows it, not to be adopted
     return cancels
 
 
@@ -211,9 +213,11 @@ def _handle_vanished(workers: dict[str, Worker], by_id: dict[str, ObservedStep],
         if not worker.has_step or worker.worker_id in by_id:
             continue
         unlisted_launch = worker.state is S.STARTING and not worker.step_id
-        if worker.job_id in stopped_jobs and worker.step_id:  # Slurm lists no step of a suspended job
-            transition(worker, S.INACTIVE, now_s, f"its burst job {worker.job_id} is suspended (its step stopped); "
-                       "not counted against its GPU")
+        if worker.job_id in stopped_jobs and worker.step_id:  # only running burst jobs' steps are listed
+            reason = f"its burst job {worker.job_id} is suspended (its step stopped); not counted against its GPU"
+            transition(worker, S.INACTIVE, now_s, reason)
+            # cancelled: resumed, it would submit what its admissions, released now, no longer cover
+            plan.actions.append(Cancel(worker.worker_id, worker.step_id, reason, worker.job_id))
         elif unlisted_launch and worker.worker_id in never_ran:
             _relaunch_uncounted(worker, LAUNCH_NEVER_RAN, now_s, plan)
         elif unlisted_launch and now_s - worker.launched_at_s < cfg.start_timeout_s:
@@ -269,17 +273,13 @@ def _word_on_why_may_follow(worker: Worker, cfg: ReconcileConfig, now_s: float) 
 
 
 def _enforce_heartbeats_and_timeouts(workers: dict[str, Worker], cfg: ReconcileConfig,
-                                     cordoned: frozenset[tuple[str, int]], now_s: float, plan: Plan,
-                                     stopped_jobs: frozenset[int] = frozenset()) -> None:
+                                     cordoned: frozenset[tuple[str, int]], now_s: float, plan: Plan) -> None:
     for worker in workers.values():
         if not worker.step_id:
             continue
         silent_s = now_s - worker.last_heartbeat_s
         if worker.state in (S.ACTIVE, S.STARTING) and not worker.placeholder and silent_s > cfg.heartbeat_grace_s:
             reason = f"no heartbeat for {silent_s:.0f} s (grace {cfg.heartbeat_grace_s:g} s)"
-            if worker.job_id in stopped_jobs:
-                reason += f": its burst job {worker.job_id} is suspended; not counted against its GPU"
-                worker.gpu_blameless = True
             begin_drain(worker, now_s, reason, failure_reason=reason)
             _kill(worker, reason, now_s, plan)
         elif worker.state is S.DRAINING and now_s - worker.drain_started_s >= cfg.drain_timeout_s:

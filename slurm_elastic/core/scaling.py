@@ -227,7 +227,7 @@ class Autoscaler(AutoscalerMemory):
             self.last_up_s = now_s
         else:
             self.last_down_s = now_s
-        self.votes = 0
+        self.votes, self.returning = 0, False
         capped = f" (step capped at max_step_{word} {limit_step})" if step < abs(delta) else ""
         if not capped and not window_held:
             self.held_dir = 0
@@ -313,7 +313,7 @@ class Autoscaler(AutoscalerMemory):
                 rec, why = sizing_step(x)
                 return rec, f"{_pressure_words(x.queued_seqs, setpoint)}; {why}", (error, None, None, None)
         back = return_resize(x, current) if self.returning else None
-        self.returning = False
+        self.returning = back is not None  # until the move is made: a cooldown may hold it a while
         if back is not None:  # the count was the operator's (or none): the trainer's demand sets it at once
             self.direct_step = True
             return float(back[0]), f"{_pressure_words(x.queued_seqs, setpoint)}; {back[1]}", (error, None, None, None)

@@ -136,6 +136,7 @@ def tick(obs: Observation, state: ControlState, cfg: TickConfig, allocations: tu
     if obs.paused_s > 0:  # nobody could heart-beat or report to it meanwhile
         move_clocks_on(state.workers, obs.paused_s, now_s)
         state.cordons.move_clocks_on(obs.paused_s, now_s)
+        state.autoscaler.skip_integration()
         result.events.append(Note(f"the controller did not run for {obs.paused_s:.0f} s (the job was suspended, or its "
                                   "process stopped): heartbeat, start, drain and agent timers moved on by that time"))
     state.cordons.tick(now_s)

@@ -574,7 +574,8 @@ def _restarted(rig: Rig, old_pid: int) -> bool:
 def scratch_cluster(directory: Path) -> Iterator[DevCluster]:
     """A one-node cluster of its own (its slurmctld is stopped on purpose), taken down afterwards."""
     cluster = DevCluster(DevClusterSpec(dir=directory, nodes=1, gpus_per_node=2, ctld_port=22817,
-                                        node_base_port=22901, cluster_name="badinput", node_prefix="bi"))
+                                        node_base_port=22901, cluster_name="badinput", node_prefix="bi",
+                                        first_job_id=3_000_000))
     cluster.up(wait_s=90)
     saved = os.environ.get("SLURM_CONF")
     os.environ["SLURM_CONF"] = str(cluster.conf_path)

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.cluster
 @pytest.fixture
 def small_cluster(tmp_path: Path, devcluster: DevCluster) -> Iterator[DevCluster]:
     spec = DevClusterSpec(dir=tmp_path / "dc", nodes=1, gpus_per_node=2, ctld_port=17817,
-                          node_base_port=17901, cluster_name="tiny", node_prefix="tiny")
+                          node_base_port=17901, cluster_name="tiny", node_prefix="tiny", first_job_id=5_000_000)
     cluster = DevCluster(spec)
     yield cluster
     cluster.down()

@@ -38,7 +38,8 @@ def hooked(tmp_path: Path, devcluster: DevCluster) -> Iterator[tuple[DevCluster,
         wrappers.append(str(wrapper))
     write_config(tmp_path, strict=False)
     spec = DevClusterSpec(dir=tmp_path / "dc", nodes=1, gpus_per_node=2, ctld_port=23817, node_base_port=23901,
-                          cluster_name="hooks", node_prefix="hk", prolog=wrappers[0], epilog=wrappers[1])
+                          cluster_name="hooks", node_prefix="hk", prolog=wrappers[0], epilog=wrappers[1],
+                          first_job_id=4_000_000)
     cluster = DevCluster(spec)
     cluster.up()
     saved = os.environ.get("SLURM_CONF")

@@ -79,7 +79,7 @@ def gpu_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster
     hooks = hook_wrappers(directory)
     cluster = DevCluster(DevClusterSpec(dir=directory, nodes=1, real_gpus=True, node_prefix="gpunode",
                                         cluster_name="gpudev", ctld_port=24817, node_base_port=24901,
-                                        prolog=hooks["prolog"], epilog=hooks["epilog"]))
+                                        prolog=hooks["prolog"], epilog=hooks["epilog"], first_job_id=6_000_000))
     before = {name: os.environ.get(name) for name in ("SLURM_CONF", "SLURM_ELASTIC_HOOKS_CONFIG")}
     cluster.up(wait_s=90, progress=lambda line: print(f"devcluster: {line}"))
     os.environ["SLURM_CONF"] = str(cluster.conf_path)

@@ -20,8 +20,9 @@ pytestmark = pytest.mark.cluster
 
 def test_before_the_time_limit_every_worker_drains_and_none_is_launched() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="se-limit-"))  # short: slurmstepd's sockets live under it
-    cluster = DevCluster(DevClusterSpec(dir=tmp / "cluster", nodes=1, gpus_per_node=2, ctld_port=24817,
-                                        node_base_port=24901, cluster_name="timelimit", node_prefix="tl"))
+    cluster = DevCluster(DevClusterSpec(dir=tmp / "cluster", nodes=1, gpus_per_node=2, ctld_port=26817,
+                                        node_base_port=26901, cluster_name="timelimit", node_prefix="tl",
+                                        first_job_id=2_000_000))
     saved = os.environ.get("SLURM_CONF")
     try:
         cluster.up(wait_s=90)

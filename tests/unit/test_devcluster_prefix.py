@@ -69,6 +69,7 @@ def test_a_second_cluster_numbers_its_jobs_apart(tmp_path: Path) -> None:
     spec = DevClusterSpec(dir=tmp_path / "dc", node_prefix="nodeb", first_job_id=1_000_000)
     conf = render_config_files(spec, tmp_path, (22, 5))["slurm.conf"]
     assert "FirstJobId=1000000\n" in conf and "NodeName=nodeb2 " in conf
+    assert "FirstJobId" not in render_config_files(DevClusterSpec(dir=tmp_path / "dc"), tmp_path, (22, 5))["slurm.conf"]
     recorded = DevClusterSpec(dir=tmp_path / "dc").to_json()
     recorded.pop("first_job_id")  # a spec recorded before the field existed: jobs from 1, Slurm's default
     assert DevClusterSpec.from_json(recorded).first_job_id == 1

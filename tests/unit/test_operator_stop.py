@@ -19,6 +19,7 @@ from slurm_elastic.client.locate import JobHandle
 from slurm_elastic.controller.config import parse_config
 from slurm_elastic.controller.files import mark_stopped_by_operator, publish
 from slurm_elastic.controller.runtime import Controller
+from slurm_elastic.core.lifecycle import WorkerState
 from slurm_elastic.core.naming import worker_step_name
 from slurm_elastic.errors import ControllerUnreachableError
 from slurm_elastic.slurm.parse import StepInfo
@@ -197,6 +198,8 @@ def test_a_stop_releases_the_placeholders(tmp_path: Path) -> None:
     assert controller.request_stop() == {"stopping": True, "placeholders_released": ["w1"]}
     assert backend.cancelled == [(1, "3")]  # the worker's step is not: it drains, or runs on with the job
     saved = json.loads((tmp_path / "state.json").read_text())["state"]["workers"]
-    assert (saved["w1"]["state"], saved["w1"]["step_id"]) == ("INACTIVE", "")
+    assert (saved["w1"]["state"], saved["w1"]["step_id"]) == ("INACTIVE", "3")
     assert saved["w1"]["history"][-1][3] == "placeholder released: the controller stopped (slurm-elastic stop)"
     assert saved["w2"]["state"] == "ACTIVE"
+    controller.tick()  # the stub lists step 3 still, as a listing taken before the cancel: not adopted
+    assert controller.state.workers["w1"].state is WorkerState.INACTIVE

@@ -231,24 +231,15 @@ def test_lost_heartbeat_kills_and_counts_as_crash() -> None:
 
 
 def test_a_suspended_burst_jobs_workers_are_not_counted_against_their_gpus() -> None:
-    """``scontrol suspend`` of a burst job stops its workers' steps, and Slurm lists them no more:
-    they end, not as crashes; listed still but silent, they are not counted either. Listed again
-    (the job resumed), a step is adopted."""
+    """``scontrol suspend`` of a burst job stops its workers' steps, and only running jobs' steps
+    are listed: they end, not as crashes, and their steps are cancelled (resumed, they would
+    submit under admissions released with them)."""
     workers = {"0001": active("0001", "1", now_s=0), "0002": active("0002", "2", now_s=0)}
     workers["0002"].job_id = 7
     plan = reconcile(workers, obs(workers["0001"]), 2, 8, (), NONE, CFG, 1, 3, stopped_jobs=frozenset({7}))
-    assert plan.crashes == [] and workers["0002"].state is S.INACTIVE
-    assert workers["0002"].history[-1][3] == "its burst job 7 is suspended (its step stopped); not counted against its GPU"
-    plan = reconcile(workers, [*obs(workers["0001"]), ObservedStep("0002", "2", "node1", 7)], 3, 8, (), NONE, CFG, 2, 4)
-    assert workers["0002"].state is S.STARTING and workers["0002"].step_id == "2"  # adopted: it registers again
-
-    workers = {"0003": active("0003", "3", now_s=0)}
-    workers["0003"].job_id = 7
-    plan = reconcile(workers, obs(workers["0003"]), 1, 8, (), NONE, CFG, 11, 4, stopped_jobs=frozenset({7}))
-    assert [a.reason for a in plan.actions] == [
-        "no heartbeat for 11 s (grace 10 s): its burst job 7 is suspended; not counted against its GPU"]
-    plan = reconcile(workers, [], 1, 8, (), NONE, CFG, 12, 4, stopped_jobs=frozenset({7}))
-    assert workers["0003"].state is S.INACTIVE and plan.crashes == []
+    reason = "its burst job 7 is suspended (its step stopped); not counted against its GPU"
+    assert plan.crashes == [] and workers["0002"].state is S.INACTIVE and workers["0002"].history[-1][3] == reason
+    assert [a for a in plan.actions if isinstance(a, Cancel)] == [Cancel("0002", "2", reason, 7)]
 
 
 def test_a_pause_of_the_controller_moves_heartbeat_start_and_drain_clocks_on() -> None:

@@ -17,7 +17,7 @@ from slurm_elastic.core.scaling import (
     PressureInputs,
     effective_setpoint_seqs,
 )
-from slurm_elastic.core.tick import ControlState, Observation, TickConfig, desired_workers
+from slurm_elastic.core.tick import ControlState, Observation, TickConfig, desired_workers, tick
 from slurm_elastic.errors import ConfigError
 
 FAST = AutoscalerConfig(min_workers=1, max_workers=16, confirmations=1, scale_up_cooldown_s=0,
@@ -229,7 +229,7 @@ def test_state_round_trip_keeps_the_memory() -> None:
     restored = Autoscaler.from_state(scaler.config, scaler.to_state())
     assert restored.to_state() == scaler.to_state()
     restored.resuming = False  # past the settling a restart holds (below)
-    scaler.not_deciding(20.0)  # a restart integrates nothing over the time down, as after a tick not decided in
+    scaler.skip_integration()  # a restart integrates nothing over the time down
     assert restored.decide(inputs(queued=0), 20.0) == scaler.decide(inputs(queued=0), 20.0)
 
 
@@ -545,3 +545,24 @@ def test_back_from_an_operators_count_with_the_trainer_waiting_the_pool_is_sized
     fresh = Autoscaler(slow)  # the start-up: its own sizing step, not this one
     fresh.not_deciding(0.0)
     assert not fresh.returning
+
+
+def test_a_cooldown_delays_the_resize_back_from_an_operators_count_and_does_not_cancel_it() -> None:
+    slow = dataclasses.replace(FAST, confirmations=3, scale_up_cooldown_s=60, max_step_up=1)
+    scaler = Autoscaler(slow)
+    scaler.decide(inputs(queued=64, active=4), 0.0)
+    scaler.last_up_s = 90.0  # its own scale-up shortly before the operator's `scale J 1`
+    starved = inputs(queued=0, active=1, rate=11.0, consumption=11.0, trainer_demand_seqs_per_s=96.0,
+                     trainer_waiting=True)
+    for t in (100.0, 110.0):
+        scaler.not_deciding(t)
+    assert "cooldown" in scaler.decide(starved, 120.0).reason
+    back = scaler.decide(starved, 150.0)
+    assert (back.action, back.target_workers) == ("scale_up", 9), back.reason
+
+
+def test_a_suspended_job_is_not_integrated_over() -> None:
+    state = ControlState(autoscaler=Autoscaler(dataclasses.replace(FAST, ki=0.05)), cordons=CordonBook())
+    state.autoscaler.decide(inputs(queued=0), 0.0)
+    tick(Observation(steps=None, paused_s=60.0), state, TickConfig(reconcile=ReconcileConfig()), (), 70.0)
+    assert state.autoscaler.last_now_s is None
