@@ -128,7 +128,7 @@ def reconcile(
     ran (none runs, no step is listed): relaunched at once, not counted. ``why_fewer``: what a
     scale-down's drains say instead of "scale-down to N". ``stopped_jobs``: burst jobs Slurm lists
     suspended; their workers' steps are stopped (and not listed: only running jobs' are): they
-    end, not counted against their GPUs, and their steps are cancelled."""
+    end, not counted against their GPUs."""
     plan = Plan(next_number=next_number)
     if observed is None:
         return plan
@@ -214,10 +214,9 @@ def _handle_vanished(workers: dict[str, Worker], by_id: dict[str, ObservedStep],
             continue
         unlisted_launch = worker.state is S.STARTING and not worker.step_id
         if worker.job_id in stopped_jobs and worker.step_id:  # only running burst jobs' steps are listed
-            reason = f"its burst job {worker.job_id} is suspended (its step stopped); not counted against its GPU"
-            transition(worker, S.INACTIVE, now_s, reason)
-            # cancelled: resumed, it would submit what its admissions, released now, no longer cover
-            plan.actions.append(Cancel(worker.worker_id, worker.step_id, reason, worker.job_id))
+            # not cancelled: Slurm 22.05's scancel of a suspended job's step blocks until the job resumes
+            transition(worker, S.INACTIVE, now_s, f"its burst job {worker.job_id} is suspended (its step "
+                       "stopped); not counted against its GPU")
         elif unlisted_launch and worker.worker_id in never_ran:
             _relaunch_uncounted(worker, LAUNCH_NEVER_RAN, now_s, plan)
         elif unlisted_launch and now_s - worker.launched_at_s < cfg.start_timeout_s:
