@@ -150,7 +150,7 @@ def slurm_says(doc: dict[str, Any]) -> str:
     reason = printable(str(doc.get("job_reason") or ""))
     how = f"exit {code}" if code is not None else f"reason: {reason}" if reason else ""
     if code == EXIT_CONFIG:
-        how += ": the controller refused the job's configuration"
+        how += ": the job's configuration was refused (by the controller, or the batch script could not read it)"
     if output and code:
         how += f"; its output says why: {output}"
     elif output:

@@ -315,8 +315,9 @@ def test_status_of_a_job_whose_configuration_was_refused_points_at_its_output(
     """Before, it said only that the job had FAILED (an operator's probe of a misspelt key)."""
     monkeypatch.setattr(jobs, "SlurmCli", SlurmSays("FAILED", exit_code=78, output="/tmp/elastic-rl-7.out"))
     code, out = cli("status", str(JOB))
-    assert code == 3 and (f"job {JOB} is FAILED in Slurm (exit 78: the controller refused the job's configuration; "
-                          "its output says why: /tmp/elastic-rl-7.out): no controller runs for it") in out, out
+    assert code == 3 and (f"job {JOB} is FAILED in Slurm (exit 78: the job's configuration was refused (by the "
+                          "controller, or the batch script could not read it); its output says why: "
+                          "/tmp/elastic-rl-7.out): no controller runs for it") in out, out
 
 
 def test_uncordon_logs_the_operators_reason(running: Running, state_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
