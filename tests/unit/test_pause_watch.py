@@ -60,6 +60,20 @@ def test_the_total_lost_counts_each_pause_once_whoever_takes_it_first() -> None:
     watch.beat()
     assert watch.lost_total_s() == 32.0 and watch.take() == 10.0 and watch.lost_total_s() == 32.0
 
+def test_a_late_wake_up_the_process_spent_computing_is_no_pause() -> None:
+    """A long garbage collection or a tick holding the interpreter's lock holds the thread back, but the
+    process ran (its CPU time moved on by about the lateness) and its workers were not stopped."""
+    clock, cpu = Clock(), Clock()
+    watch = PauseWatch(interval_s=0.5, threshold_s=3.0, clock=clock, cpu_clock=cpu)
+    clock.now_s += 8.5
+    cpu.now_s += 7.9  # computing all along
+    assert watch.take() == 0.0 and watch.lost_total_s() == 0.0
+    clock.now_s += 10.5
+    cpu.now_s += 0.01  # stopped
+    watch.beat()
+    assert watch.take() == 10.0
+
+
 _CHILD = """
 import sys, time
 from slurm_elastic.controller.pause_watch import PauseWatch
@@ -87,3 +101,24 @@ def test_a_process_stopped_with_sigstop_knows_how_long() -> None:
         child.kill()
         child.wait()
     assert 3.5 <= lost_s <= 5.5
+
+
+_HOLDER = """
+import sys, time
+from slurm_elastic.controller.pause_watch import PauseWatch
+watch = PauseWatch()
+watch.start()
+sys.setswitchinterval(30.0)  # the watch's thread gets the interpreter's lock back only after the loop
+end_s = time.monotonic() + 5.0
+while time.monotonic() < end_s:
+    pass
+sys.setswitchinterval(0.005)
+time.sleep(1.0)
+print(watch.take(), flush=True)
+watch.stop()
+"""
+
+
+def test_a_process_that_holds_its_own_thread_back_is_not_paused() -> None:
+    done = subprocess.run([sys.executable, "-c", _HOLDER], capture_output=True, text=True, timeout=60, check=True)
+    assert float(done.stdout) == 0.0
