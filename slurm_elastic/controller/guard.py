@@ -2,7 +2,11 @@
 ``Authorization`` header (400 with more than one: which of them counts is not the client's to
 choose), the job's token (401 without one, 403 with a wrong one), a path of printable characters
 (404 otherwise: Starlette's routes, ending in ``$``, would take ``/admin/scale`` followed by a
-newline) with no encoded ``/`` (404: the server decodes ``/admin%2Fpause`` to ``/admin/pause``), then the body's size (413 over the route's cap, from ``Content-Length`` before a byte
+newline) with no encoded ``/`` (404: the server decodes ``/admin%2Fpause`` to ``/admin/pause``), no body
+on a request that asks to switch protocols (400: ``Connection: Upgrade`` with ``Upgrade: h2c``,
+as ``curl --http2`` sends; the HTTP parser stops at such a head and the body never reaches the
+route, which would answer as if none was sent; without a body the request is answered as plain
+HTTP/1.1), then the body's size (413 over the route's cap, from ``Content-Length`` before a byte
 is read, or counted as a chunked body streams in), then the body's time: it must arrive whole
 within ``body_timeout_s`` of its head (408 otherwise), so a client that trickles a body, or
 declares more than it sends, holds its connection that long at most.
@@ -63,6 +67,7 @@ class RequestGuard:
         authorization = content_length = b""
         chunked = False
         authorizations = 0
+        upgrade = connection_upgrade = False
         for name, value in scope["headers"]:
             if name == b"authorization":
                 authorization = value
@@ -71,6 +76,11 @@ class RequestGuard:
                 content_length = value.strip(b" \t")  # HTTP allows whitespace around a field's value
             elif name == b"transfer-encoding":
                 chunked = True
+            elif name == b"upgrade":
+                upgrade = True
+            elif name == b"connection":
+                connection_upgrade = connection_upgrade or b"upgrade" in (
+                    option.strip(b" \t").lower() for option in value.split(b","))
         if authorizations > 1:
             return refusal(400, "more than one Authorization header"), False, False
         scheme, _, token = authorization.partition(b" ")
@@ -86,10 +96,14 @@ class RequestGuard:
         limit = self.limit_bytes(scope)
         if content_length and not content_length.isdigit():
             return refusal(400, "Content-Length is not a whole number of bytes"), False, False
+        has_body = chunked or content_length.strip(b"0") != b""
+        if upgrade and connection_upgrade and has_body:
+            return refusal(400, "the request asks to switch protocols (Upgrade), which this server does not: its "
+                                "body would be lost; send it as plain HTTP/1.1 (curl: --http1.1)"), False, False
         if content_length and int(content_length) > limit:
             return self.too_big(limit), False, False
         # with a Content-Length within the cap, the server reads no more than it says
-        return None, chunked or content_length.strip(b"0") != b"", chunked
+        return None, has_body, chunked
 
     @staticmethod
     def too_big(limit: int) -> tuple[int, bytes, Headers]:

@@ -9,7 +9,10 @@ do not cover these cases: ``timeout_keep_alive`` times only the wait after a res
 first byte of the next head stops it (a connection that never sends a request, or sends its head
 a byte at a time, is never cut off), ``limit_concurrency``
 answers 503 once a head has been parsed and keeps the connection's descriptor, and
-``h11_max_incomplete_event_size`` holds only for the pure-Python h11 implementation. The token
+``h11_max_incomplete_event_size`` holds only for the pure-Python h11 implementation; and
+uvicorn's httptools implementation appends a chunked body's trailer fields to the request's
+headers, so a token or any other field sent after the body would count as sent before it: they
+are dropped (:func:`without_trailers`; RFC 9112 lets a recipient discard them). The token
 and the body's size are checked in the ASGI app, before routing
 (:class:`~slurm_elastic.controller.guard.RequestGuard`). No WebSocket implementation is loaded
 (``ws="none"``): a request asking for an upgrade is an HTTP request like any other."""
@@ -23,6 +26,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
@@ -103,6 +107,25 @@ def http_protocol_class(name: str = HTTP_IMPLEMENTATION) -> type[asyncio.Protoco
     return protocol
 
 
+def without_trailers(protocol: type[asyncio.Protocol]) -> type[asyncio.Protocol]:
+    """``protocol`` (uvicorn's httptools implementation) dropping the fields of a chunked body's
+    trailer: its parser reports them through ``on_header`` as it does the head's, and uvicorn
+    appends them to the request's headers, which the app reads only once the whole body may
+    have arrived (a token sent after the body was taken). A field the parser reports once the
+    head is complete (uvicorn has made the request's ``cycle`` from this ``scope``) is a
+    trailer's. A protocol without ``on_header`` is returned as it is."""
+    if not callable(getattr(protocol, "on_header", None)):
+        return protocol
+
+    def on_header(self: Any, name: bytes, value: bytes) -> None:
+        cycle = getattr(self, "cycle", None)
+        if cycle is not None and getattr(cycle, "scope", None) is getattr(self, "scope", None):
+            return  # the head is complete: a trailer field
+        protocol.on_header(self, name, value)  # type: ignore[attr-defined]
+
+    return type(f"{protocol.__name__}WithoutTrailers", (protocol,), {"on_header": on_header})
+
+
 class ApiServer:
     """uvicorn serving ``app`` on ``host:port`` (0 = any free port) in a daemon thread.
 
@@ -124,7 +147,7 @@ class ApiServer:
                                           min_send_rate_bytes_per_s=min_send_rate_bytes_per_s)
         app.state.connections = self.connections  # the app reports them (/metrics)
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
-                                timeout_graceful_shutdown=2, http=guarded(http_protocol_class(), self.connections),
+                                timeout_graceful_shutdown=2, http=guarded(without_trailers(http_protocol_class()), self.connections),
                                 timeout_keep_alive=KEEP_ALIVE_S, ws="none",  # an Upgrade request is plain HTTP
                                 proxy_headers=False)  # clients reach the controller directly, never via a proxy
         quiet_client_noise(logging.getLogger("uvicorn.error"))  # after uvicorn.Config set its logging up
