@@ -85,6 +85,13 @@ class ControllerNotAskedError(ControllerUnreachableError):
         super().__init__(message, not_connected=True)
 
 
+class ControllerAnswerError(ControllerUnreachableError):
+    """What answered at the controller's address is not the controller's API: an answer that is
+    not a JSON object, a redirect, one too large, or one whose body did not arrive within the
+    call's timeout. The request may have reached a controller, so a retry with the same ids is
+    safe, as after no answer (workers and the trainer read the controller's address again)."""
+
+
 class ApiError(SlurmElasticError):
     """The controller's HTTP API answered with an error status."""
 

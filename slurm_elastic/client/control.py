@@ -2,7 +2,12 @@
 
 Transport errors become :class:`ControllerUnreachableError`; a 404 becomes
 :class:`UnknownOnControllerError` (a ``KeyError``: the controller does not know that worker);
-any other error status becomes :class:`ApiError` with the controller's message.
+any other error status becomes :class:`ApiError` with the controller's message. An answer no
+controller gives (a 2xx that is not a JSON object, a redirect, a body over
+:data:`ANSWER_MAX_BYTES`, or one still arriving ``timeout_s`` after its head: a broken or foreign
+server at the controller's address) becomes :class:`ControllerAnswerError`, a
+:class:`ControllerUnreachableError`: callers that wait for a restarted controller wait through
+it, and a submit is never taken as stored on such an answer.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import httpx
 from slurm_elastic.client.answers import stored_by_an_earlier_try
 from slurm_elastic.errors import (
     ApiError,
+    ControllerAnswerError,
     ControllerUnreachableError,
     TrainerSupersededError,
     UnknownOnControllerError,
@@ -25,6 +31,9 @@ from slurm_elastic.errors import (
 __all__ = ["ControlClient", "UnknownOnControllerError"]
 
 log = logging.getLogger(__name__)
+ANSWER_MAX_BYTES = 64 << 20  # an answer of a control route: a few KiB (the status of thousands of workers: a few MiB)
+BATCH_MAX_BYTES = 4 << 30  # a batch: batch_size groups, each up to the queue's max_group_bytes
+ANSWER_MIN_BYTES_PER_S = 1 << 20  # past its timeout, an answer still arriving slower than this is given up
 
 
 class ControlClient:
@@ -33,6 +42,7 @@ class ControlClient:
     def __init__(self, url: str, token: str, timeout_s: float = 10.0,
                  transport: httpx.BaseTransport | None = None) -> None:
         self.url = url.rstrip("/")
+        self.timeout_s = timeout_s
         self._http = httpx.Client(base_url=self.url, timeout=timeout_s, transport=transport,
                                   headers={"Authorization": f"Bearer {token}"})
 
@@ -45,25 +55,62 @@ class ControlClient:
     def __exit__(self, *_exc: object) -> None:
         self.close()
 
-    def _call(self, method: str, path: str, body: dict[str, Any] | None = None,
-              timeout_s: float | None = None) -> dict[str, Any]:
+    def _send(self, method: str, path: str, timeout_s: float | None = None, max_bytes: int | None = None,
+              **kwargs: Any) -> httpx.Response:
+        """The answer, read whole: at most ``max_bytes`` of body, arriving within ``timeout_s``
+        (default: the client's) of its head plus a second for each ANSWER_MIN_BYTES_PER_S of it,
+        else :class:`ControllerAnswerError` (a server that drips its answer a byte at a time,
+        each within the read timeout, is not waited on for ever); httpx's errors as
+        :class:`ControllerUnreachableError`."""
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        max_bytes = ANSWER_MAX_BYTES if max_bytes is None else max_bytes
         try:
-            if timeout_s is None:
-                response = self._http.request(method, path, json=body)
-            else:
-                response = self._http.request(method, path, json=body, timeout=timeout_s)
+            with self._http.stream(method, path, timeout=timeout_s, **kwargs) as response:
+                started_s, chunks, size = time.monotonic(), [], 0
+                for chunk in response.iter_bytes():
+                    size += len(chunk)
+                    chunks.append(chunk)
+                    if size > max_bytes:
+                        raise ControllerAnswerError(f"the server at {self.url} answered {method} {path} with more "
+                                                    f"than {max_bytes} bytes: not the controller's answer")
+                    if time.monotonic() - started_s > timeout_s + size / ANSWER_MIN_BYTES_PER_S:
+                        raise ControllerAnswerError(f"the server at {self.url} was still sending its answer to "
+                                                    f"{method} {path} {time.monotonic() - started_s:.0f} s after it "
+                                                    f"began ({size} bytes so far)")
         except httpx.TransportError as exc:
             sent = method != "GET" and not isinstance(exc, httpx.ConnectError)
             raise ControllerUnreachableError(
                 f"controller at {self.url} did not answer: {exc}" + (
                     " (the request may have reached it, and it may still carry it out: `slurm-elastic status` "
                     "says)" if sent else ""), not_connected=isinstance(exc, httpx.ConnectError)) from None
+        if 300 <= response.status_code < 400:
+            raise ControllerAnswerError(f"the server at {self.url} answered {method} {path} with "
+                                        f"{response.status_code} (to {response.headers.get('location', 'nowhere')!r}): "
+                                        "the controller never redirects")
+        headers = [(k, v) for k, v in response.headers.multi_items() if k not in ("content-encoding", "content-length")]
+        return httpx.Response(response.status_code, headers=headers, content=b"".join(chunks),
+                              request=response.request)
+
+    def _json(self, response: httpx.Response) -> dict[str, Any]:
+        """The JSON object a 2xx answer holds; :class:`ControllerAnswerError` if it holds anything else."""
+        try:
+            result = response.json()
+        except ValueError:
+            result = None
+        if not isinstance(result, dict):
+            raise ControllerAnswerError(
+                f"the server at {self.url} answered {response.request.method} {response.request.url.path} with "
+                f"{response.status_code} and not a JSON object: {response.text[:200]!r}")
+        return result
+
+    def _call(self, method: str, path: str, body: dict[str, Any] | None = None,
+              timeout_s: float | None = None) -> dict[str, Any]:
+        response = self._send(method, path, timeout_s, json=body)
         if response.status_code == 404:
             raise UnknownOnControllerError(_detail(response))
         if response.status_code >= 400:
             raise _api_error(response)
-        result = response.json()
-        return result if isinstance(result, dict) else {"result": result}
+        return self._json(response)
 
     # workers
     def register(self, worker_id: str, info: dict[str, Any]) -> dict[str, Any]:
@@ -107,15 +154,16 @@ class ControlClient:
         maybe_stored = False  # a try failed after it may have reached the controller
         while True:
             try:
-                response = self._http.post("/rollouts", content=body, headers={"content-type": "application/json"})
-            except httpx.TransportError as exc:
-                maybe_stored = maybe_stored or not isinstance(exc, httpx.ConnectError)
+                response = self._send("POST", "/rollouts", content=body, headers={"content-type": "application/json"})
+                code = response.status_code
+                result = self._json(response) if code < 400 else {}
+            except ControllerUnreachableError as exc:  # no answer, or not the controller's
+                maybe_stored = maybe_stored or not exc.not_connected
                 if time.monotonic() > deadline:
-                    raise ControllerUnreachableError(f"controller at {self.url} did not answer: {exc}") from None
+                    raise
                 pause(delay_s)
                 delay_s = min(10.0, delay_s * 2)
                 continue
-            code = response.status_code
             maybe_stored = maybe_stored or code >= 500
             if (code == 429 or code >= 500) and time.monotonic() < deadline:
                 if code >= 500:
@@ -125,7 +173,6 @@ class ControlClient:
                 continue
             if code >= 400:
                 raise ApiError(code, _detail(response))
-            result: dict[str, Any] = response.json()
             return stored_by_an_earlier_try(result) if maybe_stored else result
 
     def admit(self, sequences: int, worker_id: str, admission_id: str | None = None,
@@ -160,16 +207,12 @@ class ControlClient:
         params: dict[str, Any] = {"pull_id": pull_id} if pull_id is not None else {}
         if session is not None:
             params["trainer_session"] = session
-        try:
-            response = self._http.post("/trainer/batch", params=params or None)
-        except httpx.TransportError as exc:
-            raise ControllerUnreachableError(f"controller at {self.url} did not answer: {exc}") from None
+        response = self._send("POST", "/trainer/batch", max_bytes=BATCH_MAX_BYTES, params=params or None)
         if response.status_code == 204:
             return None
         if response.status_code >= 400:
             raise _api_error(response)
-        result: dict[str, Any] = response.json()
-        return result
+        return self._json(response)
 
     def ack_batch(self, batch_id: str, session: int | None = None) -> dict[str, Any]:
         return self._call("POST", f"/trainer/batch/{batch_id}" + _with_session("/ack", session))
