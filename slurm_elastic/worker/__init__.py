@@ -161,6 +161,8 @@ class RolloutWorker:
         while the controller answers a server error (5xx: its store failed) and while it restarts;
         the group id makes a resend safe. Never drops a group the controller could store; a group
         the controller refuses as invalid (4xx) raises :class:`~slurm_elastic.errors.ApiError`.
+        A 401 or 403 (the job's token refused: another job's controller on the old port) is no
+        refusal of the group: the controller's address is read again and the group sent there.
         A group no trainer step can use is not stored and answered with ``accepted`` false and
         a ``reason`` (logged, not raised: the loop goes on): ``"stale"`` (older than the staleness
         bound allows at the trainer's version) or ``"policy_version_ahead"`` (past the trainer's
@@ -171,6 +173,7 @@ class RolloutWorker:
         and torch values (a ``score`` of ``np.float32``, ``tokens`` as an array) go as plain ones."""
         body = group_json(pack_group({"worker_id": self.ctx.worker_id, **group}))
         maybe_stored = False  # a try that failed may have stored the group: its resend reads "accepted" false
+        token_refused_logged_s = -math.inf
 
         def attempt() -> dict[str, Any]:
             nonlocal maybe_stored
@@ -188,6 +191,14 @@ class RolloutWorker:
                 if exc.status_code == 409:  # policy_version past the trainer's: not stored
                     log.warning("rollout group %s not stored: %s", group.get("id"), exc.detail)
                     return {"accepted": False, "reason": "policy_version_ahead", "detail": exc.detail}
+                if exc.status_code in (401, 403):  # not this job's controller: another on its old port
+                    if time.monotonic() - token_refused_logged_s >= UNREACHABLE_LOG_S:
+                        token_refused_logged_s = time.monotonic()
+                        log.warning("rollout group %s: %s; the controller's address is read again and the group "
+                                    "sent there", group.get("id"), exc)
+                    if not self.control.refresh(force=True):
+                        time.sleep(1.0)
+                    continue
                 if exc.status_code != 429 and exc.status_code < 500:
                     raise  # refused (4xx): resending the same group cannot help
                 continue

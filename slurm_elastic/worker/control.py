@@ -2,7 +2,9 @@
 
 If the controller does not answer, the URL is re-read from ``controller.json`` in the job's
 state directory (a restarted controller may listen elsewhere; :mod:`slurm_elastic.client.follow`)
-and the call is tried once more.
+and the call is tried once more. So it is, when the file changed since its last read, after an
+error answer (another job's controller, or any other server, on the old port answers 403 or 404
+for ever; a ``stat`` alone while the file is unchanged).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from slurm_elastic.client.follow import FollowedClient
-from slurm_elastic.errors import ControllerUnreachableError
+from slurm_elastic.errors import ApiError, ControllerUnreachableError
 
 
 class WorkerCalls(Protocol):
@@ -48,8 +50,11 @@ class FollowingControl(FollowedClient[C]):
         except ControllerUnreachableError:
             if not self.refresh(force=True) and self.client is client:  # nor did another thread follow it
                 raise
-            retried: dict[str, Any] = getattr(self.client, method)(self.worker_id, payload)
-            return retried
+        except ApiError:  # the controller's refusal, or another server's on its old port
+            if not self.refresh() and self.client is client:
+                raise
+        retried: dict[str, Any] = getattr(self.client, method)(self.worker_id, payload)
+        return retried
 
     def register(self, info: dict[str, Any]) -> dict[str, Any]:
         return self._call("register", info)

@@ -18,7 +18,7 @@ import pytest
 from slurm_elastic.client import control
 from slurm_elastic.client.control import ControlClient
 from slurm_elastic.controller.files import publish
-from slurm_elastic.errors import ControllerAnswerError, ControllerUnreachableError
+from slurm_elastic.errors import ApiError, ControllerAnswerError, ControllerUnreachableError
 from slurm_elastic.router import Router
 from slurm_elastic.trainer import Trainer
 from slurm_elastic.worker import RolloutWorker
@@ -65,6 +65,8 @@ class Hostile(BaseHTTPRequestHandler):
         code, body, extra = {
             "html": (200, b"<html><body>It works!</body></html>", {"content-type": "text/html"}),
             "list": (200, b'["accepted"]', {"content-type": "application/json"}),
+            "forbidden": (403, b'{"detail": "wrong token for this job"}', {"content-type": "application/json"}),
+            "not-found": (404, b'{"detail": "Not Found"}', {"content-type": "application/json"}),
             "redirect": (307, b'{"accepted": true}', {"location": "http://192.0.2.1/rollouts",
                                                        "content-type": "application/json"}),
         }[mode]
@@ -120,10 +122,13 @@ def serve(state_dir: Path) -> ServedController:
     return ServedController(state_dir, TOKEN, {"autoscaler": {"min_workers": 0}}, batch_size=1)
 
 
+@pytest.mark.parametrize("mode", ["html", "forbidden"])
 def test_a_worker_keeps_its_group_until_controller_json_names_the_controller(
-        hostile: ThreadingHTTPServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The worker's address answers with a web page; the group goes to the controller once
-    ``controller.json`` names it. Before, the submit raised a JSONDecodeError: the group was lost."""
+        hostile: ThreadingHTTPServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    """The worker's address answers with a web page, or as another job's controller does (403);
+    the group goes to the controller once ``controller.json`` names it. Before, the submit raised
+    a JSONDecodeError, or an ApiError (403) as for an invalid group: the group was lost."""
+    hostile.mode = mode  # type: ignore[attr-defined]
     monkeypatch.setenv("SLURM_ELASTIC_WORKER_ID", "0001")
     monkeypatch.setenv("SLURM_ELASTIC_CONTROLLER_URL", url(hostile))
     monkeypatch.setenv("SLURM_ELASTIC_TOKEN", TOKEN)
@@ -174,3 +179,28 @@ def test_a_routers_load_reports_live_through_a_garbled_answer(hostile: Threading
         assert router._threads[1].is_alive()
     finally:
         router.close()
+
+
+@pytest.mark.parametrize("mode", ["forbidden", "not-found"])
+def test_heartbeats_follow_controller_json_past_a_server_that_refuses_them(
+        hostile: ThreadingHTTPServer, tmp_path: Path, mode: str) -> None:
+    """Another server on the controller's old port answers 403 (another job's controller) or 404
+    for ever: once ``controller.json`` names the controller, the next heartbeat goes there. Before,
+    only a call with no answer read the file again: the worker heart-beat into the other server."""
+    from slurm_elastic.client.step_calls import StepControlClient
+    from slurm_elastic.worker.control import FollowingControl
+
+    hostile.mode = mode  # type: ignore[attr-defined]
+    served = serve(tmp_path).launched("0001")
+    try:
+        publish(tmp_path, url(hostile), 1)
+        line = FollowingControl("0001", url(hostile), TOKEN, tmp_path, connect=StepControlClient)
+        with pytest.raises(KeyError if mode == "not-found" else ApiError):
+            line.register({"node": "node1", "gpus": [0]})
+        publish(tmp_path, served.url, 1)  # the restarted controller says where it is
+        assert line.register({"node": "node1", "gpus": [0]})
+        assert line.client.url == served.url
+        assert isinstance(line.heartbeat({"rollouts": 1}), dict)
+        line.close()
+    finally:
+        served.close()
