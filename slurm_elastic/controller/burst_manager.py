@@ -27,6 +27,7 @@ from slurm_elastic.core.burst import (
     decide_burst,
     is_released_comment,
     on_hold,
+    processes_may_run,
     run_outcomes,
 )
 from slurm_elastic.errors import SlurmError
@@ -146,6 +147,12 @@ class BurstManager:
     def suspended(self) -> frozenset[int]:
         """Jobs listed SUSPENDED at the last listing: their workers' steps are stopped."""
         return frozenset(j.job_id for j in self.listed if j.state == "SUSPENDED")
+
+    @property
+    def alive(self) -> frozenset[int] | None:
+        """Jobs whose processes may still run or stand stopped (running, suspended, completing) at
+        this tick's listing; None when it failed (a job missing from the last view may still run)."""
+        return frozenset(j.job_id for j in self.listed if processes_may_run(j.state)) if self.listed_now else None
 
     @property
     def releasing(self) -> frozenset[int]:

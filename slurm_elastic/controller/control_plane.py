@@ -13,8 +13,8 @@ from slurm_elastic.controller.weights import latest_weights
 from slurm_elastic.core.health import AgentReport
 from slurm_elastic.core.lifecycle import Worker, WorkerState, begin_drain, drained_by_signal_reason
 from slurm_elastic.core.liveness import drain_not_live
-from slurm_elastic.core.reconcile import note_busy_s
 from slurm_elastic.core.registration import admit, registration_refusal
+from slurm_elastic.core.speed import note_busy_s
 
 log = logging.getLogger(__name__)
 S = WorkerState
@@ -108,7 +108,7 @@ class ControlPlane(ControllerBase):
         """Liveness (and busy/rollout counts) from a worker; answers whether it should drain."""
         with self.lock:
             worker = self.state.workers.get(worker_id)
-            if worker is None or not worker.has_step:
+            if worker is None or not worker.keeps_step:  # SUSPENDED: its job resumed before a tick saw it
                 raise UnknownWorkerError(f"worker {worker_id}: no live worker of that id in job {self.job_id} "
                                          f"(`slurm-elastic status {self.job_id}` lists them)")
             if info.get("rank"):

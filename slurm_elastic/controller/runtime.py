@@ -24,10 +24,10 @@ from slurm_elastic.controller.pause_watch import PauseWatch
 from slurm_elastic.controller.step_specs import foreign_gpus_by_node
 from slurm_elastic.controller.views import StatusViews
 from slurm_elastic.core.cordons import CordonChange, CordonSource
-from slurm_elastic.core.lifecycle import WorkerState, commands_ended
+from slurm_elastic.core.lifecycle import WorkerState, commands_ended, commands_stopped
 from slurm_elastic.core.naming import AGENT_PREFIX, worker_id_of_step, worker_step_name
 from slurm_elastic.core.placement import Allocation
-from slurm_elastic.core.reconcile import EXITED_CLEANLY, Crashed, Launch, ObservedStep
+from slurm_elastic.core.reconcile import EXITED_CLEANLY, Crashed, Launch, ObservedStep, Resumed
 from slurm_elastic.core.scaling import PressureInputs
 from slurm_elastic.core.tick import Observation, TickResult, autoscaler_inputs, autoscales, tick
 from slurm_elastic.errors import SlurmElasticError
@@ -126,6 +126,7 @@ class Controller(OperatorCommands, StatusViews, AllocationChecks):
                 job: foreign_gpus_by_node([st for st in steps if st.job_id == job]) for job in jobs},
             releasing_jobs=releasing,
             stopped_jobs=self.burst.suspended if self.burst is not None else frozenset(),
+            alive_jobs=self.burst.alive if self.burst is not None else None,
             burst_slots_possible=possible,
             queue=snapshot,
             busy_worker_s=self.busy_worker_s(now_s) if snapshot else None,
@@ -205,6 +206,9 @@ class Controller(OperatorCommands, StatusViews, AllocationChecks):
                     log.warning("worker %s %s%s: %s", event.worker_id,
                                 "crashed" if event.counted else "ended (not counted against its GPU)", where,
                                 event.reason)
+                elif isinstance(event, Resumed):
+                    log.warning("worker %s: its burst job %d runs again after %.0f s suspended; it goes on with "
+                                "its step and its admissions", event.worker_id, event.job_id, event.stopped_s)
                 elif isinstance(event, CordonChange):
                     log.warning("cordoned %s:%d: %s", event.node, event.gpu, event.reason)
                 elif event.for_status:
@@ -235,13 +239,15 @@ class Controller(OperatorCommands, StatusViews, AllocationChecks):
 
     def _release_leases(self, result: TickResult) -> None:
         """Release the queue's admissions held under ids whose command ended or is relaunched
-        now (before the launch: a new step starts with none)."""
+        now (before the launch: a new step starts with none); hold those of commands that stand
+        stopped with their suspended burst job, or go on after it (they submit under them)."""
         if self.queue is None:
             return
         launched = {a.worker_id for a in result.actions if isinstance(a, Launch)}
         released = self.queue.release_leases(commands_ended(self.state.workers.values(), launched))
         if released:
             log.info("released %d admitted sequences held under worker ids whose command ended", released)
+        self.queue.hold_leases(commands_stopped(self.state.workers.values()))
 
     def burst_inputs(self, result: TickResult, running_burst: dict[int, dict[str, tuple[int, ...]]],
                      now_s: float) -> dict[str, Any]:

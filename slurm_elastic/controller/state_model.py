@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -22,6 +22,7 @@ from pydantic import (
     StrictStr,
     TypeAdapter,
     ValidationError,
+    model_validator,
 )
 
 from slurm_elastic.core.cordons import CordonBook
@@ -72,7 +73,15 @@ class WorkerRecord(_Model):
     drained_by_its_step: StrictBool = False
     liveness_failures: Count = 0
     weights_version: Count | None = None
+    suspended_from: Literal["", "STARTING", "ACTIVE", "DRAINING"] = ""
+    suspended_at_s: StrictFloat = 0.0
     history: list[tuple[StrictFloat, StrictStr, StrictStr, StrictStr]] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _suspended_knows_where_back(self) -> WorkerRecord:
+        if self.state is WorkerState.SUSPENDED and not self.suspended_from:
+            raise ValueError("a SUSPENDED worker needs suspended_from, the state it goes back to")
+        return self
 
     def to_worker(self) -> Worker:
         data = self.model_dump()

@@ -9,7 +9,7 @@ from typing import Any
 
 from slurm_elastic.controller.base import ERROR_LIMIT, ControllerBase
 from slurm_elastic.core.lifecycle import Worker, WorkerState
-from slurm_elastic.core.reconcile import seconds_per_rollout, slow_workers
+from slurm_elastic.core.speed import seconds_per_rollout, slow_workers
 
 S = WorkerState
 ENDED_SHOWN = 5  # the workers that ended last, in status
@@ -73,7 +73,7 @@ class StatusViews(ControllerBase):
             return {}
         live: dict[int, int] = {}
         for worker in self.state.workers.values():
-            if worker.state in (S.STARTING, S.ACTIVE, S.DRAINING):
+            if worker.keeps_step:  # a suspended job's stopped workers too
                 live[worker.job_id] = live.get(worker.job_id, 0) + 1
         c = self.burst.counters
         return {"burst_jobs": self.burst.status_rows(live),

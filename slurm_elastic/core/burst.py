@@ -14,7 +14,8 @@ and which to release (drain their workers, then cancel the job). The rules:
   lost (:func:`run_outcomes`); a completing job (ended, or about to be requeued: a later listing
   tells) counts towards ``max_jobs``, nothing is submitted for its slots while it completes (up to
   ``COMPLETING_WAIT_S``, and not once this controller gave it back: :func:`as_judged`), and it is
-  neither cancelled nor released; a suspended job's run is lost, and it waits as a job on hold;
+  neither cancelled nor released; a suspended job's run is not over (its workers' steps stand
+  stopped): it waits as a job on hold, and is lost only if it ends without being given back;
 - on scale-down, pending jobs are cancelled first (latest expected start first), then whole
   running jobs are released, the emptiest first; a released job is cancelled once its workers are
   gone, and one whose workers are all gone already is cancelled at once (its GPUs go back).
@@ -31,6 +32,7 @@ BurstPhase = Literal["PENDING", "RUNNING", "ENDED"]
 
 _PENDING_STATES = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SUSPENDED"})
 _RUNNING_STATES = frozenset({"RUNNING"})
+_ALIVE_STATES = frozenset({"RUNNING", "SUSPENDED", "STOPPED", "COMPLETING", "SIGNALING", "STAGE_OUT", "RESIZING"})
 _HOLD_REASONS = frozenset({"JobHeldUser", "JobHeldAdmin", "job requeued in held state"})  # squeue's %r
 COMPLETING_WAIT_S = 300.0  # a job listed COMPLETING longer than this is taken as ended (a node stuck completing)
 BURST_NAME_PREFIX = "elastic-burst-"
@@ -74,10 +76,15 @@ def burst_phase(slurm_state: str) -> BurstPhase:
     return "ENDED"
 
 
+def processes_may_run(slurm_state: str) -> bool:
+    """Whether a job's processes may still run, or stand stopped: running, suspended, completing."""
+    return slurm_state in _ALIVE_STATES
+
+
 def on_hold(slurm_state: str, reason: str) -> bool:
     """Whether a job waits on someone, not on the cluster: a hold (a user's or an admin's, or a
     requeue's), released by someone, or a suspension (``scontrol suspend``, a preemption by
-    suspension), resumed by someone; its workers' steps are stopped, so the controller counts them lost."""
+    suspension), resumed by someone; its workers' steps stand stopped until then."""
     return slurm_state in ("REQUEUE_HOLD", "SUSPENDED") or (
         burst_phase(slurm_state) == "PENDING" and reason in _HOLD_REASONS)
 
@@ -107,7 +114,7 @@ class BurstJob:
     expected_start_s: float | None = None  # Slurm's estimate for a pending job, if it has one
     on_hold: bool = False  # pending on a hold (:func:`on_hold`): asked for, but not coming by itself
     completing: bool = False  # listed COMPLETING: its run is over; it ends, or Slurm requeues it
-    suspended: bool = False  # listed SUSPENDED: its run stopped, its workers lost; on hold until resumed
+    suspended: bool = False  # listed SUSPENDED: its run stopped, not over; on hold until resumed
 
 
 @dataclass(frozen=True)
@@ -223,13 +230,13 @@ class RunOutcomes:
 def run_outcomes(was_running: Iterable[int], current: Iterable[BurstJob], given_back: frozenset[int]) -> RunOutcomes:
     """Sort the runs of ``was_running`` by this listing. A job pending again is a requeue
     (``scontrol requeue``/``requeuehold``, a preemption with ``PreemptMode=REQUEUE``): not lost,
-    it comes back as a new run. A completing one is told apart at a later listing. One that ended
-    otherwise, was suspended (its workers' steps stopped), or that Slurm lists no more, is lost
-    unless it is in ``given_back``."""
+    it comes back as a new run. A completing one is told apart at a later listing, and a suspended
+    one is not over (resumed, its run goes on). One that ended otherwise, or that Slurm lists no
+    more, is lost unless it is in ``given_back``."""
     by_id = {j.job_id: j for j in current}
     before = set(was_running)
     running = frozenset(j.job_id for j in by_id.values()
-                        if j.phase == "RUNNING" or (j.completing and j.job_id in before))
+                        if j.phase == "RUNNING" or ((j.completing or j.suspended) and j.job_id in before))
     lost: list[int] = []
     requeued: list[int] = []
     for job_id in sorted(before - running):

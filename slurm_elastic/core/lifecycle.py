@@ -1,6 +1,7 @@
 """A worker's life as one table of allowed state changes, with a timestamped history.
 
-    STARTING -> ACTIVE -> DRAINING -> INACTIVE, plus FAILED and BACKOFF (crash-loop backoff).
+    STARTING -> ACTIVE -> DRAINING -> INACTIVE, plus FAILED and BACKOFF (crash-loop backoff), and
+    SUSPENDED (its burst job is suspended: its step is stopped, not ended) back to where it was.
 
 Anything not in :data:`TRANSITIONS` is refused with :class:`TransitionError`.
 """
@@ -22,17 +23,20 @@ class WorkerState(str, enum.Enum):
     INACTIVE = "INACTIVE"  # step ended after a drain (or a clean exit): terminal
     FAILED = "FAILED"  # step ended unexpectedly or stopped heart-beating
     BACKOFF = "BACKOFF"  # waiting out crash-loop backoff before a relaunch
+    SUSPENDED = "SUSPENDED"  # its burst job is suspended: its step stopped, its admissions kept; never counted
 
 
 S = WorkerState
 TRANSITIONS: dict[WorkerState, frozenset[WorkerState]] = {
-    S.STARTING: frozenset({S.ACTIVE, S.DRAINING, S.FAILED, S.INACTIVE}),
-    S.ACTIVE: frozenset({S.DRAINING, S.FAILED, S.INACTIVE}),
-    S.DRAINING: frozenset({S.INACTIVE, S.FAILED}),
+    S.STARTING: frozenset({S.ACTIVE, S.DRAINING, S.FAILED, S.INACTIVE, S.SUSPENDED}),
+    S.ACTIVE: frozenset({S.DRAINING, S.FAILED, S.INACTIVE, S.SUSPENDED}),
+    S.DRAINING: frozenset({S.INACTIVE, S.FAILED, S.SUSPENDED}),
     S.FAILED: frozenset({S.BACKOFF, S.INACTIVE}),
     S.BACKOFF: frozenset({S.STARTING, S.INACTIVE}),
+    S.SUSPENDED: frozenset({S.STARTING, S.ACTIVE, S.DRAINING, S.INACTIVE}),  # back as it was, or its job ended
     S.INACTIVE: frozenset(),
 }
+_THROUGH = {S.DRAINING: "begin_drain", S.SUSPENDED: "suspend"}  # states entered only through these
 HISTORY_LIMIT = 50
 
 
@@ -70,6 +74,8 @@ class Worker:
     drained_by_its_step: bool = False  # the drain signal reached its step from outside (an operator, Slurm)
     liveness_failures: int = 0  # servers: failed liveness probes in a row, as the wrapper reports them
     weights_version: int | None = None  # servers: the published weights version it runs (None: its own)
+    suspended_from: str = ""  # SUSPENDED: the state it comes back to when its job runs again
+    suspended_at_s: float = 0.0  # SUSPENDED: since when
     history: list[tuple[float, str, str, str]] = field(default_factory=list)
 
     @property
@@ -86,7 +92,14 @@ class Worker:
 
     @property
     def has_step(self) -> bool:
+        """Its step runs (a SUSPENDED worker's is stopped: it holds no slot of a running job)."""
         return self.state in (S.STARTING, S.ACTIVE, S.DRAINING)
+
+    @property
+    def keeps_step(self) -> bool:
+        """Its step exists: it runs, or stands stopped with its suspended job (it may heart-beat the
+        moment the job resumes, before a tick has seen it)."""
+        return self.has_step or self.state is S.SUSPENDED
 
     @property
     def all_nodes(self) -> tuple[str, ...]:
@@ -131,9 +144,16 @@ class Worker:
 def commands_ended(workers: Iterable[Worker], launched_ids: Collection[str]) -> list[str]:
     """Ids under which no worker command runs any more: the step ended (FAILED, BACKOFF,
     INACTIVE), holds only a GPU (a placeholder), or is being replaced by a new step
-    (``launched_ids``). What the queue granted under them will never be submitted under them."""
+    (``launched_ids``). What the queue granted under them will never be submitted under them.
+    A SUSPENDED worker's command is stopped, not ended: resumed, it submits what it was granted."""
     return [w.worker_id for w in workers
             if w.state in (S.FAILED, S.BACKOFF, S.INACTIVE) or w.placeholder or w.worker_id in launched_ids]
+
+
+def commands_stopped(workers: Iterable[Worker]) -> list[str]:
+    """Ids whose command stands stopped with its suspended job: what the queue granted them stays
+    counted in flight (the staleness bound holds whether the job resumes or ends)."""
+    return [w.worker_id for w in workers if w.state is S.SUSPENDED]
 
 
 def drained_by_signal_reason(signal_name: str | None) -> str:
@@ -156,11 +176,40 @@ def begin_drain(worker: Worker, now_s: float, reason: str, *, failure_reason: st
     _enter(worker, WorkerState.DRAINING, now_s, reason)
 
 
+def suspend(worker: Worker, now_s: float, reason: str) -> None:
+    """The one way into SUSPENDED: its job (a burst job) is suspended with its step, which is
+    stopped, not ended; :func:`resume` brings it back to the state it was in."""
+    if worker.state is S.SUSPENDED:
+        return
+    from_state = worker.state
+    _enter(worker, S.SUSPENDED, now_s, reason)
+    worker.suspended_from, worker.suspended_at_s = from_state.value, now_s
+
+
+def resume(worker: Worker, now_s: float, reason: str) -> float:
+    """The one way out of SUSPENDED but to INACTIVE: back to the state it was suspended in. Its
+    heartbeat, start and drain clocks move on by the time it stood still (never past ``now_s``);
+    returns that time."""
+    stopped_s = max(0.0, now_s - worker.suspended_at_s)
+    back = WorkerState(worker.suspended_from)
+    _enter(worker, back, now_s, reason)
+    worker.last_heartbeat_s = min(now_s, worker.last_heartbeat_s + stopped_s)
+    if back is S.STARTING:
+        worker.launched_at_s = min(now_s, worker.launched_at_s + stopped_s)
+    elif back is S.DRAINING:
+        worker.drain_started_s = min(now_s, worker.drain_started_s + stopped_s)
+    worker.suspended_from, worker.suspended_at_s = "", 0.0
+    return stopped_s
+
+
 def transition(worker: Worker, to: WorkerState, now_s: float, reason: str) -> None:
     """Move ``worker`` to ``to`` if the table allows it, recording when and why (DRAINING only
-    through :func:`begin_drain`)."""
-    if to is WorkerState.DRAINING and to in TRANSITIONS[worker.state]:
-        raise TransitionError(f"worker {worker.worker_id}: DRAINING is entered through begin_drain")
+    through :func:`begin_drain`, into SUSPENDED only through :func:`suspend`, out of it only
+    through :func:`resume` or to INACTIVE)."""
+    if to in _THROUGH and to in TRANSITIONS[worker.state]:
+        raise TransitionError(f"worker {worker.worker_id}: {to.value} is entered through {_THROUGH[to]}")
+    if worker.state is S.SUSPENDED and to is not S.INACTIVE and to in TRANSITIONS[worker.state]:
+        raise TransitionError(f"worker {worker.worker_id}: SUSPENDED is left through resume")
     _enter(worker, to, now_s, reason)
 
 

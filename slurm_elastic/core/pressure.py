@@ -48,6 +48,10 @@ class QueueFeed(Protocol):
     def release_leases(self, worker_ids: list[str]) -> int:
         """The steps of ``worker_ids`` have ended: their admissions are released."""
 
+    def hold_leases(self, stopped: list[str]) -> None:
+        """The steps of ``stopped`` stand stopped now (a suspended job): their admissions stay, and
+        the admission TTL does not run for them."""
+
 
 def pressure_inputs(queue: QueueSnapshot | None, workers: Mapping[WorkerState, int], busy_worker_s: float | None,
                     allowed_slots: int, outstanding_requests: int | None = None,

@@ -6,7 +6,6 @@ runs the actions afterwards, and their errors come back as data on the next tick
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass, field
 
 from slurm_elastic.core.defaults import (
@@ -17,13 +16,19 @@ from slurm_elastic.core.defaults import (
     START_TIMEOUT_S,
     STEP_END_SETTLE_S,
 )
-from slurm_elastic.core.lifecycle import Worker, WorkerState, begin_drain, transition
+from slurm_elastic.core.lifecycle import (
+    Worker,
+    WorkerState,
+    begin_drain,
+    resume,
+    suspend,
+    transition,
+)
 from slurm_elastic.core.liveness import drain_not_live
 from slurm_elastic.core.naming import format_worker_id
+from slurm_elastic.core.speed import drain_order
 
 S = WorkerState
-SLOW_FACTOR = 1.3  # a worker whose rollouts take this much longer than the median worker's drains first
-SLOW_MIN_ROLLOUTS = 4  # ... once it has finished this many (fewer say more of the prompts than of its GPU)
 
 
 @dataclass(frozen=True)
@@ -90,6 +95,16 @@ class Crashed:
     counted: bool = True  # against its GPUs; not when someone else cancelled its step (an operator's scancel)
 
 
+@dataclass(frozen=True)
+class Resumed:
+    """An event, not an action: a SUSPENDED worker's burst job runs again, and it goes on as it
+    was (its step, its admissions); ``stopped_s``: how long it stood still."""
+
+    worker_id: str
+    job_id: int
+    stopped_s: float
+
+
 Action = Launch | Drain | Cancel
 
 
@@ -97,6 +112,7 @@ Action = Launch | Drain | Cancel
 class Plan:
     actions: list[Action] = field(default_factory=list)
     crashes: list[Crashed] = field(default_factory=list)
+    resumed: list[Resumed] = field(default_factory=list)
     next_number: int = 1
 
 
@@ -120,6 +136,7 @@ def reconcile(
     never_ran: frozenset[str] = frozenset(),
     why_fewer: str = "",
     stopped_jobs: frozenset[int] = frozenset(),
+    alive_jobs: frozenset[int] | None = None,
 ) -> Plan:
     """One tick. ``observed`` None means Slurm could not be listed: keep everything as it is.
     A scale-down drains workers in ``drain_first_jobs`` (burst jobs) before any other. ``cancelled``:
@@ -128,12 +145,15 @@ def reconcile(
     ran (none runs, no step is listed): relaunched at once, not counted. ``why_fewer``: what a
     scale-down's drains say instead of "scale-down to N". ``stopped_jobs``: burst jobs Slurm lists
     suspended; their workers' steps are stopped (and not listed: only running jobs' are): they
-    end, not counted against their GPUs."""
+    are SUSPENDED, not counted, and keep their admissions (:func:`_handle_suspended`).
+    ``alive_jobs``: the burst jobs Slurm lists with processes that may still run (running,
+    suspended, completing); None: not known (every SUSPENDED worker waits)."""
     plan = Plan(next_number=next_number)
     if observed is None:
         return plan
     by_id = {o.worker_id: o for o in observed}
     _adopt_and_refresh(workers, by_id, now_s, plan)
+    _handle_suspended(workers, by_id, now_s, plan, stopped_jobs, drain_first_jobs, alive_jobs)
     _handle_vanished(workers, by_id, cfg, now_s, plan, cancelled, never_ran, stopped_jobs)
     for worker in drain_not_live(workers.values(), cfg.liveness_failure_threshold, now_s):
         if worker.step_id:
@@ -191,6 +211,12 @@ def _adopt_and_refresh(workers: dict[str, Worker], by_id: dict[str, ObservedStep
         if worker_id.isdigit():
             plan.next_number = max(plan.next_number, int(worker_id) + 1)
         worker = workers.get(worker_id)
+        if worker is not None and worker.state is S.SUSPENDED:
+            if (worker.step_id, worker.job_id) == (step.step_id, step.job_id):
+                _resume(worker, f"its burst job {worker.job_id} runs again: its step {step.step_id} goes on",
+                        now_s, plan)
+                continue
+            transition(worker, S.INACTIVE, now_s, f"another step of its id runs ({step.job_id}.{step.step_id})")
         if worker is None or worker.state in (S.INACTIVE, S.FAILED, S.BACKOFF):
             if worker is not None and worker.step_id == step.step_id:
                 continue  # the old step of a finished record is still winding down
@@ -206,6 +232,30 @@ def _adopt_and_refresh(workers: dict[str, Worker], by_id: dict[str, ObservedStep
         worker.nodes = step.nodes or worker.nodes
 
 
+def _handle_suspended(workers: dict[str, Worker], by_id: dict[str, ObservedStep], now_s: float, plan: Plan,
+                      stopped_jobs: frozenset[int], listed_jobs: frozenset[int],
+                      alive_jobs: frozenset[int] | None) -> None:
+    """SUSPENDED workers whose step is not listed. They wait while their job is suspended, or
+    completing (its processes are being ended: a submit under their admissions may still come),
+    or running without its steps listed this tick. Its steps listed (``listed_jobs``) without
+    theirs: they are back as they were, and their step is handled as any that left the listing.
+    Their job gone from Slurm's listing (cancelled, ended, requeued): they end, and what the
+    queue granted them is released."""
+    for worker in workers.values():
+        if worker.state is not S.SUSPENDED or worker.worker_id in by_id or worker.job_id in stopped_jobs:
+            continue
+        if worker.job_id in listed_jobs:
+            _resume(worker, f"its burst job {worker.job_id} runs again", now_s, plan)
+        elif alive_jobs is not None and worker.job_id not in alive_jobs:
+            transition(worker, S.INACTIVE, now_s, f"its burst job {worker.job_id} ended while suspended; "
+                       "not counted against its GPU")
+            _forget_step(worker)
+
+
+def _resume(worker: Worker, reason: str, now_s: float, plan: Plan) -> None:
+    plan.resumed.append(Resumed(worker.worker_id, worker.job_id, resume(worker, now_s, reason)))
+
+
 def _handle_vanished(workers: dict[str, Worker], by_id: dict[str, ObservedStep], cfg: ReconcileConfig,
                      now_s: float, plan: Plan, cancelled: frozenset[str] = frozenset(),
                      never_ran: frozenset[str] = frozenset(), stopped_jobs: frozenset[int] = frozenset()) -> None:
@@ -215,8 +265,11 @@ def _handle_vanished(workers: dict[str, Worker], by_id: dict[str, ObservedStep],
         unlisted_launch = worker.state is S.STARTING and not worker.step_id
         if worker.job_id in stopped_jobs and worker.step_id:  # only running burst jobs' steps are listed
             # not cancelled: Slurm 22.05's scancel of a suspended job's step blocks until the job resumes
-            transition(worker, S.INACTIVE, now_s, f"its burst job {worker.job_id} is suspended (its step "
-                       "stopped); not counted against its GPU")
+            reason = f"its burst job {worker.job_id} is suspended (its step stopped); not counted against its GPU"
+            if not worker.placeholder:  # its admissions stay counted in flight; it goes on when the job resumes
+                suspend(worker, now_s, reason)
+                continue
+            transition(worker, S.INACTIVE, now_s, reason)  # a placeholder holds no admission: adopted anew
         elif unlisted_launch and worker.worker_id in never_ran:
             _relaunch_uncounted(worker, LAUNCH_NEVER_RAN, now_s, plan)
         elif unlisted_launch and now_s - worker.launched_at_s < cfg.start_timeout_s:
@@ -302,7 +355,7 @@ def _scale(workers: dict[str, Worker], desired: int, allowed_slots: int, exclude
     free_slots = max(0, allowed_slots - len(holding))
     if len(capacity) > desired:
         drainable = [w for w in capacity if w.state is not S.DRAINING]
-        for worker in _drain_order(drainable, drain_first_jobs, cordoned)[: len(capacity) - desired]:
+        for worker in drain_order(drainable, drain_first_jobs, cordoned)[: len(capacity) - desired]:
             if worker.state is S.BACKOFF:
                 transition(worker, S.INACTIVE, now_s, "scale-down: relaunch cancelled")
             else:
@@ -336,64 +389,3 @@ def _launch(worker: Worker, exclude_nodes: tuple[str, ...], now_s: float, reason
     worker.rollouts, worker.busy, worker.busy_s, worker.paused_busy_s = 0, False, 0.0, 0.0  # the new step's own
     worker.launches += 1
     plan.actions.append(Launch(worker.worker_id, exclude_nodes))
-
-
-def _drain_order(capacity: list[Worker], first_jobs: frozenset[int] = frozenset(),
-                 cordoned: frozenset[tuple[str, int]] = frozenset()) -> list[Worker]:
-    """Workers in ``first_jobs`` first; then least useful first: pending relaunches, not-yet-running,
-    those kept on a cordoned GPU, clearly slow ones (slowest first, :func:`slow_workers`), idle, then
-    busy; newest first within each."""
-    slow = slow_workers(capacity)
-
-    def rank(worker: Worker) -> tuple[int, int, float, tuple[int, str]]:
-        if worker.state is S.BACKOFF:
-            group = 0
-        elif worker.state is S.STARTING:
-            group = 1
-        elif worker.cordoned_gpus(cordoned):
-            group = 2
-        elif worker.worker_id in slow:
-            group = 3
-        elif not worker.busy:
-            group = 4
-        else:
-            group = 5
-        newest_id = (-int(worker.worker_id), "") if worker.worker_id.isdigit() else (0, worker.worker_id)
-        order_s = -slow[worker.worker_id] if worker.worker_id in slow else -worker.launched_at_s
-        return 0 if worker.job_id in first_jobs else 1, group, order_s, newest_id
-
-    return sorted(capacity, key=rank)
-
-
-def note_busy_s(worker: Worker, busy_s: float, running_s: float | None = None, stopped_s: float = 0.0) -> None:
-    """A heartbeat's cumulative seconds inside rollouts, as its step's SDK counts them: with a
-    monotonic clock, which runs on while the job is stopped (``scontrol suspend``). Since its last
-    heartbeat the worker ran ``running_s`` and was stopped ``stopped_s``; what its count grew by past
-    ``running_s`` (at most ``stopped_s``) is stopped time inside a rollout: kept in
-    ``paused_busy_s``, not its speed. A count lower than the last is its SDK counting from 0 again
-    (its stopped time with it)."""
-    increase_s = busy_s - worker.busy_s
-    if increase_s < 0:
-        worker.paused_busy_s, increase_s = 0.0, busy_s
-    if stopped_s > 0 and running_s is not None:
-        worker.paused_busy_s += min(stopped_s, max(0.0, increase_s - max(0.0, running_s)))
-    worker.busy_s = busy_s
-
-
-def seconds_per_rollout(worker: Worker) -> float | None:
-    """Its current step's mean seconds inside one rollout (the one in flight counts as one; time its
-    job was stopped does not), or None before it has finished ``SLOW_MIN_ROLLOUTS``."""
-    busy_s = worker.busy_s - worker.paused_busy_s
-    if worker.state is not S.ACTIVE or worker.rollouts < SLOW_MIN_ROLLOUTS or busy_s <= 0:
-        return None
-    return busy_s / (worker.rollouts + (1 if worker.busy else 0))
-
-
-def slow_workers(workers: list[Worker]) -> dict[str, float]:
-    """The workers whose mean rollout takes over ``SLOW_FACTOR`` times the median worker's (an
-    older or throttled GPU), with their seconds per rollout; needs three measured workers."""
-    measured = {w.worker_id: s for w in workers if (s := seconds_per_rollout(w)) is not None}
-    if len(measured) < 3:
-        return {}
-    median_s = statistics.median(measured.values())
-    return {worker_id: s for worker_id, s in measured.items() if s > SLOW_FACTOR * median_s}

@@ -15,9 +15,10 @@ from slurm_elastic.core.naming import worker_step_name
 
 
 def registration_refusal(worker_id: str, record: Worker | None, listed_ids: Set[str]) -> str:
-    """Why ``worker_id`` may not register ('' if it may): it needs a record with a live step, or a
-    step of that name in the latest listing of the job's steps (``listed_ids``)."""
-    if (record is not None and record.has_step) or worker_id in listed_ids:
+    """Why ``worker_id`` may not register ('' if it may): it needs a record with a live step (one
+    stopped with its suspended burst job too), or a step of that name in the latest listing of the
+    job's steps (``listed_ids``)."""
+    if (record is not None and record.keeps_step) or worker_id in listed_ids:
         return ""
     return (f"worker {worker_id} was not launched by this controller (no live record, and no step "
             f"{worker_step_name(worker_id)} in Slurm's listing)")

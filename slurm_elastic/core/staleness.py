@@ -12,16 +12,16 @@ anchors at V * batch_size too, with the buffer taken as empty). Counts are in se
 docs/queue.md ("Staleness: AReaL's rule and ours").
 
 Admissions are leases held per worker (:class:`AdmissionLeases`): a worker's submit uses its
-own lease only; a lease not used within ``ttl_s`` of its worker's last admission is released.
-:class:`StalenessSnapshot` is what a restart needs to find the same counts again.
+own lease only; a lease not used within ``ttl_s`` of its worker's last admission is released,
+unless its worker's step stands stopped (a suspended job). What a restart needs to find the same
+counts again is :mod:`slurm_elastic.core.staleness_snapshot`.
 """
 
 from __future__ import annotations
 
-import json
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 EXPIRY_SCAN_S = 1.0  # expired leases are looked for at most this often (AdmissionLeases.expire)
 MAX_VERSION = 2**63 - 1  # what the store's index holds (a signed 64-bit integer)
@@ -185,7 +185,8 @@ class AdmissionLeases:
     ttl_s: float
     leases: dict[str, Lease] = field(default_factory=dict)
     refused: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    _oldest_s: float = field(default=math.inf, init=False, repr=False, compare=False)  # no lease older
+    stopped: frozenset[str] = frozenset()  # workers whose step stands stopped (a suspended job): no TTL runs
+    _oldest_s: float = field(default=math.inf, init=False, repr=False, compare=False)  # no running lease older
     _scanned_s: float = field(default=-math.inf, init=False, repr=False, compare=False)  # the last expiry scan
 
     def grant(self, worker_id: str, wanted: int, now_s: float, admission_id: str = "", whole: bool = False) -> int:
@@ -248,11 +249,24 @@ class AdmissionLeases:
         self.staleness.on_rejected(held.unused_seqs)
         return held.unused_seqs
 
+    def hold(self, stopped: Iterable[str], now_s: float) -> bool:
+        """The workers whose steps stand stopped now (their job is suspended), not ended: their leases
+        stay, and the TTL (for workers that hang) does not run for them; one no longer stopped (its
+        job resumed) has a whole TTL from ``now_s``. Returns whether the set changed."""
+        now_stopped = frozenset(stopped)
+        if now_stopped == self.stopped:
+            return False
+        for worker_id in self.stopped - now_stopped:
+            if (held := self.leases.get(worker_id)) is not None:
+                self._set(worker_id, replace(held, granted_at_s=now_s))
+        self.stopped = now_stopped
+        return True
+
     def accept(self, worker_id: str, n_seqs: int, now_s: float) -> int:
         """``worker_id`` handed over ``n_seqs`` sequences; returns how many its lease covered
         (none once the lease is older than ``ttl_s``: it is released first)."""
         held = self.leases.get(worker_id)
-        if held is not None and now_s - held.granted_at_s > self.ttl_s:
+        if held is not None and now_s - held.granted_at_s > self.ttl_s and worker_id not in self.stopped:
             self.staleness.on_rejected(self.leases.pop(worker_id).unused_seqs)
             held = None
         used = min(n_seqs, held.unused_seqs) if held else 0
@@ -272,23 +286,28 @@ class AdmissionLeases:
         if now_s - self._oldest_s <= self.ttl_s or 0 <= now_s - self._scanned_s < EXPIRY_SCAN_S:
             return 0
         self._scanned_s = now_s
-        released = 0
-        for worker_id in [w for w, held in self.leases.items() if now_s - held.granted_at_s > self.ttl_s]:
-            released += self.leases.pop(worker_id).unused_seqs
-        self._oldest_s = min((held.granted_at_s for held in self.leases.values()), default=math.inf)
+        released, self._oldest_s = 0, math.inf
+        for worker_id, held in list(self.leases.items()):  # a stopped worker's lease has no TTL running
+            if worker_id in self.stopped:
+                continue
+            if now_s - held.granted_at_s > self.ttl_s:
+                released += self.leases.pop(worker_id).unused_seqs
+            else:
+                self._oldest_s = min(self._oldest_s, held.granted_at_s)
         if released:
             self.staleness.on_rejected(released)
         return released
 
     def restore(self, saved: dict[str, Lease], arrived_seqs: dict[str, int],
-                refused: dict[str, tuple[str, ...]] | None = None) -> None:
+                refused: dict[str, tuple[str, ...]] | None = None, stopped: frozenset[str] = frozenset()) -> None:
         """After a restart: the leases as saved, less what each worker handed over since
-        (``arrived_seqs``), and the refused ids as saved; ``running`` is what the leases hold."""
-        self.leases, self.refused = {}, dict(refused or {})
+        (``arrived_seqs``), and the refused ids and stopped workers as saved; ``running`` is what
+        the leases hold."""
+        self.leases, self.refused, self.stopped = {}, dict(refused or {}), stopped
         for worker_id, held in saved.items():
             self._set(worker_id, replace(held, unused_seqs=max(0, held.unused_seqs - arrived_seqs.get(worker_id, 0))))
         self.staleness.running = sum(held.unused_seqs for held in self.leases.values())
-        self._oldest_s = min((held.granted_at_s for held in self.leases.values()), default=math.inf)
+        self._oldest_s = min((h.granted_at_s for w, h in self.leases.items() if w not in stopped), default=math.inf)
 
     def _set(self, worker_id: str, lease: Lease) -> None:
         """Keep ``lease`` while it holds sequences or admission ids to answer repeats of."""
@@ -297,108 +316,3 @@ class AdmissionLeases:
             self._oldest_s = min(self._oldest_s, lease.granted_at_s)
         else:
             self.leases.pop(worker_id, None)
-
-
-@dataclass(frozen=True)
-class StalenessSnapshot:
-    """What the queue stores so that its counts survive a restart exactly: the version, the
-    accepted count plus the dropped total (a sum only arrivals move), the leases, and the
-    arrival number of the last group accounted for, and each worker's refused group ids.
-    Groups that arrived after it, and the dropped total, are the store's to tell at the restart
-    (:meth:`restore`)."""
-
-    version: int
-    gross_seqs: int
-    at_seq: int
-    leases: dict[str, Lease]
-    refused: dict[str, tuple[str, ...]] = field(default_factory=dict)
-
-    @classmethod
-    def take(cls, leases: AdmissionLeases, dropped_seqs: int, at_seq: int) -> StalenessSnapshot:
-        staleness = leases.staleness
-        return cls(staleness.version, staleness.accepted + dropped_seqs, at_seq, dict(leases.leases),
-                   dict(leases.refused))
-
-    def restore(self, leases: AdmissionLeases, arrived_seqs: dict[str, int], dropped_seqs: int,
-                buffered_seqs: int = 0, last_seq: int | None = None) -> None:
-        """Set ``leases`` and its manager to the counts after ``arrived_seqs`` (per worker, the
-        groups after ``at_seq``) arrived, with ``dropped_seqs`` dropped in all. Raises ValueError,
-        changing nothing, when those counts are impossible for a store with ``buffered_seqs``
-        queued or handed out and not acknowledged and ``last_seq`` its highest arrival number
-        (:meth:`damage`): they would open as a capacity above the bound."""
-        damage = self.damage(arrived_seqs, dropped_seqs, buffered_seqs, last_seq)
-        if damage:
-            raise ValueError("; ".join(damage))
-        leases.staleness.version = self.version
-        leases.staleness.accepted = self.gross_seqs + sum(arrived_seqs.values()) - dropped_seqs
-        leases.restore(self.leases, arrived_seqs, self.refused)
-
-    def damage(self, arrived_seqs: dict[str, int], dropped_seqs: int, buffered_seqs: int,
-               last_seq: int | None) -> list[str]:
-        """Why the counts :meth:`restore` would give are impossible; empty if they are not. Every
-        buffered sequence was accepted and not freed, and beyond them only acknowledged ones (or
-        V·batch_size at a resume at V) are counted, so ``accepted`` is at least ``buffered_seqs``;
-        with no lease below 0 the capacity is then at most AReaL's formula with the buffer
-        counted. ``at_seq`` is an arrival the store holds."""
-        found = []
-        arrived = sum(arrived_seqs.values())
-        accepted = self.gross_seqs + arrived - dropped_seqs
-        if accepted < max(0, buffered_seqs):
-            below = f"the {buffered_seqs} sequences still buffered (queued, or handed out and not acknowledged)"
-            found.append(f"gross_seqs {self.gross_seqs} + {arrived} arrived since - {dropped_seqs} dropped or lost "
-                         f"gives accepted {accepted}, below {below if accepted >= 0 else 0}")
-        found += [f"the lease of {w} holds {held.unused_seqs} (running below 0)"
-                  for w, held in self.leases.items() if held.unused_seqs < 0]
-        if self.version > MAX_VERSION:
-            found.append(f"version {self.version} is past {MAX_VERSION}")
-        if last_seq is not None and self.at_seq > last_seq:
-            found.append(f"at_seq {self.at_seq} is past the last arrival stored, {last_seq}")
-        return found
-
-    def to_json(self) -> str:
-        leases = {w: [h.unused_seqs, h.granted_at_s, h.admission_id, h.admission_granted]
-                  for w, h in self.leases.items() if h.unused_seqs or h.admission_id}
-        refused = {"refused": {w: list(ids[-REFUSED_IDS_SAVED:]) for w, ids in self.refused.items()}} \
-            if self.refused else {}
-        return json.dumps({"version": self.version, "gross_seqs": self.gross_seqs, "at_seq": self.at_seq,
-                           "leases": leases, **refused}, separators=(",", ":"))
-
-    @classmethod
-    def from_json(cls, text: str) -> StalenessSnapshot:
-        """Raises ValueError for anything but what :meth:`to_json` writes (negative counts included:
-        no queue ever saves one)."""
-        try:
-            data: Any = json.loads(text)
-            leases = {str(w): _lease(held) for w, held in data["leases"].items()}
-            refused = {str(w): _refused_ids(ids) for w, ids in data.get("refused", {}).items()}
-            for w, held in data["leases"].items():  # the last refused id, as the lease's 5th item (an earlier form)
-                if isinstance(held, list) and len(held) == 5 and str(w) not in refused:
-                    refused[str(w)] = (str(held[4]),)
-            snapshot = cls(int(data["version"]), int(data["gross_seqs"]), int(data["at_seq"]), leases, refused)
-        except (KeyError, TypeError, AttributeError) as exc:
-            raise ValueError(f"not a staleness snapshot: {exc}") from None
-        negative = [name for name, value in (("version", snapshot.version), ("gross_seqs", snapshot.gross_seqs),
-                                              ("at_seq", snapshot.at_seq)) if value < 0]
-        negative += [f"lease of {w}" for w, held in leases.items() if held.unused_seqs < 0 or held.admission_granted < 0]
-        if negative:
-            raise ValueError(f"not a staleness snapshot: negative {', '.join(negative)}")
-        return snapshot
-
-
-def _lease(saved: Any) -> Lease:
-    """A lease as :meth:`StalenessSnapshot.to_json` writes it: [unused, granted at, the last
-    admission id granted any, its grant], or [unused, granted at] (written before admissions had
-    ids); a 5th item, the last group refused, was written before the refused ids were saved apart."""
-    if not isinstance(saved, list) or len(saved) not in (2, 4, 5):
-        raise TypeError(f"a lease is [unused, granted_at(, admission_id, granted(, refused_id))], not {saved!r}")
-    unused, granted_at, *last = saved
-    if not last:
-        return Lease(int(unused), float(granted_at))
-    return Lease(int(unused), float(granted_at), str(last[0]), int(last[1]))
-
-
-def _refused_ids(saved: Any) -> tuple[str, ...]:
-    """A worker's refused group ids as :meth:`StalenessSnapshot.to_json` writes them."""
-    if not isinstance(saved, list) or len(saved) > REFUSED_IDS_KEPT or not all(isinstance(i, str) for i in saved):
-        raise TypeError(f"refused ids are a list of at most {REFUSED_IDS_KEPT} strings, not {saved!r}")
-    return tuple(saved)

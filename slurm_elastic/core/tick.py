@@ -28,6 +28,7 @@ from slurm_elastic.core.reconcile import (
     Launch,
     ObservedStep,
     ReconcileConfig,
+    Resumed,
     move_clocks_on,
     reconcile,
 )
@@ -65,6 +66,7 @@ class Observation:
     burst_slots_possible: int = 0  # slots burst jobs not yet held could add: the autoscaler may ask for them
     paused_s: float = 0.0  # the controller's process did not run this long since the last tick (a suspended job)
     stopped_jobs: frozenset[int] = frozenset()  # burst jobs listed SUSPENDED: their workers' steps are stopped
+    alive_jobs: frozenset[int] | None = None  # burst jobs listed running, suspended or completing (None: unknown)
     cancelled_worker_ids: frozenset[str] = frozenset()  # steps gone from the listing that Slurm says were cancelled
     launches_never_ran: frozenset[str] = frozenset()  # saved launches of an earlier controller whose srun never ran
     time_left_s: float | None = None  # until the job's time limit (None: unknown)
@@ -116,7 +118,7 @@ class Note:
 
 
 TickAction = Launch | Drain | Cancel | LaunchAgent
-TickEvent = Crashed | CordonChange | Note
+TickEvent = Crashed | CordonChange | Note | Resumed
 
 
 @dataclass
@@ -173,9 +175,10 @@ def tick(obs: Observation, state: ControlState, cfg: TickConfig, allocations: tu
     plan = reconcile(state.workers, None if obs.steps is None else list(obs.steps), result.desired, allowed,
                      exclude, cordoned, cfg.reconcile, now_s, state.next_number, drain_first_jobs=burst_jobs,
                      cancelled=obs.cancelled_worker_ids, never_ran=obs.launches_never_ran,
-                     stopped_jobs=obs.stopped_jobs,
+                     stopped_jobs=obs.stopped_jobs, alive_jobs=obs.alive_jobs,
                      why_fewer="the job's time limit is near" if state.last_decision.get("action") == "drain" else "")
     state.next_number = plan.next_number
+    result.events.extend(plan.resumed)
     held_nodes = {n for a in allocations for n in a.gpus_by_node}
     for crash in plan.crashes:
         result.events.append(crash)

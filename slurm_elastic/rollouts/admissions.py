@@ -4,7 +4,7 @@ AReaL's capacity (:class:`~slurm_elastic.core.staleness.StalenessManager`) and t
 admission leases (:class:`~slurm_elastic.core.staleness.AdmissionLeases`), moved by the queue's
 arrivals, drops and losses, by stale groups refused and by the trainer's versions. Every
 admission, version change and stale refusal is saved to the store
-(:class:`~slurm_elastic.core.staleness.StalenessSnapshot`: the version, the accepted count plus
+(:class:`~slurm_elastic.core.staleness_snapshot.StalenessSnapshot`: the version, the accepted count plus
 the sequences freed, the leases, and the arrival number they are current up to) before it is
 answered; at a restart the groups stored after that arrival number move the counts on.
 """
@@ -15,7 +15,8 @@ import logging
 import threading
 from collections.abc import Callable
 
-from slurm_elastic.core.staleness import AdmissionLeases, StalenessManager, StalenessSnapshot
+from slurm_elastic.core.staleness import AdmissionLeases, StalenessManager
+from slurm_elastic.core.staleness_snapshot import StalenessSnapshot
 from slurm_elastic.errors import StateFileError
 from slurm_elastic.rollouts.storage import Recovered, RolloutStorage
 
@@ -160,6 +161,15 @@ class StalenessBook:
             if released:
                 self._changed()
         return released
+
+    def held(self, stopped: list[str], now_s: float) -> bool:
+        """The workers whose steps stand stopped now (a suspended job): their leases stay, with no
+        TTL running (saved by the next :meth:`save`); returns whether that changed."""
+        with self.lock:
+            changed = self.leases.hold(stopped, now_s)
+            if changed:
+                self._changed()
+        return changed
 
     def save(self) -> None:
         """Save the counts unless the last save holds every change made so far."""

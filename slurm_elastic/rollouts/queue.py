@@ -118,6 +118,13 @@ class RolloutQueue:
             self.save_counts()
         return released
 
+    def hold_leases(self, stopped: list[str]) -> None:
+        """The workers whose steps stand stopped now with their suspended job: their leases stay
+        counted in flight, and the admission TTL (for workers that hang) does not run for them,
+        across a restart too (saved); one that leaves the set (resumed) has a whole TTL from now."""
+        if self.book.held(stopped, self.clock()):
+            self.save_counts()
+
     def expire_admissions(self) -> None:
         """Release leases past the admission TTL (:meth:`snapshot` and :meth:`stats` do so too)."""
         with self._lock:

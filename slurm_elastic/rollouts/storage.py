@@ -15,7 +15,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol, TypeVar
 
-from slurm_elastic.core.staleness import StalenessSnapshot
+from slurm_elastic.core.staleness_snapshot import StalenessSnapshot
 from slurm_elastic.errors import StateFileError
 
 T = TypeVar("T")

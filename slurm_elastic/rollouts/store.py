@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from slurm_elastic.core.staleness import StalenessSnapshot
+from slurm_elastic.core.staleness_snapshot import StalenessSnapshot
 from slurm_elastic.errors import StateFileError
 from slurm_elastic.rollouts.commits import GroupCommits
 from slurm_elastic.rollouts.index import (

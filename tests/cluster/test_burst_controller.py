@@ -248,34 +248,3 @@ def test_a_requeued_burst_job_waits_as_itself_and_its_workers_come_back_when_it_
         stop_controller_job(job)
         for left, _state in burst_jobs_of(job):
             run_command(["scancel", str(left)], check=False)
-
-
-def test_a_suspended_burst_jobs_workers_are_not_counted_against_their_gpus(
-        devcluster: DevCluster, tmp_path: Path) -> None:
-    """``scontrol suspend`` of a burst job stops its workers' steps, and Slurm lists them no more:
-    they end, not as crashes of their GPUs (one crash would cordon a GPU here), and the job is lost."""
-    job = start_controller_job(
-        devcluster, tmp_path, nodes=1, gpus_per_node=4, sbatch_options=(f"--nodelist={devcluster.spec.node_names()[0]}",),
-        health={"crash_threshold": 1},
-        burst=burst_options(devcluster))
-    try:
-        with job.client() as c:
-            c.scale(6)
-        status = job.active(6, timeout_s=60)
-        [(burst_id, _state)] = burst_jobs_of(job)
-        in_burst = {w["worker_id"] for w in status["workers"] if w["job_id"] == burst_id}
-        run_command(["scontrol", "suspend", str(burst_id)])
-
-        def ended() -> list[dict[str, Any]]:
-            return [w for w in job.status()["ended_workers"] if w["worker_id"] in in_burst]
-        for worker in wait_for(lambda: len(ended()) == 2 and ended(), 30, "both workers ended"):
-            assert worker["reason"] == (
-                f"its burst job {burst_id} is suspended (its step stopped); not counted against its GPU"), worker
-        time.sleep(2.0)  # a few ticks more
-        status = job.status()
-        assert [g for g in status["cordoned_gpus"] if g["source"] == "crash"] == [], status["cordoned_gpus"]
-        assert status["burst"]["lost"] == 1, status["burst"]
-    finally:
-        stop_controller_job(job)
-        for left, _state in burst_jobs_of(job):
-            run_command(["scancel", str(left)], check=False)

@@ -19,7 +19,8 @@ import httpx
 import pytest
 
 from slurm_elastic.client.control import ControlClient
-from slurm_elastic.core.staleness import ADMISSION_IDS_KEPT, Lease, StalenessSnapshot
+from slurm_elastic.core.staleness import ADMISSION_IDS_KEPT, Lease
+from slurm_elastic.core.staleness_snapshot import StalenessSnapshot
 from slurm_elastic.rollouts.queue import QueueConfig, RolloutQueue
 from slurm_elastic.rollouts.refusals import StaleGroup, VersionAhead
 from slurm_elastic.rollouts.store import RolloutStore

@@ -238,12 +238,13 @@ def test_a_released_job_still_running_is_taken_back_before_anything_is_submitted
     assert decision.keep == (1,) and decision.submit == 0 and decision.cancel == ()
 
 
-def test_a_suspended_job_is_lost_not_requeued_and_is_not_capacity() -> None:
-    """scontrol suspend (or a preemption by suspension) stops the job's steps: its workers are
-    lost, it is no requeue, and it holds no slots the pool can use until someone resumes it."""
+def test_a_suspended_job_is_not_over_not_requeued_and_is_not_capacity() -> None:
+    """scontrol suspend (or a preemption by suspension) stops the job's steps: its run is not over
+    (resumed, it goes on), it is no requeue, and it holds no slots the pool can use until someone
+    resumes it (tests/unit/test_burst_suspend.py: lost only if it ends unreleased)."""
     suspended = BurstJob(7, burst_phase("SUSPENDED"), 2, suspended=True, on_hold=on_hold("SUSPENDED", ""))
     runs = run_outcomes({7}, [suspended], frozenset())
-    assert runs.requeued == () and runs.lost == (7,) and 7 not in runs.running
+    assert runs.requeued == () and runs.lost == () and 7 in runs.running
     policy = BurstPolicy(max_jobs=3, worker_slots_per_job=2, submit_cooldown_s=0.0)
     missing = decide_burst(policy, target_workers=6, allocation_slots=4, jobs=[suspended], releasing=frozenset(),
                            last_submit_s=None, now_s=100.0)

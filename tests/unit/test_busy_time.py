@@ -12,7 +12,7 @@ from slurm_elastic.controller.config import parse_config
 from slurm_elastic.controller.pause_watch import PauseWatch
 from slurm_elastic.controller.runtime import Controller
 from slurm_elastic.core.naming import worker_step_name
-from slurm_elastic.core.reconcile import seconds_per_rollout
+from slurm_elastic.core.speed import seconds_per_rollout
 from slurm_elastic.rollouts.queue import QueueConfig, RolloutQueue
 from slurm_elastic.rollouts.store import RolloutStore
 from slurm_elastic.slurm.parse import StepInfo

@@ -6,7 +6,15 @@ import itertools
 
 import pytest
 
-from slurm_elastic.core.lifecycle import TRANSITIONS, Worker, WorkerState, begin_drain, transition
+from slurm_elastic.core.lifecycle import (
+    TRANSITIONS,
+    Worker,
+    WorkerState,
+    begin_drain,
+    resume,
+    suspend,
+    transition,
+)
 from slurm_elastic.errors import TransitionError
 
 ORDER = list(WorkerState)
@@ -15,9 +23,15 @@ REFUSED = [(a, b) for a, b in itertools.product(WorkerState, WorkerState) if b n
 
 
 def move(worker: Worker, end: WorkerState, now_s: float, reason: str) -> None:
-    """DRAINING is entered through begin_drain, every other state through transition."""
-    if end is WorkerState.DRAINING:
+    """DRAINING is entered through begin_drain, SUSPENDED through suspend and left (but to
+    INACTIVE) through resume, every other state through transition."""
+    if worker.state is WorkerState.SUSPENDED and end is not WorkerState.INACTIVE:
+        worker.suspended_from = end.value  # where it was suspended from
+        resume(worker, now_s, reason)
+    elif end is WorkerState.DRAINING:
         begin_drain(worker, now_s, reason)
+    elif end is WorkerState.SUSPENDED:
+        suspend(worker, now_s, reason)
     else:
         transition(worker, end, now_s, reason)
 

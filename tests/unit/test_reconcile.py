@@ -5,7 +5,6 @@ from __future__ import annotations
 from slurm_elastic.core.lifecycle import Worker, WorkerState, begin_drain
 from slurm_elastic.core.reconcile import (
     CANCELLED_BY_SOMEONE_ELSE,
-    SLOW_FACTOR,
     Cancel,
     Crashed,
     Drain,
@@ -15,11 +14,9 @@ from slurm_elastic.core.reconcile import (
     backoff_s,
     end_earlier_run,
     move_clocks_on,
-    note_busy_s,
     reconcile,
-    seconds_per_rollout,
-    slow_workers,
 )
+from slurm_elastic.core.speed import SLOW_FACTOR, note_busy_s, seconds_per_rollout, slow_workers
 
 S = WorkerState
 CFG = ReconcileConfig(drain_timeout_s=30, heartbeat_grace_s=10, start_timeout_s=20, backoff_base_s=2,
@@ -228,18 +225,6 @@ def test_lost_heartbeat_kills_and_counts_as_crash() -> None:
     assert plan.actions[0] == Cancel("0001", "1", "no heartbeat for 11 s (grace 10 s)")
     plan = run(workers, [], 1, now_s=12)
     assert workers["0001"].state is S.BACKOFF and "no heartbeat" in plan.crashes[0].reason
-
-
-def test_a_suspended_burst_jobs_workers_are_not_counted_against_their_gpus() -> None:
-    """``scontrol suspend`` of a burst job stops its workers' steps, and only running jobs' steps
-    are listed: they end, not as crashes. Their steps are not cancelled: Slurm 22.05's scancel of
-    a suspended job's step blocks until the job resumes (it held the controller's tick)."""
-    workers = {"0001": active("0001", "1", now_s=0), "0002": active("0002", "2", now_s=0)}
-    workers["0002"].job_id = 7
-    plan = reconcile(workers, obs(workers["0001"]), 2, 8, (), NONE, CFG, 1, 3, stopped_jobs=frozenset({7}))
-    reason = "its burst job 7 is suspended (its step stopped); not counted against its GPU"
-    assert plan.crashes == [] and workers["0002"].state is S.INACTIVE and workers["0002"].history[-1][3] == reason
-    assert [a for a in plan.actions if isinstance(a, Cancel)] == []
 
 
 def test_a_pause_of_the_controller_moves_heartbeat_start_and_drain_clocks_on() -> None:

@@ -8,10 +8,10 @@ from slurm_elastic.core.staleness import (
     AdmissionLeases,
     Lease,
     StalenessManager,
-    StalenessSnapshot,
     VersionRefused,
     oldest_fresh_version,
 )
+from slurm_elastic.core.staleness_snapshot import StalenessSnapshot
 
 
 def manager(**kw: int) -> StalenessManager:

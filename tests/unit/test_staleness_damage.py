@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from slurm_elastic.core.staleness import AdmissionLeases, Lease, StalenessManager, StalenessSnapshot
+from slurm_elastic.core.staleness import AdmissionLeases, Lease, StalenessManager
+from slurm_elastic.core.staleness_snapshot import StalenessSnapshot
 from slurm_elastic.errors import StateFileError
 from slurm_elastic.rollouts.queue import QueueConfig, RolloutQueue
 from slurm_elastic.rollouts.store import RolloutStore

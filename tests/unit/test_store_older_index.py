@@ -71,7 +71,7 @@ def test_an_index_whose_wal_held_only_submits_and_version_publishes_is_refused(t
     script = textwrap.dedent(f"""
         import json, os, signal
         from pathlib import Path
-        from slurm_elastic.core.staleness import StalenessSnapshot
+        from slurm_elastic.core.staleness_snapshot import StalenessSnapshot
         from slurm_elastic.rollouts.store import RolloutStore
         store = RolloutStore(Path({str(tmp_path / "q.sqlite")!r}))
         store.save_staleness(StalenessSnapshot(7, 0, 0, {{}}))
