@@ -25,6 +25,12 @@ class Whole(click.IntRange):
             self.fail(f"{value!r} is not a whole number in ASCII digits (0-9)", param, ctx)
         return super().convert(value, param, ctx)
 
+    def _describe_range(self) -> str:
+        """Nothing for an unbounded one (click's says ``x<=None`` in the help)."""
+        if self.min is None and self.max is None:
+            return ""
+        return super()._describe_range()
+
 
 JOB_ID = Whole(min=1)  # a Slurm job id
 

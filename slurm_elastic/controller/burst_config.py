@@ -130,9 +130,10 @@ def split_excludes(options: list[str]) -> tuple[list[str], list[str]]:
 
 class BurstSection(BaseModel):
     """Burst jobs: extra Slurm jobs whose GPUs join the pool when the target exceeds the allocation
-    (docs/burst.md). Off unless ``max_jobs`` > 0."""
+    (docs/burst.md). Off unless ``max_jobs`` > 0. Strict as the other tables: no numbers as strings,
+    no booleans as numbers, finite floats."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     max_jobs: int = Field(0, ge=0, le=1000, description="Most burst jobs at once (pending ones count); 0: no burst jobs.")
     gpus_per_job: int = Field(4, ge=1, le=4096, description="GPUs of one burst job, spread evenly over its nodes.")

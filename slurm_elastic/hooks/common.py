@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import logging
 import math
 import os
@@ -34,8 +35,18 @@ _KINDS = {int: "a whole number", float: "a number"}  # what a value must be, by 
 _CHOICES = {"source": ("auto", "nvml", "inject")}  # keys that take one of a few words
 
 
+def _of_its_kind(value: object, default: object) -> bool:
+    """Whether a TOML value is of the key's kind: TOML is typed, so ``gpus = 2.7`` or ``"4"`` and
+    ``inject_file = 5`` are mistakes, not values to convert."""
+    if isinstance(value, bool) or isinstance(default, bool):
+        return isinstance(value, bool) and isinstance(default, bool)
+    if isinstance(default, int | float):
+        return isinstance(value, int) if isinstance(default, int) else isinstance(value, int | float)
+    return isinstance(value, str)
+
+
 def load_hook_config(path: Path = CONFIG_FILE, problems: list[str] | None = None) -> HookConfig:
-    """The optional config file; unknown keys are ignored with a log line. A file that cannot be
+    """The optional config file; unknown keys are ignored (told as a problem, with the key it resembles). A file that cannot be
     read and a bad value raise ValueError, or, with ``problems`` given, are told there and leave
     their keys at the defaults (a hook still does its work: the epilog's clean-up, the prolog's check)."""
     def refuse(message: str) -> None:
@@ -55,13 +66,20 @@ def load_hook_config(path: Path = CONFIG_FILE, problems: list[str] | None = None
     values = {}
     for key, value in data.items():
         if key not in known:
-            logging.getLogger(__name__).warning("hooks config %s: unknown key %r ignored", path, key)
+            close = difflib.get_close_matches(key, known, n=1)
+            message = f"hooks config {path}: unknown key {key!r} ignored" + (f" (did you mean {close[0]!r}?)" if close else "")
+            if problems is None:
+                logging.getLogger(__name__).warning(message)
+            else:  # told in the hooks' own log, as a bad value is (a misspelt `strict` would go unseen)
+                problems.append(message)
             continue
         default = getattr(defaults, key)
         if isinstance(default, bool) and not isinstance(value, bool):  # bool("false") is True
             refuse(f"hooks config {path}: {key} must be true or false, not {value!r}")
             continue
         try:
+            if not _of_its_kind(value, default):
+                raise TypeError(key)
             converted = type(default)(value)
         except (TypeError, ValueError):
             refuse(f"hooks config {path}: {key} must be {_KINDS.get(type(default), 'a string')}, not {value!r}")

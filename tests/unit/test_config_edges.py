@@ -37,6 +37,12 @@ def test_a_knob_the_law_divides_by_must_be_positive(key: str, value: float) -> N
     ({"workers": {"readiness_path": "health"}}, "workers.readiness_path: 'health' must start with /"),
     ({"workers": {"liveness_path": "live"}}, "workers.liveness_path: 'live' must start with /"),
     ({"workers": {"backoff_base_s": 600}}, "workers.backoff_base_s (600) > workers.backoff_max_s (300)"),
+    # [burst] is as strict as the other tables (it took "2", true and inf before)
+    ({"burst": {"max_jobs": True}}, "burst.max_jobs"),
+    ({"burst": {"max_jobs": "2"}}, "burst.max_jobs"),
+    ({"burst": {"signal_lead_s": 1.5}}, "burst.signal_lead_s"),
+    ({"burst": {"submit_cooldown_s": "60"}}, "burst.submit_cooldown_s"),
+    ({"burst": {"controller_unreachable_grace_s": float("inf")}}, "burst.controller_unreachable_grace_s"),
 ])
 def test_a_value_that_would_break_the_job_later_is_refused_now(doc: dict[str, Any], named: str) -> None:
     with pytest.raises(ConfigError, match=named.replace("(", r"\(").replace(")", r"\)")):

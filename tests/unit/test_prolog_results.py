@@ -80,6 +80,10 @@ def test_a_negative_or_endless_number_is_refused_like_any_bad_value(tmp_path: Pa
     ("strict = 1\nkill_wait_s = 1\n", "strict must be true or false"),
     ("kill_wait_s = 1\nnode_state_dir = 5\n", "node_state_dir must be a string"),
     ('kill_wait_s = 1\nsource = "injct"\n', "source must be one of auto, nvml, inject, not 'injct'"),
+    ('kill_wait_s = 1\nstrikt = true\n', "unknown key 'strikt' ignored (did you mean 'strict'?)"),
+    ("gpus = 2.7\nkill_wait_s = 1\n", "gpus must be a whole number, not 2.7"),
+    ('gpus = "4"\nkill_wait_s = 1\n', "gpus must be a whole number, not '4'"),
+    ("kill_wait_s = 1\ninject_file = 5\n", "inject_file must be a string, not 5"),
     ("kill_wait_s = [\n", "cannot be read"),
     (b"kill_wait_s = 1\n# \xff\n", "cannot be read"),
 ])

@@ -169,3 +169,9 @@ def test_start_up_ramp_feeds_the_trainer_sooner_than_one_worker_at_a_time() -> N
     trace = dataclasses.replace(load_trace(TRACES / "steady.toml"), duration_s=200.0)
     idle_s = trace.duration_s * simulate(trace, "ours", 0).metrics["trainer_idle_fraction"]
     assert idle_s < 70.0  # one worker at a time idled ~100 s of the first 200; static-max ~31 s
+
+
+def test_the_help_of_an_unbounded_number_shows_no_range() -> None:
+    """``--seed`` takes any whole number: its help read ``[x<=None]`` (click's range of no bounds)."""
+    out = CliRunner().invoke(main, ["simulate", "--help"]).output
+    assert "None" not in out and "--seed INTEGER" in out
