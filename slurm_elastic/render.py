@@ -32,6 +32,7 @@ def render_sbatch(config: ElasticConfig, config_path: str) -> str:
     if config.job.trainer_gpus > config.job.gpus_per_node:
         raise ConfigError(f"{config_path}: job.trainer_gpus ({config.job.trainer_gpus}) > job.gpus_per_node "
                           f"({config.job.gpus_per_node}): the trainer step could never start")
+    _check_worker_room(config, config_path)
     _check_node_memory(config, config_path)
     return _templates().get_template("elastic_rl.sbatch.j2").render(
         job=config.job,
@@ -40,6 +41,26 @@ def render_sbatch(config: ElasticConfig, config_path: str) -> str:
         drain_timeout_s=f"{config.workers.drain_timeout_s:g}",
         burst_name_prefix=BURST_NAME_PREFIX if config.burst.max_jobs else "",
     )
+
+
+def _check_worker_room(config: ElasticConfig, config_path: str) -> None:
+    """ConfigError when no worker could ever start beside the trainer (and no burst job can hold one):
+    a worker over k nodes needs k nodes with its GPUs free, the trainer's node included."""
+    job, workers = config.job, config.workers
+    if config.burst.max_jobs or not workers.gpus_per_worker:
+        return
+    shape = worker_shape(workers.gpus_per_worker, workers.nodes_per_worker, job.gpus_per_node,
+                         nodes_in_job=job.nodes)
+    left_gpus = job.gpus_per_node - job.trainer_gpus  # GPUs the trainer leaves on its node
+    if job.nodes - 1 + (left_gpus >= shape.gpus_per_node) >= shape.nodes:
+        return
+    most = job.gpus_per_node - shape.gpus_per_node
+    fewer = f"job.trainer_gpus to at most {most}" if most else "job.trainer_gpus = 0 (a trainer without GPUs)"
+    raise ConfigError(
+        f"{config_path}: no worker could ever start: one of workers.gpus_per_worker = {workers.gpus_per_worker} "
+        f"takes {shape.gpus_per_node} GPUs on each of {shape.nodes} node(s), and the trainer's "
+        f"job.trainer_gpus = {job.trainer_gpus} leaves {left_gpus} of its node's {job.gpus_per_node} "
+        f"(job.nodes = {job.nodes}); set {fewer} or job.nodes = {shape.nodes + 1}")
 
 
 def _check_node_memory(config: ElasticConfig, config_path: str) -> None:

@@ -186,9 +186,11 @@ class JobSection(StrictSection):
     output: str = Field("slurm-elastic-%j.out", description="#SBATCH --output.")
     setup: str = Field("", description="Shell lines run first (e.g. activating a virtual environment).")
     trainer_command: list[str] = Field(default_factory=list, description=(
-        "The trainer, run as its own step; it starts with USR1 and USR2 (the drain signals) ignored."))
+        "The trainer, run as its own step (`render` refuses an empty one); it starts with USR1 and USR2 (the "
+        "drain signals) ignored."))
     trainer_gpus: int = Field(1, ge=0, description="GPUs of the trainer step; 0: none (its step names "
-                              "`--gres=none`, so all of its node's GPUs take workers).")
+                              "`--gres=none`, so all of its node's GPUs take workers). `render` refuses a job where no worker "
+                              "fits beside it (a worker over k nodes needs k nodes with its GPUs free).")
     trainer_mem_mb: int = Field(0, ge=0, description="Memory of the trainer step in MB (srun --mem); 0: Slurm's "
                                 "default. Needed with mem_per_node_mb (below it, with the workers' memory).")
 

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -109,6 +110,22 @@ def test_render_needs_a_worker_command_and_a_trainer_that_fits_a_node() -> None:
     with pytest.raises(ConfigError, match=r"job\.trainer_gpus \(9\) > job\.gpus_per_node \(4\)"):
         render_sbatch(parse_config({"job": {"trainer_command": ["python", "t.py"], "trainer_gpus": 9},
                                     "workers": {"command": "python w.py"}}), "x.toml")
+
+
+@pytest.mark.parametrize(("job", "workers", "says"), [
+    # docs/servers.md's 8-GPU server on 2 x 4 GPUs with the default trainer_gpus = 1: no server ever started
+    ({}, {"gpus_per_worker": 8}, r"job\.trainer_gpus = 1 leaves 3 of its node's 4 \(job\.nodes = 2\); "
+                                  r"set job\.trainer_gpus = 0 \(a trainer without GPUs\) or job\.nodes = 3"),
+    ({"nodes": 1, "trainer_gpus": 3}, {"gpus_per_worker": 2}, r"set job\.trainer_gpus to at most 2 or job\.nodes = 2"),
+])
+def test_render_refuses_a_job_where_no_worker_fits_beside_the_trainer(job: dict[str, Any], workers: dict[str, Any],
+                                                                      says: str) -> None:
+    doc = {"job": {"trainer_command": ["t"], **job}, "workers": {"command": "w", **workers}}
+    with pytest.raises(ConfigError, match="no worker could ever start: .*" + says):
+        render_sbatch(parse_config(doc), "x.toml")
+    assert render_sbatch(parse_config({**doc, "job": {**doc["job"], "trainer_gpus": 0}}), "x.toml")
+    if workers["gpus_per_worker"] <= 4:  # burst jobs can hold them
+        assert render_sbatch(parse_config({**doc, "burst": {"max_jobs": 1}}), "x.toml")
 
 
 def test_render_refuses_workers_that_do_not_fit_in_the_nodes_memory() -> None:
