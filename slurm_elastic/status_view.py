@@ -38,7 +38,9 @@ def _age(seconds: Any) -> str:
         return f"{s:.0f}s"
     if s < 5400:
         return f"{s / 60:.0f}m"
-    return f"{s / 3600:.1f}h"
+    if s < 172800:
+        return f"{s / 3600:.1f}h"
+    return f"{s / 86400:.1f}d"  # a requeued job's time limit reads 365 days in Slurm: not 8760.0h
 
 
 def _not_below_zero(seconds: Any) -> Any:

@@ -152,3 +152,10 @@ def test_a_worker_waiting_out_its_backoff_holds_no_gpu_and_has_no_heartbeat_age(
                "age_s": 360, "rollouts": 291, "last_heartbeat_age_s": 46.0, "crash_count": 1}
     row = next(line for line in render_status(7, {**STATUS, "workers": [waiting]}).splitlines() if "0009" in line)
     assert row.split()[:5] == ["0009", "-", "-", "-", "BACKOFF"] and "46s" not in row
+
+
+def test_long_times_read_in_days() -> None:
+    """Slurm gives a requeued job of an unlimited partition 365 days: the line read `8760.0h`."""
+    from slurm_elastic.status_view import _age
+
+    assert [_age(s) for s in (45, 600, 7200, 172799, 365 * 86400)] == ["45s", "10m", "2.0h", "48.0h", "365.0d"]
