@@ -11,7 +11,13 @@ from typing import Any
 from slurm_elastic.controller.base import ControllerBase
 from slurm_elastic.controller.weights import latest_weights
 from slurm_elastic.core.health import AgentReport
-from slurm_elastic.core.lifecycle import Worker, WorkerState, begin_drain, drained_by_signal_reason
+from slurm_elastic.core.lifecycle import (
+    Worker,
+    WorkerState,
+    begin_drain,
+    drained_by_signal_reason,
+    stood_total_s,
+)
 from slurm_elastic.core.liveness import drain_not_live
 from slurm_elastic.core.registration import admit, registration_refusal
 from slurm_elastic.core.speed import note_busy_s
@@ -198,8 +204,10 @@ class ControlPlane(ControllerBase):
         was stopped, and a worker inside a rollout then read that much slower (after a 22 s
         suspend, 1.8 s a rollout against 1.0, and drained first as slow). The time the process was
         stopped since its last report comes from the pause watch, which counts a pause whether or
-        not the tick has taken it: the first report after a resume may come before that tick."""
+        not the tick has taken it: the first report after a resume may come before that tick; and,
+        for a burst job's worker, from the time its job stood suspended (``stood_total_s``)."""
         lost_s = self.pause_watch.lost_total_s() if self.pause_watch is not None else 0.0
+        lost_s += stood_total_s(worker, now_s)
         heard = self._busy_heard.get(worker.worker_id)
         self._busy_heard[worker.worker_id] = (now_s, lost_s)
         if heard is None:  # its first report here: nothing to measure against

@@ -62,6 +62,7 @@ class WorkerRecord(_Model):
     rollouts: Count = 0
     busy_s: Annotated[StrictFloat, Field(ge=0, allow_inf_nan=False)] = 0.0
     paused_busy_s: Annotated[StrictFloat, Field(ge=0, allow_inf_nan=False)] = 0.0
+    stood_s: Annotated[StrictFloat, Field(ge=0, allow_inf_nan=False)] = 0.0
     endpoint: Annotated[StrictStr, Field(max_length=512)] = ""
     kill_sent_s: StrictFloat = 0.0
     failure_reason: StrictStr = ""

@@ -63,6 +63,7 @@ class Worker:
     rollouts: int = 0  # finished by its current step, from heartbeats
     busy_s: float = 0.0  # its current step's seconds inside rollouts (the one in flight included), from heartbeats
     paused_busy_s: float = 0.0  # of busy_s, seconds its job was stopped (suspended) inside a rollout: not its speed
+    stood_s: float = 0.0  # seconds its step stood SUSPENDED with its burst job (the current step's)
     endpoint: str = ""
     kill_sent_s: float = 0.0
     failure_reason: str = ""  # set when the controller kills it for cause (e.g. lost heartbeat)
@@ -199,7 +200,17 @@ def resume(worker: Worker, now_s: float, reason: str) -> float:
     elif back is S.DRAINING:
         worker.drain_started_s = min(now_s, worker.drain_started_s + stopped_s)
     worker.suspended_from, worker.suspended_at_s = "", 0.0
+    worker.stood_s += stopped_s
     return stopped_s
+
+
+def stood_total_s(worker: Worker, now_s: float) -> float:
+    """Seconds its current step has stood stopped with its suspended burst job, up to ``now_s``
+    (a suspension not resumed from yet included): read at two heartbeats, the difference is how long
+    it could not run in between."""
+    if worker.state is S.SUSPENDED:
+        return worker.stood_s + max(0.0, now_s - worker.suspended_at_s)
+    return worker.stood_s
 
 
 def transition(worker: Worker, to: WorkerState, now_s: float, reason: str) -> None:

@@ -387,5 +387,6 @@ def _launch(worker: Worker, exclude_nodes: tuple[str, ...], now_s: float, reason
     worker.step_id, worker.node, worker.gpus, worker.nodes, worker.node_gpus = "", "", (), (), {}
     worker.liveness_failures, worker.drained_by_its_step = 0, False
     worker.rollouts, worker.busy, worker.busy_s, worker.paused_busy_s = 0, False, 0.0, 0.0  # the new step's own
+    worker.stood_s = 0.0
     worker.launches += 1
     plan.actions.append(Launch(worker.worker_id, exclude_nodes))

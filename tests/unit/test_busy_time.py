@@ -11,6 +11,7 @@ import pytest
 from slurm_elastic.controller.config import parse_config
 from slurm_elastic.controller.pause_watch import PauseWatch
 from slurm_elastic.controller.runtime import Controller
+from slurm_elastic.core.lifecycle import resume, suspend
 from slurm_elastic.core.naming import worker_step_name
 from slurm_elastic.core.speed import seconds_per_rollout
 from slurm_elastic.rollouts.queue import QueueConfig, RolloutQueue
@@ -268,3 +269,27 @@ def test_a_state_file_from_before_the_stopped_time_loads() -> None:
 
     record = WorkerRecord.model_validate({"worker_id": "0001", "state": "ACTIVE", "rollouts": 8, "busy_s": 8.0})
     assert record.to_worker().paused_busy_s == 0.0
+
+
+@pytest.mark.parametrize("first", ["tick", "heartbeat"])
+def test_a_burst_workers_time_suspended_with_its_job_is_not_slowness(tmp_path: Path, first: str) -> None:
+    """A burst job suspended alone: the controller runs on (no pause for the pause watch), its worker
+    stands SUSPENDED, and its SDK's clock runs on inside the rollout. Whether the tick resumes it
+    first or its first heartbeat comes while it still stands SUSPENDED, the time is left out."""
+    workers = Workers(tmp_path, Clock())
+    workers.run(20)
+    worker = workers.controller.state.workers["0001"]
+    suspend(worker, workers.clock.now_s, "its burst job is suspended")
+    for _ in range(22):
+        workers.clock.now_s += 1.0
+        workers.watch.beat()
+    workers.busy_s["0001"] += 22.0
+    if first == "tick":
+        resume(worker, workers.clock.now_s, "its burst job runs again")
+        workers.heartbeat("0001")
+    else:
+        workers.heartbeat("0001")
+        resume(worker, workers.clock.now_s, "its burst job runs again")
+    view = workers.view("0001")
+    assert view["seconds_per_rollout"] == pytest.approx(1.0, abs=0.05) and not view["slow"]
+    assert worker.paused_busy_s == pytest.approx(22.0, abs=0.5) and worker.stood_s == pytest.approx(22.0)
