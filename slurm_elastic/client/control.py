@@ -77,6 +77,9 @@ class ControlClient:
                         raise ControllerAnswerError(f"the server at {self.url} was still sending its answer to "
                                                     f"{method} {path} {time.monotonic() - started_s:.0f} s after it "
                                                     f"began ({size} bytes so far)")
+        except httpx.DecodingError as exc:  # a Content-Encoding its body does not match: no controller's answer
+            raise ControllerAnswerError(f"the server at {self.url} answered {method} {path} with a body that "
+                                        f"cannot be decoded: {exc}") from None
         except httpx.TransportError as exc:
             sent = method != "GET" and not isinstance(exc, httpx.ConnectError)
             raise ControllerUnreachableError(

@@ -37,6 +37,7 @@ from slurm_elastic.core.scaling import Autoscaler
 from slurm_elastic.core.shape import shape_for_allocation
 from slurm_elastic.core.tick import ControlState, LaunchAgent, TickAction, TickConfig
 from slurm_elastic.errors import SlurmElasticError
+from slurm_elastic.rollouts.config import QueueConfig
 from slurm_elastic.slurm.backend import SlurmBackend
 
 log = logging.getLogger(__name__)
@@ -137,7 +138,8 @@ class ControllerBase:
         self.state_file = StateFile(state_dir / "state.json", job_id)
         self._saved_durable = ""  # the last written state without live fields, as JSON
         self._saved_at_s = float("-inf")  # time.monotonic() of the last write
-        self.burst = (BurstManager(BurstJobs(backend, config, job_id, state_dir), burst_policy(config), w.gpus_per_worker)
+        self.burst = (BurstManager(BurstJobs(backend, config, job_id, state_dir), burst_policy(config), w.gpus_per_worker,
+                                   suspended_limit_s=QueueConfig.from_mapping(config.queue).admission_ttl_s)
                       if config.burst.max_jobs else None)  # burst jobs (docs/burst.md): off unless [burst] max_jobs
         self.unconfirmed_launches: set[str] = set()  # saved launches not yet seen run (set by _load_state)
         self.job_times_s: tuple[float, float] | None = None  # the job's start and time limit (epoch s), if known

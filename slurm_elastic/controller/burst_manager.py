@@ -53,7 +53,8 @@ class BurstCounters:
 class BurstManager:
     """The burst jobs of one parent job."""
 
-    def __init__(self, jobs: BurstJobs, policy: BurstPolicy, gpus_per_worker: int) -> None:
+    def __init__(self, jobs: BurstJobs, policy: BurstPolicy, gpus_per_worker: int,
+                 suspended_limit_s: float = 600.0) -> None:
         self.jobs = jobs
         self.policy = policy
         self.gpus_per_worker = gpus_per_worker
@@ -68,6 +69,8 @@ class BurstManager:
         self._signalled: set[int] = set()  # of those, jobs Slurm's drain signal reached: lost when their run ends
         self._given_back: set[int] = set()  # jobs this controller cancelled or released: not lost when they end
         self._completing_since_s: dict[int, float] = {}  # jobs listed COMPLETING: when first seen so
+        self.suspended_limit_s = suspended_limit_s  # the admission TTL: a job suspended longer is given back
+        self._suspended_since_s: dict[int, float] = {}  # jobs listed suspended: when first seen so
         self._comments: dict[int, str] = {}  # job -> the comment this controller submitted, adopted or set
         self._refusals: dict[tuple[int, str], str] = {}  # (job, "name"/"comment") -> why Slurm refused to set it back
         self._script_checked = False  # the jobs running this parent's burst script were looked for
@@ -145,8 +148,9 @@ class BurstManager:
 
     @property
     def suspended(self) -> frozenset[int]:
-        """Jobs listed SUSPENDED at the last listing: their workers' steps are stopped."""
-        return frozenset(j.job_id for j in self.listed if j.state == "SUSPENDED")
+        """Jobs listed SUSPENDED (or STOPPED: ``scancel --signal=STOP``) at the last listing: their
+        workers' steps are stopped."""
+        return frozenset(j.job_id for j in self.listed if j.state in ("SUSPENDED", "STOPPED"))
 
     @property
     def alive(self) -> frozenset[int] | None:
@@ -225,10 +229,14 @@ class BurstManager:
         self._account(current, Counter(workers_by_job) + Counter(draining_by_job), now_s)  # a draining worker works on
         self._completing_since_s = {j.job_id: self._completing_since_s.get(j.job_id, now_s)
                                     for j in current if j.completing}
+        self._suspended_since_s = {j.job_id: self._suspended_since_s.get(j.job_id, now_s)
+                                   for j in current if j.suspended}
         judged = as_judged(current, frozenset(self._given_back - self._signalled), self._completing_since_s, now_s)
         decision = decide_burst(self.policy, target_workers=target_workers, allocation_slots=allocation_slots,
                                 jobs=judged, releasing=releasing, last_submit_s=self.last_submit_s, now_s=now_s,
-                                released_for_good=frozenset(self._ending))
+                                released_for_good=frozenset(self._ending),
+                                suspended_too_long=frozenset(j for j, since_s in self._suspended_since_s.items()
+                                                             if now_s - since_s >= self.suspended_limit_s))
         self.last_decision = decision
         for job_id in decision.cancel:
             self._given_back.add(job_id)

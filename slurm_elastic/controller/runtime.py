@@ -126,7 +126,7 @@ class Controller(OperatorCommands, StatusViews, AllocationChecks):
                 job: foreign_gpus_by_node([st for st in steps if st.job_id == job]) for job in jobs},
             releasing_jobs=releasing,
             stopped_jobs=self.burst.suspended if self.burst is not None else frozenset(),
-            alive_jobs=self.burst.alive if self.burst is not None else None,
+            alive_jobs=self.burst.alive if self.burst is not None else frozenset(),  # none: no burst job runs
             burst_slots_possible=possible,
             queue=snapshot,
             busy_worker_s=self.busy_worker_s(now_s) if snapshot else None,

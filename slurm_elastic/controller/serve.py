@@ -15,7 +15,8 @@ headers, so a token or any other field sent after the body would count as sent b
 are dropped (:func:`without_trailers`; RFC 9112 lets a recipient discard them). The token
 and the body's size are checked in the ASGI app, before routing
 (:class:`~slurm_elastic.controller.guard.RequestGuard`). No WebSocket implementation is loaded
-(``ws="none"``): a request asking for an upgrade is an HTTP request like any other."""
+(``ws="none"``): a request asking for an upgrade without a body is an HTTP request like any other
+(one with a body is refused, :class:`~slurm_elastic.controller.guard.RequestGuard`)."""
 
 from __future__ import annotations
 

@@ -75,7 +75,7 @@ class WorkerRecord(_Model):
     liveness_failures: Count = 0
     weights_version: Count | None = None
     suspended_from: Literal["", "STARTING", "ACTIVE", "DRAINING"] = ""
-    suspended_at_s: StrictFloat = 0.0
+    suspended_at_s: Annotated[StrictFloat, Field(ge=0, allow_inf_nan=False)] = 0.0
     history: list[tuple[StrictFloat, StrictStr, StrictStr, StrictStr]] = Field(default_factory=list)
 
     @model_validator(mode="after")

@@ -138,13 +138,21 @@ def decide_burst(
     last_submit_s: float | None,
     now_s: float,
     released_for_good: frozenset[int] = frozenset(),
+    suspended_too_long: frozenset[int] = frozenset(),
 ) -> BurstDecision:
     """Burst jobs to submit, cancel and release so that allocation + burst slots cover the target.
 
     ``allocation_slots``: worker slots of the parent allocation the pool may use; ``releasing``:
     running jobs already being emptied (they count as capacity no more); ``released_for_good``: those
-    of them never taken back (ending, or on nodes Slurm took out of use)."""
+    of them never taken back (ending, or on nodes Slurm took out of use). ``suspended_too_long``:
+    jobs suspended for longer than their workers' admissions may be held (the admission TTL): they
+    are given back first, whatever the target (their held admissions keep the staleness room from
+    every other worker), and the rest is decided at the next listing."""
     live = [j for j in jobs if j.phase != "ENDED" or j.completing]
+    overdue = tuple(j.job_id for j in live if j.suspended and j.job_id in suspended_too_long)
+    if overdue:
+        return BurstDecision(cancel=overdue, reason=f"burst: giving back {len(overdue)} job(s) suspended longer than "
+                                                    "the admission TTL: their workers' admissions held the staleness room")
     on_hold = [j.job_id for j in live if j.on_hold and j.job_id not in releasing]
     held = [j for j in live if j.job_id not in releasing and not j.on_hold and not j.completing]
     beyond = max(0, target_workers - max(0, allocation_slots)) if policy.max_jobs else 0

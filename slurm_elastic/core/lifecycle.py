@@ -171,6 +171,8 @@ def drained_by_signal_reason(signal_name: str | None) -> str:
 def begin_drain(worker: Worker, now_s: float, reason: str, *, failure_reason: str = "") -> None:
     """The one way into DRAINING: the drain clock starts now. ``failure_reason`` marks a kill for
     cause (it keeps the worker's slot counted, so a replacement follows its exit)."""
+    if worker.state is S.SUSPENDED:
+        raise TransitionError(f"worker {worker.worker_id}: SUSPENDED is left through resume")
     if failure_reason:
         worker.failure_reason = failure_reason
     worker.drain_started_s = now_s
@@ -199,7 +201,7 @@ def resume(worker: Worker, now_s: float, reason: str) -> float:
         worker.launched_at_s = min(now_s, worker.launched_at_s + stopped_s)
     elif back is S.DRAINING:
         worker.drain_started_s = min(now_s, worker.drain_started_s + stopped_s)
-    worker.suspended_from, worker.suspended_at_s = "", 0.0
+    worker.suspended_from, worker.suspended_at_s, worker.vanished_at_s = "", 0.0, 0.0
     worker.stood_s += stopped_s
     return stopped_s
 

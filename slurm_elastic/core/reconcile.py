@@ -153,7 +153,7 @@ def reconcile(
         return plan
     by_id = {o.worker_id: o for o in observed}
     _adopt_and_refresh(workers, by_id, now_s, plan)
-    _handle_suspended(workers, by_id, now_s, plan, stopped_jobs, drain_first_jobs, alive_jobs)
+    _handle_suspended(workers, by_id, cfg, now_s, stopped_jobs, drain_first_jobs, alive_jobs)
     _handle_vanished(workers, by_id, cfg, now_s, plan, cancelled, never_ran, stopped_jobs)
     for worker in drain_not_live(workers.values(), cfg.liveness_failure_threshold, now_s):
         if worker.step_id:
@@ -217,6 +217,7 @@ def _adopt_and_refresh(workers: dict[str, Worker], by_id: dict[str, ObservedStep
                         now_s, plan)
                 continue
             transition(worker, S.INACTIVE, now_s, f"another step of its id runs ({step.job_id}.{step.step_id})")
+            _forget_step(worker)
         if worker is None or worker.state in (S.INACTIVE, S.FAILED, S.BACKOFF):
             if worker is not None and worker.step_id == step.step_id:
                 continue  # the old step of a finished record is still winding down
@@ -232,24 +233,30 @@ def _adopt_and_refresh(workers: dict[str, Worker], by_id: dict[str, ObservedStep
         worker.nodes = step.nodes or worker.nodes
 
 
-def _handle_suspended(workers: dict[str, Worker], by_id: dict[str, ObservedStep], now_s: float, plan: Plan,
-                      stopped_jobs: frozenset[int], listed_jobs: frozenset[int],
+def _handle_suspended(workers: dict[str, Worker], by_id: dict[str, ObservedStep], cfg: ReconcileConfig,
+                      now_s: float, stopped_jobs: frozenset[int], running_jobs: frozenset[int],
                       alive_jobs: frozenset[int] | None) -> None:
-    """SUSPENDED workers whose step is not listed. They wait while their job is suspended, or
-    completing (its processes are being ended: a submit under their admissions may still come),
-    or running without its steps listed this tick. Its steps listed (``listed_jobs``) without
-    theirs: they are back as they were, and their step is handled as any that left the listing.
-    Their job gone from Slurm's listing (cancelled, ended, requeued): they end, and what the
-    queue granted them is released."""
+    """SUSPENDED workers whose step is not listed (one listed again is resumed where the listing is
+    read). They wait while their job is suspended or completing (its processes are being ended:
+    a submit under their admissions may still come). Their job running again without their step
+    for ``step_end_settle_s`` (requeued while suspended: a new run, the old processes gone; the
+    wait covers a job listing taken after the resume and a step listing before it), or gone from
+    Slurm's listing (cancelled, ended, pending again): they end, not counted against their GPUs,
+    and what the queue granted them is released."""
     for worker in workers.values():
         if worker.state is not S.SUSPENDED or worker.worker_id in by_id or worker.job_id in stopped_jobs:
             continue
-        if worker.job_id in listed_jobs:
-            _resume(worker, f"its burst job {worker.job_id} runs again", now_s, plan)
+        if worker.job_id in running_jobs:
+            worker.vanished_at_s = worker.vanished_at_s or now_s
+            if now_s - worker.vanished_at_s < cfg.step_end_settle_s:
+                continue
+            reason = "runs again without its step (requeued while suspended)"
         elif alive_jobs is not None and worker.job_id not in alive_jobs:
-            transition(worker, S.INACTIVE, now_s, f"its burst job {worker.job_id} ended while suspended; "
-                       "not counted against its GPU")
-            _forget_step(worker)
+            reason = "ended while suspended"
+        else:
+            continue
+        transition(worker, S.INACTIVE, now_s, f"its burst job {worker.job_id} {reason}; not counted against its GPU")
+        _forget_step(worker)
 
 
 def _resume(worker: Worker, reason: str, now_s: float, plan: Plan) -> None:
@@ -265,11 +272,10 @@ def _handle_vanished(workers: dict[str, Worker], by_id: dict[str, ObservedStep],
         unlisted_launch = worker.state is S.STARTING and not worker.step_id
         if worker.job_id in stopped_jobs and worker.step_id:  # only running burst jobs' steps are listed
             # not cancelled: Slurm 22.05's scancel of a suspended job's step blocks until the job resumes
-            reason = f"its burst job {worker.job_id} is suspended (its step stopped); not counted against its GPU"
-            if not worker.placeholder:  # its admissions stay counted in flight; it goes on when the job resumes
-                suspend(worker, now_s, reason)
-                continue
-            transition(worker, S.INACTIVE, now_s, reason)  # a placeholder holds no admission: adopted anew
+            # its admissions stay counted in flight; it goes on when the job resumes (a placeholder as one)
+            suspend(worker, now_s, f"its burst job {worker.job_id} is suspended (its step stopped); not counted "
+                    "against its GPU")
+            continue
         elif unlisted_launch and worker.worker_id in never_ran:
             _relaunch_uncounted(worker, LAUNCH_NEVER_RAN, now_s, plan)
         elif unlisted_launch and now_s - worker.launched_at_s < cfg.start_timeout_s:

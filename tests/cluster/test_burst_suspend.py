@@ -1,9 +1,10 @@
 """``scontrol suspend`` of a burst job with workers mid-rollout, then ``scontrol resume``: the
-workers stand SUSPENDED with their admissions counted in flight (past the admission TTL too), and
-survive a kill -9 of the controller, and go on as they were when the job runs again: the same steps, not relaunched, their rollouts
-accepted under the admissions they kept. The staleness counts are AReaL's throughout, and no
-rollout is lost or counted twice. Suspended again and cancelled instead, the job takes its
-workers' admissions with it when Slurm lists it no more."""
+workers stand SUSPENDED with their admissions counted in flight, survive a kill -9 of the
+controller, and go on as they were when the job runs again: the same steps, not relaunched, their
+rollouts accepted under the admissions they kept. The staleness counts are AReaL's throughout, and
+no rollout is lost or counted twice. Suspended again and left so for the admission TTL, the job is
+given back by the controller, and takes its workers' admissions with it when Slurm lists it no
+more."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from tests.cluster.controller_harness import (
 from tests.cluster.test_queue_api import client, group
 
 pytestmark = [pytest.mark.cluster, pytest.mark.second_cluster]
-TTL_S = 4  # the admission TTL: the job stands suspended well past it
+TTL_S = 10  # the admission TTL: a job suspended this long is given back
 QUEUE = {"batch_size": 8, "capacity_seqs": 100, "max_staleness": 0, "max_concurrent": 100, "admission_ttl_s": TTL_S}
 
 
@@ -70,13 +71,11 @@ def test_a_suspended_burst_jobs_workers_keep_their_admissions_and_go_on_when_it_
         suspended_at = time.time()
         wait_for(lambda: {w["worker_id"]: w["state"] for w in job.status()["workers"] if w["worker_id"] in in_burst}
                  == dict.fromkeys(in_burst, "SUSPENDED"), 30, "both burst workers SUSPENDED")
-        time.sleep(TTL_S + 1)  # past the admission TTL: the stopped workers' leases stay
         pid = job.controller_pid()
         os.kill(pid, signal.SIGKILL)  # a restart while the job stands: the records and the leases are found again
         wait_for(lambda: job.controller_pid() != pid and _answers(job), 60, "a new controller")
         assert {w["worker_id"]: w["state"] for w in job.status()["workers"] if w["worker_id"] in in_burst} \
             == dict.fromkeys(in_burst, "SUSPENDED")
-        time.sleep(TTL_S + 1)
         assert counts(job) == (8, 0, 0)
         with client(job) as c:
             assert c.admit(4, own)["granted"] == 0  # their room is not handed to another worker
@@ -111,19 +110,18 @@ def test_a_suspended_burst_jobs_workers_keep_their_admissions_and_go_on_when_it_
         burst = job.status()["burst"]
         assert (burst["submitted"], burst["lost"], burst["cancelled"]) == (1, 0, 0), burst
 
-        with client(job) as c:  # suspended again, then cancelled instead of resumed: the admissions go with it
+        with client(job) as c:  # suspended again and left so: the controller gives the job back at the TTL
             c.set_version(1)
             assert [c.admit(4, w)["granted"] for w in in_burst] == [4, 4]
         run_command(["scontrol", "suspend", str(burst_id)])
         wait_for(lambda: [w for w in job.status()["workers"] if w["state"] == "SUSPENDED"], 30, "SUSPENDED workers")
         assert counts(job)[0] == 8
-        started = time.monotonic()
-        run_command(["scancel", str(burst_id)], timeout_s=30)
-        cancel_s = time.monotonic() - started
         wait_for(lambda: burst_id not in [j for j, _ in burst_jobs_of(job)] and counts(job)[0] == 0, 60,
-                 "the cancelled job gone and its workers' admissions released")
-        ended = {w["worker_id"]: w["reason"] for w in job.status()["ended_workers"] if w["worker_id"] in in_burst}
-        assert set(ended) == set(in_burst) and cancel_s < 10, (ended, cancel_s)
+                 "the job given back and its workers' admissions released")
+        status = job.status()
+        ended = {w["worker_id"]: w["reason"] for w in status["ended_workers"] if w["worker_id"] in in_burst}
+        assert set(ended) == set(in_burst), ended
+        assert (status["burst"]["cancelled"], status["burst"]["lost"]) == (1, 0), status["burst"]
     finally:
         stop_controller_job(job)
         for left, _state in burst_jobs_of(job):

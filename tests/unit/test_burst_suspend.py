@@ -7,12 +7,23 @@ admissions, no relaunch); their job ended instead, their admissions are released
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from slurm_elastic.controller.burst_jobs import BurstJobs, burst_policy
+from slurm_elastic.controller.burst_manager import BurstManager
+from slurm_elastic.controller.config import parse_config
 from slurm_elastic.controller.state_model import restore_state
-from slurm_elastic.core.burst import BurstJob, burst_phase, on_hold, run_outcomes
+from slurm_elastic.core.burst import (
+    BurstJob,
+    BurstPolicy,
+    burst_phase,
+    decide_burst,
+    on_hold,
+    run_outcomes,
+)
 from slurm_elastic.core.lifecycle import (
     Worker,
     WorkerState,
@@ -36,6 +47,8 @@ from slurm_elastic.core.staleness import AdmissionLeases, StalenessManager
 from slurm_elastic.errors import TransitionError
 from slurm_elastic.rollouts.queue import QueueConfig, RolloutQueue
 from slurm_elastic.rollouts.store import RolloutStore
+from slurm_elastic.slurm.parse import QueuedJob
+from tests.unit.test_burst_comment import PARENT, FakeSlurm
 
 S = WorkerState
 CFG = ReconcileConfig(drain_timeout_s=30, heartbeat_grace_s=10, start_timeout_s=20, step_end_settle_s=5)
@@ -125,21 +138,59 @@ def test_it_waits_while_its_job_completes_or_is_not_known_and_ends_when_the_job_
     assert commands_ended(workers.values(), ()) == ["0002"]  # its admissions are released now
 
 
-def test_its_job_running_without_its_step_it_is_back_and_its_step_handled_as_one_that_left() -> None:
+def test_its_job_running_again_without_its_step_ends_it_uncounted_after_the_settle_time() -> None:
+    """Requeued while suspended, the job runs a new run: the old processes are gone. Not resumed
+    (its log would say it goes on with its step), not a crash on its GPU; the settle time covers a
+    job listing taken after a resume with a step listing taken before it."""
     workers = pool()
     suspended_at_1(workers)
     plan = tick(workers, 50.0, listed=("0001",))
-    assert [r.worker_id for r in plan.resumed] == ["0002"] and workers["0002"].state is S.ACTIVE
-    assert workers["0002"].vanished_at_s == 50.0  # waits for Slurm's word on why, as any step gone
-    tick(workers, 56.0, listed=("0001",))
-    assert workers["0002"].state is S.BACKOFF
+    assert plan.resumed == [] and workers["0002"].state is S.SUSPENDED and workers["0002"].vanished_at_s == 50.0
+    plan = tick(workers, 56.0, listed=("0001",))
+    assert workers["0002"].state is S.INACTIVE and plan.crashes == [] and workers["0002"].step_id == ""
+    assert workers["0002"].history[-1][3] == (f"its burst job {BURST} runs again without its step (requeued while "
+                                              "suspended); not counted against its GPU")
+    assert commands_ended(workers.values(), ()) == ["0002"]  # its admissions are released now
 
 
-def test_a_placeholder_in_a_suspended_job_ends_as_before() -> None:
+def test_a_step_listed_within_the_settle_time_is_resumed_as_it_was() -> None:
     workers = pool()
-    workers["0002"].placeholder = True  # holds no admission: a resumed one is adopted anew
     suspended_at_1(workers)
-    assert workers["0002"].state is S.INACTIVE and workers["0002"].history[-1][3] == SUSPENDED_REASON
+    tick(workers, 50.0, listed=("0001",), slots=1)  # the job listed running, its steps not yet
+    plan = tick(workers, 52.0, listed=("0001", "0002"))
+    assert [r.worker_id for r in plan.resumed] == ["0002"] and workers["0002"].state is S.ACTIVE
+    assert workers["0002"].vanished_at_s == 0.0 and workers["0002"].step_id == "4"
+
+
+def test_a_placeholder_in_a_suspended_job_stands_suspended_and_comes_back_a_placeholder() -> None:
+    """Ended and adopted anew on resume, its hold-only wrapper would be told to register and count
+    as a worker that runs no command."""
+    workers = pool()
+    workers["0002"].placeholder = True
+    suspended_at_1(workers)
+    assert workers["0002"].state is S.SUSPENDED and workers["0002"].history[-1][3] == SUSPENDED_REASON
+    plan = tick(workers, 20.0, listed=("0001", "0002"))
+    assert [r.worker_id for r in plan.resumed] == ["0002"]
+    assert workers["0002"].placeholder and workers["0002"].state is S.ACTIVE
+
+
+def test_another_step_under_its_id_ends_it_and_is_adopted() -> None:
+    workers = pool()
+    suspended_at_1(workers)
+    tick(workers, 20.0, listed=("0001",), running=frozenset())
+    workers_steps = [ObservedStep("0001", "1", "n1", 0), ObservedStep("0002", "4", "n3", 9)]  # same step id, job 9
+    plan = reconcile(workers, workers_steps, 2, 2, (), NONE, CFG, 21.0, 3)
+    assert [h[3] for h in workers["0002"].history[-3:-1]] == ["another step of its id runs (9.4)",
+                                                              "adopted running step 4"]
+    assert workers["0002"].job_id == 9 and plan.resumed == []
+
+
+def test_a_drain_does_not_take_a_worker_out_of_suspended() -> None:
+    worker = Worker("0002", state=S.ACTIVE)
+    suspend(worker, 1.0, "stopped")
+    with pytest.raises(TransitionError, match="resume"):
+        begin_drain(worker, 2.0, "scale-down")
+    assert worker.state is S.SUSPENDED
 
 
 def test_suspended_is_entered_and_left_only_through_suspend_and_resume() -> None:
@@ -219,3 +270,50 @@ def test_a_suspended_burst_job_is_not_over_and_is_lost_only_if_it_ends_unrelease
     assert run_outcomes(runs.running, [running], frozenset()).lost == ()  # resumed
     assert run_outcomes(runs.running, [], frozenset()).lost == (BURST,)  # cancelled by someone else
     assert run_outcomes(runs.running, [], frozenset({BURST})).lost == ()  # given back by the pool
+
+
+def test_a_job_suspended_longer_than_the_admission_ttl_is_given_back_whatever_the_target() -> None:
+    """Its workers' admissions are held while it stands suspended (no TTL runs for them); with
+    max_jobs burst jobs out, nothing else would end the hold, and a staleness room they fill would
+    stall every other worker (and the trainer, at a bound of 0) for as long as Slurm keeps it."""
+    policy = BurstPolicy(max_jobs=1, worker_slots_per_job=2, submit_cooldown_s=0)
+    suspended = BurstJob(BURST, "RUNNING", 2, suspended=True, on_hold=True)
+    waiting = decide_burst(policy, target_workers=6, allocation_slots=2, jobs=[suspended], releasing=frozenset(),
+                           last_submit_s=None, now_s=100.0)
+    assert waiting.cancel == () and waiting.submit == 0  # max_jobs out: the suspended job is waited for
+    given_back = decide_burst(policy, target_workers=6, allocation_slots=2, jobs=[suspended], releasing=frozenset(),
+                              last_submit_s=None, now_s=700.0, suspended_too_long=frozenset({BURST}))
+    assert given_back.cancel == (BURST,) and given_back.submit == 0 and "admission TTL" in given_back.reason
+
+
+class SuspendingSlurm(FakeSlurm):
+    """Lists its jobs SUSPENDED while ``suspended``; cancels them."""
+
+    suspended = False
+
+    def _listed(self, job_id: int) -> QueuedJob:
+        return replace(super()._listed(job_id), state="SUSPENDED" if self.suspended else "RUNNING")
+
+    def cancel_job(self, job_id: int) -> None:
+        self.cancelled.append(job_id)
+
+
+def test_the_manager_gives_back_a_job_suspended_for_the_admission_ttl(tmp_path: Path) -> None:
+    config = parse_config({"burst": {"max_jobs": 1, "gpus_per_job": 2}, "queue": {"admission_ttl_s": 300}})
+    slurm = SuspendingSlurm()
+    slurm.cancelled = []
+    made = BurstManager(BurstJobs(slurm, config, PARENT, tmp_path), burst_policy(config), 1,  # type: ignore[arg-type]
+                        suspended_limit_s=300.0)
+
+    def step(now_s: float) -> None:
+        made.observe()
+        made.step(target_workers=8, allocation_slots=4, workers_by_job={}, draining_by_job={}, now_s=now_s)
+
+    step(0.0)
+    [job] = list(slurm.jobs)
+    slurm.suspended = True
+    for now_s in (10.0, 200.0, 309.0):
+        step(now_s)
+    assert slurm.cancelled == [] and made.suspended == frozenset({job})
+    step(310.0)
+    assert slurm.cancelled == [job] and made.counters.cancelled == 1

@@ -67,6 +67,7 @@ class Hostile(BaseHTTPRequestHandler):
             "list": (200, b'["accepted"]', {"content-type": "application/json"}),
             "forbidden": (403, b'{"detail": "wrong token for this job"}', {"content-type": "application/json"}),
             "not-found": (404, b'{"detail": "Not Found"}', {"content-type": "application/json"}),
+            "gzip": (200, b'{"accepted": true}', {"content-type": "application/json", "content-encoding": "gzip"}),
             "redirect": (307, b'{"accepted": true}', {"location": "http://192.0.2.1/rollouts",
                                                        "content-type": "application/json"}),
         }[mode]
@@ -96,7 +97,7 @@ def url(server: ThreadingHTTPServer) -> str:
 
 @pytest.mark.parametrize(("mode", "says"), [
     ("html", "not a JSON object: '<html>"), ("list", "not a JSON object"), ("redirect", "307"),
-    ("drip", "still sending its answer"), ("endless", "more than 1048576 bytes")])
+    ("drip", "still sending its answer"), ("endless", "more than 1048576 bytes"), ("gzip", "cannot be decoded")])
 def test_an_answer_no_controller_gives_is_a_clear_error_within_the_timeout(
         hostile: ThreadingHTTPServer, monkeypatch: pytest.MonkeyPatch, mode: str, says: str) -> None:
     monkeypatch.setattr(control, "ANSWER_MAX_BYTES", 1 << 20)
@@ -108,7 +109,7 @@ def test_an_answer_no_controller_gives_is_a_clear_error_within_the_timeout(
     assert time.monotonic() - started < 5  # before: the drip held the call 40 s, the endless body until memory ran out
 
 
-@pytest.mark.parametrize("mode", ["redirect", "list", "html"])
+@pytest.mark.parametrize("mode", ["redirect", "list", "html", "gzip"])
 def test_a_submit_answered_so_is_not_taken_as_stored(hostile: ThreadingHTTPServer, mode: str) -> None:
     """A 307 whose body says ``{"accepted": true}`` was returned as the submit's answer: the group
     counted as handed over, and was never stored."""
