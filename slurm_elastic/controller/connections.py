@@ -2,15 +2,22 @@
 and how large a request head may be.
 
 A connection waiting for a request head (just opened, or after a response) must deliver the
-whole head within ``head_timeout_s`` and ``head_max_bytes``, or it is closed: a client that
-sends a head a byte at a time, or never sends one, holds no descriptor for long. At most
+whole head within ``head_timeout_s``, or it is closed: a client that sends a head a byte at a
+time, or never sends one, holds no descriptor for long. A head is at most ``head_max_bytes``,
+counted here from the bytes of a head not ended yet, or of one that ends in the read (the first
+on a connection, or the next after an answer), and by the HTTP parser for any head it reads
+(:func:`~slurm_elastic.controller.framing.framed`): one over it, whatever the reads, is parsed
+no further; the answers due before it go out, then ``431 Request Header Fields Too Large``, and
+the connection closes (what the client still sends is read and dropped for ``LINGER_S`` at
+most, so that the answer is not lost to a reset). At most
 ``max_connections`` are open; one more closes the longest-waiting connection that has no request
 in progress and no response still leaving, else the one whose request body began arriving the
 longest ago, if ``slow_body_s`` or more ago (a client that sends a head and then its body a byte
 at a time, at whatever pace, holds no slot for long: a body takes milliseconds to arrive), or is
 itself closed at once if every connection is busy.
 An interim answer (``100 Continue``) is no response: the request's body follows it. The cap is
-kept below the process's open-files limit so that the controller's own files always open. A response whose bytes
+kept below the process's open-files limit so that the controller's own files always open
+(:mod:`slurm_elastic.controller.open_files`). A response whose bytes
 wait in the transport's write buffer must send at least ``min_send_rate_bytes_per_s`` times
 ``write_timeout_s`` of them in every window of ``write_timeout_s``, or its connection is closed:
 a client that never reads its answers (nothing leaves: ``stalled``), or reads them a drip at a
@@ -21,14 +28,19 @@ drops what it still holds of the response instead of trying to deliver it for mi
 response that fits in the kernel's buffers never waits in the transport's, and is never timed.
 
 :func:`guarded` wraps any asyncio protocol class (uvicorn's ``http=`` setting takes one); it
-sees only the asyncio ``Protocol`` and ``Transport`` interfaces, and two attributes of uvicorn's
-protocol: ``pipeline`` (the requests that arrived behind the one being answered) and ``cycle``
-(the latest request; ``more_body`` false once its whole body is in): bytes after that are the
-next request's head, held to the head's size cap even while an answer is pending; and at most
-``max_pipelined`` whole requests may wait behind the one being answered (each holds its parsed
-head in memory), or the connection is reset. The transport
-it hands the wrapped protocol also sends a response's head together with its body
-(:class:`_InnerTransport`).
+sees the asyncio ``Protocol`` and ``Transport`` interfaces, two attributes of uvicorn's protocol,
+``pipeline`` (the requests that arrived behind the one being answered) and ``cycle`` (the latest
+request; ``more_body`` false once its whole body is in, ``response_complete`` once answered),
+and two of :func:`~slurm_elastic.controller.framing.framed`'s, ``head_too_large`` and
+``client_done``. Bytes after the latest whole request are the next request's head, held to the
+head's size cap even while an answer is pending; at most ``max_pipelined`` whole requests may
+wait behind the one being answered (each holds its parsed head in memory), or the connection is
+reset. A client that shuts its sending side (a half-close; a client that closed its socket shows
+the same) with a whole request's answer due gets that answer and those queued behind it, then
+the connection closes, and ``client_done`` is set (a long-poll, which waits for its client to
+leave, ends); otherwise the connection closes at once, as when the client leaves. The transport
+it hands the wrapped protocol sends a response's head together with its body
+(:class:`~slurm_elastic.controller.inner_transport.InnerTransport`).
 """
 
 from __future__ import annotations
@@ -36,19 +48,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-import resource
 import socket
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from slurm_elastic.controller.framing import HEAD_MAX_BYTES, head_too_large
+from slurm_elastic.controller.inner_transport import InnerTransport
+
 HEAD_END = b"\r\n\r\n"
 INTERIM = re.compile(rb"HTTP/1\.[01] 1[0-9][0-9] [^\r\n]*\r\n\r\n\Z")  # an interim answer, written whole
-RESERVED_FDS = 128  # descriptors kept for the controller itself: store, state files, Slurm commands
-MAX_CONNECTIONS = 4096
 SLOW_BODY_S = 1.0  # a request body still arriving this long after it began may be closed to make room
 MAX_PIPELINED = 32  # requests queued behind the one being answered; one more resets the connection
+LINGER_S = 2.0  # after a 431, what the client still sends is read and dropped this long at most
+LINGER_MAX_BYTES = 1 << 20  # ... and this much at most
 
 
 def _pieces(data: bytes, most_heads: int) -> list[bytes]:
@@ -65,30 +79,13 @@ def _pieces(data: bytes, most_heads: int) -> list[bytes]:
     return [*pieces, data[start:]] if start < len(data) else pieces
 
 
-def raise_open_files_limit() -> int:
-    """Raise this process's soft limit on open files to its hard limit; returns the soft limit now."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or soft < hard:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            soft = hard
-        except (ValueError, OSError):
-            pass
-    return soft if soft != resource.RLIM_INFINITY else 1 << 20
-
-
-def connection_cap(open_files_limit: int) -> int:
-    """How many client connections fit under ``open_files_limit`` with the controller's reserve."""
-    return max(8, min(MAX_CONNECTIONS, open_files_limit - RESERVED_FDS))
-
-
 @dataclass
 class ConnectionBook:
     """The open connections of one server; those waiting for a head in the order they started waiting."""
 
     max_connections: int
     head_timeout_s: float
-    head_max_bytes: int = 64 * 1024
+    head_max_bytes: int = HEAD_MAX_BYTES
     write_timeout_s: float = 30.0
     min_send_rate_bytes_per_s: float = 64 * 1024
     slow_body_s: float = SLOW_BODY_S
@@ -101,6 +98,7 @@ class ConnectionBook:
     stalled: int = 0  # connections closed because nothing of their response left for a window
     slow: int = 0  # connections closed because their response left slower than the minimum rate
     overpipelined: int = 0  # connections reset for queueing more than max_pipelined requests
+    head_too_large: int = 0  # connections answered 431 and closed: a head over head_max_bytes
 
     def admit(self, connection: GuardedConnection) -> bool:
         if len(self.open) >= self.max_connections:
@@ -147,6 +145,9 @@ class GuardedConnection(asyncio.Protocol):
         self._window_start_s = 0.0
         self._write_watch: asyncio.TimerHandle | None = None
         self._body_cycle: object = None  # the request whose body arrival is timed
+        self._refusing = False  # a head over the cap: nothing more is parsed; 431 once no answer is due
+        self._client_done = False  # the client shut its side with an answer due: closed once it has gone
+        self._dropped = 0  # bytes read and dropped since the 431
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         transport = cast(asyncio.Transport, transport)
@@ -155,7 +156,7 @@ class GuardedConnection(asyncio.Protocol):
             return
         self.transport = transport
         self._wait_for_head()
-        inner_transport = _InnerTransport(transport, asyncio.get_running_loop(), self._wrote)
+        inner_transport = InnerTransport(transport, asyncio.get_running_loop(), self._wrote)
         self.inner.connection_made(cast(asyncio.Transport, inner_transport))
 
     def _wrote(self, nbytes: int, first: bytes) -> None:
@@ -166,6 +167,36 @@ class GuardedConnection(asyncio.Protocol):
         self._written += nbytes
         if not (INTERIM.match(first) or getattr(self.inner, "pipeline", None)):
             self._wait_for_head()
+        if self._refusing or self._client_done:
+            asyncio.get_running_loop().call_soon(self._settle)
+
+    def _answer_due(self) -> bool:
+        """A request has been read whose answer has not gone out whole."""
+        cycle = getattr(self.inner, "cycle", None)
+        return bool(getattr(self.inner, "pipeline", None)) or (
+            cycle is not None and not getattr(cycle, "response_complete", True))
+
+    def _settle(self) -> None:
+        """Once no answer is due: a refused head gets its 431 (then the connection closes, at once
+        if the client has shut its side, else after LINGER_S), and a client that shut its side has
+        its connection closed."""
+        if self.transport is None or self._lost or self.transport.is_closing() or self._answer_due():
+            return
+        if self._refusing:
+            self.transport.write(head_too_large(self.book.head_max_bytes))
+            if not self._client_done and self.transport.can_write_eof():
+                self.transport.write_eof()  # the answer, then our end of the stream; reads go on, dropped
+                asyncio.get_running_loop().call_later(LINGER_S, self.transport.close)
+                return
+        self.transport.close()
+
+    def _refuse_head(self) -> None:
+        """A head over the cap: nothing more is parsed or timed as a head; 431 once no answer is due."""
+        if not self._refusing:
+            self._refusing = True
+            self.book.head_too_large += 1
+            self._head_arrived()
+            self._settle()
 
     def _watch_writes(self) -> None:
         """Look at the write buffer every quarter of ``write_timeout_s`` until it is empty, in
@@ -226,29 +257,47 @@ class GuardedConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         """Hand ``data`` to the HTTP parser in pieces of at most ``max_pipelined`` heads' ends each,
         checking the pipeline after each piece: a read of 256 KiB holds 2,000 small requests, which
-        the parser would keep; a body's own blank lines may end a piece, never the connection."""
+        the parser would keep; a body's own blank lines may end a piece, never the connection.
+        After a refused head, what comes is dropped (and the connection closed past LINGER_MAX_BYTES)."""
+        if self._refusing:
+            self._dropped += len(data)
+            if self._dropped > LINGER_MAX_BYTES and self.transport is not None:
+                self.transport.close()
+            return
         for piece in _pieces(data, self.book.max_pipelined):
             if not self._take(piece) or self.transport is None or self.transport.is_closing():
                 return
 
     def _take(self, data: bytes) -> bool:
         """Parse ``data`` within the limits; False if that closed the connection."""
+        if self._refusing:
+            return False
         if self in self.book.waiting:
             if not self._watch_head(data):
                 return False
             self.inner.data_received(data)
-            if not self._pipeline_within_cap():
+            if not self._parsed():
                 return False
             self._note_body()
             return True
         before = getattr(self.inner, "cycle", None)  # the HTTP protocol's latest request (uvicorn's)
         whole_before = before is not None and not getattr(before, "more_body", True)
         self.inner.data_received(data)
-        if not self._pipeline_within_cap():
+        if not self._parsed():
             return False
         self._count_next_head(data, before, whole_before)
+        if self._refusing:
+            return False
         self._note_body()
         return True
+
+    def _parsed(self) -> bool:
+        """False if what was parsed refused or closed the connection: a head the parser found over
+        the cap (431), or too many requests pipelined (reset)."""
+        if getattr(self.inner, "head_too_large", False):
+            self._refuse_head()
+            return False
+        return self._pipeline_within_cap()
 
     def _pipeline_within_cap(self) -> bool:
         """At most ``max_pipelined`` requests queued behind the one answered; else the connection is reset."""
@@ -272,7 +321,7 @@ class GuardedConnection(asyncio.Protocol):
     def _count_next_head(self, data: bytes, before: object, whole_before: bool) -> None:
         """While a request is answered, the bytes after the latest request's whole body are the
         next request's head (pipelined): held to the head's size cap (its time limit starts once
-        no answer is pending), or the connection is reset. ``before``: the latest request before
+        no answer is pending), or it is refused (431). ``before``: the latest request before
         ``data`` was read, ``whole_before``: its body was in whole."""
         latest = getattr(self.inner, "cycle", None)
         if latest is None or getattr(latest, "more_body", True):
@@ -286,23 +335,29 @@ class GuardedConnection(asyncio.Protocol):
         else:
             self._head_bytes = len(data)  # its head ended across reads: counted whole, a read at most over
         if self._head_bytes > self.book.head_max_bytes:
-            self.abort(reset=True)
+            self._refuse_head()
 
     def _watch_head(self, data: bytes) -> bool:
-        """Count ``data`` against the head's limits; False if that closed the connection. Blank
-        lines before the request line (which HTTP parsers skip) do not begin a head, so an end of
-        head is looked for only after its first other byte: ``\r\n\r\n`` alone is no head."""
+        """Count ``data`` against the head's limits, up to the head's end if it is in ``data``;
+        False if the head is refused. Blank lines before the request line (which HTTP parsers
+        skip) do not begin a head but count, so an end of head is looked for only after its
+        first other byte: ``\r\n\r\n`` alone is no head."""
         scanned = data
         if not self._head_begun:
             scanned = data.lstrip(b"\r\n")
             self._head_begun = bool(scanned)
-        if HEAD_END in scanned or (scanned is data and HEAD_END in self._tail + data[:len(HEAD_END) - 1]):
+        end = scanned.find(HEAD_END)
+        if end >= 0:
+            end += len(data) - len(scanned) + len(HEAD_END)  # where the head ends in data
+        elif scanned is data and (split := (self._tail + data[:len(HEAD_END) - 1]).find(HEAD_END)) >= 0:
+            end = split + len(HEAD_END) - len(self._tail)  # an end begun in the read before
+        self._head_bytes += len(data) if end < 0 else end
+        if self._head_bytes > self.book.head_max_bytes:
+            self._refuse_head()
+            return False
+        if end >= 0:
             self._head_arrived()
             return True
-        self._head_bytes += len(data)
-        if self._head_bytes > self.book.head_max_bytes:
-            self.abort()
-            return False
         self._tail = (self._tail + scanned[-(len(HEAD_END) - 1):])[-(len(HEAD_END) - 1):]
         return True
 
@@ -335,7 +390,19 @@ class GuardedConnection(asyncio.Protocol):
             self.inner.connection_lost(exc)
 
     def eof_received(self) -> bool | None:
-        return self.inner.eof_received() if self.transport is not None else None
+        """The client shut its sending side: with a whole request's answer due, the connection
+        stays open for it (the protocol's ``client_done`` is set); else it closes."""
+        if self.transport is None:
+            return None
+        self.inner.eof_received()
+        latest = getattr(self.inner, "cycle", None)
+        if self._lost or not self._answer_due() or getattr(latest, "more_body", True):
+            return None  # nothing due, or a body that will not come whole: closed, as when the client leaves
+        self._client_done = True
+        done = getattr(self.inner, "client_done", None)
+        if done is not None:
+            done.set()  # a long-poll learns its client is done
+        return True
 
     def pause_writing(self) -> None:
         self._watch_writes()
@@ -348,57 +415,3 @@ class GuardedConnection(asyncio.Protocol):
 def guarded(inner_class: Callable[..., asyncio.Protocol], book: ConnectionBook) -> type[GuardedConnection]:
     """A protocol class that runs ``inner_class`` under ``book``'s limits."""
     return type("GuardedHttpConnection", (GuardedConnection,), {"book": book, "inner_class": inner_class})
-
-
-class _InnerTransport:
-    """The transport the wrapped protocol writes to. It calls ``on_write`` with their count just
-    before bytes are handed to the transport (which may pause the protocol), and holds a response
-    head (bytes ending in a blank line) back until the next write, its body, so that both leave in
-    one ``writev``: one TCP segment and one wake-up of the client for a small answer, where an
-    HTTP server that writes head and body apart would cost two. A head with no body follows at
-    the end of the loop turn. Bytes written once the connection is closing are dropped.
-    Everything else is the wrapped transport's."""
-
-    __slots__ = ("_head", "_loop", "_on_write", "_transport")
-
-    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop,
-                 on_write: Callable[[int, bytes], None]) -> None:
-        self._transport = transport
-        self._loop = loop
-        self._on_write = on_write
-        self._head: bytes | None = None
-
-    def write(self, data: bytes) -> None:
-        head, self._head = self._head, None
-        if self._transport.is_closing():
-            return  # closed under the app (a request pipelined behind the one that was answering)
-        if head is not None:
-            self._on_write(len(head) + len(data), head)
-            self._transport.writelines([head, data])
-        elif data.endswith(HEAD_END):  # a head (or a body that ends like one: it leaves a turn later)
-            self._head = data
-            self._loop.call_soon(self._flush)
-        else:
-            self._on_write(len(data), data)
-            self._transport.write(data)
-
-    def writelines(self, parts: Any) -> None:
-        head, self._head = self._head, None
-        if self._transport.is_closing():
-            return
-        parts = [head, *parts] if head is not None else list(parts)
-        self._on_write(sum(len(part) for part in parts), parts[0] if parts else b"")
-        self._transport.writelines(parts)
-
-    def _flush(self) -> None:
-        head, self._head = self._head, None
-        if head is not None and not self._transport.is_closing():
-            self._on_write(len(head), head)
-            self._transport.write(head)
-
-    def close(self) -> None:
-        self._flush()
-        self._transport.close()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)

@@ -1,15 +1,23 @@
 """What every request to the controller passes before anything reads its body: one
 ``Authorization`` header (400 with more than one: which of them counts is not the client's to
-choose), the job's token (401 without one, 403 with a wrong one), a path of printable characters
+choose), one ``Host`` header on an HTTP/1.1 request (400 without one or with more than one, as
+RFC 9112 section 3.2 requires; every client of the controller sends it: httpx, ``http.client``,
+curl), the job's token (401 without one, 403 with a wrong one), a path of printable characters
 (404 otherwise: Starlette's routes, ending in ``$``, would take ``/admin/scale`` followed by a
 newline) with no encoded ``/`` (404: the server decodes ``/admin%2Fpause`` to ``/admin/pause``), no body
 on a request that asks to switch protocols (400: ``Connection: Upgrade`` with ``Upgrade: h2c``,
 as ``curl --http2`` sends; the HTTP parser stops at such a head and the body never reaches the
 route, which would answer as if none was sent; without a body the request is answered as plain
-HTTP/1.1), then the body's size (413 over the route's cap, from ``Content-Length`` before a byte
+HTTP/1.1, and the connection closed after the answer: the parser reads nothing sent behind such
+a head, so a request pipelined behind it would never be answered), then the body's size (413 over the route's cap, from ``Content-Length`` before a byte
 is read, or counted as a chunked body streams in), then the body's time: it must arrive whole
 within ``body_timeout_s`` of its head (408 otherwise), so a client that trickles a body, or
 declares more than it sends, holds its connection that long at most.
+
+The two header counts come before the token: like the malformed heads the HTTP parser answers
+400 before any check of ours, they are faults of the message's framing, found in the head that
+has been read whole; refusing them reads no body, reaches no route and says nothing of the job.
+The token is then checked before any other part of the request is looked at.
 
 One check in the ASGI layer, in front of routing (:class:`~slurm_elastic.controller.rollout_http.ControllerApp`
 calls it), so that no route can parse a body first. A refusal closes the connection: the
@@ -61,17 +69,19 @@ class RequestGuard:
         submit = scope["path"] == SUBMIT_PATH and scope["method"] == "POST"
         return self.submit_max_bytes if submit else self.body_max_bytes
 
-    def check(self, scope: Scope) -> tuple[tuple[int, bytes, Headers] | None, bool, bool]:
+    def check(self, scope: Scope) -> tuple[tuple[int, bytes, Headers] | None, bool, bool, bool]:
         """(the refusal, or None; whether a body follows; whether it must be counted as it
-        arrives: chunked)."""
+        arrives: chunked; whether the connection closes after the answer: an Upgrade request)."""
         authorization = content_length = b""
         chunked = False
-        authorizations = 0
+        authorizations = hosts = 0
         upgrade = connection_upgrade = False
         for name, value in scope["headers"]:
             if name == b"authorization":
                 authorization = value
                 authorizations += 1
+            elif name == b"host":
+                hosts += 1
             elif name == b"content-length":
                 content_length = value.strip(b" \t")  # HTTP allows whitespace around a field's value
             elif name == b"transfer-encoding":
@@ -82,28 +92,31 @@ class RequestGuard:
                 connection_upgrade = connection_upgrade or b"upgrade" in (
                     option.strip(b" \t").lower() for option in value.split(b","))
         if authorizations > 1:
-            return refusal(400, "more than one Authorization header"), False, False
+            return refusal(400, "more than one Authorization header"), False, False, True
+        if hosts > 1 or (hosts == 0 and scope.get("http_version") == "1.1"):
+            return refusal(400, "an HTTP/1.1 request needs exactly one Host header (RFC 9112 section 3.2); "
+                                f"this one has {hosts}"), False, False, True
         scheme, _, token = authorization.partition(b" ")
         token = token.strip()
         if scheme.lower() != b"bearer" or not token:
-            return refusal(401, "missing bearer token", [(b"www-authenticate", b"Bearer")]), False, False
+            return refusal(401, "missing bearer token", [(b"www-authenticate", b"Bearer")]), False, False, True
         if not any([hmac.compare_digest(token, accepted) for accepted in self.tokens]):  # each compared
-            return refusal(403, "wrong token for this job"), False, False
+            return refusal(403, "wrong token for this job"), False, False, True
         if not scope["path"].isprintable():  # the router's `$` would take a trailing newline
-            return refusal(404, "no route: the path holds a control character"), False, False
+            return refusal(404, "no route: the path holds a control character"), False, False, True
         if b"%2f" in scope.get("raw_path", b"").lower():  # decoded, it would route as a separator
-            return refusal(404, "no route: the path holds an encoded / (%2F)"), False, False
+            return refusal(404, "no route: the path holds an encoded / (%2F)"), False, False, True
         limit = self.limit_bytes(scope)
         if content_length and not content_length.isdigit():
-            return refusal(400, "Content-Length is not a whole number of bytes"), False, False
+            return refusal(400, "Content-Length is not a whole number of bytes"), False, False, True
         has_body = chunked or content_length.strip(b"0") != b""
         if upgrade and connection_upgrade and has_body:
             return refusal(400, "the request asks to switch protocols (Upgrade), which this server does not: its "
-                                "body would be lost; send it as plain HTTP/1.1 (curl: --http1.1)"), False, False
+                                "body would be lost; send it as plain HTTP/1.1 (curl: --http1.1)"), False, False, True
         if content_length and int(content_length) > limit:
-            return self.too_big(limit), False, False
+            return self.too_big(limit), False, False, True
         # with a Content-Length within the cap, the server reads no more than it says
-        return None, has_body, chunked
+        return None, has_body, chunked, upgrade and connection_upgrade
 
     @staticmethod
     def too_big(limit: int) -> tuple[int, bytes, Headers]:
@@ -113,14 +126,25 @@ class RequestGuard:
         """Refuse the request (answered here, None returned), or the ``receive`` and ``send`` to
         serve it with: a body is timed, a chunked one also counted as it streams in and
         refused past the cap."""
-        answer, has_body, count = self.check(scope)
+        answer, has_body, count, close = self.check(scope)
         if answer is not None:
             await send_answer(send, answer)
             return None
+        if close:
+            send = closing(send)
         if not has_body:
             return receive, send
         body = _WatchedBody(receive, send, self.limit_bytes(scope) if count else None, self.body_timeout_s)
         return body.receive, body.send
+
+
+def closing(send: Send) -> Send:
+    """``send`` with ``Connection: close`` added to the answer's head."""
+    async def with_close(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", ()), (b"connection", b"close")]}
+        await send(message)
+    return with_close
 
 
 class _WatchedBody:

@@ -20,12 +20,24 @@ from slurm_elastic.client.wire import (
     Registration,
     ScaleRequest,
 )
+from slurm_elastic.controller.framing import CLIENT_DONE
 from slurm_elastic.controller.runtime import Controller, UnknownWorkerError
 from slurm_elastic.errors import TransitionError
 
 
 async def _disconnect(request: Request) -> None:
-    """Returns once the client of ``request`` (a request without a body) has gone."""
+    """Returns once the client of ``request`` has gone, or has shut its sending side (which a
+    client that closed its socket also shows; the server says so: :data:`CLIENT_DONE`)."""
+    done = request.scope.get("extensions", {}).get(CLIENT_DONE)
+    waits = {asyncio.ensure_future(_gone(request))} | ({asyncio.ensure_future(done.wait())} if done else set())
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
+
+
+async def _gone(request: Request) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
 

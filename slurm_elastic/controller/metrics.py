@@ -22,7 +22,7 @@ from slurm_elastic.controller.runtime import Controller
 from slurm_elastic.rollouts.queue import RolloutQueue
 
 PREFIX = "slurm_elastic_"
-CLOSED_REASONS = ("refused", "evicted", "stalled", "slow", "overpipelined")
+CLOSED_REASONS = ("refused", "evicted", "stalled", "slow", "overpipelined", "head_too_large")
 
 
 class _Snapshot(Collector):
@@ -90,7 +90,8 @@ class _Snapshot(Collector):
                 PREFIX + "api_connections_closed",
                 "API connections the server closed: refused (every one busy), evicted (idle, to make room), "
                 "stalled (response not read), slow (response read below the minimum rate), "
-                "overpipelined (more requests queued than the server answers ahead)", labels=["reason"])
+                "overpipelined (more requests queued than the server answers ahead), "
+                "head_too_large (a request head over 64 KiB, answered 431)", labels=["reason"])
             for reason in CLOSED_REASONS:
                 closed.add_metric([reason], getattr(self.connections, reason))
             yield closed

@@ -9,10 +9,13 @@ do not cover these cases: ``timeout_keep_alive`` times only the wait after a res
 first byte of the next head stops it (a connection that never sends a request, or sends its head
 a byte at a time, is never cut off), ``limit_concurrency``
 answers 503 once a head has been parsed and keeps the connection's descriptor, and
-``h11_max_incomplete_event_size`` holds only for the pure-Python h11 implementation; and
-uvicorn's httptools implementation appends a chunked body's trailer fields to the request's
-headers, so a token or any other field sent after the body would count as sent before it: they
-are dropped (:func:`without_trailers`; RFC 9112 lets a recipient discard them). The token
+``h11_max_incomplete_event_size`` holds only for the pure-Python h11 implementation (the
+httptools parser takes a head of any size); and uvicorn's httptools implementation appends a
+chunked body's trailer fields to the request's headers, so a token or any other field sent
+after the body would count as sent before it. Heads are held to 64 KiB, answered 431 past it,
+and trailer fields are dropped (:func:`~slurm_elastic.controller.framing.framed`; RFC 9112 lets
+a recipient discard them); a client that shuts its sending side still gets the answer due
+(uvicorn closes such a connection at once). The token
 and the body's size are checked in the ASGI app, before routing
 (:class:`~slurm_elastic.controller.guard.RequestGuard`). No WebSocket implementation is loaded
 (``ws="none"``): a request asking for an upgrade without a body is an HTTP request like any other
@@ -27,19 +30,15 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
 from uvicorn.config import HTTP_PROTOCOLS
 from uvicorn.importer import import_from_string
 
-from slurm_elastic.controller.connections import (
-    ConnectionBook,
-    connection_cap,
-    guarded,
-    raise_open_files_limit,
-)
+from slurm_elastic.controller.connections import ConnectionBook, guarded
+from slurm_elastic.controller.framing import framed
+from slurm_elastic.controller.open_files import connection_cap, raise_open_files_limit
 from slurm_elastic.host_address import reachable_address
 
 log = logging.getLogger(__name__)
@@ -108,25 +107,6 @@ def http_protocol_class(name: str = HTTP_IMPLEMENTATION) -> type[asyncio.Protoco
     return protocol
 
 
-def without_trailers(protocol: type[asyncio.Protocol]) -> type[asyncio.Protocol]:
-    """``protocol`` (uvicorn's httptools implementation) dropping the fields of a chunked body's
-    trailer: its parser reports them through ``on_header`` as it does the head's, and uvicorn
-    appends them to the request's headers, which the app reads only once the whole body may
-    have arrived (a token sent after the body was taken). A field the parser reports once the
-    head is complete (uvicorn has made the request's ``cycle`` from this ``scope``) is a
-    trailer's. A protocol without ``on_header`` is returned as it is."""
-    if not callable(getattr(protocol, "on_header", None)):
-        return protocol
-
-    def on_header(self: Any, name: bytes, value: bytes) -> None:
-        cycle = getattr(self, "cycle", None)
-        if cycle is not None and getattr(cycle, "scope", None) is getattr(self, "scope", None):
-            return  # the head is complete: a trailer field
-        protocol.on_header(self, name, value)  # type: ignore[attr-defined]
-
-    return type(f"{protocol.__name__}WithoutTrailers", (protocol,), {"on_header": on_header})
-
-
 class ApiServer:
     """uvicorn serving ``app`` on ``host:port`` (0 = any free port) in a daemon thread.
 
@@ -147,8 +127,9 @@ class ApiServer:
                                           head_timeout_s, write_timeout_s=write_timeout_s,
                                           min_send_rate_bytes_per_s=min_send_rate_bytes_per_s)
         app.state.connections = self.connections  # the app reports them (/metrics)
+        protocol = guarded(framed(http_protocol_class(), self.connections.head_max_bytes), self.connections)
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
-                                timeout_graceful_shutdown=2, http=guarded(without_trailers(http_protocol_class()), self.connections),
+                                timeout_graceful_shutdown=2, http=protocol,
                                 timeout_keep_alive=KEEP_ALIVE_S, ws="none",  # an Upgrade request is plain HTTP
                                 proxy_headers=False)  # clients reach the controller directly, never via a proxy
         quiet_client_noise(logging.getLogger("uvicorn.error"))  # after uvicorn.Config set its logging up

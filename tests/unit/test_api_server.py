@@ -9,7 +9,7 @@ import socket
 
 from fastapi import FastAPI, Response
 
-from slurm_elastic.controller.connections import _InnerTransport
+from slurm_elastic.controller.inner_transport import InnerTransport
 from slurm_elastic.controller.serve import ApiServer, http_protocol_class
 
 
@@ -38,8 +38,8 @@ def test_a_head_waits_for_its_body_and_a_lone_head_leaves_at_the_end_of_the_turn
     async def scenario() -> list[bytes]:
         transport = RecordingTransport()
         written: list[int] = []
-        wrapped = _InnerTransport(transport, asyncio.get_running_loop(),  # type: ignore[arg-type]
-                                  lambda nbytes, _first: written.append(nbytes))
+        wrapped = InnerTransport(transport, asyncio.get_running_loop(),  # type: ignore[arg-type]
+                                 lambda nbytes, _first: written.append(nbytes))
         wrapped.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n")
         assert transport.sends == [] and written == []  # nothing left yet: the connection is not told
         wrapped.write(b"{}")

@@ -48,7 +48,7 @@ def test_the_408_has_left_before_the_app_hears_the_client_went_away() -> None:
 def _check(path: str, method: str, content_length: bytes) -> tuple[int, bytes] | None:
     scope = {"type": "http", "path": path, "method": method,
              "headers": [(b"authorization", b"Bearer t"), (b"content-length", content_length)]}
-    answer, _, _ = RequestGuard("t", submit_max_bytes=32 << 20).check(scope)
+    answer, *_ = RequestGuard("t", submit_max_bytes=32 << 20).check(scope)
     return None if answer is None else (answer[0], answer[1])
 
 
