@@ -4,6 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+ANSWER_MAX_BYTES = 64 << 20  # an answer of a control route: a few KiB (the status of thousands of workers: a few MiB)
+ANSWER_MIN_BYTES_PER_S = 1 << 20  # past its timeout, an answer still arriving slower than this is given up
+
+
+def answer_deadline_s(timeout_s: float, received_bytes: int) -> float:
+    """How long after its head an answer may take to arrive with ``received_bytes`` of it in:
+    the call's timeout, plus a second for each ANSWER_MIN_BYTES_PER_S received."""
+    return timeout_s + received_bytes / ANSWER_MIN_BYTES_PER_S
+
 
 def stored_by_an_earlier_try(answer: dict[str, Any]) -> dict[str, Any]:
     """A submit's answer after a try of it that may have reached the controller failed: "a retry

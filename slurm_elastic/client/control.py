@@ -19,7 +19,11 @@ from typing import Any
 
 import httpx
 
-from slurm_elastic.client.answers import stored_by_an_earlier_try
+from slurm_elastic.client.answers import (
+    ANSWER_MAX_BYTES,
+    answer_deadline_s,
+    stored_by_an_earlier_try,
+)
 from slurm_elastic.errors import (
     ApiError,
     ControllerAnswerError,
@@ -31,9 +35,7 @@ from slurm_elastic.errors import (
 __all__ = ["ControlClient", "UnknownOnControllerError"]
 
 log = logging.getLogger(__name__)
-ANSWER_MAX_BYTES = 64 << 20  # an answer of a control route: a few KiB (the status of thousands of workers: a few MiB)
 BATCH_MAX_BYTES = 4 << 30  # a batch: batch_size groups, each up to the queue's max_group_bytes
-ANSWER_MIN_BYTES_PER_S = 1 << 20  # past its timeout, an answer still arriving slower than this is given up
 
 
 class ControlClient:
@@ -58,7 +60,8 @@ class ControlClient:
     def _send(self, method: str, path: str, timeout_s: float | None = None, max_bytes: int | None = None,
               **kwargs: Any) -> httpx.Response:
         """The answer, read whole: at most ``max_bytes`` of body, arriving within ``timeout_s``
-        (default: the client's) of its head plus a second for each ANSWER_MIN_BYTES_PER_S of it,
+        (default: the client's) of its head plus a second for each ANSWER_MIN_BYTES_PER_S of it
+        (:func:`~slurm_elastic.client.answers.answer_deadline_s`),
         else :class:`ControllerAnswerError` (a server that drips its answer a byte at a time,
         each within the read timeout, is not waited on for ever); httpx's errors as
         :class:`ControllerUnreachableError`."""
@@ -73,7 +76,7 @@ class ControlClient:
                     if size > max_bytes:
                         raise ControllerAnswerError(f"the server at {self.url} answered {method} {path} with more "
                                                     f"than {max_bytes} bytes: not the controller's answer")
-                    if time.monotonic() - started_s > timeout_s + size / ANSWER_MIN_BYTES_PER_S:
+                    if time.monotonic() - started_s > answer_deadline_s(timeout_s, size):
                         raise ControllerAnswerError(f"the server at {self.url} was still sending its answer to "
                                                     f"{method} {path} {time.monotonic() - started_s:.0f} s after it "
                                                     f"began ({size} bytes so far)")

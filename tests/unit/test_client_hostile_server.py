@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_elastic.client import control
+from slurm_elastic.client import answers, control
 from slurm_elastic.client.control import ControlClient
 from slurm_elastic.controller.files import publish
 from slurm_elastic.errors import ApiError, ControllerAnswerError, ControllerUnreachableError
@@ -51,6 +51,10 @@ class Hostile(BaseHTTPRequestHandler):
                 except OSError:
                     return
                 time.sleep(0.2)
+            return
+        if mode == "not-http":  # another protocol's greeting on the controller's old port
+            self.wfile.write(b"SSH-2.0-OpenSSH_9.6\r\n")
+            self.close_connection = True
             return
         if mode == "endless":  # no Content-Length: the body ends when the connection does
             self.send_response(200)
@@ -107,6 +111,28 @@ def test_an_answer_no_controller_gives_is_a_clear_error_within_the_timeout(
         client.status()
     assert says in str(caught.value) and isinstance(caught.value, ControllerUnreachableError)
     assert time.monotonic() - started < 5  # before: the drip held the call 40 s, the endless body until memory ran out
+
+
+@pytest.mark.parametrize(("mode", "says"), [
+    ("html", "not a JSON object: '<html>"), ("list", "not a JSON object"), ("redirect", "307"),
+    ("drip", "still sending its answer"), ("endless", "more than 1048576 bytes"), ("not-http", "BadStatusLine")])
+def test_the_step_wrappers_client_gives_the_same_clear_error_within_the_timeout(
+        hostile: ThreadingHTTPServer, monkeypatch: pytest.MonkeyPatch, mode: str, says: str) -> None:
+    """Its ``http.client`` read answers whole with no size limit and only a per-read timeout: a
+    body without end grew the wrapper until memory ran out, a drip held a heartbeat 40 s."""
+    from slurm_elastic.client.step_calls import StepControlClient
+
+    monkeypatch.setattr(answers, "ANSWER_MAX_BYTES", 1 << 20)
+    hostile.mode = mode  # type: ignore[attr-defined]
+    client = StepControlClient(url(hostile), TOKEN, timeout_s=1.0)
+    started = time.monotonic()
+    try:
+        with pytest.raises(ControllerAnswerError) as caught:
+            client.heartbeat("0001", {})
+        assert says in str(caught.value) and isinstance(caught.value, ControllerUnreachableError)
+        assert time.monotonic() - started < 5
+    finally:
+        client.close()
 
 
 @pytest.mark.parametrize("mode", ["redirect", "list", "html", "gzip"])
