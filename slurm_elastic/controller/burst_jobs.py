@@ -18,6 +18,7 @@ from pathlib import Path
 
 from slurm_elastic.controller.config import ElasticConfig
 from slurm_elastic.core.burst import (
+    SUSPENDED_STATES,
     BurstJob,
     BurstPolicy,
     burst_job_comment,
@@ -139,6 +140,6 @@ def core_jobs(listed: list[QueuedJob], slots_per_job: int, workers_by_job: Mappi
                  workers=workers_by_job.get(j.job_id, 0), draining_workers=draining_by_job.get(j.job_id, 0),
                  expected_start_s=start_time_s(j.start_time) if j.state == "PENDING" else None,
                  on_hold=on_hold(j.state, j.reason), completing=j.state == "COMPLETING",
-                 suspended=j.state in ("SUSPENDED", "STOPPED"))
+                 suspended=j.state in SUSPENDED_STATES)
         for j in listed
     )

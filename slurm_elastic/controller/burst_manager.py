@@ -18,6 +18,7 @@ from typing import Any
 
 from slurm_elastic.controller.burst_jobs import BurstJobs, core_jobs
 from slurm_elastic.core.burst import (
+    SUSPENDED_STATES,
     BurstDecision,
     BurstJob,
     BurstPolicy,
@@ -150,7 +151,7 @@ class BurstManager:
     def suspended(self) -> frozenset[int]:
         """Jobs listed SUSPENDED (or STOPPED: ``scancel --signal=STOP``) at the last listing: their
         workers' steps are stopped."""
-        return frozenset(j.job_id for j in self.listed if j.state in ("SUSPENDED", "STOPPED"))
+        return frozenset(j.job_id for j in self.listed if j.state in SUSPENDED_STATES)
 
     @property
     def alive(self) -> frozenset[int] | None:
@@ -229,8 +230,8 @@ class BurstManager:
         self._account(current, Counter(workers_by_job) + Counter(draining_by_job), now_s)  # a draining worker works on
         self._completing_since_s = {j.job_id: self._completing_since_s.get(j.job_id, now_s)
                                     for j in current if j.completing}
-        self._suspended_since_s = {j.job_id: self._suspended_since_s.get(j.job_id, now_s)
-                                   for j in current if j.suspended}
+        self._suspended_since_s = {j.job_id: min(now_s, self._suspended_since_s.get(j.job_id, now_s))
+                                   for j in current if j.suspended}  # a time ahead of the clock: taken as now
         judged = as_judged(current, frozenset(self._given_back - self._signalled), self._completing_since_s, now_s)
         decision = decide_burst(self.policy, target_workers=target_workers, allocation_slots=allocation_slots,
                                 jobs=judged, releasing=releasing, last_submit_s=self.last_submit_s, now_s=now_s,
@@ -282,13 +283,14 @@ class BurstManager:
         return {"submitted": c.submitted, "cancelled": c.cancelled, "lost": c.lost, "requeued": c.requeued,
                 "gpu_s_held": c.gpu_s_held, "gpu_s_used": c.gpu_s_used, "given_back": sorted(self._given_back),
                 "ending": sorted(self._ending), "signalled": sorted(self._signalled), "running": sorted(self._ran),
-                "last_submit_s": self.last_submit_s}
+                "last_submit_s": self.last_submit_s,
+                "suspended_since": sorted([job_id, since_s] for job_id, since_s in self._suspended_since_s.items())}
 
     def restore(self, state: Mapping[str, Any]) -> None:
         """Take back what :meth:`to_state` saved (validated by the caller): the counters go on from
         where they were, a job given back before the restart is not counted lost when it ends, and
-        one that ended while no controller ran is, and the submission cooldown runs from the last
-        submission."""
+        one that ended while no controller ran is, the submission cooldown runs from the last
+        submission, and a suspended job's time to be given back from when it was first seen so."""
         self.counters = replace(self.counters, submitted=state["submitted"], cancelled=state["cancelled"],
                                 lost=state["lost"], requeued=state["requeued"], gpu_s_held=state["gpu_s_held"],
                                 gpu_s_used=state["gpu_s_used"])
@@ -297,6 +299,7 @@ class BurstManager:
         self._signalled = set(state["signalled"]) & self._ending
         self._ran = frozenset(state["running"])
         self.last_submit_s = state["last_submit_s"]
+        self._suspended_since_s = {int(job_id): float(since_s) for job_id, since_s in state.get("suspended_since", ())}
 
     # ---- report --------------------------------------------------------------------------------
     def status_rows(self, workers_by_job: Mapping[int, int]) -> list[dict[str, Any]]:

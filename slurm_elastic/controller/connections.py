@@ -186,9 +186,18 @@ class GuardedConnection(asyncio.Protocol):
             self.transport.write(head_too_large(self.book.head_max_bytes))
             if not self._client_done and self.transport.can_write_eof():
                 self.transport.write_eof()  # the answer, then our end of the stream; reads go on, dropped
-                asyncio.get_running_loop().call_later(LINGER_S, self.transport.close)
+                asyncio.get_running_loop().call_later(LINGER_S, self._close)
                 return
+        self._close()
+
+    def _close(self) -> None:
+        """Close once what is buffered has gone; the write watch times that (a client that reads
+        nothing would hold the connection, unevictable, for good)."""
+        if self.transport is None or self._lost:
+            return
         self.transport.close()
+        if self.sending():
+            self._watch_writes()
 
     def _refuse_head(self) -> None:
         """A head over the cap: nothing more is parsed or timed as a head; 431 once no answer is due."""
@@ -261,8 +270,8 @@ class GuardedConnection(asyncio.Protocol):
         After a refused head, what comes is dropped (and the connection closed past LINGER_MAX_BYTES)."""
         if self._refusing:
             self._dropped += len(data)
-            if self._dropped > LINGER_MAX_BYTES and self.transport is not None:
-                self.transport.close()
+            if self._dropped > LINGER_MAX_BYTES:
+                self._close()
             return
         for piece in _pieces(data, self.book.max_pipelined):
             if not self._take(piece) or self.transport is None or self.transport.is_closing():

@@ -159,6 +159,9 @@ class BurstMemory(_Model):
     signalled: JobIds = Field(default_factory=list)  # of those, the ones Slurm signalled: lost unless requeued
     running: JobIds = Field(default_factory=list)  # runs not over at the last listing: lost if they end unreleased
     last_submit_s: Annotated[StrictFloat, Field(allow_inf_nan=False)] | None = None
+    suspended_since: Annotated[list[tuple[Annotated[StrictInt, Field(ge=0)],
+                                          Annotated[StrictFloat, Field(allow_inf_nan=False)]]],
+                               Field(max_length=10_000)] = Field(default_factory=list)  # jobs listed suspended: since
 
 
 class LeftNode(_Model):

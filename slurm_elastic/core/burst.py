@@ -30,9 +30,10 @@ from typing import Literal
 
 BurstPhase = Literal["PENDING", "RUNNING", "ENDED"]
 
-_PENDING_STATES = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SUSPENDED"})
+SUSPENDED_STATES = frozenset({"SUSPENDED", "STOPPED"})  # its processes stand stopped (scontrol suspend, SIGSTOP)
+_PENDING_STATES = frozenset({"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"}) | SUSPENDED_STATES
 _RUNNING_STATES = frozenset({"RUNNING"})
-_ALIVE_STATES = frozenset({"RUNNING", "SUSPENDED", "STOPPED", "COMPLETING", "SIGNALING", "STAGE_OUT", "RESIZING"})
+_ALIVE_STATES = frozenset({"RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT", "RESIZING"}) | SUSPENDED_STATES
 _HOLD_REASONS = frozenset({"JobHeldUser", "JobHeldAdmin", "job requeued in held state"})  # squeue's %r
 COMPLETING_WAIT_S = 300.0  # a job listed COMPLETING longer than this is taken as ended (a node stuck completing)
 BURST_NAME_PREFIX = "elastic-burst-"
@@ -84,8 +85,9 @@ def processes_may_run(slurm_state: str) -> bool:
 def on_hold(slurm_state: str, reason: str) -> bool:
     """Whether a job waits on someone, not on the cluster: a hold (a user's or an admin's, or a
     requeue's), released by someone, or a suspension (``scontrol suspend``, a preemption by
-    suspension), resumed by someone; its workers' steps stand stopped until then."""
-    return slurm_state in ("REQUEUE_HOLD", "SUSPENDED") or (
+    suspension, or ``scancel --signal=STOP``), resumed by someone; its workers' steps stand stopped
+    until then."""
+    return slurm_state == "REQUEUE_HOLD" or slurm_state in SUSPENDED_STATES or (
         burst_phase(slurm_state) == "PENDING" and reason in _HOLD_REASONS)
 
 

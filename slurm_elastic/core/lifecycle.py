@@ -187,6 +187,7 @@ def suspend(worker: Worker, now_s: float, reason: str) -> None:
     from_state = worker.state
     _enter(worker, S.SUSPENDED, now_s, reason)
     worker.suspended_from, worker.suspended_at_s = from_state.value, now_s
+    worker.vanished_at_s = 0.0  # a stamp from a listing before the suspension is not the resumed job's
 
 
 def resume(worker: Worker, now_s: float, reason: str) -> float:

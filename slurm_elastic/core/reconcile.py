@@ -333,7 +333,7 @@ def _word_on_why_may_follow(worker: Worker, cfg: ReconcileConfig, now_s: float) 
 def _enforce_heartbeats_and_timeouts(workers: dict[str, Worker], cfg: ReconcileConfig,
                                      cordoned: frozenset[tuple[str, int]], now_s: float, plan: Plan) -> None:
     for worker in workers.values():
-        if not worker.step_id:
+        if not worker.step_id or not worker.has_step:  # a SUSPENDED one's step is stopped: no scancel (it blocks)
             continue
         silent_s = now_s - worker.last_heartbeat_s
         if worker.state in (S.ACTIVE, S.STARTING) and not worker.placeholder and silent_s > cfg.heartbeat_grace_s:

@@ -186,3 +186,28 @@ def test_a_long_poll_whose_client_shuts_its_side_is_answered_at_once(served: Ser
     answer, after_s = talk(served, poll, shut=True)
     assert statuses(answer) == [200] and b'"version":%d' % version in answer, answer[:300]
     assert after_s < 2 and served.controller.endpoints_changed.waiting() == 0
+
+
+def test_a_refused_head_behind_an_answer_the_client_does_not_read_is_still_closed(tmp_path: Any) -> None:
+    """The 431 waited behind a batch still in the write buffer; a graceful close then waits for a
+    client that reads nothing, and the connection held its slot for good (not evictable: sending).
+    The write watch now times that close as any other."""
+    served = ServedController(tmp_path, TOKEN, batch_size=8)
+    try:
+        book = served.server.connections
+        book.write_timeout_s = 1.0
+        for i in range(8):
+            served.queue.submit(f"g{i}", "0001", 1, 0, b'{"id": "g%d", "pad": "%s"}' % (i, b"x" * 280_000))
+        host, port = served.url.removeprefix("http://").split(":")
+        with socket.socket() as conn:
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+            conn.connect((host, int(port)))
+            conn.sendall(b"POST /trainer/batch HTTP/1.1\r\nhost: x\r\n" + AUTH + b"content-length: 0\r\n\r\n")
+            time.sleep(1.0)
+            conn.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\nx-pad: " + b"v" * 70_000 + b"\r\n\r\n")
+            deadline_s = time.monotonic() + 15
+            while book.open and time.monotonic() < deadline_s:
+                time.sleep(0.2)
+            assert not book.open  # closed by the write watch (before: open, unwatched, for good)
+    finally:
+        served.close()

@@ -317,3 +317,70 @@ def test_the_manager_gives_back_a_job_suspended_for_the_admission_ttl(tmp_path: 
     assert slurm.cancelled == [] and made.suspended == frozenset({job})
     step(310.0)
     assert slurm.cancelled == [job] and made.counters.cancelled == 1
+
+
+def test_a_suspended_placeholder_gets_no_cancel_when_its_gpu_is_uncordoned() -> None:
+    """Slurm 22.05's scancel of a suspended job's step blocks until it resumes, inside the tick."""
+    workers = {"0003": Worker("0003", state=S.ACTIVE, step_id="5", node="n9", gpus=(0,), job_id=BURST,
+                              placeholder=True)}
+    cordoned = frozenset({("n9", 0)})
+    reconcile(workers, [], 0, 0, (), cordoned, CFG, 10.0, 4, stopped_jobs=frozenset({BURST}),
+              alive_jobs=frozenset({BURST}))
+    assert workers["0003"].state is S.SUSPENDED
+    plan = reconcile(workers, [], 0, 0, (), NONE, CFG, 20.0, 4, stopped_jobs=frozenset({BURST}),
+                     alive_jobs=frozenset({BURST}))
+    assert not [a for a in plan.actions if isinstance(a, Cancel)]
+
+
+def test_a_vanished_stamp_from_before_the_suspension_does_not_cut_the_settle_time_short() -> None:
+    """The steps listed after the jobs: a suspension in between stamps the step gone first."""
+    workers = pool()
+    tick(workers, 1.0, listed=("0001",), slots=1)  # its job still listed running, its step not: stamped
+    assert workers["0002"].vanished_at_s == 1.0
+    suspended_at_1(workers)
+    tick(workers, 400.0, listed=("0001",), slots=1)  # resumed, its step not listed yet
+    assert workers["0002"].state is S.SUSPENDED
+
+
+@pytest.mark.parametrize("state", ["SUSPENDED", "STOPPED"])
+def test_a_stopped_job_is_held_like_a_suspended_one(state: str) -> None:
+    """``scancel --signal=STOP``: counted against max_jobs (no replacement past it), on hold, and
+    given back at the admission TTL."""
+    assert burst_phase(state) == "PENDING" and on_hold(state, "")
+    policy = BurstPolicy(max_jobs=1, worker_slots_per_job=2, submit_cooldown_s=0)
+    job = BurstJob(BURST, burst_phase(state), 2, suspended=True, on_hold=True)
+    held = decide_burst(policy, target_workers=6, allocation_slots=2, jobs=[job], releasing=frozenset(),
+                        last_submit_s=None, now_s=10.0)
+    assert held.submit == 0 and held.cancel == ()
+    overdue = decide_burst(policy, target_workers=6, allocation_slots=2, jobs=[job], releasing=frozenset(),
+                           last_submit_s=None, now_s=700.0, suspended_too_long=frozenset({BURST}))
+    assert overdue.cancel == (BURST,)
+
+
+def test_the_time_suspended_is_counted_across_a_controller_restart(tmp_path: Path) -> None:
+    """A controller that restarts more often than the TTL would otherwise never give the job back."""
+    config = parse_config({"burst": {"max_jobs": 1, "gpus_per_job": 2}, "queue": {"admission_ttl_s": 300}})
+    slurm = SuspendingSlurm()
+    slurm.cancelled = []
+
+    def manager() -> BurstManager:
+        return BurstManager(BurstJobs(slurm, config, PARENT, tmp_path), burst_policy(config), 1,  # type: ignore[arg-type]
+                            suspended_limit_s=300.0)
+
+    def step(made: BurstManager, now_s: float) -> None:
+        made.observe()
+        made.step(target_workers=8, allocation_slots=4, workers_by_job={}, draining_by_job={}, now_s=now_s)
+
+    made = manager()
+    step(made, 0.0)
+    slurm.suspended = True
+    step(made, 10.0)
+    step(made, 300.0)
+    again = manager()
+    memory = restore_state(json.loads(json.dumps({"burst": made.to_state()}))).burst
+    assert memory is not None
+    again.restore(memory)
+    step(again, 309.0)
+    assert slurm.cancelled == []
+    step(again, 310.0)
+    assert slurm.cancelled == list(slurm.jobs)
