@@ -28,7 +28,7 @@ from slurm_elastic.controller.weights import WeightsRecord, restore_weights, wei
 from slurm_elastic.core.autoscaler_config import AutoscalerConfig
 from slurm_elastic.core.cordons import CordonBook
 from slurm_elastic.core.endpoints import Endpoint, EndpointBook
-from slurm_elastic.core.lifecycle import Worker, WorkerState
+from slurm_elastic.core.lifecycle import Worker, WorkerState, stood_total_s
 from slurm_elastic.core.placement import Allocation
 from slurm_elastic.core.pressure import QueueFeed
 from slurm_elastic.core.rates import PRODUCTION_WINDOW_S, WindowRate
@@ -187,6 +187,10 @@ class ControllerBase:
         self.left_nodes = [left for left in restored.left_nodes if left["node"] not in self.gpus_by_node]
         st.started_s = now_s  # routers report again to this controller: a draining server's grace starts over
         st.cordons.move_clocks_on(math.inf, now_s)  # nor could a node's agent report: heard now, not unknown
+        # each worker's last report to the controller before this one, for its speed: a burst job
+        # suspended across the restart stood still since then, and its SDK's busy clock ran on
+        self._busy_heard = {w.worker_id: (w.last_heartbeat_s, stood_total_s(w, w.last_heartbeat_s))
+                            for w in st.workers.values() if w.keeps_step and w.last_heartbeat_s > 0}
         for worker in st.workers.values():  # nobody could heart-beat while no controller ran
             if worker.has_step:
                 worker.last_heartbeat_s = max(worker.last_heartbeat_s, now_s)

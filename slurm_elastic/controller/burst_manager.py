@@ -43,7 +43,7 @@ class BurstCounters:
     """What burst jobs did so far (status and /metrics)."""
 
     submitted: int = 0
-    cancelled: int = 0
+    cancelled: int = 0  # given back by this controller (a job is counted cancelled or lost, never both)
     lost: int = 0  # ended while running without being released: preempted, timed out, cancelled by others
     requeued: int = 0  # put back in the queue by Slurm while running (same job id, pending again): not lost
     gpu_s_held: float = 0.0  # GPU-seconds burst jobs held while running
@@ -242,7 +242,8 @@ class BurstManager:
         for job_id in decision.cancel:
             self._given_back.add(job_id)
             self._try(f"cancel burst job {job_id}", lambda j=job_id: self.jobs.cancel(j))
-            self.counters.cancelled += 1
+            if job_id not in self._signalled:  # Slurm ends its run: counted lost when it does, not twice
+                self.counters.cancelled += 1
         for job_id in decision.release:
             self._mark(job_id, True)
             self._given_back.add(job_id)

@@ -156,6 +156,8 @@ def decide_burst(
         return BurstDecision(cancel=overdue, reason=f"burst: giving back {len(overdue)} job(s) suspended longer than "
                                                     "the admission TTL: their workers' admissions held the staleness room")
     on_hold = [j.job_id for j in live if j.on_hold and j.job_id not in releasing]
+    stood = sum(1 for j in live if j.on_hold and j.suspended and j.job_id not in releasing)
+    waiting = (len(on_hold) - stood, stood)
     held = [j for j in live if j.job_id not in releasing and not j.on_hold and not j.completing]
     beyond = max(0, target_workers - max(0, allocation_slots)) if policy.max_jobs else 0
     capacity = sum(j.worker_slots for j in held)
@@ -171,7 +173,7 @@ def decide_burst(
               and (j.phase == "PENDING" or j.workers + j.draining_workers == 0)]
     if beyond > capacity + undecided:
         return _grow(policy, beyond - capacity - undecided, len(live) - len(cancel), last_submit_s, now_s,
-                     tuple(cancel), tuple(keep), len(on_hold))
+                     tuple(cancel), tuple(keep), waiting)
     if beyond > capacity:
         return BurstDecision(cancel=tuple(cancel), keep=tuple(keep),
                              reason=f"burst: {beyond - capacity} slots missing beyond the allocation; waiting for "
@@ -195,19 +197,18 @@ def decide_burst(
             release.append(job.job_id)
     if not cancel and not release:
         return BurstDecision(reason=f"burst: {capacity} slots held or asked for, {beyond} needed beyond the allocation")
-    holds = f" ({len(on_hold)} pending on a hold)" if on_hold else ""
+    holds = f" ({_waiting_said(*waiting)})" if on_hold else ""
     return BurstDecision(cancel=tuple(cancel), release=tuple(release),
                          reason=f"burst: {beyond} slots needed beyond the allocation; giving back "
                                 f"{len(cancel)} job(s) now{holds}, releasing {len(release)}")
 
 
 def _grow(policy: BurstPolicy, missing: int, live_jobs: int, last_submit_s: float | None, now_s: float,
-          cancel: tuple[int, ...], keep: tuple[int, ...], jobs_on_hold: int = 0) -> BurstDecision:
+          cancel: tuple[int, ...], keep: tuple[int, ...], waiting: tuple[int, int] = (0, 0)) -> BurstDecision:
     wanted = math.ceil(missing / policy.worker_slots_per_job)
     room = max(0, policy.max_jobs - live_jobs)
     if room == 0:
-        holds = (f", {jobs_on_hold} of them pending on a hold (scontrol release, or scancel, lets the pool "
-                 f"ask again)") if jobs_on_hold else ""
+        holds = f", {_waiting_said(*waiting, how=True)}" if sum(waiting) else ""
         return BurstDecision(cancel=cancel, keep=keep, reason=f"burst: {missing} slots missing, but max_jobs "
                                                    f"({policy.max_jobs}) burst jobs exist{holds}")
     if last_submit_s is not None and now_s - last_submit_s < policy.submit_cooldown_s:
@@ -216,6 +217,18 @@ def _grow(policy: BurstPolicy, missing: int, live_jobs: int, last_submit_s: floa
     submit = min(wanted, room)
     return BurstDecision(submit=submit, cancel=cancel, keep=keep,
                          reason=f"burst: {missing} slots missing beyond the allocation: submitting {submit} job(s)")
+
+
+def _waiting_said(held: int, suspended: int, how: bool = False) -> str:
+    """The jobs waiting on someone, held apart from suspended: each is undone another way."""
+    said = []
+    if held:
+        said.append(f"{held} of them pending on a hold" + (" (scontrol release, or scancel, lets the pool ask again)"
+                                                           if how else ""))
+    if suspended:
+        said.append(f"{suspended} of them suspended" + (" (scontrol resume brings its workers back; it is given "
+                                                        "back after the admission TTL)" if how else ""))
+    return ", ".join(said)
 
 
 def as_judged(jobs: Iterable[BurstJob], given_back: frozenset[int], completing_since_s: Mapping[int, float],

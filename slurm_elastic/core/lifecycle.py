@@ -160,9 +160,10 @@ def commands_stopped(workers: Iterable[Worker]) -> list[str]:
 def drained_by_signal_reason(signal_name: str | None) -> str:
     """Why a worker drains whose step got a drain signal from outside, by the signal its wrapper
     saw first: SIGTERM drains only a burst job's worker (an operator's scancel, a preemption's
-    grace time); any other is the configured drain signal (scancel --signal, Slurm's --signal)."""
+    grace time, its job's time limit, a requeue: Slurm sends each its steps); any other is the configured drain signal (scancel --signal, Slurm's --signal)."""
     if signal_name == "SIGTERM":
-        return "the drain signal reached its step (SIGTERM: an operator's scancel, or a preemption's grace time)"
+        return ("the drain signal reached its step (SIGTERM: an operator's scancel, a preemption's grace time, "
+                "its job's time limit or a requeue)")
     if signal_name:
         return f"the drain signal reached its step ({signal_name}: scancel --signal, or Slurm's --signal)"
     return "the drain signal reached its step (scancel --signal, or Slurm's)"

@@ -62,7 +62,22 @@ def test_a_job_on_hold_is_no_capacity_takes_a_place_of_max_jobs_and_is_cancelled
     full = decide(16, (hold, running(8), running(9)))
     assert full.submit == 0 and "max_jobs (3) burst jobs exist, 1 of them pending on a hold" in full.reason
     covered = decide(8, (hold, running(8)))
-    assert covered.cancel == (7,) and "1 pending on a hold" in covered.reason
+    assert covered.cancel == (7,) and "1 of them pending on a hold" in covered.reason
+
+
+def test_a_suspended_job_is_said_suspended_not_pending_on_a_hold() -> None:
+    """A live probe: with one burst job suspended (`scontrol suspend`) and max_jobs reached, the
+    decision read "1 of them pending on a hold (scontrol release, or scancel, lets the pool ask
+    again)": the job was not pending, and `scontrol release` does nothing to a suspended job."""
+    stood = BurstJob(7, "RUNNING", 4, on_hold=True, suspended=True)
+    hold = BurstJob(6, "PENDING", 4, on_hold=True)
+    full = decide(16, (stood, running(8), running(9)))
+    assert full.submit == 0 and "1 of them suspended (scontrol resume" in full.reason
+    assert "pending on a hold" not in full.reason
+    both = decide(16, (hold, stood, running(8)))
+    assert "1 of them pending on a hold (scontrol release" in both.reason and "1 of them suspended" in both.reason
+    covered = decide(8, (stood, running(8)))
+    assert covered.cancel == (7,) and "1 of them suspended" in covered.reason
 
 
 @pytest.mark.parametrize(("state", "reason", "held"), [

@@ -293,3 +293,26 @@ def test_a_burst_workers_time_suspended_with_its_job_is_not_slowness(tmp_path: P
     view = workers.view("0001")
     assert view["seconds_per_rollout"] == pytest.approx(1.0, abs=0.05) and not view["slow"]
     assert worker.paused_busy_s == pytest.approx(22.0, abs=0.5) and worker.stood_s == pytest.approx(22.0)
+
+
+def test_a_burst_workers_time_suspended_across_a_controller_restart_is_not_slowness(tmp_path: Path) -> None:
+    """A live probe: a burst job suspended, the controller killed (-9) and restarted while it stood,
+    then resumed after 29 s: its workers read 1.4 s a rollout against 1.0, "(slow)". The restarted
+    controller had not heard them before, so their first report's busy time was taken whole, the
+    time they stood inside a rollout with it."""
+    workers = Workers(tmp_path, Clock())
+    workers.run(20)
+    suspend(workers.controller.state.workers["0001"], workers.clock.now_s, "its burst job is suspended")
+    workers.controller.save()
+    workers.clock.now_s += 5.0
+    restarted = Controller(parse_config({"agent": {"enabled": False}, "autoscaler": {"min_workers": 0}}), 1,
+                           ListedSteps([]), tmp_path, gpus_by_node={"node1": (0, 1, 2)}, clock=workers.clock)  # type: ignore[arg-type]
+    restarted.pause_watch = PauseWatch(clock=workers.clock)
+    worker = restarted.state.workers["0001"]
+    workers.clock.now_s += 24.0
+    workers.busy_s["0001"] += 29.0  # inside a rollout the whole time it stood
+    resume(worker, workers.clock.now_s, "its burst job runs again")
+    workers.controller = restarted
+    workers.heartbeat("0001")
+    assert seconds_per_rollout(worker) == pytest.approx(1.0, abs=0.05)
+    assert worker.paused_busy_s == pytest.approx(29.0, abs=0.5)

@@ -53,7 +53,8 @@ def test_a_worker_whose_step_got_the_drain_signal_drains_and_is_replaced(tmp_pat
 
 @pytest.mark.parametrize(("signal_name", "said"), [
     ("SIGUSR1", "(SIGUSR1: scancel --signal, or Slurm's --signal)"),
-    ("SIGTERM", "(SIGTERM: an operator's scancel, or a preemption's grace time)"),  # a burst job's worker
+    ("SIGTERM", "(SIGTERM: an operator's scancel, a preemption's grace time, its job's time limit or a "
+                "requeue)"),  # a burst job's worker: Slurm sends its steps SIGTERM for each
     (None, "(scancel --signal, or Slurm's)"),  # a wrapper that does not say
 ])
 def test_the_reason_names_the_signal_the_wrapper_saw(tmp_path: Path, signal_name: str | None, said: str) -> None:
