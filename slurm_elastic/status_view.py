@@ -162,11 +162,12 @@ def slurm_says(doc: dict[str, Any]) -> str:
 
 def render_status(job_id: int, status: dict[str, Any] | None, slurm_steps: list[dict[str, Any]] | None = None,
                   unreachable: str = "", now_s: float | None = None, refused: bool = False,
-                  not_asked: bool = False) -> str:
+                  not_asked: bool = False, slurm_burst_jobs: list[dict[str, Any]] | None = None) -> str:
     """The status table. With ``status`` None (controller down; ``refused``: it answered with an
     error, a wrong token say; ``not_asked``: its token or controller file is missing or damaged
-    here) it shows what Slurm reports."""
+    here) it shows what Slurm reports: the job's steps, its burst jobs and theirs."""
     status, slurm_steps, unreachable = _printable_tree(status), _printable_tree(slurm_steps), printable(unreachable)
+    slurm_burst_jobs = _printable_tree(slurm_burst_jobs)
     lines = [f"job {job_id}"]
     if status is None:
         word = "REFUSED the request" if refused else "NOT ASKED" if not_asked else "UNREACHABLE"
@@ -175,6 +176,11 @@ def render_status(job_id: int, status: dict[str, Any] | None, slurm_steps: list[
         rows = [[str(s.get("step_id", "")), str(s.get("name", "")), ",".join(s.get("nodes", [])),
                  str(s.get("time_used", ""))] for s in slurm_steps or []]
         lines += ["  " + r for r in _table(["STEP", "NAME", "NODE", "TIME"], rows)] if rows else ["  (none)"]
+        if slurm_burst_jobs:
+            lines.append(f"burst jobs Slurm lists for it: {len(slurm_burst_jobs)}")
+            rows = [[str(j.get("job_id", "")), str(j.get("state", "")), ",".join(j.get("nodes", [])) or "-",
+                     str(j.get("reason", "")) or "-"] for j in slurm_burst_jobs]
+            lines += ["  " + r for r in _table(["JOB", "STATE", "NODE", "REASON"], rows)]
         return "\n".join(lines) + "\n"
     ctl = status.get("controller", status)
     decision = ctl.get("last_decision") or {}

@@ -23,6 +23,7 @@ from slurm_elastic.client.locate import (
     locate_running,
 )
 from slurm_elastic.commands.params import JOB_ID, Seconds
+from slurm_elastic.core.burst import burst_job_name, parent_of_comment
 from slurm_elastic.core.naming import AGENT_PREFIX, WORKER_PREFIX
 from slurm_elastic.errors import (
     ApiError,
@@ -32,6 +33,7 @@ from slurm_elastic.errors import (
     SlurmError,
 )
 from slurm_elastic.slurm.cli_backend import SlurmCli
+from slurm_elastic.slurm.parse import StepInfo
 from slurm_elastic.status_view import render_status, slurm_says, worker_counts
 
 STATUS_SCHEMA_VERSION = 1
@@ -135,7 +137,7 @@ def collect_status(job_id: int, slurm: SlurmCli | None = None) -> dict[str, Any]
                            "controller_reachable": False, "controller_refused": False, "controller_not_asked": False,
                            "controller_error": "",
                            "controller": None,
-                           "slurm_steps": [], "slurm_error": view.error}
+                           "slurm_steps": [], "slurm_burst_jobs": [], "slurm_error": view.error}
     handle: JobHandle | None = None
     try:
         handle, client = _client(job_id, view, warn=False)
@@ -152,11 +154,23 @@ def collect_status(job_id: int, slurm: SlurmCli | None = None) -> dict[str, Any]
         doc["controller_refused"] = True
     if not doc["controller_reachable"]:
         try:
-            doc["slurm_steps"] = [{"step_id": s.step_ref, "name": s.name, "nodes": list(s.nodes),
-                                   "time_used": s.time_used} for s in slurm.list_steps(job_id)]
+            doc["slurm_steps"] = _steps(slurm.list_steps(job_id))
         except SlurmError as exc:
             doc["controller_error"] += f"; listing steps failed too: {exc}"
+        try:  # its burst jobs hold GPUs and run workers too (docs/burst.md)
+            burst = [j for j in slurm.list_jobs_named(burst_job_name(job_id), user=view.job.user_name if view.job
+                                                      else None) if parent_of_comment(j.comment) == job_id]
+            doc["slurm_burst_jobs"] = [{"job_id": j.job_id, "state": j.state, "nodes": list(j.nodes),
+                                        "reason": j.reason} for j in burst]
+            running = [j.job_id for j in burst if j.state == "RUNNING"]  # Slurm lists running jobs' steps only
+            doc["slurm_steps"] += _steps(slurm.list_steps_of(running)) if running else []
+        except SlurmError as exc:
+            doc["controller_error"] += f"; listing its burst jobs failed: {exc}"
     return doc
+
+
+def _steps(steps: list[StepInfo]) -> list[dict[str, Any]]:
+    return [{"step_id": s.step_ref, "name": s.name, "nodes": list(s.nodes), "time_used": s.time_used} for s in steps]
 
 
 LIVE_JOB_STATES = CONTROLLER_MAY_RUN | {"UNKNOWN"}
@@ -170,7 +184,8 @@ def _render(doc: dict[str, Any]) -> str:
         return warning + render_status(doc["job_id"], doc["controller"])
     return warning + render_status(doc["job_id"], None, doc["slurm_steps"], doc["controller_error"],
                                    refused=doc.get("controller_refused", False),
-                                   not_asked=doc.get("controller_not_asked", False))
+                                   not_asked=doc.get("controller_not_asked", False),
+                                   slurm_burst_jobs=doc.get("slurm_burst_jobs", []))
 
 
 @click.command()

@@ -109,6 +109,9 @@ def test_status_of_a_stopped_controller_says_it_was_stopped(tmp_path: Path, monk
         def list_steps(self, _job_id: int) -> list[Any]:
             return []
 
+        def list_jobs_named(self, _name: str, user: str | None = None) -> list[Any]:
+            return []
+
     monkeypatch.setattr("slurm_elastic.commands.jobs.ask_slurm", lambda job_id, slurm: SlurmView(None, ""))
     monkeypatch.setattr("slurm_elastic.commands.jobs._client", lambda job_id, *a, **k: (handle, Down()))
     doc = collect_status(7, NoSteps())  # type: ignore[arg-type]
@@ -153,6 +156,9 @@ def test_status_says_a_wrong_token_and_a_suspended_job_in_its_document(tmp_path:
 
     class NoSteps:
         def list_steps(self, _job_id: int) -> list[Any]:
+            return []
+
+        def list_jobs_named(self, _name: str, user: str | None = None) -> list[Any]:
             return []
 
     running = JobInfo(7, "rl", "RUNNING", ("node1",), "node1", "", "u", "debug")
@@ -203,3 +209,52 @@ def test_a_stop_releases_the_placeholders(tmp_path: Path) -> None:
     assert saved["w2"]["state"] == "ACTIVE"
     controller.tick()  # the stub lists step 3 still, as a listing taken before the cancel: not adopted
     assert controller.state.workers["w1"].state is WorkerState.INACTIVE
+
+
+def test_status_with_the_controller_down_lists_its_burst_jobs_and_their_steps(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A live probe: with the controller down (SIGSTOP), status listed the parent job's 4 worker
+    steps only, while 4 more ran in 2 burst jobs holding 4 GPUs; another parent's burst job (same
+    name, its own comment) is not listed."""
+    from slurm_elastic.client.locate import SlurmView
+    from slurm_elastic.commands.jobs import _render, collect_status
+    from slurm_elastic.slurm.parse import JobInfo, QueuedJob, StepInfo
+
+    handle = JobHandle(7, tmp_path, "http://127.0.0.1:1", "t", {})
+
+    class Down(Gone):
+        def status(self) -> Any:
+            raise ControllerUnreachableError("controller at http://127.0.0.1:1 did not answer: timed out")
+
+    def step(job_id: int, step_id: str, name: str, node: str) -> StepInfo:
+        return StepInfo(job_id, step_id, name, (node,), "1:00", "", "gres/gpu:1", 1)
+
+    class Slurm:
+        users: list[str | None] = []
+
+        def list_steps(self, job_id: int) -> list[StepInfo]:
+            return [step(job_id, "1", "se-w-0001", "node1")]
+
+        def list_jobs_named(self, name: str, user: str | None = None) -> list[QueuedJob]:
+            assert name == "elastic-burst-7"
+            self.users.append(user)
+            return [QueuedJob(8, "RUNNING", ("node2",), 2, "", "", 1, "p", name, "slurm-elastic burst parent=7"),
+                    QueuedJob(9, "PENDING", (), 2, "Resources", "", 1, "p", name,
+                              "slurm-elastic burst parent=7 released"),
+                    QueuedJob(10, "RUNNING", ("node2",), 2, "", "", 1, "p", name, "someone else's")]
+
+        def list_steps_of(self, job_ids: list[int]) -> list[StepInfo]:
+            assert job_ids == [8]
+            return [step(8, "1", "se-w-0002", "node2")]
+
+    running = JobInfo(7, "rl", "RUNNING", ("node1",), "node1", "", "alice", "debug")
+    monkeypatch.setattr("slurm_elastic.commands.jobs.ask_slurm", lambda job_id, slurm: SlurmView(running, ""))
+    monkeypatch.setattr("slurm_elastic.commands.jobs._client", lambda job_id, *a, **k: (handle, Down()))
+    slurm = Slurm()
+    doc = collect_status(7, slurm)  # type: ignore[arg-type]
+    assert [s["step_id"] for s in doc["slurm_steps"]] == ["7.1", "8.1"] and slurm.users == ["alice"]
+    assert doc["slurm_burst_jobs"] == [{"job_id": 8, "state": "RUNNING", "nodes": ["node2"], "reason": ""},
+                                       {"job_id": 9, "state": "PENDING", "nodes": [], "reason": "Resources"}]
+    text = _render(doc)
+    assert "8.1   se-w-0002  node2  1:00" in text and "burst jobs Slurm lists for it: 2" in text
+    assert "9    PENDING  -      Resources" in text
