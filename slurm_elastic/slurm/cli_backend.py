@@ -180,9 +180,10 @@ class SlurmCli:
 
     def cancel_burst_jobs(self, parent_job_id: int, user: str | None = None) -> list[int]:
         """Cancel the burst jobs of ``parent_job_id`` Slurm still lists (named and commented for
-        it, docs/burst.md); returns their ids."""
+        it, docs/burst.md), but those already ending (COMPLETING: given back by the controller as
+        it drained); returns their ids."""
         left = [j.job_id for j in self.list_jobs_named(burst_job_name(parent_job_id), user=user)
-                if parent_of_comment(j.comment) == parent_job_id]
+                if parent_of_comment(j.comment) == parent_job_id and j.state != "COMPLETING"]
         for burst_id in left:
             self.cancel_job(burst_id)
         return left

@@ -331,3 +331,26 @@ def test_the_epilog_runs_the_slurm_commands_of_slurm_bin_dir(tmp_path: Path, mon
 
     assert run(config) == 0
     assert (tmp_path / "calls").read_text().startswith("squeue ")
+
+
+def test_stop_and_the_epilog_cancel_the_burst_jobs_left_not_those_already_ending() -> None:
+    """A live probe: after the trainer finished, the controller gave back its last burst job as it
+    drained, and `slurm-elastic stop` then read "burst jobs 1000287 cancelled" of that job, which
+    Slurm listed COMPLETING: nothing was left for it to cancel."""
+    from slurm_elastic.slurm.cli_backend import SlurmCli
+
+    def job(job_id: int, state: str, comment: str = "slurm-elastic burst parent=7") -> QueuedJob:
+        return QueuedJob(job_id, state, ("n2",), 2, "", "", 1, "p", "elastic-burst-7", comment)
+
+    class Listed(SlurmCli):
+        cancelled: list[int] = []
+
+        def list_jobs_named(self, name: str, user: str | None = None) -> list[QueuedJob]:
+            return [job(8, "COMPLETING"), job(9, "RUNNING"), job(10, "PENDING"), job(11, "SUSPENDED"),
+                    job(12, "RUNNING", "slurm-elastic burst parent=6"), job(13, "PENDING", "slurm-elastic burst parent=7 released")]
+
+        def cancel_job(self, job_id: int) -> None:
+            self.cancelled.append(job_id)
+
+    slurm = Listed()
+    assert slurm.cancel_burst_jobs(7) == [9, 10, 11, 13] == slurm.cancelled

@@ -86,6 +86,9 @@ class SlurmSays:
     def list_steps(self, job_id: int) -> list[Any]:
         return []
 
+    def list_jobs_named(self, name: str, user: str | None = None) -> list[Any]:
+        return []
+
     def cancel_burst_jobs(self, job_id: int) -> list[int]:
         return []
 
