@@ -152,7 +152,9 @@ def collect_status(job_id: int, slurm: SlurmCli | None = None) -> dict[str, Any]
         where = _token_source(handle) if handle and exc.status_code in (401, 403) else ""
         doc["controller_error"] = f"{exc}{where}"
         doc["controller_refused"] = True
-    if not doc["controller_reachable"]:
+    if not doc["controller_reachable"] and view.error:  # each listing would wait out Slurm's timeout again
+        doc["controller_error"] += "; its steps and burst jobs not listed: Slurm did not answer"
+    elif not doc["controller_reachable"]:
         try:
             doc["slurm_steps"] = _steps(slurm.list_steps(job_id))
         except SlurmError as exc:

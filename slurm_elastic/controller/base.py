@@ -187,10 +187,12 @@ class ControllerBase:
         self.left_nodes = [left for left in restored.left_nodes if left["node"] not in self.gpus_by_node]
         st.started_s = now_s  # routers report again to this controller: a draining server's grace starts over
         st.cordons.move_clocks_on(math.inf, now_s)  # nor could a node's agent report: heard now, not unknown
-        # each worker's last report to the controller before this one, for its speed: a burst job
-        # suspended across the restart stood still since then, and its SDK's busy clock ran on
+        # a SUSPENDED worker's last report before this controller, for its speed: its burst job
+        # stands suspended across the restart, and its SDK's busy clock runs on (its liveness clock
+        # is not moved while it stands). Others' first report here is taken whole, as before: a
+        # running worker's clock was moved at a resume or a restart, and is no report's time.
         self._busy_heard = {w.worker_id: (w.last_heartbeat_s, stood_total_s(w, w.last_heartbeat_s))
-                            for w in st.workers.values() if w.keeps_step and w.last_heartbeat_s > 0}
+                            for w in st.workers.values() if w.state is S.SUSPENDED and w.last_heartbeat_s > 0}
         for worker in st.workers.values():  # nobody could heart-beat while no controller ran
             if worker.has_step:
                 worker.last_heartbeat_s = max(worker.last_heartbeat_s, now_s)

@@ -72,6 +72,7 @@ class BurstManager:
         self._completing_since_s: dict[int, float] = {}  # jobs listed COMPLETING: when first seen so
         self.suspended_limit_s = suspended_limit_s  # the admission TTL: a job suspended longer is given back
         self._suspended_since_s: dict[int, float] = {}  # jobs listed suspended: when first seen so
+        self._counted_cancelled: set[int] = set()  # jobs counted in counters.cancelled (while Slurm lists them)
         self._comments: dict[int, str] = {}  # job -> the comment this controller submitted, adopted or set
         self._refusals: dict[tuple[int, str], str] = {}  # (job, "name"/"comment") -> why Slurm refused to set it back
         self._script_checked = False  # the jobs running this parent's burst script were looked for
@@ -227,6 +228,7 @@ class BurstManager:
         releasing = self.releasing | self._ending
         self._given_back |= releasing
         self._given_back &= listed_ids  # gone from Slurm's listing: nothing more to tell about it
+        self._counted_cancelled &= listed_ids
         self._account(current, Counter(workers_by_job) + Counter(draining_by_job), now_s)  # a draining worker works on
         self._completing_since_s = {j.job_id: self._completing_since_s.get(j.job_id, now_s)
                                     for j in current if j.completing}
@@ -241,8 +243,10 @@ class BurstManager:
         self.last_decision = decision
         for job_id in decision.cancel:
             self._given_back.add(job_id)
-            self._try(f"cancel burst job {job_id}", lambda j=job_id: self.jobs.cancel(j))
-            if job_id not in self._signalled:  # Slurm ends its run: counted lost when it does, not twice
+            done = self._try(f"cancel burst job {job_id}", lambda j=job_id: self.jobs.cancel(j))
+            # once per job, when Slurm took it; one Slurm's drain signal ends is counted lost when it does
+            if done and job_id not in self._signalled and job_id not in self._counted_cancelled:
+                self._counted_cancelled.add(job_id)
                 self.counters.cancelled += 1
         for job_id in decision.release:
             self._mark(job_id, True)

@@ -30,8 +30,8 @@ class OperatorCommands(ControlPlane):
             notes = []
             if self.usable_slots is not None and target > self.usable_slots:
                 more = "a lifted cordon" if self.burst is None else (  # usable_slots counts every job max_jobs allows
-                    f"a lifted cordon, a held or suspended burst job let go; the burst.max_jobs = "
-                    f"{self.burst.policy.max_jobs} burst jobs are counted in already")
+                    f"a lifted cordon, a held or suspended burst job let go; burst jobs up to burst.max_jobs = "
+                    f"{self.burst.policy.max_jobs}, held or suspended ones aside, are counted in already")
                 notes.append(f"{target} workers asked; {self.usable_slots} GPU slot"
                              f"{' is' if self.usable_slots == 1 else 's are'} usable now, so "
                              f"{self.usable_slots} run and the rest wait for GPUs ({more})")

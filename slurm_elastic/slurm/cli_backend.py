@@ -180,13 +180,14 @@ class SlurmCli:
 
     def cancel_burst_jobs(self, parent_job_id: int, user: str | None = None) -> list[int]:
         """Cancel the burst jobs of ``parent_job_id`` Slurm still lists (named and commented for
-        it, docs/burst.md), but those already ending (COMPLETING: given back by the controller as
-        it drained); returns their ids."""
-        left = [j.job_id for j in self.list_jobs_named(burst_job_name(parent_job_id), user=user)
-                if parent_of_comment(j.comment) == parent_job_id and j.state != "COMPLETING"]
-        for burst_id in left:
-            self.cancel_job(burst_id)
-        return left
+        it, docs/burst.md), a COMPLETING one too: Slurm lists a job it requeues COMPLETING first,
+        and a cancel then stops the requeue. Returns the ids of those not already ending (a
+        COMPLETING one the controller gave back as it drained is not reported again)."""
+        listed = [j for j in self.list_jobs_named(burst_job_name(parent_job_id), user=user)
+                  if parent_of_comment(j.comment) == parent_job_id]
+        for job in listed:
+            self.cancel_job(job.job_id)
+        return [j.job_id for j in listed if j.state != "COMPLETING"]
 
     def rpc_counts(self) -> dict[str, int]:
         """slurmctld's RPC counts by message type (``sdiag``), for benchmarks."""

@@ -333,10 +333,11 @@ def test_the_epilog_runs_the_slurm_commands_of_slurm_bin_dir(tmp_path: Path, mon
     assert (tmp_path / "calls").read_text().startswith("squeue ")
 
 
-def test_stop_and_the_epilog_cancel_the_burst_jobs_left_not_those_already_ending() -> None:
+def test_stop_and_the_epilog_cancel_every_burst_job_and_report_those_not_already_ending() -> None:
     """A live probe: after the trainer finished, the controller gave back its last burst job as it
     drained, and `slurm-elastic stop` then read "burst jobs 1000287 cancelled" of that job, which
-    Slurm listed COMPLETING: nothing was left for it to cancel."""
+    Slurm listed COMPLETING. Not reported, but still cancelled: a job Slurm requeues is listed
+    COMPLETING first, and left alone it would run again with no controller."""
     from slurm_elastic.slurm.cli_backend import SlurmCli
 
     def job(job_id: int, state: str, comment: str = "slurm-elastic burst parent=7") -> QueuedJob:
@@ -353,4 +354,4 @@ def test_stop_and_the_epilog_cancel_the_burst_jobs_left_not_those_already_ending
             self.cancelled.append(job_id)
 
     slurm = Listed()
-    assert slurm.cancel_burst_jobs(7) == [9, 10, 11, 13] == slurm.cancelled
+    assert slurm.cancel_burst_jobs(7) == [9, 10, 11, 13] and slurm.cancelled == [8, 9, 10, 11, 13]

@@ -188,3 +188,25 @@ def test_a_worker_draining_in_a_burst_job_still_counts_as_using_its_gpu(tmp_path
     made.observe()
     made.step(target_workers=6, allocation_slots=4, workers_by_job={job: 1}, draining_by_job={job: 1}, now_s=20)
     assert made.counters.gpu_s_used == used + 20.0
+
+
+def test_a_cancel_is_counted_once_and_only_when_slurm_took_it(tmp_path: Path) -> None:
+    class Refusing(FlakySlurm):
+        refuse = True
+
+        def cancel_job(self, job_id: int) -> None:
+            if self.refuse:
+                raise SlurmCommandError(["scancel"], 1, "", "scancel: error: Socket timed out")
+            self.jobs.pop(job_id, None)
+
+    slurm = Refusing()
+    made = new_manager(slurm, tmp_path)
+    step(made, 6, {}, now_s=0)
+    [job] = list(slurm.jobs)
+    step(made, 4, {}, now_s=10)  # not needed: cancelled, but Slurm refuses
+    step(made, 4, {}, now_s=20)
+    assert made.counters.cancelled == 0 and job in slurm.jobs
+    slurm.refuse = False
+    step(made, 4, {}, now_s=30)
+    step(made, 4, {}, now_s=40)
+    assert made.counters.cancelled == 1 and job not in slurm.jobs

@@ -146,8 +146,9 @@ def test_scale_up_fills_the_free_gpus_of_the_allocation_and_no_more(tmp_path: Pa
     with_burst = Controller(parse_config({"agent": {"enabled": False}, "burst": {"max_jobs": 2, "gpus_per_job": 2}}), 7,
                             ListedSteps(), tmp_path / "burst", gpus_by_node={"a1": (0, 1)})  # type: ignore[arg-type]
     with_burst.usable_slots = 6  # 2 of its own, 2 burst jobs of 2: no third comes (a live probe's note said "a burst job")
-    assert with_burst.scale(10)["note"].endswith("(a lifted cordon, a held or suspended burst job let go; the "
-                                                 "burst.max_jobs = 2 burst jobs are counted in already)")
+    assert with_burst.scale(10)["note"].endswith("(a lifted cordon, a held or suspended burst job let go; burst "
+                                                 "jobs up to burst.max_jobs = 2, held or suspended ones aside, are "
+                                                 "counted in already)")
     controller.state.autoscaler.config = dataclasses.replace(controller.state.autoscaler.config, max_workers=8)
     assert controller.scale(9)["note"].endswith("; above autoscaler.max_workers (8): a manual target is not bound by it")
     assert "note" not in controller.scale(6)
