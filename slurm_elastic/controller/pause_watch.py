@@ -3,10 +3,12 @@ VM. Nobody could heart-beat to it then (under ``scontrol suspend`` the workers w
 the core moves its workers' clocks on by that time instead of finding every worker silent.
 
 A thread wakes every ``interval_s``; a wake-up more than ``threshold_s`` late counts the lateness as
-lost when the process used less CPU time meanwhile than half the lateness: a stopped process uses
-none, while a controller that held its own thread back (a long garbage collection, a long tick under
-the interpreter's lock) used about all of it, and its workers were not stopped. A process runnable
-but not given a CPU for that long still counts as paused. :meth:`PauseWatch.take` also counts a pause the thread has not woken from yet, so a tick that
+lost when the process used less CPU time meanwhile than a tenth of the lateness
+(``PAUSED_CPU_SHARE``): a stopped process uses none, while a controller that held its own thread
+back (a long garbage collection, a long tick under the interpreter's lock) used the CPU share it
+was given, on a host busy enough that it got a third of a core still over three times that, and
+its workers were not stopped. A process runnable but given almost no CPU that long still counts as
+paused. :meth:`PauseWatch.take` also counts a pause the thread has not woken from yet, so a tick that
 runs first after a resume still knows, and :meth:`PauseWatch.lost_total_s` tells a heartbeat how long
 its worker was stopped since its last, whichever noticed the pause first."""
 
@@ -18,6 +20,7 @@ from collections.abc import Callable
 
 PAUSE_WATCH_INTERVAL_S = 0.5
 PAUSE_THRESHOLD_S = 3.0  # later than this past its wake-up: the process did not run
+PAUSED_CPU_SHARE = 0.1  # ... if it used less CPU time than this share of the lateness meanwhile
 
 
 class PauseWatch:
@@ -73,7 +76,7 @@ class PauseWatch:
 
     def _late_s(self, now_s: float, cpu_s: float) -> float:
         late_s = now_s - self._last_s - self.interval_s
-        if late_s <= self.threshold_s or cpu_s - self._last_cpu_s >= late_s / 2:
+        if late_s <= self.threshold_s or cpu_s - self._last_cpu_s >= PAUSED_CPU_SHARE * late_s:
             return 0.0
         return late_s
 
