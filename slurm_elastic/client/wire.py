@@ -15,6 +15,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from slurm_elastic.core.health import AgentReport, GpuSample
+from slurm_elastic.core.limits import MAX_WORKERS
 from slurm_elastic.core.staleness import MAX_VERSION
 
 WORKER_ID = r"^[A-Za-z0-9_]{1,64}$"
@@ -90,7 +91,7 @@ class LoadReport(_Body):
 
 
 class ScaleRequest(_Body):
-    workers: int = Field(ge=0, le=100_000)
+    workers: int = Field(ge=0, le=MAX_WORKERS)
 
 
 class GpuRef(_Body):

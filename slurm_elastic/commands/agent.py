@@ -10,6 +10,7 @@ import click
 
 from slurm_elastic.commands.params import Seconds, Whole
 from slurm_elastic.core.defaults import AGENT_INTERVAL_S, AGENT_MAX_BACKOFF_S
+from slurm_elastic.core.limits import MAX_GPUS
 from slurm_elastic.errors import ConfigError
 
 
@@ -36,7 +37,7 @@ from slurm_elastic.errors import ConfigError
     type=click.Path(dir_okay=False),
     help="Fault-injection file (TOML or JSON), re-read every sample.",
 )
-@click.option("--gpus", "fake_gpus", type=Whole(min=0), help="Fake GPU count (inject).")
+@click.option("--gpus", "fake_gpus", type=Whole(min=0, max=MAX_GPUS), help="Fake GPU count (inject).")
 @click.option("--node", help="Node name (default: SLURMD_NODENAME or the short hostname).")
 @click.option("--interval-s", type=Seconds(0.1), default=AGENT_INTERVAL_S, show_default=True)
 @click.option("--max-backoff-s", type=Seconds(0.1), default=AGENT_MAX_BACKOFF_S, show_default=True)

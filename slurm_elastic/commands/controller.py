@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from slurm_elastic.commands.params import Seconds, Whole
+from slurm_elastic.commands.params import JOB_ID, Seconds
 
 log = logging.getLogger(__name__)
 STOPPED_BY_SIGNAL_EXIT = 143  # 128 + SIGTERM, as a shell reports a process a SIGTERM ended
@@ -45,7 +45,7 @@ def worker(command: tuple[str, ...]) -> None:
 @click.option("--grace-s", default=300.0, show_default=True, type=Seconds(0),
               help="End after the controller is silent this long.")
 @click.option("--interval-s", default=10.0, show_default=True, type=Seconds(0.1), help="Seconds between probes.")
-@click.option("--parent-job-id", default=None, type=Whole(min=1),
+@click.option("--parent-job-id", default=None, type=JOB_ID,
               help="End at once when the controller is silent and Slurm lists this job no more.")
 def burst_watch(state_dir: Path, grace_s: float, interval_s: float, parent_job_id: int | None) -> None:
     """The batch script of a burst job: hold its GPUs; end it once the controller stays unreachable

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from slurm_elastic.commands.params import Seconds, Whole
+from slurm_elastic.core.limits import MAX_MEM_MB
 from slurm_elastic.devcluster.cluster import DevCluster, DevClusterSpec, default_dir
 
 _dir_option = click.option(
@@ -30,7 +31,7 @@ def devcluster() -> None:
 @click.option("--nodes", default=2, show_default=True, type=Whole(1, 64))
 @click.option("--gpus-per-node", default=4, show_default=True, type=Whole(0, 16))
 @click.option("--cpus-per-node", default=16, show_default=True, type=Whole(1, 1024))
-@click.option("--memory-per-node-mb", default=16000, show_default=True, type=Whole(100))
+@click.option("--memory-per-node-mb", default=16000, show_default=True, type=Whole(100, MAX_MEM_MB))
 @click.option("--ctld-port", default=16817, show_default=True, type=Whole(1024, 65535))
 @click.option("--node-base-port", default=16901, show_default=True, type=Whole(1024, 65535),
               help="node1 listens here, node2 on the next port, ...")

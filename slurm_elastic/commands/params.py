@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from slurm_elastic.core.health import parse_gpu_ref
+from slurm_elastic.core.limits import MAX_DURATION_S, MAX_JOB_ID, shown
 
 NODE_NAME = re.compile(r"[A-Za-z0-9._-]+")
 
@@ -32,16 +33,18 @@ class Whole(click.IntRange):
         return super()._describe_range()
 
 
-JOB_ID = Whole(min=1)  # a Slurm job id
+JOB_ID = Whole(min=1, max=MAX_JOB_ID)  # a Slurm job id (32-bit)
 
 
 class Seconds(click.ParamType[float]):
-    """A finite number of seconds, at least ``min_s`` (``nan``, ``inf`` and negatives refused)."""
+    """A finite number of seconds from ``min_s`` to ``max_s`` (``nan``, ``inf`` and negatives refused;
+    by default at most a year, past which a wait never ends within a job and ``time.sleep`` and
+    thread waits overflow)."""
 
     name = "seconds"
 
-    def __init__(self, min_s: float) -> None:
-        self.min_s = min_s
+    def __init__(self, min_s: float, max_s: float = MAX_DURATION_S) -> None:
+        self.min_s, self.max_s = min_s, max_s
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
         if isinstance(value, str) and not re.fullmatch(r"[-+.0-9eE]+|[-+]?(?i:nan|inf|infinity)", value):
@@ -52,6 +55,8 @@ class Seconds(click.ParamType[float]):
             self.fail(f"{value!r} is not a number of seconds", param, ctx)
         if not math.isfinite(seconds) or seconds < self.min_s:
             self.fail(f"{value!r} is not a finite number of seconds of at least {self.min_s:g}", param, ctx)
+        if seconds > self.max_s:
+            self.fail(f"{value!r} is above the largest, {shown(self.max_s)} s (a year)", param, ctx)
         return seconds
 
 

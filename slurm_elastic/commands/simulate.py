@@ -17,7 +17,7 @@ from slurm_elastic.sim.policies import POLICIES
               help="Directory for summary.json and timeline.png.")
 @click.option("--policy", type=click.Choice(POLICIES), default="ours", show_default=True,
               help="The policy to run (ours, or a baseline of the benchmark).")
-@click.option("--seed", type=Whole(), default=None, help="RNG seed (default: the trace's).")
+@click.option("--seed", type=Whole(min=0), default=None, help="RNG seed (default: the trace's).")
 @click.option("--no-plot", is_flag=True, help="Skip timeline.png (no matplotlib needed).")
 def simulate(trace_path: Path, out_dir: Path, policy: str, seed: int | None, no_plot: bool) -> None:
     """Replay a workload trace (TOML, see examples/traces/) with a simulated clock."""

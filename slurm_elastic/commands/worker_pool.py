@@ -11,12 +11,13 @@ from slurm_elastic.client.wire import WORKER_ID
 from slurm_elastic.commands.jobs import call_controller, wait_for_status
 from slurm_elastic.commands.params import JOB_ID, GpuRef, Seconds, Whole
 from slurm_elastic.commands.said import echo_answer, json_option
+from slurm_elastic.core.limits import MAX_WORKERS
 from slurm_elastic.core.naming import WORKER_PREFIX
 
 
 @click.command(context_settings={"ignore_unknown_options": True})  # "-1" is a count, refused by its range
 @click.argument("job_id", type=JOB_ID)
-@click.argument("workers", type=Whole(0))
+@click.argument("workers", type=Whole(0, MAX_WORKERS))
 @click.option("--wait", is_flag=True, help="Wait until the job has that many active workers.")
 @click.option("--timeout-s", default=300.0, show_default=True, type=Seconds(0))
 @json_option

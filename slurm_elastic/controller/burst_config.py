@@ -8,6 +8,8 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
+from slurm_elastic.core.limits import MAX_DURATION_S
+
 # Options the burst script sets itself, with the key that sets them (or why they are fixed).
 RESERVED_SBATCH_OPTIONS: dict[str, str] = {
     "job-name": "fixed: the controller adopts its burst jobs by name",
@@ -144,8 +146,8 @@ class BurstSection(BaseModel):
     time_limit: SlurmTime = Field("", description="--time of a burst job, e.g. 02:00:00; empty: the partition's default.")
     extra_sbatch_options: list[str] = Field(default_factory=list, description="More sbatch options, each one "
                                             "argument (e.g. \"--constraint=a100\"); none of those the script sets.")
-    submit_cooldown_s: float = Field(60.0, ge=0, description="Least time between two rounds of burst submissions.")
-    controller_unreachable_grace_s: float = Field(300.0, gt=0, description="A burst job ends itself after this "
+    submit_cooldown_s: float = Field(60.0, ge=0, le=MAX_DURATION_S, description="Least time between two rounds of burst submissions.")
+    controller_unreachable_grace_s: float = Field(300.0, gt=0, le=MAX_DURATION_S, description="A burst job ends itself after this "
                                                   "long without an answer from the controller.")
     signal_lead_s: int = Field(120, ge=0, le=65535, description="workers.drain_signal reaches the burst job's "
                                "worker steps this long before its time limit (--signal), so they drain.")

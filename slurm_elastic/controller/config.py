@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import TYPE_CHECKING, Any, Literal, get_args, get_origin
 
+import annotated_types as at
 from pydantic import Field, ValidationError, model_validator
 
 from slurm_elastic.controller.burst_config import BurstSection, time_limit_s
@@ -26,7 +27,11 @@ from slurm_elastic.controller.config_sections import (
     WeightsSection,
     WorkersSection,
 )
+from slurm_elastic.core.limits import shown
 from slurm_elastic.errors import ConfigError, unknown_key
+
+if TYPE_CHECKING:
+    from slurm_elastic.core.autoscaler_config import AutoscalerConfig
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -143,12 +148,41 @@ def _validate_policy_tables(config: ElasticConfig, source: str) -> None:
 
     try:
         scaler = AutoscalerConfig.from_mapping(config.autoscaler)
-        QueueConfig.from_mapping(config.queue)
+        queue = QueueConfig.from_mapping(config.queue)
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
     if config.workers.initial_workers > scaler.max_workers:
         raise ConfigError(f"{source}: workers.initial_workers ({config.workers.initial_workers}) > "
                           f"autoscaler.max_workers ({scaler.max_workers})")
+    most_setpoint = min(scaler.setpoint_batches, max(scaler.setpoint_floor_batches, queue.max_staleness - 0.5))
+    if most_setpoint * queue.batch_size > queue.capacity_seqs:
+        raise ConfigError(f"{source}: autoscaler.setpoint_batches ({scaler.setpoint_batches:g}) of "
+                          f"queue.batch_size ({queue.batch_size}) with queue.max_staleness ({queue.max_staleness}) "
+                          f"aims for up to {most_setpoint * queue.batch_size:g} sequences buffered, above "
+                          f"queue.capacity_seqs ({queue.capacity_seqs}): the buffer could never reach it, and "
+                          "the autoscaler's error would never turn negative to scale down")
+    _durations_fit_the_job(config, scaler, source)
+
+
+def _durations_fit_the_job(config: ElasticConfig, scaler: AutoscalerConfig, source: str) -> None:
+    """A timer not shorter than the job's ``job.time_limit`` (or a burst job's) never fires within it."""
+    limit_s = time_limit_s(config.job.time_limit) or 0
+    timers = {"autoscaler.scale_up_cooldown_s": (scaler.scale_up_cooldown_s, "after one scale-up no other could come"),
+              "autoscaler.scale_down_cooldown_s": (scaler.scale_down_cooldown_s, "after one scale-down no other could come"),
+              "autoscaler.min_stable_period_s": (scaler.min_stable_period_s, "the autoscaler would never act"),
+              "workers.start_timeout_s": (config.workers.start_timeout_s, "a failed launch would never be caught"),
+              "workers.heartbeat_grace_s": (config.workers.heartbeat_grace_s, "a hung worker would never be replaced"),
+              "workers.drain_timeout_s": (config.workers.drain_timeout_s, "a worker that ignores its drain would never be cancelled")}
+    for key, (value_s, why) in timers.items() if limit_s else ():
+        if value_s >= limit_s:
+            raise ConfigError(f"{source}: {key} ({value_s:g}) is not shorter than job.time_limit "
+                              f"({config.job.time_limit} = {limit_s} s): {why} within the job")
+    burst = config.burst
+    burst_limit_s = time_limit_s(burst.time_limit) or 0
+    if burst.max_jobs and burst_limit_s and burst.controller_unreachable_grace_s >= burst_limit_s:
+        raise ConfigError(f"{source}: burst.controller_unreachable_grace_s ({burst.controller_unreachable_grace_s:g}) "
+                          f"is not shorter than burst.time_limit ({burst.time_limit} = {burst_limit_s} s): a burst "
+                          "job whose controller is gone would hold its GPUs to its time limit")
 
 
 def check_worker_command(config: ElasticConfig, source: str) -> None:
@@ -182,8 +216,18 @@ def config_reference_markdown() -> str:
             choices = get_args(field.annotation) if get_origin(field.annotation) is Literal else ()
             annotation = ("one of " + ", ".join(map(str, choices)) if choices
                           else getattr(field.annotation, "__name__", str(field.annotation)).replace("typing.", ""))
-            rows.append(f"| `{section}.{name}` | {annotation} | `{default!r}` | {field.description} |")
+            rows.append(f"| `{section}.{name}` | {annotation}{_range(field.metadata)} | `{default!r}` | {field.description} |")
     return "\n".join(rows) + "\n"
+
+
+def _range(metadata: list[Any]) -> str:
+    """A field's bounds as the reference writes them (``, 1 to 65535``, ``, > 0 to 31622400``)."""
+    bounds = {kind.__name__: getattr(m, attr) for m in metadata
+              for kind, attr in ((at.Ge, "ge"), (at.Gt, "gt"), (at.Le, "le")) if isinstance(m, kind)}
+    low = f">= {shown(bounds['Ge'])}" if "Ge" in bounds else f"> {shown(bounds['Gt'])}" if "Gt" in bounds else ""
+    if "Le" not in bounds:
+        return f", {low}" if low else ""
+    return f", {low.removeprefix('>= ')} to {shown(bounds['Le'])}" if low else f", at most {shown(bounds['Le'])}"
 
 
 REFERENCE_HEADER = """# Configuration reference (`elastic.toml`)
@@ -194,6 +238,13 @@ The `[autoscaler]`, `[queue]` and `[health]` tables are documented in their own 
 ([autoscaler.md](autoscaler.md), [queue.md](queue.md), [gpu-health.md](gpu-health.md)).
 A key in the wrong table is refused with the key that does the job
 (`workers.requests_per_worker_capacity`: set `autoscaler.requests_per_worker_capacity`).
+Each number's range is in its type column (`> 0 to 31622400`: above 0, at most that); the largest
+values are past any real setting (`slurm_elastic/core/limits.py` says why each: a duration at most
+a year, which no Slurm job runs, 65535 CPUs, 2^30 MB, 40000 workers). Keys of several tables are
+checked together too; each error names the keys: a timer (`autoscaler.scale_up_cooldown_s`,
+`scale_down_cooldown_s`, `min_stable_period_s`, `workers.start_timeout_s`, `heartbeat_grace_s`,
+`drain_timeout_s`) not shorter than `job.time_limit` would never fire within the job, and
+`burst.controller_unreachable_grace_s` must be shorter than `burst.time_limit`.
 
 """
 

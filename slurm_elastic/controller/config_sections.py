@@ -11,6 +11,15 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from slurm_elastic.controller.burst_config import SlurmNames, SlurmTime
 from slurm_elastic.core import defaults as d
 from slurm_elastic.core.health import CLOCK_EVENT_FLAGS, HealthRules
+from slurm_elastic.core.limits import (
+    MAX_CPUS,
+    MAX_DURATION_S,
+    MAX_GPUS,
+    MAX_MEM_MB,
+    MAX_NODES,
+    MAX_REPEATS,
+    MAX_WORKERS,
+)
 from slurm_elastic.core.signals import DEFAULT_DRAIN_SIGNAL, DrainSignal
 
 
@@ -18,6 +27,15 @@ class StrictSection(BaseModel):
     """Strict, as TOML is typed: no numbers as strings, no booleans as numbers, finite floats."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+    @field_validator("*")
+    @classmethod
+    def _no_nul(cls, value: Any) -> Any:
+        """No NUL character in any text: no path, argument or environment of the OS can hold one."""
+        texts = value if isinstance(value, list) else [*value, *value.values()] if isinstance(value, dict) else [value]
+        if any(isinstance(t, str) and "\x00" in t for t in texts):
+            raise ValueError("holds a NUL character (\\x00), which no path, argument or environment variable can hold")
+        return value
 
 
 class ControllerSection(StrictSection):
@@ -33,13 +51,23 @@ class ControllerSection(StrictSection):
                              "is loopback (a stock Debian /etc/hosts), the first interface up that is not.")
     listen_port: int = Field(0, ge=0, le=65535, description="API port; 0: the port of the job's previous controller if it is free again, else any free one.")
     slurm_backend: Literal["auto", "cli", "pyslurm"] = Field("auto", description="How to talk to Slurm.")
-    slurm_timeout_s: float = Field(d.SLURM_TIMEOUT_S, gt=0, description="Timeout of one Slurm command the controller runs "
+    slurm_timeout_s: float = Field(d.SLURM_TIMEOUT_S, gt=0, le=3600, description="Timeout of one Slurm command the controller runs "
                                    "(squeue, sinfo, scontrol, scancel, sbatch); worker srun steps are not timed.")
-    gpus_per_node: int = Field(0, ge=0, description="GPUs per node of the allocation; 0 reads it from Slurm.")
+    gpus_per_node: int = Field(0, ge=0, le=MAX_GPUS, description="GPUs per node of the allocation; 0 reads it from Slurm.")
+
+    @field_validator("state_dir")
+    @classmethod
+    def _known_placeholders(cls, value: str) -> str:
+        unknown = sorted(set(PLACEHOLDER.findall(value)) - {"cluster", "job_id"})
+        if unknown:
+            raise ValueError(f"unknown placeholder {', '.join('{' + n + '}' for n in unknown)}; the known ones are "
+                             "{cluster} and {job_id}")
+        return value
 
 
 COMMAND_PLACEHOLDERS = ("worker_id", "gpus", "nodes", "controller_url", "job_id", "state_dir", "port",
                         "weights_path", "weights_version")  # filled in workers.command (step_specs, the wrapper)
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 PLACEHOLDER = re.compile(r"(?<!\$)\{([A-Za-z_][A-Za-z0-9_]*)\}")  # {name}, not a shell's ${name}
 
 
@@ -61,27 +89,27 @@ class WorkersSection(StrictSection):
                                   "is above a node's GPUs.")
     tasks_per_node: int = Field(1, ge=1, le=256, description="Tasks of a worker step on each of its nodes "
                                 "(--ntasks-per-node); task 0 registers, the others run the command beside it.")
-    cpus_per_worker: int = Field(1, ge=1, description="CPUs per worker step (--cpus-per-task).")
-    mem_per_worker_mb: int = Field(0, ge=0, description="Memory per worker step in MB; 0: Slurm's default (needed, with job.trainer_mem_mb, when job.mem_per_node_mb is set).")
-    initial_workers: int = Field(-1, ge=-1, description="Workers at start (at most autoscaler.max_workers); -1: the autoscaler's minimum. The count the job keeps with the autoscaler off; with it on, its start-up resizes the pool from the first tick (doubling it, or a worker on every GPU while the trainer waits for its first batches: docs/autoscaler.md).")
+    cpus_per_worker: int = Field(1, ge=1, le=MAX_CPUS, description="CPUs per worker step (--cpus-per-task).")
+    mem_per_worker_mb: int = Field(0, ge=0, le=MAX_MEM_MB, description="Memory per worker step in MB; 0: Slurm's default (needed, with job.trainer_mem_mb, when job.mem_per_node_mb is set).")
+    initial_workers: int = Field(-1, ge=-1, le=MAX_WORKERS, description="Workers at start (at most autoscaler.max_workers); -1: the autoscaler's minimum. The count the job keeps with the autoscaler off; with it on, its start-up resizes the pool from the first tick (doubling it, or a worker on every GPU while the trainer waits for its first batches: docs/autoscaler.md).")
     drain_signal: DrainSignal = Field(DEFAULT_DRAIN_SIGNAL, description="Signal that asks a worker to drain.")
-    drain_timeout_s: float = Field(d.DRAIN_TIMEOUT_S, gt=0, description="After this, a draining worker is cancelled.")
-    end_drain_s: float = Field(d.DRAIN_TIMEOUT_S, ge=0, description=(
+    drain_timeout_s: float = Field(d.DRAIN_TIMEOUT_S, gt=0, le=MAX_DURATION_S, description="After this, a draining worker is cancelled.")
+    end_drain_s: float = Field(d.DRAIN_TIMEOUT_S, ge=0, le=MAX_DURATION_S, description=(
         "This long before the job's time limit (at most a quarter of the job's whole time) every worker "
         "drains, finishing its rollout, and none is launched; a raised limit or a requeue brings them "
         "back. 0: never."))
-    heartbeat_interval_s: float = Field(d.HEARTBEAT_INTERVAL_S, gt=0, description="How often workers heart-beat.")
-    heartbeat_grace_s: float = Field(d.HEARTBEAT_GRACE_S, gt=0, description="Silence after which a worker is killed and replaced.")
-    start_timeout_s: float = Field(d.START_TIMEOUT_S, gt=0, description="Launch to registration, else the launch failed.")
-    backoff_base_s: float = Field(d.BACKOFF_BASE_S, gt=0, description="First crash-loop backoff; doubles per crash.")
-    backoff_max_s: float = Field(d.BACKOFF_MAX_S, gt=0, description="Longest crash-loop backoff.")
+    heartbeat_interval_s: float = Field(d.HEARTBEAT_INTERVAL_S, gt=0, le=MAX_DURATION_S, description="How often workers heart-beat.")
+    heartbeat_grace_s: float = Field(d.HEARTBEAT_GRACE_S, gt=0, le=MAX_DURATION_S, description="Silence after which a worker is killed and replaced.")
+    start_timeout_s: float = Field(d.START_TIMEOUT_S, gt=0, le=MAX_DURATION_S, description="Launch to registration, else the launch failed.")
+    backoff_base_s: float = Field(d.BACKOFF_BASE_S, gt=0, le=MAX_DURATION_S, description="First crash-loop backoff; doubles per crash.")
+    backoff_max_s: float = Field(d.BACKOFF_MAX_S, gt=0, le=MAX_DURATION_S, description="Longest crash-loop backoff.")
     readiness_path: str = Field("", description="Servers: HTTP path (starting with /) that answers 2xx when ready; empty: a TCP connect.")
     liveness_path: str = Field("", description="Servers: HTTP path (starting with /) probed after ready (2xx: live); empty: readiness_path (empty too: a TCP connect).")
     liveness_interval_s: float = Field(d.LIVENESS_INTERVAL_S, gt=0, le=3600, description="Servers: seconds between liveness probes after ready.")
     liveness_timeout_s: float = Field(d.LIVENESS_TIMEOUT_S, gt=0, le=3600, description="Servers: a liveness probe not answered within this fails.")
     liveness_failure_threshold: int = Field(3, ge=0, le=1000, description="Servers: failed probes in a row after which the server leaves discovery, drains and is replaced; 0: no liveness probes.")
-    server_drain_grace_s: float = Field(d.SERVER_DRAIN_GRACE_S, ge=0, description="Servers: after leaving discovery, wait at least this long (routers catch up) before signalling.")
-    gpu_memory_mb: int = Field(0, ge=0, description="Pre-flight: free memory a worker needs on its GPU; 0 skips the check.")
+    server_drain_grace_s: float = Field(d.SERVER_DRAIN_GRACE_S, ge=0, le=MAX_DURATION_S, description="Servers: after leaving discovery, wait at least this long (routers catch up) before signalling.")
+    gpu_memory_mb: int = Field(0, ge=0, le=MAX_MEM_MB, description="Pre-flight: free memory a worker needs on its GPU; 0 skips the check.")
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment for worker steps.")
 
     @field_validator("command", mode="before")
@@ -92,11 +120,22 @@ class WorkersSection(StrictSection):
     @field_validator("command")
     @classmethod
     def _known_placeholders(cls, value: list[str]) -> list[str]:
+        if value and not value[0].strip():
+            raise ValueError(f"its first word, the program to run, is empty ({value[0]!r})")
         unknown = sorted({name for part in value for name in PLACEHOLDER.findall(part)} - set(COMMAND_PLACEHOLDERS))
         if unknown:
             raise ValueError(f"unknown placeholder {', '.join('{' + n + '}' for n in unknown)}; the known ones are "
                              f"{', '.join('{' + n + '}' for n in COMMAND_PLACEHOLDERS)} (a shell variable is "
                              "written ${NAME})")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        bad = [name for name in value if not ENV_NAME.fullmatch(name)]
+        if bad:
+            raise ValueError(f"{bad[0]!r} is not an environment variable's name (letters, digits and _, not "
+                             "starting with a digit)")
         return value
 
     @field_validator("readiness_path", "liveness_path")
@@ -167,7 +206,7 @@ class AgentSection(StrictSection):
     source: Literal["auto", "nvml", "inject"] = Field(
         "auto", description="NVML; the fault-injection file; or auto: NVML, and the file only on nodes without an NVIDIA driver.")
     inject_file: str = Field("", description="Fault-injection drill file (docs/gpu-health.md); default <state dir>/drill.toml.")
-    interval_s: float = Field(d.AGENT_INTERVAL_S, ge=0.1, description="Seconds between samples (at least 0.1; below "
+    interval_s: float = Field(d.AGENT_INTERVAL_S, ge=0.1, le=MAX_DURATION_S, description="Seconds between samples (at least 0.1; below "
                               "health.agent_silence_s, after which a node not heard from is of unknown health).")
 
 
@@ -175,10 +214,10 @@ class JobSection(StrictSection):
     """The batch job that ``slurm-elastic render`` writes (the controller itself ignores this table)."""
 
     name: str = Field("elastic-rl", description="Job name (#SBATCH --job-name).")
-    nodes: int = Field(2, ge=1, description="Nodes (#SBATCH --nodes).")
-    gpus_per_node: int = Field(4, ge=0, description="GPUs per node (#SBATCH --gres=gpu:N).")
-    cpus_per_node: int = Field(0, ge=0, description="CPUs per node; 0 takes whole nodes (--exclusive).")
-    mem_per_node_mb: int = Field(0, ge=0, description="Memory per node in MB (#SBATCH --mem); 0: all of each "
+    nodes: int = Field(2, ge=1, le=MAX_NODES, description="Nodes (#SBATCH --nodes).")
+    gpus_per_node: int = Field(4, ge=0, le=MAX_GPUS, description="GPUs per node (#SBATCH --gres=gpu:N).")
+    cpus_per_node: int = Field(0, ge=0, le=MAX_CPUS, description="CPUs per node; 0 takes whole nodes (--exclusive).")
+    mem_per_node_mb: int = Field(0, ge=0, le=MAX_MEM_MB, description="Memory per node in MB (#SBATCH --mem); 0: all of each "
                                  "node's memory, which on a cluster that schedules memory takes the nodes whole "
                                  "whatever cpus_per_node says.")
     time_limit: SlurmTime = Field("", description="#SBATCH --time, e.g. 04:00:00; empty: the partition's default.")
@@ -188,10 +227,10 @@ class JobSection(StrictSection):
     trainer_command: list[str] = Field(default_factory=list, description=(
         "The trainer, run as its own step (`render` refuses an empty one); it starts with USR1 and USR2 (the "
         "drain signals) ignored."))
-    trainer_gpus: int = Field(1, ge=0, description="GPUs of the trainer step; 0: none (its step names "
+    trainer_gpus: int = Field(1, ge=0, le=MAX_GPUS, description="GPUs of the trainer step; 0: none (its step names "
                               "`--gres=none`, so all of its node's GPUs take workers). `render` refuses a job where no worker "
                               "fits beside it (a worker over k nodes needs k nodes with its GPUs free).")
-    trainer_mem_mb: int = Field(0, ge=0, description="Memory of the trainer step in MB (srun --mem); 0: Slurm's "
+    trainer_mem_mb: int = Field(0, ge=0, le=MAX_MEM_MB, description="Memory of the trainer step in MB (srun --mem); 0: Slurm's "
                                 "default. Needed with mem_per_node_mb (below it, with the workers' memory).")
 
     @field_validator("trainer_command", mode="before")
@@ -215,11 +254,11 @@ class HealthSection(StrictSection):
     """GPU health rules (docs/gpu-health.md). Strict: no numbers as strings, no booleans as numbers."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
-    max_temperature_c: float = Field(_RULES.max_temperature_c, ge=0)
+    max_temperature_c: float = Field(_RULES.max_temperature_c, ge=0, le=200)  # GPUs shut down near 100 C
     cordon_clock_events: list[str] = Field(sorted(_RULES.cordon_clock_events))
-    max_ecc_uncorrectable_volatile: int = Field(_RULES.max_ecc_uncorrectable_volatile, ge=0)
+    max_ecc_uncorrectable_volatile: int = Field(_RULES.max_ecc_uncorrectable_volatile, ge=0, le=2**31)
     cordon_on_unreadable: bool = _RULES.cordon_on_unreadable
-    healthy_period_s: float = Field(_RULES.healthy_period_s, ge=0)
+    healthy_period_s: float = Field(_RULES.healthy_period_s, ge=0, le=MAX_DURATION_S)
     on_unhealthy: Literal["drain", "keep"] = _RULES.on_unhealthy
     on_node_out: Literal["drain", "keep"] = Field(
         _RULES.on_node_out, description="A worker on a node Slurm marks drained, down, failing or rebooting "
@@ -230,10 +269,10 @@ class HealthSection(StrictSection):
         _RULES.release_drained_nodes, description="Give a node Slurm marks out of use back to Slurm once no "
         "step but the node agents runs there (`scontrol update JobId=J NodeList=<the others>`); never the batch host, never "
         "the last node. Slurm does not give it back to the job: the job runs on without it.")
-    crash_threshold: int = Field(_RULES.crash_threshold, ge=1)
-    crash_window_s: float = Field(_RULES.crash_window_s, ge=0)
-    crash_cordon_s: float = Field(_RULES.crash_cordon_s, ge=0)
-    agent_silence_s: float = Field(_RULES.agent_silence_s, gt=0)  # 0 would make every node unknown at once
+    crash_threshold: int = Field(_RULES.crash_threshold, ge=1, le=MAX_REPEATS)
+    crash_window_s: float = Field(_RULES.crash_window_s, ge=0, le=MAX_DURATION_S)
+    crash_cordon_s: float = Field(_RULES.crash_cordon_s, ge=0, le=MAX_DURATION_S)
+    agent_silence_s: float = Field(_RULES.agent_silence_s, gt=0, le=MAX_DURATION_S)  # 0 would make every node unknown at once
 
     @field_validator("cordon_clock_events")
     @classmethod

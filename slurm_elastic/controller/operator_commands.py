@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from slurm_elastic.controller.control_plane import ControlPlane, UnknownWorkerError
+from slurm_elastic.core.placement import cordon_note
 from slurm_elastic.core.reconcile import release_placeholders
 from slurm_elastic.core.tick import operator_drain
 
@@ -154,7 +155,13 @@ class OperatorCommands(ControlPlane):
                 self.state.cordons.cordon_manual(node, gpu, reason or "cordoned by operator", self.clock())
                 self.save()
             log.warning("cordon %s:%d (operator): %s", node, gpu, reason or "no reason given")
-            return {"node": node, "gpu": gpu, "cordoned": True}
+            holders = {key: w.worker_id for w in self.state.workers.values()
+                       if w.keeps_step and not w.placeholder for key in w.gpu_keys}
+            holders |= {key: "" for w in self.state.workers.values() if w.keeps_step and w.placeholder
+                        for key in w.gpu_keys if key not in holders}  # a placeholder: the pool's, no worker
+            foreign = sum(by_node.get(node, 0) for by_node in self.state.foreign_gpus.values())
+            note = cordon_note(node, gpu, sorted(self._held_gpus(node)), holders, foreign)
+            return {"node": node, "gpu": gpu, "cordoned": True, **({"note": note} if note else {})}
 
     def uncordon(self, node: str, gpu: int, reason: str = "") -> dict[str, Any]:
         """Lift the operator's, prolog, crash and pre-flight cordons of a GPU; each lift is logged

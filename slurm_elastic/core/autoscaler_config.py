@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from slurm_elastic.core.limits import MAX_DURATION_S, MAX_REPEATS, MAX_SEQS, MAX_WORKERS, shown
 from slurm_elastic.errors import ConfigError, unknown_key
 
 # verl's ElasticConfig names -> ours (docs/autoscaler.md explains each)
@@ -35,6 +36,39 @@ POSITIVE = {  # knobs the law divides by
     "horizon_s": "the control law closes the buffer's error within about this long",
     "requests_per_worker_capacity": "a server's load is its outstanding requests over this",
     "setpoint_batches": "the buffer the law aims for; at 0 the trainer waits at every step",
+}
+# The largest value of each knob, and why. The law asks for w_ff + u / (rate * horizon_s) workers,
+# u = kp*a + ki*integral(a) - kd*d(queued)/dt: past these bounds a term swings the target from one
+# bound to the other at every tick (kp = 1e300 asked for every GPU at the first sequence missing).
+_YEAR = "a year: longer than any Slurm job runs"
+LARGEST: dict[str, tuple[float, str]] = {
+    "kp": (10.0, "kp = 1 closes the buffer's error within horizon_s, 10 within a tenth of it (3 s at the "
+                 "default 30 s, about a tick): a larger gain asks for workers faster than the law sees what "
+                 "the last ones did"),
+    "ki": (1.0, "the integral's time constant 1/ki (20 s by default) would be under a second, shorter than a "
+                "tick: the integral only winds up between two decisions"),
+    "kd": (60.0, "kd extrapolates the buffer's change over kd seconds; past a minute one pull, a batch out of "
+                 "the buffer at once, reads as a minute of missing production"),
+    "horizon_s": (3600.0, "the law closes the buffer's error within about this long; past an hour it hardly "
+                          "answers any error within a job"),
+    "setpoint_batches": (1000.0, "a buffer of a thousand batches is stale long before the trainer reaches it"),
+    "setpoint_floor_batches": (1000.0, "as setpoint_batches, which it may not exceed"),
+    "deadband_workers": (float(MAX_WORKERS), f"no job runs more than {MAX_WORKERS} worker steps"),
+    "min_workers": (MAX_WORKERS, f"Slurm's MaxStepCount: {MAX_WORKERS} steps per job by default"),
+    "max_workers": (MAX_WORKERS, f"Slurm's MaxStepCount: {MAX_WORKERS} steps per job by default"),
+    "max_step_up": (MAX_WORKERS, "a step larger than max_workers is max_workers"),
+    "max_step_down": (MAX_WORKERS, "a step larger than max_workers is max_workers"),
+    "confirmations": (MAX_REPEATS, "a thousand ticks in a row is over half an hour at the default tick"),
+    "scale_up_cooldown_s": (MAX_DURATION_S, _YEAR),
+    "scale_down_cooldown_s": (MAX_DURATION_S, _YEAR),
+    "min_stable_period_s": (MAX_DURATION_S, _YEAR),
+    "stabilization_window_s": (MAX_DURATION_S, _YEAR),
+    "startup_trainer_step_s": (MAX_DURATION_S, _YEAR),
+    "integral_limit_seqs_s": (MAX_SEQS * MAX_DURATION_S, "the largest buffer's error held for a year"),
+    "startup_worker_seqs_per_s": (1e6, "a million sequences a second from one worker"),
+    "requests_per_worker_capacity": (1e6, "a million requests outstanding on one server"),
+    "scale_up_threshold": (100.0, "a load ratio: a server's outstanding requests over its capacity"),
+    "scale_down_threshold": (100.0, "a load ratio: a server's outstanding requests over its capacity"),
 }
 
 
@@ -90,10 +124,15 @@ class AutoscalerConfig:
                     raise ConfigError(f"{prefix}.{key}: must be an integer")
             elif isinstance(value, bool) or not isinstance(value, int | float):
                 raise ConfigError(f"{prefix}.{key}: must be a number")
-            if not isinstance(value, bool) and (value < 0 or not math.isfinite(value)):
+            if not isinstance(value, bool) and not math.isfinite(value):
+                raise ConfigError(f"{prefix}.{key}: must be a finite number, not {value}")
+            if not isinstance(value, bool) and value < 0:
                 raise ConfigError(f"{prefix}.{key}: must be >= 0")
             if name in POSITIVE and value <= 0:
                 raise ConfigError(f"{prefix}.{key}: must be > 0 ({POSITIVE[name]})")
+            if name in LARGEST and value > LARGEST[name][0]:
+                largest, why = LARGEST[name]
+                raise ConfigError(f"{prefix}.{key}: {shown(value)} is above its largest, {shown(largest)} ({why})")
             values[name] = value
         if "setpoint_floor_batches" not in values and "setpoint_batches" in values:  # follows a lower setpoint
             values["setpoint_floor_batches"] = min(cls.setpoint_floor_batches, values["setpoint_batches"])
@@ -105,6 +144,10 @@ class AutoscalerConfig:
         if config.setpoint_floor_batches > config.setpoint_batches:
             raise ConfigError(f"{prefix}.setpoint_floor_batches ({config.setpoint_floor_batches:g}) > "
                               f"setpoint_batches ({config.setpoint_batches:g})")
-        if config.confirmations < 1 or config.max_step_up < 1 or config.max_step_down < 1:
-            raise ConfigError(f"{prefix}: confirmations and max steps must be >= 1")
+        for name in ("confirmations", "max_step_up", "max_step_down"):
+            if getattr(config, name) < 1:
+                raise ConfigError(f"{prefix}.{name}: must be >= 1")
+        if config.deadband_workers >= config.max_workers:
+            raise ConfigError(f"{prefix}.deadband_workers ({config.deadband_workers:g}) must be below max_workers "
+                              f"({config.max_workers}): no change of the worker count would ever leave the deadband")
         return config

@@ -76,3 +76,24 @@ def placement(allocations: tuple[Allocation, ...], gpus_per_worker: int, cordone
     foreign = foreign_gpus or {}
     return tuple(allocation_slots(a, gpus_per_worker, cordoned, unknown_nodes, foreign.get(a.job_id),
                                   nodes_per_worker, own_gpus) for a in allocations)
+
+
+def cordon_note(node: str, gpu: int, node_gpus: Collection[int], holders: Mapping[GpuKey, str],
+                foreign_on_node: int) -> str:
+    """What an operator's cordon of ``node:gpu`` leaves as it is, where that is not plain: a cordon
+    only keeps new workers off. ``holders``: the pool's steps' GPUs and the worker holding each;
+    (a placeholder's: ""); ``foreign_on_node``: how many GPUs the job's other steps (the trainer's) hold there. Slurm
+    names how many, not which: a GPU no worker holds is theirs for sure only when every such GPU
+    of the node is."""
+    holder = holders.get((node, gpu))
+    if holder is not None:  # "": a placeholder of the pool's holds it (a GPU cordoned before)
+        return "" if not holder else (f"worker {holder} runs on {node}:{gpu} and keeps running: a cordon only keeps new workers off "
+                f"(`drain` moves it off)")
+    if foreign_on_node <= 0:
+        return ""
+    free = [g for g in node_gpus if (node, g) not in holders]
+    whose = ("it is one of them" if len(free) <= foreign_on_node
+             else "no worker holds it, so it may be one of them")
+    return (f"the job's other steps (the trainer's) hold {foreign_on_node} GPU(s) of {node} and {whose}: a cordon "
+            "only keeps workers off, so the trainer keeps running on it, and no worker goes there after the "
+            "trainer ends until it is uncordoned")

@@ -10,6 +10,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from slurm_elastic.core.limits import MAX_GPUS
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -33,6 +35,9 @@ class HookConfig:
 
 _KINDS = {int: "a whole number", float: "a number"}  # what a value must be, by its default's type; else a string (paths too)
 _CHOICES = {"source": ("auto", "nvml", "inject")}  # keys that take one of a few words
+# the largest number of each key, and why: the epilog waits kill_wait_s while the node stays COMPLETING
+_LARGEST = {"gpus": (MAX_GPUS, "GPUs of one node"), "kill_wait_s": (3600.0, "the node stays COMPLETING while the "
+                                                                            "epilog waits")}
 
 
 def _of_its_kind(value: object, default: object) -> bool:
@@ -86,6 +91,9 @@ def load_hook_config(path: Path = CONFIG_FILE, problems: list[str] | None = None
             continue
         if isinstance(default, int | float) and not isinstance(default, bool) and not 0 <= converted < math.inf:
             refuse(f"hooks config {path}: {key} must be a finite number >= 0, not {value!r}")
+            continue
+        if key in _LARGEST and converted > _LARGEST[key][0]:
+            refuse(f"hooks config {path}: {key} must be at most {_LARGEST[key][0]:g} ({_LARGEST[key][1]}), not {value!r}")
             continue
         if key in _CHOICES and converted not in _CHOICES[key]:
             refuse(f"hooks config {path}: {key} must be one of {', '.join(_CHOICES[key])}, not {value!r}")

@@ -5,7 +5,27 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from slurm_elastic.core.limits import (
+    MAX_DURATION_S,
+    MAX_GROUP_BYTES,
+    MAX_QUEUE_BYTES,
+    MAX_SEQS,
+    MAX_STALENESS,
+    shown,
+)
 from slurm_elastic.errors import ConfigError, unknown_key
+
+# The largest value of each count, and why (core/limits.py)
+LARGEST: dict[str, tuple[int, str]] = {
+    "batch_size": (MAX_SEQS, "2^31 sequences"),
+    "capacity_seqs": (MAX_SEQS, "2^31 sequences"),
+    "max_concurrent": (MAX_SEQS, "2^31 sequences"),
+    "lookahead_groups": (MAX_SEQS, "2^31 groups"),
+    "capacity_bytes": (MAX_QUEUE_BYTES, "a tebibyte on disk"),
+    "max_group_bytes": (MAX_GROUP_BYTES, "a gibibyte: one group is one HTTP body, parsed in the controller's memory"),
+    "max_staleness": (MAX_STALENESS, "AReaL's settings are 1 to 8: past a thousand versions the bound bounds nothing"),
+    "admission_ttl_s": (int(MAX_DURATION_S), "a year: longer than any Slurm job runs"),
+}
 
 
 @dataclass(frozen=True)
@@ -38,6 +58,8 @@ class QueueConfig:
             elif isinstance(value, bool) or not isinstance(value, int) or value < (0 if key == "max_staleness" else 1):
                 least = "a whole number, 0 or more" if key == "max_staleness" else "a positive integer"
                 raise ConfigError(f"{prefix}.{key}: must be {least}")
+            elif value > LARGEST[key][0]:
+                raise ConfigError(f"{prefix}.{key}: {shown(value)} is above its largest, {shown(LARGEST[key][0])} ({LARGEST[key][1]})")
             values[key] = value
         config = cls(**values)
         if config.capacity_seqs < config.batch_size:

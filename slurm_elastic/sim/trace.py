@@ -22,6 +22,7 @@ from slurm_elastic.core.defaults import (
     HEARTBEAT_GRACE_S,
     TICK_INTERVAL_S,
 )
+from slurm_elastic.core.limits import MAX_DURATION_S, MAX_SEQS, MAX_STALENESS, MAX_WORKERS, shown
 from slurm_elastic.errors import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -154,7 +155,30 @@ class Trace:
 T = TypeVar("T")
 _POSITIVE = {"gpu_slots", "batch_size", "group_size", "capacity_seqs", "max_concurrent", "tick_interval_s",
              "step_s", "median_s", "max_s", "duration_s", "rollout_scale", "trainer_scale", "alpha",
-             "slowdown", "heartbeat_grace_s", "workers"}
+             "slowdown", "heartbeat_grace_s", "workers", "admission_ttl_s", "drain_timeout_s", "backoff_base_s",
+             "backoff_max_s", "threshold_interval_s"}
+# The largest value of each number (any other ``*_s``: a year, core/limits.py), and why.
+_LARGEST: dict[str, tuple[float, str]] = {
+    "gpu_slots": (MAX_WORKERS, "Slurm's MaxStepCount, steps per job by default"),
+    "initial_workers": (MAX_WORKERS, "Slurm's MaxStepCount, steps per job by default"),
+    "workers": (MAX_WORKERS, "Slurm's MaxStepCount, steps per job by default"),
+    "static_mid_workers": (MAX_WORKERS, "Slurm's MaxStepCount, steps per job by default"),
+    "batch_size": (MAX_SEQS, "2^31 sequences"),
+    "group_size": (MAX_SEQS, "2^31 sequences"),
+    "capacity_seqs": (MAX_SEQS, "2^31 sequences"),
+    "max_concurrent": (MAX_SEQS, "2^31 sequences"),
+    "max_staleness": (MAX_STALENESS, "past a thousand versions the bound bounds nothing"),
+    "step_jitter": (1.0, "a step takes step_s times U(1 - j, 1 + j): past 1 some steps would take negative time"),
+    "sigma": (10.0, "rollout times spread over e^(±10 per sigma) already; past it a draw overflows a float"),
+    "alpha": (100.0, "a tail index of 100 is a fixed time already"),
+    "rollout_scale": (1000.0, "a thousand times slower"),
+    "trainer_scale": (1000.0, "a thousand times slower"),
+    "slowdown": (1000.0, "a thousand times slower"),
+    "deo_kp_workers_per_batch": (1000.0, "a thousand workers per batch of error"),
+    "deo_deadband_batches": (1000.0, "a thousand batches"),
+}
+_SMALLEST = {"alpha": (0.1, "below it a draw of the Pareto distribution overflows a float")}
+MAX_TICKS = 10**6  # duration_s / tick_interval_s: a million ticks take minutes to simulate
 
 
 def _build(cls: type[T], data: Any, prefix: str) -> T:
@@ -187,6 +211,11 @@ def _build(cls: type[T], data: Any, prefix: str) -> T:
                 raise ConfigError(f"{name}: must be > 0")
             if value < 0:
                 raise ConfigError(f"{name}: must be >= 0")
+            largest, why = _LARGEST.get(key, (MAX_DURATION_S, "a year") if key.endswith("_s") else (0, ""))
+            if why and value > largest:
+                raise ConfigError(f"{name}: {shown(value)} is above its largest, {shown(largest)} ({why})")
+            if key in _SMALLEST and value < _SMALLEST[key][0]:
+                raise ConfigError(f"{name}: {shown(value)} is below its least, {shown(_SMALLEST[key][0])} ({_SMALLEST[key][1]})")
             value = float(value) if isinstance(default, float) else value
         values[key] = value
     return cls(**values)
@@ -242,6 +271,8 @@ def _number(key: str, value: Any) -> float | int:
         return value
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
         raise ConfigError(f"{key}: must be a number > 0")
+    if value > MAX_DURATION_S:
+        raise ConfigError(f"{key}: {shown(value)} is above its largest, {shown(MAX_DURATION_S)} (a year)")
     return float(value)
 
 
@@ -254,6 +285,23 @@ def _check(trace: Trace) -> None:
         raise ConfigError(f"queue.capacity_seqs ({q.capacity_seqs}) must hold at least one batch ({q.batch_size})")
     if r.distribution not in DISTRIBUTIONS:
         raise ConfigError(f"rollout.distribution: one of {', '.join(DISTRIBUTIONS)} (got {r.distribution!r})")
+    if r.max_s < r.median_s:
+        raise ConfigError(f"rollout.max_s ({r.max_s:g}) is below rollout.median_s ({r.median_s:g}): every "
+                          "rollout would take max_s")
+    if c.backoff_base_s > c.backoff_max_s:
+        raise ConfigError(f"cluster.backoff_base_s ({c.backoff_base_s:g}) > cluster.backoff_max_s ({c.backoff_max_s:g})")
+    if trace.duration_s / c.tick_interval_s > MAX_TICKS:
+        raise ConfigError(f"cluster.tick_interval_s ({c.tick_interval_s:g}) makes {trace.duration_s / c.tick_interval_s:.3g} "
+                          f"ticks of duration_s ({trace.duration_s:g}); at most {MAX_TICKS:,} are simulated")
+    events = [(f"phases[{i}].start_s", p.start_s) for i, p in enumerate(trace.phases)]
+    events += [(f"failures[{i}].at_s", f.at_s) for i, f in enumerate(trace.failures)]
+    events += [(f"throttles[{i}].start_s", t.start_s) for i, t in enumerate(trace.throttles)]
+    for name, at_s in events:
+        if at_s >= trace.duration_s:
+            raise ConfigError(f"{name} ({at_s:g}) is not before duration_s ({trace.duration_s:g}): it would never happen")
+    for index, failure in enumerate(trace.failures):
+        if failure.workers > c.gpu_slots:
+            raise ConfigError(f"failures[{index}].workers ({failure.workers}) > cluster.gpu_slots ({c.gpu_slots})")
     if c.initial_workers > c.gpu_slots:
         raise ConfigError(f"cluster.initial_workers ({c.initial_workers}) > cluster.gpu_slots ({c.gpu_slots})")
     if c.startup_s >= c.heartbeat_grace_s:
@@ -262,5 +310,7 @@ def _check(trace: Trace) -> None:
     if trace.baselines.static_mid_workers > c.gpu_slots:
         raise ConfigError(f"baselines.static_mid_workers ({trace.baselines.static_mid_workers}) > cluster.gpu_slots")
     for index, throttle in enumerate(trace.throttles):
+        if not throttle.gpus:
+            raise ConfigError(f"throttles[{index}].gpus: names no GPU slot, so it would slow nothing")
         if any(g >= c.gpu_slots for g in throttle.gpus):
             raise ConfigError(f"throttles[{index}].gpus: slots are 0..{c.gpu_slots - 1}")

@@ -43,6 +43,15 @@ def test_a_knob_the_law_divides_by_must_be_positive(key: str, value: float) -> N
     ({"burst": {"signal_lead_s": 1.5}}, "burst.signal_lead_s"),
     ({"burst": {"submit_cooldown_s": "60"}}, "burst.submit_cooldown_s"),
     ({"burst": {"controller_unreachable_grace_s": float("inf")}}, "burst.controller_unreachable_grace_s"),
+    # text the OS cannot take: before, these loaded and failed at each launch (subprocess's ValueError)
+    ({"workers": {"env": {"A=B": "x"}}}, "workers.env: 'A=B' is not an environment variable's name"),
+    ({"workers": {"env": {"": "x"}}}, "workers.env: '' is not an environment variable's name"),
+    ({"workers": {"env": {"A": "x\x00y"}}}, "workers.env: holds a NUL character"),
+    ({"agent": {"inject_file": "/tmp/a\x00b"}}, "agent.inject_file: holds a NUL character"),
+    ({"workers": {"command": ["", "w.py"]}}, "workers.command: its first word, the program to run, is empty"),
+    # before, a placeholder other than {cluster} and {job_id} made a directory named "{nope}"
+    ({"controller": {"state_dir": "/scratch/{user}/{job_id}"}},
+     "controller.state_dir: unknown placeholder {user}; the known ones are {cluster} and {job_id}"),
 ])
 def test_a_value_that_would_break_the_job_later_is_refused_now(doc: dict[str, Any], named: str) -> None:
     with pytest.raises(ConfigError, match=named.replace("(", r"\(").replace(")", r"\)")):

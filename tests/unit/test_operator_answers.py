@@ -46,3 +46,25 @@ def test_a_pause_under_wake_all_or_a_manual_target_says_what_holds_the_count(tmp
     assert answer["paused"] is True and answer["note"].startswith("wake-all holds the count already")
     ctl.scale(1)
     assert "the manual target 1 holds the count already" in ctl.pause()["note"]
+
+
+def test_a_cordon_says_what_it_leaves_running_the_trainer_and_a_worker_on_that_gpu(tmp_path: Path) -> None:
+    """A cordon keeps new workers off; the trainer's GPU (Slurm names how many the job's other steps
+    hold, not which) and a worker's keep running, and the answer says so."""
+    from slurm_elastic.commands.said import said
+
+    ctl = Controller(parse_config({"agent": {"enabled": False}}), 7, SlurmCli(), tmp_path / "state",
+                     gpus_by_node={"n1": (0, 1, 2, 3)})
+    ctl.state.foreign_gpus = {7: {"n1": 1}}  # the trainer's step holds one GPU of n1
+    for number, gpu in (("0001", 1), ("0002", 2), ("0003", 3)):
+        ctl.state.workers[number] = Worker(number, state=WorkerState.ACTIVE, node="n1", gpus=(gpu,))
+    trainer = ctl.cordon("n1", 0, "fan")
+    assert trainer["cordoned"] is True and "trainer keeps running on it" in trainer["note"]
+    assert "hold 1 GPU(s) of n1 and it is one of them" in trainer["note"]
+    assert "note: the job's other steps (the trainer's)" in said("cordon", 7, trainer)
+    worker = ctl.cordon("n1", 2, "")
+    assert "worker 0002 runs on n1:2 and keeps running" in worker["note"]
+    del ctl.state.workers["0003"]  # two GPUs free, one the trainer's: n1:3 may be it
+    assert "so it may be one of them" in ctl.cordon("n1", 3, "")["note"]
+    ctl.state.foreign_gpus = {}
+    assert "note" not in ctl.cordon("n1", 3, "")  # no other step there: nothing to add

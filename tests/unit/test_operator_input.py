@@ -59,6 +59,19 @@ def cli(*args: str) -> tuple[int, str]:
     ("burst-watch", "--state-dir", "/nonexistent", "--grace-s", "nan"),
     ("burst-watch", "--state-dir", "/nonexistent", "--grace-s", "inf"),
     ("burst-watch", "--state-dir", "/nonexistent", "--grace-s", "-300"),
+    # past a year: time.sleep and thread waits raised OverflowError (a traceback) at 1e300
+    ("status", str(JOB), "--watch", "--interval-s", "1e300"),
+    ("burst-watch", "--state-dir", "/nonexistent", "--grace-s", "1e300", "--interval-s", "1e300"),
+    ("wait-ready", str(JOB), "--timeout-s", "31622401"),
+    ("stop", str(JOB), "--drain-timeout-s", "1e20"),
+    ("scale", str(JOB), "2", "--wait", "--timeout-s", "1e300"),
+    # counts past what Slurm has: a 32-bit job id, MaxStepCount workers
+    ("status", "99999999999999999999999999"),
+    ("status", "4294967296"),
+    ("scale", str(JOB), "40001"),
+    ("burst-watch", "--state-dir", "/nonexistent", "--parent-job-id", "99999999999999999999"),
+    ("agent", "--print", "--source", "inject", "--gpus", "99999999999"),
+    ("simulate", "x.toml", "--out", "/nonexistent", "--seed", "-1"),
 ])
 def test_bad_arguments_are_refused_before_anything_is_asked(args: tuple[str, ...]) -> None:
     code, out = cli(*args)
@@ -188,7 +201,7 @@ def test_the_api_stops_the_controllers_loop(running: Running) -> None:
 def test_a_refused_field_is_said_in_words(running: Running) -> None:
     with ControlClient(running.server.url, TOKEN) as client, pytest.raises(ApiError) as refused:
         client.scale(1_000_000)
-    assert str(refused.value).endswith("workers: Input should be less than or equal to 100000"), str(refused.value)
+    assert str(refused.value).endswith("workers: Input should be less than or equal to 40000"), str(refused.value)
     no_token = httpx.post(running.server.url + "/admin/stop")
     assert no_token.status_code == 401
     assert running.loop.is_alive()
