@@ -39,6 +39,11 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 
+# [workers] keys only servers read (probes, the drain grace)
+SERVER_KEYS = frozenset({"readiness_path", "liveness_path", "liveness_interval_s", "liveness_timeout_s",
+                         "liveness_failure_threshold", "server_drain_grace_s"})
+
+
 class ElasticConfig(StrictSection):
     """The whole file."""
 
@@ -65,6 +70,21 @@ class ElasticConfig(StrictSection):
             raise ValueError(f"agent.interval_s ({self.agent.interval_s:g}) must be below health.agent_silence_s "
                              f"({self.health.agent_silence_s:g}): every node would read as of unknown health between "
                              "two samples")
+        return self
+
+    @model_validator(mode="after")
+    def _no_key_left_unread(self) -> ElasticConfig:
+        """A key another key's value turns off would be read by nothing: refused, naming both."""
+        if self.workers.kind != "server":
+            unread = sorted(SERVER_KEYS & self.workers.model_fields_set)
+            unread += [f"weights.{key}" for key in sorted(self.weights.model_fields_set)]
+            if unread:
+                first = unread[0] if "." in unread[0] else f"workers.{unread[0]}"
+                raise ValueError(f"{first} is read only for servers, and workers.kind is {self.workers.kind!r}: set "
+                                 "workers.kind = 'server', or remove it")
+        if not self.agent.enabled and (unread := sorted(self.agent.model_fields_set - {"enabled"})):
+            raise ValueError(f"agent.{unread[0]} is read only by the agents, and agent.enabled is false: remove it, "
+                             "or turn the agents on")
         return self
 
     @model_validator(mode="after")
@@ -244,7 +264,10 @@ a year, which no Slurm job runs, 65535 CPUs, 2^30 MB, 40000 workers). Keys of se
 checked together too; each error names the keys: a timer (`autoscaler.scale_up_cooldown_s`,
 `scale_down_cooldown_s`, `min_stable_period_s`, `workers.start_timeout_s`, `heartbeat_grace_s`,
 `drain_timeout_s`) not shorter than `job.time_limit` would never fire within the job, and
-`burst.controller_unreachable_grace_s` must be shorter than `burst.time_limit`.
+`burst.controller_unreachable_grace_s` must be shorter than `burst.time_limit`. A key another key
+turns off is refused rather than left unread: the servers' keys (`workers.readiness_path`,
+`liveness_*`, `server_drain_grace_s`, `[weights]`) unless `workers.kind = "server"`, and `[agent]`
+keys beside `agent.enabled = false`.
 
 """
 

@@ -16,6 +16,7 @@ from slurm_elastic.core.defaults import (
     LIVENESS_TIMEOUT_S,
     START_TIMEOUT_S,
 )
+from slurm_elastic.core.limits import MAX_DURATION_S, MAX_REPEATS
 from slurm_elastic.core.signals import DEFAULT_DRAIN_SIGNAL, drain_signal_name, drain_signal_number
 from slurm_elastic.errors import ConfigError
 from slurm_elastic.host_address import reachable_address
@@ -65,25 +66,28 @@ class StepContext:
             raise ConfigError("no token for the controller: set SLURM_ELASTIC_TOKEN_FILE (the controller sets it "
                               "for the steps it launches) or SLURM_ELASTIC_TOKEN")
         gpus = tuple(int(g) for g in env.get("SLURM_STEP_GPUS", "").split(",") if g.strip().isdigit())
+        kind = env.get("SLURM_ELASTIC_WORKER_KIND", "rollout")
+        if kind not in ("rollout", "server"):
+            raise ConfigError(f"SLURM_ELASTIC_WORKER_KIND: {kind!r} is not rollout or server")
         return cls(
             worker_id=env["SLURM_ELASTIC_WORKER_ID"],
             controller_url=env["SLURM_ELASTIC_CONTROLLER_URL"].rstrip("/"),
             token=token,
-            heartbeat_interval_s=float(env.get("SLURM_ELASTIC_HEARTBEAT_INTERVAL_S", HEARTBEAT_INTERVAL_S)),
+            heartbeat_interval_s=_seconds(env, "SLURM_ELASTIC_HEARTBEAT_INTERVAL_S", HEARTBEAT_INTERVAL_S),
             drain_signal=drain_signal_name(env.get("SLURM_ELASTIC_DRAIN_SIGNAL", DEFAULT_DRAIN_SIGNAL)),
             node=env.get("SLURMD_NODENAME") or socket.gethostname(),
             gpus=gpus,
             step_id=env.get("SLURM_STEP_ID", ""),
             job_id=env.get("SLURM_JOB_ID", ""),
             state_dir=Path(env["SLURM_ELASTIC_STATE_DIR"]) if env.get("SLURM_ELASTIC_STATE_DIR") else None,
-            kind=env.get("SLURM_ELASTIC_WORKER_KIND", "rollout"),
+            kind=kind,
             readiness_path=env.get("SLURM_ELASTIC_READINESS_PATH", ""),
-            start_timeout_s=float(env.get("SLURM_ELASTIC_START_TIMEOUT_S", START_TIMEOUT_S)),
+            start_timeout_s=_seconds(env, "SLURM_ELASTIC_START_TIMEOUT_S", START_TIMEOUT_S),
             liveness_path=env.get("SLURM_ELASTIC_LIVENESS_PATH", ""),
-            liveness_interval_s=float(env.get("SLURM_ELASTIC_LIVENESS_INTERVAL_S", LIVENESS_INTERVAL_S)),
-            liveness_timeout_s=float(env.get("SLURM_ELASTIC_LIVENESS_TIMEOUT_S", LIVENESS_TIMEOUT_S)),
-            liveness_failure_threshold=int(env.get("SLURM_ELASTIC_LIVENESS_FAILURE_THRESHOLD", "0")),
-            rank=int(env.get("SLURM_PROCID", "0") or 0),
+            liveness_interval_s=_seconds(env, "SLURM_ELASTIC_LIVENESS_INTERVAL_S", LIVENESS_INTERVAL_S),
+            liveness_timeout_s=_seconds(env, "SLURM_ELASTIC_LIVENESS_TIMEOUT_S", LIVENESS_TIMEOUT_S),
+            liveness_failure_threshold=_whole(env, "SLURM_ELASTIC_LIVENESS_FAILURE_THRESHOLD", 0, MAX_REPEATS),
+            rank=_whole(env, "SLURM_PROCID", 0, 65535),
             term_drains=env.get("SLURM_ELASTIC_TERM_DRAINS", "") == "1",
         )
 
@@ -93,6 +97,30 @@ class StepContext:
         if self.rank:
             info["rank"] = self.rank
         return info
+
+
+def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    """A duration the controller passes in the environment: finite, above 0, at most a year."""
+    text = env.get(name, "")
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"{name}: {text!r} is not a number of seconds") from None
+    if not 0 < value <= MAX_DURATION_S:  # NaN fails too
+        raise ConfigError(f"{name}: {text!r} is not a number of seconds above 0 and at most {MAX_DURATION_S:.0f}")
+    return value
+
+
+def _whole(env: Mapping[str, str], name: str, default: int, largest: int) -> int:
+    """A count in the environment: ASCII digits, at most ``largest``."""
+    text = env.get(name, "")
+    if not text:
+        return default
+    if not (text.isascii() and text.isdigit()) or int(text) > largest:
+        raise ConfigError(f"{name}: {text!r} is not a whole number from 0 to {largest}")
+    return int(text)
 
 
 def node_address() -> str:

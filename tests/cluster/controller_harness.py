@@ -114,9 +114,10 @@ def start_controller_job(cluster: DevCluster, tmp: Path, *, workers: dict[str, A
     config = {
         "controller": {"tick_interval_s": 0.3, "state_dir": str(tmp / "state-{job_id}"), **(controller or {})},
         "workers": {**w, "env": env},
-        # the node agents on, as by default (the fault-injection source: there is no NVIDIA driver here)
+        # the node agents on, as by default (the fault-injection source: there is no NVIDIA driver here);
+        # agents off: no agent key but that (the others would be read by nothing, and are refused)
         "agent": {"enabled": True, "source": "inject", "interval_s": 0.5, "inject_file": str(tmp / "drill.toml"),
-                  **(agent or {})},
+                  **(agent or {})} if (agent or {}).get("enabled", True) else dict(agent or {}),
         "health": health or {},
         "autoscaler": {"min_workers": 0, **(autoscaler or {})},
         "queue": queue or {},

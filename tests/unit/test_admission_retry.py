@@ -10,6 +10,7 @@ only once saved, and what it was told holds whether or not the first try's save 
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -354,6 +355,27 @@ def test_a_worker_without_a_token_is_told_at_once() -> None:
 
     with pytest.raises(ConfigError, match="no token for the controller"):
         StepContext.from_env({"SLURM_ELASTIC_WORKER_ID": "0001", "SLURM_ELASTIC_CONTROLLER_URL": "http://x:1"})
+
+
+@pytest.mark.parametrize(("name", "value", "says"), [
+    ("SLURM_ELASTIC_HEARTBEAT_INTERVAL_S", "abc", "'abc' is not a number of seconds"),
+    ("SLURM_ELASTIC_HEARTBEAT_INTERVAL_S", "nan", "'nan' is not a number of seconds above 0"),
+    ("SLURM_ELASTIC_HEARTBEAT_INTERVAL_S", "-5", "'-5' is not a number of seconds above 0"),
+    ("SLURM_ELASTIC_START_TIMEOUT_S", "1e300", "'1e300' is not a number of seconds above 0 and at most 31622400"),
+    ("SLURM_ELASTIC_LIVENESS_TIMEOUT_S", "inf", "'inf' is not a number of seconds"),
+    ("SLURM_ELASTIC_LIVENESS_FAILURE_THRESHOLD", "2.5", "'2.5' is not a whole number from 0 to 1000"),
+    ("SLURM_PROCID", "x", "'x' is not a whole number from 0 to 65535"),
+    ("SLURM_ELASTIC_WORKER_KIND", "serve", "'serve' is not rollout or server"),
+])
+def test_a_worker_environment_that_cannot_be_read_is_named(name: str, value: str, says: str) -> None:
+    """A worker run by hand with a wrong variable: before, ``abc`` ended in a ValueError traceback,
+    and ``nan`` or ``-5`` seconds were taken (a heartbeat loop that never waits)."""
+    from slurm_elastic.errors import ConfigError
+
+    env = {"SLURM_ELASTIC_WORKER_ID": "0001", "SLURM_ELASTIC_CONTROLLER_URL": "http://x:1", "SLURM_ELASTIC_TOKEN": TOKEN}
+    assert StepContext.from_env(env).heartbeat_interval_s == 5.0
+    with pytest.raises(ConfigError, match=f"^{name}: " + re.escape(says)):
+        StepContext.from_env({**env, name: value})
 
 
 def test_a_replayed_admission_over_http_takes_no_capacity(served: ServedController) -> None:

@@ -49,6 +49,11 @@ def test_a_knob_the_law_divides_by_must_be_positive(key: str, value: float) -> N
     ({"workers": {"env": {"A": "x\x00y"}}}, "workers.env: holds a NUL character"),
     ({"agent": {"inject_file": "/tmp/a\x00b"}}, "agent.inject_file: holds a NUL character"),
     ({"workers": {"command": ["", "w.py"]}}, "workers.command: its first word, the program to run, is empty"),
+    # keys another key turns off were read by nothing, silently
+    ({"workers": {"readiness_path": "/health"}}, "workers.readiness_path is read only for servers, and workers.kind is 'rollout'"),
+    ({"workers": {"liveness_failure_threshold": 5}}, "workers.liveness_failure_threshold is read only for servers"),
+    ({"weights": {"update": "sglang"}}, "weights.update is read only for servers"),
+    ({"agent": {"enabled": False, "interval_s": 1}}, "agent.interval_s is read only by the agents, and agent.enabled is false"),
     # before, a placeholder other than {cluster} and {job_id} made a directory named "{nope}"
     ({"controller": {"state_dir": "/scratch/{user}/{job_id}"}},
      "controller.state_dir: unknown placeholder {user}; the known ones are {cluster} and {job_id}"),

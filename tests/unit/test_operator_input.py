@@ -488,7 +488,7 @@ def test_every_number_is_taken_in_ascii_digits_only(monkeypatch: pytest.MonkeyPa
 
 def test_a_negative_count_gets_the_ranges_message() -> None:
     result = CliRunner().invoke(main, ["scale", "77", "-1"])
-    assert result.exit_code == 2 and "-1 is not in the range x>=0" in result.output
+    assert result.exit_code == 2 and "-1 is not in the range 0<=x<=40000" in result.output
 
 
 def test_a_worker_id_without_its_leading_zeros_names_the_same_worker(monkeypatch: pytest.MonkeyPatch) -> None:

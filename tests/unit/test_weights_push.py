@@ -383,14 +383,14 @@ def test_an_http_template_and_a_command_hook_fill_their_placeholders(tmp_path: P
     fake = FakeEngine("sglang", worker_id="0001")
     url = engines.start(fake)
     order = UpdateOrder("0001", url, PublishedWeights(9, "/ckpt/{x}/9"), 1)
-    http = UpdateHook(parse_config({"weights": {"update": "http", "path": "/update_weights_from_disk",
+    http = UpdateHook(parse_config({"workers": {"kind": "server"}, "weights": {"update": "http", "path": "/update_weights_from_disk",
                                                 "body": {"model_path": "{path}", "weight_version": "v{version}"}}}).weights)
     assert http(order) == "" and fake.updates == [{"path": "/ckpt/{x}/9", "version": "v9"}]
     out = tmp_path / "hook.out"
-    command = UpdateHook(parse_config({"weights": {"update": "command", "command": [
+    command = UpdateHook(parse_config({"workers": {"kind": "server"}, "weights": {"update": "command", "command": [
         "sh", "-c", f"echo {{worker_id}} {{url}} {{version}} {{path}} > {out}"]}}).weights)
     assert command(order) == "" and out.read_text().split() == ["0001", url, "9", "/ckpt/{x}/9"]
-    failing = UpdateHook(parse_config({"weights": {"update": "command", "command": ["false"]}}).weights)
+    failing = UpdateHook(parse_config({"workers": {"kind": "server"}, "weights": {"update": "command", "command": ["false"]}}).weights)
     assert "false" in failing(order)
     for hook in (http, command, failing):
         hook.close()
