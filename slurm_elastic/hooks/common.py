@@ -92,6 +92,9 @@ def load_hook_config(path: Path = CONFIG_FILE, problems: list[str] | None = None
         if isinstance(default, int | float) and not isinstance(default, bool) and not 0 <= converted < math.inf:
             refuse(f"hooks config {path}: {key} must be a finite number >= 0, not {value!r}")
             continue
+        if isinstance(value, str) and "\x00" in value:
+            refuse(f"hooks config {path}: {key} holds a NUL character (\\x00), which no path can hold")
+            continue
         if key in _LARGEST and converted > _LARGEST[key][0]:
             refuse(f"hooks config {path}: {key} must be at most {_LARGEST[key][0]:g} ({_LARGEST[key][1]}), not {value!r}")
             continue

@@ -122,8 +122,9 @@ def test_the_epilog_with_a_broken_config_still_kills_the_jobs_leftovers(tmp_path
     ("kill_wait_s = 1e300\n", "kill_wait_s must be at most 3600 (the node stays COMPLETING while the epilog waits)"),
     ("kill_wait_s = inf\n", "kill_wait_s must be a finite number >= 0"),
     ("gpus = 99999999999\n", "gpus must be at most 1024 (GPUs of one node)"),
+    ('node_state_dir = "/var/lib/a\\u0000b"\n', "node_state_dir holds a NUL character"),
 ])
-def test_hooks_numbers_past_their_largest_are_refused(tmp_path: Path, text: str, says: str) -> None:
+def test_hooks_values_past_their_largest_or_unusable_are_refused(tmp_path: Path, text: str, says: str) -> None:
     """Before, ``kill_wait_s = 1e300`` loaded: the epilog would never send SIGKILL to a process that
     ignores SIGTERM, and the node stayed COMPLETING; ``gpus`` took any count as the drill's fake GPUs."""
     (tmp_path / "hooks.toml").write_text(text)
