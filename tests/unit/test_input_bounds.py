@@ -1,7 +1,7 @@
 """Every number a config file or a trace gives is bounded: NaN, infinities, 1e300, 10^30, a boolean,
 a string or an empty string is refused naming the key, and so are values past each key's largest
 (core/limits.py says why each is the largest). Before, 1e300 loaded as a gain, a timeout or a
-sample spread: kp = 1e300 asked for every GPU at the first sequence missing, a trace's
+sample spread: kp = 1e300 recommended 9.9e158 workers (the simulator's steady trace), a trace's
 ``rollout.sigma = 800`` ended the simulation in a traceback, and 10^30 reached Slurm and SQLite."""
 
 from __future__ import annotations
