@@ -142,7 +142,8 @@ class AutoscalerConfig:
         if config.min_workers > config.max_workers:
             raise ConfigError(f"{prefix}.min_workers ({config.min_workers}) > max_workers ({config.max_workers})")
         if config.scale_down_threshold >= config.scale_up_threshold:
-            raise ConfigError(f"{prefix}.scale_down_threshold must be below scale_up_threshold")
+            raise ConfigError(f"{prefix}.scale_down_threshold ({config.scale_down_threshold:g}) must be below "
+                              f"scale_up_threshold ({config.scale_up_threshold:g})")
         if config.setpoint_floor_batches > config.setpoint_batches:
             raise ConfigError(f"{prefix}.setpoint_floor_batches ({config.setpoint_floor_batches:g}) > "
                               f"setpoint_batches ({config.setpoint_batches:g})")
