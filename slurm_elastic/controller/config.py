@@ -10,6 +10,7 @@ time too, so a bad value is refused before anything touches Slurm.
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args, get_origin
@@ -38,6 +39,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+
+log = logging.getLogger(__name__)
 
 # [workers] keys only servers read (probes, the drain grace)
 SERVER_KEYS = frozenset({"readiness_path", "liveness_path", "liveness_interval_s", "liveness_timeout_s",
@@ -74,7 +77,8 @@ class ElasticConfig(StrictSection):
 
     @model_validator(mode="after")
     def _no_key_left_unread(self) -> ElasticConfig:
-        """A key another key's value turns off would be read by nothing: refused, naming both."""
+        """A server's key with rollout workers (most likely ``workers.kind`` forgotten) is refused, naming
+        both; the agents' settings beside ``agent.enabled = false`` are only logged (a switch turned off)."""
         if self.workers.kind != "server":
             unread = sorted(SERVER_KEYS & self.workers.model_fields_set)
             unread += [f"weights.{key}" for key in sorted(self.weights.model_fields_set)]
@@ -83,8 +87,9 @@ class ElasticConfig(StrictSection):
                 raise ValueError(f"{first} is read only for servers, and workers.kind is {self.workers.kind!r}: set "
                                  "workers.kind = 'server', or remove it")
         if not self.agent.enabled and (unread := sorted(self.agent.model_fields_set - {"enabled"})):
-            raise ValueError(f"agent.{unread[0]} is read only by the agents, and agent.enabled is false: remove it, "
-                             "or turn the agents on")
+            # a switch turned off, its settings kept for when it is turned on again: said, not refused
+            log.warning("agent.%s %s read only by the agents, and agent.enabled is false: unused until they are "
+                        "turned on", ", agent.".join(unread), "is" if len(unread) == 1 else "are")
         return self
 
     @model_validator(mode="after")
@@ -185,8 +190,10 @@ def _validate_policy_tables(config: ElasticConfig, source: str) -> None:
 
 
 def _durations_fit_the_job(config: ElasticConfig, scaler: AutoscalerConfig, source: str) -> None:
-    """A timer not shorter than the job's ``job.time_limit`` (or a burst job's) never fires within it."""
+    """A timer set not shorter than the job's ``job.time_limit`` (or a burst job's) never fires within
+    it (a default is not held against a short job: only the values the file sets are compared)."""
     limit_s = time_limit_s(config.job.time_limit) or 0
+    defaults = (type(scaler)(), type(config.workers)(), type(config.burst)())
     timers = {"autoscaler.scale_up_cooldown_s": (scaler.scale_up_cooldown_s, "after one scale-up no other could come"),
               "autoscaler.scale_down_cooldown_s": (scaler.scale_down_cooldown_s, "after one scale-down no other could come"),
               "autoscaler.min_stable_period_s": (scaler.min_stable_period_s, "the autoscaler would never act"),
@@ -194,12 +201,14 @@ def _durations_fit_the_job(config: ElasticConfig, scaler: AutoscalerConfig, sour
               "workers.heartbeat_grace_s": (config.workers.heartbeat_grace_s, "a hung worker would never be replaced"),
               "workers.drain_timeout_s": (config.workers.drain_timeout_s, "a worker that ignores its drain would never be cancelled")}
     for key, (value_s, why) in timers.items() if limit_s else ():
-        if value_s >= limit_s:
+        section = defaults[0] if key.startswith("autoscaler.") else defaults[1]
+        if value_s >= limit_s and value_s != getattr(section, key.split(".")[1]):
             raise ConfigError(f"{source}: {key} ({value_s:g}) is not shorter than job.time_limit "
                               f"({config.job.time_limit} = {limit_s} s): {why} within the job")
     burst = config.burst
     burst_limit_s = time_limit_s(burst.time_limit) or 0
-    if burst.max_jobs and burst_limit_s and burst.controller_unreachable_grace_s >= burst_limit_s:
+    if (burst.max_jobs and burst_limit_s and burst.controller_unreachable_grace_s >= burst_limit_s
+            and burst.controller_unreachable_grace_s != defaults[2].controller_unreachable_grace_s):
         raise ConfigError(f"{source}: burst.controller_unreachable_grace_s ({burst.controller_unreachable_grace_s:g}) "
                           f"is not shorter than burst.time_limit ({burst.time_limit} = {burst_limit_s} s): a burst "
                           "job whose controller is gone would hold its GPUs to its time limit")
@@ -261,13 +270,14 @@ A key in the wrong table is refused with the key that does the job
 Each number's range is in its type column (`> 0 to 31622400`: above 0, at most that); the largest
 values are past any real setting (`slurm_elastic/core/limits.py` says why each: a duration at most
 a year, which no Slurm job runs, 65535 CPUs, 2^30 MB, 40000 workers). Keys of several tables are
-checked together too; each error names the keys: a timer (`autoscaler.scale_up_cooldown_s`,
+checked together too; each error names the keys: a timer the file sets (`autoscaler.scale_up_cooldown_s`,
 `scale_down_cooldown_s`, `min_stable_period_s`, `workers.start_timeout_s`, `heartbeat_grace_s`,
-`drain_timeout_s`) not shorter than `job.time_limit` would never fire within the job, and
-`burst.controller_unreachable_grace_s` must be shorter than `burst.time_limit`. A key another key
-turns off is refused rather than left unread: the servers' keys (`workers.readiness_path`,
-`liveness_*`, `server_drain_grace_s`, `[weights]`) unless `workers.kind = "server"`, and `[agent]`
-keys beside `agent.enabled = false`.
+`drain_timeout_s`) not shorter than `job.time_limit` would never fire within the job, and a
+`burst.controller_unreachable_grace_s` set must be shorter than `burst.time_limit` (defaults are
+not held against a short job). The servers' keys (`workers.readiness_path`, `liveness_*`,
+`server_drain_grace_s`, `[weights]`) are refused unless `workers.kind = "server"` (read by nothing
+otherwise); `[agent]` keys beside `agent.enabled = false` load with a warning (kept for when the
+agents are turned on again).
 
 """
 

@@ -53,7 +53,6 @@ def test_a_knob_the_law_divides_by_must_be_positive(key: str, value: float) -> N
     ({"workers": {"readiness_path": "/health"}}, "workers.readiness_path is read only for servers, and workers.kind is 'rollout'"),
     ({"workers": {"liveness_failure_threshold": 5}}, "workers.liveness_failure_threshold is read only for servers"),
     ({"weights": {"update": "sglang"}}, "weights.update is read only for servers"),
-    ({"agent": {"enabled": False, "interval_s": 1}}, "agent.interval_s is read only by the agents, and agent.enabled is false"),
     # before, a placeholder other than {cluster} and {job_id} made a directory named "{nope}"
     ({"controller": {"state_dir": "/scratch/{user}/{job_id}"}},
      "controller.state_dir: unknown placeholder {user}; the known ones are {cluster} and {job_id}"),
@@ -61,6 +60,12 @@ def test_a_knob_the_law_divides_by_must_be_positive(key: str, value: float) -> N
 def test_a_value_that_would_break_the_job_later_is_refused_now(doc: dict[str, Any], named: str) -> None:
     with pytest.raises(ConfigError, match=named.replace("(", r"\(").replace(")", r"\)")):
         parse_config(doc)
+
+
+def test_the_agents_settings_beside_agents_turned_off_are_said_not_refused(caplog: pytest.LogCaptureFixture) -> None:
+    """agent.enabled = false is a switch: the settings kept for when it is on again load, with a warning."""
+    parse_config({"agent": {"enabled": False, "interval_s": 1}})
+    assert "agent.interval_s is read only by the agents, and agent.enabled is false" in caplog.text
 
 
 def test_good_values_still_load() -> None:

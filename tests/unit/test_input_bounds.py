@@ -97,13 +97,19 @@ def test_every_numeric_trace_field_refuses_nonsense_naming_the_field(table: str,
     ({"autoscaler": {"min_stable_period_s": 600}, "job": {"time_limit": "10"}},
      "autoscaler.min_stable_period_s (600) is not shorter than job.time_limit (10 = 600 s): the autoscaler would never act"),
     ({"workers": {"heartbeat_grace_s": 3600}, "job": {"time_limit": "1:00:00"}}, "workers.heartbeat_grace_s (3600)"),
-    ({"burst": {"max_jobs": 1, "time_limit": "00:05:00"}},
-     "burst.controller_unreachable_grace_s (300) is not shorter than burst.time_limit (00:05:00 = 300 s)"),
+    ({"burst": {"max_jobs": 1, "time_limit": "00:05:00", "controller_unreachable_grace_s": 600}},
+     "burst.controller_unreachable_grace_s (600) is not shorter than burst.time_limit (00:05:00 = 300 s)"),
 ])
 def test_a_value_past_its_bound_or_its_neighbours_is_refused_with_why(doc: dict[str, Any], says: str) -> None:
     with pytest.raises(ConfigError) as refused:
         parse_config(doc)
     assert says in str(refused.value), str(refused.value)
+
+
+def test_a_short_job_is_not_refused_for_the_defaults_it_did_not_set() -> None:
+    """Only timers the file sets are held against job.time_limit: a 2-minute job with every default
+    (start_timeout_s 120, a burst job's grace 300) loads."""
+    parse_config({"job": {"time_limit": "2"}, "burst": {"max_jobs": 1, "time_limit": "00:05:00"}})
 
 
 def test_the_largest_values_and_the_defaults_still_load() -> None:
