@@ -41,7 +41,7 @@ RESERVED_SHORT_OPTIONS = {"J": "job-name", "o": "output", "N": "nodes", "G": "gp
                           "p": "partition", "q": "qos", "A": "account", "t": "time",
                           "H": "hold", "a": "array", "b": "begin", "d": "dependency"}
 # One argument: ``--name=value`` or ``-Xvalue``; no whitespace, quotes or shell characters.
-_OPTION = re.compile(r"(--(?P<long>[A-Za-z][A-Za-z0-9-]*)|-(?P<short>[A-Za-z]))(?P<rest>[^\s\"'`$;\\]*)", re.ASCII)
+_OPTION = re.compile(r"(--(?P<long>[A-Za-z][A-Za-z0-9-]*)|-(?P<short>[A-Za-z]))(?P<rest>[^\s\"'`$;\\\x00-\x1f\x7f]*)", re.ASCII)
 SLURM_NAMES = re.compile(r"[A-Za-z0-9_.,-]*", re.ASCII)  # partition, QOS and account names (lists: commas)
 # Slurm's time formats: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S
 _TIME = re.compile(r"(?:(?P<days>\d+)-(?P<hours>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?"

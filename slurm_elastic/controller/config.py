@@ -79,9 +79,12 @@ class ElasticConfig(StrictSection):
     def _no_key_left_unread(self) -> ElasticConfig:
         """A server's key with rollout workers (most likely ``workers.kind`` forgotten) is refused, naming
         both; the agents' settings beside ``agent.enabled = false`` are only logged (a switch turned off)."""
-        if self.workers.kind != "server":
-            unread = sorted(SERVER_KEYS & self.workers.model_fields_set)
-            unread += [f"weights.{key}" for key in sorted(self.weights.model_fields_set)]
+        if self.workers.kind != "server":  # a default written out (update = "none") changes nothing: let be
+            workers, weights = type(self.workers)(), type(self.weights)()
+            unread = sorted(key for key in SERVER_KEYS & self.workers.model_fields_set
+                            if getattr(self.workers, key) != getattr(workers, key))
+            unread += [f"weights.{key}" for key in sorted(self.weights.model_fields_set)
+                       if getattr(self.weights, key) != getattr(weights, key)]
             if unread:
                 first = unread[0] if "." in unread[0] else f"workers.{unread[0]}"
                 raise ValueError(f"{first} is read only for servers, and workers.kind is {self.workers.kind!r}: set "
@@ -173,19 +176,12 @@ def _validate_policy_tables(config: ElasticConfig, source: str) -> None:
 
     try:
         scaler = AutoscalerConfig.from_mapping(config.autoscaler)
-        queue = QueueConfig.from_mapping(config.queue)
+        QueueConfig.from_mapping(config.queue)
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
     if config.workers.initial_workers > scaler.max_workers:
         raise ConfigError(f"{source}: workers.initial_workers ({config.workers.initial_workers}) > "
                           f"autoscaler.max_workers ({scaler.max_workers})")
-    most_setpoint = min(scaler.setpoint_batches, max(scaler.setpoint_floor_batches, queue.max_staleness - 0.5))
-    if most_setpoint * queue.batch_size > queue.capacity_seqs:
-        raise ConfigError(f"{source}: autoscaler.setpoint_batches ({scaler.setpoint_batches:g}) of "
-                          f"queue.batch_size ({queue.batch_size}) with queue.max_staleness ({queue.max_staleness}) "
-                          f"aims for up to {most_setpoint * queue.batch_size:g} sequences buffered, above "
-                          f"queue.capacity_seqs ({queue.capacity_seqs}): the buffer could never reach it, and "
-                          "the autoscaler's error would never turn negative to scale down")
     _durations_fit_the_job(config, scaler, source)
 
 

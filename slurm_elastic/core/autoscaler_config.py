@@ -150,7 +150,8 @@ class AutoscalerConfig:
         for name in ("confirmations", "max_step_up", "max_step_down"):
             if getattr(config, name) < 1:
                 raise ConfigError(f"{prefix}.{name}: must be >= 1")
-        if config.deadband_workers >= config.max_workers:
-            raise ConfigError(f"{prefix}.deadband_workers ({config.deadband_workers:g}) must be below max_workers "
-                              f"({config.max_workers}): no change of the worker count would ever leave the deadband")
+        moves = config.max_workers - config.min_workers  # the largest change of the count
+        if config.enabled and moves > 0 and config.deadband_workers >= moves:
+            raise ConfigError(f"{prefix}.deadband_workers ({config.deadband_workers:g}) must be below max_workers - "
+                              f"min_workers ({moves}): no change of the worker count would ever leave the deadband")
         return config

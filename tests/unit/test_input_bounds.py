@@ -80,7 +80,9 @@ def test_every_numeric_trace_field_refuses_nonsense_naming_the_field(table: str,
                                               "largest, 40000 (Slurm's MaxStepCount"),
     ({"autoscaler": {"confirmations": 0}}, "autoscaler.confirmations: must be >= 1"),
     ({"autoscaler": {"max_step_down": 0}}, "autoscaler.max_step_down: must be >= 1"),
-    ({"autoscaler": {"deadband_workers": 64}}, "autoscaler.deadband_workers (64) must be below max_workers (64)"),
+    ({"autoscaler": {"deadband_workers": 64}}, "autoscaler.deadband_workers (64) must be below max_workers - min_workers (63)"),
+    ({"autoscaler": {"min_workers": 2, "max_workers": 4, "deadband_workers": 2.5}},
+     "autoscaler.deadband_workers (2.5) must be below max_workers - min_workers (2)"),
     ({"queue": {"max_staleness": 10**30}}, "queue.max_staleness: 1000000000000000000000000000000 is above its "
                                            "largest, 1000"),
     ({"queue": {"admission_ttl_s": 10**12}}, "queue.admission_ttl_s: 1000000000000 is above its largest, 31622400"),
@@ -88,10 +90,7 @@ def test_every_numeric_trace_field_refuses_nonsense_naming_the_field(table: str,
     ({"workers": {"heartbeat_grace_s": 1e300}}, "workers.heartbeat_grace_s: Input should be less than or equal to 31622400"),
     ({"job": {"nodes": 10**30}}, "job.nodes: Input should be less than or equal to 65536"),
     ({"health": {"max_temperature_c": 1e300}}, "health.max_temperature_c: Input should be less than or equal to 200"),
-    # across keys: a buffer that can never reach the setpoint, timers as long as the job
-    ({"autoscaler": {"setpoint_batches": 3}, "queue": {"batch_size": 32, "capacity_seqs": 64}},
-     "autoscaler.setpoint_batches (3) of queue.batch_size (32) with queue.max_staleness (4) aims for up to 96 "
-     "sequences buffered, above queue.capacity_seqs (64)"),
+    # across keys: timers as long as the job
     ({"autoscaler": {"scale_down_cooldown_s": 7200}, "job": {"time_limit": "01:00:00"}},
      "autoscaler.scale_down_cooldown_s (7200) is not shorter than job.time_limit (01:00:00 = 3600 s)"),
     ({"autoscaler": {"min_stable_period_s": 600}, "job": {"time_limit": "10"}},
@@ -106,6 +105,17 @@ def test_a_value_past_its_bound_or_its_neighbours_is_refused_with_why(doc: dict[
     assert says in str(refused.value), str(refused.value)
 
 
+@pytest.mark.parametrize("doc", [
+    {"queue": {"batch_size": 4096}},  # 512 prompts x 8 samples, the default capacity: a full buffer scales down
+    {"queue": {"batch_size": 64, "capacity_seqs": 80, "max_staleness": 2}},
+    {"autoscaler": {"enabled": False, "min_workers": 0, "max_workers": 0}},  # a fixed pool: no deadband to leave
+    {"autoscaler": {"min_workers": 3, "max_workers": 3, "deadband_workers": 3}},
+    {"weights": {"update": "none"}, "workers": {"liveness_failure_threshold": 3}},  # defaults written out
+])
+def test_combinations_that_work_still_load(doc: dict[str, Any]) -> None:
+    parse_config(doc)
+
+
 def test_a_short_job_is_not_refused_for_the_defaults_it_did_not_set() -> None:
     """Only timers the file sets are held against job.time_limit: a 2-minute job with every default
     (start_timeout_s 120, a burst job's grace 300) loads."""
@@ -117,8 +127,6 @@ def test_the_largest_values_and_the_defaults_still_load() -> None:
     parse_config({"autoscaler": {"kp": 10, "ki": 1, "kd": 60, "horizon_s": 3600, "max_workers": 40000},
                   "queue": {"max_staleness": 1000, "capacity_seqs": 2**31},
                   "job": {"time_limit": "UNLIMITED"}, "workers": {"heartbeat_grace_s": 31622400}})
-    # a setpoint the staleness room lowers below the capacity is reachable: 2 batches of 32 in 64
-    parse_config({"autoscaler": {"setpoint_batches": 2}, "queue": {"batch_size": 32, "capacity_seqs": 64}})
 
 
 @pytest.mark.parametrize(("doc", "says"), [
@@ -145,3 +153,11 @@ def test_burst_durations_are_bounded_too() -> None:
     assert BurstSection.model_fields["submit_cooldown_s"].metadata  # ge and le
     with pytest.raises(ConfigError, match=r"burst\.submit_cooldown_s: Input should be less than or equal to 31622400"):
         parse_config({"burst": {"submit_cooldown_s": 1e300}})
+
+
+@pytest.mark.parametrize("option", ["--constraint=a\x00b", "--constraint=a\x01b", "--comment=a\x7f"])
+def test_a_burst_sbatch_option_with_a_control_character_is_refused(option: str) -> None:
+    """Written into the burst script at every submission: refused at load, naming the key."""
+    with pytest.raises(ConfigError) as refused:
+        parse_config({"burst": {"max_jobs": 1, "extra_sbatch_options": [option]}})
+    assert "burst.extra_sbatch_options" in str(refused.value), str(refused.value)
