@@ -28,6 +28,7 @@ from slurm_elastic.core.burst import (
     decide_burst,
     is_released_comment,
     on_hold,
+    pending_lost,
     processes_may_run,
     run_outcomes,
 )
@@ -65,6 +66,7 @@ class BurstManager:
         self.counters = BurstCounters()
         self._gpus: dict[int, dict[str, tuple[int, ...]]] = {}
         self._ran: frozenset[int] = frozenset()  # jobs whose run was not over at the last listing
+        self._pending: frozenset[int] = frozenset()  # jobs pending at the last listing
         self._last_seen_s: float | None = None
         self._ending: set[int] = set()
         self._signalled: set[int] = set()  # of those, jobs Slurm's drain signal reached: lost when their run ends
@@ -212,6 +214,12 @@ class BurstManager:
         for job_id in runs.requeued:
             self._requeued(job_id)
         self._ran = runs.running
+        never_ran = pending_lost(self._pending, current, frozenset(self._given_back))
+        for job_id in never_ran:
+            log.warning("burst job %d ended before it ran, not cancelled by this controller (cancelled from "
+                        "outside, or refused by Slurm): counted lost", job_id)
+        self.counters.lost += len(never_ran)
+        self._pending = frozenset(j.job_id for j in current if j.phase == "PENDING" and not j.suspended)
         new_ending = (set(ending_jobs) & runs.running) - self._ending - self._given_back
         for job_id in sorted(new_ending):
             log.warning("burst job %d is ending (Slurm's drain signal reached its workers: a preemption, its time "
@@ -288,6 +296,7 @@ class BurstManager:
         return {"submitted": c.submitted, "cancelled": c.cancelled, "lost": c.lost, "requeued": c.requeued,
                 "gpu_s_held": c.gpu_s_held, "gpu_s_used": c.gpu_s_used, "given_back": sorted(self._given_back),
                 "ending": sorted(self._ending), "signalled": sorted(self._signalled), "running": sorted(self._ran),
+                "pending": sorted(self._pending),
                 "last_submit_s": self.last_submit_s,
                 "suspended_since": sorted([job_id, since_s] for job_id, since_s in self._suspended_since_s.items())}
 
@@ -303,6 +312,7 @@ class BurstManager:
         self._ending = set(state["ending"])
         self._signalled = set(state["signalled"]) & self._ending
         self._ran = frozenset(state["running"])
+        self._pending = frozenset(state.get("pending", ()))
         self.last_submit_s = state["last_submit_s"]
         self._suspended_since_s = {int(job_id): float(since_s) for job_id, since_s in state.get("suspended_since", ())}
 

@@ -158,6 +158,7 @@ class BurstMemory(_Model):
     ending: JobIds = Field(default_factory=list)  # jobs Slurm is ending (preemption, time limit), released for good
     signalled: JobIds = Field(default_factory=list)  # of those, the ones Slurm signalled: lost unless requeued
     running: JobIds = Field(default_factory=list)  # runs not over at the last listing: lost if they end unreleased
+    pending: JobIds = Field(default_factory=list)  # jobs pending at the last listing: lost if they end unreleased
     last_submit_s: Annotated[StrictFloat, Field(allow_inf_nan=False)] | None = None
     suspended_since: Annotated[list[tuple[Annotated[StrictInt, Field(ge=0)],
                                           Annotated[StrictFloat, Field(allow_inf_nan=False)]]],

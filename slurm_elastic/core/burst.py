@@ -271,6 +271,14 @@ def run_outcomes(was_running: Iterable[int], current: Iterable[BurstJob], given_
     return RunOutcomes(tuple(lost), tuple(requeued), running)
 
 
+def pending_lost(was_pending: Iterable[int], current: Iterable[BurstJob], given_back: frozenset[int]) -> tuple[int, ...]:
+    """Jobs pending at the previous listing that Slurm now lists ended or no more, not given back by
+    this controller: cancelled from outside (``scancel``) or refused by Slurm before they ran, so
+    lost like a run that ends unreleased. One that runs now is followed by :func:`run_outcomes`."""
+    live = {j.job_id for j in current if j.phase != "ENDED" or j.completing or j.suspended}
+    return tuple(sorted(set(was_pending) - live - given_back))
+
+
 def burst_first_drain_order(worker_jobs: dict[str, int], parent_job_id: int,
                             releasing: frozenset[int]) -> list[str]:
     """Worker ids in the order a scale-down should drain them: workers of released burst jobs,

@@ -152,3 +152,54 @@ def test_a_job_stuck_completing_holds_back_a_new_one_only_for_a_while(tmp_path: 
     assert made.last_decision.submit == 0
     tick(made, 6, {}, now_s=100 + COMPLETING_WAIT_S)
     assert made.last_decision.submit == 1, made.last_decision.reason
+
+
+def pending_job(slurm: RequeueSlurm, tmp_path: Path) -> tuple[BurstManager, int]:
+    made = new_manager(slurm, tmp_path)
+    tick(made, 6, {}, now_s=0)
+    [job] = list(slurm.jobs)
+    slurm.set(job, "PENDING", "Resources")
+    tick(made, 6, {}, now_s=10)
+    return made, job
+
+
+@pytest.mark.parametrize("listed_ended", [True, False])
+def test_a_pending_job_cancelled_from_outside_is_counted_lost_once(tmp_path: Path, listed_ended: bool) -> None:
+    """An operator's ``scancel`` of a pending burst job: it never ran, and it was not given back by
+    the pool. Before, it was in no counter (submitted 2 = cancelled 0 + lost 0 + 1 pending)."""
+    slurm = RequeueSlurm()
+    made, job = pending_job(slurm, tmp_path)
+    if listed_ended:
+        slurm.set(job, "CANCELLED")  # listed ended for a while (MinJobAge), then no more
+        tick(made, 6, {}, now_s=20)
+    slurm.jobs.pop(job)
+    tick(made, 6, {}, now_s=30)
+    tick(made, 6, {}, now_s=40)
+    assert (made.counters.lost, made.counters.cancelled, made.counters.requeued) == (1, 0, 0)
+
+
+def test_a_pending_job_the_pool_cancels_is_cancelled_not_lost(tmp_path: Path) -> None:
+    slurm = RequeueSlurm()
+    made, job = pending_job(slurm, tmp_path)
+    tick(made, 2, {}, now_s=20)  # not needed any more
+    assert slurm.cancelled == [job]
+    tick(made, 2, {}, now_s=30)
+    assert (made.counters.lost, made.counters.cancelled) == (0, 1)
+
+
+def test_a_pending_job_cancelled_while_no_controller_ran_is_counted_lost_after_the_restart(tmp_path: Path) -> None:
+    slurm = RequeueSlurm()
+    made, job = pending_job(slurm, tmp_path)
+    slurm.jobs.pop(job)
+    again = restarted(made, slurm, tmp_path)
+    tick(again, 6, {}, now_s=30)
+    assert (again.counters.lost, again.counters.cancelled) == (1, 0)
+
+
+def test_a_pending_job_that_starts_is_not_lost(tmp_path: Path) -> None:
+    slurm = RequeueSlurm()
+    made, job = pending_job(slurm, tmp_path)
+    slurm.set(job, "RUNNING", node="node2")
+    tick(made, 6, {job: 2}, now_s=20)
+    tick(made, 6, {job: 2}, now_s=30)
+    assert (made.counters.lost, made.counters.cancelled) == (0, 0)
