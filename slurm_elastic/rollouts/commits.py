@@ -71,6 +71,7 @@ class GroupCommits:
     _live: collections.Counter[int]
     _next_seq: int
     _writer_lock: int
+    _dir_lock: int | None
 
     def _init_commits(self) -> None:
         self._pending: list[_PendingInsert] = []
@@ -222,7 +223,8 @@ class GroupCommits:
         process = subprocess.Popen(
             [sys.executable, "-I", "-c", syncer.COMMAND, PACKAGE_ROOT, str(self.path), str(self.log.directory),
              self.fsync, str(self._staging.fd), "direct" if self.direct_io else "buffered"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, pass_fds=[self._staging.fd, self._writer_lock])
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            pass_fds=[self._staging.fd, self._writer_lock, *([self._dir_lock] if self._dir_lock is not None else [])])
         note_holders(self._writer_lock, process.pid)  # it holds the writer lock as long as it lives
         assert process.stdout is not None
         os.set_blocking(process.stdout.fileno(), False)

@@ -199,6 +199,12 @@ class StoreIndex:
             return dict(db.execute(f"SELECT segment, COUNT(*) FROM groups WHERE state IN {LIVE_STATES} "
                                         "GROUP BY segment"))
 
+    def lost_segments(self) -> set[int]:
+        """The segments that hold a group quarantined as lost."""
+        with self.reading() as db:
+            return {int(r[0]) for r in db.execute(
+                "SELECT DISTINCT segment FROM groups WHERE state='lost' AND segment IS NOT NULL")}
+
     def live_bodies(self) -> list[GroupBody]:
         """Every queued or handed group's body location, in arrival order (to verify at open)."""
         with self.reading() as db:
@@ -312,6 +318,12 @@ class StoreIndex:
             db.executemany("UPDATE groups SET state='lost' WHERE id=?",
                            [(b.group.id,) for b, _r in damaged])
         return list(collections.Counter(b.segment for b, _r in damaged).items())
+
+    def move(self, moves: dict[int, tuple[int, int]]) -> None:
+        """Rows whose record was found at another place (:mod:`placement`) point there now."""
+        with self.transaction() as db:
+            db.executemany("UPDATE groups SET segment=?, body_offset=? WHERE seq=?",
+                           [(segment, offset, seq) for seq, (segment, offset) in moves.items()])
 
     def set_meta(self, key: str, value: str, transition: bool = False) -> None:
         """Set one meta value; a ``transition`` is counted (and marked) as hand-outs are."""

@@ -5,7 +5,9 @@ record read back checked.
   ``<store>.lock`` in the state directory; its syncer inherits the lock, so the lock outlives a
   killed controller for as long as its syncer still lives (a slow commit on a slow disk). A new
   store waits for it (bounded) and then fails naming the holders, rather than writing where an
-  old syncer may still write. The lock file holds the holders' pids (for that message only).
+  old syncer may still write. The lock file holds the holders' pids (for that message only). A
+  second ``flock``, on the payload log's directory, refuses a second writer when the lock file
+  was deleted under the first (:func:`lock_log_dir`).
 - **No log without its index.** The index is what knows which groups were delivered; a log
   without it would hand every group in it out again. So a missing or empty index beside a log
   that holds records is refused, with what to do.
@@ -65,6 +67,31 @@ def take_writer_lock(path: Path, wait_s: float) -> int:
                 waiting = True
             time.sleep(LOCK_POLL_S)
     note_holders(fd, syncer_pid=None)
+    return fd
+
+
+def lock_log_dir(path: Path, log_dir: Path) -> int | None:
+    """The writer's second hold: an exclusive ``flock`` on the payload log's directory (its
+    syncer inherits it too), which a deleted lock file does not free: a second store opened over
+    the same files then, and given the new lock file, is refused here instead of writing beside
+    the first (both numbered their groups from the same arrival number, and each took the
+    other's rows for its own stored already). None where the file system takes no lock on a
+    directory (NFS): the lock file alone holds there."""
+    try:
+        fd = os.open(log_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise StateFileError(f"rollout store payload log {log_dir}: {exc}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StateFileError(
+            f"rollout store {path} is in use: another process holds its payload log {log_dir} (an earlier "
+            f"controller of this job, or its syncer) though its lock file {lock_path(path)} was free (deleted "
+            "while that process ran?): stop that process and start again") from None
+    except OSError:
+        os.close(fd)
+        return None
     return fd
 
 

@@ -11,8 +11,9 @@ also make every index row written before them durable, so after a power loss the
 prefix of the log, and what the log holds past it is indexed again at open. Opening takes the
 writer lock, looks at the index read-only (:mod:`inspection`: an index it refuses, or one older
 than its mark, or a log without its index, or one with a bad record in an older segment past
-the index, is left as it was), then checks every live record (:mod:`recovery`); every read checks
-its record again.
+the index, is left as it was), finds records the index places wrongly (:mod:`placement`: segment
+files swapped or renamed), then checks every live record (:mod:`recovery`); every read checks its
+record again. A segment that holds a group quarantined as lost is kept on disk.
 """
 
 from __future__ import annotations
@@ -36,8 +37,10 @@ from slurm_elastic.rollouts.index import (
     StoreIndex,
 )
 from slurm_elastic.rollouts.inspection import Inspected, inspect_index
+from slurm_elastic.rollouts.placement import Placement, place_records
 from slurm_elastic.rollouts.recovery import (
     index_log_tail,
+    lock_log_dir,
     read_body,
     refuse_index_behind_mark,
     refuse_log_without_index,
@@ -49,7 +52,8 @@ from slurm_elastic.rollouts.segments import (
     SEGMENT_BYTES,
     DamagedRecordError,
     SegmentLog,
-    refuse_damaged_older,
+    refuse_damaged_log,
+    segment_name,
 )
 from slurm_elastic.rollouts.storage import (
     LostGroup,
@@ -81,10 +85,13 @@ class RolloutStore(GroupCommits):
         self.clock = clock
         self._version_saved: int | None = None  # the policy version of the last staleness save
         self._writer_lock = take_writer_lock(path, lock_wait_s)  # held (with the syncer) until close
+        self._dir_lock: int | None = None  # and the payload log's directory (recovery.lock_log_dir)
         try:
             self.lost_at_open = self._open(segment_bytes)
         except BaseException:
-            os.close(self._writer_lock)
+            for fd in (self._writer_lock, self._dir_lock):
+                if fd is not None:
+                    os.close(fd)
             raise
         self._init_commits()
 
@@ -97,15 +104,19 @@ class RolloutStore(GroupCommits):
         quarantined and returned), go on appending in a new segment."""
         log_dir = self.path.with_name(self.path.stem + ".segments")
         refuse_odd_files(self.path, log_dir)
+        if log_dir.is_dir():
+            self._dir_lock = lock_log_dir(self.path, log_dir)
         if not self.path.exists():
             refuse_log_without_index(self.path, "is missing", log_dir)
         found = inspect_index(self.path) if self.path.exists() else Inspected(True, 0, {})
+        placed = Placement({}, {}, (0, 0), {})
         if found.fresh:
             refuse_log_without_index(self.path, "holds no index", log_dir)
         else:
             refuse_index_behind_mark(self.path, found.transitions, log_dir)
-            refuse_damaged_older(log_dir, *found.replay_from)
-            refuse_missing_segments(self.path, found.live_segments, log_dir)
+            placed = place_records(self.path, log_dir)
+            refuse_damaged_log(log_dir, *placed.replay_from, placed.live_ends)
+            refuse_missing_segments(self.path, placed.live_segments, log_dir)
         snapshot, _session, _told = self._saved(lambda key, default: found.meta.get(key, default))
         self._version_saved = None if snapshot is None else snapshot.version
         self._index = StoreIndex(self.path, self.fsync)
@@ -115,7 +126,15 @@ class RolloutStore(GroupCommits):
                             "was dropped or emptied): recorded again as lost, reason unknown", self.path, unknown)
             if found.fresh:
                 self._index.reset_mark()
+            if placed.moves:
+                self._index.move(placed.moves)
+                log.warning("rollout store %s: %d group record(s) were not where the index placed them and were "
+                            "found whole in other segment files (%s): segment files swapped, renamed or copied? "
+                            "The index points to them now", self.path, len(placed.moves),
+                            ", ".join(sorted({segment_name(n) for n, _o in placed.moves.values()})))
             self.log = SegmentLog(log_dir, segment_bytes)
+            if self._dir_lock is None:
+                self._dir_lock = lock_log_dir(self.path, log_dir)  # made just now
         except BaseException:
             self._index.close()
             raise
@@ -129,13 +148,22 @@ class RolloutStore(GroupCommits):
     def _check_at_open(self) -> list[LostGroup]:
         self._next_seq = index_log_tail(self._index, self.log) + 1
         self._live: collections.Counter[int] = collections.Counter(self._index.live_per_segment())
+        self._kept = self._index.lost_segments()
         _good, damaged = self._check(self._index.live_bodies())
         lost = self.quarantine(damaged) if damaged else []  # counted live first: only an emptied segment goes
         if self.log.size or damaged:  # never append where an earlier writer wrote, or the index points
             self.log.roll_over()
+        kept = []
         for number in self.log.numbers():
             if not self._live[number]:
-                self.log.delete(number)
+                if number in self._kept:
+                    kept.append(segment_name(number))
+                else:
+                    self.log.delete(number)
+        if kept:
+            log.warning("rollout store %s: segment(s) %s of its payload log are kept only for groups quarantined "
+                        "as lost there (never served; `slurm-elastic status` counts them): delete them once "
+                        "nobody needs to look at them", self.path, ", ".join(kept))
         return lost
 
     def close(self) -> None:
@@ -144,6 +172,8 @@ class RolloutStore(GroupCommits):
         self._index.close()
         self.log.close()
         os.close(self._writer_lock)  # the syncer, its other holder, is gone
+        if self._dir_lock is not None:
+            os.close(self._dir_lock)
 
     def _saved(self, meta: Callable[[str, str], str]) -> tuple[StalenessSnapshot | None, int, int]:
         """The staleness counts, trainer session and count of lost groups told, from ``meta``
@@ -210,6 +240,7 @@ class RolloutStore(GroupCommits):
         """Record damaged groups as lost (durably), out of the live states; logged."""
         now_s = self.clock()
         freed = self._index.quarantine(damaged, now_s)
+        self._kept.update(b.segment for b, _r in damaged)  # kept on disk, never deleted by the store
         with self._index.lock:
             self._release(freed)
         lost = []
@@ -269,7 +300,8 @@ class RolloutStore(GroupCommits):
             self._live[segment] -= n
             if self._live[segment] <= 0:
                 del self._live[segment]
-                self.log.delete(segment)
+                if segment not in self._kept:
+                    self.log.delete(segment)
 
     def queued(self) -> list[StoredGroup]:
         """Groups waiting, in arrival order (for a restart)."""

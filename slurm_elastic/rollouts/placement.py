@@ -1,0 +1,120 @@
+"""Finding group records that are not where the index places them: segment files swapped,
+renamed, or one replaced by a copy.
+
+A record carries its group's head (arrival number, id, worker, size, version) and a CRC32 over
+head and body, so it proves which group it holds wherever it lies, as the checked read does at
+the place the index gives (:meth:`segments.SegmentLog.read_checked`). At open, before the index
+is opened for writing, :func:`place_records` reads the header and head of every undelivered
+group's record, and of the newest row's (where replaying the log starts), at the index's place.
+Only if one is not there are the segment files read whole (:func:`whole_records`, which steps
+over damage to the next record); a record found with that head, size and a good CRC is where
+the row is moved (:meth:`index.StoreIndex.move`, logged). A record found nowhere is left to the
+checks at open: a missing segment is refused, a damaged record quarantined, its file kept.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NamedTuple
+
+from slurm_elastic.rollouts.index import LIVE_STATES
+from slurm_elastic.rollouts.inspection import read_only
+from slurm_elastic.rollouts.segments import (
+    HEADER,
+    MAGIC,
+    group_head,
+    json_str,
+    segment_name,
+    segment_numbers,
+)
+
+ROWS_SQL = ("SELECT seq, id, worker_id, n_seqs, version, nbytes, segment, body_offset FROM groups "
+            f"WHERE segment IS NOT NULL AND (state IN {LIVE_STATES} OR seq = (SELECT MAX(seq) FROM groups)) "
+            "ORDER BY seq")
+
+
+class Placement(NamedTuple):
+    """Where the records are: ``moves`` (arrival number -> segment, body offset) for rows whose
+    record was found elsewhere; with those moves, the undelivered groups per segment, where
+    replaying the log starts, and per segment where its last undelivered record ends."""
+
+    moves: dict[int, tuple[int, int]]
+    live_segments: dict[int, int]
+    replay_from: tuple[int, int]
+    live_ends: dict[int, int]
+
+
+def whole_records(path: Path) -> Iterator[tuple[bytes, int, int]]:
+    """Every whole record in ``path`` whose CRC holds, wherever it starts (past damage, the
+    search goes on at the next magic): (head, body offset, body size)."""
+    data = path.read_bytes()
+    pos = data.find(MAGIC)
+    while pos >= 0 and pos + HEADER.size <= len(data):
+        _magic, crc, head_len, body_len = HEADER.unpack_from(data, pos)
+        head_at = pos + HEADER.size
+        end = head_at + head_len + body_len
+        if end <= len(data) and zlib.crc32(memoryview(data)[head_at + head_len:end],
+                                           zlib.crc32(data[head_at:head_at + head_len])) == crc:
+            yield data[head_at:head_at + head_len], head_at + head_len, body_len
+            pos = data.find(MAGIC, end)
+        else:
+            pos = data.find(MAGIC, pos + 1)
+
+
+def _at_place(log_dir: Path, fds: dict[int, int | None], segment: int, body_offset: int, head: bytes,
+              nbytes: int) -> bool:
+    """Whether the record with ``head`` and a body of ``nbytes`` starts where the index says
+    (header and head only: the checks at open read the body and its CRC)."""
+    if segment not in fds:
+        try:
+            fds[segment] = os.open(log_dir / segment_name(segment), os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        except FileNotFoundError:
+            fds[segment] = None
+    fd = fds[segment]
+    start = body_offset - len(head) - HEADER.size
+    if fd is None or start < 0:
+        return False
+    prefix = os.pread(fd, HEADER.size + len(head), start)
+    if len(prefix) != HEADER.size + len(head):
+        return False
+    magic, _crc, head_len, body_len = HEADER.unpack_from(prefix)
+    return magic == MAGIC and head_len == len(head) and body_len == nbytes and prefix[HEADER.size:] == head
+
+
+def place_records(path: Path, log_dir: Path) -> Placement:
+    """Read-only: where each undelivered group's record is, and the newest row's (see the module)."""
+    with read_only(path) as db:
+        rows = [(int(r[0]), group_head(r[0], json_str(r[1]), json_str(r[2]), r[3], r[4]), int(r[5]), int(r[6]),
+                 int(r[7])) for r in db.execute(ROWS_SQL)]
+        last = db.execute("SELECT MAX(seq) FROM groups").fetchone()[0]
+        live = {int(r[0]) for r in db.execute(f"SELECT seq FROM groups WHERE state IN {LIVE_STATES}")}
+    segment_numbers(log_dir)  # refuses a segment that is not a regular file before one is opened
+    fds: dict[int, int | None] = {}
+    try:  # the newest row only if it is undelivered or its segment is there (else it is no place to replay from)
+        away = [row for row in rows if (row[0] in live or (log_dir / segment_name(row[3])).exists())
+                and not _at_place(log_dir, fds, row[3], row[4], row[1], row[2])]
+    finally:
+        for fd in fds.values():
+            if fd is not None:
+                os.close(fd)
+    moves: dict[int, tuple[int, int]] = {}
+    if away:
+        wanted = {(head, nbytes): seq for seq, head, nbytes, _s, _o in away}
+        for number in segment_numbers(log_dir):
+            for head, body_offset, nbytes in whole_records(log_dir / segment_name(number)):
+                seq = wanted.pop((head, nbytes), None)
+                if seq is not None:
+                    moves[seq] = (number, body_offset)
+    places = {seq: moves.get(seq, (segment, offset)) for seq, _h, _n, segment, offset in rows}
+    sizes = {seq: nbytes for seq, _h, nbytes, _s, _o in rows}
+    live_segments: dict[int, int] = {}
+    live_ends: dict[int, int] = {}
+    for seq in live & places.keys():
+        segment, offset = places[seq]
+        live_segments[segment] = live_segments.get(segment, 0) + 1
+        live_ends[segment] = max(live_ends.get(segment, 0), offset + sizes[seq])
+    replay_from = (0, 0) if last not in places else (places[last][0], places[last][1] + sizes[last])
+    return Placement(moves, live_segments, replay_from, live_ends)
