@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
+from slurm_elastic.errors import StateFileError
 from slurm_elastic.rollouts.index import LIVE_STATES
 from slurm_elastic.rollouts.inspection import read_only
 from slurm_elastic.rollouts.segments import (
@@ -27,6 +28,7 @@ from slurm_elastic.rollouts.segments import (
     MAGIC,
     group_head,
     json_str,
+    scan_from,
     segment_name,
     segment_numbers,
 )
@@ -118,3 +120,28 @@ def place_records(path: Path, log_dir: Path) -> Placement:
         live_ends[segment] = max(live_ends.get(segment, 0), offset + sizes[seq])
     replay_from = (0, 0) if last not in places else (places[last][0], places[last][1] + sizes[last])
     return Placement(moves, live_segments, replay_from, live_ends)
+
+
+def refuse_foreign_records(path: Path, log_dir: Path, replay_from: tuple[int, int]) -> None:
+    """Read-only: StateFileError if the log past the index (from ``replay_from``, what open
+    indexes again) holds a record with an arrival number the index gives another group: a
+    segment of another store put here, whose later groups would be indexed and handed out as
+    this one's. (Records the index has, as after segments swapped, are skipped as before.)"""
+    numbers = segment_numbers(log_dir)
+    seen = [(n, r) for n, records, _end, _size in scan_from(log_dir, numbers, *replay_from) for r in records]
+    if not seen:
+        return
+    seqs = [int(r.head["seq"]) for _n, r in seen]
+    with read_only(path) as db:  # after a crash, records past the index: none of those rows
+        known = {int(r[0]): r[1:] for r in db.execute(
+            "SELECT seq, id, worker_id, n_seqs, version, nbytes FROM groups WHERE seq BETWEEN ? AND ?",
+            (min(seqs), max(seqs)))}
+    for n, r in seen:
+        row = known.get(int(r.head["seq"]))
+        if row is not None and (r.head["id"], r.head["worker_id"], r.head["n_seqs"], r.head["version"],
+                                r.body_bytes) != tuple(row):
+            raise StateFileError(
+                f"payload log segment {log_dir / segment_name(n)} holds a record of arrival number {r.head['seq']} "
+                f"(group {r.head['id']!r}) where the index {path.name} stored group {row[0]!r}: a segment of "
+                "another store? Its groups would be handed out as this job's. Nothing was changed. Move that file "
+                "aside (or put back the one it replaced)")

@@ -37,7 +37,7 @@ from slurm_elastic.rollouts.index import (
     StoreIndex,
 )
 from slurm_elastic.rollouts.inspection import Inspected, inspect_index
-from slurm_elastic.rollouts.placement import Placement, place_records
+from slurm_elastic.rollouts.placement import Placement, place_records, refuse_foreign_records
 from slurm_elastic.rollouts.recovery import (
     index_log_tail,
     lock_log_dir,
@@ -116,6 +116,7 @@ class RolloutStore(GroupCommits):
             refuse_index_behind_mark(self.path, found.transitions, log_dir)
             placed = place_records(self.path, log_dir)
             refuse_damaged_log(log_dir, *placed.replay_from, placed.live_ends)
+            refuse_foreign_records(self.path, log_dir, placed.replay_from)
             refuse_missing_segments(self.path, placed.live_segments, log_dir)
         snapshot, _session, _told = self._saved(lambda key, default: found.meta.get(key, default))
         self._version_saved = None if snapshot is None else snapshot.version

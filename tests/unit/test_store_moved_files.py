@@ -176,3 +176,20 @@ def test_a_second_store_is_refused_when_the_lock_file_was_deleted_under_the_firs
     assert [g.id for g in first.queued()] == ["a1", "a2"]
     first.close()
     assert served(tmp_path) == (["a1", "a2"], [])
+
+
+def test_a_segment_of_another_store_put_in_the_log_is_refused_not_served(tmp_path: Path) -> None:
+    """Before, its groups numbered past this store's were indexed and handed out as this job's."""
+    for name, n in (("a", 3), ("b", 8)):
+        (tmp_path / name).mkdir()
+        store = RolloutStore(tmp_path / name / "q.sqlite")
+        for i in range(n):
+            assert store.insert(f"{name}{i}", name, 4, 0, body(f"{name}{i}")) is not None
+        store.close()
+    shutil.copy(tmp_path / "b" / "q.segments" / "00000001.log", tmp_path / "a" / "q.segments" / "00000099.log")
+    before = everything(tmp_path / "a")
+    with pytest.raises(StateFileError, match=r"arrival number 1 \(group 'b0'\) where the index q.sqlite stored group 'a0'"):
+        RolloutStore(tmp_path / "a" / "q.sqlite")
+    assert everything(tmp_path / "a") == before
+    (tmp_path / "a" / "q.segments" / "00000099.log").unlink()
+    assert served(tmp_path / "a") == (["a0", "a1", "a2"], [])
