@@ -114,9 +114,12 @@ class RolloutStore(GroupCommits):
             refuse_log_without_index(self.path, "holds no index", log_dir)
         else:
             refuse_index_behind_mark(self.path, found.transitions, log_dir)
-            placed = place_records(self.path, log_dir)
-            refuse_damaged_log(log_dir, *placed.replay_from, placed.live_ends)
-            refuse_foreign_records(self.path, log_dir, placed.replay_from)
+            try:
+                placed = place_records(self.path, log_dir)
+                refuse_damaged_log(log_dir, *placed.replay_from, placed.live_ends)
+                refuse_foreign_records(self.path, log_dir, placed.replay_from)
+            except OSError as exc:  # a segment this user may not read, an I/O error
+                raise StateFileError(f"rollout store {self.path}: reading its payload log: {exc}") from None
             refuse_missing_segments(self.path, placed.live_segments, log_dir)
         snapshot, _session, _told = self._saved(lambda key, default: found.meta.get(key, default))
         self._version_saved = None if snapshot is None else snapshot.version

@@ -193,3 +193,17 @@ def test_a_segment_of_another_store_put_in_the_log_is_refused_not_served(tmp_pat
     assert everything(tmp_path / "a") == before
     (tmp_path / "a" / "q.segments" / "00000099.log").unlink()
     assert served(tmp_path / "a") == (["a0", "a1", "a2"], [])
+
+
+def test_a_segment_that_cannot_be_read_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As a segment this user may not read (the tests run as root, whom modes do not stop)."""
+    filled(tmp_path)
+    real_open = os.open
+
+    def refusing(path: object, *args: object, **kwargs: object) -> int:
+        if str(path).endswith("00000001.log"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, *args, **kwargs)  # type: ignore[arg-type]
+    monkeypatch.setattr(os, "open", refusing)
+    with pytest.raises(StateFileError, match=r"reading its payload log: .*Permission denied.*00000001.log"):
+        RolloutStore(tmp_path / "q.sqlite")
