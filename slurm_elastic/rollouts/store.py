@@ -160,7 +160,7 @@ class RolloutStore(GroupCommits):
         kept = []
         for number in self.log.numbers():
             if not self._live[number]:
-                if number in self._kept:
+                if number in self._kept and self.log.path(number).stat().st_size:  # an empty one shows nothing
                     kept.append(segment_name(number))
                 else:
                     self.log.delete(number)
