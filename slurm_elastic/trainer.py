@@ -85,6 +85,7 @@ class Trainer:
         self.lost_group_ids: list[str] = []  # every group the controller reported lost
         self.on_lost = on_lost
         self._unreachable_logged_s = float("-inf")
+        self._closed = False
         self._pull_id = uuid.uuid4().hex  # kept until a batch arrives: a pull whose answer was lost asks again
         self.info = self._retry(lambda: self.client.trainer_register(trainer_id))
         self.session: int | None = self.info.get("trainer_session")  # None: a controller that fences none
@@ -112,6 +113,9 @@ class Trainer:
         """``call()``, through a controller restart (its URL read again), for up to ``timeout_s``;
         then its ControllerUnreachableError or ApiError (503) is raised. A controller that
         ``controller.json`` says was stopped raises :class:`ControllerStoppedError` at once."""
+        if self._closed:
+            raise RuntimeError("Trainer used after close(): its line to the controller is closed (make a new "
+                               "Trainer: it registers again, and the batches this one held come to it)")
         deadline = time.monotonic() + timeout_s
         while True:
             try:
@@ -231,4 +235,6 @@ class Trainer:
         return None if left is None else float(left)
 
     def close(self) -> None:
+        """Close the line to the controller; the trainer's calls raise RuntimeError from then."""
+        self._closed = True
         self._line.close()

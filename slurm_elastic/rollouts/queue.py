@@ -97,6 +97,13 @@ class RolloutQueue:
             self._group_sizes.asked(n_seqs)
         return self.book.admit(worker_id, n_seqs, self.clock(), admission_id, whole)
 
+    def most_at_once(self) -> int:
+        """The most sequences that may run at once in a steady run: ``max_concurrent``, and
+        (``max_staleness`` + 1) batches (the staleness window, less what is buffered). An ask
+        for all of more than this (``whole``) would wait for ever."""
+        cfg = self.config
+        return min(cfg.max_concurrent, (cfg.max_staleness + 1) * cfg.batch_size)
+
     def give_back(self, n_seqs: int, worker_id: str, release_id: str) -> int:
         """``worker_id`` will not submit ``n_seqs`` of what it was admitted (a rollout that
         failed): released from its lease (AReaL's ``on_rollout_rejected``), at most what the

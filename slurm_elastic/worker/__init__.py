@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import operator
 import signal
 import threading
 import time
@@ -67,6 +68,7 @@ class RolloutWorker:
         self._rollout_since: float | None = None  # monotonic start of the rollout in flight
         self.rollouts = 0
         self._thread = threading.Thread(target=self._beat_forever, name="heartbeat", daemon=True)
+        self._started = self._closed = self._told_not_started = False
 
     @classmethod
     def from_env(cls) -> RolloutWorker:
@@ -82,12 +84,30 @@ class RolloutWorker:
         self._drain.set()
 
     def start(self) -> RolloutWorker:
+        """Install the drain-signal handler (call it from the main thread) and start the
+        heartbeats; ``with RolloutWorker.from_env() as worker:`` does it. Once only."""
+        if self._closed or self._started:
+            raise RuntimeError(f"RolloutWorker.start: this worker was already {'closed' if self._closed else 'started'}")
+
         def on_drain(_signum: int, _frame: object) -> None:
             self._drain.set()  # only set a flag: the loop acts on it
 
         signal.signal(self.ctx.drain_signum, on_drain)
+        self._started = True
         self._thread.start()
         return self
+
+    def _usable(self, method: str) -> None:
+        """Refuse a call after :meth:`close`; warn once of one before :meth:`start`."""
+        if self._closed:
+            raise RuntimeError(f"RolloutWorker.{method} after close(): its line to the controller is closed "
+                               "(call it inside the `with RolloutWorker.from_env() as worker:` block)")
+        if not self._started and not self._told_not_started:
+            self._told_not_started = True
+            log.warning("RolloutWorker.%s before start(): no drain-signal handler is installed (the drain signal "
+                        "%s ends this process, and the rollout in flight with it) and no busy time or rollout "
+                        "count reaches the controller; use `with RolloutWorker.from_env() as worker:`",
+                        method, self.ctx.drain_signal)
 
     @contextlib.contextmanager
     def rollout(self) -> Iterator[None]:
@@ -115,9 +135,9 @@ class RolloutWorker:
         self._beat()
 
     def _beat(self) -> None:
-        try:
-            reply = self.control.heartbeat({"busy": self._busy, "rollouts": self.rollouts,
-                                            "busy_s": round(self.busy_s, 3)})
+        counts = {"busy": self._busy, "rollouts": self.rollouts, "busy_s": round(self.busy_s, 3)}
+        try:  # a task above rank 0 of the step: rank 0's counts speak for the step; this one hears drains
+            reply = self.control.heartbeat(counts if self.ctx.rank == 0 else {})
         except (KeyError, SlurmElasticError) as exc:
             log.debug("heartbeat failed: %s", exc)
             return
@@ -132,7 +152,13 @@ class RolloutWorker:
         wait never hold parts of the bound that none of them can use; without ``wait``, what the
         bound allows now (perhaps fewer) is granted.
 
-        While the controller is down (it restarts), this waits too; a drain ends the wait."""
+        While the controller is down (it restarts), this waits too; a drain ends the wait (and a
+        drained worker is granted 0 at once). ``sequences`` is a whole number of at least 1
+        (ValueError otherwise); a waiting ask for more than may ever run at once (at most
+        ``queue.max_concurrent`` and ``(queue.max_staleness + 1) * queue.batch_size``) raises
+        :class:`~slurm_elastic.errors.ApiError` (422) naming that bound instead of waiting for ever."""
+        sequences = _count("admit", sequences)
+        self._usable("admit")
         granted = 0
         while granted < sequences and not self.draining:
             wanted, admission_id = sequences - granted, uuid.uuid4().hex  # one id per ask, kept by its retries
@@ -149,7 +175,10 @@ class RolloutWorker:
         """Give back ``sequences`` admitted that this worker will not submit (a rollout that
         failed, or a group smaller than its admission), so the bound's room goes to another
         worker now instead of after ``admission_ttl_s``. At most what this worker's lease holds
-        is released; returns how many were. Waits through a controller restart."""
+        is released; returns how many were. Waits through a controller restart. ``sequences``: a
+        whole number of at least 1 (ValueError otherwise)."""
+        sequences = _count("give_back", sequences)
+        self._usable("give_back")
         release_id = uuid.uuid4().hex  # kept by the retries: released once
         answer = self._through_outages(
             lambda: self.control.client.release_admission(sequences, self.ctx.worker_id, release_id),
@@ -171,6 +200,7 @@ class RolloutWorker:
         helper turns them back into lists. A token id or mask value that form cannot hold raises
         ValueError naming it (``sequences[2].tokens: [5] is -1``) before anything is sent; numpy
         and torch values (a ``score`` of ``np.float32``, ``tokens`` as an array) go as plain ones."""
+        self._usable("submit")
         body = group_json(pack_group({"worker_id": self.ctx.worker_id, **group}))
         maybe_stored = False  # a try that failed may have stored the group: its resend reads "accepted" false
         token_refused_logged_s = -math.inf
@@ -199,6 +229,9 @@ class RolloutWorker:
                     if not self.control.refresh(force=True):
                         time.sleep(1.0)
                     continue
+                if exc.status_code == 413:  # the route's size cap: name the group and the key
+                    raise ApiError(413, f"{exc.detail}: rollout group {group.get('id')!r} is {len(body)} bytes as "
+                                        "sent, over queue.max_group_bytes (split it, or raise that key)") from None
                 if exc.status_code != 429 and exc.status_code < 500:
                     raise  # refused (4xx): resending the same group cannot help
                 continue
@@ -242,7 +275,9 @@ class RolloutWorker:
                 delay_s = min(5.0, delay_s * 2)
 
     def close(self) -> None:
-        """Stop the heartbeats after a last one (waited for 5 s at most), and the client."""
+        """Stop the heartbeats after a last one (waited for 5 s at most), and the client; the
+        worker's calls raise RuntimeError from then."""
+        self._closed = True
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=5)
@@ -254,3 +289,16 @@ class RolloutWorker:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.close()
+
+
+def _count(method: str, sequences: object) -> int:
+    """A count of sequences the SDK sends, as an int (a numpy integer too): a whole number of at
+    least 1 (the route's bound), else ValueError naming the call."""
+    try:
+        count = operator.index(sequences)  # type: ignore[arg-type]
+    except TypeError:
+        count = 0
+    if isinstance(sequences, bool) or count < 1:
+        raise ValueError(f"RolloutWorker.{method}: sequences must be a whole number of at least 1, "
+                         f"not {sequences!r}")
+    return count

@@ -1,0 +1,74 @@
+"""A trainer written from the docs, misused as users do: versions that go back or jump, a restart
+mid-run that resumes, calls after ``close()``. Each gets a clear error and no batch is lost.
+Before, a call after ``close()`` raised httpx's "Cannot send a request, as the client has been
+closed"."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from slurm_elastic.client.control import ControlClient
+from slurm_elastic.errors import ApiError, TrainerSupersededError
+from slurm_elastic.trainer import Trainer
+from tests.unit.served_controller import ServedController
+
+TOKEN = "trainer-misuse-token"
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[ServedController]:
+    server = ServedController(tmp_path, TOKEN, batch_size=8).launched("0001")
+    yield server
+    server.close()
+
+
+def submit(served: ServedController, *ids: str, version: int = 0) -> None:
+    with ControlClient(served.url, TOKEN) as client:
+        for group_id in ids:
+            answer = client.submit_group({"id": group_id, "worker_id": "0001", "policy_version": version,
+                                          "group_size": 4, "sequences": [{"tokens": [1], "score": 0.0}] * 4})
+            assert answer == {"accepted": True}
+
+
+def test_versions_that_go_back_or_jump_are_refused_naming_recovered(served: ServedController, tmp_path: Path) -> None:
+    trainer = Trainer(served.url, TOKEN, tmp_path)
+    trainer.publish_version(2)
+    with pytest.raises(ApiError, match=r"policy version 1 is lower than the current 2.*recovered=true") as back:
+        trainer.publish_version(1)
+    with pytest.raises(ApiError, match=r"jumps 6 past the current 2.*max_staleness \+ 1 = 5") as jump:
+        trainer.publish_version(8)
+    assert back.value.status_code == jump.value.status_code == 409
+    assert trainer.publish_version(7)["policy_version"] == 7  # max_staleness + 1 past it: allowed
+    trainer.close()
+
+
+def test_a_trainer_restarted_mid_run_resumes_with_the_batch_it_held(served: ServedController, tmp_path: Path) -> None:
+    first = Trainer(served.url, TOKEN, tmp_path)
+    submit(served, "a", "b", "c", "d")
+    done = first.next_batch(timeout_s=5)
+    held = first.next_batch(timeout_s=5)
+    assert done is not None and held is not None
+    first.ack(done)
+    first.publish_version(1)  # then it dies holding `held`, unacknowledged
+    again = Trainer(served.url, TOKEN, tmp_path)
+    assert again.info["unacked_batches_handed_again"] == 1
+    with pytest.raises(TrainerSupersededError):  # the old process takes nothing the new one is owed
+        first.ack(held)
+    assert again.publish_version(1, recovered=True)["policy_version"] == 1
+    resent = again.next_batch(timeout_s=5)
+    assert resent is not None and resent.batch_id == held.batch_id
+    assert [g["id"] for g in resent.groups] == [g["id"] for g in held.groups]
+    again.ack(resent)
+    assert served.queue.stats()["queued_sequences"] == 0
+    again.close()
+
+
+def test_calls_after_close_say_so(served: ServedController, tmp_path: Path) -> None:
+    trainer = Trainer(served.url, TOKEN, tmp_path)
+    trainer.close()
+    for call in (lambda: trainer.next_batch(timeout_s=1), lambda: trainer.publish_version(1), trainer.status):
+        with pytest.raises(RuntimeError, match=r"Trainer used after close\(\)"):
+            call()
