@@ -199,9 +199,13 @@ class RolloutWorker:
         Token ids and masks travel in the compact form (``tokens_b64``, ``mask_b64``); the trainer
         helper turns them back into lists. A token id or mask value that form cannot hold raises
         ValueError naming it (``sequences[2].tokens: [5] is -1``) before anything is sent; numpy
-        and torch values (a ``score`` of ``np.float32``, ``tokens`` as an array) go as plain ones."""
+        and torch values (a ``score`` of ``np.float32``, ``tokens`` as an array) go as plain ones.
+        The SDK adds ``worker_id``; a group naming another worker raises ValueError."""
         self._usable("submit")
-        body = group_json(pack_group({"worker_id": self.ctx.worker_id, **group}))
+        if group.get("worker_id", self.ctx.worker_id) != self.ctx.worker_id:  # it would use another's lease
+            raise ValueError(f"rollout group {group.get('id')!r}: worker_id {group['worker_id']!r} is not this "
+                             f"worker's ({self.ctx.worker_id!r}); leave it out, the SDK adds it")
+        body = group_json(pack_group({**group, "worker_id": self.ctx.worker_id}))
         maybe_stored = False  # a try that failed may have stored the group: its resend reads "accepted" false
         token_refused_logged_s = -math.inf
 

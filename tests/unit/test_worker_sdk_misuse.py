@@ -2,7 +2,8 @@
 and no group the controller accepted is lost. Before: ``admit(0)`` and ``admit(-3)`` returned 0
 without a word; a waiting ``admit`` for more than may ever run at once waited for ever; a call
 after ``close()`` raised httpx's "Cannot send a request, as the client has been closed"; a worker
-never started (no ``with``) ran without its drain handler and heartbeats unannounced; a task
+never started (no ``with``) ran without its drain handler and heartbeats unannounced; a group
+that named another worker was submitted under that worker's lease; a task
 above rank 0 sent its own counts as the step's (two SDK loops under one id interleaved them);
 a group over ``queue.max_group_bytes`` got a 413 that named neither the group nor the key."""
 
@@ -82,6 +83,14 @@ def test_calls_after_close_say_so(make_worker: Any, served: ServedController) ->
         with pytest.raises(RuntimeError, match=r"closed"):
             call()
     assert served.queue.stats()["queued_sequences"] == 4  # the group accepted before is there
+
+
+def test_a_group_naming_another_worker_is_refused_before_it_is_sent(make_worker: Any, served: ServedController) -> None:
+    worker = make_worker()
+    with pytest.raises(ValueError, match=r"worker_id '0002' is not this worker's \('0001'\); leave it out"):
+        worker.submit({**group("g1"), "worker_id": "0002"})  # a group copied from a batch, say
+    assert worker.submit({**group("g1"), "worker_id": "0001"})["accepted"] is True
+    assert served.queue.stats()["queued_sequences"] == 4
 
 
 def test_a_worker_used_without_start_is_warned_of_once(make_worker: Any, caplog: pytest.LogCaptureFixture) -> None:
