@@ -92,6 +92,10 @@ class RolloutWorker:
         def on_drain(_signum: int, _frame: object) -> None:
             self._drain.set()  # only set a flag: the loop acts on it
 
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError(f"RolloutWorker.start from thread {threading.current_thread().name!r}: it installs the "
+                               f"{self.ctx.drain_signal} handler, which only the main thread can; start the worker "
+                               "there (its admit, submit and give_back may then be called from any thread)")
         signal.signal(self.ctx.drain_signum, on_drain)
         self._started = True
         self._thread.start()

@@ -3,14 +3,16 @@ and no group the controller accepted is lost. Before: ``admit(0)`` and ``admit(-
 without a word; a waiting ``admit`` for more than may ever run at once waited for ever; a call
 after ``close()`` raised httpx's "Cannot send a request, as the client has been closed"; a worker
 never started (no ``with``) ran without its drain handler and heartbeats unannounced; a group
-that named another worker was submitted under that worker's lease; a task
-above rank 0 sent its own counts as the step's (two SDK loops under one id interleaved them);
-a group over ``queue.max_group_bytes`` got a 413 that named neither the group nor the key."""
+that named another worker was submitted under that worker's lease; a task above rank 0 sent its
+own counts as the step's (two SDK loops under one id interleaved them); ``start()`` outside the
+main thread raised Python's "signal only works in main thread"; a group over
+``queue.max_group_bytes`` got a 413 that named neither the group nor the key."""
 
 from __future__ import annotations
 
 import logging
 import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -91,6 +93,20 @@ def test_a_group_naming_another_worker_is_refused_before_it_is_sent(make_worker:
         worker.submit({**group("g1"), "worker_id": "0002"})  # a group copied from a batch, say
     assert worker.submit({**group("g1"), "worker_id": "0001"})["accepted"] is True
     assert served.queue.stats()["queued_sequences"] == 4
+
+
+def test_a_worker_started_outside_the_main_thread_says_where_to_start_it(make_worker: Any) -> None:
+    worker, raised = make_worker(), []
+
+    def start() -> None:
+        try:
+            worker.start()
+        except RuntimeError as exc:
+            raised.append(str(exc))
+    thread = threading.Thread(target=start, name="rollouts")
+    thread.start()
+    thread.join()
+    assert raised and "from thread 'rollouts'" in raised[0] and "only the main thread can" in raised[0]
 
 
 def test_a_worker_used_without_start_is_warned_of_once(make_worker: Any, caplog: pytest.LogCaptureFixture) -> None:
