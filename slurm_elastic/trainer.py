@@ -56,6 +56,7 @@ from slurm_elastic.rollouts.wire import unpack_group
 
 log = logging.getLogger(__name__)
 UNAVAILABLE = 503  # the controller's store could not write (disk full): nothing changed, ask again
+WAITING_LOG_S = 60.0  # a pull that finds no batch this long says why, and again each this long
 
 
 class WeightsNotLoadedError(SlurmElasticError):
@@ -86,6 +87,7 @@ class Trainer:
         self.on_lost = on_lost
         self._unreachable_logged_s = float("-inf")
         self._closed = False
+        self._waiting_told_s = float("-inf")
         self._pull_id = uuid.uuid4().hex  # kept until a batch arrives: a pull whose answer was lost asks again
         self.info = self._retry(lambda: self.client.trainer_register(trainer_id))
         self.session: int | None = self.info.get("trainer_session")  # None: a controller that fences none
@@ -142,7 +144,8 @@ class Trainer:
         (a timeout, a dropped connection) comes back to the retry instead of waiting for a
         re-registration; the id changes only once a batch has arrived, so a call that returned
         None before the answer came (a short ``timeout_s``) leaves the next call asking for it."""
-        deadline = time.monotonic() + timeout_s
+        started_s = time.monotonic()
+        deadline = started_s + timeout_s
         while time.monotonic() < deadline:
             try:
                 got = self._retry(lambda: self.client.pull_batch(self._pull_id, self.session),
@@ -150,6 +153,7 @@ class Trainer:
             except ControllerUnreachableError:
                 return None  # still down at the deadline; the next call repeats this pull's id
             if got is None:
+                self._tell_waiting(time.monotonic() - started_s)
                 time.sleep(self.poll_s)
                 continue
             self._pull_id = uuid.uuid4().hex
@@ -166,6 +170,28 @@ class Trainer:
             self.held.add(got["batch_id"])
             return Batch(got["batch_id"], [unpack_group(g) for g in got["groups"]], tuple(lost))  # lists again
         return None
+
+    def _tell_waiting(self, waited_s: float) -> None:
+        """After WAITING_LOG_S without a batch (and each WAITING_LOG_S after), log why, from the
+        controller's numbers: too few sequences (and how many workers run), or a batch's worth
+        whose whole groups make no exact batch (group sizes that do not divide the batch size)."""
+        now_s = time.monotonic()
+        if waited_s < WAITING_LOG_S or now_s - self._waiting_told_s < WAITING_LOG_S:
+            return
+        self._waiting_told_s = now_s
+        try:
+            numbers = self.client.global_status()
+            queued, batch, active = (int(numbers["queue_size"]), int(numbers["batch_size"]),
+                                     int(numbers["connected_workers"]))
+        except (SlurmElasticError, KeyError, TypeError, ValueError):
+            return
+        if queued >= batch:
+            why = (f"{queued} sequences are queued, a batch's worth, but no whole groups among them make exactly "
+                   f"{batch} (queue.batch_size): group sizes that do not divide it? (the controller's log names the "
+                   "sizes queued)")
+        else:
+            why = f"{queued} of the {batch} sequences a batch needs are queued; {active} worker(s) active"
+        log.warning("no batch for %.0f s: %s", waited_s, why)
 
     def _lost(self, ids: list[str]) -> None:
         log.warning("the controller lost %d rollout group(s), damaged on its disk and never delivered: %s",

@@ -5,6 +5,7 @@ closed"."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -72,3 +73,20 @@ def test_calls_after_close_say_so(served: ServedController, tmp_path: Path) -> N
     for call in (lambda: trainer.next_batch(timeout_s=1), lambda: trainer.publish_version(1), trainer.status):
         with pytest.raises(RuntimeError, match=r"Trainer used after close\(\)"):
             call()
+
+
+def test_a_trainer_waiting_for_groups_that_make_no_batch_says_why(
+        served: ServedController, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("slurm_elastic.trainer.WAITING_LOG_S", 0.3)
+    trainer = Trainer(served.url, TOKEN, tmp_path, poll_s=0.05)
+    with ControlClient(served.url, TOKEN) as client:
+        for group_id in ("a", "b", "c"):  # groups of 3 never make a batch of 8
+            client.submit_group({"id": group_id, "worker_id": "0001", "policy_version": 0, "group_size": 3,
+                                 "sequences": [{"tokens": [1], "score": 0.0}] * 3})
+    with caplog.at_level(logging.WARNING, logger="slurm_elastic.trainer"):
+        assert trainer.next_batch(timeout_s=1.0) is None
+    told = [r.getMessage() for r in caplog.records if r.getMessage().startswith("no batch for")]
+    assert told and "9 sequences are queued, a batch's worth, but no whole groups among them make exactly 8" in told[0]
+    assert len(told) <= 3  # once per WAITING_LOG_S, not per poll
+    trainer.close()
