@@ -6,9 +6,12 @@ head and body, so it proves which group it holds wherever it lies, as the checke
 the place the index gives (:meth:`segments.SegmentLog.read_checked`). At open, before the index
 is opened for writing, :func:`place_records` reads the header and head of every undelivered
 group's record, and of the newest row's (where replaying the log starts), at the index's place.
-Only if one is not there are the segment files read whole (:func:`whole_records`, which steps
-over damage to the next record); a record found with that head, size and a good CRC is where
-the row is moved (:meth:`index.StoreIndex.move`, logged). A record found nowhere is left to the
+Only if an undelivered one is not there are the segment files read whole, oldest first, until
+every record not there is found (:func:`whole_records`, which steps over damage to the next
+record); a record found with that head, size and a good CRC is where the row is moved
+(:meth:`index.StoreIndex.move`, logged). The newest row's record alone not there (a delivered
+group's, or a lost one's whose record is damaged) is not searched for: replaying starts past the
+index's place, as before the files could move. A record found nowhere is left to the
 checks at open: a missing segment is refused, a damaged record quarantined, its file kept.
 """
 
@@ -103,13 +106,15 @@ def place_records(path: Path, log_dir: Path) -> Placement:
             if fd is not None:
                 os.close(fd)
     moves: dict[int, tuple[int, int]] = {}
-    if away:
+    if any(row[0] in live for row in away):  # the newest row alone, delivered or lost: no search
         wanted = {(head, nbytes): seq for seq, head, nbytes, _s, _o in away}
         for number in segment_numbers(log_dir):
             for head, body_offset, nbytes in whole_records(log_dir / segment_name(number)):
                 seq = wanted.pop((head, nbytes), None)
                 if seq is not None:
                     moves[seq] = (number, body_offset)
+            if not wanted:
+                break
     places = {seq: moves.get(seq, (segment, offset)) for seq, _h, _n, segment, offset in rows}
     sizes = {seq: nbytes for seq, _h, nbytes, _s, _o in rows}
     live_segments: dict[int, int] = {}

@@ -30,7 +30,13 @@ from slurm_elastic.rollouts import syncer
 from slurm_elastic.rollouts.index import GroupBody, StoreIndex
 from slurm_elastic.rollouts.inspection import replay_start
 from slurm_elastic.rollouts.mark import mark_path, read_mark
-from slurm_elastic.rollouts.segments import SegmentLog, group_head, json_str, segment_name
+from slurm_elastic.rollouts.segments import (
+    SegmentLog,
+    group_head,
+    json_str,
+    segment_name,
+    segment_numbers,
+)
 
 log = logging.getLogger(__name__)
 LOCK_POLL_S = 0.05
@@ -70,29 +76,39 @@ def take_writer_lock(path: Path, wait_s: float) -> int:
     return fd
 
 
-def lock_log_dir(path: Path, log_dir: Path) -> int | None:
+def lock_log_dir(path: Path, log_dir: Path, wait_s: float) -> int | None:
     """The writer's second hold: an exclusive ``flock`` on the payload log's directory (its
     syncer inherits it too), which a deleted lock file does not free: a second store opened over
     the same files then, and given the new lock file, is refused here instead of writing beside
     the first (both numbered their groups from the same arrival number, and each took the
-    other's rows for its own stored already). None where the file system takes no lock on a
-    directory (NFS): the lock file alone holds there."""
+    other's rows for its own stored already). Waits up to ``wait_s`` for a holder to go, as for
+    the lock file (a writer letting go frees this lock just after that one). None, with a
+    warning, where the file system takes no lock on a directory (NFS): the lock file alone
+    holds there."""
     try:
         fd = os.open(log_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as exc:
         raise StateFileError(f"rollout store payload log {log_dir}: {exc}") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise StateFileError(
-            f"rollout store {path} is in use: another process holds its payload log {log_dir} (an earlier "
-            f"controller of this job, or its syncer) though its lock file {lock_path(path)} was free (deleted "
-            "while that process ran?): stop that process and start again") from None
-    except OSError:
-        os.close(fd)
-        return None
-    return fd
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() < deadline:
+                time.sleep(LOCK_POLL_S)
+                continue
+            os.close(fd)
+            raise StateFileError(
+                f"rollout store {path} is in use: another process holds its payload log {log_dir} (an earlier "
+                f"controller of this job, or its syncer) though its lock file {lock_path(path)} was free (deleted "
+                f"while that process ran?); waited {wait_s:g} s: stop that process and start again") from None
+        except OSError as exc:
+            os.close(fd)
+            log.warning("rollout store %s: the file system refuses a lock on its payload log %s (%s): only the "
+                        "lock file %s keeps a second writer out (deleting it while the controller runs lets one in)",
+                        path, log_dir, exc, lock_path(path))
+            return None
 
 
 def note_holders(fd: int, syncer_pid: int | None) -> None:
@@ -132,8 +148,7 @@ def _alive(pid: int) -> bool:
 def refuse_log_without_index(path: Path, what: str, log_dir: Path) -> None:
     """StateFileError if the log beside an index that ``what`` ("is missing", "holds no
     index") holds records."""
-    segments = [p for p in log_dir.glob("*.log") if p.stem.isdigit() and p.stat().st_size > 0] \
-        if log_dir.is_dir() else []
+    segments = [n for n in segment_numbers(log_dir) if (log_dir / segment_name(n)).stat().st_size > 0]
     if segments:
         raise StateFileError(
             f"rollout store index {path} {what}, but its payload log {log_dir} holds records "

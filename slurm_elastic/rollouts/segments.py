@@ -17,9 +17,9 @@ commit overwrites. So a segment may end with fewer than :data:`BLOCK_BYTES` zero
 a record. Segments roll over at ``segment_bytes`` and are deleted once no group in them is
 waiting or handed out. After a crash the records past what the database knows are read back
 (:func:`scan`); a torn record can only be the last segment's tail, from a commit nobody was
-answered for, and is cut off (only bytes that can be a write cut short: :func:`looks_torn`). A bad
-record in an older segment is damage: found read-only before the index is opened for writing
-(:func:`refuse_damaged_log`), so the refusal changes nothing.
+answered for, and is cut off (only bytes that can be a commit cut short: :func:`torn.looks_torn`).
+A bad record in an older segment is damage: found read-only before the index is opened for
+writing (:func:`torn.refuse_damaged_log`), so the refusal changes nothing.
 """
 
 from __future__ import annotations
@@ -224,36 +224,6 @@ def refuse_damage(path: Path, end: int, size: int) -> None:
         raise StateFileError(f"payload log segment {path} is damaged at byte {end}")
 
 
-def looks_torn(path: Path, end: int) -> bool:
-    """Whether what ``path`` holds from ``end`` (where its whole records end) can be a write cut
-    short: nothing, the start of a record (a prefix of its magic) or zeros (direct-write padding,
-    blocks not written yet)."""
-    with open(path, "rb") as f:
-        f.seek(end)
-        first = f.read(len(MAGIC))
-    return MAGIC.startswith(first) or first[:1] == b"\0"
-
-
-def refuse_damaged_log(directory: Path, number: int, offset: int, live_ends: dict[int, int]) -> None:
-    """Read-only: StateFileError if a segment older than the newest holds a bad record past
-    (``number``, ``offset``), where replay starts, or the newest holds bytes there that
-    :meth:`SegmentLog.records_after` would cut off and that are no torn write (``looks_torn``) or
-    hold a group the index places there (``live_ends``: per segment, where its last such record
-    ends): another file's bytes (segments swapped, renamed, or a file put there), which cutting
-    would destroy. Found before the index is opened for writing, so a refusal changes nothing."""
-    numbers = segment_numbers(directory)
-    for n, _records, end, size in scan_from(directory, numbers, number, offset):
-        path = directory / segment_name(n)
-        if n != numbers[-1]:
-            refuse_damage(path, end, size)
-        elif end != size and (not looks_torn(path, end) or end < live_ends.get(n, 0)):
-            raise StateFileError(
-                f"payload log segment {path}, the newest, holds {size - end} byte(s) from byte {end} that are not "
-                "the torn end of a write (nor whole records of this store): segment files swapped or renamed, or a "
-                "file put in its place? Nothing was changed. Put the segments back as they were; or move this one "
-                "aside (its groups are then missing, and the store says what to do)")
-
-
 class SegmentLog:
     """Places commits in the newest segment (the syncer writes them there), reads bodies back by
     position, deletes segments nobody needs. Thread-safe for reads; places come from one place."""
@@ -345,7 +315,7 @@ class SegmentLog:
     def records_after(self, number: int, offset: int) -> Iterator[tuple[int, ScannedRecord]]:
         """Every whole record from (segment, offset) on, in order; cuts a torn tail off the newest
         segment. A bad record in an older segment is damage, not a torn write: StateFileError
-        (found before, read-only, by :func:`refuse_damaged_log`, as are other bytes than a torn
+        (found before, read-only, by :func:`torn.refuse_damaged_log`, as are other bytes than a torn
         write at the newest one's end)."""
         for n, records, end, size in scan_from(self.directory, self.numbers(), number, offset):
             yield from ((n, r) for r in records)

@@ -52,7 +52,6 @@ from slurm_elastic.rollouts.segments import (
     SEGMENT_BYTES,
     DamagedRecordError,
     SegmentLog,
-    refuse_damaged_log,
     segment_name,
 )
 from slurm_elastic.rollouts.storage import (
@@ -62,6 +61,7 @@ from slurm_elastic.rollouts.storage import (
     StoredGroup,
     StoreUnavailableError,
 )
+from slurm_elastic.rollouts.torn import refuse_damaged_log
 
 __all__ = ["RolloutStore", "StoreUnavailableError"]
 log = logging.getLogger(__name__)
@@ -87,16 +87,16 @@ class RolloutStore(GroupCommits):
         self._writer_lock = take_writer_lock(path, lock_wait_s)  # held (with the syncer) until close
         self._dir_lock: int | None = None  # and the payload log's directory (recovery.lock_log_dir)
         try:
-            self.lost_at_open = self._open(segment_bytes)
+            self.lost_at_open = self._open(segment_bytes, lock_wait_s)
         except BaseException:
-            for fd in (self._writer_lock, self._dir_lock):
+            for fd in (self._dir_lock, self._writer_lock):
                 if fd is not None:
                     os.close(fd)
             raise
         self._init_commits()
 
     # ---- opening ----------------------------------------------------------------------------
-    def _open(self, segment_bytes: int) -> list[LostGroup]:
+    def _open(self, segment_bytes: int, lock_wait_s: float) -> list[LostGroup]:
         """Check the index and the log past it read-only and refuse them (changing nothing) if the
         index is damaged, older than its mark, or missing beside a log, or an older segment past
         it holds a bad record; then open the index and the log, index the log's tail (cutting a
@@ -104,8 +104,9 @@ class RolloutStore(GroupCommits):
         quarantined and returned), go on appending in a new segment."""
         log_dir = self.path.with_name(self.path.stem + ".segments")
         refuse_odd_files(self.path, log_dir)
-        if log_dir.is_dir():
-            self._dir_lock = lock_log_dir(self.path, log_dir)
+        dir_locked = log_dir.is_dir()  # else locked once SegmentLog has made it
+        if dir_locked:
+            self._dir_lock = lock_log_dir(self.path, log_dir, lock_wait_s)
         if not self.path.exists():
             refuse_log_without_index(self.path, "is missing", log_dir)
         found = inspect_index(self.path) if self.path.exists() else Inspected(True, 0, {})
@@ -137,12 +138,12 @@ class RolloutStore(GroupCommits):
                             "The index points to them now", self.path, len(placed.moves),
                             ", ".join(sorted({segment_name(n) for n, _o in placed.moves.values()})))
             self.log = SegmentLog(log_dir, segment_bytes)
-            if self._dir_lock is None:
-                self._dir_lock = lock_log_dir(self.path, log_dir)  # made just now
         except BaseException:
             self._index.close()
             raise
         try:
+            if not dir_locked:
+                self._dir_lock = lock_log_dir(self.path, log_dir, lock_wait_s)  # made just now
             return self._check_at_open()
         except BaseException:
             self._index.close()
@@ -175,9 +176,9 @@ class RolloutStore(GroupCommits):
         self._close_commits()
         self._index.close()
         self.log.close()
-        os.close(self._writer_lock)  # the syncer, its other holder, is gone
-        if self._dir_lock is not None:
+        if self._dir_lock is not None:  # first: an opener polls the writer lock, then takes this one
             os.close(self._dir_lock)
+        os.close(self._writer_lock)  # the syncer, its other holder, is gone
 
     def _saved(self, meta: Callable[[str, str], str]) -> tuple[StalenessSnapshot | None, int, int]:
         """The staleness counts, trainer session and count of lost groups told, from ``meta``

@@ -4,7 +4,10 @@ Real processes: an old controller in a subprocess, its syncer stopped with SIGST
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -17,6 +20,8 @@ from pathlib import Path
 import pytest
 
 from slurm_elastic.errors import StateFileError
+from slurm_elastic.rollouts import store as store_module
+from slurm_elastic.rollouts.recovery import lock_log_dir
 from slurm_elastic.rollouts.store import RolloutStore
 
 OLD_CONTROLLER = """
@@ -109,3 +114,71 @@ def test_two_stores_on_one_path_in_one_process_are_refused(tmp_path: Path) -> No
         RolloutStore(tmp_path / "q.sqlite", lock_wait_s=0)
     store.close()
     RolloutStore(tmp_path / "q.sqlite", lock_wait_s=0).close()
+
+
+def test_the_log_directory_lock_waits_for_a_holder_to_go_then_refuses(tmp_path: Path) -> None:
+    """Before, the first try that found it held refused, though a writer letting go frees it just
+    after the lock file (an opener polling the lock file could come in between)."""
+    log_dir = tmp_path / "q.segments"
+    log_dir.mkdir()
+    holder = os.open(log_dir, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    with pytest.raises(StateFileError, match=r"waited 0.1 s"):
+        lock_log_dir(tmp_path / "q.sqlite", log_dir, 0.1)
+    threading.Timer(0.2, os.close, (holder,)).start()
+    fd = lock_log_dir(tmp_path / "q.sqlite", log_dir, 30.0)
+    assert fd is not None
+    os.close(fd)
+
+
+def test_close_lets_go_of_the_log_directory_before_the_lock_file(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    store = RolloutStore(tmp_path / "q.sqlite")
+    assert store.insert("a", "w", 4, 0, b'{"id": "a"}') is not None
+    locks, closed = [store._dir_lock, store._writer_lock], []
+    real_close = os.close
+    monkeypatch.setattr(os, "close", lambda fd: (closed.append(fd), real_close(fd))[1])
+    store.close()
+    assert [fd for fd in closed if fd in locks] == locks
+
+
+def test_a_new_stores_log_directory_is_locked_once_made(tmp_path: Path) -> None:
+    store = RolloutStore(tmp_path / "q.sqlite")
+    fd = os.open(tmp_path / "q.segments", os.O_RDONLY | os.O_DIRECTORY)
+    with pytest.raises(BlockingIOError):
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.close(fd)
+    store.close()
+
+
+def test_a_file_system_without_directory_locks_is_said_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    real_flock = fcntl.flock
+
+    def flock(fd: int, op: int) -> None:
+        if os.path.isdir(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.ENOLCK, "no locks available")
+        real_flock(fd, op)
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+    with caplog.at_level(logging.WARNING):
+        RolloutStore(tmp_path / "q.sqlite").close()
+    assert caplog.text.count("refuses a lock on its payload log") == 1
+
+
+def test_a_refused_log_directory_lock_leaves_nothing_open(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def refused(*_args: object) -> None:
+        raise StateFileError("in use")
+
+    monkeypatch.setattr(store_module, "lock_log_dir", refused)
+    before = sorted(os.listdir("/proc/self/fd"))
+    with pytest.raises(StateFileError, match="in use"):
+        RolloutStore(tmp_path / "q.sqlite")  # a new store: its directory is locked once made
+    assert sorted(os.listdir("/proc/self/fd")) == before
+
+
+def test_a_digit_named_file_that_is_no_segment_is_no_log_without_its_index(tmp_path: Path) -> None:
+    (tmp_path / "q.segments").mkdir()
+    (tmp_path / "q.segments" / "1.log").write_bytes(b"notes")
+    RolloutStore(tmp_path / "q.sqlite").close()
+    assert (tmp_path / "q.segments" / "1.log").read_bytes() == b"notes"
