@@ -173,8 +173,9 @@ class Trainer:
 
     def _tell_waiting(self, waited_s: float) -> None:
         """After WAITING_LOG_S without a batch (and each WAITING_LOG_S after), log why, from the
-        controller's numbers: too few sequences (and how many workers run), or a batch's worth
-        whose whole groups make no exact batch (group sizes that do not divide the batch size)."""
+        controller's numbers: a warning for a batch's worth whose whole groups make no exact batch
+        (group sizes that do not divide the batch size) or for no worker active or starting; else
+        (rollouts on their way, a slow step or a warm-up) the queued count and the workers, at INFO."""
         now_s = time.monotonic()
         if waited_s < WAITING_LOG_S or now_s - self._waiting_told_s < WAITING_LOG_S:
             return
@@ -183,15 +184,19 @@ class Trainer:
             numbers = self.client.global_status()
             queued, batch, active = (int(numbers["queue_size"]), int(numbers["batch_size"]),
                                      int(numbers["connected_workers"]))
-        except (SlurmElasticError, KeyError, TypeError, ValueError):
+            starting = int(numbers.get("workers_by_state", {}).get("STARTING", 0))
+        except (SlurmElasticError, KeyError, TypeError, ValueError, AttributeError):
             return
-        if queued >= batch:
-            why = (f"{queued} sequences are queued, a batch's worth, but no whole groups among them make exactly "
-                   f"{batch} (queue.batch_size): group sizes that do not divide it? (the controller's log names the "
-                   "sizes queued)")
-        else:
-            why = f"{queued} of the {batch} sequences a batch needs are queued; {active} worker(s) active"
-        log.warning("no batch for %.0f s: %s", waited_s, why)
+        if queued >= batch:  # a mistake to fix: said as a warning
+            log.warning("no batch for %.0f s: %d sequences are queued, a batch's worth, but no whole groups among "
+                        "them make exactly %d (queue.batch_size): group sizes that do not divide it? (the "
+                        "controller's log names the sizes queued)", waited_s, queued, batch)
+        elif active + starting == 0:
+            log.warning("no batch for %.0f s: %d of the %d sequences a batch needs are queued, and no worker is "
+                        "active or starting", waited_s, queued, batch)
+        else:  # rollouts on their way (a slow step, a warm-up): said, not warned of
+            log.info("no batch for %.0f s: %d of the %d sequences a batch needs are queued; %d worker(s) active, "
+                     "%d starting", waited_s, queued, batch, active, starting)
 
     def _lost(self, ids: list[str]) -> None:
         log.warning("the controller lost %d rollout group(s), damaged on its disk and never delivered: %s",

@@ -128,17 +128,10 @@ def rollout_router(controller: Controller, queue: RolloutQueue) -> APIRouter:
             controller.check_lease_holder(body.worker_id)
         except UnknownWorkerError as exc:
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"unknown: {exc.args[0]}") from None
-        most = queue.most_at_once()
-        if body.whole and body.sequences > most:  # it would wait for ever: say so instead
-            cfg = queue.config
-            raise HTTPException(422, [{
-                "loc": ["body", "sequences"], "type": "admission_over_bound", "most_at_once": most,
-                "msg": f"{body.sequences} sequences asked for whole can never be granted: at most {most} may run at "
-                       f"once (queue.max_concurrent = {cfg.max_concurrent}; (queue.max_staleness + 1) x "
-                       f"queue.batch_size = {(cfg.max_staleness + 1) * cfg.batch_size}); ask for at most {most} at a time"}])
         granted = queue.admit(body.sequences, body.worker_id, body.admission_id or "", body.whole)
         stats = queue.stats()
         return {"granted": granted, "staleness_capacity": stats["staleness_capacity"],
+                "most_at_once": queue.most_at_once(),
                 "policy_version": stats["policy_version"]}
 
     @router.post("/rollouts/admission/release", tags=["rollouts"])

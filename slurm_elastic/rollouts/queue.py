@@ -100,7 +100,8 @@ class RolloutQueue:
     def most_at_once(self) -> int:
         """The most sequences that may run at once in a steady run: ``max_concurrent``, and
         (``max_staleness`` + 1) batches (the staleness window, less what is buffered). An ask
-        for all of more than this (``whole``) would wait for ever."""
+        for all of more than this (``whole``) waits until the trainer's versions run ahead of
+        its batches, if ever (the SDK warns)."""
         cfg = self.config
         return min(cfg.max_concurrent, (cfg.max_staleness + 1) * cfg.batch_size)
 

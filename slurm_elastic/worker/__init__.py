@@ -62,6 +62,7 @@ class RolloutWorker:
         self.control = control or FollowingControl(ctx.worker_id, ctx.controller_url, ctx.token, ctx.state_dir,
                                                    connect=ControlClient)
         self._drain = threading.Event()
+        self._over_bound_told = False  # a waiting ask over the most that may run at once was logged
         self._stop = threading.Event()
         self._busy = False
         self._busy_s = 0.0  # seconds inside finished rollouts
@@ -158,9 +159,10 @@ class RolloutWorker:
 
         While the controller is down (it restarts), this waits too; a drain ends the wait (and a
         drained worker is granted 0 at once). ``sequences`` is a whole number of at least 1
-        (ValueError otherwise); a waiting ask for more than may ever run at once (at most
-        ``queue.max_concurrent`` and ``(queue.max_staleness + 1) * queue.batch_size``) raises
-        :class:`~slurm_elastic.errors.ApiError` (422) naming that bound instead of waiting for ever."""
+        (ValueError otherwise). A waiting ask for more than may run at once in a steady run (at
+        most ``queue.max_concurrent`` and ``(queue.max_staleness + 1) * queue.batch_size``, the
+        admission answer's ``most_at_once``) is logged as a warning naming that bound, once: it
+        waits until the trainer's versions run ahead of its batches, if ever."""
         sequences = _count("admit", sequences)
         self._usable("admit")
         granted = 0
@@ -172,6 +174,13 @@ class RolloutWorker:
             granted += int(answer["granted"]) if answer else 0
             if granted >= sequences or not wait:
                 break
+            most = answer.get("most_at_once") if answer else None
+            if isinstance(most, int) and wanted > most and not self._over_bound_told:
+                self._over_bound_told = True  # a config mismatch: said once, and the ask goes on waiting
+                log.warning("RolloutWorker.admit(%d) waits for %d sequences at once, more than a steady run lets "
+                            "run at once (%d: queue.max_concurrent and (queue.max_staleness + 1) x "
+                            "queue.batch_size): granted only if the trainer's versions run ahead of its batches; "
+                            "ask for at most %d at a time", sequences, wanted, most, most)
             time.sleep(poll_s)
         return granted
 

@@ -90,3 +90,20 @@ def test_a_trainer_waiting_for_groups_that_make_no_batch_says_why(
     assert told and "9 sequences are queued, a batch's worth, but no whole groups among them make exactly 8" in told[0]
     assert len(told) <= 3  # once per WAITING_LOG_S, not per poll
     trainer.close()
+
+
+def test_a_trainer_waiting_on_workers_that_run_is_told_at_info_not_warned(
+        served: ServedController, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A slow step or a warm-up is no mistake: a warning every minute of a healthy run was noise."""
+    monkeypatch.setattr("slurm_elastic.trainer.WAITING_LOG_S", 0.3)
+    real_status = served.controller.status
+    monkeypatch.setattr(served.controller, "status",
+                        lambda: {**real_status(), "workers_by_state": {"ACTIVE": 2, "STARTING": 1}})
+    trainer = Trainer(served.url, TOKEN, tmp_path, poll_s=0.05)
+    with caplog.at_level(logging.INFO, logger="slurm_elastic.trainer"):
+        assert trainer.next_batch(timeout_s=1.0) is None
+    told = [r for r in caplog.records if r.getMessage().startswith("no batch for")]
+    assert told and all(r.levelno == logging.INFO for r in told), [(r.levelname, r.getMessage()) for r in told]
+    assert "2 worker(s) active, 1 starting" in told[0].getMessage()
+    trainer.close()
