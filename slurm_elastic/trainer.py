@@ -174,7 +174,8 @@ class Trainer:
     def _tell_waiting(self, waited_s: float) -> None:
         """After WAITING_LOG_S without a batch (and each WAITING_LOG_S after), log why, from the
         controller's numbers: a warning for a batch's worth whose whole groups make no exact batch
-        (group sizes that do not divide the batch size) or for no worker active or starting; else
+        (group sizes that do not divide the batch size), for a staleness bound that lets nothing
+        start after more batches than versions published, or for no worker active or starting; else
         (rollouts on their way, a slow step or a warm-up) the queued count and the workers, at INFO."""
         now_s = time.monotonic()
         if waited_s < WAITING_LOG_S or now_s - self._waiting_told_s < WAITING_LOG_S:
@@ -184,13 +185,19 @@ class Trainer:
             numbers = self.client.global_status()
             queued, batch, active = (int(numbers["queue_size"]), int(numbers["batch_size"]),
                                      int(numbers["connected_workers"]))
-            starting = int(numbers.get("workers_by_state", {}).get("STARTING", 0))
+            starting = int((numbers.get("workers_by_state") or {}).get("STARTING", 0))
+            room, version = int(numbers.get("staleness_capacity", 1)), int(numbers.get("current_step", 0))
+            taken = int(numbers.get("total_processed", 0)) // max(1, batch)
         except (SlurmElasticError, KeyError, TypeError, ValueError, AttributeError):
             return
         if queued >= batch:  # a mistake to fix: said as a warning
             log.warning("no batch for %.0f s: %d sequences are queued, a batch's worth, but no whole groups among "
                         "them make exactly %d (queue.batch_size): group sizes that do not divide it? (the "
                         "controller's log names the sizes queued)", waited_s, queued, batch)
+        elif room <= 0 and taken > version + 1:  # the bound holds every rollout back: versions not published
+            log.warning("no batch for %.0f s: %d of the %d sequences a batch needs are queued and the staleness bound "
+                        "lets no rollout start: this trainer took %d batches but published version %d. Does it call "
+                        "publish_version after each step?", waited_s, queued, batch, taken, version)
         elif active + starting == 0:
             log.warning("no batch for %.0f s: %d of the %d sequences a batch needs are queued, and no worker is "
                         "active or starting", waited_s, queued, batch)

@@ -219,7 +219,8 @@ class BurstManager:
             log.warning("burst job %d ended before it ran, not cancelled by this controller (cancelled from "
                         "outside, or refused by Slurm): counted lost", job_id)
         self.counters.lost += len(never_ran)
-        self._pending = frozenset(j.job_id for j in current if j.phase == "PENDING" and not j.suspended)
+        self._pending = frozenset(j.job_id for j in current if (j.phase == "PENDING" and not j.suspended) or (
+            (j.completing or j.suspended) and j.job_id in self._pending))  # ended or not: told at a later listing
         new_ending = (set(ending_jobs) & runs.running) - self._ending - self._given_back
         for job_id in sorted(new_ending):
             log.warning("burst job %d is ending (Slurm's drain signal reached its workers: a preemption, its time "

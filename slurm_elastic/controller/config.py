@@ -186,8 +186,8 @@ def _validate_policy_tables(config: ElasticConfig, source: str) -> None:
 
 
 def _durations_fit_the_job(config: ElasticConfig, scaler: AutoscalerConfig, source: str) -> None:
-    """A timer set not shorter than the job's ``job.time_limit`` (or a burst job's) never fires within
-    it (a default is not held against a short job: only the values the file sets are compared)."""
+    """A timer not shorter than the job's ``job.time_limit`` (or a burst job's) never fires within it;
+    only values other than the defaults are compared (a default is not held against a short job)."""
     limit_s = time_limit_s(config.job.time_limit) or 0
     defaults = (type(scaler)(), type(config.workers)(), type(config.burst)())
     timers = {"autoscaler.scale_up_cooldown_s": (scaler.scale_up_cooldown_s, "after one scale-up no other could come"),

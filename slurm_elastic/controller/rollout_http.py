@@ -128,6 +128,12 @@ def rollout_router(controller: Controller, queue: RolloutQueue) -> APIRouter:
             controller.check_lease_holder(body.worker_id)
         except UnknownWorkerError as exc:
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"unknown: {exc.args[0]}") from None
+        cfg = queue.config
+        if body.whole and body.sequences > cfg.max_concurrent:  # a hard bound: it would wait for ever
+            raise HTTPException(422, [{
+                "loc": ["body", "sequences"], "type": "admission_over_bound", "max_concurrent": cfg.max_concurrent,
+                "msg": f"{body.sequences} sequences asked for whole can never be granted: at most "
+                       f"queue.max_concurrent = {cfg.max_concurrent} run at once; ask for at most that many at a time"}])
         granted = queue.admit(body.sequences, body.worker_id, body.admission_id or "", body.whole)
         stats = queue.stats()
         return {"granted": granted, "staleness_capacity": stats["staleness_capacity"],

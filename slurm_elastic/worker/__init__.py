@@ -159,10 +159,11 @@ class RolloutWorker:
 
         While the controller is down (it restarts), this waits too; a drain ends the wait (and a
         drained worker is granted 0 at once). ``sequences`` is a whole number of at least 1
-        (ValueError otherwise). A waiting ask for more than may run at once in a steady run (at
-        most ``queue.max_concurrent`` and ``(queue.max_staleness + 1) * queue.batch_size``, the
-        admission answer's ``most_at_once``) is logged as a warning naming that bound, once: it
-        waits until the trainer's versions run ahead of its batches, if ever."""
+        (ValueError otherwise). A waiting ask over ``queue.max_concurrent`` raises
+        :class:`~slurm_elastic.errors.ApiError` (422: never granted); one over what a steady run
+        lets run at once (``(queue.max_staleness + 1) * queue.batch_size``, the admission answer's
+        ``most_at_once``) is logged as a warning naming that bound, once: it waits until the
+        trainer's versions run ahead of its batches, if ever."""
         sequences = _count("admit", sequences)
         self._usable("admit")
         granted = 0

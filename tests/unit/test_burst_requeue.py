@@ -203,3 +203,17 @@ def test_a_pending_job_that_starts_is_not_lost(tmp_path: Path) -> None:
     tick(made, 6, {job: 2}, now_s=20)
     tick(made, 6, {job: 2}, now_s=30)
     assert (made.counters.lost, made.counters.cancelled) == (0, 0)
+
+
+@pytest.mark.parametrize("between", ["COMPLETING", "SUSPENDED"])
+def test_a_pending_job_listed_completing_or_suspended_before_it_ends_is_counted_lost(
+        tmp_path: Path, between: str) -> None:
+    """A job that starts and fails at once may be listed COMPLETING (or SUSPENDED) between its
+    PENDING and its end: still followed, and counted once it ends (before, in no count)."""
+    slurm = RequeueSlurm()
+    made, job = pending_job(slurm, tmp_path)
+    slurm.set(job, between, node="node2")
+    tick(made, 6, {}, now_s=20)
+    slurm.jobs.pop(job)
+    tick(made, 6, {}, now_s=30)
+    assert (made.counters.lost, made.counters.cancelled) == (1, 0)

@@ -107,3 +107,20 @@ def test_a_trainer_waiting_on_workers_that_run_is_told_at_info_not_warned(
     assert told and all(r.levelno == logging.INFO for r in told), [(r.levelname, r.getMessage()) for r in told]
     assert "2 worker(s) active, 1 starting" in told[0].getMessage()
     trainer.close()
+
+
+def test_a_trainer_that_does_not_publish_its_versions_is_warned(
+        served: ServedController, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Workers ACTIVE but held at the staleness gate, because the trainer took batches without
+    publishing a version: the one mistake the INFO branch would hide."""
+    trainer = Trainer(served.url, TOKEN, tmp_path)
+    numbers = {"queue_size": 0, "batch_size": 8, "connected_workers": 4, "workers_by_state": {"ACTIVE": 4},
+               "staleness_capacity": 0, "current_step": 0, "total_processed": 40}
+    monkeypatch.setattr(trainer.client, "global_status", lambda: numbers)
+    with caplog.at_level(logging.INFO, logger="slurm_elastic.trainer"):
+        trainer._tell_waiting(61.0)
+    [told] = [r for r in caplog.records if r.getMessage().startswith("no batch for")]
+    assert told.levelno == logging.WARNING and "took 5 batches but published version 0" in told.getMessage()
+    assert "publish_version" in told.getMessage()
+    trainer.close()

@@ -10,6 +10,7 @@ main thread raised Python's "signal only works in main thread"; a group over
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 import threading
@@ -167,3 +168,15 @@ def test_only_rank_0_reports_the_steps_counts_and_every_rank_hears_a_drain(rank:
     assert control.beats == ([{"busy": False, "rollouts": 1, "busy_s": pytest.approx(0, abs=0.1)}] if rank == 0
                              else [{}])
     assert worker.draining  # the answer's drain reaches every rank's loop
+
+
+def test_a_waiting_ask_over_max_concurrent_is_refused_it_could_never_be_granted(
+        make_worker: Any, served: ServedController, monkeypatch: pytest.MonkeyPatch) -> None:
+    """max_concurrent is a hard bound (AReaL's capacity is at most max_concurrent - running), unlike
+    the staleness window: a whole ask over it would wait for ever."""
+    monkeypatch.setattr(served.queue, "config", dataclasses.replace(served.queue.config, max_concurrent=16))
+    worker = make_worker()
+    with pytest.raises(ApiError, match=r"17 sequences asked for whole can never be granted: at most "
+                                       r"queue.max_concurrent = 16") as caught:
+        worker.admit(17)
+    assert caught.value.status_code == 422 and served.queue.staleness.running == 0
