@@ -53,11 +53,15 @@ class AutoscalerMemory:
     def not_deciding(self, now_s: float) -> None:
         """The autoscaler did not decide this tick (an operator's target, a pause, wake-all, the
         drain before the time limit): the time until it decides again is not integrated over, and
-        a restarted controller's settling time runs from its first tick. Once the start-up is over,
-        the next decision of the law may size the pool to the trainer's demand at once
-        (:func:`slurm_elastic.core.scaling.return_resize`)."""
+        a restarted controller's settling time runs from its first tick. The next decision of the
+        law, once the rates are measured, may size the pool to the trainer's demand at once
+        (:func:`slurm_elastic.core.scaling.return_resize`): also when the count was taken before the
+        start-up sized the pool (`scale J 99` while the job started, then `scale J 0`, `resume`: the
+        start-up's sizing step never came and the law climbed 1 -> 2 in 40 s, the trainer waiting
+        90% of its steps; an operator's probe of a live job). A start-up that runs still ends with
+        its own sizing step first."""
         self.skip_integration()
-        self.returning = self.ramped
+        self.returning = True
         if self.resuming and self.resumed_s is None:
             self.resumed_s = now_s
 

@@ -138,6 +138,11 @@ def return_resize(x: PressureInputs, current: int) -> tuple[int, str] | None:
                   f"seqs/s, a worker makes {production:.2f} -> {need} workers at once")
 
 
+def unmeasured_for_return(x: PressureInputs) -> bool:
+    """:func:`return_resize` cannot tell yet: the trainer's demand or a worker's production is not measured."""
+    return positive(x.trainer_demand_seqs_per_s) is None or positive(x.per_worker_seqs_per_s) is None
+
+
 def effective_setpoint_seqs(cfg: AutoscalerConfig, x: PressureInputs) -> float:
     """The buffer level aimed for [sequences]: setpoint_batches·batch_size, lowered to what the
     staleness bound lets the buffer hold while ``in_flight_seqs`` are generating, but not below
@@ -227,7 +232,9 @@ class Autoscaler(AutoscalerMemory):
             self.last_up_s = now_s
         else:
             self.last_down_s = now_s
-        self.votes, self.returning = 0, False
+        self.votes = 0
+        if not unmeasured_for_return(x):  # a move made before the rates are measured (to min_workers from
+            self.returning = False        # 0) leaves the resize back to come
         capped = f" (step capped at max_step_{word} {limit_step})" if step < abs(delta) else ""
         if not capped and not window_held:
             self.held_dir = 0
@@ -313,7 +320,10 @@ class Autoscaler(AutoscalerMemory):
                 rec, why = sizing_step(x)
                 return rec, f"{_pressure_words(x.queued_seqs, setpoint)}; {why}", (error, None, None, None)
         back = return_resize(x, current) if self.returning else None
-        self.returning = back is not None  # until the move is made: a cooldown may hold it a while
+        # until the move is made (a cooldown may hold it a while), or until the rates it needs are
+        # measured: back from `scale J 0` no worker makes anything, and an operator's count taken
+        # before the start-up sized the pool leaves no start-up sizing step to come
+        self.returning = back is not None or (self.returning and unmeasured_for_return(x))
         if back is not None:  # the count was the operator's (or none): the trainer's demand sets it at once
             self.direct_step = True
             return float(back[0]), f"{_pressure_words(x.queued_seqs, setpoint)}; {back[1]}", (error, None, None, None)

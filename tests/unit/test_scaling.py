@@ -542,9 +542,39 @@ def test_back_from_an_operators_count_with_the_trainer_waiting_the_pool_is_sized
     fed.decide(inputs(queued=64, active=4), 0.0)
     fed.not_deciding(10.0)
     assert "back from" not in fed.decide(dataclasses.replace(starved, trainer_waiting=False), 20.0).reason
-    fresh = Autoscaler(slow)  # the start-up: its own sizing step, not this one
+
+
+def test_an_operators_count_taken_before_the_start_up_sized_the_pool_is_left_at_the_trainers_demand() -> None:
+    """`scale J 99` while the job started, `scale J 0`, `resume` (an operator's probe of a live job):
+    the start-up's sizing step never came, the resize back was spent on a decision with no worker
+    producing, and the law climbed 1 -> 2 in 40 s with the trainer waiting 90% of its steps."""
+    slow = dataclasses.replace(FAST, confirmations=3, scale_up_cooldown_s=60, max_step_up=1)
+    scaler = Autoscaler(slow)
+    for t in range(0, 10):
+        scaler.not_deciding(float(t))
+    # the workers the operator drained measured a worker's production; none runs now
+    starved = inputs(queued=0, active=0, rate=11.0, consumption=11.0, trainer_demand_seqs_per_s=96.0,
+                     trainer_waiting=True)
+    back = scaler.decide(starved, 10.0)
+    assert (back.action, back.target_workers) == ("scale_up", 9), back.reason
+
+    ramped = Autoscaler(slow)  # after the start-up: back from `scale J 0`, no worker has made anything yet
+    ramped.decide(inputs(queued=64, active=4), 0.0)
+    ramped.not_deciding(10.0)
+    ramped.decide(dataclasses.replace(starved, per_worker_seqs_per_s=None, workers_active=1), 20.0)
+    assert ramped.returning  # not spent on a decision that could not tell
+    back = ramped.decide(dataclasses.replace(starved, workers_active=1), 30.0)
+    assert (back.action, back.target_workers) == ("scale_up", 9), back.reason
+    assert "back from a count the autoscaler did not set" in back.reason and not scaler.returning
+
+
+def test_a_start_up_that_runs_after_an_operators_count_ends_with_its_own_sizing_step() -> None:
+    fresh = Autoscaler(FAST)
     fresh.not_deciding(0.0)
-    assert not fresh.returning
+    fresh.starting = True  # a start-up under way
+    sized = fresh.decide(inputs(queued=0, active=1, rate=11.0, consumption=11.0, trainer_demand_seqs_per_s=96.0,
+                                trainer_waiting=True), 10.0)
+    assert fresh.ramped and "back from" not in sized.reason, sized.reason
 
 
 def test_a_cooldown_delays_the_resize_back_from_an_operators_count_and_does_not_cancel_it() -> None:
