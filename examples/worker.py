@@ -28,6 +28,7 @@ def main() -> None:
         target = target_sequence()
         policy = Policy.load_latest(policy_dir)
         n = 0
+        refused: dict[str, int] = {}  # by reason: "stale", "policy_version_ahead"
         while not worker.draining:
             if worker.admit(GROUP) < GROUP:  # the staleness gate said no (or we are draining)
                 continue
@@ -38,13 +39,19 @@ def main() -> None:
                 time.sleep(rollout_time_s(rng, SCALE_S))  # "generation"
                 group = sample_group(policy, GROUP, rng, target)
             n += 1
-            worker.submit({
+            answer = worker.submit({
                 "id": f"w{worker.ctx.worker_id}-{os.getpid()}-{n}", "policy_version": policy.version,
                 "group_size": GROUP,
                 "sequences": [{"tokens": t, "logprobs": lp, "score": s}
                               for t, lp, s in zip(group["tokens"], group["logprobs"], group["scores"], strict=True)],
             })
-        print(f"worker {worker.ctx.worker_id}: drained after {n} groups", flush=True)
+            if not answer.get("accepted"):
+                reason = str(answer.get("reason", "refused"))
+                refused[reason] = refused.get(reason, 0) + 1
+        # what the store holds of this worker's: the groups it accepted (a log to audit the store by)
+        not_stored = "".join(f", {count} {reason}" for reason, count in sorted(refused.items()))
+        print(f"worker {worker.ctx.worker_id}: drained after {n} groups: {n - sum(refused.values())} stored"
+              f"{not_stored or ', none refused'}", flush=True)
 
 
 if __name__ == "__main__":
