@@ -18,7 +18,6 @@ checks at open: a missing segment is refused, a damaged record quarantined, its 
 from __future__ import annotations
 
 import os
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
@@ -29,6 +28,7 @@ from slurm_elastic.rollouts.inspection import read_only
 from slurm_elastic.rollouts.segments import (
     HEADER,
     MAGIC,
+    find_whole_records,
     group_head,
     json_str,
     scan_from,
@@ -55,18 +55,7 @@ class Placement(NamedTuple):
 def whole_records(path: Path) -> Iterator[tuple[bytes, int, int]]:
     """Every whole record in ``path`` whose CRC holds, wherever it starts (past damage, the
     search goes on at the next magic): (head, body offset, body size)."""
-    data = path.read_bytes()
-    pos = data.find(MAGIC)
-    while pos >= 0 and pos + HEADER.size <= len(data):
-        _magic, crc, head_len, body_len = HEADER.unpack_from(data, pos)
-        head_at = pos + HEADER.size
-        end = head_at + head_len + body_len
-        if end <= len(data) and zlib.crc32(memoryview(data)[head_at + head_len:end],
-                                           zlib.crc32(data[head_at:head_at + head_len])) == crc:
-            yield data[head_at:head_at + head_len], head_at + head_len, body_len
-            pos = data.find(MAGIC, end)
-        else:
-            pos = data.find(MAGIC, pos + 1)
+    return find_whole_records(path.read_bytes())
 
 
 def _at_place(log_dir: Path, fds: dict[int, int | None], segment: int, body_offset: int, head: bytes,

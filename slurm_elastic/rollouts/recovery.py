@@ -89,13 +89,17 @@ def lock_log_dir(path: Path, log_dir: Path, wait_s: float) -> int | None:
         fd = os.open(log_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as exc:
         raise StateFileError(f"rollout store payload log {log_dir}: {exc}") from None
-    deadline = time.monotonic() + wait_s
+    deadline, waiting_told = time.monotonic() + wait_s, False
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return fd
         except BlockingIOError:
             if time.monotonic() < deadline:
+                if not waiting_told and time.monotonic() > deadline - wait_s + 1.0:  # not a handover's instant
+                    waiting_told = True
+                    log.warning("rollout store %s: waiting up to %g s for the process that holds its payload log %s "
+                                "to let go", path, wait_s, log_dir)
                 time.sleep(LOCK_POLL_S)
                 continue
             os.close(fd)

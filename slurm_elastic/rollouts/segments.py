@@ -25,6 +25,7 @@ writing (:func:`torn.refuse_damaged_log`), so the refusal changes nothing.
 from __future__ import annotations
 
 import json
+import logging
 import mmap
 import os
 import struct
@@ -36,6 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from slurm_elastic.errors import StateFileError
+
+log = logging.getLogger(__name__)
 
 MAGIC = b"SER1"
 HEADER = struct.Struct("<4sIII")
@@ -187,6 +190,22 @@ def is_padding(path: Path, end: int) -> bool:
     return end + len(rest) == block_end(end) and not rest.strip(b"\0")
 
 
+def find_whole_records(data: bytes) -> Iterator[tuple[bytes, int, int]]:
+    """Every whole record in ``data`` whose CRC holds, wherever it starts (past damage, the
+    search goes on at the next magic): (head, body offset, body size)."""
+    pos = data.find(MAGIC)
+    while pos >= 0 and pos + HEADER.size <= len(data):
+        _magic, crc, head_len, body_len = HEADER.unpack_from(data, pos)
+        head_at = pos + HEADER.size
+        end = head_at + head_len + body_len
+        if end <= len(data) and zlib.crc32(memoryview(data)[head_at + head_len:end],
+                                           zlib.crc32(data[head_at:head_at + head_len])) == crc:
+            yield data[head_at:head_at + head_len], head_at + head_len, body_len
+            pos = data.find(MAGIC, end)
+        else:
+            pos = data.find(MAGIC, pos + 1)
+
+
 def segment_numbers(directory: Path) -> list[int]:
     """The segment numbers in ``directory``, oldest first (none if it does not exist): files
     named as :func:`segment_name` names them, others left alone (``1.log`` is not segment 1).
@@ -322,7 +341,19 @@ class SegmentLog:
             if n != self.current:
                 refuse_damage(self.path(n), end, size)
             elif end != size:
+                self._say_cut(n, end, size)
                 self.truncate(end)
+
+    def _say_cut(self, number: int, end: int, size: int) -> None:
+        """Log the torn tail about to be cut off the newest segment, and any whole records past
+        its hole: groups written after a commit a power cut tore (``fsync`` "os" or "off"), lost."""
+        with open(self.path(number), "rb") as f:
+            f.seek(end)
+            past = sum(1 for _ in find_whole_records(f.read()))
+        log.warning("payload log segment %s: cutting %d byte(s) from byte %d, a write cut short%s",
+                    segment_name(number), size - end, end,
+                    f"; {past} whole record(s) past it are cut with it (a power cut with fsync 'os' or 'off' "
+                    "tore an earlier commit: those groups are lost)" if past else "")
 
     def close(self) -> None:
         for fd in [self._fd, *self._readers.values()]:

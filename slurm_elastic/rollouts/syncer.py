@@ -83,11 +83,14 @@ class SegmentWriter:
     commit's first block already on disk (kept from the last commit, or read back) are put in
     front of its records and zeros after them; rewriting those bytes with the same values
     cannot tear them. Otherwise, or once the filesystem refuses (EINVAL), through the page
-    cache."""
+    cache. ``sync_left``: fdatasync a segment when the writes move on to the next (with
+    ``fsync = "os"``, whose commits are not synced one by one: a power cut within the page
+    cache's writeback could otherwise tear an older segment, which the store refuses to open)."""
 
-    def __init__(self, segment_dir: str, direct: bool) -> None:
+    def __init__(self, segment_dir: str, direct: bool, sync_left: bool = False) -> None:
         self.segment_dir = segment_dir
         self.direct = direct
+        self.sync_left = sync_left
         self.number, self.fd = -1, -1
         self.tail, self.tail_end = b"", -1  # the segment's bytes in its last block, and where they end
 
@@ -114,6 +117,8 @@ class SegmentWriter:
         """Write the ``nbytes`` of records staged from byte ``offset % BLOCK_BYTES`` of
         ``staging`` at ``offset`` of segment ``number``."""
         if number != self.number:
+            if self.sync_left and self.fd >= 0:
+                os.fdatasync(self.fd)  # once per segment (64 MiB): the one left is whole on disk
             self._open(number)
         lead = offset % BLOCK_BYTES
         if self.direct:
@@ -154,7 +159,7 @@ def main(argv: list[str]) -> int:
     db.execute("PRAGMA busy_timeout=30000")
     db.execute(f"PRAGMA synchronous={'OFF' if fsync == 'off' else 'NORMAL'}")  # the log is what is fsynced
     staging: mmap.mmap | None = None
-    writer = SegmentWriter(segment_dir, direct=io == "direct")
+    writer = SegmentWriter(segment_dir, direct=io == "direct", sync_left=fsync == "os")
     for line in sys.stdin.buffer:
         try:
             message = json.loads(line)

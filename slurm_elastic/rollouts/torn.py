@@ -104,5 +104,7 @@ def refuse_damaged_log(directory: Path, number: int, offset: int, live_ends: dic
                 f"payload log segment {path}, the newest, holds {size - end} byte(s) from byte {end} that are not "
                 "the torn end of a write (nor whole records of this store): segment files swapped or renamed, a "
                 "file put in its place, or a power cut with fsync = \"os\" or \"off\" that left more than one "
-                "commit unwritten? Nothing was changed. Put the segments back as they were; or move this one "
-                "aside (its groups are then missing, and the store says what to do)")
+                "commit unwritten? Nothing was changed. Put the segments back as they were; after a power cut, copy "
+                f"the file aside and cut it to its whole records (truncate -s {end} {path}: the groups past byte "
+                f"{end} are lost, those before it kept); or move this one aside (all its groups are then missing, "
+                "and the store says what to do)")

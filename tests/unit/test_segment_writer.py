@@ -108,3 +108,25 @@ def test_an_older_segment_may_end_in_padding_but_not_in_anything_else(tmp_path: 
     assert not is_padding(path, len(record))
     path.write_bytes(record + bytes(BLOCK_BYTES))  # past the block boundary: not what a write leaves
     assert not is_padding(path, len(record))
+
+
+@pytest.mark.parametrize("sync_left", [True, False])
+def test_a_segment_left_for_the_next_is_fdatasynced_with_fsync_os(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sync_left: bool) -> None:
+    """With ``fsync = "os"`` commits are not synced one by one; the segment the writes leave is, once,
+    so a power cut cannot tear an older segment (the store refuses to open one)."""
+    synced: list[int] = []
+    real_fdatasync = os.fdatasync
+    monkeypatch.setattr(os, "fdatasync", lambda fd: (synced.append(fd), real_fdatasync(fd))[1])
+    writer = SegmentWriter(str(tmp_path), direct=False, sync_left=sync_left)
+    staging = StagingBuffer(BLOCK_BYTES)
+    for number in (1, 2):
+        (tmp_path / segment_name(number)).touch()
+    commit(writer, staging, 1, 0, 0, 100)
+    commit(writer, staging, 1, 4096, 1, 100)
+    assert synced == []  # not per commit
+    first_fd = writer.fd
+    commit(writer, staging, 2, 0, 2, 100)
+    assert synced == ([first_fd] if sync_left else [])
+    writer.close()
+    staging.close()

@@ -129,3 +129,28 @@ def test_no_segment_is_read_whole_when_only_the_newest_rows_record_is_not_there(
         assert len(store.queued()) == 11
         store.close()
     assert read == []
+
+
+def test_a_cut_says_so_and_counts_whole_records_past_the_hole(tmp_path: Path,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    """fsync = "os": a power cut may tear a commit while a later one reached the disk. The later
+    group's whole record is cut with the torn one (the log cannot be read on past a hole), and the
+    open says so rather than losing it without a word."""
+    store = RolloutStore(tmp_path / "q.sqlite")
+    for name in ["g0", "g1", "g2", "g3"]:
+        assert store.insert(name, "w", 4, 0, body(name)) is not None
+    store.close()
+    (seg,) = (tmp_path / "q.segments").iterdir()
+    records, _end = scan(seg)
+    data = bytearray(seg.read_bytes())
+    hole = records[1].end + 512 - records[1].end % 512  # g2's second sector on: not written
+    data[hole:records[2].end] = bytes(records[2].end - hole)
+    seg.write_bytes(bytes(data))
+    with sqlite3.connect(tmp_path / "q.sqlite") as db:  # the index rows lost with the power cut
+        db.execute("DELETE FROM groups WHERE id IN ('g2', 'g3')")
+    with caplog.at_level("WARNING", logger="slurm_elastic.rollouts.segments"):
+        store = RolloutStore(tmp_path / "q.sqlite")
+    assert [g.id for g in store.queued()] == ["g0", "g1"]
+    store.close()
+    assert f"cutting {len(data) - records[1].end} byte(s) from byte {records[1].end}" in caplog.text, caplog.text
+    assert "1 whole record(s) past it are cut with it" in caplog.text

@@ -182,3 +182,17 @@ def test_a_digit_named_file_that_is_no_segment_is_no_log_without_its_index(tmp_p
     (tmp_path / "q.segments" / "1.log").write_bytes(b"notes")
     RolloutStore(tmp_path / "q.sqlite").close()
     assert (tmp_path / "q.segments" / "1.log").read_bytes() == b"notes"
+
+
+def test_a_wait_for_the_log_directory_past_a_second_is_said_once(tmp_path: Path,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    log_dir = tmp_path / "q.segments"
+    log_dir.mkdir()
+    holder = os.open(log_dir, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    threading.Timer(1.5, os.close, (holder,)).start()
+    with caplog.at_level(logging.WARNING, logger="slurm_elastic.rollouts.recovery"):
+        fd = lock_log_dir(tmp_path / "q.sqlite", log_dir, 30.0)
+    assert fd is not None
+    os.close(fd)
+    assert caplog.text.count("waiting up to 30 s for the process that holds its payload log") == 1, caplog.text
