@@ -6,7 +6,6 @@ boundary, so callers catch one small documented family.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable
 
 EXIT_CONFIG = 78  # sysexits' EX_CONFIG: a configuration error; the batch script does not restart the controller
@@ -22,6 +21,8 @@ class ConfigError(SlurmElasticError):
 
 def unknown_key(key: str, known: Iterable[str]) -> str:
     """"unknown key", with the closest known key where one is close (a typo)."""
+    import difflib  # here, not at the top: a worker step's wrapper imports this module at every start
+
     close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.75)
     return f"unknown key (did you mean {close[0]}?)" if close else "unknown key"
 

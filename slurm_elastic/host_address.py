@@ -6,8 +6,6 @@ from __future__ import annotations
 import ipaddress
 import socket
 
-import psutil
-
 
 def reachable_address() -> tuple[str, str]:
     """(address, how it was found): this host's name's address, or, where that is loopback (a stock
@@ -29,6 +27,8 @@ def reachable_address() -> tuple[str, str]:
 
 def interface_addresses() -> list[tuple[str, str]]:
     """(interface, IPv4 address) of the interfaces that are up, loopback and link-local left out."""
+    import psutil  # here, not at the top: a worker step's wrapper imports this module at every start
+
     up = {name for name, stats in psutil.net_if_stats().items() if stats.isup}
     return [(name, a.address) for name, addresses in psutil.net_if_addrs().items() if name in up
             for a in addresses if a.family == socket.AF_INET

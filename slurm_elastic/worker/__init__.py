@@ -22,10 +22,10 @@ import contextlib
 import logging
 import math
 import operator
+import os
 import signal
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -168,7 +168,7 @@ class RolloutWorker:
         self._usable("admit")
         granted = 0
         while granted < sequences and not self.draining:
-            wanted, admission_id = sequences - granted, uuid.uuid4().hex  # one id per ask, kept by its retries
+            wanted, admission_id = sequences - granted, os.urandom(16).hex()  # one id per ask, kept by its retries
             answer = self._through_outages(
                 lambda: self.control.client.admit(wanted, self.ctx.worker_id, admission_id,  # noqa: B023
                                                   whole=wait))
@@ -193,7 +193,7 @@ class RolloutWorker:
         whole number of at least 1 (ValueError otherwise)."""
         sequences = _count("give_back", sequences)
         self._usable("give_back")
-        release_id = uuid.uuid4().hex  # kept by the retries: released once
+        release_id = os.urandom(16).hex()  # kept by the retries: released once
         answer = self._through_outages(
             lambda: self.control.client.release_admission(sequences, self.ctx.worker_id, release_id),
             give_up_on_drain=False)

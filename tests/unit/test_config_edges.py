@@ -98,6 +98,8 @@ def test_a_host_name_that_resolves_to_loopback_listens_on_an_interface_other_nod
     import socket
     from types import SimpleNamespace
 
+    import psutil
+
     from slurm_elastic import host_address
     from slurm_elastic.controller import serve
     from slurm_elastic.worker.context import node_address
@@ -106,9 +108,9 @@ def test_a_host_name_that_resolves_to_loopback_listens_on_an_interface_other_nod
         return SimpleNamespace(family=family, address=address)
 
     monkeypatch.setattr(host_address.socket, "gethostbyname", lambda _name: "127.0.1.1")
-    monkeypatch.setattr(host_address.psutil, "net_if_stats", lambda: {n: SimpleNamespace(isup=n != "down0")
-                                                               for n in ("lo", "down0", "ib0", "eth0")})
-    monkeypatch.setattr(host_address.psutil, "net_if_addrs", lambda: {
+    monkeypatch.setattr(psutil, "net_if_stats", lambda: {n: SimpleNamespace(isup=n != "down0")
+                                                     for n in ("lo", "down0", "ib0", "eth0")})
+    monkeypatch.setattr(psutil, "net_if_addrs", lambda: {
         "lo": [addr("127.0.0.1")], "down0": [addr("10.9.9.9")],
         "ib0": [addr("fe80::1", socket.AF_INET6), addr("169.254.3.4"), addr("10.1.0.17")],
         "eth0": [addr("10.2.0.5")]})
@@ -116,7 +118,7 @@ def test_a_host_name_that_resolves_to_loopback_listens_on_an_interface_other_nod
         assert serve.default_listen_host() == "10.1.0.17"
     assert "127.0.1.1 (loopback)" in caplog.text and "controller.listen_host" in caplog.text
     assert node_address() == "10.1.0.17"  # a server's endpoint too (before, http://127.0.1.1:PORT)
-    monkeypatch.setattr(host_address.psutil, "net_if_addrs", lambda: {"lo": [addr("127.0.0.1")]})
+    monkeypatch.setattr(psutil, "net_if_addrs", lambda: {"lo": [addr("127.0.0.1")]})
     assert serve.default_listen_host() == "127.0.1.1"  # nothing else is up: loopback, with a warning
     monkeypatch.setattr(host_address.socket, "gethostbyname", lambda _name: "10.3.0.1")
     assert serve.default_listen_host() == "10.3.0.1"  # a name that resolves off this host is taken as it is
