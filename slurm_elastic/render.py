@@ -9,8 +9,14 @@ from pathlib import Path
 import jinja2
 
 from slurm_elastic.controller.burst_config import split_excludes
-from slurm_elastic.controller.config import ElasticConfig, check_worker_command
+from slurm_elastic.controller.config import (
+    ElasticConfig,
+    check_worker_command,
+    most_burst_workers,
+    worker_floor,
+)
 from slurm_elastic.core.burst import BURST_NAME_PREFIX, burst_job_comment, burst_job_name
+from slurm_elastic.core.placement import most_workers
 from slurm_elastic.core.shape import worker_shape
 from slurm_elastic.errors import ConfigError
 from slurm_elastic.resources import templates_dir
@@ -33,6 +39,7 @@ def render_sbatch(config: ElasticConfig, config_path: str) -> str:
         raise ConfigError(f"{config_path}: job.trainer_gpus ({config.job.trainer_gpus}) > job.gpus_per_node "
                           f"({config.job.gpus_per_node}): the trainer step could never start")
     _check_worker_room(config, config_path)
+    _check_worker_floor(config, config_path)
     _check_node_memory(config, config_path)
     return _templates().get_template("elastic_rl.sbatch.j2").render(
         job=config.job,
@@ -61,6 +68,30 @@ def _check_worker_room(config: ElasticConfig, config_path: str) -> None:
         f"takes {shape.gpus_per_node} GPUs on each of {shape.nodes} node(s), and the trainer's "
         f"job.trainer_gpus = {job.trainer_gpus} leaves {left_gpus} of its node's {job.gpus_per_node} "
         f"(job.nodes = {job.nodes}); set {fewer} or job.nodes = {shape.nodes + 1}")
+
+
+def _check_worker_floor(config: ElasticConfig, config_path: str) -> None:
+    """ConfigError when the fewest workers the job keeps (:func:`worker_floor`) are more than its
+    nodes, less the trainer's GPUs, and all of its burst jobs can ever hold: the controller would
+    wait for the others for ever."""
+    job, workers = config.job, config.workers
+    if not workers.gpus_per_worker:
+        return
+    key, floor = worker_floor(config)
+    shape = worker_shape(workers.gpus_per_worker, workers.nodes_per_worker, job.gpus_per_node,
+                         nodes_in_job=job.nodes)
+    slots = most_workers([job.gpus_per_node - job.trainer_gpus] + [job.gpus_per_node] * (job.nodes - 1),
+                         shape.gpus, shape.nodes)
+    burst = most_burst_workers(config)
+    if floor <= slots + burst:
+        return
+    lent = f", and the burst.max_jobs = {config.burst.max_jobs} burst job(s) at most {burst} more" if burst else ""
+    raise ConfigError(
+        f"{config_path}: {key} = {floor} workers can never all be placed: the job's job.nodes = {job.nodes} "
+        f"node(s) of job.gpus_per_node = {job.gpus_per_node} GPUs, job.trainer_gpus = {job.trainer_gpus} of them "
+        f"the trainer's, hold at most {slots} of workers.gpus_per_worker = {workers.gpus_per_worker}{lent}; the "
+        f"controller would wait for the other {floor - slots - burst} for ever. Set {key} to at most "
+        f"{slots + burst}, or give the job more nodes (job.nodes)")
 
 
 def _check_node_memory(config: ElasticConfig, config_path: str) -> None:

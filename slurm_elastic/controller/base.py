@@ -213,6 +213,11 @@ class ControllerBase:
                             "launched", self.job_id, len(ended), "" if len(ended) == 1 else "s")
                 self.save()
 
+    def note_config(self, note: str) -> None:
+        """A setting this job can never meet, found at start: logged as an error, kept among the errors."""
+        log.error("%s", note)
+        self._record_error("config", note)
+
     def note_state(self, note: str) -> None:
         """Something about the job's saved state an operator should know: logged, kept for status."""
         log.error("%s", note)

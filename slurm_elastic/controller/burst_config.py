@@ -8,7 +8,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
-from slurm_elastic.core.limits import MAX_DURATION_S
+from slurm_elastic.core.limits import MAX_DURATION_S, MAX_TIME_LIMIT_MIN
 
 # Options the burst script sets itself, with the key that sets them (or why they are fixed).
 RESERVED_SBATCH_OPTIONS: dict[str, str] = {
@@ -47,17 +47,31 @@ SLURM_NAMES = re.compile(r"[A-Za-z0-9_.,-]*", re.ASCII)  # partition, QOS and ac
 _TIME = re.compile(r"(?:(?P<days>\d+)-(?P<hours>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?"
                    r"|(?P<a>\d+)(?::(?P<b>\d+)(?::(?P<c>\d+))?)?)", re.ASCII)
 UNLIMITED_TIMES = frozenset({"infinite", "unlimited"})
+_HUGE = 10**15  # a number of 16 digits or more in a time: far past the largest, not converted whole
 
 
 def time_limit_s(text: str) -> int | None:
     """Seconds of a Slurm time limit (``--time``); 0 for none (empty, ``0``, ``UNLIMITED``).
-    Raises ValueError for a text Slurm does not read as a time."""
+    Raises ValueError for a text Slurm does not read as a time, or one past the largest Slurm
+    keeps (:data:`~slurm_elastic.core.limits.MAX_TIME_LIMIT_MIN`: it would wrap a larger one)."""
+    seconds = _time_s(text)
+    minutes = -(-seconds // 60)  # Slurm rounds seconds up to whole minutes
+    if minutes > MAX_TIME_LIMIT_MIN:
+        raise ValueError(f"{text[:40]!r} is {minutes if minutes < _HUGE else 'more than 10^15'} minutes, above the "
+                         f"largest time limit Slurm keeps, "
+                         f"{MAX_TIME_LIMIT_MIN} minutes (24855-03:13:00, 68 years): sbatch takes a larger one "
+                         "but Slurm wraps it (4294967297 minutes becomes 1 minute); write UNLIMITED for no limit")
+    return seconds
+
+
+def _time_s(text: str) -> int:
+    """Seconds of a Slurm time (0 for none); ValueError for a text Slurm does not read as one."""
     if not text or text.lower() in UNLIMITED_TIMES:
         return 0
     match = _TIME.fullmatch(text)
     if match is None:
         raise ValueError(f"{text!r} is not a Slurm time (minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS)")
-    g = {k: int(v) for k, v in match.groupdict().items() if v is not None}
+    g = {k: int(v) if len(v.lstrip("0")) < 16 else _HUGE for k, v in match.groupdict().items() if v is not None}
     if "days" in g:
         if g["hours"] > 23 or g.get("dm", 0) > 59 or g.get("ds", 0) > 59:
             raise ValueError(f"{text!r}: hours above 23, or minutes or seconds above 59")
@@ -143,7 +157,8 @@ class BurstSection(BaseModel):
     partition: SlurmNames = Field("", description="Partition of burst jobs (e.g. a preemptible one); empty: Slurm's default.")
     qos: SlurmNames = Field("", description="QOS of burst jobs; empty: the account's default.")
     account: SlurmNames = Field("", description="Account charged for burst jobs; empty: the user's default.")
-    time_limit: SlurmTime = Field("", description="--time of a burst job, e.g. 02:00:00; empty: the partition's default.")
+    time_limit: SlurmTime = Field("", description="--time of a burst job, e.g. 02:00:00 (the forms and the "
+                                  "largest of job.time_limit); empty: the partition's default.")
     extra_sbatch_options: list[str] = Field(default_factory=list, description="More sbatch options, each one "
                                             "argument (e.g. \"--constraint=a100\"); none of those the script sets.")
     submit_cooldown_s: float = Field(60.0, ge=0, le=MAX_DURATION_S, description="Least time between two rounds of burst submissions.")

@@ -27,6 +27,7 @@ from slurm_elastic.core.burst import (
     on_hold,
     parent_of_comment,
 )
+from slurm_elastic.core.placement import burst_job_slots
 from slurm_elastic.render import render_burst_script
 from slurm_elastic.slurm.backend import SlurmBackend
 from slurm_elastic.slurm.cli_backend import job_gpus_by_node
@@ -46,8 +47,7 @@ def burst_policy(config: ElasticConfig) -> BurstPolicy:
 
 def worker_slots_per_job(config: ElasticConfig) -> int:
     """Workers one burst job holds: its GPUs per node over the workers' GPUs, times its nodes."""
-    burst, per_worker = config.burst, config.workers.gpus_per_worker or 1
-    return max(1, burst.gpus_per_job // burst.nodes_per_job // per_worker) * burst.nodes_per_job
+    return burst_job_slots(config.burst.gpus_per_job, config.burst.nodes_per_job, config.workers.gpus_per_worker)
 
 
 def start_time_s(text: str) -> float | None:

@@ -210,6 +210,25 @@ def _durations_fit_the_job(config: ElasticConfig, scaler: AutoscalerConfig, sour
                           "job whose controller is gone would hold its GPUs to its time limit")
 
 
+def worker_floor(config: ElasticConfig) -> tuple[str, int]:
+    """The key that sets the fewest workers the job keeps, and their count: ``autoscaler.min_workers``,
+    or with the autoscaler off the fixed pool of ``workers.initial_workers`` (-1: min_workers)."""
+    from slurm_elastic.core.autoscaler_config import AutoscalerConfig
+
+    scaler = AutoscalerConfig.from_mapping(config.autoscaler)
+    if not scaler.enabled and config.workers.initial_workers >= 0:
+        return "workers.initial_workers", config.workers.initial_workers
+    return "autoscaler.min_workers", scaler.min_workers
+
+
+def most_burst_workers(config: ElasticConfig) -> int:
+    """Workers all of ``[burst]``'s jobs hold at once (0 without burst jobs)."""
+    from slurm_elastic.core.placement import burst_job_slots
+
+    burst = config.burst
+    return burst.max_jobs * burst_job_slots(burst.gpus_per_job, burst.nodes_per_job, config.workers.gpus_per_worker)
+
+
 def check_worker_command(config: ElasticConfig, source: str) -> None:
     """A job needs a worker command (a config without one still loads for tools and tests)."""
     if not config.workers.command:
@@ -270,7 +289,12 @@ checked together too; each error names the keys: a timer the file sets (`autosca
 `scale_down_cooldown_s`, `min_stable_period_s`, `workers.start_timeout_s`, `heartbeat_grace_s`,
 `drain_timeout_s`) not shorter than `job.time_limit` would never fire within the job, and a
 `burst.controller_unreachable_grace_s` set must be shorter than `burst.time_limit` (defaults are
-not held against a short job). The servers' keys (`workers.readiness_path`, `liveness_*`,
+not held against a short job). `job.time_limit` and `burst.time_limit` take Slurm's forms (`M`, `M:S`,
+`H:M:S`, `D-H`, `D-H:M`, `D-H:M:S`, `UNLIMITED`) up to 35791393 minutes (`24855-03:13:00`): sbatch
+takes a longer one without a word and Slurm wraps it (4294967297 minutes became one minute).
+`render` refuses an `autoscaler.min_workers` (with the autoscaler off, a `workers.initial_workers`)
+above the workers the job's nodes, less `job.trainer_gpus`, and all of its burst jobs can ever hold;
+the controller says so at start from its real allocation. The servers' keys (`workers.readiness_path`, `liveness_*`,
 `server_drain_grace_s`, `[weights]`) are refused unless `workers.kind = "server"` (read by nothing
 otherwise); `[agent]` keys beside `agent.enabled = false` load with a warning (kept for when the
 agents are turned on again).

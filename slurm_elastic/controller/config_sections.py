@@ -6,7 +6,7 @@ import re
 import shlex
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from slurm_elastic.controller.burst_config import SlurmNames, SlurmTime
 from slurm_elastic.core import defaults as d
@@ -220,7 +220,9 @@ class JobSection(StrictSection):
     mem_per_node_mb: int = Field(0, ge=0, le=MAX_MEM_MB, description="Memory per node in MB (#SBATCH --mem); 0: all of each "
                                  "node's memory, which on a cluster that schedules memory takes the nodes whole "
                                  "whatever cpus_per_node says.")
-    time_limit: SlurmTime = Field("", description="#SBATCH --time, e.g. 04:00:00; empty: the partition's default.")
+    time_limit: SlurmTime = Field("", description="#SBATCH --time in one of Slurm's forms (M, M:S, H:M:S, D-H, "
+                                  "D-H:M, D-H:M:S, UNLIMITED), e.g. 04:00:00; at most 35791393 minutes "
+                                  "(24855-03:13:00: Slurm wraps a longer one); empty: the partition's default.")
     partition: SlurmNames = Field("", description="#SBATCH --partition; empty: the default partition.")
     output: str = Field("slurm-elastic-%j.out", description="#SBATCH --output.")
     setup: str = Field("", description="Shell lines run first (e.g. activating a virtual environment).")
@@ -270,9 +272,24 @@ class HealthSection(StrictSection):
         "step but the node agents runs there (`scontrol update JobId=J NodeList=<the others>`); never the batch host, never "
         "the last node. Slurm does not give it back to the job: the job runs on without it.")
     crash_threshold: int = Field(_RULES.crash_threshold, ge=1, le=MAX_REPEATS)
-    crash_window_s: float = Field(_RULES.crash_window_s, ge=0, le=MAX_DURATION_S)
+    crash_window_s: float = Field(_RULES.crash_window_s, ge=0, le=MAX_DURATION_S)  # above 0: _a_window
     crash_cordon_s: float = Field(_RULES.crash_cordon_s, ge=0, le=MAX_DURATION_S)
     agent_silence_s: float = Field(_RULES.agent_silence_s, gt=0, le=MAX_DURATION_S)  # 0 would make every node unknown at once
+
+    @field_validator("crash_window_s")
+    @classmethod
+    def _a_window(cls, value: float, info: ValidationInfo) -> float:
+        """0 would turn the crash guard off without a word: no two crashes fall in a window of 0 s."""
+        if value == 0:
+            threshold = info.data.get("crash_threshold", _RULES.crash_threshold)
+            if threshold == 1:
+                raise ValueError("must be above 0: with crash_threshold = 1 every crash cordons its GPU whatever "
+                                 "the window, so leave the window out")
+            raise ValueError(f"must be above 0: a window of 0 s holds no two crashes, so the crash_threshold "
+                             f"({threshold}) crashes that cordon a GPU never come together and a GPU that crashes "
+                             f"every worker is never cordoned; leave it at {_RULES.crash_window_s:g} s, or set "
+                             "crash_threshold = 1 to cordon at the first crash")
+        return value
 
     @field_validator("cordon_clock_events")
     @classmethod

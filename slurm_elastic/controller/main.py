@@ -10,11 +10,12 @@ from pathlib import Path
 
 from slurm_elastic.client.files import STATE_DIR_POINTER, job_state_dir
 from slurm_elastic.client.locate import state_dir_from_comment
-from slurm_elastic.controller.config import ElasticConfig
+from slurm_elastic.controller.config import ElasticConfig, most_burst_workers, worker_floor
 from slurm_elastic.controller.files import write_text_atomic
 from slurm_elastic.controller.job_dir import ClaimedDir, claim_state_dir
 from slurm_elastic.controller.runtime import Controller
 from slurm_elastic.core.job_identity import JobIdentity
+from slurm_elastic.core.placement import most_workers
 from slurm_elastic.core.pressure import QueueFeed
 from slurm_elastic.core.shape import shape_for_allocation
 from slurm_elastic.errors import ConfigError, SlurmError
@@ -100,6 +101,27 @@ def check_worker_shape(config: ElasticConfig, job: JobInfo) -> None:
     shape_for_allocation(w.gpus_per_worker, w.nodes_per_worker, w.tasks_per_node, allocation_gpus(config, job))
 
 
+def unplaceable_floor(config: ElasticConfig, gpus_by_node: dict[str, tuple[int, ...]]) -> str:
+    """What to say when the fewest workers the job keeps (:func:`worker_floor`) are more than the
+    allocation's GPUs and all of ``[burst]``'s jobs can ever hold ('' when they fit): the
+    controller runs those that fit and never places the others."""
+    w = config.workers
+    if not w.gpus_per_worker:
+        return ""
+    key, floor = worker_floor(config)
+    shape = shape_for_allocation(w.gpus_per_worker, w.nodes_per_worker, w.tasks_per_node, gpus_by_node)
+    slots = most_workers([len(gpus) for gpus in gpus_by_node.values()], shape.gpus, shape.nodes)
+    burst = most_burst_workers(config)
+    if floor <= slots + burst:
+        return ""
+    gpus = sum(len(g) for g in gpus_by_node.values())
+    lent = f" and the burst.max_jobs = {config.burst.max_jobs} burst job(s) at most {burst} more" if burst else ""
+    return (f"{key} = {floor} workers can never all be placed: this job's {len(gpus_by_node)} node(s) with {gpus} "
+            f"GPUs hold at most {slots} of workers.gpus_per_worker = {w.gpus_per_worker} (fewer while the trainer "
+            f"holds some){lent}. The controller runs the {slots + burst} that fit and never places the other "
+            f"{floor - slots - burst} (status: 'only N GPU slots usable now'); set {key} to at most {slots + burst}")
+
+
 def build_controller(config: ElasticConfig, job: JobInfo, backend: SlurmBackend, state_dir: Path,
                      controller_url: str = "", token_file: Path | None = None,
                      queue: QueueFeed | None = None) -> Controller:
@@ -110,6 +132,8 @@ def build_controller(config: ElasticConfig, job: JobInfo, backend: SlurmBackend,
     controller = Controller(config, job.job_id, backend, state_dir, gpus_by_node=gpus_by_node,
                             controller_url=controller_url, token_file=token_file, queue=queue)
     controller.note_job_times(job)
+    if note := unplaceable_floor(config, gpus_by_node):
+        controller.note_config(note)
     return controller
 
 

@@ -34,6 +34,11 @@ MAX_STALENESS = 1000
 MAX_REPEATS = 1000
 # A Slurm job id: Slurm's ids are 32-bit.
 MAX_JOB_ID = 2**32 - 1
+# A job's --time in minutes (job.time_limit, burst.time_limit): the largest Slurm 22.05 keeps as
+# given, 24855-03:13:00 (68 years: its seconds fit 31 bits). sbatch takes larger ones without a word
+# and Slurm wraps them: 35791394 minutes showed as 2957761 days, 10^8 as 19734 days, 2^31 to 2^32
+# as UNLIMITED, and 4294967297 as one minute (measured with scontrol show job).
+MAX_TIME_LIMIT_MIN = 35_791_393
 
 
 def shown(value: float) -> str:

@@ -7,7 +7,7 @@ heard, or the job's other steps (the trainer's, say) hold it.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 GpuKey = tuple[str, int]
@@ -65,6 +65,20 @@ def multi_node_slots(node_slots: list[int], nodes_per_worker: int) -> int:
     while workers > 0 and sum(min(s, workers) for s in node_slots) < nodes_per_worker * workers:
         workers -= 1
     return workers
+
+
+def most_workers(node_gpus: Sequence[int], gpus_per_worker: int, nodes_per_worker: int = 1) -> int:
+    """Workers that fit at most on nodes of ``node_gpus`` GPUs each, none cordoned or held by
+    another step (0 GPUs per worker: :data:`CPU_ONLY_SLOTS`)."""
+    if gpus_per_worker == 0:
+        return CPU_ONLY_SLOTS
+    per_node = gpus_per_worker // max(1, nodes_per_worker)
+    return multi_node_slots([max(0, gpus) // per_node for gpus in node_gpus], nodes_per_worker)
+
+
+def burst_job_slots(gpus_per_job: int, nodes_per_job: int, gpus_per_worker: int) -> int:
+    """Workers one burst job holds: its GPUs per node over the workers' GPUs, times its nodes."""
+    return max(1, gpus_per_job // nodes_per_job // (gpus_per_worker or 1)) * nodes_per_job
 
 
 def placement(allocations: tuple[Allocation, ...], gpus_per_worker: int, cordoned: Collection[GpuKey],

@@ -78,3 +78,28 @@ def test_with_agents_on_the_initial_workers_wait_for_the_first_report_and_no_bur
             GpuSample("node1", gpu, temperature_c=40.0, memory_used_mb=0, memory_total_mb=80000) for gpu in (0, 1)]))
         controller.tick()
         assert len(controller.workers) == 2 and not backend.submitted
+
+
+def test_a_floor_the_allocation_can_never_hold_is_said_at_start(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """min_workers = 5 on 4 GPUs: the controller says so once at start, naming the key and the slots,
+    and runs the 4 that fit (before: nothing said, the target stayed at 5 for ever)."""
+    from slurm_elastic.controller.main import build_controller, unplaceable_floor
+    from slurm_elastic.slurm.parse import JobInfo
+
+    config = parse_config({"agent": {"enabled": False}, "workers": {"command": "w"},
+                           "autoscaler": {"min_workers": 5, "max_workers": 8}})
+    job = JobInfo(1, "rl", "RUNNING", ("node1",), "node1", "", "u", "debug", gpus_by_node={"node1": (0, 1, 2, 3)})
+    with caplog.at_level("ERROR"):
+        controller = build_controller(config, job, ListedSteps(), tmp_path)  # type: ignore[arg-type]
+    said = ("autoscaler.min_workers = 5 workers can never all be placed: this job's 1 node(s) with 4 GPUs hold at "
+            "most 4 of workers.gpus_per_worker = 1 (fewer while the trainer holds some). The controller runs the 4 "
+            "that fit and never places the other 1")
+    assert said in caplog.text
+    assert [e["where"] for e in controller.status()["errors"]] == ["config"]
+    controller.tick()
+    assert controller.status()["target_workers"] == 5 and len(controller.status()["workers"]) == 4
+    with_burst = parse_config({"workers": {"command": "w"}, "autoscaler": {"min_workers": 5, "max_workers": 8},
+                               "burst": {"max_jobs": 1, "gpus_per_job": 1}})
+    assert unplaceable_floor(with_burst, {"node1": (0, 1, 2, 3)}) == ""  # a burst job may hold the fifth
+    fits = parse_config({"workers": {"command": "w"}, "autoscaler": {"min_workers": 4, "max_workers": 8}})
+    assert unplaceable_floor(fits, {"node1": (0, 1, 2, 3)}) == ""

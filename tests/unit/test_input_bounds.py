@@ -99,6 +99,18 @@ def test_every_numeric_trace_field_refuses_nonsense_naming_the_field(table: str,
     ({"workers": {"heartbeat_grace_s": 3600}, "job": {"time_limit": "1:00:00"}}, "workers.heartbeat_grace_s (3600)"),
     ({"burst": {"max_jobs": 1, "time_limit": "00:05:00", "controller_unreachable_grace_s": 600}},
      "burst.controller_unreachable_grace_s (600) is not shorter than burst.time_limit (00:05:00 = 300 s)"),
+    # Slurm's time limit: sbatch takes any number of minutes and Slurm wraps those past 35791393
+    ({"job": {"time_limit": "4294967297"}}, "job.time_limit: '4294967297' is 4294967297 minutes, above the largest "
+                                            "time limit Slurm keeps, 35791393 minutes (24855-03:13:00, 68 years)"),
+    ({"job": {"time_limit": "35791394"}}, "job.time_limit: '35791394' is 35791394 minutes, above the largest"),
+    ({"job": {"time_limit": "24855-03:13:01"}}, "'24855-03:13:01' is 35791394 minutes"),  # seconds round up
+    ({"job": {"time_limit": "9" * 5000}}, "is more than 10^15 minutes, above the largest"),
+    ({"burst": {"time_limit": "99999999999"}}, "burst.time_limit: '99999999999' is 99999999999 minutes"),
+    # a crash window of 0 holds no two crashes: the crash guard would be off without a word
+    ({"health": {"crash_window_s": 0}}, "health.crash_window_s: must be above 0: a window of 0 s holds no two "
+                                        "crashes, so the crash_threshold (3) crashes that cordon a GPU never come"),
+    ({"health": {"crash_window_s": 0.0, "crash_threshold": 1}}, "health.crash_window_s: must be above 0: with "
+                                                                "crash_threshold = 1 every crash cordons"),
 ])
 def test_a_value_past_its_bound_or_its_neighbours_is_refused_with_why(doc: dict[str, Any], says: str) -> None:
     with pytest.raises(ConfigError) as refused:
@@ -128,6 +140,9 @@ def test_the_largest_values_and_the_defaults_still_load() -> None:
     parse_config({"autoscaler": {"kp": 10, "ki": 1, "kd": 60, "horizon_s": 3600, "max_workers": 40000},
                   "queue": {"max_staleness": 1000, "capacity_seqs": 2**31},
                   "job": {"time_limit": "UNLIMITED"}, "workers": {"heartbeat_grace_s": 31622400}})
+    for longest in ("35791393", "24855-03:13:00", "24855-3:13", "35791393:00", "596523:13:00", "infinite"):
+        parse_config({"job": {"time_limit": longest}, "burst": {"time_limit": longest}})
+    parse_config({"health": {"crash_window_s": 0.5}})
 
 
 @pytest.mark.parametrize(("doc", "says"), [

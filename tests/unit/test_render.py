@@ -258,3 +258,40 @@ def test_a_job_with_burst_jobs_cancels_those_still_pending_when_it_is_terminated
             os.killpg(job.pid, signal.SIGKILL)  # the controller stand-in
     assert calls.read_text() == "scancel --state=PENDING --name=elastic-burst-7\n"
     assert "scancel --state=PENDING" not in render_sbatch(load_config(DATA / "minimal.toml"), "minimal.toml")
+
+
+@pytest.mark.parametrize(("extra", "says"), [
+    # 2 nodes x 4 GPUs, the trainer's 1 GPU: 7 workers of 1 GPU; before, min_workers = 8 rendered and the
+    # controller kept asking for the eighth worker, which no GPU could ever hold
+    ({"autoscaler": {"min_workers": 8}}, r"autoscaler\.min_workers = 8 workers can never all be placed: .* hold at "
+                                         r"most 7 of workers\.gpus_per_worker = 1; the controller would wait for the "
+                                         r"other 1 for ever\. Set autoscaler\.min_workers to at most 7"),
+    ({"autoscaler": {"enabled": False}, "workers": {"initial_workers": 9}},
+     r"workers\.initial_workers = 9 workers can never all be placed: .*at most 7"),  # the fixed pool
+    ({"autoscaler": {"min_workers": 2}, "workers": {"gpus_per_worker": 8}, "job": {"trainer_gpus": 0}},
+     r"autoscaler\.min_workers = 2 .* hold at most 1 of workers\.gpus_per_worker = 8"),  # one worker over both nodes
+    ({"autoscaler": {"min_workers": 10, "max_workers": 10}, "burst": {"max_jobs": 1, "gpus_per_job": 2}},
+     r"at most 7 of workers\.gpus_per_worker = 1, and the burst\.max_jobs = 1 burst job\(s\) at most 2 more; .* "
+     r"to at most 9"),
+])
+def test_render_refuses_a_floor_of_workers_the_job_can_never_place(extra: dict[str, Any], says: str) -> None:
+    doc: dict[str, Any] = {"job": {"trainer_command": ["t"], "nodes": 2, "gpus_per_node": 4, "trainer_gpus": 1},
+                           "workers": {"command": ["w"]}}
+    for table, keys in extra.items():
+        doc[table] = {**doc.get(table, {}), **keys}
+    with pytest.raises(ConfigError, match=says):
+        render_sbatch(parse_config(doc), "x.toml")
+
+
+@pytest.mark.parametrize("extra", [
+    {"autoscaler": {"min_workers": 7}},  # every GPU the trainer leaves
+    {"autoscaler": {"min_workers": 9}, "burst": {"max_jobs": 1, "gpus_per_job": 2}},  # with its burst job's 2
+    {"autoscaler": {"enabled": False, "min_workers": 9, "max_workers": 9}, "workers": {"initial_workers": 7}},
+    {"autoscaler": {"min_workers": 64}, "workers": {"gpus_per_worker": 0}},  # CPU-only workers: no GPU bound
+])
+def test_a_floor_the_job_can_place_renders(extra: dict[str, Any]) -> None:
+    doc: dict[str, Any] = {"job": {"trainer_command": ["t"], "nodes": 2, "gpus_per_node": 4, "trainer_gpus": 1},
+                           "workers": {"command": ["w"]}}
+    for table, keys in extra.items():
+        doc[table] = {**doc.get(table, {}), **keys}
+    assert render_sbatch(parse_config(doc), "x.toml")
