@@ -122,5 +122,14 @@ class TrainerSupersededError(ApiError):
     """The controller refused a trainer call (409): a newer trainer registered on the job since."""
 
 
+class DuplicateWorkerError(ApiError):
+    """The controller refused a worker's heartbeat (409): another live process reports for its
+    worker id. ``retry_after_s``: when the controller lets the other's claim go if it stays silent."""
+
+    def __init__(self, status_code: int, detail: str, retry_after_s: float = 0.0) -> None:
+        super().__init__(status_code, detail)
+        self.retry_after_s = retry_after_s
+
+
 class TelemetryError(SlurmElasticError):
     """A GPU telemetry source could not start or read (NVML missing, bad injection file)."""

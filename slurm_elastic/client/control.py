@@ -28,6 +28,7 @@ from slurm_elastic.errors import (
     ApiError,
     ControllerAnswerError,
     ControllerUnreachableError,
+    DuplicateWorkerError,
     TrainerSupersededError,
     UnknownOnControllerError,
 )
@@ -287,6 +288,9 @@ def _api_error(response: httpx.Response) -> ApiError:
     detail = _detail(response)
     if response.status_code == 409 and detail.startswith("trainer session superseded"):
         return TrainerSupersededError(response.status_code, detail)
+    if response.status_code == 409 and detail.startswith("duplicate worker"):
+        retry_after = response.headers.get("retry-after", "")
+        return DuplicateWorkerError(409, detail, float(retry_after) if retry_after.isdigit() else 0.0)
     return ApiError(response.status_code, detail)
 
 

@@ -33,6 +33,7 @@ from slurm_elastic.core.placement import Allocation
 from slurm_elastic.core.pressure import QueueFeed
 from slurm_elastic.core.rates import PRODUCTION_WINDOW_S, WindowRate
 from slurm_elastic.core.reconcile import Cancel, Drain, Launch, ReconcileConfig, end_earlier_run
+from slurm_elastic.core.registration import CountsClaim
 from slurm_elastic.core.scaling import Autoscaler
 from slurm_elastic.core.shape import shape_for_allocation
 from slurm_elastic.core.tick import ControlState, LaunchAgent, TickAction, TickConfig
@@ -124,6 +125,7 @@ class ControllerBase:
         self._busy_lock = threading.Lock()  # heartbeats add while a tick reads
         self.started_at_s = clock()
         self.state_notes: list[str] = []  # what loading the job's saved state could not keep, and why
+        self.counts_claims: dict[str, CountsClaim] = {}  # worker id -> the SDK process reporting its counts (live only)
         # worker slots the last tick could fill, or will once their node's agent first reports (burst jobs
         # included); None: no tick yet
         self.usable_slots: int | None = None

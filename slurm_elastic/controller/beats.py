@@ -5,12 +5,14 @@ most frequent request. :class:`ControllerApp` hands it here after the token and 
 body that validates (the route's own :class:`Heartbeat` model) for a known worker, while the
 controller's lock is free, is answered on the event loop without FastAPI's routing and thread
 pool hop. Anything else (a body that does not validate, an unknown worker, the lock held by a
-tick) goes to the FastAPI route with the body replayed, which answers as it always does.
+tick) goes to the FastAPI route with the body replayed, which answers as it always does. A beat
+from a second live SDK process under one worker id is answered 409 here too, with Retry-After.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
@@ -18,6 +20,7 @@ from pydantic import ValidationError
 from starlette.types import Message, Receive, Scope
 
 from slurm_elastic.client.wire import WORKER_ID, Heartbeat
+from slurm_elastic.controller.control_plane import DuplicateInstanceError
 from slurm_elastic.controller.guard import Headers
 from slurm_elastic.controller.runtime import Controller, UnknownWorkerError
 
@@ -52,9 +55,16 @@ class HeartbeatEndpoint:
             reply: dict[str, Any] = self.controller.heartbeat(worker_id, beat.model_dump(exclude_none=True))
         except UnknownWorkerError:
             return None
+        except DuplicateInstanceError as exc:
+            return 409, json.dumps({"detail": exc.detail}).encode(), [*_JSON, *retry_after(exc)]
         finally:
             lock.release()
         return 200, json.dumps(reply, separators=(",", ":")).encode(), _JSON
+
+
+def retry_after(exc: DuplicateInstanceError) -> Headers:
+    """The Retry-After of a refused second process: when the other's claim goes if it stays silent."""
+    return [(b"retry-after", str(max(1, math.ceil(exc.retry_after_s))).encode())]
 
 
 async def read_body(receive: Receive) -> bytes | None:

@@ -19,7 +19,7 @@ from slurm_elastic.core.lifecycle import (
     stood_total_s,
 )
 from slurm_elastic.core.liveness import drain_not_live
-from slurm_elastic.core.registration import admit, registration_refusal
+from slurm_elastic.core.registration import CountsClaim, admit, claim_refusal, registration_refusal
 from slurm_elastic.core.speed import note_busy_s
 
 log = logging.getLogger(__name__)
@@ -28,6 +28,14 @@ S = WorkerState
 
 class UnknownWorkerError(KeyError):
     """A request named a worker id the controller does not know."""
+
+
+class DuplicateInstanceError(Exception):
+    """A heartbeat from a second live SDK process under one worker id (answered 409)."""
+
+    def __init__(self, detail: str, retry_after_s: float) -> None:
+        super().__init__(detail)
+        self.detail, self.retry_after_s = detail, retry_after_s
 
 
 class ControlPlane(ControllerBase):
@@ -119,6 +127,8 @@ class ControlPlane(ControllerBase):
                                          f"(`slurm-elastic status {self.job_id}` lists them)")
             if info.get("rank"):
                 return self._rank_failed(worker, int(info["rank"]), info.get("exit_code"))
+            if info.get("instance"):  # before anything of the beat counts
+                self._claim_counts(worker, str(info["instance"]), bool(info.get("closing")))
             now_s = worker.last_heartbeat_s = self.clock()
             self.heartbeats += 1
             if "busy" in info:
@@ -152,6 +162,21 @@ class ControlPlane(ControllerBase):
                 not self.is_server or (worker.drain_signaled and not worker.drained_by_its_step))
             # a record still STARTING (e.g. restored from before its registration was saved): ask again
             return {"drain": drain, "hold": worker.placeholder, "register": worker.state is S.STARTING}
+
+    def _claim_counts(self, worker: Worker, instance: str, closing: bool) -> None:
+        """Let SDK process ``instance`` report the worker's counts, or raise DuplicateInstanceError
+        (:func:`~slurm_elastic.core.registration.claim_refusal`); its closing beat lets go."""
+        now_s, claims, grace_s = self.clock(), self.counts_claims, self.config.workers.heartbeat_grace_s
+        claim = claims.get(worker.worker_id)
+        if refusal := claim_refusal(worker.worker_id, claim, instance, worker.launched_at_s, now_s, grace_s):
+            log.warning("%s (refused: instance %s)", refusal, instance)
+            raise DuplicateInstanceError(refusal, grace_s - (now_s - claim.heard_s) if claim else 0.0)
+        if closing:
+            claims.pop(worker.worker_id, None)
+            return
+        claims[worker.worker_id] = CountsClaim(instance, now_s, worker.launched_at_s)
+        if len(claims) > 2 * len(self.state.workers) + 16:
+            self.counts_claims = {w: c for w, c in claims.items() if w in self.state.workers}
 
     def _drained_by_its_step(self, worker: Worker, signal_name: str | None = None) -> bool:
         """A worker's step got the drain signal from outside (``scancel --signal`` by an operator,

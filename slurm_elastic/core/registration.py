@@ -9,6 +9,7 @@ state file and the tick, and its step, never seen in Slurm, would count as a cra
 from __future__ import annotations
 
 from collections.abc import Collection, Set
+from dataclasses import dataclass
 
 from slurm_elastic.core.lifecycle import Worker, WorkerState, transition
 from slurm_elastic.core.naming import worker_step_name
@@ -38,3 +39,29 @@ def admit(worker: Worker, cordoned: Collection[tuple[str, int]], ready: bool, no
               else f"ready at {worker.endpoint} on {where}" if worker.endpoint
               else f"registered on {where}")
     transition(worker, WorkerState.ACTIVE, now_s, reason)
+
+
+@dataclass(frozen=True)
+class CountsClaim:
+    """The SDK process (``instance``) whose heartbeats carry a worker's counts, for one launch
+    (``launched_at_s``: a relaunched worker is a new process), last heard at ``heard_s``."""
+
+    instance: str
+    heard_s: float
+    launched_at_s: float
+
+
+def claim_refusal(worker_id: str, claim: CountsClaim | None, instance: str, launched_at_s: float, now_s: float,
+                  grace_s: float) -> str:
+    """Why the SDK process ``instance`` may not report ``worker_id``'s counts ('' if it may): another
+    process of the same launch holds them and was heard within ``grace_s``. Two processes under one
+    id would mix their rollout counts and busy time. A process that closed let go; one silent for
+    ``grace_s`` is taken as gone (a process restarted in its step after a crash)."""
+    if (claim is None or claim.instance == instance or claim.launched_at_s != launched_at_s
+            or now_s - claim.heard_s >= grace_s):
+        return ""
+    return (f"duplicate worker {worker_id}: another process already reports for this worker id (heard "
+            f"{now_s - claim.heard_s:.0f} s ago); two RolloutWorkers under one id would mix their rollout counts "
+            "and busy time. Run one per worker id (each worker step the controller launches has its own); "
+            f"another may take over once this one closes, or after it is silent for workers.heartbeat_grace_s "
+            f"({grace_s:g} s)")

@@ -34,6 +34,7 @@ from slurm_elastic.client.answers import stored_by_an_earlier_try
 from slurm_elastic.errors import (
     ApiError,
     ControllerUnreachableError,
+    DuplicateWorkerError,
     SlurmElasticError,
     UnknownOnControllerError,
 )
@@ -44,6 +45,7 @@ from slurm_elastic.worker.control import FollowingControl
 SUBMIT_TRY_S = 5.0  # one submit's own retries, before the controller's URL is read again
 UNREACHABLE_LOG_S = 60.0  # a controller that does not answer is logged this often
 UNKNOWN_WAIT_S = 30.0  # a controller that does not know this worker is asked again this long (a restart without state)
+MAX_CLAIM_WAIT_S = 600.0  # the longest Retry-After a second process under a worker id waits once at start
 
 if TYPE_CHECKING:  # imported when a worker is made: the step wrapper imports this package without httpx
     from slurm_elastic.client.control import ControlClient
@@ -70,6 +72,8 @@ class RolloutWorker:
         self.rollouts = 0
         self._thread = threading.Thread(target=self._beat_forever, name="heartbeat", daemon=True)
         self._started = self._closed = self._told_not_started = False
+        self.instance: str | None = uuid.uuid4().hex  # this process: the controller refuses a second live one
+        self._refused: DuplicateWorkerError | None = None  # that refusal, heard by the heartbeats
 
     @classmethod
     def from_env(cls) -> RolloutWorker:
@@ -85,8 +89,10 @@ class RolloutWorker:
         self._drain.set()
 
     def start(self) -> RolloutWorker:
-        """Install the drain-signal handler (call it from the main thread) and start the
-        heartbeats; ``with RolloutWorker.from_env() as worker:`` does it. Once only."""
+        """Send a first heartbeat (:class:`~slurm_elastic.errors.DuplicateWorkerError` when another
+        live process reports for this worker id), install the drain-signal handler (call it from
+        the main thread) and start the heartbeats; ``with RolloutWorker.from_env() as worker:``
+        does it. Once only."""
         if self._closed or self._started:
             raise RuntimeError(f"RolloutWorker.start: this worker was already {'closed' if self._closed else 'started'}")
 
@@ -97,16 +103,35 @@ class RolloutWorker:
             raise RuntimeError(f"RolloutWorker.start from thread {threading.current_thread().name!r}: it installs the "
                                f"{self.ctx.drain_signal} handler, which only the main thread can; start the worker "
                                "there (its admit, submit and give_back may then be called from any thread)")
+        self._claim()
         signal.signal(self.ctx.drain_signum, on_drain)
         self._started = True
         self._thread.start()
         return self
+
+    def _claim(self) -> None:
+        """A first heartbeat, now: a second live process under this worker id gets
+        :class:`~slurm_elastic.errors.DuplicateWorkerError` here, before it makes a rollout. After
+        an earlier process of this id that ended without closing, the controller's Retry-After
+        is waited once (it takes that one as gone after ``workers.heartbeat_grace_s``). A task above
+        rank 0 sends no counts, so it claims nothing."""
+        for waited in (False, True) if self.ctx.rank == 0 else ():
+            try:
+                self._beat(claim=True)
+                return
+            except DuplicateWorkerError as exc:
+                if waited or not 0 < exc.retry_after_s <= MAX_CLAIM_WAIT_S:
+                    raise
+                log.warning("%s; asking again in %.0f s", exc.detail, exc.retry_after_s)
+                time.sleep(exc.retry_after_s)
 
     def _usable(self, method: str) -> None:
         """Refuse a call after :meth:`close`; warn once of one before :meth:`start`."""
         if self._closed:
             raise RuntimeError(f"RolloutWorker.{method} after close(): its line to the controller is closed "
                                "(call it inside the `with RolloutWorker.from_env() as worker:` block)")
+        if self._refused is not None:
+            raise self._refused
         if not self._started and not self._told_not_started:
             self._told_not_started = True
             log.warning("RolloutWorker.%s before start(): no drain-signal handler is installed (the drain signal "
@@ -137,12 +162,30 @@ class RolloutWorker:
         rollouts handed over since the last beat, a drained worker's last ones among them)."""
         while not self._stop.wait(self.ctx.heartbeat_interval_s):
             self._beat()
-        self._beat()
+        if self._refused is None:
+            self._beat(closing=True)
 
-    def _beat(self) -> None:
-        counts = {"busy": self._busy, "rollouts": self.rollouts, "busy_s": round(self.busy_s, 3)}
+    def _beat(self, claim: bool = False, closing: bool = False) -> None:
+        """One heartbeat; ``claim``: raise a refusal as a second process under this worker id
+        (else it stops the heartbeats and the worker's next call raises it)."""
+        counts: dict[str, Any] = {"busy": self._busy, "rollouts": self.rollouts, "busy_s": round(self.busy_s, 3)}
+        if self.instance is not None:
+            counts |= {"instance": self.instance, **({"closing": True} if closing else {})}
         try:  # a task above rank 0 of the step: rank 0's counts speak for the step; this one hears drains
             reply = self.control.heartbeat(counts if self.ctx.rank == 0 else {})
+        except DuplicateWorkerError as exc:
+            if claim:
+                raise
+            self._refused = exc
+            self._stop.set()
+            log.error("heartbeats stopped: %s", exc.detail)
+            return
+        except ApiError as exc:
+            if exc.status_code == 422 and "instance" in exc.detail and self.instance is not None:
+                self.instance = None  # a controller older than the field: its counts as before
+                return self._beat(claim, closing)
+            log.debug("heartbeat failed: %s", exc)
+            return
         except (KeyError, SlurmElasticError) as exc:
             log.debug("heartbeat failed: %s", exc)
             return

@@ -165,8 +165,10 @@ def test_only_rank_0_reports_the_steps_counts_and_every_rank_hears_a_drain(rank:
         worker.close()
     finally:
         signal.signal(signal.SIGUSR1, handler)
-    assert control.beats == ([{"busy": False, "rollouts": 1, "busy_s": pytest.approx(0, abs=0.1)}] if rank == 0
-                             else [{}])
+    claim = {"busy": False, "rollouts": 0, "busy_s": 0.0, "instance": worker.instance}  # at start: rank 0's alone
+    last = {"busy": False, "rollouts": 1, "busy_s": pytest.approx(0, abs=0.1), "instance": worker.instance,
+            "closing": True}
+    assert control.beats == ([claim, last] if rank == 0 else [{}])
     assert worker.draining  # the answer's drain reaches every rank's loop
 
 
