@@ -72,7 +72,7 @@ class RolloutWorker:
         self.rollouts = 0
         self._thread = threading.Thread(target=self._beat_forever, name="heartbeat", daemon=True)
         self._started = self._closed = self._told_not_started = False
-        self.instance: str | None = uuid.uuid4().hex  # this process: the controller refuses a second live one
+        self.instance: str | None = os.urandom(16).hex()  # this process: the controller refuses a second live one
         self._refused: DuplicateWorkerError | None = None  # that refusal, heard by the heartbeats
 
     @classmethod
