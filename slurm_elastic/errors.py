@@ -102,6 +102,12 @@ class ApiError(SlurmElasticError):
         super().__init__(f"HTTP {status_code}: {detail}")
 
 
+class TokenRefusedError(ApiError):
+    """The controller's address refused this process's token (401, 403) on every try for a while:
+    the token is not the job's, or the address is another job's controller. Not transient: a
+    restarted controller keeps the job's token (its file, else the copy beside it)."""
+
+
 class ControllerStoppedError(SlurmElasticError):
     """The job's controller was stopped (``slurm-elastic stop``): no more batches will come."""
 

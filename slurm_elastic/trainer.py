@@ -30,7 +30,8 @@ and names it in the next batch (``lost_group_ids``; again with that batch until 
 acknowledged). The trainer logs a warning, keeps the ids in ``Trainer.lost_group_ids`` and
 calls ``on_lost(ids)`` if given, once per id. A batch handed out again
 keeps its id without the groups lost since. While the controller's disk is full (503) the
-trainer waits and asks again.
+trainer waits and asks again. A refused token (401, 403) is asked again for a few tries, the
+controller's address read again each time, then raises :class:`~slurm_elastic.errors.TokenRefusedError`.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from typing import Any
 from slurm_elastic.client.control import ControlClient
 from slurm_elastic.client.files import stopped_by_operator_at
 from slurm_elastic.client.follow import FollowedClient
+from slurm_elastic.client.refusals import TokenRefusals, is_token_refusal
 from slurm_elastic.errors import (
     ApiError,
     ControllerStoppedError,
@@ -78,8 +80,10 @@ class Trainer:
     """Pulls batches, acknowledges them, publishes versions; follows the controller across restarts."""
 
     def __init__(self, url: str, token: str, state_dir: Path | None = None, trainer_id: str = "trainer",
-                 poll_s: float = 0.2, on_lost: Callable[[list[str]], None] | None = None) -> None:
+                 poll_s: float = 0.2, on_lost: Callable[[list[str]], None] | None = None,
+                 token_source: str = "") -> None:
         self.token, self.state_dir, self.trainer_id, self.poll_s = token, state_dir, trainer_id, poll_s
+        self.token_source = token_source  # where the token came from: said if the controller refuses it
         self._line = FollowedClient(url, token, state_dir, ControlClient, close_replaced=True)
         self.acked: set[str] = set()
         self.held: set[str] = set()  # batches returned to the caller and not yet acknowledged
@@ -109,20 +113,29 @@ class Trainer:
         from slurm_elastic.client.locate import controller_from_env
 
         where = controller_from_env()
-        return cls(where.url, where.token, where.state_dir, **kwargs)
+        return cls(where.url, where.token, where.state_dir, **{"token_source": where.token_source, **kwargs})
 
     def _retry(self, call: Any, timeout_s: float = 300.0) -> Any:
         """``call()``, through a controller restart (its URL read again), for up to ``timeout_s``;
         then its ControllerUnreachableError or ApiError (503) is raised. A controller that
-        ``controller.json`` says was stopped raises :class:`ControllerStoppedError` at once."""
+        ``controller.json`` says was stopped raises :class:`ControllerStoppedError` at once. A
+        refused token (401, 403) is tried again, the URL read again each time, as long as
+        :class:`~slurm_elastic.client.refusals.TokenRefusals` allows: then
+        :class:`~slurm_elastic.errors.TokenRefusedError` (an ApiError)."""
         if self._closed:
             raise RuntimeError("Trainer used after close(): its line to the controller is closed (make a new "
                                "Trainer: it registers again, and the batches this one held come to it)")
         deadline = time.monotonic() + timeout_s
+        refusals = TokenRefusals(self.token_source)
         while True:
             try:
                 return call()
             except (ControllerUnreachableError, ApiError) as exc:
+                if is_token_refusal(exc):
+                    refusals.refused(exc, self.client.url)  # raises once they went on long enough, deadline or not
+                    self._line.refresh(force=True)  # another job's controller on the old port: ours moved?
+                    time.sleep(0.5)
+                    continue
                 if isinstance(exc, ControllerUnreachableError) and self.state_dir \
                         and (stopped_s := stopped_by_operator_at(self.state_dir)) is not None:
                     raise ControllerStoppedError(

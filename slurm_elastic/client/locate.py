@@ -231,6 +231,7 @@ class ControllerAddress:
     url: str
     token: str
     state_dir: Path | None  # None: only the URL and token were given; a moved controller is not followed
+    token_source: str = ""  # where the token came from (a variable, a file), said when it is refused
 
 
 def controller_from_env(env: Mapping[str, str] | None = None) -> ControllerAddress:
@@ -244,6 +245,8 @@ def controller_from_env(env: Mapping[str, str] | None = None) -> ControllerAddre
     url = env.get("SLURM_ELASTIC_CONTROLLER_URL", "")
     token = env.get("SLURM_ELASTIC_TOKEN", "")
     token_file = env.get("SLURM_ELASTIC_TOKEN_FILE", "")
+    source = ("SLURM_ELASTIC_TOKEN" if token else f"SLURM_ELASTIC_TOKEN_FILE ({token_file})" if token_file
+              else "")
     job_id = env.get("SLURM_JOB_ID", "")
     if not state and job_id.isdigit():  # its state directory: a restarted controller is followed there
         try:
@@ -263,4 +266,4 @@ def controller_from_env(env: Mapping[str, str] | None = None) -> ControllerAddre
     if not token:
         raise ConfigError(f"the job's token file {token_file} is missing or empty, and so is its copy" if token_file
                           else "no token for the controller: set SLURM_ELASTIC_TOKEN_FILE (or SLURM_ELASTIC_TOKEN)")
-    return ControllerAddress(url, token, state_dir)
+    return ControllerAddress(url, token, state_dir, source or f"the job's token file {token_file}")

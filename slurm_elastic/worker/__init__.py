@@ -31,6 +31,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from slurm_elastic.client.answers import stored_by_an_earlier_try
+from slurm_elastic.client.refusals import TokenRefusals, is_token_refusal
 from slurm_elastic.errors import (
     ApiError,
     ControllerUnreachableError,
@@ -248,7 +249,8 @@ class RolloutWorker:
         the group id makes a resend safe. Never drops a group the controller could store; a group
         the controller refuses as invalid (4xx) raises :class:`~slurm_elastic.errors.ApiError`.
         A 401 or 403 (the job's token refused: another job's controller on the old port) is no
-        refusal of the group: the controller's address is read again and the group sent there.
+        refusal of the group: the controller's address is read again and the group sent there, for
+        a while (:mod:`slurm_elastic.client.refusals`), then :class:`~slurm_elastic.errors.TokenRefusedError`.
         A group no trainer step can use is not stored and answered with ``accepted`` false and
         a ``reason`` (logged, not raised: the loop goes on): ``"stale"`` (older than the staleness
         bound allows at the trainer's version) or ``"policy_version_ahead"`` (past the trainer's
@@ -264,7 +266,6 @@ class RolloutWorker:
                              f"worker's ({self.ctx.worker_id!r}); leave it out, the SDK adds it")
         body = group_json(pack_group({**group, "worker_id": self.ctx.worker_id}))
         maybe_stored = False  # a try that failed may have stored the group: its resend reads "accepted" false
-        token_refused_logged_s = -math.inf
 
         def attempt() -> dict[str, Any]:
             nonlocal maybe_stored
@@ -282,19 +283,11 @@ class RolloutWorker:
                 if exc.status_code == 409:  # policy_version past the trainer's: not stored
                     log.warning("rollout group %s not stored: %s", group.get("id"), exc.detail)
                     return {"accepted": False, "reason": "policy_version_ahead", "detail": exc.detail}
-                if exc.status_code in (401, 403):  # not this job's controller: another on its old port
-                    if time.monotonic() - token_refused_logged_s >= UNREACHABLE_LOG_S:
-                        token_refused_logged_s = time.monotonic()
-                        log.warning("rollout group %s: %s; the controller's address is read again and the group "
-                                    "sent there", group.get("id"), exc)
-                    if not self.control.refresh(force=True):
-                        time.sleep(1.0)
-                    continue
                 if exc.status_code == 413:  # the route's size cap: name the group and the key
                     raise ApiError(413, f"{exc.detail}: rollout group {group.get('id')!r} is {len(body)} bytes as "
                                         "sent, over queue.max_group_bytes (split it, or raise that key)") from None
                 if exc.status_code != 429 and exc.status_code < 500:
-                    raise  # refused (4xx): resending the same group cannot help
+                    raise  # refused (4xx), or the token for good: resending the same group cannot help
                 continue
             if answer is not None:
                 answer = stored_by_an_earlier_try(answer) if maybe_stored else answer
@@ -304,11 +297,14 @@ class RolloutWorker:
 
     def _through_outages(self, call: Any, give_up_on_drain: bool = True) -> dict[str, Any] | None:
         """``call()``, retried while the controller is unreachable (re-reading its URL; logged at
-        the first failure and every minute after), and for up to UNKNOWN_WAIT_S while it does not
-        know this worker (404)."""
+        the first failure and every minute after), for up to UNKNOWN_WAIT_S while it does not
+        know this worker (404), and while the address refuses the token (401, 403: re-reading the
+        URL each time) for as long as :class:`~slurm_elastic.client.refusals.TokenRefusals`
+        allows, then :class:`~slurm_elastic.errors.TokenRefusedError`."""
         delay_s = 0.2
         logged_s = -math.inf
         unknown_since_s: float | None = None
+        refusals = TokenRefusals(self.ctx.token_source)
         while True:
             try:
                 result: dict[str, Any] = call()
@@ -334,6 +330,15 @@ class RolloutWorker:
                 self.control.refresh()
                 time.sleep(delay_s)
                 delay_s = min(5.0, delay_s * 2)
+            except ApiError as exc:  # after the 404's clause: UnknownOnControllerError is one
+                if not is_token_refusal(exc):
+                    raise
+                refusals.refused(exc, self.control.client.url)  # raises once they went on long enough
+                if time.monotonic() - logged_s >= UNREACHABLE_LOG_S:
+                    logged_s = time.monotonic()
+                    log.warning("%s; the controller's address is read again and the call sent there (for a few tries)", exc)
+                if not self.control.refresh(force=True):
+                    time.sleep(1.0)
 
     def close(self) -> None:
         """Stop the heartbeats after a last one (waited for 5 s at most), and the client; the

@@ -45,6 +45,7 @@ class StepContext:
     liveness_failure_threshold: int = 0  # 0: no liveness probes
     rank: int = 0  # the task's rank in its step (SLURM_PROCID); only rank 0 registers as the worker
     term_drains: bool = False  # a step of a burst job: its first SIGTERM (preemption) is a drain
+    token_source: str = ""  # where the token came from, said when the controller refuses it
 
     @property
     def drain_signum(self) -> signal.Signals:
@@ -65,6 +66,7 @@ class StepContext:
         if not token:
             raise ConfigError("no token for the controller: set SLURM_ELASTIC_TOKEN_FILE (the controller sets it "
                               "for the steps it launches) or SLURM_ELASTIC_TOKEN")
+        source = "SLURM_ELASTIC_TOKEN" if env.get("SLURM_ELASTIC_TOKEN") else f"SLURM_ELASTIC_TOKEN_FILE ({token_file})"
         gpus = tuple(int(g) for g in env.get("SLURM_STEP_GPUS", "").split(",") if g.strip().isdigit())
         kind = env.get("SLURM_ELASTIC_WORKER_KIND", "rollout")
         if kind not in ("rollout", "server"):
@@ -89,6 +91,7 @@ class StepContext:
             liveness_failure_threshold=_whole(env, "SLURM_ELASTIC_LIVENESS_FAILURE_THRESHOLD", 0, MAX_REPEATS),
             rank=_whole(env, "SLURM_PROCID", 0, 65535),
             term_drains=env.get("SLURM_ELASTIC_TERM_DRAINS", "") == "1",
+            token_source=source,
         )
 
     def registration(self) -> dict[str, object]:
