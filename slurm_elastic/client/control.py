@@ -3,8 +3,9 @@
 Transport errors become :class:`ControllerUnreachableError`; a 404 becomes
 :class:`UnknownOnControllerError` (a ``KeyError``: the controller does not know that worker);
 any other error status becomes :class:`ApiError` with the controller's message. An answer no
-controller gives (a 2xx that is not a JSON object, a redirect, a body over
-:data:`ANSWER_MAX_BYTES`, or one still arriving ``timeout_s`` after its head: a broken or foreign
+controller gives (a 2xx that is not a JSON object, or one without the keys of the call's answer,
+a redirect, a body over :data:`ANSWER_MAX_BYTES`, or one still arriving ``timeout_s`` after its
+head: a broken or foreign
 server at the controller's address) becomes :class:`ControllerAnswerError`, a
 :class:`ControllerUnreachableError`: callers that wait for a restarted controller wait through
 it, and a submit is never taken as stored on such an answer.
@@ -37,6 +38,7 @@ __all__ = ["ControlClient", "UnknownOnControllerError"]
 
 log = logging.getLogger(__name__)
 BATCH_MAX_BYTES = 4 << 30  # a batch: batch_size groups, each up to the queue's max_group_bytes
+Shape = dict[str, type | range]  # keys of an answer: the type of each, or the range of an int
 
 
 class ControlClient:
@@ -110,14 +112,37 @@ class ControlClient:
                 f"{response.status_code} and not a JSON object: {response.text[:200]!r}")
         return result
 
+    def _checked(self, response: httpx.Response, shape: Shape) -> dict[str, Any]:
+        """The JSON object of a 2xx answer with each key of ``shape`` holding a value of its type,
+        or an int in its range (a key the controller may leave out may be missing, if its
+        range holds no 0: ``trainer_session``); :class:`ControllerAnswerError` otherwise, as for an
+        answer that is no JSON object: a submit is not taken as stored, nor a grant of -1 or
+        10^300 sequences handed to the worker, nor a pull's batch without its groups taken as
+        pulled (its retry keeps the pull's id)."""
+        result = self._json(response)
+        for key, kind in shape.items():
+            value = result.get(key)
+            if isinstance(kind, range):
+                fits = (key not in result and 0 not in kind) or (
+                    isinstance(value, int) and not isinstance(value, bool) and value in kind)
+            else:
+                fits = isinstance(value, kind)
+            if not fits:
+                said = f"{key}={str(value)[:50]!r}" if key in result else f"no {key}"
+                raise ControllerAnswerError(
+                    f"the server at {self.url} answered {response.request.method} {response.request.url.path} "
+                    f"with {response.status_code} and {said}: not the controller's answer")
+        return result
+
     def _call(self, method: str, path: str, body: dict[str, Any] | None = None,
-              timeout_s: float | None = None) -> dict[str, Any]:
+              timeout_s: float | None = None, answer: Shape | None = None) -> dict[str, Any]:
+        """The 2xx answer to ``method path`` (of ``answer``'s shape: :meth:`_checked`)."""
         response = self._send(method, path, timeout_s, json=body)
         if response.status_code == 404:
             raise UnknownOnControllerError(_detail(response))
         if response.status_code >= 400:
             raise _api_error(response)
-        return self._json(response)
+        return self._checked(response, answer or {})
 
     # workers
     def register(self, worker_id: str, info: dict[str, Any]) -> dict[str, Any]:
@@ -163,7 +188,7 @@ class ControlClient:
             try:
                 response = self._send("POST", "/rollouts", content=body, headers={"content-type": "application/json"})
                 code = response.status_code
-                result = self._json(response) if code < 400 else {}
+                result = self._checked(response, {"accepted": bool}) if code < 400 else {}
             except ControllerUnreachableError as exc:  # no answer, or not the controller's
                 maybe_stored = maybe_stored or not exc.not_connected
                 if time.monotonic() > deadline:
@@ -193,17 +218,19 @@ class ControlClient:
             body["admission_id"] = admission_id
         if whole:
             body["whole"] = True
-        return self._call("POST", "/rollouts/admission", body)
+        return self._call("POST", "/rollouts/admission", body, answer={"granted": range(sequences + 1)})
 
     def release_admission(self, sequences: int, worker_id: str, release_id: str) -> dict[str, Any]:
         """Give back admitted sequences ``worker_id`` will not submit; ``release_id`` makes a retry
         release nothing again. Answers how many were released."""
         return self._call("POST", "/rollouts/admission/release",
-                          {"sequences": sequences, "worker_id": worker_id, "release_id": release_id})
+                          {"sequences": sequences, "worker_id": worker_id, "release_id": release_id},
+                          answer={"released": range(sequences + 1)})
 
     # trainer
     def trainer_register(self, trainer_id: str = "trainer") -> dict[str, Any]:
-        return self._call("POST", "/trainer/register", {"trainer_id": trainer_id})
+        return self._call("POST", "/trainer/register", {"trainer_id": trainer_id},
+                          answer={"trainer_session": range(1, 2**63)})
 
     def pull_batch(self, pull_id: str | None = None, session: int | None = None) -> dict[str, Any] | None:
         """The next batch ({batch_id, groups}), or None when not enough sequences are buffered.
@@ -219,7 +246,11 @@ class ControlClient:
             return None
         if response.status_code >= 400:
             raise _api_error(response)
-        return self._json(response)
+        batch = self._checked(response, {"batch_id": str, "groups": list, "lost_group_ids": list})
+        if not all(isinstance(group, dict) for group in batch["groups"]):
+            raise ControllerAnswerError(f"the server at {self.url} answered POST /trainer/batch with a group that "
+                                        "is not a JSON object: not the controller's answer")
+        return batch
 
     def ack_batch(self, batch_id: str, session: int | None = None) -> dict[str, Any]:
         return self._call("POST", f"/trainer/batch/{batch_id}" + _with_session("/ack", session))
