@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import os
 import queue
 import threading
@@ -44,6 +45,7 @@ from pydantic import BaseModel, StrictInt, StrictStr, ValidationError
 
 from slurm_elastic.client.control import ControlClient
 from slurm_elastic.client.follow import FollowedClient
+from slurm_elastic.client.refusals import is_token_refusal
 from slurm_elastic.errors import ControllerUnreachableError, SlurmElasticError
 
 log = logging.getLogger(__name__)
@@ -106,6 +108,8 @@ class Router:
         self._dead_until: dict[str, float] = {}
         self._failures_in_a_row: Counter[str] = Counter()
         self.sent = self.retried = self.failed = 0
+        self.discovery_error = ""  # why the last poll of the endpoints failed ('' once one answered)
+        self._refused_logged_s = -math.inf
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._discover_loop, name="router-discovery", daemon=True),
                          threading.Thread(target=self._report_loop, name="router-report", daemon=True)]
@@ -136,10 +140,15 @@ class Router:
                 if answer is None:  # the controller moved (or the router closed): poll the new one at once
                     continue
                 view = EndpointsView.model_validate(answer)
-                delay_s = 0.2
+                delay_s, self.discovery_error = 0.2, ""
             except Exception as exc:  # unreachable, a malformed answer, a closed or unusable client: keep on
                 if self._stop.is_set():
                     return
+                self.discovery_error = str(exc)[:500]
+                if is_token_refusal(exc) and time.monotonic() - self._refused_logged_s >= 60:  # no restart's
+                    self._refused_logged_s = time.monotonic()
+                    log.warning("discovery: the controller at %s refuses the router's token (%s): not this job's "
+                                "token, or not this job's controller; asking again", self._line.client.url, exc)
                 usual = isinstance(exc, (ControllerUnreachableError, SlurmElasticError))  # a restart, say
                 log.log(logging.DEBUG if usual else logging.WARNING, "discovery: %s (keeping %d known endpoints)",
                         exc, len(self._endpoints), exc_info=not (usual or isinstance(exc, ValidationError)))
@@ -189,7 +198,8 @@ class Router:
             while len(self._endpoints) < count:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise RoutingError(f"{len(self._endpoints)} routable servers after {timeout_s:g} s, wanted {count}")
+                    raise RoutingError(f"{len(self._endpoints)} routable servers after {timeout_s:g} s, wanted {count}"
+                                       f"{self._why_none()}")
                 self._changed.wait(left)
             return dict(self._endpoints)
 
@@ -198,6 +208,11 @@ class Router:
         with self._changed:
             while not self._endpoints and not self._stop.is_set() and (left := deadline - time.monotonic()) > 0:
                 self._changed.wait(left)
+
+    def _why_none(self) -> str:
+        """What the last poll of the endpoints failed with, for an error that no server is known."""
+        error = self.discovery_error
+        return f"; the endpoints could not be asked: {error}" if error else ""
 
     def endpoints(self) -> dict[str, str]:
         with self._lock:
@@ -238,7 +253,7 @@ class Router:
                     only = (" at the latest published weights (latest_weights_only: servers on earlier weights "
                             "are not used)" if self.latest_weights_only else "")
                     raise RoutingError(f"no routable server{only} after waiting {self.wait_for_server_s:g} s "
-                                       "(wait_for_server_s)") from None
+                                       f"(wait_for_server_s){self._why_none()}") from None
                 if not tried:
                     raise
                 raise RoutingError(f"{method} {path} failed on {sorted(tried)}: {last_error}; {exc}") from None

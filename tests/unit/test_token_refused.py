@@ -115,3 +115,17 @@ def test_a_trainer_follows_controller_json_past_another_jobs_controller(
     finally:
         other.shutdown()
         other.server_close()
+
+
+def test_a_router_with_a_wrong_token_says_so(served: ServedController, caplog: pytest.LogCaptureFixture) -> None:
+    """Before, discovery logged each 403 at DEBUG and ``wait_for_endpoints`` said only
+    ``0 routable servers after 1 s``."""
+    from slurm_elastic.router import Router, RoutingError
+
+    router = Router(served.url, "not-the-token", poll_wait_s=0.1)
+    try:
+        with pytest.raises(RoutingError, match="could not be asked: HTTP 403: wrong token for this job"):
+            router.wait_for_endpoints(1, timeout_s=1.0)
+        assert "refuses the router's token" in caplog.text
+    finally:
+        router.close()
