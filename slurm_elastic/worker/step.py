@@ -10,8 +10,9 @@ from __future__ import annotations
 import logging
 import sys
 
+from slurm_elastic.client.refusals import is_token_refusal
 from slurm_elastic.client.step_calls import StepControlClient
-from slurm_elastic.errors import SlurmElasticError
+from slurm_elastic.errors import ApiError, SlurmElasticError, TokenRefusedError
 from slurm_elastic.worker.context import StepContext
 from slurm_elastic.worker.control import FollowingControl
 from slurm_elastic.worker.wrapper import Flags, install_handlers, run_wrapped
@@ -27,6 +28,11 @@ def run_step(command: list[str]) -> int:
     control = FollowingControl(ctx.worker_id, ctx.controller_url, ctx.token, ctx.state_dir, connect=StepControlClient)
     try:
         return run_wrapped(command, ctx, control.register, control.heartbeat, flags=flags)
+    except ApiError as exc:
+        if is_token_refusal(exc):  # the registration refused: say which token
+            raise TokenRefusedError(exc.status_code, f"{exc.detail} at {control.client.url}; the token is from "
+                                                     f"{ctx.token_source}") from None
+        raise
     finally:
         control.close()
 

@@ -130,6 +130,15 @@ def test_a_step_started_as_the_controller_starts_it_registers_and_reports_its_ex
                          env={k: v for k, v in env.items() if k != "SLURM_ELASTIC_WORKER_ID"},
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 1 and bad.stderr.startswith("slurm-elastic: error: not started by a slurm-elastic")
+    token_file = tmp_path / "other-token"
+    token_file.write_text("another-jobs-token\n")
+    refused = subprocess.run([sys.executable, "-m", "slurm_elastic", "worker", "--", "true"],
+                             env={**{k: v for k, v in env.items() if k != "SLURM_ELASTIC_TOKEN"},
+                                  "SLURM_ELASTIC_TOKEN_FILE": str(token_file)},
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 1  # said in one line, naming the token's file (before: "HTTP 403: ..." alone)
+    assert refused.stderr.strip() == (f"slurm-elastic: error: HTTP 403: wrong token for this job at {url}; the token "
+                                      f"is from SLURM_ELASTIC_TOKEN_FILE ({token_file})")
 
 
 def _post(url: str, path: str, body: bytes) -> tuple[int, Any]:
