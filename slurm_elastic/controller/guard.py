@@ -4,7 +4,8 @@ choose), one ``Host`` header on an HTTP/1.1 request (400 without one or with mor
 RFC 9112 section 3.2 requires; every client of the controller sends it: httpx, ``http.client``,
 curl), the job's token (401 without one, 403 with a wrong one), a path of printable characters
 (404 otherwise: Starlette's routes, ending in ``$``, would take ``/admin/scale`` followed by a
-newline) with no encoded ``/`` (404: the server decodes ``/admin%2Fpause`` to ``/admin/pause``), no body
+newline) with no encoded ``/`` (404: the server decodes ``/admin%2Fpause`` to ``/admin/pause``), no query parameter named twice
+(400: ``?version=1&version=2``; which counts is not the client's to choose), no body
 on a request that asks to switch protocols (400: ``Connection: Upgrade`` with ``Upgrade: h2c``,
 as ``curl --http2`` sends; the HTTP parser stops at such a head and the body never reaches the
 route, which would answer as if none was sent; without a body the request is answered as plain
@@ -30,6 +31,7 @@ import asyncio
 import contextlib
 import hmac
 import json
+from urllib.parse import parse_qsl
 
 from starlette.types import Message, Receive, Scope, Send
 
@@ -51,6 +53,18 @@ async def send_answer(send: Send, answer: tuple[int, bytes, Headers]) -> None:
     await send({"type": "http.response.start", "status": code,
                 "headers": [*headers, (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
+
+
+def repeated_query_name(query: bytes) -> str | None:
+    """The first name given twice in a query string (``?version=1&version=2``), None if none is."""
+    if not query:
+        return None
+    seen: set[str] = set()
+    for name, _value in parse_qsl(query.decode("latin-1"), keep_blank_values=True):
+        if name in seen:
+            return name
+        seen.add(name)
+    return None
 
 
 class RequestGuard:
@@ -106,6 +120,9 @@ class RequestGuard:
             return refusal(404, "no route: the path holds a control character"), False, False, True
         if b"%2f" in scope.get("raw_path", b"").lower():  # decoded, it would route as a separator
             return refusal(404, "no route: the path holds an encoded / (%2F)"), False, False, True
+        if (twice := repeated_query_name(scope.get("query_string", b""))) is not None:
+            return refusal(400, f"query parameter {twice!r} given more than once: which of them counts is not "
+                                "the client's to choose"), False, False, True
         limit = self.limit_bytes(scope)
         if content_length and not content_length.isdigit():
             return refusal(400, "Content-Length is not a whole number of bytes"), False, False, True

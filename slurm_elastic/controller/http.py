@@ -89,8 +89,8 @@ def control_router(controller: Controller) -> APIRouter:
 
     @router.get("/endpoints", tags=["servers"])
     async def endpoints(request: Request, response: Response,
-                        version: Annotated[int, Query(ge=-1)] = -1,
-                        wait_s: Annotated[float, Query(ge=0, le=60)] = 0.0,
+                        version: Annotated[int, Query(ge=-1, le=2**63 - 1)] = -1,
+                        wait_s: Annotated[float, Query(ge=0, le=60, allow_inf_nan=False)] = 0.0,
                         weights: Literal["any", "latest"] = "any") -> Any:
         """Routable servers. Long-poll: returns when the set is no longer ``version`` (or after ``wait_s``).
         ETag is the version; ``If-None-Match`` naming the current one (or ``*``) answers 304.

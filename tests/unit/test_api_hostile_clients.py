@@ -260,3 +260,23 @@ def test_an_encoded_slash_or_a_trailing_one_is_no_route(served: Served, request_
     answer = _raw_answer(served, request_line)
     assert answer.startswith(b"HTTP/1.1 404 "), answer[:300]
     assert b"location:" not in answer.lower() and unchanged(served) == before
+
+
+@pytest.mark.parametrize("query", ["version=1&version=2", "wait_s=1&version=0&wait_s=2", "pull_id=a&pull_id=b",
+                                   "session=1&session=1"])
+def test_a_query_parameter_named_twice_gets_400(served: Served, query: str) -> None:
+    """Which of two values a framework takes (the last, here) is not the client's to choose."""
+    before = unchanged(served)
+    trainer = "pull_id" in query or "session" in query
+    url = f"{served.url}{'/trainer/batch' if trainer else '/endpoints'}?{query}"
+    answer = httpx.post(url, headers=AUTH, timeout=30) if trainer else httpx.get(url, headers=AUTH, timeout=30)
+    assert answer.status_code == 400, (query, answer.text)
+    assert "given more than once" in answer.json()["detail"], answer.text
+    assert unchanged(served) == before
+
+
+@pytest.mark.parametrize("wait", ["nan", "inf", "-inf"])
+def test_a_long_poll_wait_that_is_no_number_is_named_as_such(served: Served, wait: str) -> None:
+    answer = httpx.get(f"{served.url}/endpoints?wait_s={wait}", headers=AUTH, timeout=30)
+    assert answer.status_code == 422, answer.text
+    assert "finite" in answer.text and "less than or equal to 60" not in answer.text, answer.text
