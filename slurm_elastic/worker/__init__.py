@@ -293,6 +293,11 @@ class RolloutWorker:
                 answer = stored_by_an_earlier_try(answer) if maybe_stored else answer
                 if answer.get("reason") == "stale":
                     log.info("rollout group %s not stored: %s", group.get("id"), answer.get("detail"))
+                elif answer.get("accepted") is False and "reason" not in answer:
+                    log.warning("rollout group %s not stored: a group of this id was stored before, not by this call "
+                                "(an id must be unique per group; every task of a step runs under worker id %s: "
+                                "put worker.ctx.rank in the id, or use uuid.uuid4().hex)", group.get("id"),
+                                self.ctx.worker_id)
                 return answer
 
     def _through_outages(self, call: Any, give_up_on_drain: bool = True) -> dict[str, Any] | None:

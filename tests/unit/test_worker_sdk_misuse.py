@@ -182,3 +182,19 @@ def test_a_waiting_ask_over_max_concurrent_is_refused_it_could_never_be_granted(
                                        r"queue.max_concurrent = 16") as caught:
         worker.admit(17)
     assert caught.value.status_code == 422 and served.queue.staleness.running == 0
+
+
+def test_a_second_group_under_an_id_already_stored_is_warned_of_naming_the_id(
+        make_worker: Any, served: ServedController, caplog: pytest.LogCaptureFixture) -> None:
+    """Two tasks of a step (workers.tasks_per_node = 2) that number their groups by worker id and a
+    counter send the same ids: the second of each is not stored. Before, it was answered
+    ``{"accepted": false}`` without a word: a docs-style worker with two tasks lost half its
+    groups silently (on a dev cluster job, 2 of its groups stored and the trainer stalled)."""
+    worker = make_worker()
+    with caplog.at_level(logging.WARNING, logger="slurm_elastic.worker"):
+        assert worker.submit(group("0001-1"))["accepted"] is True
+        assert "not stored" not in caplog.text
+        assert worker.submit(group("0001-1")) == {"accepted": False}  # another task's group, same id
+    told = [r.getMessage() for r in caplog.records if "a group of this id was stored before" in r.getMessage()]
+    assert len(told) == 1 and "rollout group 0001-1 not stored" in told[0] and "worker.ctx.rank" in told[0]
+    assert served.queue.stats()["queued_sequences"] == 4
