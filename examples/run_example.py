@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+GROUP_SIZE = int(tomllib.loads((REPO / "examples" / "elastic.toml").read_text())["workers"]["env"]["GROUP_SIZE"])
+STALE_IN_LAST_LINE = re.compile(r"^worker \d+: drained after \d+ groups: \d+ stored.*?, (\d+) stale")
 
 
 def sh(*argv: str) -> str:
@@ -106,6 +110,14 @@ def _queue(job_id: int) -> dict[str, Any]:
         return {}
 
 
+def refused_stale_by_worker_logs(state_dir: Path) -> int:
+    """Groups the store refused as stale, by every worker's last line (`worker 0003: drained after 41
+    groups: 38 stored, 3 stale`): the controller's own count starts again at its restart."""
+    lines = (line for log in sorted((state_dir / "logs").glob("worker-*.out"))
+             for line in log.read_text(errors="replace").splitlines())
+    return sum(int(m.group(1)) for line in lines if (m := STALE_IN_LAST_LINE.search(line)))
+
+
 def summarize(job_id: int, cordoned_at: float, cordoned_node: str, targets: list[int], active: list[int],
               killed: bool, queue: dict[str, Any]) -> int:
     state_dir = Path(_state_dir(job_id))
@@ -120,9 +132,9 @@ def summarize(job_id: int, cordoned_at: float, cordoned_node: str, targets: list
     print(f"  workers: from {min(active)} up to {max(active)} and back; targets seen {sorted(set(targets))}")
     print(f"  controller killed: {'yes, and restarted' if killed else 'no'}; workers relaunched: {len(relaunched)}")
     print(f"  workers placed on the cordoned GPU after the cordon: {len(placed_on_cordoned)}")
-    if queue:  # the last reading before the job ended; the refusals at submit count since the controller's restart
-        delivered, dropped = queue["delivered_sequences"], queue["dropped_stale_sequences"]
-        refused, lost = queue["refused_stale_sequences"], queue["lost_sequences"]
+    if queue:  # the last reading before the job ended: the store's counts, which survive the controller's kill
+        delivered, dropped, lost = queue["delivered_sequences"], queue["dropped_stale_sequences"], queue["lost_sequences"]
+        refused = refused_stale_by_worker_logs(state_dir) * GROUP_SIZE  # the controller counts only since its restart
         made = delivered + dropped + refused
         print(f"  sequences: {delivered} trained on, {dropped} dropped stale in the buffer, {refused} refused stale "
               f"at submit ({(dropped + refused) / max(1, made):.0%} of those made too old), {lost} lost")
