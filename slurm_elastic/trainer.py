@@ -188,7 +188,8 @@ class Trainer:
         """After WAITING_LOG_S without a batch (and each WAITING_LOG_S after), log why, from the
         controller's numbers: a warning for a batch's worth whose whole groups make no exact batch
         (group sizes that do not divide the batch size), for a staleness bound that lets nothing
-        start after more batches than versions published, or for no worker active or starting; else
+        start after more batches than versions published, or for no worker active or starting (named
+        as the drain before the job's time limit when it is that); else
         (rollouts on their way, a slow step or a warm-up) the queued count and the workers, at INFO."""
         now_s = time.monotonic()
         if waited_s < WAITING_LOG_S or now_s - self._waiting_told_s < WAITING_LOG_S:
@@ -201,6 +202,9 @@ class Trainer:
             starting = int((numbers.get("workers_by_state") or {}).get("STARTING", 0))
             room, version = int(numbers.get("staleness_capacity", 1)), int(numbers.get("current_step", 0))
             taken = int(numbers.get("total_processed", 0)) // max(1, batch)
+            view = numbers.get("controller") or {}
+            end_drain = (view.get("last_decision") or {}).get("action") == "drain"
+            limit_in_s = view.get("time_limit_in_s")
         except (SlurmElasticError, KeyError, TypeError, ValueError, AttributeError):
             return
         if queued >= batch:  # a mistake to fix: said as a warning
@@ -211,6 +215,12 @@ class Trainer:
             log.warning("no batch for %.0f s: %d of the %d sequences a batch needs are queued and the staleness bound "
                         "lets no rollout start: this trainer took %d batches but published version %d. Does it call "
                         "publish_version after each step?", waited_s, queued, batch, taken, version)
+        elif active + starting == 0 and end_drain:  # the job's end is near: not a fault of the run
+            left = f" ({limit_in_s:.0f} s away)" if isinstance(limit_in_s, int | float) else ""
+            log.warning("no batch for %.0f s: %d of the %d sequences a batch needs are queued, and no worker runs: "
+                        "every worker drained before the job's time limit%s (workers.end_drain_s); a raised "
+                        "limit (scontrol update JobId=... TimeLimit=...) brings them back", waited_s, queued,
+                        batch, left)
         elif active + starting == 0:
             log.warning("no batch for %.0f s: %d of the %d sequences a batch needs are queued, and no worker is "
                         "active or starting", waited_s, queued, batch)

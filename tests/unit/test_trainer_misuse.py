@@ -124,3 +124,26 @@ def test_a_trainer_that_does_not_publish_its_versions_is_warned(
     assert told.levelno == logging.WARNING and "took 5 batches but published version 0" in told.getMessage()
     assert "publish_version" in told.getMessage()
     trainer.close()
+
+
+def test_a_trainer_waiting_through_the_drain_before_the_time_limit_is_told_so(
+        served: ServedController, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every worker drains workers.end_drain_s before the job's time limit: the trainer's minute
+    without a batch names that, not "no worker is active or starting" (a dev cluster job with a
+    4-minute limit said only that, as if the workers had failed)."""
+    trainer = Trainer(served.url, TOKEN, tmp_path)
+    numbers = {"queue_size": 8, "batch_size": 32, "connected_workers": 0, "workers_by_state": {"INACTIVE": 5},
+               "staleness_capacity": 96, "current_step": 118, "total_processed": 3776,
+               "controller": {"last_decision": {"action": "drain"}, "time_limit_in_s": 54.2}}
+    monkeypatch.setattr(trainer.client, "global_status", lambda: numbers)
+    with caplog.at_level(logging.INFO, logger="slurm_elastic.trainer"):
+        trainer._tell_waiting(61.0)
+    [told] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("no batch for")]
+    assert "every worker drained before the job's time limit (54 s away)" in told and "TimeLimit" in told
+    numbers["controller"] = {"last_decision": {"action": "hold"}, "time_limit_in_s": None}
+    trainer._waiting_told_s = -1e9
+    with caplog.at_level(logging.INFO, logger="slurm_elastic.trainer"):
+        trainer._tell_waiting(61.0)
+    assert "8 of the 32 sequences a batch needs are queued, and no worker is active or starting" in caplog.text
+    trainer.close()
