@@ -15,12 +15,13 @@ import signal
 import subprocess
 import sys
 import time
-import tomllib
 from pathlib import Path
 from typing import Any
 
+from slurm_elastic.controller.config import load_config
+
 REPO = Path(__file__).resolve().parents[1]
-GROUP_SIZE = int(tomllib.loads((REPO / "examples" / "elastic.toml").read_text())["workers"]["env"]["GROUP_SIZE"])
+GROUP_SIZE = int(load_config(REPO / "examples" / "elastic.toml").workers.env["GROUP_SIZE"])
 STALE_IN_LAST_LINE = re.compile(r"^worker \d+: drained after \d+ groups: \d+ stored.*?, (\d+) stale")
 
 

@@ -295,8 +295,8 @@ class RolloutWorker:
                     log.info("rollout group %s not stored: %s", group.get("id"), answer.get("detail"))
                 elif answer.get("accepted") is False and "reason" not in answer:
                     log.warning("rollout group %s not stored: a group of this id was stored before, not by this call "
-                                "(an id must be unique per group; every task of a step runs under worker id %s: "
-                                "put worker.ctx.rank in the id, or use uuid.uuid4().hex)", group.get("id"),
+                                "(an id must be unique per group: every task of a step, and a step relaunched after a "
+                                "crash, runs under worker id %s; use uuid.uuid4().hex, or put the process id in it)", group.get("id"),
                                 self.ctx.worker_id)
                 return answer
 
