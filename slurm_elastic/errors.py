@@ -103,9 +103,10 @@ class ApiError(SlurmElasticError):
 
 
 class TokenRefusedError(ApiError):
-    """The controller's address refused this process's token (401, 403) on every try for a while:
-    the token is not the job's, or the address is another job's controller. Not transient: a
-    restarted controller keeps the job's token (its file, else the copy beside it)."""
+    """The controller's address refused this process's token (401, 403) on every try for as long
+    as a controller restart may take (another job's controller may hold the old address that
+    long): the token is not the job's, or the address is another job's controller. A restarted
+    controller keeps the job's token (its file, else the copy beside it)."""
 
 
 class ControllerStoppedError(SlurmElasticError):

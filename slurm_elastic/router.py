@@ -86,8 +86,9 @@ class Router:
                  client_id: str | None = None, report_interval_s: float = 0.5, poll_wait_s: float = 20.0,
                  request_timeout_s: float = 300.0, eject_s: float = EJECT_S,
                  max_eject_s: float = MAX_EJECT_S, latest_weights_only: bool = False,
-                 wait_for_server_s: float = WAIT_FOR_SERVER_S) -> None:
+                 wait_for_server_s: float = WAIT_FOR_SERVER_S, token_source: str = "") -> None:
         self.token = token
+        self.token_source = token_source or "the token this router was given"  # said when it is refused
         self.state_dir = state_dir
         self.client_id = client_id or f"{os.uname().nodename}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.report_interval_s = report_interval_s
@@ -124,7 +125,8 @@ class Router:
         from slurm_elastic.client.locate import controller_from_env
 
         where = controller_from_env()
-        return cls(where.url, where.token, state_dir=where.state_dir, **kwargs)
+        return cls(where.url, where.token, state_dir=where.state_dir,
+                   **{"token_source": where.token_source, **kwargs})
 
     @property
     def _control(self) -> ControlClient:
@@ -145,10 +147,11 @@ class Router:
                 if self._stop.is_set():
                     return
                 self.discovery_error = str(exc)[:500]
-                if is_token_refusal(exc) and time.monotonic() - self._refused_logged_s >= 60:  # no restart's
+                if is_token_refusal(exc) and time.monotonic() - self._refused_logged_s >= 60:  # once a minute
                     self._refused_logged_s = time.monotonic()
-                    log.warning("discovery: the controller at %s refuses the router's token (%s): not this job's "
-                                "token, or not this job's controller; asking again", self._line.client.url, exc)
+                    log.warning("discovery: the controller at %s refuses the router's token (%s; the token is from "
+                                "%s): a wrong token, or another job's controller on the old address while this "
+                                "job's restarts; asking again", self._line.client.url, exc, self.token_source)
                 usual = isinstance(exc, (ControllerUnreachableError, SlurmElasticError))  # a restart, say
                 log.log(logging.DEBUG if usual else logging.WARNING, "discovery: %s (keeping %d known endpoints)",
                         exc, len(self._endpoints), exc_info=not (usual or isinstance(exc, ValidationError)))
@@ -212,7 +215,7 @@ class Router:
     def _why_none(self) -> str:
         """What the last poll of the endpoints failed with, for an error that no server is known."""
         error = self.discovery_error
-        return f"; the endpoints could not be asked: {error}" if error else ""
+        return f"; the last poll of the endpoints failed: {error}" if error else ""
 
     def endpoints(self) -> dict[str, str]:
         with self._lock:

@@ -30,8 +30,10 @@ and names it in the next batch (``lost_group_ids``; again with that batch until 
 acknowledged). The trainer logs a warning, keeps the ids in ``Trainer.lost_group_ids`` and
 calls ``on_lost(ids)`` if given, once per id. A batch handed out again
 keeps its id without the groups lost since. While the controller's disk is full (503) the
-trainer waits and asks again. A refused token (401, 403) is asked again for a few tries, the
-controller's address read again each time, then raises :class:`~slurm_elastic.errors.TokenRefusedError`.
+trainer waits and asks again. A refused token (401, 403; also another job's controller on the
+old address while this job's restarts) is asked again, the controller's address read again each
+time, as long as an unreachable controller is waited for; then
+:class:`~slurm_elastic.errors.TokenRefusedError`.
 """
 
 from __future__ import annotations
@@ -47,12 +49,18 @@ from typing import Any
 from slurm_elastic.client.control import ControlClient
 from slurm_elastic.client.files import stopped_by_operator_at
 from slurm_elastic.client.follow import FollowedClient
-from slurm_elastic.client.refusals import TokenRefusals, is_token_refusal
+from slurm_elastic.client.refusals import (
+    REFUSED_LOG_S,
+    RESTART_WAIT_S,
+    TokenRefusals,
+    is_token_refusal,
+)
 from slurm_elastic.errors import (
     ApiError,
     ControllerStoppedError,
     ControllerUnreachableError,
     SlurmElasticError,
+    TokenRefusedError,
 )
 from slurm_elastic.rollouts.wire import unpack_group
 
@@ -89,7 +97,7 @@ class Trainer:
         self.held: set[str] = set()  # batches returned to the caller and not yet acknowledged
         self.lost_group_ids: list[str] = []  # every group the controller reported lost
         self.on_lost = on_lost
-        self._unreachable_logged_s = float("-inf")
+        self._unreachable_logged_s = self._refused_logged_s = float("-inf")
         self._closed = False
         self._waiting_told_s = float("-inf")
         self._pull_id = uuid.uuid4().hex  # kept until a batch arrives: a pull whose answer was lost asks again
@@ -115,13 +123,14 @@ class Trainer:
         where = controller_from_env()
         return cls(where.url, where.token, where.state_dir, **{"token_source": where.token_source, **kwargs})
 
-    def _retry(self, call: Any, timeout_s: float = 300.0) -> Any:
+    def _retry(self, call: Any, timeout_s: float = RESTART_WAIT_S) -> Any:
         """``call()``, through a controller restart (its URL read again), for up to ``timeout_s``;
         then its ControllerUnreachableError or ApiError (503) is raised. A controller that
         ``controller.json`` says was stopped raises :class:`ControllerStoppedError` at once. A
-        refused token (401, 403) is tried again, the URL read again each time, as long as
-        :class:`~slurm_elastic.client.refusals.TokenRefusals` allows: then
-        :class:`~slurm_elastic.errors.TokenRefusedError` (an ApiError)."""
+        refused token (401, 403) is tried again, the URL read again each time and the refusal
+        logged once a minute, until ``timeout_s`` or the refusals in a row have gone on as long
+        as :class:`~slurm_elastic.client.refusals.TokenRefusals` allows (a restart's scale):
+        then :class:`~slurm_elastic.errors.TokenRefusedError` (an ApiError)."""
         if self._closed:
             raise RuntimeError("Trainer used after close(): its line to the controller is closed (make a new "
                                "Trainer: it registers again, and the batches this one held come to it)")
@@ -132,10 +141,17 @@ class Trainer:
                 return call()
             except (ControllerUnreachableError, ApiError) as exc:
                 if is_token_refusal(exc):
-                    refusals.refused(exc, self.client.url)  # raises once they went on long enough, deadline or not
+                    url = self.client.url
+                    refusals.refused(exc, url)  # raises once they went on long enough
+                    if time.monotonic() > deadline:  # the caller's deadline before another try (next_batch: None)
+                        raise refusals.error(exc, url) from None
+                    if time.monotonic() - self._refused_logged_s >= REFUSED_LOG_S:
+                        self._refused_logged_s = time.monotonic()
+                        log.warning("%s", refusals.warning(exc, url))
                     self._line.refresh(force=True)  # another job's controller on the old port: ours moved?
                     time.sleep(0.5)
                     continue
+                refusals.reset()  # the refusals counted are those in a row
                 if isinstance(exc, ControllerUnreachableError) and self.state_dir \
                         and (stopped_s := stopped_by_operator_at(self.state_dir)) is not None:
                     raise ControllerStoppedError(
@@ -152,7 +168,8 @@ class Trainer:
 
     def next_batch(self, timeout_s: float = 3600.0) -> Batch | None:
         """The next batch not yet acknowledged or held by this trainer (None after ``timeout_s``,
-        also while the controller stays unreachable that long). Each
+        also while the controller stays unreachable, or its address refuses the token, that long;
+        refused for longer than a restart takes: TokenRefusedError). Each
         pull carries a ``pull_id`` that its retries repeat, so a batch whose answer was lost
         (a timeout, a dropped connection) comes back to the retry instead of waiting for a
         re-registration; the id changes only once a batch has arrived, so a call that returned
@@ -165,6 +182,10 @@ class Trainer:
                                   timeout_s=max(0.0, deadline - time.monotonic()))
             except ControllerUnreachableError:
                 return None  # still down at the deadline; the next call repeats this pull's id
+            except TokenRefusedError:
+                if time.monotonic() < deadline:  # refused a restart's length: raised
+                    raise
+                return None  # refused until the deadline (a restart, perhaps): as for one unreachable
             if got is None:
                 self._tell_waiting(time.monotonic() - started_s)
                 time.sleep(self.poll_s)

@@ -38,7 +38,7 @@ __all__ = ["ControlClient", "UnknownOnControllerError"]
 
 log = logging.getLogger(__name__)
 BATCH_MAX_BYTES = 4 << 30  # a batch: batch_size groups, each up to the queue's max_group_bytes
-Shape = dict[str, type | range]  # keys of an answer: the type of each, or the range of an int
+Shape = dict[str, type | tuple[type, ...] | range]  # keys of an answer: the type(s) of each, or the range of an int
 
 
 class ControlClient:
@@ -246,7 +246,8 @@ class ControlClient:
             return None
         if response.status_code >= 400:
             raise _api_error(response)
-        batch = self._checked(response, {"batch_id": str, "groups": list, "lost_group_ids": list})
+        batch = self._checked(response, {"batch_id": str, "groups": list, "lost_group_ids": (list, type(None))})
+        batch["lost_group_ids"] = batch.get("lost_group_ids") or []  # left out by a controller older than the key
         if not all(isinstance(group, dict) for group in batch["groups"]):
             raise ControllerAnswerError(f"the server at {self.url} answered POST /trainer/batch with a group that "
                                         "is not a JSON object: not the controller's answer")

@@ -52,14 +52,26 @@ def job_dirs_of_every_cluster(job_id: int) -> list[Path]:
 def read_token_file(path: Path) -> str:
     """The job's token from ``path``, else from the copy beside it (``.token.copy``); '' if
     neither holds one (missing, empty, unreadable, not text)."""
+    return read_token_and_file(path)[0]
+
+
+def read_token_and_file(path: Path) -> tuple[str, Path]:
+    """The token as :func:`read_token_file` reads it, with the file it came from (``path``
+    when neither holds one)."""
     for candidate in (path, path.with_name(TOKEN_COPY)):
         try:
             token = candidate.read_text().strip()
         except (OSError, UnicodeDecodeError):
             continue
         if token:
-            return token
-    return ""
+            return token, candidate
+    return "", path
+
+
+def token_file_source(described: str, path: Path, read: Path) -> str:
+    """Where a token read for ``path`` (``described``: what names it) came from, for a refusal's
+    message: ``described``, or the copy beside it when ``path`` held none."""
+    return described if read == path else f"{read} (the copy beside {described}, which held no token)"
 
 
 def read_controller_url(state_dir: Path) -> str:

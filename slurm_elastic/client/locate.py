@@ -20,7 +20,9 @@ from slurm_elastic.client.files import (
     job_state_dir,
     pointed_state_dir,
     read_controller_url,
+    read_token_and_file,
     read_token_file,
+    token_file_source,
 )
 from slurm_elastic.errors import (
     ConfigError,
@@ -245,8 +247,7 @@ def controller_from_env(env: Mapping[str, str] | None = None) -> ControllerAddre
     url = env.get("SLURM_ELASTIC_CONTROLLER_URL", "")
     token = env.get("SLURM_ELASTIC_TOKEN", "")
     token_file = env.get("SLURM_ELASTIC_TOKEN_FILE", "")
-    source = ("SLURM_ELASTIC_TOKEN" if token else f"SLURM_ELASTIC_TOKEN_FILE ({token_file})" if token_file
-              else "")
+    named = "SLURM_ELASTIC_TOKEN_FILE ({})" if token_file else "the job's token file {}"
     job_id = env.get("SLURM_JOB_ID", "")
     if not state and job_id.isdigit():  # its state directory: a restarted controller is followed there
         try:
@@ -262,8 +263,11 @@ def controller_from_env(env: Mapping[str, str] | None = None) -> ControllerAddre
         where = f"{state_dir / CONTROLLER_FILE} names no controller URL" if state_dir else "nothing names the controller"
         raise ConfigError(f"{where}: run inside the job (SLURM_JOB_ID), or set SLURM_ELASTIC_STATE_DIR, "
                           "or SLURM_ELASTIC_CONTROLLER_URL with SLURM_ELASTIC_TOKEN_FILE (or SLURM_ELASTIC_TOKEN)")
-    token = token or (read_token_file(Path(token_file)) if token_file else "")
+    source = "SLURM_ELASTIC_TOKEN"
+    if not token and token_file:
+        token, read = read_token_and_file(Path(token_file))
+        source = token_file_source(named.format(token_file), Path(token_file), read)
     if not token:
         raise ConfigError(f"the job's token file {token_file} is missing or empty, and so is its copy" if token_file
                           else "no token for the controller: set SLURM_ELASTIC_TOKEN_FILE (or SLURM_ELASTIC_TOKEN)")
-    return ControllerAddress(url, token, state_dir, source or f"the job's token file {token_file}")
+    return ControllerAddress(url, token, state_dir, source)

@@ -31,7 +31,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from slurm_elastic.client.answers import stored_by_an_earlier_try
-from slurm_elastic.client.refusals import TokenRefusals, is_token_refusal
+from slurm_elastic.client.refusals import REFUSED_LOG_S, TokenRefusals, is_token_refusal
 from slurm_elastic.errors import (
     ApiError,
     ControllerUnreachableError,
@@ -66,6 +66,7 @@ class RolloutWorker:
                                                    connect=ControlClient)
         self._drain = threading.Event()
         self._over_bound_told = False  # a waiting ask over the most that may run at once was logged
+        self._beat_refused_told = False  # a heartbeat's token refusal was logged (once, as a warning)
         self._stop = threading.Event()
         self._busy = False
         self._busy_s = 0.0  # seconds inside finished rollouts
@@ -185,6 +186,11 @@ class RolloutWorker:
             if exc.status_code == 422 and "instance" in exc.detail and self.instance is not None:
                 self.instance = None  # a controller older than the field: its counts as before
                 return self._beat(claim, closing)
+            if is_token_refusal(exc) and not self._beat_refused_told:  # not raised: a restart may be on
+                self._beat_refused_told = True
+                log.warning("heartbeat: %s", TokenRefusals(self.ctx.token_source).warning(
+                    exc, self.control.client.url))
+                return
             log.debug("heartbeat failed: %s", exc)
             return
         except (KeyError, SlurmElasticError) as exc:
@@ -202,7 +208,9 @@ class RolloutWorker:
         bound allows now (perhaps fewer) is granted.
 
         While the controller is down (it restarts), this waits too; a drain ends the wait (and a
-        drained worker is granted 0 at once). ``sequences`` is a whole number of at least 1
+        drained worker is granted 0 at once). A token refused (401, 403) for ``TOKEN_REFUSED_WAIT_S``
+        (a restart's scale, :mod:`slurm_elastic.client.refusals`) raises
+        :class:`~slurm_elastic.errors.TokenRefusedError`. ``sequences`` is a whole number of at least 1
         (ValueError otherwise). A waiting ask over ``queue.max_concurrent`` raises
         :class:`~slurm_elastic.errors.ApiError` (422: never granted); one over what a steady run
         lets run at once (``(queue.max_staleness + 1) * queue.batch_size``, the admission answer's
@@ -233,7 +241,8 @@ class RolloutWorker:
         """Give back ``sequences`` admitted that this worker will not submit (a rollout that
         failed, or a group smaller than its admission), so the bound's room goes to another
         worker now instead of after ``admission_ttl_s``. At most what this worker's lease holds
-        is released; returns how many were. Waits through a controller restart. ``sequences``: a
+        is released; returns how many were. Waits through a controller restart (a token refused
+        that long: :class:`~slurm_elastic.errors.TokenRefusedError`, as :meth:`admit`). ``sequences``: a
         whole number of at least 1 (ValueError otherwise)."""
         sequences = _count("give_back", sequences)
         self._usable("give_back")
@@ -248,9 +257,10 @@ class RolloutWorker:
         while the controller answers a server error (5xx: its store failed) and while it restarts;
         the group id makes a resend safe. Never drops a group the controller could store; a group
         the controller refuses as invalid (4xx) raises :class:`~slurm_elastic.errors.ApiError`.
-        A 401 or 403 (the job's token refused: another job's controller on the old port) is no
-        refusal of the group: the controller's address is read again and the group sent there, for
-        a while (:mod:`slurm_elastic.client.refusals`), then :class:`~slurm_elastic.errors.TokenRefusedError`.
+        A 401 or 403 (the job's token refused: another job's controller on the old port while this
+        job's controller restarts, or a wrong token) is no refusal of the group: the controller's
+        address is read again and the group sent there, for as long as it takes, the refusal
+        logged as a warning naming the token's source once a minute (the group is never given up).
         A group no trainer step can use is not stored and answered with ``accepted`` false and
         a ``reason`` (logged, not raised: the loop goes on): ``"stale"`` (older than the staleness
         bound allows at the trainer's version) or ``"policy_version_ahead"`` (past the trainer's
@@ -277,7 +287,7 @@ class RolloutWorker:
 
         while True:
             try:
-                answer = self._through_outages(attempt, give_up_on_drain=False)
+                answer = self._through_outages(attempt, give_up_on_drain=False, give_up_on_refusal=False)
             except ApiError as exc:  # 429 or 5xx for longer than the client waits: go on waiting
                 maybe_stored = maybe_stored or exc.status_code >= 500
                 if exc.status_code == 409:  # policy_version past the trainer's: not stored
@@ -287,7 +297,7 @@ class RolloutWorker:
                     raise ApiError(413, f"{exc.detail}: rollout group {group.get('id')!r} is {len(body)} bytes as "
                                         "sent, over queue.max_group_bytes (split it, or raise that key)") from None
                 if exc.status_code != 429 and exc.status_code < 500:
-                    raise  # refused (4xx), or the token for good: resending the same group cannot help
+                    raise  # refused (4xx): resending the same group cannot help
                 continue
             if answer is not None:
                 answer = stored_by_an_earlier_try(answer) if maybe_stored else answer
@@ -300,14 +310,17 @@ class RolloutWorker:
                                 self.ctx.worker_id)
                 return answer
 
-    def _through_outages(self, call: Any, give_up_on_drain: bool = True) -> dict[str, Any] | None:
+    def _through_outages(self, call: Any, give_up_on_drain: bool = True,
+                         give_up_on_refusal: bool = True) -> dict[str, Any] | None:
         """``call()``, retried while the controller is unreachable (re-reading its URL; logged at
         the first failure and every minute after), for up to UNKNOWN_WAIT_S while it does not
         know this worker (404), and while the address refuses the token (401, 403: re-reading the
-        URL each time) for as long as :class:`~slurm_elastic.client.refusals.TokenRefusals`
-        allows, then :class:`~slurm_elastic.errors.TokenRefusedError`."""
+        URL each time; logged with the token's source every minute): with ``give_up_on_refusal``,
+        :class:`~slurm_elastic.errors.TokenRefusedError` once the refusals in a row have gone on
+        as long as :class:`~slurm_elastic.client.refusals.TokenRefusals` allows (a restart's
+        scale). ``give_up_on_drain``: None once a drain came, instead of waiting on."""
         delay_s = 0.2
-        logged_s = -math.inf
+        logged_s = refused_logged_s = -math.inf
         unknown_since_s: float | None = None
         refusals = TokenRefusals(self.ctx.token_source)
         while True:
@@ -316,6 +329,7 @@ class RolloutWorker:
                 return result
             except UnknownOnControllerError as exc:  # a controller restarted without its saved state knows no
                 now_s = time.monotonic()             # worker until it lists the job's steps (its first tick)
+                refusals.reset()
                 if unknown_since_s is None:
                     unknown_since_s = now_s
                     log.warning("%s; asking again for up to %g s", exc, UNKNOWN_WAIT_S)
@@ -326,6 +340,7 @@ class RolloutWorker:
                 time.sleep(delay_s)
                 delay_s = min(5.0, delay_s * 2)
             except ControllerUnreachableError as exc:
+                refusals.reset()
                 if give_up_on_drain and self.draining:
                     return None
                 if time.monotonic() - logged_s >= UNREACHABLE_LOG_S:
@@ -338,10 +353,13 @@ class RolloutWorker:
             except ApiError as exc:  # after the 404's clause: UnknownOnControllerError is one
                 if not is_token_refusal(exc):
                     raise
-                refusals.refused(exc, self.control.client.url)  # raises once they went on long enough
-                if time.monotonic() - logged_s >= UNREACHABLE_LOG_S:
-                    logged_s = time.monotonic()
-                    log.warning("%s; the controller's address is read again and the call sent there (for a few tries)", exc)
+                if give_up_on_drain and self.draining:
+                    return None
+                url = self.control.client.url
+                refusals.refused(exc, url, give_up=give_up_on_refusal)  # raises once they went on long enough
+                if time.monotonic() - refused_logged_s >= REFUSED_LOG_S:
+                    refused_logged_s = time.monotonic()
+                    log.warning("%s", refusals.warning(exc, url))
                 if not self.control.refresh(force=True):
                     time.sleep(1.0)
 

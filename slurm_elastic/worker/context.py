@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from slurm_elastic.client.files import read_token_file
+from slurm_elastic.client.files import read_token_and_file, token_file_source
 from slurm_elastic.core.defaults import (
     HEARTBEAT_INTERVAL_S,
     LIVENESS_INTERVAL_S,
@@ -59,14 +59,15 @@ class StepContext:
             raise ConfigError(f"not started by a slurm-elastic controller: {', '.join(missing)} not set")
         token = env.get("SLURM_ELASTIC_TOKEN", "")
         token_file = env.get("SLURM_ELASTIC_TOKEN_FILE", "")
+        source = "SLURM_ELASTIC_TOKEN"
         if not token and token_file:
-            token = read_token_file(Path(token_file))
+            token, read = read_token_and_file(Path(token_file))
             if not token:
                 raise ConfigError(f"the job's token file {token_file} is missing or empty, and so is its copy")
+            source = token_file_source(f"SLURM_ELASTIC_TOKEN_FILE ({token_file})", Path(token_file), read)
         if not token:
             raise ConfigError("no token for the controller: set SLURM_ELASTIC_TOKEN_FILE (the controller sets it "
                               "for the steps it launches) or SLURM_ELASTIC_TOKEN")
-        source = "SLURM_ELASTIC_TOKEN" if env.get("SLURM_ELASTIC_TOKEN") else f"SLURM_ELASTIC_TOKEN_FILE ({token_file})"
         gpus = tuple(int(g) for g in env.get("SLURM_STEP_GPUS", "").split(",") if g.strip().isdigit())
         kind = env.get("SLURM_ELASTIC_WORKER_KIND", "rollout")
         if kind not in ("rollout", "server"):

@@ -29,9 +29,10 @@ def run_step(command: list[str]) -> int:
     try:
         return run_wrapped(command, ctx, control.register, control.heartbeat, flags=flags)
     except ApiError as exc:
-        if is_token_refusal(exc):  # the registration refused: say which token
-            raise TokenRefusedError(exc.status_code, f"{exc.detail} at {control.client.url}; the token is from "
-                                                     f"{ctx.token_source}") from None
+        if is_token_refusal(exc):  # the registration refused on every try: say which token
+            raise TokenRefusedError(exc.status_code, f"{exc.detail} at {control.client.url} on every try (a wrong "
+                                                     "token, or a controller restart still in progress); the token "
+                                                     f"is from {ctx.token_source}") from None
         raise
     finally:
         control.close()

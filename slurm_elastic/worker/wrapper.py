@@ -28,8 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from slurm_elastic.client.files import stopped_by_operator_at
+from slurm_elastic.client.refusals import TokenRefusals, is_token_refusal
 from slurm_elastic.core.defaults import SERVER_DRAIN_GRACE_S
-from slurm_elastic.errors import ControllerUnreachableError, SlurmElasticError
+from slurm_elastic.errors import ApiError, ControllerUnreachableError, SlurmElasticError
 from slurm_elastic.worker.context import StepContext, node_address
 from slurm_elastic.worker.liveness import LivenessProbe, probe_server
 from slurm_elastic.worker.wakeup import Wakeup
@@ -93,12 +94,17 @@ def free_port() -> int:
 def register_with_retry(register: Call, info: dict[str, Any], deadline_s: float, flags: Flags) -> dict[str, Any]:
     """Register, retrying while the controller is unreachable (it may be restarting) or does not
     know this worker yet (a restarted controller knows it once it has listed the job's steps);
-    the first refusal is logged at once, with the controller's words."""
-    delay_s, said = 0.2, False
+    the first refusal is logged at once, with the controller's words. A refused token (401, 403:
+    another job's controller on the old address while this job's restarts, or a wrong token) is
+    asked again too (``register`` follows ``controller.json``) until the refusals in a row have
+    gone on as long as :class:`~slurm_elastic.client.refusals.TokenRefusals` allows: its ApiError."""
+    delay_s, said, said_refused = 0.2, False, False
+    refusals = TokenRefusals("")
     while True:
         try:
             return register(info)
-        except (ControllerUnreachableError, KeyError) as exc:
+        except (ControllerUnreachableError, KeyError) as exc:  # a 404 (UnknownOnControllerError) is a KeyError
+            refusals.reset()
             if time.monotonic() > deadline_s or flags.terminate.is_set():
                 raise
             if not said:
@@ -107,6 +113,16 @@ def register_with_retry(register: Call, info: dict[str, Any], deadline_s: float,
                 said = True
             time.sleep(delay_s)
             delay_s = min(5.0, delay_s * 2)
+        except ApiError as exc:
+            if not is_token_refusal(exc) or refusals.count() or time.monotonic() > deadline_s \
+                    or flags.terminate.is_set():
+                raise
+            if not said_refused:
+                said_refused = True
+                log.warning("registration refused (%s): a wrong token, or another job's controller on the old address "
+                            "while this job's controller restarts; asking again for up to %.0f s", exc,
+                            refusals.window_s)
+            flags.terminate.wait(1.0)
 
 
 def is_ready(port: int, http_path: str, timeout_s: float = 1.0) -> bool:

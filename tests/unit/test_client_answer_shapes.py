@@ -91,6 +91,17 @@ def test_an_answer_of_another_shape_is_not_the_controllers(stub: ThreadingHTTPSe
     assert says in str(caught.value)
 
 
+def test_a_pull_answer_without_lost_group_ids_is_an_older_controllers(stub: ThreadingHTTPServer) -> None:
+    """A controller older than ``lost_group_ids`` leaves it out: no group lost (the trainer reads it so)."""
+    stub.body = b'{"batch_id": "b", "groups": [{"id": "g1"}]}'  # type: ignore[attr-defined]
+    with ControlClient(url(stub), TOKEN, timeout_s=2.0) as client:
+        assert client.pull_batch("p1") == {"batch_id": "b", "groups": [{"id": "g1"}], "lost_group_ids": []}
+    stub.body = b'{"batch_id": "b", "groups": [], "lost_group_ids": "g1"}'  # type: ignore[attr-defined]
+    with ControlClient(url(stub), TOKEN, timeout_s=2.0) as client, pytest.raises(ControllerAnswerError,
+                                                                                 match="lost_group_ids='g1'"):
+        client.pull_batch("p1")
+
+
 def test_the_controllers_own_shapes_pass(tmp_path: Path) -> None:
     served = ServedController(tmp_path, TOKEN, {"autoscaler": {"min_workers": 0}}, batch_size=1).launched("0001")
     try:
