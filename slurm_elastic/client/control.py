@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from typing import Any
 
@@ -22,6 +23,7 @@ import httpx
 
 from slurm_elastic.client.answers import (
     ANSWER_MAX_BYTES,
+    HEARD_AGO_HEADER,
     answer_deadline_s,
     stored_by_an_earlier_try,
 )
@@ -303,26 +305,31 @@ class ControlClient:
         return self._call("POST", "/admin/uncordon", {"node": node, "gpu": gpu, "reason": reason})
 
 
-def _retry_after_s(response: httpx.Response, default_s: float) -> float:
-    """The answer's ``Retry-After`` in seconds (0 to 300), or ``default_s`` without a usable one."""
+def _retry_after_s(response: httpx.Response, default_s: float, header: str = "retry-after",
+                   longest_s: float = 300.0) -> float:
+    """The answer's ``Retry-After`` (or another ``header``) in seconds (0 to ``longest_s``), or
+    ``default_s`` without a usable one."""
     try:
-        return min(300.0, max(0.0, float(response.headers["retry-after"])))
+        seconds = float(response.headers[header])
     except (KeyError, ValueError):
         return default_s
+    return default_s if math.isnan(seconds) else min(longest_s, max(0.0, seconds))
 
 
 def _with_session(path: str, session: int | None) -> str:
     return path if session is None else f"{path}?trainer_session={int(session)}"
 
 
-def _api_error(response: httpx.Response) -> ApiError:
-    """The error an answer of 400 or more stands for (a superseded trainer's 409 has its own)."""
+def _api_error(response: httpx.Response) -> ApiError | DuplicateWorkerError:
+    """The error an answer of 400 or more stands for (a superseded trainer's 409 and a refused SDK
+    process's have their own)."""
     detail = _detail(response)
     if response.status_code == 409 and detail.startswith("trainer session superseded"):
         return TrainerSupersededError(response.status_code, detail)
     if response.status_code == 409 and detail.startswith("duplicate worker"):
-        retry_after = response.headers.get("retry-after", "")
-        return DuplicateWorkerError(409, detail, float(retry_after) if retry_after.isdigit() else 0.0)
+        heard_ago_s = _retry_after_s(response, -1.0, HEARD_AGO_HEADER, math.inf)
+        return DuplicateWorkerError(detail, _retry_after_s(response, 0.0, longest_s=math.inf),
+                                    heard_ago_s if heard_ago_s >= 0 else None)
     return ApiError(response.status_code, detail)
 
 

@@ -234,6 +234,7 @@ class ControllerBase:
                 if w.state is S.INACTIVE and now_s - (w.history[-1][0] if w.history else 0) >= ENDED_KEPT_S]
         for worker_id in gone:
             del self.state.workers[worker_id]
+            self.counts_claims.pop(worker_id, None)  # a step adopted under its id later: a new record's
 
     def _state(self) -> dict[str, Any]:
         st = self.state

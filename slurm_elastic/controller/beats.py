@@ -6,7 +6,8 @@ body that validates (the route's own :class:`Heartbeat` model) for a known worke
 controller's lock is free, is answered on the event loop without FastAPI's routing and thread
 pool hop. Anything else (a body that does not validate, an unknown worker, the lock held by a
 tick) goes to the FastAPI route with the body replayed, which answers as it always does. A beat
-from a second live SDK process under one worker id is answered 409 here too, with Retry-After.
+from a second live SDK process under one worker id is answered 409 here too, with Retry-After (and
+one from a process of the worker's earlier launch, without).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 from pydantic import ValidationError
 from starlette.types import Message, Receive, Scope
 
+from slurm_elastic.client.answers import HEARD_AGO_HEADER
 from slurm_elastic.client.wire import WORKER_ID, Heartbeat
 from slurm_elastic.controller.control_plane import DuplicateInstanceError
 from slurm_elastic.controller.guard import Headers
@@ -56,15 +58,20 @@ class HeartbeatEndpoint:
         except UnknownWorkerError:
             return None
         except DuplicateInstanceError as exc:
-            return 409, json.dumps({"detail": exc.detail}).encode(), [*_JSON, *retry_after(exc)]
+            return 409, json.dumps({"detail": exc.detail}).encode(), [*_JSON, *refusal_headers(exc)]
         finally:
             lock.release()
         return 200, json.dumps(reply, separators=(",", ":")).encode(), _JSON
 
 
-def retry_after(exc: DuplicateInstanceError) -> Headers:
-    """The Retry-After of a refused second process: when the other's claim goes if it stays silent."""
-    return [(b"retry-after", str(max(1, math.ceil(exc.retry_after_s))).encode())]
+def refusal_headers(exc: DuplicateInstanceError) -> Headers:
+    """The headers of a refused SDK process: ``Retry-After``, when the other's claim goes if it stays
+    silent, and ``Heard-Ago-S``, how long ago the other was heard (neither for a process of an
+    earlier launch: never let in)."""
+    if exc.retry_after_s is None or exc.heard_ago_s is None:
+        return []
+    return [(b"retry-after", str(max(1, math.ceil(exc.retry_after_s))).encode()),
+            (HEARD_AGO_HEADER.encode(), f"{exc.heard_ago_s:.3f}".encode())]
 
 
 async def read_body(receive: Receive) -> bytes | None:

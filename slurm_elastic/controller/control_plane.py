@@ -19,7 +19,7 @@ from slurm_elastic.core.lifecycle import (
     stood_total_s,
 )
 from slurm_elastic.core.liveness import drain_not_live
-from slurm_elastic.core.registration import CountsClaim, admit, claim_refusal, registration_refusal
+from slurm_elastic.core.registration import admit, claim_refusal, next_claim, registration_refusal
 from slurm_elastic.core.speed import note_busy_s
 
 log = logging.getLogger(__name__)
@@ -31,11 +31,13 @@ class UnknownWorkerError(KeyError):
 
 
 class DuplicateInstanceError(Exception):
-    """A heartbeat from a second live SDK process under one worker id (answered 409)."""
+    """A heartbeat from a second live SDK process under one worker id, or from a process of an
+    earlier launch (answered 409). ``retry_after_s``: when the other's claim goes if it stays
+    silent; ``heard_ago_s``: how long ago it was heard (both None: never let in)."""
 
-    def __init__(self, detail: str, retry_after_s: float) -> None:
+    def __init__(self, detail: str, retry_after_s: float | None, heard_ago_s: float | None = None) -> None:
         super().__init__(detail)
-        self.detail, self.retry_after_s = detail, retry_after_s
+        self.detail, self.retry_after_s, self.heard_ago_s = detail, retry_after_s, heard_ago_s
 
 
 class ControlPlane(ControllerBase):
@@ -164,17 +166,17 @@ class ControlPlane(ControllerBase):
             return {"drain": drain, "hold": worker.placeholder, "register": worker.state is S.STARTING}
 
     def _claim_counts(self, worker: Worker, instance: str, closing: bool) -> None:
-        """Let SDK process ``instance`` report the worker's counts, or raise DuplicateInstanceError
-        (:func:`~slurm_elastic.core.registration.claim_refusal`); its closing beat lets go."""
+        """Let SDK process ``instance`` report the worker's counts for its launch, or raise
+        DuplicateInstanceError (:func:`~slurm_elastic.core.registration.claim_refusal`); its closing
+        beat lets go."""
         now_s, claims, grace_s = self.clock(), self.counts_claims, self.config.workers.heartbeat_grace_s
         claim = claims.get(worker.worker_id)
-        if refusal := claim_refusal(worker.worker_id, claim, instance, worker.launched_at_s, now_s, grace_s):
+        if refusal := claim_refusal(worker.worker_id, claim, instance, worker.launches, now_s, grace_s):
             log.warning("%s (refused: instance %s)", refusal, instance)
-            raise DuplicateInstanceError(refusal, grace_s - (now_s - claim.heard_s) if claim else 0.0)
-        if closing:
-            claims.pop(worker.worker_id, None)
-            return
-        claims[worker.worker_id] = CountsClaim(instance, now_s, worker.launched_at_s)
+            heard_ago_s = (now_s - claim.heard_s if claim is not None and claim.launch == worker.launches
+                           and instance not in claim.earlier else None)  # None: an earlier launch's, never let in
+            raise DuplicateInstanceError(refusal, None if heard_ago_s is None else grace_s - heard_ago_s, heard_ago_s)
+        claims[worker.worker_id] = next_claim(claim, instance, worker.launches, now_s, closing)
         if len(claims) > 2 * len(self.state.workers) + 16:
             self.counts_claims = {w: c for w, c in claims.items() if w in self.state.workers}
 
@@ -277,10 +279,14 @@ class ControlPlane(ControllerBase):
     def move_busy_clocks_on(self, paused_s: float) -> None:
         """The controller did not run for ``paused_s`` (a suspended job): workers were stopped too,
         and the busy time their SDK counted meanwhile is not credited (it read a worker's
-        production as half of what it was after a 60 s suspend, and the autoscaler took every GPU)."""
+        production as half of what it was after a 60 s suspend, and the autoscaler took every GPU).
+        Nor could an SDK beat: the claims on workers' counts are moved on by that time (lock held)."""
         with self._busy_lock:
             self._busy_counted_to_s = {w: t + paused_s for w, t in self._busy_counted_to_s.items()}
             self._busy_since_report = {w: (at_s + paused_s, busy) for w, (at_s, busy) in self._busy_since_report.items()}
+        now_s = self.clock()
+        self.counts_claims = {w: replace(c, heard_s=min(now_s, c.heard_s + paused_s))
+                              for w, c in self.counts_claims.items()}
 
     def busy_worker_s(self, now_s: float) -> float | None:
         """Worker-seconds inside rollouts over the production window: those reported, and since

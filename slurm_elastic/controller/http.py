@@ -20,7 +20,7 @@ from slurm_elastic.client.wire import (
     Registration,
     ScaleRequest,
 )
-from slurm_elastic.controller.beats import retry_after
+from slurm_elastic.controller.beats import refusal_headers
 from slurm_elastic.controller.control_plane import DuplicateInstanceError
 from slurm_elastic.controller.framing import CLIENT_DONE
 from slurm_elastic.controller.runtime import Controller, UnknownWorkerError
@@ -77,7 +77,7 @@ def control_router(controller: Controller) -> APIRouter:
         except UnknownWorkerError as exc:
             raise unknown(exc) from None
         except DuplicateInstanceError as exc:  # a second live SDK process under this worker id
-            headers = {k.decode(): v.decode() for k, v in retry_after(exc)}
+            headers = {k.decode(): v.decode() for k, v in refusal_headers(exc)}
             raise HTTPException(status.HTTP_409_CONFLICT, exc.detail, headers=headers) from None
 
     @router.post("/agent/report", tags=["health"])

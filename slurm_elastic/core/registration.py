@@ -43,25 +43,51 @@ def admit(worker: Worker, cordoned: Collection[tuple[str, int]], ready: bool, no
 
 @dataclass(frozen=True)
 class CountsClaim:
-    """The SDK process (``instance``) whose heartbeats carry a worker's counts, for one launch
-    (``launched_at_s``: a relaunched worker is a new process), last heard at ``heard_s``."""
+    """The SDK process (``instance``) whose heartbeats carry a worker's counts for its launch number
+    ``launch`` (:attr:`Worker.launches`: a relaunched worker is a new process), last heard at
+    ``heard_s`` (``instance`` "": it closed, and nobody holds them); ``earlier``: the instances that held
+    them for its earlier launches (the last few)."""
 
     instance: str
     heard_s: float
-    launched_at_s: float
+    launch: int
+    earlier: tuple[str, ...] = ()
 
 
-def claim_refusal(worker_id: str, claim: CountsClaim | None, instance: str, launched_at_s: float, now_s: float,
+EARLIER_KEPT = 4  # instances of a worker's earlier launches remembered, to refuse a straggler of one
+
+
+def claim_refusal(worker_id: str, claim: CountsClaim | None, instance: str, launch: int, now_s: float,
                   grace_s: float) -> str:
-    """Why the SDK process ``instance`` may not report ``worker_id``'s counts ('' if it may): another
-    process of the same launch holds them and was heard within ``grace_s``. Two processes under one
-    id would mix their rollout counts and busy time. A process that closed let go; one silent for
+    """Why the SDK process ``instance`` may not report ``worker_id``'s counts at its launch number
+    ``launch`` ('' if it may). Refused: a process of an earlier launch (a step the controller took
+    as crashed or hung, still beating: its counts are not the new step's), and a second process
+    while the one that holds this launch's counts was heard within ``grace_s`` (two under one id
+    would mix their rollout counts and busy time). A process that closed let go; one silent for
     ``grace_s`` is taken as gone (a process restarted in its step after a crash)."""
-    if (claim is None or claim.instance == instance or claim.launched_at_s != launched_at_s
-            or now_s - claim.heard_s >= grace_s):
+    if claim is None:
+        return ""
+    if instance in claim.earlier or (claim.instance == instance and claim.launch != launch):
+        return (f"duplicate worker {worker_id}: this process reported for an earlier launch of this worker id, "
+                "and the controller launched it again since (it took that step as ended): its counts are not taken, "
+                "the new launch's process reports for it. This process should end")
+    if claim.instance in ("", instance) or claim.launch != launch or now_s - claim.heard_s >= grace_s:
         return ""
     return (f"duplicate worker {worker_id}: another process already reports for this worker id (heard "
             f"{now_s - claim.heard_s:.0f} s ago); two RolloutWorkers under one id would mix their rollout counts "
             "and busy time. Run one per worker id (each worker step the controller launches has its own); "
             f"another may take over once this one closes, or after it is silent for workers.heartbeat_grace_s "
             f"({grace_s:g} s)")
+
+
+def next_claim(claim: CountsClaim | None, instance: str, launch: int, now_s: float,
+               closing: bool = False) -> CountsClaim:
+    """The claim after ``instance``'s beat was let in: it holds the counts (``closing``: it lets go);
+    a new launch's process takes them over, and the one that held the earlier launch's is
+    remembered as a process of an earlier launch."""
+    if claim is None:
+        return CountsClaim("" if closing else instance, now_s, launch)
+    earlier = claim.earlier
+    if claim.launch != launch and claim.instance not in ("", instance):
+        earlier = (*earlier, claim.instance)[-EARLIER_KEPT:]
+    return CountsClaim("" if closing else instance, now_s, launch, earlier)

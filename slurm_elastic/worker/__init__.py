@@ -46,7 +46,7 @@ from slurm_elastic.worker.control import FollowingControl
 SUBMIT_TRY_S = 5.0  # one submit's own retries, before the controller's URL is read again
 UNREACHABLE_LOG_S = 60.0  # a controller that does not answer is logged this often
 UNKNOWN_WAIT_S = 30.0  # a controller that does not know this worker is asked again this long (a restart without state)
-MAX_CLAIM_WAIT_S = 600.0  # the longest Retry-After a second process under a worker id waits once at start
+MAX_CLAIM_WAIT_S = 600.0  # the longest Retry-After a second process under a worker id waits out at start
 
 if TYPE_CHECKING:  # imported when a worker is made: the step wrapper imports this package without httpx
     from slurm_elastic.client.control import ControlClient
@@ -91,10 +91,10 @@ class RolloutWorker:
         self._drain.set()
 
     def start(self) -> RolloutWorker:
-        """Send a first heartbeat (:class:`~slurm_elastic.errors.DuplicateWorkerError` when another
-        live process reports for this worker id), install the drain-signal handler (call it from
-        the main thread) and start the heartbeats; ``with RolloutWorker.from_env() as worker:``
-        does it. Once only."""
+        """Install the drain-signal handler (call it from the main thread), send a first heartbeat
+        (:class:`~slurm_elastic.errors.DuplicateWorkerError` when another live process reports for
+        this worker id: the handler before is put back and the line to the controller closed) and
+        start the heartbeats; ``with RolloutWorker.from_env() as worker:`` does it. Once only."""
         if self._closed or self._started:
             raise RuntimeError(f"RolloutWorker.start: this worker was already {'closed' if self._closed else 'started'}")
 
@@ -105,41 +105,64 @@ class RolloutWorker:
             raise RuntimeError(f"RolloutWorker.start from thread {threading.current_thread().name!r}: it installs the "
                                f"{self.ctx.drain_signal} handler, which only the main thread can; start the worker "
                                "there (its admit, submit and give_back may then be called from any thread)")
-        self._claim()
-        signal.signal(self.ctx.drain_signum, on_drain)
+        before = signal.signal(self.ctx.drain_signum, on_drain)  # first: a drain while it claims only sets the flag
+        try:
+            claimed = self._claim()
+        except BaseException:
+            signal.signal(self.ctx.drain_signum, signal.SIG_DFL if before is None else before)
+            self.close()
+            raise
         self._started = True
-        self._thread.start()
+        if claimed:  # else drained before it was let in: nothing of its own to report
+            self._thread.start()
         return self
 
-    def _claim(self) -> None:
+    def _claim(self) -> bool:
         """A first heartbeat, now: a second live process under this worker id gets
         :class:`~slurm_elastic.errors.DuplicateWorkerError` here, before it makes a rollout. After
-        an earlier process of this id that ended without closing, the controller's Retry-After
-        is waited once (it takes that one as gone after ``workers.heartbeat_grace_s``). A task above
-        rank 0 sends no counts, so it claims nothing."""
-        for waited in (False, True) if self.ctx.rank == 0 else ():
+        an earlier process of this id that ended without closing, it asks again every heartbeat
+        interval until the controller's first Retry-After is over (it takes that one as gone after
+        ``workers.heartbeat_grace_s``), and raises as soon as an answer says the other was heard
+        since the last ask (it beats on), or at once for a Retry-After over MAX_CLAIM_WAIT_S. False:
+        a drain came while it waited. A task above rank 0 sends no counts, so it claims nothing."""
+        deadline_s: float | None = None
+        waited_s: float | None = None  # the last wait between two asks
+        while self.ctx.rank == 0:
             try:
                 self._beat(claim=True)
-                return
+                return True
             except DuplicateWorkerError as exc:
-                if waited or not 0 < exc.retry_after_s <= MAX_CLAIM_WAIT_S:
+                now_s = time.monotonic()
+                if deadline_s is None:  # the other's claim gone by then if it stays silent (and a margin)
+                    deadline_s = now_s + exc.retry_after_s + 0.5
+                beats_on = waited_s is not None and exc.heard_ago_s is not None and exc.heard_ago_s < waited_s
+                if beats_on or not 0 < exc.retry_after_s <= MAX_CLAIM_WAIT_S or now_s >= deadline_s:
                     raise
-                log.warning("%s; asking again in %.0f s", exc.detail, exc.retry_after_s)
-                time.sleep(exc.retry_after_s)
+                log.log(logging.WARNING if waited_s is None else logging.DEBUG, "%s; asking again every %.1f s for "
+                        "up to %.0f s", exc.detail, self.ctx.heartbeat_interval_s + 0.5, deadline_s - now_s)
+                waited_s = min(deadline_s - now_s, self.ctx.heartbeat_interval_s + 0.5)
+                if self._drain.wait(waited_s):
+                    log.warning("a drain came before this process was let in: it reports nothing")
+                    return False
+        return True
 
     def _usable(self, method: str) -> None:
         """Refuse a call after :meth:`close`; warn once of one before :meth:`start`."""
         if self._closed:
             raise RuntimeError(f"RolloutWorker.{method} after close(): its line to the controller is closed "
                                "(call it inside the `with RolloutWorker.from_env() as worker:` block)")
-        if self._refused is not None:
-            raise self._refused
+        self._raise_refusal()
         if not self._started and not self._told_not_started:
             self._told_not_started = True
             log.warning("RolloutWorker.%s before start(): no drain-signal handler is installed (the drain signal "
                         "%s ends this process, and the rollout in flight with it) and no busy time or rollout "
                         "count reaches the controller; use `with RolloutWorker.from_env() as worker:`",
                         method, self.ctx.drain_signal)
+
+    def _raise_refusal(self) -> None:
+        """Raise the controller's refusal of this process heard by the heartbeats, if one came."""
+        if self._refused is not None:
+            raise self._refused
 
     @contextlib.contextmanager
     def rollout(self) -> Iterator[None]:
@@ -169,7 +192,7 @@ class RolloutWorker:
 
     def _beat(self, claim: bool = False, closing: bool = False) -> None:
         """One heartbeat; ``claim``: raise a refusal as a second process under this worker id
-        (else it stops the heartbeats and the worker's next call raises it)."""
+        (else it stops the heartbeats, and the worker's calls raise it, a waiting one included)."""
         counts: dict[str, Any] = {"busy": self._busy, "rollouts": self.rollouts, "busy_s": round(self.busy_s, 3)}
         if self.instance is not None:
             counts |= {"instance": self.instance, **({"closing": True} if closing else {})}
@@ -324,6 +347,7 @@ class RolloutWorker:
         unknown_since_s: float | None = None
         refusals = TokenRefusals(self.ctx.token_source)
         while True:
+            self._raise_refusal()  # heard by the heartbeats while this call waited
             try:
                 result: dict[str, Any] = call()
                 return result
