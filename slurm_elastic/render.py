@@ -73,22 +73,23 @@ def _check_worker_room(config: ElasticConfig, config_path: str) -> None:
 def _check_worker_floor(config: ElasticConfig, config_path: str) -> None:
     """ConfigError when the fewest workers the job keeps (:func:`worker_floor`) are more than its
     nodes, less the trainer's GPUs, and all of its burst jobs can ever hold: the controller would
-    wait for the others for ever."""
+    wait for the others for ever. The GPUs per node are the controller's (``controller.gpus_per_node``
+    when set, as the config's load and the controller take them), else ``job.gpus_per_node``."""
     job, workers = config.job, config.workers
     if not workers.gpus_per_worker:
         return
     key, floor = worker_floor(config)
-    shape = worker_shape(workers.gpus_per_worker, workers.nodes_per_worker, job.gpus_per_node,
-                         nodes_in_job=job.nodes)
-    slots = most_workers([job.gpus_per_node - job.trainer_gpus] + [job.gpus_per_node] * (job.nodes - 1),
-                         shape.gpus, shape.nodes)
+    node_gpus = config.controller.gpus_per_node or job.gpus_per_node
+    where = "controller.gpus_per_node" if config.controller.gpus_per_node else "job.gpus_per_node"
+    shape = worker_shape(workers.gpus_per_worker, workers.nodes_per_worker, node_gpus, nodes_in_job=job.nodes)
+    slots = most_workers([node_gpus - job.trainer_gpus] + [node_gpus] * (job.nodes - 1), shape.gpus, shape.nodes)
     burst = most_burst_workers(config)
     if floor <= slots + burst:
         return
     lent = f", and the burst.max_jobs = {config.burst.max_jobs} burst job(s) at most {burst} more" if burst else ""
     raise ConfigError(
         f"{config_path}: {key} = {floor} workers can never all be placed: the job's job.nodes = {job.nodes} "
-        f"node(s) of job.gpus_per_node = {job.gpus_per_node} GPUs, job.trainer_gpus = {job.trainer_gpus} of them "
+        f"node(s) of {where} = {node_gpus} GPUs, job.trainer_gpus = {job.trainer_gpus} of them "
         f"the trainer's, hold at most {slots} of workers.gpus_per_worker = {workers.gpus_per_worker}{lent}; the "
         f"controller would wait for the other {floor - slots - burst} for ever. Set {key} to at most "
         f"{slots + burst}, or give the job more nodes (job.nodes)")

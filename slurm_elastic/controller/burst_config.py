@@ -50,7 +50,7 @@ UNLIMITED_TIMES = frozenset({"infinite", "unlimited"})
 _HUGE = 10**15  # a number of 16 digits or more in a time: far past the largest, not converted whole
 
 
-def time_limit_s(text: str) -> int | None:
+def time_limit_s(text: str) -> int:
     """Seconds of a Slurm time limit (``--time``); 0 for none (empty, ``0``, ``UNLIMITED``).
     Raises ValueError for a text Slurm does not read as a time, or one past the largest Slurm
     keeps (:data:`~slurm_elastic.core.limits.MAX_TIME_LIMIT_MIN`: it would wrap a larger one)."""

@@ -188,7 +188,7 @@ def _validate_policy_tables(config: ElasticConfig, source: str) -> None:
 def _durations_fit_the_job(config: ElasticConfig, scaler: AutoscalerConfig, source: str) -> None:
     """A timer not shorter than the job's ``job.time_limit`` (or a burst job's) never fires within it;
     only values other than the defaults are compared (a default is not held against a short job)."""
-    limit_s = time_limit_s(config.job.time_limit) or 0
+    limit_s = time_limit_s(config.job.time_limit)
     defaults = (type(scaler)(), type(config.workers)(), type(config.burst)())
     timers = {"autoscaler.scale_up_cooldown_s": (scaler.scale_up_cooldown_s, "after one scale-up no other could come"),
               "autoscaler.scale_down_cooldown_s": (scaler.scale_down_cooldown_s, "after one scale-down no other could come"),
@@ -202,7 +202,7 @@ def _durations_fit_the_job(config: ElasticConfig, scaler: AutoscalerConfig, sour
             raise ConfigError(f"{source}: {key} ({value_s:g}) is not shorter than job.time_limit "
                               f"({config.job.time_limit} = {limit_s} s): {why} within the job")
     burst = config.burst
-    burst_limit_s = time_limit_s(burst.time_limit) or 0
+    burst_limit_s = time_limit_s(burst.time_limit)
     if (burst.max_jobs and burst_limit_s and burst.controller_unreachable_grace_s >= burst_limit_s
             and burst.controller_unreachable_grace_s != defaults[2].controller_unreachable_grace_s):
         raise ConfigError(f"{source}: burst.controller_unreachable_grace_s ({burst.controller_unreachable_grace_s:g}) "

@@ -250,6 +250,7 @@ class JobSection(StrictSection):
 
 
 _RULES = HealthRules()  # the one place the [health] defaults live
+MIN_CRASH_WINDOW_S = 1.0  # crashes are counted at ticks: a shorter window holds no two of them
 
 
 class HealthSection(StrictSection):
@@ -272,20 +273,20 @@ class HealthSection(StrictSection):
         "step but the node agents runs there (`scontrol update JobId=J NodeList=<the others>`); never the batch host, never "
         "the last node. Slurm does not give it back to the job: the job runs on without it.")
     crash_threshold: int = Field(_RULES.crash_threshold, ge=1, le=MAX_REPEATS)
-    crash_window_s: float = Field(_RULES.crash_window_s, ge=0, le=MAX_DURATION_S)  # above 0: _a_window
+    crash_window_s: float = Field(_RULES.crash_window_s, ge=0, le=MAX_DURATION_S)  # at least 1 s: _a_window
     crash_cordon_s: float = Field(_RULES.crash_cordon_s, ge=0, le=MAX_DURATION_S)
     agent_silence_s: float = Field(_RULES.agent_silence_s, gt=0, le=MAX_DURATION_S)  # 0 would make every node unknown at once
 
     @field_validator("crash_window_s")
     @classmethod
     def _a_window(cls, value: float, info: ValidationInfo) -> float:
-        """0 would turn the crash guard off without a word: no two crashes fall in a window of 0 s."""
-        if value == 0:
-            threshold = info.data.get("crash_threshold", _RULES.crash_threshold)
-            if threshold == 1:
-                raise ValueError("must be above 0: with crash_threshold = 1 every crash cordons its GPU whatever "
-                                 "the window, so leave the window out")
-            raise ValueError(f"must be above 0: a window of 0 s holds no two crashes, so the crash_threshold "
+        """A window under 1 s turns the crash guard off without a word when crash_threshold is above
+        1: crashes are counted at the controller's ticks, so no two fall in it. With a threshold of
+        1 every crash cordons whatever the window (0 included)."""
+        threshold = info.data.get("crash_threshold", _RULES.crash_threshold)
+        if value < MIN_CRASH_WINDOW_S and threshold != 1:
+            raise ValueError(f"must be at least {MIN_CRASH_WINDOW_S:g} s: a window of {value:g} s holds no two "
+                             f"crashes (they are counted at the controller's ticks), so the crash_threshold "
                              f"({threshold}) crashes that cordon a GPU never come together and a GPU that crashes "
                              f"every worker is never cordoned; leave it at {_RULES.crash_window_s:g} s, or set "
                              "crash_threshold = 1 to cordon at the first crash")

@@ -101,25 +101,29 @@ def check_worker_shape(config: ElasticConfig, job: JobInfo) -> None:
     shape_for_allocation(w.gpus_per_worker, w.nodes_per_worker, w.tasks_per_node, allocation_gpus(config, job))
 
 
-def unplaceable_floor(config: ElasticConfig, gpus_by_node: dict[str, tuple[int, ...]]) -> str:
+def unplaceable_floor(config: ElasticConfig, gpus_by_node: dict[str, tuple[int, ...]], trainer_node: str = "") -> str:
     """What to say when the fewest workers the job keeps (:func:`worker_floor`) are more than the
-    allocation's GPUs and all of ``[burst]``'s jobs can ever hold ('' when they fit): the
-    controller runs those that fit and never places the others."""
-    w = config.workers
+    allocation's GPUs, less ``job.trainer_gpus`` on the trainer's node (``trainer_node``, the batch
+    host; the first node if not one of them), and all of ``[burst]``'s jobs can ever hold ('' when
+    they fit), as render counts them: the controller runs those that fit and never places the others."""
+    w, trainer_gpus = config.workers, config.job.trainer_gpus
     if not w.gpus_per_worker:
         return ""
     key, floor = worker_floor(config)
     shape = shape_for_allocation(w.gpus_per_worker, w.nodes_per_worker, w.tasks_per_node, gpus_by_node)
-    slots = most_workers([len(gpus) for gpus in gpus_by_node.values()], shape.gpus, shape.nodes)
+    trainer_node = trainer_node if trainer_node in gpus_by_node else next(iter(gpus_by_node), "")
+    free = [len(gpus) - (trainer_gpus if node == trainer_node else 0) for node, gpus in gpus_by_node.items()]
+    slots = most_workers(free, shape.gpus, shape.nodes)
     burst = most_burst_workers(config)
     if floor <= slots + burst:
         return ""
     gpus = sum(len(g) for g in gpus_by_node.values())
     lent = f" and the burst.max_jobs = {config.burst.max_jobs} burst job(s) at most {burst} more" if burst else ""
     return (f"{key} = {floor} workers can never all be placed: this job's {len(gpus_by_node)} node(s) with {gpus} "
-            f"GPUs hold at most {slots} of workers.gpus_per_worker = {w.gpus_per_worker} (fewer while the trainer "
-            f"holds some){lent}. The controller runs the {slots + burst} that fit and never places the other "
-            f"{floor - slots - burst} (status: 'only N GPU slots usable now'); set {key} to at most {slots + burst}")
+            f"GPUs, job.trainer_gpus = {trainer_gpus} of them the trainer's, hold at most {slots} of "
+            f"workers.gpus_per_worker = {w.gpus_per_worker}{lent}. The controller runs the {slots + burst} that fit "
+            f"and never places the other {floor - slots - burst} (status: 'only N GPU slots usable now'); set {key} "
+            f"to at most {slots + burst}")
 
 
 def build_controller(config: ElasticConfig, job: JobInfo, backend: SlurmBackend, state_dir: Path,
@@ -132,7 +136,7 @@ def build_controller(config: ElasticConfig, job: JobInfo, backend: SlurmBackend,
     controller = Controller(config, job.job_id, backend, state_dir, gpus_by_node=gpus_by_node,
                             controller_url=controller_url, token_file=token_file, queue=queue)
     controller.note_job_times(job)
-    if note := unplaceable_floor(config, gpus_by_node):
+    if note := unplaceable_floor(config, gpus_by_node, job.batch_host):
         controller.note_config(note)
     return controller
 

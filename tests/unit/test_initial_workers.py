@@ -81,8 +81,9 @@ def test_with_agents_on_the_initial_workers_wait_for_the_first_report_and_no_bur
 
 
 def test_a_floor_the_allocation_can_never_hold_is_said_at_start(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """min_workers = 5 on 4 GPUs: the controller says so once at start, naming the key and the slots,
-    and runs the 4 that fit (before: nothing said, the target stayed at 5 for ever)."""
+    """min_workers = 5 on 4 GPUs beside a 1-GPU trainer: the controller says so once at start, naming
+    the key and the slots, and runs those that fit (before: nothing said, the target stayed at 5 for
+    ever). It counts as render does, the trainer's GPUs out (before: over the whole allocation)."""
     from slurm_elastic.controller.main import build_controller, unplaceable_floor
     from slurm_elastic.slurm.parse import JobInfo
 
@@ -91,15 +92,33 @@ def test_a_floor_the_allocation_can_never_hold_is_said_at_start(tmp_path: Path, 
     job = JobInfo(1, "rl", "RUNNING", ("node1",), "node1", "", "u", "debug", gpus_by_node={"node1": (0, 1, 2, 3)})
     with caplog.at_level("ERROR"):
         controller = build_controller(config, job, ListedSteps(), tmp_path)  # type: ignore[arg-type]
-    said = ("autoscaler.min_workers = 5 workers can never all be placed: this job's 1 node(s) with 4 GPUs hold at "
-            "most 4 of workers.gpus_per_worker = 1 (fewer while the trainer holds some). The controller runs the 4 "
-            "that fit and never places the other 1")
+    said = ("autoscaler.min_workers = 5 workers can never all be placed: this job's 1 node(s) with 4 GPUs, "
+            "job.trainer_gpus = 1 of them the trainer's, hold at most 3 of workers.gpus_per_worker = 1. The "
+            "controller runs the 3 that fit and never places the other 2")
     assert said in caplog.text
     assert [e["where"] for e in controller.status()["errors"]] == ["config"]
-    controller.tick()
+    controller.tick()  # no trainer step listed here: all 4 GPUs take one
     assert controller.status()["target_workers"] == 5 and len(controller.status()["workers"]) == 4
-    with_burst = parse_config({"workers": {"command": "w"}, "autoscaler": {"min_workers": 5, "max_workers": 8},
+    with_burst = parse_config({"workers": {"command": "w"}, "autoscaler": {"min_workers": 4, "max_workers": 8},
                                "burst": {"max_jobs": 1, "gpus_per_job": 1}})
-    assert unplaceable_floor(with_burst, {"node1": (0, 1, 2, 3)}) == ""  # a burst job may hold the fifth
-    fits = parse_config({"workers": {"command": "w"}, "autoscaler": {"min_workers": 4, "max_workers": 8}})
+    assert unplaceable_floor(with_burst, {"node1": (0, 1, 2, 3)}) == ""  # a burst job may hold the fourth
+    fits = parse_config({"workers": {"command": "w"}, "autoscaler": {"min_workers": 3, "max_workers": 8}})
     assert unplaceable_floor(fits, {"node1": (0, 1, 2, 3)}) == ""
+    no_trainer_gpus = parse_config({"workers": {"command": "w"}, "job": {"trainer_gpus": 0},
+                                    "autoscaler": {"min_workers": 4, "max_workers": 8}})
+    assert unplaceable_floor(no_trainer_gpus, {"node1": (0, 1, 2, 3)}) == ""
+
+
+@pytest.mark.parametrize(("floor", "says"), [(8, "runs the 7 that fit and never places the other 1"),
+                                             (9, "runs the 7 that fit and never places the other 2")])
+def test_the_start_check_leaves_the_trainers_gpus_out_as_render_does(floor: int, says: str) -> None:
+    """2 nodes x 4 GPUs beside a 1-GPU trainer hold 7 workers: render refuses min_workers = 8, and
+    the controller's start check says so too (before: nothing said at 8, '8 that fit' at 9)."""
+    from slurm_elastic.controller.main import unplaceable_floor
+
+    config = parse_config({"workers": {"command": "w"}, "autoscaler": {"min_workers": floor, "max_workers": floor}})
+    gpus = {"node1": (0, 1, 2, 3), "node2": (0, 1, 2, 3)}
+    assert says in unplaceable_floor(config, gpus, "node2")
+    assert "hold at most 7" in unplaceable_floor(config, gpus, "elsewhere")  # the first node's, then
+    if floor == 8:  # the trainer on the node with a fifth GPU: 8 fit
+        assert unplaceable_floor(config, {**gpus, "node2": (0, 1, 2, 3, 4)}, "node2") == ""

@@ -106,11 +106,12 @@ def test_every_numeric_trace_field_refuses_nonsense_naming_the_field(table: str,
     ({"job": {"time_limit": "24855-03:13:01"}}, "'24855-03:13:01' is 35791394 minutes"),  # seconds round up
     ({"job": {"time_limit": "9" * 5000}}, "is more than 10^15 minutes, above the largest"),
     ({"burst": {"time_limit": "99999999999"}}, "burst.time_limit: '99999999999' is 99999999999 minutes"),
-    # a crash window of 0 holds no two crashes: the crash guard would be off without a word
-    ({"health": {"crash_window_s": 0}}, "health.crash_window_s: must be above 0: a window of 0 s holds no two "
-                                        "crashes, so the crash_threshold (3) crashes that cordon a GPU never come"),
-    ({"health": {"crash_window_s": 0.0, "crash_threshold": 1}}, "health.crash_window_s: must be above 0: with "
-                                                                "crash_threshold = 1 every crash cordons"),
+    # a crash window under 1 s holds no two crashes: the crash guard would be off without a word
+    ({"health": {"crash_window_s": 0}}, "health.crash_window_s: must be at least 1 s: a window of 0 s holds no two "
+                                        "crashes (they are counted at the controller's ticks), so the "
+                                        "crash_threshold (3) crashes that cordon a GPU never come"),
+    ({"health": {"crash_window_s": 1e-9, "crash_threshold": 2}}, "must be at least 1 s: a window of 1e-09 s"),
+    ({"health": {"crash_window_s": 0.5}}, "must be at least 1 s: a window of 0.5 s holds no two crashes"),
 ])
 def test_a_value_past_its_bound_or_its_neighbours_is_refused_with_why(doc: dict[str, Any], says: str) -> None:
     with pytest.raises(ConfigError) as refused:
@@ -142,7 +143,8 @@ def test_the_largest_values_and_the_defaults_still_load() -> None:
                   "job": {"time_limit": "UNLIMITED"}, "workers": {"heartbeat_grace_s": 31622400}})
     for longest in ("35791393", "24855-03:13:00", "24855-3:13", "35791393:00", "596523:13:00", "infinite"):
         parse_config({"job": {"time_limit": longest}, "burst": {"time_limit": longest}})
-    parse_config({"health": {"crash_window_s": 0.5}})
+    parse_config({"health": {"crash_window_s": 1}})
+    parse_config({"health": {"crash_window_s": 0, "crash_threshold": 1}})  # cordons at the first crash: no window
 
 
 @pytest.mark.parametrize(("doc", "says"), [

@@ -270,6 +270,9 @@ def test_a_job_with_burst_jobs_cancels_those_still_pending_when_it_is_terminated
      r"workers\.initial_workers = 9 workers can never all be placed: .*at most 7"),  # the fixed pool
     ({"autoscaler": {"min_workers": 2}, "workers": {"gpus_per_worker": 8}, "job": {"trainer_gpus": 0}},
      r"autoscaler\.min_workers = 2 .* hold at most 1 of workers\.gpus_per_worker = 8"),  # one worker over both nodes
+    # the controller's GPUs per node, as the config's load and the controller take them (before: the job's)
+    ({"autoscaler": {"min_workers": 4}, "controller": {"gpus_per_node": 2}},
+     r"job\.nodes = 2 node\(s\) of controller\.gpus_per_node = 2 GPUs, .* hold at most 3 of"),
     ({"autoscaler": {"min_workers": 10, "max_workers": 10}, "burst": {"max_jobs": 1, "gpus_per_job": 2}},
      r"at most 7 of workers\.gpus_per_worker = 1, and the burst\.max_jobs = 1 burst job\(s\) at most 2 more; .* "
      r"to at most 9"),
