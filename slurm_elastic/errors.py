@@ -130,17 +130,18 @@ class TrainerSupersededError(ApiError):
 
 
 class DuplicateWorkerError(SlurmElasticError):
-    """The controller refused a worker's heartbeat (409): another live process reports for its
-    worker id, or this process is one of the worker's earlier launch. Not an :class:`ApiError`: a
-    loop that skips a refused rollout group does not swallow it (no call of this process can go
-    on). ``retry_after_s``: when the controller lets the other's claim go if it stays silent (0:
-    never); ``heard_ago_s``: how long before the answer the other process was heard (None: not
-    said). ``status_code`` is 409 and ``detail`` the controller's words, as on an ApiError."""
+    """The controller refused a worker's heartbeat (409): another live process of its step reports
+    for its worker id, or this process belongs to another step than the worker's (an earlier
+    launch). Not an :class:`ApiError`: a loop that skips a refused rollout group does not swallow
+    it (no call of this process can go on). ``retry_after_s``: when the controller lets the
+    holder's claim go if it stays silent (0: never); ``holder_beats``: the holder's beats let in
+    so far (None: not said). ``status_code`` is 409 and ``detail`` the controller's words, as on
+    an ApiError."""
 
-    def __init__(self, detail: str, retry_after_s: float = 0.0, heard_ago_s: float | None = None) -> None:
+    def __init__(self, detail: str, retry_after_s: float = 0.0, holder_beats: int | None = None) -> None:
         super().__init__(f"HTTP 409: {detail}")
         self.status_code, self.detail = 409, detail
-        self.retry_after_s, self.heard_ago_s = retry_after_s, heard_ago_s
+        self.retry_after_s, self.holder_beats = retry_after_s, holder_beats
 
 
 class TelemetryError(SlurmElasticError):

@@ -101,6 +101,7 @@ class Trainer:
         self._closed = False
         self._waiting_told_s = float("-inf")
         self._pull_id = uuid.uuid4().hex  # kept until a batch arrives: a pull whose answer was lost asks again
+        self._refusals = TokenRefusals(token_source)  # token refusals in a row, across calls (short next_batch ones)
         self.info = self._retry(lambda: self.client.trainer_register(trainer_id))
         self.session: int | None = self.info.get("trainer_session")  # None: a controller that fences none
 
@@ -126,20 +127,30 @@ class Trainer:
     def _retry(self, call: Any, timeout_s: float = RESTART_WAIT_S) -> Any:
         """``call()``, through a controller restart (its URL read again), for up to ``timeout_s``;
         then its ControllerUnreachableError or ApiError (503) is raised. A controller that
-        ``controller.json`` says was stopped raises :class:`ControllerStoppedError` at once. A
-        refused token (401, 403) is tried again, the URL read again each time and the refusal
-        logged once a minute, until ``timeout_s`` or the refusals in a row have gone on as long
-        as :class:`~slurm_elastic.client.refusals.TokenRefusals` allows (a restart's scale):
-        then :class:`~slurm_elastic.errors.TokenRefusedError` (an ApiError)."""
+        ``controller.json`` says was stopped raises :class:`ControllerStoppedError` at once (also
+        when another job's controller on its old address refuses the token). A refused token
+        (401, 403) is tried again, the URL read again each time and the refusal logged once a
+        minute, until ``timeout_s`` or the refusals in a row (this call's and the calls' before,
+        until one ends otherwise) have gone on as long as
+        :class:`~slurm_elastic.client.refusals.TokenRefusals` allows (a restart's scale): then
+        :class:`~slurm_elastic.errors.TokenRefusedError` (an ApiError)."""
         if self._closed:
             raise RuntimeError("Trainer used after close(): its line to the controller is closed (make a new "
                                "Trainer: it registers again, and the batches this one held come to it)")
         deadline = time.monotonic() + timeout_s
-        refusals = TokenRefusals(self.token_source)
+        refusals = self._refusals
         while True:
             try:
-                return call()
+                result = call()
             except (ControllerUnreachableError, ApiError) as exc:
+                refused = is_token_refusal(exc)
+                if not refused:
+                    refusals.reset()  # the refusals counted are those in a row
+                if (refused or isinstance(exc, ControllerUnreachableError)) and self.state_dir \
+                        and (stopped_s := stopped_by_operator_at(self.state_dir)) is not None:
+                    raise ControllerStoppedError(
+                        f"the job's controller was stopped (slurm-elastic stop, {time.ctime(stopped_s)}): "
+                        "no more batches will come") from None
                 if is_token_refusal(exc):
                     url = self.client.url
                     refusals.refused(exc, url)  # raises once they went on long enough
@@ -151,12 +162,6 @@ class Trainer:
                     self._line.refresh(force=True)  # another job's controller on the old port: ours moved?
                     time.sleep(0.5)
                     continue
-                refusals.reset()  # the refusals counted are those in a row
-                if isinstance(exc, ControllerUnreachableError) and self.state_dir \
-                        and (stopped_s := stopped_by_operator_at(self.state_dir)) is not None:
-                    raise ControllerStoppedError(
-                        f"the job's controller was stopped (slurm-elastic stop, {time.ctime(stopped_s)}): "
-                        "no more batches will come") from None
                 if time.monotonic() > deadline or (isinstance(exc, ApiError) and exc.status_code != UNAVAILABLE):
                     raise
                 if isinstance(exc, ControllerUnreachableError) and time.monotonic() - self._unreachable_logged_s >= 60:
@@ -165,6 +170,9 @@ class Trainer:
                 if isinstance(exc, ControllerUnreachableError):  # a 503 came from the controller in use
                     self._line.refresh(force=True)
                 time.sleep(0.5)
+            else:
+                refusals.reset()
+                return result
 
     def next_batch(self, timeout_s: float = 3600.0) -> Batch | None:
         """The next batch not yet acknowledged or held by this trainer (None after ``timeout_s``,
@@ -183,7 +191,7 @@ class Trainer:
             except ControllerUnreachableError:
                 return None  # still down at the deadline; the next call repeats this pull's id
             except TokenRefusedError:
-                if time.monotonic() < deadline:  # refused a restart's length: raised
+                if self._refusals.spent():  # refused a restart's length, over this call and those before
                     raise
                 return None  # refused until the deadline (a restart, perhaps): as for one unreachable
             if got is None:

@@ -23,7 +23,7 @@ import httpx
 
 from slurm_elastic.client.answers import (
     ANSWER_MAX_BYTES,
-    HEARD_AGO_HEADER,
+    HOLDER_BEATS_HEADER,
     answer_deadline_s,
     stored_by_an_earlier_try,
 )
@@ -305,12 +305,11 @@ class ControlClient:
         return self._call("POST", "/admin/uncordon", {"node": node, "gpu": gpu, "reason": reason})
 
 
-def _retry_after_s(response: httpx.Response, default_s: float, header: str = "retry-after",
-                   longest_s: float = 300.0) -> float:
-    """The answer's ``Retry-After`` (or another ``header``) in seconds (0 to ``longest_s``), or
-    ``default_s`` without a usable one."""
+def _retry_after_s(response: httpx.Response, default_s: float, longest_s: float = 300.0) -> float:
+    """The answer's ``Retry-After`` in seconds (0 to ``longest_s``), or ``default_s`` without a
+    usable one."""
     try:
-        seconds = float(response.headers[header])
+        seconds = float(response.headers["retry-after"])
     except (KeyError, ValueError):
         return default_s
     return default_s if math.isnan(seconds) else min(longest_s, max(0.0, seconds))
@@ -327,9 +326,9 @@ def _api_error(response: httpx.Response) -> ApiError | DuplicateWorkerError:
     if response.status_code == 409 and detail.startswith("trainer session superseded"):
         return TrainerSupersededError(response.status_code, detail)
     if response.status_code == 409 and detail.startswith("duplicate worker"):
-        heard_ago_s = _retry_after_s(response, -1.0, HEARD_AGO_HEADER, math.inf)
+        beats = response.headers.get(HOLDER_BEATS_HEADER, "")
         return DuplicateWorkerError(detail, _retry_after_s(response, 0.0, longest_s=math.inf),
-                                    heard_ago_s if heard_ago_s >= 0 else None)
+                                    int(beats) if beats.isascii() and beats.isdigit() else None)
     return ApiError(response.status_code, detail)
 
 

@@ -39,7 +39,7 @@ class TokenRefusals:
         self.clock = clock
         self.wait_s = wait_s
         self.tries = 0
-        self.first_s = 0.0
+        self.first_s = self.last_s = 0.0
 
     def reset(self) -> None:
         """A try ended otherwise (no connection, another error): the next refusal starts a new run."""
@@ -52,11 +52,15 @@ class TokenRefusals:
     def count(self) -> bool:
         """Count one refusal; True once the refusals in a row have gone on for
         TOKEN_REFUSED_TRIES tries and the window: time to give up."""
-        now_s = self.clock()
+        self.last_s = self.clock()
         if self.tries == 0:
-            self.first_s = now_s
+            self.first_s = self.last_s
         self.tries += 1
-        return self.tries >= TOKEN_REFUSED_TRIES and now_s - self.first_s >= self.window_s
+        return self.spent()
+
+    def spent(self) -> bool:
+        """The refusals in a row so far went on for TOKEN_REFUSED_TRIES tries and the window."""
+        return self.tries >= TOKEN_REFUSED_TRIES and self.last_s - self.first_s >= self.window_s
 
     def refused(self, exc: ApiError, url: str, give_up: bool = True) -> None:
         """Count one refusal of ``url``; with ``give_up``, TokenRefusedError once it is time to."""

@@ -6,8 +6,8 @@ body that validates (the route's own :class:`Heartbeat` model) for a known worke
 controller's lock is free, is answered on the event loop without FastAPI's routing and thread
 pool hop. Anything else (a body that does not validate, an unknown worker, the lock held by a
 tick) goes to the FastAPI route with the body replayed, which answers as it always does. A beat
-from a second live SDK process under one worker id is answered 409 here too, with Retry-After (and
-one from a process of the worker's earlier launch, without).
+from a second live SDK process of the worker's step is answered 409 here too, with Retry-After and
+Holder-Beats (and one from a process of another step than the worker's, without).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import ValidationError
 from starlette.types import Message, Receive, Scope
 
-from slurm_elastic.client.answers import HEARD_AGO_HEADER
+from slurm_elastic.client.answers import HOLDER_BEATS_HEADER
 from slurm_elastic.client.wire import WORKER_ID, Heartbeat
 from slurm_elastic.controller.control_plane import DuplicateInstanceError
 from slurm_elastic.controller.guard import Headers
@@ -65,13 +65,13 @@ class HeartbeatEndpoint:
 
 
 def refusal_headers(exc: DuplicateInstanceError) -> Headers:
-    """The headers of a refused SDK process: ``Retry-After``, when the other's claim goes if it stays
-    silent, and ``Heard-Ago-S``, how long ago the other was heard (neither for a process of an
-    earlier launch: never let in)."""
-    if exc.retry_after_s is None or exc.heard_ago_s is None:
+    """The headers of a refused SDK process: ``Retry-After``, when the holder's claim goes if it stays
+    silent, and ``Holder-Beats``, how many beats of the holder were let in (a count that moves
+    between two asks: the holder lives); neither for a process of another step (never let in)."""
+    if exc.retry_after_s is None or exc.holder_beats is None:
         return []
     return [(b"retry-after", str(max(1, math.ceil(exc.retry_after_s))).encode()),
-            (HEARD_AGO_HEADER.encode(), f"{exc.heard_ago_s:.3f}".encode())]
+            (HOLDER_BEATS_HEADER.encode(), str(exc.holder_beats).encode())]
 
 
 async def read_body(receive: Receive) -> bytes | None:

@@ -19,7 +19,13 @@ from slurm_elastic.core.lifecycle import (
     stood_total_s,
 )
 from slurm_elastic.core.liveness import drain_not_live
-from slurm_elastic.core.registration import admit, claim_refusal, next_claim, registration_refusal
+from slurm_elastic.core.registration import (
+    admit,
+    claim_refusal,
+    next_claim,
+    registration_refusal,
+    step_refusal,
+)
 from slurm_elastic.core.speed import note_busy_s
 
 log = logging.getLogger(__name__)
@@ -31,13 +37,13 @@ class UnknownWorkerError(KeyError):
 
 
 class DuplicateInstanceError(Exception):
-    """A heartbeat from a second live SDK process under one worker id, or from a process of an
-    earlier launch (answered 409). ``retry_after_s``: when the other's claim goes if it stays
-    silent; ``heard_ago_s``: how long ago it was heard (both None: never let in)."""
+    """A heartbeat from a second live SDK process under one worker id, or from a process of another
+    step than the worker's (answered 409). ``retry_after_s``: when the holder's claim goes if it
+    stays silent; ``holder_beats``: the beats of the holder let in so far (both None: never let in)."""
 
-    def __init__(self, detail: str, retry_after_s: float | None, heard_ago_s: float | None = None) -> None:
+    def __init__(self, detail: str, retry_after_s: float | None = None, holder_beats: int | None = None) -> None:
         super().__init__(detail)
-        self.detail, self.retry_after_s, self.heard_ago_s = detail, retry_after_s, heard_ago_s
+        self.detail, self.retry_after_s, self.holder_beats = detail, retry_after_s, holder_beats
 
 
 class ControlPlane(ControllerBase):
@@ -129,8 +135,9 @@ class ControlPlane(ControllerBase):
                                          f"(`slurm-elastic status {self.job_id}` lists them)")
             if info.get("rank"):
                 return self._rank_failed(worker, int(info["rank"]), info.get("exit_code"))
-            if info.get("instance"):  # before anything of the beat counts
-                self._claim_counts(worker, str(info["instance"]), bool(info.get("closing")))
+            if info.get("instance") or info.get("step"):  # before anything of the beat counts
+                self._claim_counts(worker, str(info.get("instance") or ""), str(info.get("step") or ""),
+                                   bool(info.get("closing")))
             now_s = worker.last_heartbeat_s = self.clock()
             self.heartbeats += 1
             if "busy" in info:
@@ -165,18 +172,28 @@ class ControlPlane(ControllerBase):
             # a record still STARTING (e.g. restored from before its registration was saved): ask again
             return {"drain": drain, "hold": worker.placeholder, "register": worker.state is S.STARTING}
 
-    def _claim_counts(self, worker: Worker, instance: str, closing: bool) -> None:
-        """Let SDK process ``instance`` report the worker's counts for its launch, or raise
-        DuplicateInstanceError (:func:`~slurm_elastic.core.registration.claim_refusal`); its closing
-        beat lets go."""
-        now_s, claims, grace_s = self.clock(), self.counts_claims, self.config.workers.heartbeat_grace_s
-        claim = claims.get(worker.worker_id)
-        if refusal := claim_refusal(worker.worker_id, claim, instance, worker.launches, now_s, grace_s):
+    def _claim_counts(self, worker: Worker, instance: str, step: str, closing: bool) -> None:
+        """Let SDK process ``instance`` of step ``step`` report the worker's counts, or raise
+        DuplicateInstanceError: a process of another step than the worker's runs now
+        (:func:`~slurm_elastic.core.registration.step_refusal`), or a second live one in its step
+        (:func:`~slurm_elastic.core.registration.claim_refusal`); its closing beat lets go. The
+        grace runs on a clock that stands still while the controller did not run (the pause watch)
+        and while the worker's burst job stood suspended: nobody could beat then, so a pause
+        expires no live holder, whether or not a tick has seen it yet."""
+        current = f"{worker.job_id or self.job_id}.{worker.step_id}" if worker.step_id else ""
+        if refusal := step_refusal(worker.worker_id, step, current):
             log.warning("%s (refused: instance %s)", refusal, instance)
-            heard_ago_s = (now_s - claim.heard_s if claim is not None and claim.launch == worker.launches
-                           and instance not in claim.earlier else None)  # None: an earlier launch's, never let in
-            raise DuplicateInstanceError(refusal, None if heard_ago_s is None else grace_s - heard_ago_s, heard_ago_s)
-        claims[worker.worker_id] = next_claim(claim, instance, worker.launches, now_s, closing)
+            raise DuplicateInstanceError(refusal)
+        if not instance:
+            return
+        claims, grace_s = self.counts_claims, self.config.workers.heartbeat_grace_s
+        wall_s, lost_s = self.clock(), self.pause_watch.lost_total_s() if self.pause_watch is not None else 0.0
+        now_s = wall_s - lost_s - stood_total_s(worker, wall_s)  # a clock that stands still in a pause
+        claim = claims.get(worker.worker_id)
+        if claim is not None and (refusal := claim_refusal(worker.worker_id, claim, instance, step, now_s, grace_s)):
+            log.warning("%s (refused: instance %s)", refusal, instance)
+            raise DuplicateInstanceError(refusal, grace_s - (now_s - claim.heard_s), claim.beats)
+        claims[worker.worker_id] = next_claim(claim, instance, step, now_s, closing)
         if len(claims) > 2 * len(self.state.workers) + 16:
             self.counts_claims = {w: c for w, c in claims.items() if w in self.state.workers}
 
@@ -280,13 +297,11 @@ class ControlPlane(ControllerBase):
         """The controller did not run for ``paused_s`` (a suspended job): workers were stopped too,
         and the busy time their SDK counted meanwhile is not credited (it read a worker's
         production as half of what it was after a 60 s suspend, and the autoscaler took every GPU).
-        Nor could an SDK beat: the claims on workers' counts are moved on by that time (lock held)."""
+        (Nor could an SDK beat: the claims on workers' counts measure their grace without the
+        pause, from the pause watch itself.) Lock held."""
         with self._busy_lock:
             self._busy_counted_to_s = {w: t + paused_s for w, t in self._busy_counted_to_s.items()}
             self._busy_since_report = {w: (at_s + paused_s, busy) for w, (at_s, busy) in self._busy_since_report.items()}
-        now_s = self.clock()
-        self.counts_claims = {w: replace(c, heard_s=min(now_s, c.heard_s + paused_s))
-                              for w, c in self.counts_claims.items()}
 
     def busy_worker_s(self, now_s: float) -> float | None:
         """Worker-seconds inside rollouts over the production window: those reported, and since

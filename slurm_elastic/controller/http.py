@@ -76,7 +76,7 @@ def control_router(controller: Controller) -> APIRouter:
             return controller.heartbeat(worker_id, body.model_dump(exclude_none=True))
         except UnknownWorkerError as exc:
             raise unknown(exc) from None
-        except DuplicateInstanceError as exc:  # a second live SDK process under this worker id
+        except DuplicateInstanceError as exc:  # a second live SDK process of its step, or one of another step
             headers = {k.decode(): v.decode() for k, v in refusal_headers(exc)}
             raise HTTPException(status.HTTP_409_CONFLICT, exc.detail, headers=headers) from None
 

@@ -224,7 +224,7 @@ def _adopt_and_refresh(workers: dict[str, Worker], by_id: dict[str, ObservedStep
             adopted = Worker(worker_id=worker_id, step_id=step.step_id, node=step.node, job_id=step.job_id,
                              nodes=step.nodes, launched_at_s=now_s, last_heartbeat_s=now_s, launches=1)
             if worker is not None:
-                adopted.crash_count, adopted.launches = worker.crash_count, worker.launches + 1  # a new step
+                adopted.crash_count, adopted.launches = worker.crash_count, worker.launches
                 adopted.history = worker.history
             adopted.history.append((now_s, "", S.STARTING.value, f"adopted running step {step.step_id}"))
             workers[worker_id] = adopted

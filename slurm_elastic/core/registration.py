@@ -41,53 +41,50 @@ def admit(worker: Worker, cordoned: Collection[tuple[str, int]], ready: bool, no
     transition(worker, WorkerState.ACTIVE, now_s, reason)
 
 
+def step_refusal(worker_id: str, step: str, current_step: str) -> str:
+    """Why an SDK process of step ``step`` ("job.step") may not report ``worker_id``'s counts ('' if
+    it may): the worker now runs as ``current_step`` (its record's job and step; "" while not known),
+    and a process of another step is one of its earlier launches (a step the controller took as
+    ended, still beating): its counts are not the worker's now. Stateless: right after a controller
+    restart too, and a step adopted again is the same step."""
+    if not step or not current_step or step == current_step:
+        return ""
+    return (f"duplicate worker {worker_id}: this process belongs to step {step}, an earlier launch of worker "
+            f"{worker_id}; the worker now runs as step {current_step}. Its counts are not taken, and this process "
+            "should end")
+
+
 @dataclass(frozen=True)
 class CountsClaim:
-    """The SDK process (``instance``) whose heartbeats carry a worker's counts for its launch number
-    ``launch`` (:attr:`Worker.launches`: a relaunched worker is a new process), last heard at
-    ``heard_s`` (``instance`` "": it closed, and nobody holds them); ``earlier``: the instances that held
-    them for its earlier launches (the last few)."""
+    """The SDK process (``instance``) whose heartbeats carry a worker's counts in its step ``step``
+    ("job.step"; "" from an SDK that does not say), last heard at ``heard_s`` (on a clock that stands
+    still while nobody could beat: a paused controller, a suspended job), after ``beats`` beats let in (``instance`` "": it closed, and nobody holds them)."""
 
     instance: str
+    step: str
     heard_s: float
-    launch: int
-    earlier: tuple[str, ...] = ()
+    beats: int = 1
 
 
-EARLIER_KEPT = 4  # instances of a worker's earlier launches remembered, to refuse a straggler of one
-
-
-def claim_refusal(worker_id: str, claim: CountsClaim | None, instance: str, launch: int, now_s: float,
+def claim_refusal(worker_id: str, claim: CountsClaim | None, instance: str, step: str, now_s: float,
                   grace_s: float) -> str:
-    """Why the SDK process ``instance`` may not report ``worker_id``'s counts at its launch number
-    ``launch`` ('' if it may). Refused: a process of an earlier launch (a step the controller took
-    as crashed or hung, still beating: its counts are not the new step's), and a second process
-    while the one that holds this launch's counts was heard within ``grace_s`` (two under one id
-    would mix their rollout counts and busy time). A process that closed let go; one silent for
-    ``grace_s`` is taken as gone (a process restarted in its step after a crash)."""
-    if claim is None:
-        return ""
-    if instance in claim.earlier or (claim.instance == instance and claim.launch != launch):
-        return (f"duplicate worker {worker_id}: this process reported for an earlier launch of this worker id, "
-                "and the controller launched it again since (it took that step as ended): its counts are not taken, "
-                "the new launch's process reports for it. This process should end")
-    if claim.instance in ("", instance) or claim.launch != launch or now_s - claim.heard_s >= grace_s:
+    """Why the SDK process ``instance`` of step ``step`` may not report ``worker_id``'s counts ('' if
+    it may): another process of the same step holds them and was heard within ``grace_s`` (two under
+    one id would mix their rollout counts and busy time). A process that closed let go; one silent
+    for ``grace_s`` is taken as gone (a process restarted in its step after a crash); a claim made
+    in another step is not this step's (a relaunch is a new process)."""
+    if claim is None or claim.step != step or claim.instance in ("", instance) or now_s - claim.heard_s >= grace_s:
         return ""
     return (f"duplicate worker {worker_id}: another process already reports for this worker id (heard "
-            f"{now_s - claim.heard_s:.0f} s ago); two RolloutWorkers under one id would mix their rollout counts "
-            "and busy time. Run one per worker id (each worker step the controller launches has its own); "
-            f"another may take over once this one closes, or after it is silent for workers.heartbeat_grace_s "
-            f"({grace_s:g} s)")
+            f"{now_s - claim.heard_s:.0f} s ago, {claim.beats} beats); two RolloutWorkers under one id would mix "
+            "their rollout counts and busy time. Run one per worker id (each worker step the controller launches "
+            "has its own); another may take over once this one closes, or after it is silent for "
+            f"workers.heartbeat_grace_s ({grace_s:g} s)")
 
 
-def next_claim(claim: CountsClaim | None, instance: str, launch: int, now_s: float,
+def next_claim(claim: CountsClaim | None, instance: str, step: str, now_s: float,
                closing: bool = False) -> CountsClaim:
-    """The claim after ``instance``'s beat was let in: it holds the counts (``closing``: it lets go);
-    a new launch's process takes them over, and the one that held the earlier launch's is
-    remembered as a process of an earlier launch."""
-    if claim is None:
-        return CountsClaim("" if closing else instance, now_s, launch)
-    earlier = claim.earlier
-    if claim.launch != launch and claim.instance not in ("", instance):
-        earlier = (*earlier, claim.instance)[-EARLIER_KEPT:]
-    return CountsClaim("" if closing else instance, now_s, launch, earlier)
+    """The claim after ``instance``'s beat was let in: it holds the counts, its beats counted on
+    (``closing``: it lets go)."""
+    beats = claim.beats + 1 if claim is not None and (claim.instance, claim.step) == (instance, step) else 1
+    return CountsClaim("" if closing else instance, step, now_s, beats)

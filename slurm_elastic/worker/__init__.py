@@ -35,18 +35,16 @@ from slurm_elastic.client.refusals import REFUSED_LOG_S, TokenRefusals, is_token
 from slurm_elastic.errors import (
     ApiError,
     ControllerUnreachableError,
-    DuplicateWorkerError,
-    SlurmElasticError,
     UnknownOnControllerError,
 )
 from slurm_elastic.rollouts.wire import group_json, pack_group
 from slurm_elastic.worker.context import StepContext
 from slurm_elastic.worker.control import FollowingControl
+from slurm_elastic.worker.heartbeats import Heartbeats
 
 SUBMIT_TRY_S = 5.0  # one submit's own retries, before the controller's URL is read again
 UNREACHABLE_LOG_S = 60.0  # a controller that does not answer is logged this often
 UNKNOWN_WAIT_S = 30.0  # a controller that does not know this worker is asked again this long (a restart without state)
-MAX_CLAIM_WAIT_S = 600.0  # the longest Retry-After a second process under a worker id waits out at start
 
 if TYPE_CHECKING:  # imported when a worker is made: the step wrapper imports this package without httpx
     from slurm_elastic.client.control import ControlClient
@@ -66,16 +64,12 @@ class RolloutWorker:
                                                    connect=ControlClient)
         self._drain = threading.Event()
         self._over_bound_told = False  # a waiting ask over the most that may run at once was logged
-        self._beat_refused_told = False  # a heartbeat's token refusal was logged (once, as a warning)
-        self._stop = threading.Event()
         self._busy = False
         self._busy_s = 0.0  # seconds inside finished rollouts
         self._rollout_since: float | None = None  # monotonic start of the rollout in flight
         self.rollouts = 0
-        self._thread = threading.Thread(target=self._beat_forever, name="heartbeat", daemon=True)
+        self.beats = Heartbeats(ctx, self.control, self._counts, self._drain)
         self._started = self._closed = self._told_not_started = False
-        self.instance: str | None = os.urandom(16).hex()  # this process: the controller refuses a second live one
-        self._refused: DuplicateWorkerError | None = None  # that refusal, heard by the heartbeats
 
     @classmethod
     def from_env(cls) -> RolloutWorker:
@@ -92,9 +86,11 @@ class RolloutWorker:
 
     def start(self) -> RolloutWorker:
         """Install the drain-signal handler (call it from the main thread), send a first heartbeat
-        (:class:`~slurm_elastic.errors.DuplicateWorkerError` when another live process reports for
-        this worker id: the handler before is put back and the line to the controller closed) and
-        start the heartbeats; ``with RolloutWorker.from_env() as worker:`` does it. Once only."""
+        (:class:`~slurm_elastic.errors.DuplicateWorkerError` when another live process of its step
+        reports for this worker id, or this process is of another step than the worker's:
+        :meth:`~slurm_elastic.worker.heartbeats.Heartbeats.claim`; the handler before is put back
+        and the line to the controller closed) and start the heartbeats; ``with
+        RolloutWorker.from_env() as worker:`` does it. Once only."""
         if self._closed or self._started:
             raise RuntimeError(f"RolloutWorker.start: this worker was already {'closed' if self._closed else 'started'}")
 
@@ -107,44 +103,15 @@ class RolloutWorker:
                                "there (its admit, submit and give_back may then be called from any thread)")
         before = signal.signal(self.ctx.drain_signum, on_drain)  # first: a drain while it claims only sets the flag
         try:
-            claimed = self._claim()
+            claimed = self.beats.claim()
         except BaseException:
             signal.signal(self.ctx.drain_signum, signal.SIG_DFL if before is None else before)
             self.close()
             raise
         self._started = True
         if claimed:  # else drained before it was let in: nothing of its own to report
-            self._thread.start()
+            self.beats.start()
         return self
-
-    def _claim(self) -> bool:
-        """A first heartbeat, now: a second live process under this worker id gets
-        :class:`~slurm_elastic.errors.DuplicateWorkerError` here, before it makes a rollout. After
-        an earlier process of this id that ended without closing, it asks again every heartbeat
-        interval until the controller's first Retry-After is over (it takes that one as gone after
-        ``workers.heartbeat_grace_s``), and raises as soon as an answer says the other was heard
-        since the last ask (it beats on), or at once for a Retry-After over MAX_CLAIM_WAIT_S. False:
-        a drain came while it waited. A task above rank 0 sends no counts, so it claims nothing."""
-        deadline_s: float | None = None
-        waited_s: float | None = None  # the last wait between two asks
-        while self.ctx.rank == 0:
-            try:
-                self._beat(claim=True)
-                return True
-            except DuplicateWorkerError as exc:
-                now_s = time.monotonic()
-                if deadline_s is None:  # the other's claim gone by then if it stays silent (and a margin)
-                    deadline_s = now_s + exc.retry_after_s + 0.5
-                beats_on = waited_s is not None and exc.heard_ago_s is not None and exc.heard_ago_s < waited_s
-                if beats_on or not 0 < exc.retry_after_s <= MAX_CLAIM_WAIT_S or now_s >= deadline_s:
-                    raise
-                log.log(logging.WARNING if waited_s is None else logging.DEBUG, "%s; asking again every %.1f s for "
-                        "up to %.0f s", exc.detail, self.ctx.heartbeat_interval_s + 0.5, deadline_s - now_s)
-                waited_s = min(deadline_s - now_s, self.ctx.heartbeat_interval_s + 0.5)
-                if self._drain.wait(waited_s):
-                    log.warning("a drain came before this process was let in: it reports nothing")
-                    return False
-        return True
 
     def _usable(self, method: str) -> None:
         """Refuse a call after :meth:`close`; warn once of one before :meth:`start`."""
@@ -161,8 +128,8 @@ class RolloutWorker:
 
     def _raise_refusal(self) -> None:
         """Raise the controller's refusal of this process heard by the heartbeats, if one came."""
-        if self._refused is not None:
-            raise self._refused
+        if self.beats.refused is not None:
+            raise self.beats.refused
 
     @contextlib.contextmanager
     def rollout(self) -> Iterator[None]:
@@ -182,45 +149,9 @@ class RolloutWorker:
         since = self._rollout_since
         return self._busy_s + (0.0 if since is None else time.monotonic() - since)
 
-    def _beat_forever(self) -> None:
-        """A heartbeat every interval, and a last one at :meth:`close` with the final counts (the
-        rollouts handed over since the last beat, a drained worker's last ones among them)."""
-        while not self._stop.wait(self.ctx.heartbeat_interval_s):
-            self._beat()
-        if self._refused is None:
-            self._beat(closing=True)
-
-    def _beat(self, claim: bool = False, closing: bool = False) -> None:
-        """One heartbeat; ``claim``: raise a refusal as a second process under this worker id
-        (else it stops the heartbeats, and the worker's calls raise it, a waiting one included)."""
-        counts: dict[str, Any] = {"busy": self._busy, "rollouts": self.rollouts, "busy_s": round(self.busy_s, 3)}
-        if self.instance is not None:
-            counts |= {"instance": self.instance, **({"closing": True} if closing else {})}
-        try:  # a task above rank 0 of the step: rank 0's counts speak for the step; this one hears drains
-            reply = self.control.heartbeat(counts if self.ctx.rank == 0 else {})
-        except DuplicateWorkerError as exc:
-            if claim:
-                raise
-            self._refused = exc
-            self._stop.set()
-            log.error("heartbeats stopped: %s", exc.detail)
-            return
-        except ApiError as exc:
-            if exc.status_code == 422 and "instance" in exc.detail and self.instance is not None:
-                self.instance = None  # a controller older than the field: its counts as before
-                return self._beat(claim, closing)
-            if is_token_refusal(exc) and not self._beat_refused_told:  # not raised: a restart may be on
-                self._beat_refused_told = True
-                log.warning("heartbeat: %s", TokenRefusals(self.ctx.token_source).warning(
-                    exc, self.control.client.url))
-                return
-            log.debug("heartbeat failed: %s", exc)
-            return
-        except (KeyError, SlurmElasticError) as exc:
-            log.debug("heartbeat failed: %s", exc)
-            return
-        if reply.get("drain"):
-            self._drain.set()
+    def _counts(self) -> dict[str, Any]:
+        """What a heartbeat says of this worker's rollouts."""
+        return {"busy": self._busy, "rollouts": self.rollouts, "busy_s": round(self.busy_s, 3)}
 
     def admit(self, sequences: int, wait: bool = True, poll_s: float = 0.2) -> int:
         """The staleness gate: block (unless ``wait`` is False) until ``sequences`` may start.
@@ -391,9 +322,7 @@ class RolloutWorker:
         """Stop the heartbeats after a last one (waited for 5 s at most), and the client; the
         worker's calls raise RuntimeError from then."""
         self._closed = True
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=5)
+        self.beats.stop()
         self.control.close()
 
     def __enter__(self) -> RolloutWorker:

@@ -22,8 +22,13 @@ import pytest
 from slurm_elastic.client import refusals
 from slurm_elastic.client.control import ControlClient
 from slurm_elastic.client.locate import controller_from_env
-from slurm_elastic.controller.files import publish
-from slurm_elastic.errors import ApiError, ControllerUnreachableError, TokenRefusedError
+from slurm_elastic.controller.files import mark_stopped_by_operator, publish
+from slurm_elastic.errors import (
+    ApiError,
+    ControllerStoppedError,
+    ControllerUnreachableError,
+    TokenRefusedError,
+)
 from slurm_elastic.trainer import Trainer
 from slurm_elastic.worker import RolloutWorker
 from slurm_elastic.worker.context import StepContext
@@ -265,3 +270,37 @@ def test_the_token_source_names_the_copy_read(tmp_path: Path) -> None:
     assert ctx.token_source.startswith(f"{tmp_path / '.token.copy'} (the copy beside SLURM_ELASTIC_TOKEN_FILE")
     where = controller_from_env({"SLURM_ELASTIC_STATE_DIR": str(tmp_path), "SLURM_ELASTIC_CONTROLLER_URL": "http://c:1"})
     assert where.token_source.startswith(f"{tmp_path / '.token.copy'} (the copy beside the job's token file")
+
+
+def test_short_next_batch_calls_count_their_refusals_together(served: ServedController) -> None:
+    """A trainer loop of short ``next_batch`` calls at an address that refuses its token gets
+    TokenRefusedError once the refusals in a row have gone on for the window (1 s here), as one
+    long call does. Before, each call counted its own refusals from zero: None for ever."""
+    trainer = Trainer(served.url, TOKEN, poll_s=0.05)
+    try:
+        trainer._line.client = ControlClient(served.url, "not-the-token")
+        started = time.monotonic()
+        with pytest.raises(TokenRefusedError, match="in a row"):
+            while time.monotonic() - started < 10:
+                assert trainer.next_batch(timeout_s=0.2) is None
+        assert 1.0 <= time.monotonic() - started < 10
+    finally:
+        trainer.close()
+
+
+def test_a_trainer_refused_after_its_controller_was_stopped_hears_that_it_stopped(
+        served: ServedController, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job's controller was stopped (``slurm-elastic stop``) and another job's controller took
+    its port: the refusal reads the stop mark, and the trainer gets ControllerStoppedError at once.
+    Before, a refusal was asked again before the mark was read: TokenRefusedError after the window."""
+    monkeypatch.setattr(refusals, "TOKEN_REFUSED_WAIT_S", 30.0)
+    trainer = Trainer(served.url, TOKEN, tmp_path, poll_s=0.05)
+    try:
+        trainer._line.client = ControlClient(served.url, "not-the-token")  # another job's controller, say
+        mark_stopped_by_operator(tmp_path)
+        started = time.monotonic()
+        with pytest.raises(ControllerStoppedError, match="slurm-elastic stop"):
+            trainer.next_batch(timeout_s=20)
+        assert time.monotonic() - started < 3
+    finally:
+        trainer.close()

@@ -165,9 +165,9 @@ def test_only_rank_0_reports_the_steps_counts_and_every_rank_hears_a_drain(rank:
         worker.close()
     finally:
         signal.signal(signal.SIGUSR1, handler)
-    claim = {"busy": False, "rollouts": 0, "busy_s": 0.0, "instance": worker.instance}  # at start: rank 0's alone
-    last = {"busy": False, "rollouts": 1, "busy_s": pytest.approx(0, abs=0.1), "instance": worker.instance,
-            "closing": True}
+    mine = {"instance": worker.beats.instance, "step": "1.3"}
+    claim = {"busy": False, "rollouts": 0, "busy_s": 0.0, **mine}  # at start: rank 0's alone
+    last = {"busy": False, "rollouts": 1, "busy_s": pytest.approx(0, abs=0.1), **mine, "closing": True}
     assert control.beats == ([claim, last] if rank == 0 else [{}])
     assert worker.draining  # the answer's drain reaches every rank's loop
 
@@ -198,3 +198,27 @@ def test_a_second_group_under_an_id_already_stored_is_warned_of_naming_the_id(
     told = [r.getMessage() for r in caplog.records if "a group of this id was stored before" in r.getMessage()]
     assert len(told) == 1 and "rollout group 0001-1 not stored" in told[0] and "uuid.uuid4().hex" in told[0]
     assert served.queue.stats()["queued_sequences"] == 4
+
+
+class OlderControl(RecordedControl):
+    """A controller that knows neither the ``step`` nor the ``instance`` field (422 naming it)."""
+
+    def heartbeat(self, info: dict[str, Any]) -> dict[str, Any]:
+        for field in ("step", "instance"):
+            if field in info:
+                raise ApiError(422, f"body.{field}: Extra inputs are not permitted")
+        return super().heartbeat(info)
+
+
+def test_an_older_controller_gets_the_counts_without_the_fields_it_refuses() -> None:
+    ctx = StepContext(worker_id="0007", controller_url="http://127.0.0.1:1", token="t", heartbeat_interval_s=3600,
+                      drain_signal="USR1", node="node1", gpus=(0,), step_id="3", job_id="1")
+    control = OlderControl()
+    handler = signal.getsignal(signal.SIGUSR1)
+    try:
+        worker = RolloutWorker(ctx, control=control).start()  # type: ignore[arg-type]
+        worker.close()
+    finally:
+        signal.signal(signal.SIGUSR1, handler)
+    assert worker.beats.step is None and worker.beats.instance is None
+    assert control.beats == [{"busy": False, "rollouts": 0, "busy_s": 0.0}] * 2
