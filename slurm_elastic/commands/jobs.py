@@ -193,14 +193,16 @@ def _render(doc: dict[str, Any]) -> str:
 @click.command()
 @click.argument("job_id", type=JOB_ID)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable (schema in docs/status.md).")
-@click.option("--watch", is_flag=True, help="Refresh in place until Ctrl-C.")
+@click.option("--watch", is_flag=True, help="Refresh in place until Ctrl-C (piped with --json: one JSON document a line).")
 @click.option("--interval-s", default=2.0, show_default=True, type=Seconds(0.01), help="Refresh interval for --watch.")
 def status(job_id: int, as_json: bool, watch: bool, interval_s: float) -> None:
     """Show a job's controller, autoscaler, buffer, workers and cordoned GPUs."""
     while True:
         doc = collect_status(job_id)
-        text = json.dumps(doc, indent=2) + "\n" if as_json else _render(doc)
-        if watch and sys.stdout.isatty():
+        piped = watch and not sys.stdout.isatty()
+        # piped, --watch --json writes one document a line (JSON Lines: `| jq -c .workers_by_state` reads each)
+        text = (json.dumps(doc, indent=None if piped else 2) + "\n") if as_json else _render(doc)
+        if watch and not piped:
             click.echo("\x1b[H\x1b[2J" + text, nl=False)
         else:
             click.echo(text, nl=False)

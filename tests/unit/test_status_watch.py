@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -27,6 +28,21 @@ def test_watch_refreshes_until_interrupted(monkeypatch: pytest.MonkeyPatch) -> N
     result = CliRunner().invoke(main, ["status", "5", "--watch", "--interval-s", "0.01"])
     assert result.exit_code == 0 and calls == [5, 5, 5]
     assert result.output.count("job 5\ncontroller: http://h:1") == 3
+
+
+def test_watch_json_piped_writes_one_document_a_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Piped (as a script or `| jq -c` reads it), each refresh is one line of JSON."""
+    calls = []
+    monkeypatch.setattr(jobs, "collect_status", lambda job_id: calls.append(job_id) or DOC)
+
+    def sleep(_s: float) -> None:
+        if len(calls) >= 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(jobs.time, "sleep", sleep)
+    result = CliRunner().invoke(main, ["status", "5", "--watch", "--json", "--interval-s", "0.01"])
+    lines = result.output.splitlines()
+    assert result.exit_code == 0 and len(lines) == 3 and [json.loads(line) for line in lines] == [DOC] * 3
 
 
 def test_unreachable_controller_exit_code(monkeypatch: pytest.MonkeyPatch) -> None:
