@@ -182,6 +182,13 @@ def _validate_policy_tables(config: ElasticConfig, source: str) -> None:
     if config.workers.initial_workers > scaler.max_workers:
         raise ConfigError(f"{source}: workers.initial_workers ({config.workers.initial_workers}) > "
                           f"autoscaler.max_workers ({scaler.max_workers})")
+    starting = config.workers.initial_workers if config.workers.initial_workers >= 0 else scaler.min_workers
+    if starting == 0 and (scaler.max_workers == 0 or not scaler.enabled):
+        # legal (an operator's `scale` starts them), but most likely a slip: said, not refused
+        log.warning("%s: no worker ever starts on its own: %s; the trainer waits for rollouts until an operator's "
+                    "`slurm-elastic scale JOB N`", source,
+                    "autoscaler.max_workers = 0" if scaler.max_workers == 0
+                    else "the autoscaler is off and workers.initial_workers is 0")
     _durations_fit_the_job(config, scaler, source)
 
 
@@ -297,7 +304,9 @@ above the workers the job's nodes, less `job.trainer_gpus`, and all of its burst
 the controller says so at start from its real allocation. The servers' keys (`workers.readiness_path`, `liveness_*`,
 `server_drain_grace_s`, `[weights]`) are refused unless `workers.kind = "server"` (read by nothing
 otherwise); `[agent]` keys beside `agent.enabled = false` load with a warning (kept for when the
-agents are turned on again).
+agents are turned on again), as does a job where no worker ever starts on its own
+(`autoscaler.max_workers = 0`, or the autoscaler off with `workers.initial_workers = 0`: only an
+operator's `slurm-elastic scale` starts them).
 
 """
 

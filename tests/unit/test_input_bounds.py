@@ -179,3 +179,20 @@ def test_a_burst_sbatch_option_with_a_control_character_is_refused(option: str) 
     with pytest.raises(ConfigError) as refused:
         parse_config({"burst": {"max_jobs": 1, "extra_sbatch_options": [option]}})
     assert "burst.extra_sbatch_options" in str(refused.value), str(refused.value)
+
+
+@pytest.mark.parametrize(("autoscaler", "workers", "said"), [
+    ({"min_workers": 0, "max_workers": 0}, {}, "autoscaler.max_workers = 0"),
+    ({"enabled": False}, {"initial_workers": 0}, "the autoscaler is off and workers.initial_workers is 0"),
+])
+def test_a_job_where_no_worker_ever_starts_on_its_own_is_said(
+        caplog: pytest.LogCaptureFixture, autoscaler: dict[str, Any], workers: dict[str, Any], said: str) -> None:
+    with caplog.at_level("WARNING"):
+        parse_config({"autoscaler": autoscaler, "workers": workers})
+    assert said in caplog.text and "slurm-elastic scale" in caplog.text
+
+
+def test_a_job_whose_workers_start_says_nothing_of_it(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING"):
+        parse_config({"autoscaler": {"min_workers": 0}})
+    assert "no worker ever starts" not in caplog.text
