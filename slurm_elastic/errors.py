@@ -129,20 +129,5 @@ class TrainerSupersededError(ApiError):
     """The controller refused a trainer call (409): a newer trainer registered on the job since."""
 
 
-class DuplicateWorkerError(SlurmElasticError):
-    """The controller refused a worker's heartbeat (409): another live process of its step reports
-    for its worker id, or this process belongs to another step than the worker's (an earlier
-    launch). Not an :class:`ApiError`: a loop that skips a refused rollout group does not swallow
-    it (no call of this process can go on). ``retry_after_s``: when the controller lets the
-    holder's claim go if it stays silent (0: never); ``holder_beats``: the holder's beats let in
-    so far (None: not said). ``status_code`` is 409 and ``detail`` the controller's words, as on
-    an ApiError."""
-
-    def __init__(self, detail: str, retry_after_s: float = 0.0, holder_beats: int | None = None) -> None:
-        super().__init__(f"HTTP 409: {detail}")
-        self.status_code, self.detail = 409, detail
-        self.retry_after_s, self.holder_beats = retry_after_s, holder_beats
-
-
 class TelemetryError(SlurmElasticError):
     """A GPU telemetry source could not start or read (NVML missing, bad injection file)."""

@@ -6,7 +6,6 @@ from typing import Any
 
 ANSWER_MAX_BYTES = 64 << 20  # an answer of a control route: a few KiB (the status of thousands of workers: a few MiB)
 ANSWER_MIN_BYTES_PER_S = 1 << 20  # past its timeout, an answer still arriving slower than this is given up
-HOLDER_BEATS_HEADER = "holder-beats"  # a refused SDK process's 409: beats let in of the process holding its counts
 
 
 def answer_deadline_s(timeout_s: float, received_bytes: int) -> float:

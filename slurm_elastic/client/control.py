@@ -23,7 +23,6 @@ import httpx
 
 from slurm_elastic.client.answers import (
     ANSWER_MAX_BYTES,
-    HOLDER_BEATS_HEADER,
     answer_deadline_s,
     stored_by_an_earlier_try,
 )
@@ -31,7 +30,6 @@ from slurm_elastic.errors import (
     ApiError,
     ControllerAnswerError,
     ControllerUnreachableError,
-    DuplicateWorkerError,
     TrainerSupersededError,
     UnknownOnControllerError,
 )
@@ -305,30 +303,24 @@ class ControlClient:
         return self._call("POST", "/admin/uncordon", {"node": node, "gpu": gpu, "reason": reason})
 
 
-def _retry_after_s(response: httpx.Response, default_s: float, longest_s: float = 300.0) -> float:
-    """The answer's ``Retry-After`` in seconds (0 to ``longest_s``), or ``default_s`` without a
-    usable one."""
+def _retry_after_s(response: httpx.Response, default_s: float) -> float:
+    """The answer's ``Retry-After`` in seconds (0 to 300), or ``default_s`` without a usable one."""
     try:
         seconds = float(response.headers["retry-after"])
     except (KeyError, ValueError):
         return default_s
-    return default_s if math.isnan(seconds) else min(longest_s, max(0.0, seconds))
+    return default_s if math.isnan(seconds) else min(300.0, max(0.0, seconds))
 
 
 def _with_session(path: str, session: int | None) -> str:
     return path if session is None else f"{path}?trainer_session={int(session)}"
 
 
-def _api_error(response: httpx.Response) -> ApiError | DuplicateWorkerError:
-    """The error an answer of 400 or more stands for (a superseded trainer's 409 and a refused SDK
-    process's have their own)."""
+def _api_error(response: httpx.Response) -> ApiError:
+    """The error an answer of 400 or more stands for (a superseded trainer's 409 has its own)."""
     detail = _detail(response)
     if response.status_code == 409 and detail.startswith("trainer session superseded"):
         return TrainerSupersededError(response.status_code, detail)
-    if response.status_code == 409 and detail.startswith("duplicate worker"):
-        beats = response.headers.get(HOLDER_BEATS_HEADER, "")
-        return DuplicateWorkerError(detail, _retry_after_s(response, 0.0, longest_s=math.inf),
-                                    int(beats) if beats.isascii() and beats.isdigit() else None)
     return ApiError(response.status_code, detail)
 
 

@@ -78,9 +78,9 @@ class Heartbeat(_Body):
     rank: int | None = Field(None, ge=0, le=65535, description="another task of a multi-node step (SLURM_PROCID "
                              "above 0) reporting that its command failed; only exit_code counts then")
     instance: str | None = Field(None, pattern=r"^[A-Za-z0-9_-]{1,64}$", description="the SDK process reporting "
-                                 "the counts; a second live one of its step under the worker's id is refused (409)")
+                                 "the counts; while another live one of its step holds the worker's counts, its counts are not applied")
     step: str | None = Field(None, pattern=r"^[0-9]{1,20}\.[0-9A-Za-z_+-]{1,32}$", description="the SDK process's "
-                             "Slurm step (job.step); one of another step than the worker's is refused (409)")
+                             "Slurm step (job.step); the counts of one of another step than the worker's are not applied")
     closing: bool | None = None  # the SDK's last beat (close()): its instance lets go of the worker's counts
 
 

@@ -125,7 +125,7 @@ class ControllerBase:
         self._busy_lock = threading.Lock()  # heartbeats add while a tick reads
         self.started_at_s = clock()
         self.state_notes: list[str] = []  # what loading the job's saved state could not keep, and why
-        self.counts_claims: dict[str, CountsClaim] = {}  # worker id -> the SDK process reporting its counts (live only)
+        self.counts_claims: dict[str, CountsClaim] = {}  # worker id -> the SDK process whose counts it takes (live only)
         # worker slots the last tick could fill, or will once their node's agent first reports (burst jobs
         # included); None: no tick yet
         self.usable_slots: int | None = None

@@ -5,24 +5,19 @@ most frequent request. :class:`ControllerApp` hands it here after the token and 
 body that validates (the route's own :class:`Heartbeat` model) for a known worker, while the
 controller's lock is free, is answered on the event loop without FastAPI's routing and thread
 pool hop. Anything else (a body that does not validate, an unknown worker, the lock held by a
-tick) goes to the FastAPI route with the body replayed, which answers as it always does. A beat
-from a second live SDK process of the worker's step is answered 409 here too, with Retry-After and
-Holder-Beats (and one from a process of another step than the worker's, without).
+tick) goes to the FastAPI route with the body replayed, which answers as it always does.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import re
 from typing import Any
 
 from pydantic import ValidationError
 from starlette.types import Message, Receive, Scope
 
-from slurm_elastic.client.answers import HOLDER_BEATS_HEADER
 from slurm_elastic.client.wire import WORKER_ID, Heartbeat
-from slurm_elastic.controller.control_plane import DuplicateInstanceError
 from slurm_elastic.controller.guard import Headers
 from slurm_elastic.controller.runtime import Controller, UnknownWorkerError
 
@@ -57,21 +52,9 @@ class HeartbeatEndpoint:
             reply: dict[str, Any] = self.controller.heartbeat(worker_id, beat.model_dump(exclude_none=True))
         except UnknownWorkerError:
             return None
-        except DuplicateInstanceError as exc:
-            return 409, json.dumps({"detail": exc.detail}).encode(), [*_JSON, *refusal_headers(exc)]
         finally:
             lock.release()
         return 200, json.dumps(reply, separators=(",", ":")).encode(), _JSON
-
-
-def refusal_headers(exc: DuplicateInstanceError) -> Headers:
-    """The headers of a refused SDK process: ``Retry-After``, when the holder's claim goes if it stays
-    silent, and ``Holder-Beats``, how many beats of the holder were let in (a count that moves
-    between two asks: the holder lives); neither for a process of another step (never let in)."""
-    if exc.retry_after_s is None or exc.holder_beats is None:
-        return []
-    return [(b"retry-after", str(max(1, math.ceil(exc.retry_after_s))).encode()),
-            (HOLDER_BEATS_HEADER.encode(), str(exc.holder_beats).encode())]
 
 
 async def read_body(receive: Receive) -> bytes | None:

@@ -19,13 +19,7 @@ from slurm_elastic.core.lifecycle import (
     stood_total_s,
 )
 from slurm_elastic.core.liveness import drain_not_live
-from slurm_elastic.core.registration import (
-    admit,
-    claim_refusal,
-    next_claim,
-    registration_refusal,
-    step_refusal,
-)
+from slurm_elastic.core.registration import CountsClaim, admit, counts_note, registration_refusal
 from slurm_elastic.core.speed import note_busy_s
 
 log = logging.getLogger(__name__)
@@ -34,16 +28,6 @@ S = WorkerState
 
 class UnknownWorkerError(KeyError):
     """A request named a worker id the controller does not know."""
-
-
-class DuplicateInstanceError(Exception):
-    """A heartbeat from a second live SDK process under one worker id, or from a process of another
-    step than the worker's (answered 409). ``retry_after_s``: when the holder's claim goes if it
-    stays silent; ``holder_beats``: the beats of the holder let in so far (both None: never let in)."""
-
-    def __init__(self, detail: str, retry_after_s: float | None = None, holder_beats: int | None = None) -> None:
-        super().__init__(detail)
-        self.detail, self.retry_after_s, self.holder_beats = detail, retry_after_s, holder_beats
 
 
 class ControlPlane(ControllerBase):
@@ -135,18 +119,19 @@ class ControlPlane(ControllerBase):
                                          f"(`slurm-elastic status {self.job_id}` lists them)")
             if info.get("rank"):
                 return self._rank_failed(worker, int(info["rank"]), info.get("exit_code"))
-            if info.get("instance") or info.get("step"):  # before anything of the beat counts
-                self._claim_counts(worker, str(info.get("instance") or ""), str(info.get("step") or ""),
-                                   bool(info.get("closing")))
+            note, other_step = self._counts_note(worker, info) if "instance" in info or "step" in info else ("", False)
             now_s = worker.last_heartbeat_s = self.clock()
             self.heartbeats += 1
-            if "busy" in info:
-                worker.busy = bool(info["busy"])
-            if "rollouts" in info:
-                worker.rollouts = int(info["rollouts"])
-            if "busy_s" in info:
-                self._note_busy_s(worker, float(info["busy_s"]), now_s)
-                self._record_busy_s(worker_id, float(info["busy_s"]), bool(info.get("busy")))
+            if note:  # the beat's counts are another process's: liveness only
+                log.debug("worker %s: counts of instance %s not applied: %s", worker_id, info.get("instance"), note)
+            else:
+                if "busy" in info:
+                    worker.busy = bool(info["busy"])
+                if "rollouts" in info:
+                    worker.rollouts = int(info["rollouts"])
+                if "busy_s" in info:
+                    self._note_busy_s(worker, float(info["busy_s"]), now_s)
+                    self._record_busy_s(worker_id, float(info["busy_s"]), bool(info.get("busy")))
             if info.get("exit_code") is not None:
                 worker.exit_code = int(info["exit_code"])
                 worker.terminated_by_signal = bool(info.get("terminated_by_signal"))
@@ -169,33 +154,30 @@ class ControlPlane(ControllerBase):
                 self._publish_endpoints()  # routers drop it before its command hears the drain
             drain = worker.state is S.DRAINING and not worker.placeholder and (
                 not self.is_server or (worker.drain_signaled and not worker.drained_by_its_step))
-            # a record still STARTING (e.g. restored from before its registration was saved): ask again
-            return {"drain": drain, "hold": worker.placeholder, "register": worker.state is S.STARTING}
+            # a record still STARTING (e.g. restored from before its registration was saved): ask again; never a
+            # process of another step (its registration would hand the record to its step)
+            reply: dict[str, Any] = {"drain": drain, "hold": worker.placeholder,
+                     "register": worker.state is S.STARTING and not other_step}
+            return (reply | {"counts_applied": False, "counts_note": note}) if note else reply
 
-    def _claim_counts(self, worker: Worker, instance: str, step: str, closing: bool) -> None:
-        """Let SDK process ``instance`` of step ``step`` report the worker's counts, or raise
-        DuplicateInstanceError: a process of another step than the worker's runs now
-        (:func:`~slurm_elastic.core.registration.step_refusal`), or a second live one in its step
-        (:func:`~slurm_elastic.core.registration.claim_refusal`); its closing beat lets go. The
-        grace runs on a clock that stands still while the controller did not run (the pause watch)
-        and while the worker's burst job stood suspended: nobody could beat then, so a pause
-        expires no live holder, whether or not a tick has seen it yet."""
+    def _counts_note(self, worker: Worker, info: dict[str, Any]) -> tuple[str, bool]:
+        """Why this SDK beat's counts are not the worker's ('' if they are:
+        :func:`~slurm_elastic.core.registration.counts_note`), and whether it came from a process of
+        another step than the worker's. A beat whose counts apply takes the worker's claim (its
+        closing beat lets go). The grace runs on a clock that stands still while the controller did
+        not run (the pause watch) and while the worker's burst job stood suspended: nobody could
+        beat then, so a pause hands no live holder's counts to another process."""
+        instance, step = str(info.get("instance") or ""), str(info.get("step") or "")
         current = f"{worker.job_id or self.job_id}.{worker.step_id}" if worker.step_id else ""
-        if refusal := step_refusal(worker.worker_id, step, current):
-            log.warning("%s (refused: instance %s)", refusal, instance)
-            raise DuplicateInstanceError(refusal)
-        if not instance:
-            return
-        claims, grace_s = self.counts_claims, self.config.workers.heartbeat_grace_s
         wall_s, lost_s = self.clock(), self.pause_watch.lost_total_s() if self.pause_watch is not None else 0.0
         now_s = wall_s - lost_s - stood_total_s(worker, wall_s)  # a clock that stands still in a pause
-        claim = claims.get(worker.worker_id)
-        if claim is not None and (refusal := claim_refusal(worker.worker_id, claim, instance, step, now_s, grace_s)):
-            log.warning("%s (refused: instance %s)", refusal, instance)
-            raise DuplicateInstanceError(refusal, grace_s - (now_s - claim.heard_s), claim.beats)
-        claims[worker.worker_id] = next_claim(claim, instance, step, now_s, closing)
-        if len(claims) > 2 * len(self.state.workers) + 16:
-            self.counts_claims = {w: c for w, c in claims.items() if w in self.state.workers}
+        claims, grace_s = self.counts_claims, self.config.workers.heartbeat_grace_s
+        note = counts_note(worker.worker_id, claims.get(worker.worker_id), instance, step, current, now_s, grace_s)
+        if not note and instance:
+            claims[worker.worker_id] = CountsClaim("" if info.get("closing") else instance, step, now_s)
+            if len(claims) > 2 * len(self.state.workers) + 16:
+                self.counts_claims = {w: c for w, c in claims.items() if w in self.state.workers}
+        return note, bool(step and current and step != current)
 
     def _drained_by_its_step(self, worker: Worker, signal_name: str | None = None) -> bool:
         """A worker's step got the drain signal from outside (``scancel --signal`` by an operator,

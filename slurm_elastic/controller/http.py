@@ -20,8 +20,6 @@ from slurm_elastic.client.wire import (
     Registration,
     ScaleRequest,
 )
-from slurm_elastic.controller.beats import refusal_headers
-from slurm_elastic.controller.control_plane import DuplicateInstanceError
 from slurm_elastic.controller.framing import CLIENT_DONE
 from slurm_elastic.controller.runtime import Controller, UnknownWorkerError
 from slurm_elastic.errors import TransitionError
@@ -76,9 +74,6 @@ def control_router(controller: Controller) -> APIRouter:
             return controller.heartbeat(worker_id, body.model_dump(exclude_none=True))
         except UnknownWorkerError as exc:
             raise unknown(exc) from None
-        except DuplicateInstanceError as exc:  # a second live SDK process of its step, or one of another step
-            headers = {k.decode(): v.decode() for k, v in refusal_headers(exc)}
-            raise HTTPException(status.HTTP_409_CONFLICT, exc.detail, headers=headers) from None
 
     @router.post("/agent/report", tags=["health"])
     def agent_report(report: AgentReportBody) -> dict[str, Any]:

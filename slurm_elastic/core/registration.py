@@ -41,50 +41,37 @@ def admit(worker: Worker, cordoned: Collection[tuple[str, int]], ready: bool, no
     transition(worker, WorkerState.ACTIVE, now_s, reason)
 
 
-def step_refusal(worker_id: str, step: str, current_step: str) -> str:
-    """Why an SDK process of step ``step`` ("job.step") may not report ``worker_id``'s counts ('' if
-    it may): the worker now runs as ``current_step`` (its record's job and step; "" while not known),
-    and a process of another step is one of its earlier launches (a step the controller took as
-    ended, still beating): its counts are not the worker's now. Stateless: right after a controller
-    restart too, and a step adopted again is the same step."""
-    if not step or not current_step or step == current_step:
-        return ""
-    return (f"duplicate worker {worker_id}: this process belongs to step {step}, an earlier launch of worker "
-            f"{worker_id}; the worker now runs as step {current_step}. Its counts are not taken, and this process "
-            "should end")
-
-
 @dataclass(frozen=True)
 class CountsClaim:
-    """The SDK process (``instance``) whose heartbeats carry a worker's counts in its step ``step``
-    ("job.step"; "" from an SDK that does not say), last heard at ``heard_s`` (on a clock that stands
-    still while nobody could beat: a paused controller, a suspended job), after ``beats`` beats let in (``instance`` "": it closed, and nobody holds them)."""
+    """The SDK process (``instance``) whose heartbeats' counts a worker's record takes, in its step
+    ``step`` ("job.step"; "" from an SDK that does not say), last heard at ``heard_s`` (on a clock
+    that stands still while nobody could beat: a paused controller, a suspended job); ``instance``
+    "": it closed, and nobody holds them."""
 
     instance: str
     step: str
     heard_s: float
-    beats: int = 1
 
 
-def claim_refusal(worker_id: str, claim: CountsClaim | None, instance: str, step: str, now_s: float,
-                  grace_s: float) -> str:
-    """Why the SDK process ``instance`` of step ``step`` may not report ``worker_id``'s counts ('' if
-    it may): another process of the same step holds them and was heard within ``grace_s`` (two under
-    one id would mix their rollout counts and busy time). A process that closed let go; one silent
-    for ``grace_s`` is taken as gone (a process restarted in its step after a crash); a claim made
-    in another step is not this step's (a relaunch is a new process)."""
-    if claim is None or claim.step != step or claim.instance in ("", instance) or now_s - claim.heard_s >= grace_s:
+def counts_note(worker_id: str, claim: CountsClaim | None, instance: str, step: str, current_step: str,
+                now_s: float, grace_s: float) -> str:
+    """Why the counts (busy, rollouts, busy_s) of a heartbeat from SDK process ``instance`` of step
+    ``step`` are not ``worker_id``'s ('' if they are, and the beat's counts apply). Not the
+    worker's: a process of another step than the worker's ``current_step`` (an earlier launch that
+    still beats; "" while the record's step is not known yet: counts apply, as from any process),
+    and a second process of one step while another holds the counts and was heard within
+    ``grace_s`` (two under one id would mix their counts). Nothing is refused: the beat counts
+    for liveness as any other. A process that closed lets go; one silent for ``grace_s`` is taken
+    as gone."""
+    if step and current_step and step != current_step:
+        return (f"this process runs in step {step}, an earlier launch of worker {worker_id}; the worker now runs "
+                f"as step {current_step}, so this process's rollout counts and busy time are not the worker's "
+                "and are not counted (the process should end)")
+    if (not instance or claim is None or claim.step != step or claim.instance in ("", instance)
+            or now_s - claim.heard_s >= grace_s):
         return ""
-    return (f"duplicate worker {worker_id}: another process already reports for this worker id (heard "
-            f"{now_s - claim.heard_s:.0f} s ago, {claim.beats} beats); two RolloutWorkers under one id would mix "
-            "their rollout counts and busy time. Run one per worker id (each worker step the controller launches "
-            "has its own); another may take over once this one closes, or after it is silent for "
-            f"workers.heartbeat_grace_s ({grace_s:g} s)")
-
-
-def next_claim(claim: CountsClaim | None, instance: str, step: str, now_s: float,
-               closing: bool = False) -> CountsClaim:
-    """The claim after ``instance``'s beat was let in: it holds the counts, its beats counted on
-    (``closing``: it lets go)."""
-    beats = claim.beats + 1 if claim is not None and (claim.instance, claim.step) == (instance, step) else 1
-    return CountsClaim("" if closing else instance, step, now_s, beats)
+    return (f"another process of this step already reports for worker {worker_id} (heard {now_s - claim.heard_s:.0f} "
+            "s ago), so this process's rollout counts and busy time are not counted (two RolloutWorkers under one "
+            "worker id would mix them); it keeps running. Run one RolloutWorker per worker id; another process's "
+            "counts are taken once the first closes, or after it is silent for workers.heartbeat_grace_s "
+            f"({grace_s:g} s)")

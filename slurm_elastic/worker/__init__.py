@@ -85,12 +85,10 @@ class RolloutWorker:
         self._drain.set()
 
     def start(self) -> RolloutWorker:
-        """Install the drain-signal handler (call it from the main thread), send a first heartbeat
-        (:class:`~slurm_elastic.errors.DuplicateWorkerError` when another live process of its step
-        reports for this worker id, or this process is of another step than the worker's:
-        :meth:`~slurm_elastic.worker.heartbeats.Heartbeats.claim`; the handler before is put back
-        and the line to the controller closed) and start the heartbeats; ``with
-        RolloutWorker.from_env() as worker:`` does it. Once only."""
+        """Install the drain-signal handler (call it from the main thread) and start the heartbeats
+        (on their own thread, the first after one heartbeat interval: start() does not wait for the
+        controller); ``with RolloutWorker.from_env() as worker:`` does it. Once only. Should it fail, the
+        handler before is put back and the line to the controller closed."""
         if self._closed or self._started:
             raise RuntimeError(f"RolloutWorker.start: this worker was already {'closed' if self._closed else 'started'}")
 
@@ -101,16 +99,14 @@ class RolloutWorker:
             raise RuntimeError(f"RolloutWorker.start from thread {threading.current_thread().name!r}: it installs the "
                                f"{self.ctx.drain_signal} handler, which only the main thread can; start the worker "
                                "there (its admit, submit and give_back may then be called from any thread)")
-        before = signal.signal(self.ctx.drain_signum, on_drain)  # first: a drain while it claims only sets the flag
+        before = signal.signal(self.ctx.drain_signum, on_drain)  # before the first beat: a drain only sets the flag
         try:
-            claimed = self.beats.claim()
+            self.beats.start()
         except BaseException:
             signal.signal(self.ctx.drain_signum, signal.SIG_DFL if before is None else before)
             self.close()
             raise
         self._started = True
-        if claimed:  # else drained before it was let in: nothing of its own to report
-            self.beats.start()
         return self
 
     def _usable(self, method: str) -> None:
@@ -118,18 +114,12 @@ class RolloutWorker:
         if self._closed:
             raise RuntimeError(f"RolloutWorker.{method} after close(): its line to the controller is closed "
                                "(call it inside the `with RolloutWorker.from_env() as worker:` block)")
-        self._raise_refusal()
         if not self._started and not self._told_not_started:
             self._told_not_started = True
             log.warning("RolloutWorker.%s before start(): no drain-signal handler is installed (the drain signal "
                         "%s ends this process, and the rollout in flight with it) and no busy time or rollout "
                         "count reaches the controller; use `with RolloutWorker.from_env() as worker:`",
                         method, self.ctx.drain_signal)
-
-    def _raise_refusal(self) -> None:
-        """Raise the controller's refusal of this process heard by the heartbeats, if one came."""
-        if self.beats.refused is not None:
-            raise self.beats.refused
 
     @contextlib.contextmanager
     def rollout(self) -> Iterator[None]:
@@ -278,7 +268,6 @@ class RolloutWorker:
         unknown_since_s: float | None = None
         refusals = TokenRefusals(self.ctx.token_source)
         while True:
-            self._raise_refusal()  # heard by the heartbeats while this call waited
             try:
                 result: dict[str, Any] = call()
                 return result

@@ -64,11 +64,11 @@ def test_a_worker_with_another_jobs_token_file_fails_naming_it(
     worker_env(monkeypatch, served, tmp_path)
     monkeypatch.setenv("SLURM_ELASTIC_TOKEN_FILE", str(token_file))
     with caplog.at_level(logging.WARNING), RolloutWorker.from_env() as worker:
-        assert "heartbeat: the controller at" in caplog.text  # start() claims nothing, and says so
         started = time.monotonic()
         with pytest.raises(TokenRefusedError) as caught:
             worker.admit(1)
         took_s = time.monotonic() - started
+    assert "heartbeat: the controller at" in caplog.text  # the heartbeats say so too, and never raise
     assert caught.value.status_code == 403 and f"SLURM_ELASTIC_TOKEN_FILE ({token_file})" in str(caught.value)
     assert "or a controller restart in progress" in str(caught.value)
     assert 1.0 <= took_s < 10  # the refusals' window (shortened here), not for ever

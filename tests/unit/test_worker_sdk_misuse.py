@@ -166,9 +166,8 @@ def test_only_rank_0_reports_the_steps_counts_and_every_rank_hears_a_drain(rank:
     finally:
         signal.signal(signal.SIGUSR1, handler)
     mine = {"instance": worker.beats.instance, "step": "1.3"}
-    claim = {"busy": False, "rollouts": 0, "busy_s": 0.0, **mine}  # at start: rank 0's alone
     last = {"busy": False, "rollouts": 1, "busy_s": pytest.approx(0, abs=0.1), **mine, "closing": True}
-    assert control.beats == ([claim, last] if rank == 0 else [{}])
+    assert control.beats == ([last] if rank == 0 else [{}])  # start() sends none: the last one, at close
     assert worker.draining  # the answer's drain reaches every rank's loop
 
 
@@ -221,4 +220,4 @@ def test_an_older_controller_gets_the_counts_without_the_fields_it_refuses() -> 
     finally:
         signal.signal(signal.SIGUSR1, handler)
     assert worker.beats.step is None and worker.beats.instance is None
-    assert control.beats == [{"busy": False, "rollouts": 0, "busy_s": 0.0}] * 2
+    assert control.beats == [{"busy": False, "rollouts": 0, "busy_s": 0.0}]  # the last beat, at close
