@@ -98,7 +98,7 @@ class StepControlClient:
                 try:
                     if left_s <= 0:
                         raise TimeoutError
-                    if sock is not None:
+                    if sock is not None and sock.fileno() >= 0:  # Python 3.12+ closes it with a run-out length
                         sock.settimeout(left_s)
                     chunk = response.read1(READ_BYTES)
                 except TimeoutError:

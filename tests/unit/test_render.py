@@ -200,7 +200,8 @@ def test_a_controller_without_a_worker_command_stops_at_once_with_the_key(tmp_pa
     (tmp_path / "elastic.toml").write_text("[workers]\ninitial_workers = 1\n")
     result = subprocess.run([sys.executable, "-m", "slurm_elastic", "controller", "--config",
                              str(tmp_path / "elastic.toml")], capture_output=True, text=True, timeout=60,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))})
     assert result.returncode == 78 and "workers.command is empty" in result.stderr, result.stderr
 
 

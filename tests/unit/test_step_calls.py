@@ -51,7 +51,7 @@ def served(tmp_path: Path) -> Iterator[tuple[str, str, Controller]]:
         server.stop()
 
 
-def test_register_and_heartbeat_through_the_real_server(served: tuple[str, str, Controller]) -> None:
+def test_register_and_heartbeat_through_the_real_server(served: tuple[str, str, Controller], read1_of: str) -> None:
     url, worker_id, _controller = served
     client = StepControlClient(url, TOKEN)
     try:
@@ -65,8 +65,28 @@ def test_register_and_heartbeat_through_the_real_server(served: tuple[str, str, 
         client.close()
 
 
-def test_a_wrong_token_is_an_api_error_and_no_server_is_unreachable(served: tuple[str, str, Controller]) -> None:
+@pytest.fixture(params=["this_python", "python_3_12_read1"])
+def read1_of(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """``http.client`` as it is here, and as Python 3.12+ reads: ``read1`` closes the response (and
+    with it the socket of an answer that says ``Connection: close``) once its length runs out."""
+    if request.param == "python_3_12_read1" and sys.version_info < (3, 12):
+        read1 = http.client.HTTPResponse.read1
+
+        def read1_closing(self: http.client.HTTPResponse, n: int = -1) -> bytes:
+            chunk = read1(self, n)
+            if chunk and self.length == 0:
+                self._close_conn()  # type: ignore[attr-defined]
+            return chunk
+
+        monkeypatch.setattr(http.client.HTTPResponse, "read1", read1_closing)
+    return str(request.param)
+
+
+def test_a_wrong_token_is_an_api_error_and_no_server_is_unreachable(
+        served: tuple[str, str, Controller], read1_of: str) -> None:
     url, worker_id, _controller = served
+    client = StepControlClient(url, TOKEN)
+    assert client.register(worker_id, {"node": "n1", "gpus": [0], "step_id": "3", "ready": True})["action"] == "run"
     with pytest.raises(ApiError) as refused:
         StepControlClient(url, "wrong").register(worker_id, {})
     assert refused.value.status_code == 403
@@ -95,7 +115,7 @@ class _OneRequestPerConnection(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def test_a_connection_closed_by_the_server_is_opened_again() -> None:
+def test_a_connection_closed_by_the_server_is_opened_again(read1_of: str) -> None:
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _OneRequestPerConnection)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
