@@ -117,12 +117,14 @@ class Worker:
     def cordoned_gpus(self, cordoned: Collection[tuple[str, int]]) -> list[tuple[str, int]]:
         """The cordoned GPUs that concern it: its own, and on another node of its step whose rank
         has not reported its GPUs yet, any GPU of that node."""
+        if not cordoned:  # the usual case, asked several times a tick for every worker
+            return []
         unknown = set(self.all_nodes) - {self.node, *self.node_gpus}
         mine = set(self.gpu_keys)
         return sorted(k for k in cordoned if k in mine or k[0] in unknown)
 
     def to_json(self) -> dict[str, Any]:
-        data = {k: v for k, v in self.__dict__.items()}
+        data = dict(self.__dict__)
         data["state"] = self.state.value
         data["gpus"] = list(self.gpus)
         data["nodes"] = list(self.nodes)

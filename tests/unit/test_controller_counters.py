@@ -13,6 +13,7 @@ from slurm_elastic.controller import runtime
 from slurm_elastic.controller.config import parse_config
 from slurm_elastic.controller.metrics import metrics_registry
 from slurm_elastic.controller.runtime import Controller
+from slurm_elastic.core.health import AgentReport, GpuSample
 from slurm_elastic.core.naming import worker_step_name
 from slurm_elastic.rollouts.queue import QueueConfig, RolloutQueue
 from slurm_elastic.rollouts.store import RolloutStore
@@ -67,6 +68,25 @@ def test_heartbeats_alone_do_not_rewrite_the_state_file(tmp_path: Path) -> None:
     controller.scale(2)  # a durable change is written at once
     assert path.stat().st_ino != written
     assert controller.state_file.load().manual_target == 2
+
+
+def test_agent_reports_alone_do_not_rewrite_the_state_file_and_a_crash_is_written_at_once(tmp_path: Path) -> None:
+    """Each report moves when its node was last heard: 32 agents made a write at every tick (a 256-
+    worker pool's 214 kB, twice a second)."""
+    controller = make_controller(tmp_path)
+    path = controller.state_file.path
+    controller.save()
+    written = path.stat().st_ino
+    for now_s in (1.0, 2.0):
+        controller.report_gpu_health(AgentReport("node1", now_s, "inject", [
+            GpuSample("node1", gpu, temperature_c=40.0, memory_used_mb=0, memory_total_mb=80000) for gpu in (0, 1)]))
+        controller.save()
+    assert path.stat().st_ino == written
+    controller.state.cordons.record_crash("node1", 1, 3.0)
+    controller.save()
+    assert path.stat().st_ino != written
+    saved = controller.state_file.load().cordons
+    assert [(g["gpu"], g["crashes_s"]) for g in saved["gpus"]] == [(1, [3.0])] and list(saved["heard_s"]) == ["node1"]
 
 
 def test_live_fields_are_written_after_the_refresh_interval(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
