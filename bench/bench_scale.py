@@ -33,10 +33,11 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._common import median, write_headline, write_report
+from slurm_elastic.controller.base import TICK_WINDOW
 from slurm_elastic.controller.config import parse_config
 from slurm_elastic.controller.runtime import Controller
 from slurm_elastic.controller.state import STATE_FORMAT, STATE_VERSION, write_json_atomic
-from slurm_elastic.core.defaults import AGENT_INTERVAL_S
+from slurm_elastic.core.defaults import AGENT_INTERVAL_S, TICK_INTERVAL_S
 from slurm_elastic.core.naming import worker_step_name
 from slurm_elastic.devcluster.cluster import DevCluster, DevClusterSpec
 from slurm_elastic.errors import ControllerUnreachableError
@@ -51,7 +52,7 @@ from tests.cluster.controller_harness import (
 from tests.stub_backend import ListedSteps
 
 NODES, GPUS_PER_NODE = 32, 8  # the host has 10 distinct live char devices to stand in for GPUs
-TICK_S = 0.5
+TICK_S = TICK_INTERVAL_S  # the product's default; --tick-s 0.5 for a tick four times as often
 HEARTBEAT_S = 5.0
 # the lightest worker command that still drains cleanly: the wrapper forwards USR1, the shell exits 0
 LIGHT_COMMAND = ["/bin/sh", "-c", "trap 'kill $! 2>/dev/null; exit 0' USR1 TERM; sleep infinity & wait"]
@@ -190,9 +191,9 @@ def bare_srun_burst(job_id: int, n: int) -> float:
 
 
 def run_sizes(cluster: DevCluster, tmp: Path, slurm: SlurmCli, sizes: tuple[int, ...], window_s: float,
-              settle_s: float) -> tuple[list[Window], float, tuple[int, float]]:
+              settle_s: float, tick_s: float) -> tuple[list[Window], float, tuple[int, float]]:
     job = start_controller_job(
-        cluster, tmp / "run", nodes=NODES, gpus_per_node=GPUS_PER_NODE, controller={"tick_interval_s": TICK_S},
+        cluster, tmp / "run", nodes=NODES, gpus_per_node=GPUS_PER_NODE, controller={"tick_interval_s": tick_s},
         # the node agents at the product's default interval (the test harness samples every 0.5 s: 32 agents
         # then send 64 reports a second, which measured the controller at 21 % of a core at 64 workers)
         agent={"interval_s": AGENT_INTERVAL_S},
@@ -278,7 +279,7 @@ def persistence_rows(sizes: tuple[int, ...]) -> list[str]:
             "|---|---|---|---|---|", *rows, ""]
 
 
-def report(windows: list[Window], drain_s: float, window_s: float, floor: tuple[int, float]) -> str:
+def report(windows: list[Window], drain_s: float, window_s: float, floor: tuple[int, float], tick_s: float) -> str:
     base = windows[0]
     cols = [f"{w.workers} workers" for w in windows]
     prev = [0, *[w.workers for w in windows[:-1]]]
@@ -294,7 +295,7 @@ def report(windows: list[Window], drain_s: float, window_s: float, floor: tuple[
     lines = [
         f"## Controller scale (dev cluster: {NODES} nodes x {GPUS_PER_NODE} fake GPUs, Slurm 22.05, 2 shared cores)",
         "",
-        f"Tick interval {TICK_S} s, heartbeat interval {HEARTBEAT_S} s, steady window {window_s:g} s per size "
+        f"Tick interval {tick_s:g} s, heartbeat interval {HEARTBEAT_S:g} s, agent interval {AGENT_INTERVAL_S:g} s, steady window {window_s:g} s per size "
         f"(CPU: median of 5 sub-windows). Growth: value at the largest size / value at {base.workers} workers.",
         "",
         "| figure | " + " | ".join(cols) + f" | growth {base.workers} -> {last.workers} |",
@@ -308,7 +309,7 @@ def report(windows: list[Window], drain_s: float, window_s: float, floor: tuple[
         row("controller threads", [str(w.threads) for w in windows], ratio(last.threads, base.threads)),
         row("tick duration, mean over the window", [f"{w.tick_mean_ms:.1f} ms" for w in windows],
             ratio(last.tick_mean_ms, base.tick_mean_ms)),
-        row("tick duration p50 / p95 (last 60 ticks)", [f"{w.tick_p50_ms:.1f} / {w.tick_p95_ms:.1f} ms" for w in windows],
+        row(f"tick duration p50 / p95 (the last {TICK_WINDOW} ticks, all steady)", [f"{w.tick_p50_ms:.1f} / {w.tick_p95_ms:.1f} ms" for w in windows],
             ratio(last.tick_p50_ms, base.tick_p50_ms)),
         row("the tick's one listing (squeue --steps), p50", [f"{w.squeue_ms:.0f} ms" for w in windows],
             ratio(last.squeue_ms, base.squeue_ms)),
@@ -338,12 +339,14 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="8 and 64 workers, shorter windows")
     parser.add_argument("--sizes", default="", help="worker counts in order, e.g. 64,256 (default: 8,64,256)")
     parser.add_argument("--window-s", type=float, default=0.0, help="steady window (and settle time) per size")
+    parser.add_argument("--tick-s", type=float, default=TICK_S, help="the controller's tick interval (default: the product's)")
     args = parser.parse_args()
     sizes, window_s, settle_s = ((8, 64), 15.0, 15.0) if args.quick else ((8, 64, 256), 30.0, 30.0)
     if args.sizes:
         sizes = tuple(int(n) for n in args.sizes.split(","))
     if args.window_s:
         window_s = settle_s = args.window_s
+    settle_s = max(settle_s, TICK_WINDOW * args.tick_s - window_s)  # the tick p95 read from steady ticks only
     spec = DevClusterSpec(dir=Path(tempfile.gettempdir()) / "se-scale-cluster", nodes=NODES,
                           gpus_per_node=GPUS_PER_NODE, cpus_per_node=16, memory_per_node_mb=8000,
                           ctld_port=21817, node_base_port=21901, cluster_name="scale", node_prefix="sn")
@@ -352,17 +355,17 @@ def main() -> None:
     os.environ["SLURM_CONF"] = str(cluster.conf_path)
     try:
         with tempfile.TemporaryDirectory() as tmp_name:
-            windows, drain_s, floor = run_sizes(cluster, Path(tmp_name), SlurmCli(), sizes, window_s, settle_s)
+            windows, drain_s, floor = run_sizes(cluster, Path(tmp_name), SlurmCli(), sizes, window_s, settle_s, args.tick_s)
     finally:
         cluster.down()
-    write_report("scale", "\n".join([report(windows, drain_s, window_s, floor), *persistence_rows((8, 64, 256))]))
+    write_report("scale", "\n".join([report(windows, drain_s, window_s, floor, args.tick_s), *persistence_rows((8, 64, 256))]))
     base, last = windows[0], windows[-1]
     launched = last.workers - (windows[-2].workers if len(windows) > 1 else 0)
     write_headline("scale", [
         (f"launch throughput, {launched} workers by one scale-up until all registered (vs {floor[0]} bare sruns "
          "of a Python command at once)", f"{launched / last.scale_up_s:.1f}/s", f"{floor[0] / floor[1]:.1f}/s",
          f"{launched / last.scale_up_s / (floor[0] / floor[1]):.2f}x"),
-        (f"controller at {last.workers} workers: CPU (% of a core) / RSS / tick p50",
+        (f"controller at {last.workers} workers, tick {args.tick_s:g} s: CPU (% of a core) / RSS / tick p50",
          f"{last.cpu_pct:.1f} % / {last.rss_mb:.0f} MB / {last.tick_p50_ms:.0f} ms",
          f"at {base.workers}: {base.cpu_pct:.1f} % / {base.rss_mb:.0f} MB / {base.tick_p50_ms:.0f} ms",
          f"{last.workers / base.workers:.0f}x workers: CPU {last.cpu_pct / max(base.cpu_pct, 1e-9):.1f}x, "

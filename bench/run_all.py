@@ -40,6 +40,7 @@ BENCHES: dict[str, tuple[list[str], list[str]]] = {
     "bad_input": ([], []),
     "chaos": (["--duration-s", "600"], ["--quick"]),
     "scale": ([], ["--quick"]),
+    "heartbeat_cost": ([], ["--runs", "1"]),
 }
 REPORT_NAME = {"bad_input": "bad-input"}
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from slurm_elastic import __version__
 from slurm_elastic.client.locate import job_comment
-from slurm_elastic.controller.beats import HeartbeatEndpoint
+from slurm_elastic.controller.beats import AgentReportEndpoint, HeartbeatEndpoint
 from slurm_elastic.controller.config import ElasticConfig
 from slurm_elastic.controller.files import (
     ensure_token,
@@ -64,6 +64,7 @@ def create_controller_app(controller: Controller, token: str | tuple[str, ...], 
 
     app.include_router(control_router(controller))
     app.heartbeat_endpoint = HeartbeatEndpoint(controller)
+    app.agent_report_endpoint = AgentReportEndpoint(controller)
     if queue is not None:
         app.include_router(rollout_router(controller, queue))
         app.submit_endpoint = SubmitEndpoint(queue)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, FastAPI, HTTPException, Query, Request, Response, status
@@ -18,9 +19,14 @@ from prometheus_client import generate_latest
 from starlette.types import Message, Receive, Scope, Send
 
 from slurm_elastic.client.wire import Admission, AdmissionRelease, TrainerHello, VersionUpdate
-from slurm_elastic.controller.beats import HeartbeatEndpoint, read_body, replaying
+from slurm_elastic.controller.beats import (
+    AgentReportEndpoint,
+    HeartbeatEndpoint,
+    read_body,
+    replaying,
+)
 from slurm_elastic.controller.control_plane import UnknownWorkerError
-from slurm_elastic.controller.guard import RequestGuard, send_answer
+from slurm_elastic.controller.guard import Headers, RequestGuard, send_answer
 from slurm_elastic.controller.http_errors import (
     invalid_request,
     storage_failed,
@@ -45,7 +51,7 @@ class ControllerApp(FastAPI):
     token, then the body's size, before any body is read); ``POST /rollouts`` is then answered
     before the framework's per-request machinery (telemetry hooks, middleware, routing), so the
     hot route costs only its own checks (the same handler is also a FastAPI route, so OpenAPI
-    documents it); so are heartbeats when they can be (:mod:`.beats`). A HEAD request is answered
+    documents it); so are heartbeats and agent reports when they can be (:mod:`.beats`). A HEAD request is answered
     as its GET, without the body. A WebSocket handshake is
     closed before it is accepted (the server answers 403), whatever it carries: no route speaks
     WebSocket and the token check is the HTTP requests'; only lifespan events pass besides."""
@@ -55,6 +61,7 @@ class ControllerApp(FastAPI):
         self.guard = guard
         self.submit_endpoint: SubmitEndpoint | None = None
         self.heartbeat_endpoint: HeartbeatEndpoint | None = None
+        self.agent_report_endpoint: AgentReportEndpoint | None = None
         self._openapi_bytes = b""
         for error in (StateFileError, OSError):
             self.add_exception_handler(error, storage_failed)
@@ -80,10 +87,9 @@ class ControllerApp(FastAPI):
             self._openapi_bytes = self._openapi_bytes or json.dumps(self.openapi()).encode()
             await send_answer(send, (200, self._openapi_bytes, [(b"content-type", b"application/json")]))
             return
-        beats = self.heartbeat_endpoint
-        if beats is not None and (worker_id := beats.worker_id(scope)) is not None:
+        if (fast := self._fast_path(scope)) is not None:
             body = await read_body(receive)
-            answer = None if body is None else beats.answer(worker_id, body)
+            answer = None if body is None else fast(body)
             if answer is not None:
                 await send_answer(send, answer)
                 return
@@ -93,6 +99,16 @@ class ControllerApp(FastAPI):
             await super().__call__(scope, receive, send)
             return
         await send_answer(send, await endpoint.answer(receive))
+
+    def _fast_path(self, scope: Scope) -> Callable[[bytes], tuple[int, bytes, Headers] | None] | None:
+        """The fast path of a heartbeat or an agent report (:mod:`.beats`), None for other requests."""
+        beats = self.heartbeat_endpoint
+        if beats is not None and (worker_id := beats.worker_id(scope)) is not None:
+            return lambda body: beats.answer(worker_id, body)
+        reports = self.agent_report_endpoint
+        if reports is not None and reports.matches(scope):
+            return reports.answer
+        return None
 
 
 def head_only(send: Send) -> Send:
