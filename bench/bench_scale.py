@@ -35,9 +35,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench._common import median, write_headline, write_report
 from slurm_elastic.controller.base import TICK_WINDOW
 from slurm_elastic.controller.config import parse_config
+from slurm_elastic.controller.files import write_json_atomic
 from slurm_elastic.controller.runtime import Controller
-from slurm_elastic.controller.state import STATE_FORMAT, STATE_VERSION, write_json_atomic
-from slurm_elastic.core.defaults import AGENT_INTERVAL_S, TICK_INTERVAL_S
+from slurm_elastic.controller.state import STATE_FORMAT, STATE_VERSION
+from slurm_elastic.core.defaults import AGENT_INTERVAL_S, HEARTBEAT_INTERVAL_S, TICK_INTERVAL_S
 from slurm_elastic.core.naming import worker_step_name
 from slurm_elastic.devcluster.cluster import DevCluster, DevClusterSpec
 from slurm_elastic.errors import ControllerUnreachableError
@@ -53,7 +54,7 @@ from tests.stub_backend import ListedSteps
 
 NODES, GPUS_PER_NODE = 32, 8  # the host has 10 distinct live char devices to stand in for GPUs
 TICK_S = TICK_INTERVAL_S  # the product's default; --tick-s 0.5 for a tick four times as often
-HEARTBEAT_S = 5.0
+HEARTBEAT_S = HEARTBEAT_INTERVAL_S  # the product's default; --heartbeat-s for others
 # the lightest worker command that still drains cleanly: the wrapper forwards USR1, the shell exits 0
 LIGHT_COMMAND = ["/bin/sh", "-c", "trap 'kill $! 2>/dev/null; exit 0' USR1 TERM; sleep infinity & wait"]
 OWN_RPC = "REQUEST_STATS_INFO"  # sdiag's own request: not the controller's
@@ -147,6 +148,14 @@ def _in_worker(proc: psutil.Process) -> bool:
     return parent is not None and parent.cmdline() == LIGHT_COMMAND
 
 
+@dataclass(frozen=True)
+class Cadence:
+    """How often the controller ticks and the workers heart-beat."""
+
+    tick_s: float
+    heartbeat_s: float
+
+
 def measure(job: ControllerJob, slurm: SlurmCli, n: int, scale_up_s: float, window_s: float,
             sub_windows: int) -> Window:
     proc = psutil.Process(job.controller_pid())
@@ -191,13 +200,14 @@ def bare_srun_burst(job_id: int, n: int) -> float:
 
 
 def run_sizes(cluster: DevCluster, tmp: Path, slurm: SlurmCli, sizes: tuple[int, ...], window_s: float,
-              settle_s: float, tick_s: float) -> tuple[list[Window], float, tuple[int, float]]:
+              settle_s: float, cadence: Cadence) -> tuple[list[Window], float, tuple[int, float]]:
     job = start_controller_job(
-        cluster, tmp / "run", nodes=NODES, gpus_per_node=GPUS_PER_NODE, controller={"tick_interval_s": tick_s},
+        cluster, tmp / "run", nodes=NODES, gpus_per_node=GPUS_PER_NODE, controller={"tick_interval_s": cadence.tick_s},
         # the node agents at the product's default interval (the test harness samples every 0.5 s: 32 agents
         # then send 64 reports a second, which measured the controller at 21 % of a core at 64 workers)
         agent={"interval_s": AGENT_INTERVAL_S},
-        workers={"command": LIGHT_COMMAND, "heartbeat_interval_s": HEARTBEAT_S, "heartbeat_grace_s": 120.0,
+        workers={"command": LIGHT_COMMAND, "heartbeat_interval_s": cadence.heartbeat_s,
+                 "heartbeat_grace_s": max(120.0, 3 * cadence.heartbeat_s),
                  "start_timeout_s": 300.0, "drain_timeout_s": 60.0},
     )
     windows = []
@@ -279,7 +289,7 @@ def persistence_rows(sizes: tuple[int, ...]) -> list[str]:
             "|---|---|---|---|---|", *rows, ""]
 
 
-def report(windows: list[Window], drain_s: float, window_s: float, floor: tuple[int, float], tick_s: float) -> str:
+def report(windows: list[Window], drain_s: float, window_s: float, floor: tuple[int, float], cadence: Cadence) -> str:
     base = windows[0]
     cols = [f"{w.workers} workers" for w in windows]
     prev = [0, *[w.workers for w in windows[:-1]]]
@@ -295,7 +305,7 @@ def report(windows: list[Window], drain_s: float, window_s: float, floor: tuple[
     lines = [
         f"## Controller scale (dev cluster: {NODES} nodes x {GPUS_PER_NODE} fake GPUs, Slurm 22.05, 2 shared cores)",
         "",
-        f"Tick interval {tick_s:g} s, heartbeat interval {HEARTBEAT_S:g} s, agent interval {AGENT_INTERVAL_S:g} s, steady window {window_s:g} s per size "
+        f"Tick interval {cadence.tick_s:g} s, heartbeat interval {cadence.heartbeat_s:g} s, agent interval {AGENT_INTERVAL_S:g} s, steady window {window_s:g} s per size "
         f"(CPU: median of 5 sub-windows). Growth: value at the largest size / value at {base.workers} workers.",
         "",
         "| figure | " + " | ".join(cols) + f" | growth {base.workers} -> {last.workers} |",
@@ -317,7 +327,7 @@ def report(windows: list[Window], drain_s: float, window_s: float, floor: tuple[
                                                              for w in windows],
             ratio(last.rpcs_per_tick, base.rpcs_per_tick)),
         row("heartbeats handled per s (expected workers / interval)",
-            [f"{w.heartbeats_per_s:.1f} ({w.workers / HEARTBEAT_S:.1f})" for w in windows],
+            [f"{w.heartbeats_per_s:.1f} ({w.workers / cadence.heartbeat_s:.1f})" for w in windows],
             ratio(last.heartbeats_per_s, base.heartbeats_per_s)),
         row("state file size (written on a durable change)", [f"{w.state_file_kb:.0f} kB" for w in windows],
             ratio(last.state_file_kb, base.state_file_kb)),
@@ -340,13 +350,16 @@ def main() -> None:
     parser.add_argument("--sizes", default="", help="worker counts in order, e.g. 64,256 (default: 8,64,256)")
     parser.add_argument("--window-s", type=float, default=0.0, help="steady window (and settle time) per size")
     parser.add_argument("--tick-s", type=float, default=TICK_S, help="the controller's tick interval (default: the product's)")
+    parser.add_argument("--heartbeat-s", type=float, default=HEARTBEAT_S, help="the workers' heartbeat interval (default: the product's)")
     args = parser.parse_args()
-    sizes, window_s, settle_s = ((8, 64), 15.0, 15.0) if args.quick else ((8, 64, 256), 30.0, 30.0)
+    sizes: tuple[int, ...] = (8, 64) if args.quick else (8, 64, 256)
+    window_s = settle_s = 15.0 if args.quick else 30.0
     if args.sizes:
         sizes = tuple(int(n) for n in args.sizes.split(","))
     if args.window_s:
         window_s = settle_s = args.window_s
     settle_s = max(settle_s, TICK_WINDOW * args.tick_s - window_s)  # the tick p95 read from steady ticks only
+    cadence = Cadence(args.tick_s, args.heartbeat_s)
     spec = DevClusterSpec(dir=Path(tempfile.gettempdir()) / "se-scale-cluster", nodes=NODES,
                           gpus_per_node=GPUS_PER_NODE, cpus_per_node=16, memory_per_node_mb=8000,
                           ctld_port=21817, node_base_port=21901, cluster_name="scale", node_prefix="sn")
@@ -355,17 +368,18 @@ def main() -> None:
     os.environ["SLURM_CONF"] = str(cluster.conf_path)
     try:
         with tempfile.TemporaryDirectory() as tmp_name:
-            windows, drain_s, floor = run_sizes(cluster, Path(tmp_name), SlurmCli(), sizes, window_s, settle_s, args.tick_s)
+            windows, drain_s, floor = run_sizes(cluster, Path(tmp_name), SlurmCli(), sizes, window_s, settle_s, cadence)
     finally:
         cluster.down()
-    write_report("scale", "\n".join([report(windows, drain_s, window_s, floor, args.tick_s), *persistence_rows((8, 64, 256))]))
+    write_report("scale", "\n".join([report(windows, drain_s, window_s, floor, cadence), *persistence_rows((8, 64, 256))]))
     base, last = windows[0], windows[-1]
     launched = last.workers - (windows[-2].workers if len(windows) > 1 else 0)
     write_headline("scale", [
         (f"launch throughput, {launched} workers by one scale-up until all registered (vs {floor[0]} bare sruns "
          "of a Python command at once)", f"{launched / last.scale_up_s:.1f}/s", f"{floor[0] / floor[1]:.1f}/s",
          f"{launched / last.scale_up_s / (floor[0] / floor[1]):.2f}x"),
-        (f"controller at {last.workers} workers, tick {args.tick_s:g} s: CPU (% of a core) / RSS / tick p50",
+        (f"controller at {last.workers} workers, tick {cadence.tick_s:g} s, heartbeats {cadence.heartbeat_s:g} s: "
+         "CPU (% of a core) / RSS / tick p50",
          f"{last.cpu_pct:.1f} % / {last.rss_mb:.0f} MB / {last.tick_p50_ms:.0f} ms",
          f"at {base.workers}: {base.cpu_pct:.1f} % / {base.rss_mb:.0f} MB / {base.tick_p50_ms:.0f} ms",
          f"{last.workers / base.workers:.0f}x workers: CPU {last.cpu_pct / max(base.cpu_pct, 1e-9):.1f}x, "

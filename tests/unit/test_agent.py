@@ -309,3 +309,6 @@ def test_an_agent_report_is_answered_in_front_of_the_framework_and_by_the_route_
     assert answered[0].status_code == 200 and answered[0].json() == {"node": "node1", "changes": []}
     again = endpoint.answer(body)
     assert again is not None and json.loads(again[1]) == {"node": "node1", "changes": []}
+    deep = body[:-1] + b', "ignored": ' + b"[" * 200 + b"]" * 200 + b"}"  # 201 levels, in a key the model ignores
+    refused = client.post("/agent/report", content=deep)  # refused as the routes refuse it, not taken by the fast path
+    assert refused.status_code == 422 and refused.json()["detail"][0]["type"] == "json_invalid"
