@@ -5,6 +5,9 @@ the dev cluster."""
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,3 +56,24 @@ def run_workers(controller: Any, backend: ListedSteps, count: int, node: str = "
         backend.steps.append(StepInfo(1, str(number), worker_step_name(f"{number:04d}"), (node,), "0:01", "",
                                       "gres/gpu:1", 1))
         controller.register_worker(f"{number:04d}", {"node": node, "gpus": [number - 1], "step_id": str(number)})
+
+
+@contextlib.contextmanager
+def lock_held_elsewhere(lock: Any) -> Iterator[threading.Event]:
+    """``lock`` held by another thread, as a tick holds the controller's, until the event yielded is
+    set or the block ends."""
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with lock:
+            held.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait(30)
+    try:
+        yield release
+    finally:
+        release.set()
+        holder.join(30)

@@ -276,6 +276,7 @@ def test_an_agent_report_is_answered_in_front_of_the_framework_and_by_the_route_
     from slurm_elastic.controller.config import parse_config
     from slurm_elastic.controller.runtime import Controller
     from slurm_elastic.slurm.cli_backend import SlurmCli
+    from tests.stub_backend import lock_held_elsewhere
 
     config = parse_config({"agent": {"enabled": False}, "autoscaler": {"min_workers": 0}})
     controller = Controller(config, 1, SlurmCli(timeout_s=5), tmp_path, gpus_by_node={"node1": (0, 1)})
@@ -288,23 +289,12 @@ def test_an_agent_report_is_answered_in_front_of_the_framework_and_by_the_route_
     assert endpoint.answer(json.dumps({**report, "node": "node9", "gpus": []}).encode()) is None  # the route's 404
     assert endpoint.answer(b'{"node": "node1"}') is None  # the route's 422
     answered: list[Any] = []
-    held, release = threading.Event(), threading.Event()
-
-    def tick() -> None:  # holds the lock as a tick does
-        with controller.lock:
-            held.set()
-            release.wait(30)
-
-    ticking = threading.Thread(target=tick)
-    ticking.start()
-    held.wait(30)
-    assert endpoint.answer(body) is None
-    poster = threading.Thread(target=lambda: answered.append(client.post("/agent/report", content=body)))
-    poster.start()
-    poster.join(0.5)
-    assert not answered  # the route waits for the tick
-    release.set()
-    ticking.join(30)
+    with lock_held_elsewhere(controller.lock):
+        assert endpoint.answer(body) is None
+        poster = threading.Thread(target=lambda: answered.append(client.post("/agent/report", content=body)))
+        poster.start()
+        poster.join(0.5)
+        assert not answered  # the route waits for the tick
     poster.join(30)
     assert answered[0].status_code == 200 and answered[0].json() == {"node": "node1", "changes": []}
     again = endpoint.answer(body)

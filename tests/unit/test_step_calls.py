@@ -31,7 +31,7 @@ from slurm_elastic.errors import (
     ControllerUnreachableError,
     UnknownOnControllerError,
 )
-from tests.stub_backend import ListedSteps
+from tests.stub_backend import ListedSteps, lock_held_elsewhere
 
 TOKEN = "t0ken"
 
@@ -186,21 +186,10 @@ def test_heartbeats_the_fast_path_cannot_answer_get_the_routes_answers(served: t
     assert code == 422 and answer["detail"][0]["loc"] == ["body", "busy"]
     code, answer = _post(url, "/workers/w_nobody/heartbeat", b"{}")
     assert code == 404 and "w_nobody" in answer["detail"]
-    held = threading.Event()
-    release = threading.Event()
-
-    def hold_the_lock() -> None:  # as a tick does
-        with controller.lock:
-            held.set()
-            release.wait(30)
-
-    holder = threading.Thread(target=hold_the_lock)
-    holder.start()
-    held.wait(30)
-    assert endpoint.answer(worker_id, b"{}") is None  # the route answers, waiting in a thread
-    before = controller.heartbeats
-    threading.Timer(0.2, release.set).start()
-    code, answer = _post(url, f"/workers/{worker_id}/heartbeat", b'{"rollouts":4}')
-    holder.join()
+    with lock_held_elsewhere(controller.lock) as release:
+        assert endpoint.answer(worker_id, b"{}") is None  # the route answers, waiting in a thread
+        before = controller.heartbeats
+        threading.Timer(0.2, release.set).start()
+        code, answer = _post(url, f"/workers/{worker_id}/heartbeat", b'{"rollouts":4}')
     assert code == 200 and answer == {"drain": False, "hold": False, "register": False}
     assert controller.heartbeats == before + 1 and controller.workers[worker_id].rollouts == 4
