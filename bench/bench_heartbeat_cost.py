@@ -8,8 +8,9 @@ registered worker, served as the controller serves it, its tick loop not running
 a plain ASGI app on uvicorn with httptools and uvloop, as ours, that reads the body and answers the
 same JSON). One client, the worker step's own (``client/step_calls.py``), sends heartbeats:
 spaced at the rate of 256 workers on one kept-alive connection, the same with a new connection
-each, and back to back. The figure is the server process's CPU time per heartbeat (user + system,
-the loopback TCP work of its side included), medians of three runs interleaved.
+each, and back to back; and node agent reports, on the fast path and through the route. The figure
+is the server process's CPU time per request (user + system, the loopback TCP work of its side
+included), medians of three runs interleaved.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from multiprocessing.queues import Queue
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -39,7 +41,7 @@ ANSWER = json.dumps({"drain": False, "hold": False, "register": False}, separato
 PATTERNS = ("spaced, kept alive", "spaced, a new connection each", "back to back, kept alive")
 
 
-def serve_ours(ready: Queue[Any], done: Queue[Any]) -> None:
+def serve_ours(ready: Queue[Any], done: Queue[Any], fast_reports: bool = True) -> None:
     from slurm_elastic.controller.app import create_controller_app
     from slurm_elastic.controller.config import parse_config
     from slurm_elastic.controller.runtime import Controller
@@ -52,7 +54,10 @@ def serve_ours(ready: Queue[Any], done: Queue[Any]) -> None:
     controller.tick()
     worker_id = next(iter(controller.workers))
     controller.register_worker(worker_id, {"node": "n1", "gpus": [0], "step_id": "3"})
-    server = ApiServer(create_controller_app(controller, TOKEN), "127.0.0.1")
+    app = create_controller_app(controller, TOKEN)
+    if not fast_reports:
+        app.agent_report_endpoint = None  # every agent report through the FastAPI route
+    server = ApiServer(app, "127.0.0.1")
     server.start()
     ready.put((server.url, worker_id))
     done.get()
@@ -98,6 +103,37 @@ def cpu_per_beat_us(pattern: str, url: str, worker_id: str, server: psutil.Proce
     return float(1e6 * used_s / beats)
 
 
+def cpu_per_report_us(url: str, server: psutil.Process, reports: int) -> float:
+    """Server CPU per node agent report (one GPU), spaced as the heartbeats are."""
+    body = {"node": "n1", "sampled_at_s": 0.0, "source": "inject", "gpus": [
+        {"node": "n1", "index": 0, "temperature_c": 40.0, "memory_used_mb": 0, "memory_total_mb": 80000}]}
+    with httpx.Client(headers={"Authorization": f"Bearer {TOKEN}"}) as client:
+        client.post(url + "/agent/report", json=body).raise_for_status()
+        before = sum(server.cpu_times()[:2])
+        start = time.monotonic()
+        for i in range(reports):
+            time.sleep(max(0.0, start + i / RATE_PER_S - time.monotonic()))
+            client.post(url + "/agent/report", json={**body, "sampled_at_s": float(i)}).raise_for_status()
+        return float(1e6 * (sum(server.cpu_times()[:2]) - before) / reports)
+
+
+def report_cost(reports: int, runs: int) -> dict[str, float]:
+    """CPU per agent report: the fast path against the FastAPI route, interleaved runs."""
+    samples: dict[str, list[float]] = {}
+    for _ in range(runs):
+        for name, fast in (("route", False), ("fast path", True)):
+            ready: Queue[Any] = mp.Queue()
+            done: Queue[Any] = mp.Queue()
+            process = mp.Process(target=serve_ours, args=(ready, done, fast))
+            process.start()
+            url, _worker_id = ready.get(timeout=120)
+            samples.setdefault(name, []).append(cpu_per_report_us(url, psutil.Process(process.pid), reports))
+            done.put(None)
+            process.join(10)
+            process.kill()
+    return {name: median(values) for name, values in samples.items()}
+
+
 def measure(beats: int, runs: int) -> dict[tuple[str, str], float]:
     samples: dict[tuple[str, str], list[float]] = {}
     for _ in range(runs):
@@ -122,6 +158,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
     cost = measure(args.beats, args.runs)
+    reports = report_cost(args.beats, args.runs)
     rows = [f"| {p} | {cost['controller', p]:.0f} us | {cost['bare uvicorn app', p]:.0f} us | "
             f"{cost['controller', p] / cost['bare uvicorn app', p]:.2f}x |" for p in PATTERNS]
     at_256 = {name: cost[name, PATTERNS[0]] * RATE_PER_S / 1e4 for name in ("controller", "bare uvicorn app")}
@@ -131,7 +168,10 @@ def main() -> None:
         f"{args.runs} interleaved runs; the client is the worker step's own.", "",
         "| pattern | controller | bare uvicorn app (same run) | ratio |", "|---|---|---|---|", *rows, "",
         f"At 256 workers ({RATE_PER_S:.1f} heartbeats/s, spaced): {at_256['controller']:.1f} % of a core for the "
-        f"controller's heartbeats, {at_256['bare uvicorn app']:.1f} % for the bare app.", ""]))
+        f"controller's heartbeats, {at_256['bare uvicorn app']:.1f} % for the bare app.", "",
+        f"A node agent's report (one GPU), spaced the same: {reports['fast path']:.0f} us on the fast path, "
+        f"{reports['route']:.0f} us through the FastAPI route (the fast path off, same run): "
+        f"{reports['fast path'] / reports['route']:.2f}x.", ""]))
     write_headline("heartbeat_cost", [(
         "server CPU per heartbeat at 256 workers' rate, kept alive",
         f"{cost['controller', PATTERNS[0]]:.0f} us ({at_256['controller']:.1f} % of a core at 51/s)",

@@ -5,8 +5,8 @@ Every worker heart-beats every few seconds and every node agent reports as often
 of workers these are the controller's most frequent requests. :class:`ControllerApp` hands them
 here after the token and size checks; a body that validates (the route's own model) for a known
 worker or a node of the job, while the controller's lock is free, is answered on the event loop
-without FastAPI's routing and thread pool hop (a third of the CPU of a heartbeat, 60 % of an agent
-report's). Anything else (a body that does not validate, an unknown worker or node, the lock held
+without FastAPI's routing and thread pool hop (an agent report: 2.6 -> 1.2 ms of CPU,
+``bench/bench_heartbeat_cost.py``). Anything else (a body that does not validate, an unknown worker or node, the lock held
 by a tick) goes to the FastAPI route with the body replayed, which answers as it always does.
 """
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
@@ -47,16 +48,8 @@ class HeartbeatEndpoint:
             beat = Heartbeat.model_validate_json(body)
         except ValidationError:
             return None
-        lock = self.controller.lock
-        if not lock.acquire(blocking=False):  # a tick holds it: the route waits in a thread, not the loop
-            return None
-        try:
-            reply: dict[str, Any] = self.controller.heartbeat(worker_id, beat.model_dump(exclude_none=True))
-        except UnknownWorkerError:
-            return None
-        finally:
-            lock.release()
-        return 200, json.dumps(reply, separators=(",", ":")).encode(), _JSON
+        return answered_at_once(self.controller, lambda: self.controller.heartbeat(
+            worker_id, beat.model_dump(exclude_none=True)))
 
 
 class AgentReportEndpoint:
@@ -77,16 +70,22 @@ class AgentReportEndpoint:
             report = AgentReportBody.model_validate_json(body)
         except ValidationError:
             return None
-        lock = self.controller.lock
-        if not lock.acquire(blocking=False):
-            return None
-        try:
-            reply = self.controller.report_gpu_health(report.to_core())
-        except UnknownWorkerError:
-            return None
-        finally:
-            lock.release()
-        return 200, json.dumps(reply, separators=(",", ":")).encode(), _JSON
+        return answered_at_once(self.controller, lambda: self.controller.report_gpu_health(report.to_core()))
+
+
+def answered_at_once(controller: Controller, call: Callable[[], dict[str, Any]]) -> tuple[int, bytes, Headers] | None:
+    """``call()``'s answer, made while the controller's lock is free at once; None when a tick holds
+    it (the route waits in a thread, not the loop) or ``call`` names an unknown worker or node."""
+    lock = controller.lock
+    if not lock.acquire(blocking=False):
+        return None
+    try:
+        reply = call()
+    except UnknownWorkerError:
+        return None
+    finally:
+        lock.release()
+    return 200, json.dumps(reply, separators=(",", ":")).encode(), _JSON
 
 
 async def read_body(receive: Receive) -> bytes | None:

@@ -52,9 +52,8 @@ class ControllerApp(FastAPI):
     token, then the body's size, before any body is read); ``POST /rollouts`` is then answered
     before the framework's per-request machinery (telemetry hooks, middleware, routing), so the
     hot route costs only its own checks (the same handler is also a FastAPI route, so OpenAPI
-    documents it); so are heartbeats and agent reports when they can be (:mod:`.beats`). A HEAD request is answered
-    as its GET, without the body. A WebSocket handshake is
-    closed before it is accepted (the server answers 403), whatever it carries: no route speaks
+    documents it); so are heartbeats and agent reports when they can be (:mod:`.beats`). A HEAD
+    request is answered as its GET, without the body. A WebSocket handshake is closed before it is accepted (the server answers 403), whatever it carries: no route speaks
     WebSocket and the token check is the HTTP requests'; only lifespan events pass besides."""
 
     def __init__(self, guard: RequestGuard, **kwargs: Any) -> None:

@@ -266,7 +266,7 @@ def test_the_controller_route_takes_the_agents_report_and_refuses_a_bad_one_nami
 
 
 def test_an_agent_report_is_answered_in_front_of_the_framework_and_by_the_route_while_a_tick_runs(tmp_path: Path) -> None:
-    """The fast path (60 % less CPU per report) answers what the route answers; with the lock held
+    """The fast path (half the CPU of the route per report) answers what the route answers; with the lock held
     by a tick it leaves the report to the route, which waits for the lock."""
     from fastapi.testclient import TestClient
 
