@@ -38,7 +38,12 @@ from slurm_elastic.controller.config import parse_config
 from slurm_elastic.controller.files import write_json_atomic
 from slurm_elastic.controller.runtime import Controller
 from slurm_elastic.controller.state import STATE_FORMAT, STATE_VERSION
-from slurm_elastic.core.defaults import AGENT_INTERVAL_S, HEARTBEAT_INTERVAL_S, TICK_INTERVAL_S
+from slurm_elastic.core.defaults import (
+    AGENT_INTERVAL_S,
+    HEARTBEAT_INTERVAL_S,
+    MAX_HEARTBEATS_PER_S,
+    TICK_INTERVAL_S,
+)
 from slurm_elastic.core.naming import worker_step_name
 from slurm_elastic.devcluster.cluster import DevCluster, DevClusterSpec
 from slurm_elastic.errors import ControllerUnreachableError
@@ -76,6 +81,7 @@ class Window:
     step_info_rpcs_per_tick: float
     rpcs_per_tick: float
     heartbeats_per_s: float
+    heartbeat_interval_s: float  # the one the controller tells its workers
     state_file_kb: float
     squeue_ms: float
     node_mb_per_worker: dict[str, float]
@@ -150,10 +156,16 @@ def _in_worker(proc: psutil.Process) -> bool:
 
 @dataclass(frozen=True)
 class Cadence:
-    """How often the controller ticks and the workers heart-beat."""
+    """How often the controller ticks and the workers heart-beat (a larger pool more slowly:
+    ``workers.max_heartbeats_per_s``)."""
 
     tick_s: float
     heartbeat_s: float
+    max_heartbeats_per_s: float
+
+    @property
+    def grace_s(self) -> float:
+        return max(120.0, 3 * self.heartbeat_s)
 
 
 def measure(job: ControllerJob, slurm: SlurmCli, n: int, scale_up_s: float, window_s: float,
@@ -180,6 +192,7 @@ def measure(job: ControllerJob, slurm: SlurmCli, n: int, scale_up_s: float, wind
         tick_p50_ms=1000 * tick1["p50"], tick_p95_ms=1000 * tick1["p95"],
         step_info_rpcs_per_tick=(rpc1[0] - rpc0[0]) / ticks, rpcs_per_tick=(rpc1[1] - rpc0[1]) / ticks,
         heartbeats_per_s=(st1["heartbeats"] - st0["heartbeats"]) / window_s,
+        heartbeat_interval_s=st1["heartbeat_interval_s"],
         state_file_kb=(job.state_dir / "state.json").stat().st_size / 1024, squeue_ms=1000 * median(squeue_s),
         node_mb_per_worker=node_memory_per_worker(job.job_id, n, os.environ["SLURM_CONF"]),
     )
@@ -207,7 +220,7 @@ def run_sizes(cluster: DevCluster, tmp: Path, slurm: SlurmCli, sizes: tuple[int,
         # then send 64 reports a second, which measured the controller at 21 % of a core at 64 workers)
         agent={"interval_s": AGENT_INTERVAL_S},
         workers={"command": LIGHT_COMMAND, "heartbeat_interval_s": cadence.heartbeat_s,
-                 "heartbeat_grace_s": max(120.0, 3 * cadence.heartbeat_s),
+                 "max_heartbeats_per_s": cadence.max_heartbeats_per_s, "heartbeat_grace_s": cadence.grace_s,
                  "start_timeout_s": 300.0, "drain_timeout_s": 60.0},
     )
     windows = []
@@ -305,7 +318,8 @@ def report(windows: list[Window], drain_s: float, window_s: float, floor: tuple[
     lines = [
         f"## Controller scale (dev cluster: {NODES} nodes x {GPUS_PER_NODE} fake GPUs, Slurm 22.05, 2 shared cores)",
         "",
-        f"Tick interval {cadence.tick_s:g} s, heartbeat interval {cadence.heartbeat_s:g} s, agent interval {AGENT_INTERVAL_S:g} s, steady window {window_s:g} s per size "
+        f"Tick interval {cadence.tick_s:g} s, heartbeat interval {cadence.heartbeat_s:g} s (a pool beats at most "
+        f"{cadence.max_heartbeats_per_s:g} times a second together), agent interval {AGENT_INTERVAL_S:g} s, steady window {window_s:g} s per size "
         f"(CPU: median of 5 sub-windows). Growth: value at the largest size / value at {base.workers} workers.",
         "",
         "| figure | " + " | ".join(cols) + f" | growth {base.workers} -> {last.workers} |",
@@ -326,8 +340,9 @@ def report(windows: list[Window], drain_s: float, window_s: float, floor: tuple[
         row("slurmctld RPCs per tick: step listings / all", [f"{w.step_info_rpcs_per_tick:.2f} / {w.rpcs_per_tick:.2f}"
                                                              for w in windows],
             ratio(last.rpcs_per_tick, base.rpcs_per_tick)),
-        row("heartbeats handled per s (expected workers / interval)",
-            [f"{w.heartbeats_per_s:.1f} ({w.workers / cadence.heartbeat_s:.1f})" for w in windows],
+        row("heartbeats handled per s (expected: workers / the interval the controller tells them)",
+            [f"{w.heartbeats_per_s:.1f} ({w.workers / w.heartbeat_interval_s:.1f}: every "
+             f"{w.heartbeat_interval_s:g} s)" for w in windows],
             ratio(last.heartbeats_per_s, base.heartbeats_per_s)),
         row("state file size (written on a durable change)", [f"{w.state_file_kb:.0f} kB" for w in windows],
             ratio(last.state_file_kb, base.state_file_kb)),
@@ -351,6 +366,8 @@ def main() -> None:
     parser.add_argument("--window-s", type=float, default=0.0, help="steady window (and settle time) per size")
     parser.add_argument("--tick-s", type=float, default=TICK_S, help="the controller's tick interval (default: the product's)")
     parser.add_argument("--heartbeat-s", type=float, default=HEARTBEAT_S, help="the workers' heartbeat interval (default: the product's)")
+    parser.add_argument("--max-heartbeats-per-s", type=float, default=MAX_HEARTBEATS_PER_S,
+                        help="workers.max_heartbeats_per_s (default: the product's; 1e5: no pacing)")
     args = parser.parse_args()
     sizes: tuple[int, ...] = (8, 64) if args.quick else (8, 64, 256)
     window_s = settle_s = 15.0 if args.quick else 30.0
@@ -359,7 +376,7 @@ def main() -> None:
     if args.window_s:
         window_s = settle_s = args.window_s
     settle_s = max(settle_s, TICK_WINDOW * args.tick_s - window_s)  # the tick p95 read from steady ticks only
-    cadence = Cadence(args.tick_s, args.heartbeat_s)
+    cadence = Cadence(args.tick_s, args.heartbeat_s, args.max_heartbeats_per_s)
     spec = DevClusterSpec(dir=Path(tempfile.gettempdir()) / "se-scale-cluster", nodes=NODES,
                           gpus_per_node=GPUS_PER_NODE, cpus_per_node=16, memory_per_node_mb=8000,
                           ctld_port=21817, node_base_port=21901, cluster_name="scale", node_prefix="sn")
@@ -378,7 +395,8 @@ def main() -> None:
         (f"launch throughput, {launched} workers by one scale-up until all registered (vs {floor[0]} bare sruns "
          "of a Python command at once)", f"{launched / last.scale_up_s:.1f}/s", f"{floor[0] / floor[1]:.1f}/s",
          f"{launched / last.scale_up_s / (floor[0] / floor[1]):.2f}x"),
-        (f"controller at {last.workers} workers, tick {cadence.tick_s:g} s, heartbeats {cadence.heartbeat_s:g} s: "
+        (f"controller at {last.workers} workers, tick {cadence.tick_s:g} s, heartbeats every "
+         f"{last.heartbeat_interval_s:g} s (at most {cadence.max_heartbeats_per_s:g}/s): "
          "CPU (% of a core) / RSS / tick p50",
          f"{last.cpu_pct:.1f} % / {last.rss_mb:.0f} MB / {last.tick_p50_ms:.0f} ms",
          f"at {base.workers}: {base.cpu_pct:.1f} % / {base.rss_mb:.0f} MB / {base.tick_p50_ms:.0f} ms",

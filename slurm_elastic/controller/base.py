@@ -28,6 +28,7 @@ from slurm_elastic.controller.weights import WeightsRecord, restore_weights, wei
 from slurm_elastic.core.autoscaler_config import AutoscalerConfig
 from slurm_elastic.core.cordons import CordonBook
 from slurm_elastic.core.endpoints import Endpoint, EndpointBook
+from slurm_elastic.core.heartbeat_pace import heartbeat_interval_s, heartbeat_senders
 from slurm_elastic.core.lifecycle import Worker, WorkerState, stood_total_s
 from slurm_elastic.core.placement import Allocation
 from slurm_elastic.core.pressure import QueueFeed
@@ -129,6 +130,7 @@ class ControllerBase:
         self.started_at_s = clock()
         self.state_notes: list[str] = []  # what loading the job's saved state could not keep, and why
         self.counts_claims: dict[str, CountsClaim] = {}  # worker id -> the SDK process whose counts it takes (live only)
+        self.heartbeat_interval_s = w.heartbeat_interval_s  # as told to workers: pace_heartbeats()
         # worker slots the last tick could fill, or will once their node's agent first reports (burst jobs
         # included); None: no tick yet
         self.usable_slots: int | None = None
@@ -228,6 +230,16 @@ class ControllerBase:
         log.error("%s", note)
         self.state_notes.append(note)
         self._record_error("state", note)
+
+    def pace_heartbeats(self) -> None:
+        """Set the interval workers are told to beat at (each answer carries it) from the pool as it
+        is now: the configured one, longer for more senders than ``workers.max_heartbeats_per_s``
+        allows (:mod:`~slurm_elastic.core.heartbeat_pace`). Lock held; every tick."""
+        w = self.config.workers
+        senders = heartbeat_senders(self.state.workers.values(), self.counts_claims,
+                                    self.shape.nodes * self.shape.tasks_per_node)
+        self.heartbeat_interval_s = heartbeat_interval_s(senders, w.heartbeat_interval_s, w.max_heartbeats_per_s,
+                                                         w.heartbeat_grace_s)
 
     def forget_ended(self) -> None:
         """Drop the records of workers that ended (INACTIVE) over ENDED_KEPT_S ago: a job that

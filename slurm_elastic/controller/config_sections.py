@@ -98,8 +98,12 @@ class WorkersSection(StrictSection):
         "This long before the job's time limit (at most a quarter of the job's whole time) every worker "
         "drains, finishing its rollout, and none is launched; a raised limit or a requeue brings them "
         "back. 0: never."))
-    heartbeat_interval_s: float = Field(d.HEARTBEAT_INTERVAL_S, gt=0, le=MAX_DURATION_S, description="How often workers heart-beat.")
+    heartbeat_interval_s: float = Field(d.HEARTBEAT_INTERVAL_S, gt=0, le=MAX_DURATION_S, description="How often workers heart-beat (longer in a pool larger than max_heartbeats_per_s allows).")
     heartbeat_grace_s: float = Field(d.HEARTBEAT_GRACE_S, gt=0, le=MAX_DURATION_S, description="Silence after which a worker is killed and replaced.")
+    max_heartbeats_per_s: float = Field(d.MAX_HEARTBEATS_PER_S, ge=0.1, le=100_000, description=(
+        "Heartbeats a second the controller aims to answer: for more senders (a wrapper per worker step, "
+        "plus the SDK in each of its tasks) than max_heartbeats_per_s x heartbeat_interval_s, workers "
+        "are told a longer interval, at most heartbeat_grace_s / 4 (past that the rate grows again)."))
     start_timeout_s: float = Field(d.START_TIMEOUT_S, gt=0, le=MAX_DURATION_S, description="Launch to registration, else the launch failed.")
     backoff_base_s: float = Field(d.BACKOFF_BASE_S, gt=0, le=MAX_DURATION_S, description="First crash-loop backoff; doubles per crash.")
     backoff_max_s: float = Field(d.BACKOFF_MAX_S, gt=0, le=MAX_DURATION_S, description="Longest crash-loop backoff.")

@@ -88,7 +88,7 @@ class ControlPlane(ControllerBase):
                 self.weights_wake.set()
             action = "hold" if worker.placeholder else ("drain" if worker.state is S.DRAINING else "run")
             return {"worker_id": worker_id, "action": action, "weights": latest_weights(self.weights),
-                    "heartbeat_interval_s": self.config.workers.heartbeat_interval_s,
+                    "heartbeat_interval_s": self.heartbeat_interval_s,
                     "server_drain_grace_s": self.config.workers.server_drain_grace_s}
 
     def _register_rank(self, worker_id: str, worker: Worker | None, info: dict[str, Any]) -> dict[str, Any]:
@@ -108,7 +108,7 @@ class ControlPlane(ControllerBase):
         self._save_behind()
         action = "hold" if worker.placeholder else ("drain" if worker.state is S.DRAINING else "run")
         return {"worker_id": worker_id, "action": action, "weights": latest_weights(self.weights),
-                "heartbeat_interval_s": self.config.workers.heartbeat_interval_s}
+                "heartbeat_interval_s": self.heartbeat_interval_s}
 
     def heartbeat(self, worker_id: str, info: dict[str, Any]) -> dict[str, Any]:
         """Liveness (and busy/rollout counts) from a worker; answers whether it should drain."""
@@ -157,7 +157,8 @@ class ControlPlane(ControllerBase):
             # a record still STARTING (e.g. restored from before its registration was saved): ask again; never a
             # process of another step (its registration would hand the record to its step)
             reply: dict[str, Any] = {"drain": drain, "hold": worker.placeholder,
-                     "register": worker.state is S.STARTING and not other_step}
+                     "register": worker.state is S.STARTING and not other_step,
+                     "heartbeat_interval_s": self.heartbeat_interval_s}
             return (reply | {"counts_applied": False, "counts_note": note}) if note else reply
 
     def _counts_note(self, worker: Worker, info: dict[str, Any]) -> tuple[str, bool]:
@@ -265,7 +266,7 @@ class ControlPlane(ControllerBase):
             counted_to_s = max(self._busy_counted_to_s.get(worker_id, floor_s), floor_s)
             if before is not None:  # the first report of a step adopted after a restart sets where counting starts
                 increase = busy_s - before if busy_s >= before else busy_s  # lower: its SDK counts from 0 again
-                room_s = now_s + 2 * self.config.workers.heartbeat_interval_s - counted_to_s
+                room_s = now_s + 2 * self.heartbeat_interval_s - counted_to_s
                 increase = max(0.0, min(increase, room_s))
                 counted_to_s += increase
                 self.busy_meter.add(now_s, increase)
@@ -290,7 +291,7 @@ class ControlPlane(ControllerBase):
         its last report, for a worker inside a rollout then, up to now (at most two heartbeat
         intervals: the sequences it makes count the moment they arrive, its busy time only at its
         next report). None while no worker reports busy time (an older SDK, or not the SDK)."""
-        longest_s = 2 * self.config.workers.heartbeat_interval_s
+        longest_s = 2 * self.heartbeat_interval_s
         with self._busy_lock:
             if not self._busy_s_seen:
                 return None

@@ -41,6 +41,8 @@ class _Snapshot(Collector):
             ("staleness_capacity_sequences", "Rollouts that may start now", q["staleness_capacity"]),
             ("policy_version", "Trainer policy version", q["policy_version"]),
             ("target_workers", "The worker count the controller steers to", ctl["target_workers"]),
+            ("heartbeat_interval_seconds", "The interval workers are told to heart-beat at (longer in a large pool)",
+             ctl["heartbeat_interval_s"]),
             ("burst_jobs", "Burst jobs Slurm lists for this job (pending or running)", len(ctl.get("burst_jobs") or [])),
             ("cordoned_gpus", "Cordoned GPUs", len(ctl["cordoned_gpus"])),
             ("placeholders", "Steps holding cordoned GPUs (not workers)", ctl["placeholders"]),

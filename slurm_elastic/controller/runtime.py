@@ -220,6 +220,7 @@ class Controller(OperatorCommands, StatusViews, AllocationChecks):
                 self._save_ahead()  # leaves records its successor waits for, drains on, or counts as its own kills
             self._run_all(result.actions)
             self._publish_endpoints()
+            self.pace_heartbeats()
             self.save()
             burst_inputs = (self.burst_inputs(result, running_burst, now_s)
                             if self.burst is not None and steps is not None else None)

@@ -35,6 +35,7 @@ class StatusViews(ControllerBase):
                 "ticks": self.ticks,
                 "tick_duration_s": self.tick_duration_summary(),
                 "heartbeats": self.heartbeats,
+                "heartbeat_interval_s": self.heartbeat_interval_s,
                 "target_workers": st.target_workers,
                 "usable_slots": self.usable_slots,
                 "paused": st.paused,

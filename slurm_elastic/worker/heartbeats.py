@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from slurm_elastic.client.answers import paced_interval_s
 from slurm_elastic.client.refusals import TokenRefusals, is_token_refusal
 from slurm_elastic.errors import ApiError, SlurmElasticError
 
@@ -27,8 +28,8 @@ log = logging.getLogger(__name__)
 
 
 class Heartbeats:
-    """One SDK process's heartbeats for its worker: ``counts()`` sent every heartbeat interval on a
-    thread; a drain in the reply sets ``drain``."""
+    """One SDK process's heartbeats for its worker: ``counts()`` sent every heartbeat interval (the
+    one the controller's last answer asked for) on a thread; a drain in the reply sets ``drain``."""
 
     def __init__(self, ctx: StepContext, control: FollowingControl[Any], counts: Callable[[], dict[str, Any]],
                  drain: threading.Event) -> None:
@@ -37,6 +38,7 @@ class Heartbeats:
         self.step: str | None = f"{ctx.job_id}.{ctx.step_id}" if ctx.job_id and ctx.step_id else None
         self._token_refusal_told = False  # a token refusal was logged as a warning since the last beat let in
         self._counts_note_told = False  # counts not applied was logged since counts were last applied
+        self.interval_s = ctx.heartbeat_interval_s
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._forever, name="heartbeat", daemon=True)
 
@@ -53,7 +55,7 @@ class Heartbeats:
     def _forever(self) -> None:
         """A heartbeat every interval, and a last one at :meth:`stop` with the final counts (the
         rollouts handed over since the last beat, a drained worker's last ones among them)."""
-        while not self._stop.wait(self.ctx.heartbeat_interval_s):
+        while not self._stop.wait(self.interval_s):
             self.beat()
         self.beat(closing=True)
 
@@ -84,6 +86,7 @@ class Heartbeats:
             log.debug("heartbeat failed: %s", exc)
             return
         self._token_refusal_told = False  # the next refusal is told again
+        self.interval_s = paced_interval_s(reply, self.interval_s)
         if reply.get("counts_applied") is False:
             if not self._counts_note_told:
                 self._counts_note_told = True

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from slurm_elastic.client.answers import paced_interval_s
 from slurm_elastic.client.files import stopped_by_operator_at
 from slurm_elastic.client.refusals import TokenRefusals, is_token_refusal
 from slurm_elastic.core.defaults import SERVER_DRAIN_GRACE_S
@@ -151,6 +152,8 @@ def run_wrapped(
     if answer.get("action") == "drain":
         return 0
     argv, env, info = launch_with_weights(command, answer.get("weights"), port, info)
+    interval_s = paced_interval_s(answer, ctx.heartbeat_interval_s)
+    env["SLURM_ELASTIC_HEARTBEAT_INTERVAL_S"] = str(interval_s)  # the SDK's first beats at the told pace too
     wakeup = Wakeup()
     try:
         wakeup.watch_signals()
@@ -161,7 +164,6 @@ def run_wrapped(
             _final(heartbeat, 127, state_dir=ctx.state_dir, cannot_start=f"{argv[0][:512]}: {exc.strerror or exc}"[:1024])
             return 127
         wakeup.watch_exit(child)
-        interval_s = float(answer.get("heartbeat_interval_s", ctx.heartbeat_interval_s))
         leave_grace_s = float(answer.get("server_drain_grace_s", SERVER_DRAIN_GRACE_S))
         return _supervise(child, ctx, register, heartbeat, flags, info, port, interval_s, wakeup, leave_grace_s)
     finally:
@@ -213,11 +215,13 @@ def _supervise(child: subprocess.Popen[bytes], ctx: StepContext, register: Call,
         now = time.monotonic()
         failures = liveness.failures if liveness is not None else 0
         if now >= next_beat or failures != reported_failures:  # a probe's verdict goes out at once
-            next_beat, reported_failures = now + interval_s, failures
+            reported_failures = failures
             payload: dict[str, Any] = {"child_pid": child.pid}
             if liveness is not None:
                 payload["liveness_failures"] = failures
             reply = _beat(ctx, register, heartbeat, payload, info)
+            interval_s = paced_interval_s(reply, interval_s)
+            next_beat = now + interval_s
             if reply.get("drain"):
                 flags.drain.set()  # the controller wants a drain, whether or not a signal came
                 asked_to_drain = True
@@ -318,10 +322,10 @@ def _start_liveness(ctx: StepContext, port: int) -> LivenessProbe | None:
 
 
 def _hold(ctx: StepContext, register: Call, heartbeat: Call, flags: Flags) -> int:
-    info = ctx.registration()
+    info, interval_s = ctx.registration(), ctx.heartbeat_interval_s
     while not flags.terminate.is_set() and not flags.drain.is_set():
-        _beat(ctx, register, heartbeat, {"placeholder": True}, info)
-        flags.terminate.wait(ctx.heartbeat_interval_s)
+        interval_s = paced_interval_s(_beat(ctx, register, heartbeat, {"placeholder": True}, info), interval_s)
+        flags.terminate.wait(interval_s)
     _final(heartbeat, 0, terminated=flags.terminate.is_set(), state_dir=ctx.state_dir)
     return 0
 

@@ -58,7 +58,7 @@ def test_register_and_heartbeat_through_the_real_server(served: tuple[str, str, 
         answer = client.register(worker_id, {"node": "n1", "gpus": [0], "step_id": "3", "ready": True})
         assert answer["action"] == "run" and answer["worker_id"] == worker_id
         for _ in range(3):  # the same kept-alive connection
-            assert client.heartbeat(worker_id, {"busy": True}) == {"drain": False, "hold": False, "register": False}
+            assert client.heartbeat(worker_id, {"busy": True}) == {"drain": False, "hold": False, "register": False, "heartbeat_interval_s": 5.0}
         with pytest.raises(UnknownOnControllerError):
             client.heartbeat("w_nobody", {})
     finally:
@@ -191,5 +191,5 @@ def test_heartbeats_the_fast_path_cannot_answer_get_the_routes_answers(served: t
         before = controller.heartbeats
         threading.Timer(0.2, release.set).start()
         code, answer = _post(url, f"/workers/{worker_id}/heartbeat", b'{"rollouts":4}')
-    assert code == 200 and answer == {"drain": False, "hold": False, "register": False}
+    assert code == 200 and answer == {"drain": False, "hold": False, "register": False, "heartbeat_interval_s": 5.0}
     assert controller.heartbeats == before + 1 and controller.workers[worker_id].rollouts == 4
