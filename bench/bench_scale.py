@@ -3,12 +3,14 @@
     .venv/bin/python bench/bench_scale.py            # as root; 8, 64, 256 workers (~10 minutes)
     .venv/bin/python bench/bench_scale.py --quick    # 8 and 64 workers, shorter windows (~3 minutes)
     .venv/bin/python bench/bench_scale.py --sizes 64,256 --window-s 20   # 192 launched at once, 256 steady
+    .venv/bin/python bench/bench_scale.py --sizes 64,256 --sdk           # commands that run the worker SDK
 
 It brings up its own cluster (32 nodes x 8 fake GPUs = 256 GPU slots, ports 21817/21901+, node
 prefix "sn") and takes it down afterwards. Workers are the real step wrapper (``slurm-elastic
 worker``: registration, heartbeats, drain) around the lightest command that honours a drain (a
 shell waiting on ``sleep``), one fake GPU each. For each worker count it scales up, waits until all
-are ACTIVE, and measures over a steady window: the controller process's CPU (median of sub-windows,
+are ACTIVE, and measures over a steady window (``--sdk``: the command is a Python process in
+the worker SDK, idle, so its heartbeats come on top of the wrapper's, as a real worker's do): the controller process's CPU (median of sub-windows,
 since other work shares this machine) and RSS, tick durations, slurmctld RPCs per tick (``sdiag``),
 heartbeats handled, and the memory each worker costs on the node. The baseline is the same figure
 at 8 workers, in the same run: growth ratios are value at N / value at 8. Launch throughput (workers
@@ -62,6 +64,9 @@ TICK_S = TICK_INTERVAL_S  # the product's default; --tick-s 0.5 for a tick four 
 HEARTBEAT_S = HEARTBEAT_INTERVAL_S  # the product's default; --heartbeat-s for others
 # the lightest worker command that still drains cleanly: the wrapper forwards USR1, the shell exits 0
 LIGHT_COMMAND = ["/bin/sh", "-c", "trap 'kill $! 2>/dev/null; exit 0' USR1 TERM; sleep infinity & wait"]
+# an idle worker in the SDK: its heartbeat thread beats beside the wrapper's; a drain ends it within 2 s
+SDK_COMMAND = [sys.executable, "-c", "import time\nfrom slurm_elastic.worker import RolloutWorker\n"
+               "with RolloutWorker.from_env() as worker:\n    while not worker.draining:\n        time.sleep(2)"]
 OWN_RPC = "REQUEST_STATS_INFO"  # sdiag's own request: not the controller's
 
 
@@ -117,7 +122,7 @@ def node_memory_per_worker(job_id: int, n: int, slurm_conf: str) -> dict[str, fl
 
     Only this cluster's processes count (their SLURM_CONF): other clusters may run on this host.
     """
-    kinds = {"srun (launcher)": 0.0, "slurmstepd": 0.0, "wrapper (Python)": 0.0, "command (sh + sleep)": 0.0}
+    kinds = {"srun (launcher)": 0.0, "slurmstepd": 0.0, "wrapper (Python)": 0.0, "command": 0.0}
     for proc in psutil.process_iter(["name", "cmdline"]):
         try:
             argv = proc.info["cmdline"] or []
@@ -130,8 +135,8 @@ def node_memory_per_worker(job_id: int, n: int, slurm_conf: str) -> dict[str, fl
                 kind = "slurmstepd"
             elif "slurm_elastic worker --" in line:
                 kind = "wrapper (Python)"
-            elif argv == LIGHT_COMMAND or (argv == ["sleep", "infinity"] and _in_worker(proc)):
-                kind = "command (sh + sleep)"
+            elif argv in (LIGHT_COMMAND, SDK_COMMAND) or (argv == ["sleep", "infinity"] and _in_worker(proc)):
+                kind = "command"
             else:
                 continue
             kinds[kind] += proc.memory_full_info().pss / 2**20
@@ -162,6 +167,21 @@ class Cadence:
     tick_s: float
     heartbeat_s: float
     max_heartbeats_per_s: float
+    command: list[str]
+
+    @property
+    def command_name(self) -> str:
+        return "an idle worker SDK process (its heartbeats beside the wrapper's)" if self.command == SDK_COMMAND \
+            else "sh + sleep (the wrapper's heartbeats only)"
+
+    @property
+    def senders_per_worker(self) -> int:
+        """Processes per worker that heart-beat: the wrapper, and the SDK in its command."""
+        return 2 if self.command == SDK_COMMAND else 1
+
+    @property
+    def report_name(self) -> str:
+        return "scale_sdk" if self.command == SDK_COMMAND else "scale"
 
     @property
     def grace_s(self) -> float:
@@ -219,7 +239,7 @@ def run_sizes(cluster: DevCluster, tmp: Path, slurm: SlurmCli, sizes: tuple[int,
         # the node agents at the product's default interval (the test harness samples every 0.5 s: 32 agents
         # then send 64 reports a second, which measured the controller at 21 % of a core at 64 workers)
         agent={"interval_s": AGENT_INTERVAL_S},
-        workers={"command": LIGHT_COMMAND, "heartbeat_interval_s": cadence.heartbeat_s,
+        workers={"command": cadence.command, "heartbeat_interval_s": cadence.heartbeat_s,
                  "max_heartbeats_per_s": cadence.max_heartbeats_per_s, "heartbeat_grace_s": cadence.grace_s,
                  "start_timeout_s": 300.0, "drain_timeout_s": 60.0},
     )
@@ -318,7 +338,7 @@ def report(windows: list[Window], drain_s: float, window_s: float, floor: tuple[
     lines = [
         f"## Controller scale (dev cluster: {NODES} nodes x {GPUS_PER_NODE} fake GPUs, Slurm 22.05, 2 shared cores)",
         "",
-        f"Tick interval {cadence.tick_s:g} s, heartbeat interval {cadence.heartbeat_s:g} s (a pool beats at most "
+        f"Worker command: {cadence.command_name}. Tick interval {cadence.tick_s:g} s, heartbeat interval {cadence.heartbeat_s:g} s (a pool beats at most "
         f"{cadence.max_heartbeats_per_s:g} times a second together), agent interval {AGENT_INTERVAL_S:g} s, steady window {window_s:g} s per size "
         f"(CPU: median of 5 sub-windows). Growth: value at the largest size / value at {base.workers} workers.",
         "",
@@ -340,9 +360,9 @@ def report(windows: list[Window], drain_s: float, window_s: float, floor: tuple[
         row("slurmctld RPCs per tick: step listings / all", [f"{w.step_info_rpcs_per_tick:.2f} / {w.rpcs_per_tick:.2f}"
                                                              for w in windows],
             ratio(last.rpcs_per_tick, base.rpcs_per_tick)),
-        row("heartbeats handled per s (expected: workers / the interval the controller tells them)",
-            [f"{w.heartbeats_per_s:.1f} ({w.workers / w.heartbeat_interval_s:.1f}: every "
-             f"{w.heartbeat_interval_s:g} s)" for w in windows],
+        row(f"heartbeats handled per s (expected: {cadence.senders_per_worker} per worker / the interval it is told)",
+            [f"{w.heartbeats_per_s:.1f} ({cadence.senders_per_worker * w.workers / w.heartbeat_interval_s:.1f}: "
+             f"every {w.heartbeat_interval_s:g} s)" for w in windows],
             ratio(last.heartbeats_per_s, base.heartbeats_per_s)),
         row("state file size (written on a durable change)", [f"{w.state_file_kb:.0f} kB" for w in windows],
             ratio(last.state_file_kb, base.state_file_kb)),
@@ -366,6 +386,7 @@ def main() -> None:
     parser.add_argument("--window-s", type=float, default=0.0, help="steady window (and settle time) per size")
     parser.add_argument("--tick-s", type=float, default=TICK_S, help="the controller's tick interval (default: the product's)")
     parser.add_argument("--heartbeat-s", type=float, default=HEARTBEAT_S, help="the workers' heartbeat interval (default: the product's)")
+    parser.add_argument("--sdk", action="store_true", help="workers run an idle SDK process (not sh + sleep)")
     parser.add_argument("--max-heartbeats-per-s", type=float, default=MAX_HEARTBEATS_PER_S,
                         help="workers.max_heartbeats_per_s (default: the product's; 1e5: no pacing)")
     args = parser.parse_args()
@@ -376,7 +397,7 @@ def main() -> None:
     if args.window_s:
         window_s = settle_s = args.window_s
     settle_s = max(settle_s, TICK_WINDOW * args.tick_s - window_s)  # the tick p95 read from steady ticks only
-    cadence = Cadence(args.tick_s, args.heartbeat_s, args.max_heartbeats_per_s)
+    cadence = Cadence(args.tick_s, args.heartbeat_s, args.max_heartbeats_per_s, SDK_COMMAND if args.sdk else LIGHT_COMMAND)
     spec = DevClusterSpec(dir=Path(tempfile.gettempdir()) / "se-scale-cluster", nodes=NODES,
                           gpus_per_node=GPUS_PER_NODE, cpus_per_node=16, memory_per_node_mb=8000,
                           ctld_port=21817, node_base_port=21901, cluster_name="scale", node_prefix="sn")
@@ -388,10 +409,10 @@ def main() -> None:
             windows, drain_s, floor = run_sizes(cluster, Path(tmp_name), SlurmCli(), sizes, window_s, settle_s, cadence)
     finally:
         cluster.down()
-    write_report("scale", "\n".join([report(windows, drain_s, window_s, floor, cadence), *persistence_rows((8, 64, 256))]))
+    write_report(cadence.report_name, "\n".join([report(windows, drain_s, window_s, floor, cadence), *persistence_rows((8, 64, 256))]))
     base, last = windows[0], windows[-1]
     launched = last.workers - (windows[-2].workers if len(windows) > 1 else 0)
-    write_headline("scale", [
+    write_headline(cadence.report_name, [
         (f"launch throughput, {launched} workers by one scale-up until all registered (vs {floor[0]} bare sruns "
          "of a Python command at once)", f"{launched / last.scale_up_s:.1f}/s", f"{floor[0] / floor[1]:.1f}/s",
          f"{launched / last.scale_up_s / (floor[0] / floor[1]):.2f}x"),

@@ -9,13 +9,14 @@ so tests and benchmarks can check that a tick makes one batched ``squeue`` call.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import os
+import select
 import shutil
 import signal
 import subprocess
 import threading
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -136,8 +137,9 @@ def spawn_detached(
 
     Its stdout and stderr go to ``log_path``, after a line that marks the start (``SPAWNED``);
     stdin is /dev/null. Returns the pid. One shared daemon thread reaps every child (not a thread
-    per child: a controller keeps one srun per worker), so none lingers as a zombie for more than
-    ``REAP_INTERVAL_S`` while the caller lives; a child killed by a signal gets a line saying so
+    per child: a controller keeps one srun per worker), so none lingers as a zombie while the caller
+    lives (woken by the child's end; at most ``REAP_INTERVAL_S`` without pidfds); a child killed by
+    a signal gets a line saying so
     (``KILLED_BY_SIGNAL``) at the end of its log.
     """
     argv = list(argv)
@@ -164,7 +166,7 @@ def spawn_detached(
     return proc.pid
 
 
-REAP_INTERVAL_S = 0.5
+REAP_INTERVAL_S = 0.5  # how often children are polled where pidfds are missing
 SPAWNED = "slurm-elastic: spawned"
 KILLED_BY_SIGNAL = "was killed by signal"
 
@@ -183,32 +185,59 @@ def killed_since_spawned(log_path: Path, tail_bytes: int = 65536) -> str | None:
 
 
 class _Reaper:
-    """Waits for detached children without a thread each: one thread polls them all."""
+    """Waits for detached children without a thread each: one thread sleeps in ``poll()`` on a
+    pidfd per child, which turns readable the moment the child ends, so it takes no CPU while they
+    run (polling 256 children every half second was 0.3 % of a core). A child without a pidfd (a
+    kernel before 5.3) is polled every ``REAP_INTERVAL_S``."""
 
     def __init__(self) -> None:
-        self._children: dict[subprocess.Popen[bytes], Path] = {}
+        self._children: dict[subprocess.Popen[bytes], tuple[Path, int | None]] = {}  # -> log, pidfd
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._wake: tuple[int, int] | None = None  # a pipe: a new child wakes the thread to watch it too
 
     def adopt(self, proc: subprocess.Popen[bytes], log_path: Path) -> None:
+        try:
+            pidfd: int | None = os.pidfd_open(proc.pid)  # a child that ended already: readable at once
+        except (AttributeError, OSError):
+            pidfd = None
         with self._lock:
-            self._children[proc] = log_path
+            self._children[proc] = (log_path, pidfd)
+            if self._wake is None:
+                self._wake = os.pipe()
+                os.set_blocking(self._wake[0], False)
+                os.set_blocking(self._wake[1], False)
             if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="reap-detached", daemon=True)
+                self._thread = threading.Thread(target=self._run, args=(self._wake[0],), name="reap-detached",
+                                                 daemon=True)
                 self._thread.start()
+            with contextlib.suppress(OSError):  # full: a wake-up is pending anyway
+                os.write(self._wake[1], b"\0")
 
     def pending(self) -> int:
         with self._lock:
             return len(self._children)
 
-    def _run(self) -> None:
+    def _run(self, wake_fd: int) -> None:
         while True:
-            time.sleep(REAP_INTERVAL_S)
+            poller = select.poll()
+            poller.register(wake_fd, select.POLLIN)
             with self._lock:
-                ended = [(p, path) for p, path in self._children.items() if p.poll() is not None]
-                for proc, _path in ended:
+                for _path, pidfd in self._children.values():
+                    if pidfd is not None:
+                        poller.register(pidfd, select.POLLIN)
+                unwatched = any(pidfd is None for _path, pidfd in self._children.values())
+            poller.poll(1000 * REAP_INTERVAL_S if unwatched else None)
+            with contextlib.suppress(BlockingIOError):
+                while os.read(wake_fd, 512):
+                    pass
+            with self._lock:
+                ended = [(p, path, pidfd) for p, (path, pidfd) in self._children.items() if p.poll() is not None]
+                for proc, _path, pidfd in ended:
                     del self._children[proc]
-            for proc, path in ended:
+                    if pidfd is not None:
+                        os.close(pidfd)
+            for proc, path, _pidfd in ended:
                 if proc.returncode < 0:
                     _note_killed(proc, path)
 

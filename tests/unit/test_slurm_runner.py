@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -124,3 +125,36 @@ def test_controller_slurm_timeout_s_is_the_timeout_of_its_slurm_commands(tmp_pat
     with pytest.raises(SlurmTimeoutError, match=r"timed out after 0\.3 s"):
         running_job(slurm_backend(config), 12345)
     assert runner.command_timeout_s() == 0.3
+
+
+def test_the_reaper_wakes_when_a_child_ends_not_on_a_timer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With pidfds its thread sleeps until a child ends: a killed child is noted although the
+    polling interval is an hour (the thread takes no CPU while 256 workers' sruns run)."""
+    monkeypatch.setattr(runner, "REAP_INTERVAL_S", 3600.0)
+    reaper = runner._Reaper()
+    log = tmp_path / "0001.log"
+    log.write_text(f"{runner.SPAWNED} sleep\n")
+    proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    reaper.adopt(proc, log)
+    proc.kill()
+    deadline = time.monotonic() + 10
+    while reaper.pending() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert reaper.pending() == 0 and runner.killed_since_spawned(log) is not None
+
+
+def test_without_pidfds_the_reaper_polls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kernel without pidfd_open (before 5.3): the children are polled every REAP_INTERVAL_S."""
+    def no_pidfds(pid: int) -> int:
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr(os, "pidfd_open", no_pidfds)
+    monkeypatch.setattr(runner, "REAP_INTERVAL_S", 0.05)
+    reaper = runner._Reaper()
+    procs = [subprocess.Popen(["true"]) for _ in range(3)]
+    for proc in procs:
+        reaper.adopt(proc, tmp_path / "t.log")
+    deadline = time.monotonic() + 10
+    while reaper.pending() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert reaper.pending() == 0 and all(p.returncode == 0 for p in procs)
