@@ -34,9 +34,10 @@ from slurm_elastic.controller.main import (
 from slurm_elastic.controller.prolog_results import take_prolog_results
 from slurm_elastic.controller.rollout_http import ControllerApp, rollout_router
 from slurm_elastic.controller.runtime import Controller
-from slurm_elastic.controller.serve import ApiServer, default_listen_host
+from slurm_elastic.controller.serve import ApiServer, default_listen_host, keep_alive_for
 from slurm_elastic.controller.submit import SubmitEndpoint
 from slurm_elastic.controller.weights import WeightsPusher
+from slurm_elastic.core.heartbeat_pace import longest_heartbeat_interval_s
 from slurm_elastic.errors import ConfigError, SlurmError
 from slurm_elastic.rollouts.queue import QueueConfig, RolloutQueue
 from slurm_elastic.rollouts.store import RolloutStore
@@ -110,7 +111,9 @@ def run_controller(config: ElasticConfig, stop: threading.Event) -> bool:
     host = config.controller.listen_host or default_listen_host()
     port = config.controller.listen_port or previous_port(state_dir, host)
     try:
-        server = ApiServer(create_controller_app(ctl, tokens, queue), host, port)
+        idle_s = keep_alive_for(longest_heartbeat_interval_s(config.workers.heartbeat_interval_s,
+                                                             config.workers.heartbeat_grace_s), config.agent.interval_s)
+        server = ApiServer(create_controller_app(ctl, tokens, queue), host, port, keep_alive_s=idle_s)
     except OSError as exc:  # socket.gaierror included: a name that does not resolve
         if not config.controller.listen_host or not _a_config_mistake(exc):
             raise

@@ -46,7 +46,8 @@ log = logging.getLogger(__name__)
 HEAD_TIMEOUT_S = 10.0  # a request head must arrive whole within this long of the connection waiting for it
 WRITE_TIMEOUT_S = 30.0  # a connection whose waiting response sends too little in a window this long is closed
 MIN_SEND_RATE_BYTES_PER_S = 64 * 1024  # too little: under this rate (1.9 MiB a window; a 1 Mbit/s link does twice that)
-KEEP_ALIVE_S = 5  # an idle keep-alive connection is closed after this long
+KEEP_ALIVE_S = 5  # an idle keep-alive connection is closed after this long (at least: keep_alive_for)
+KEEP_ALIVE_MARGIN_S = 5  # past the longest interval at which a client calls again
 HTTP_IMPLEMENTATION = "httptools"  # uvicorn's HTTP/1.1 implementation on httptools (C)
 
 
@@ -107,6 +108,14 @@ def http_protocol_class(name: str = HTTP_IMPLEMENTATION) -> type[asyncio.Protoco
     return protocol
 
 
+def keep_alive_for(*intervals_s: float) -> int:
+    """How long an idle connection stays open: past the longest of ``intervals_s`` at which clients
+    call again (heart-beating workers, node agents), so that each call finds its connection open (a
+    new TCP connection per heartbeat costs the controller 30 % more CPU); KEEP_ALIVE_S at least.
+    Idle connections hold no slot under pressure: the oldest is closed to make room for a new one."""
+    return max(KEEP_ALIVE_S, math.ceil(max(intervals_s, default=0.0)) + KEEP_ALIVE_MARGIN_S)
+
+
 class ApiServer:
     """uvicorn serving ``app`` on ``host:port`` (0 = any free port) in a daemon thread.
 
@@ -117,7 +126,7 @@ class ApiServer:
 
     def __init__(self, app: FastAPI, host: str, port: int = 0, head_timeout_s: float = HEAD_TIMEOUT_S,
                  max_connections: int | None = None, write_timeout_s: float = WRITE_TIMEOUT_S,
-                 min_send_rate_bytes_per_s: float = MIN_SEND_RATE_BYTES_PER_S) -> None:
+                 min_send_rate_bytes_per_s: float = MIN_SEND_RATE_BYTES_PER_S, keep_alive_s: int = KEEP_ALIVE_S) -> None:
         self.app = app
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -130,7 +139,7 @@ class ApiServer:
         protocol = guarded(framed(http_protocol_class(), self.connections.head_max_bytes), self.connections)
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
                                 timeout_graceful_shutdown=2, http=protocol,
-                                timeout_keep_alive=KEEP_ALIVE_S, ws="none",  # an Upgrade request is plain HTTP
+                                timeout_keep_alive=keep_alive_s, ws="none",  # an Upgrade request is plain HTTP
                                 proxy_headers=False)  # clients reach the controller directly, never via a proxy
         quiet_client_noise(logging.getLogger("uvicorn.error"))  # after uvicorn.Config set its logging up
         quiet_client_noise(logging.getLogger("slurm_elastic.controller.http_errors"))

@@ -34,3 +34,8 @@ def heartbeat_interval_s(senders: int, interval_s: float, max_per_s: float, grac
     longest_s = min(grace_s / GRACE_BEATS, LONGEST_HEARTBEAT_INTERVAL_S)
     stretched_s = math.ceil(round(10 * min(senders / max_per_s, longest_s), 6)) / 10  # clamped first: no overflow
     return max(interval_s, min(stretched_s, longest_s))
+
+
+def longest_heartbeat_interval_s(interval_s: float, grace_s: float) -> float:
+    """The longest interval :func:`heartbeat_interval_s` tells, however many senders."""
+    return max(interval_s, min(grace_s / GRACE_BEATS, LONGEST_HEARTBEAT_INTERVAL_S))

@@ -6,11 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 
 from fastapi import FastAPI, Response
 
 from slurm_elastic.controller.inner_transport import InnerTransport
-from slurm_elastic.controller.serve import ApiServer, http_protocol_class
+from slurm_elastic.controller.serve import (
+    KEEP_ALIVE_S,
+    ApiServer,
+    http_protocol_class,
+    keep_alive_for,
+)
 
 
 class RecordingTransport:
@@ -95,3 +101,33 @@ def test_the_server_serves_through_it_and_keep_alive_connections_go_on() -> None
                 assert answer.startswith(b"HTTP/1.1 204 No Content\r\n") and answer.endswith(b"\r\n\r\n")
     finally:
         server.stop()
+
+
+def test_an_idle_connection_stays_open_past_the_longest_interval_clients_call_at() -> None:
+    """Workers told to heart-beat every 15 s (the slowest pace at the default 60 s grace) and agents
+    every 5 s find their connection open: the keep-alive time is the longest interval plus a margin."""
+    assert keep_alive_for(15.0, 5.0) == 20 and keep_alive_for(12.01) == 18
+    assert keep_alive_for(0.3) == 6 and keep_alive_for() == KEEP_ALIVE_S  # never below the default
+    app = FastAPI()
+
+    @app.get("/small")
+    def small() -> Response:
+        return Response(b'{"ok":true}', media_type="application/json")
+
+    def idle_then_ask(keep_alive_s: int, idle_s: float) -> bytes:
+        server = ApiServer(app, "127.0.0.1", keep_alive_s=keep_alive_s)
+        server.start()
+        try:
+            with socket.create_connection((server.host, server.port), timeout=10) as conn:
+                for _ in range(2):
+                    conn.sendall(b"GET /small HTTP/1.1\r\nhost: x\r\n\r\n")
+                    answer = b""
+                    while not answer.endswith(b"}") and (chunk := conn.recv(65536)):
+                        answer += chunk
+                    time.sleep(idle_s)
+                return answer
+        finally:
+            server.stop()
+
+    assert idle_then_ask(keep_alive_s=3, idle_s=1.5).endswith(b'{"ok":true}')  # the second call went through
+    assert idle_then_ask(keep_alive_s=1, idle_s=1.5) == b""  # closed while idle: nothing came back
