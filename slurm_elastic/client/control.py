@@ -38,6 +38,10 @@ __all__ = ["ControlClient", "UnknownOnControllerError"]
 
 log = logging.getLogger(__name__)
 BATCH_MAX_BYTES = 4 << 30  # a batch: batch_size groups, each up to the queue's max_group_bytes
+# idle connections are kept this long (httpx's default: 5 s), so a heartbeat every 15 s reuses its own; the
+# controller keeps them open past the longest interval it tells (serve.keep_alive_for); one it closed is seen
+# closed at the next call and replaced
+KEPT_ALIVE = httpx.Limits(max_connections=100, max_keepalive_connections=20, keepalive_expiry=120.0)
 Shape = dict[str, type | tuple[type, ...] | range]  # keys of an answer: the type(s) of each, or the range of an int
 
 
@@ -48,7 +52,7 @@ class ControlClient:
                  transport: httpx.BaseTransport | None = None) -> None:
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
-        self._http = httpx.Client(base_url=self.url, timeout=timeout_s, transport=transport,
+        self._http = httpx.Client(base_url=self.url, timeout=timeout_s, transport=transport, limits=KEPT_ALIVE,
                                   headers={"Authorization": f"Bearer {token}"})
 
     def close(self) -> None:

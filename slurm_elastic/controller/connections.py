@@ -86,6 +86,7 @@ class ConnectionBook:
     max_connections: int
     head_timeout_s: float
     head_max_bytes: int = HEAD_MAX_BYTES
+    idle_s: float = 0.0  # after a response, how long the next head may take to begin (the keep-alive time)
     write_timeout_s: float = 30.0
     min_send_rate_bytes_per_s: float = 64 * 1024
     slow_body_s: float = SLOW_BODY_S
@@ -140,6 +141,7 @@ class GuardedConnection(asyncio.Protocol):
         self._head_bytes = 0
         self._tail = b""  # the last bytes seen while waiting for a head (an end split across reads)
         self._head_begun = False  # a byte other than CR or LF came since waiting began
+        self._idle = False  # waiting after a response: the head's own time starts at its first byte
         self._written = 0  # bytes handed to the transport
         self._window_sent = 0  # of them, those that had left its write buffer when the window began
         self._window_start_s = 0.0
@@ -166,7 +168,7 @@ class GuardedConnection(asyncio.Protocol):
         request's body comes next)."""
         self._written += nbytes
         if not (INTERIM.match(first) or getattr(self.inner, "pipeline", None)):
-            self._wait_for_head()
+            self._wait_for_head(idle=True)
         if self._refusing or self._client_done:
             asyncio.get_running_loop().call_soon(self._settle)
 
@@ -246,13 +248,17 @@ class GuardedConnection(asyncio.Protocol):
     def _now_s() -> float:
         return asyncio.get_running_loop().time()
 
-    def _wait_for_head(self) -> None:
-        """From now on a request head must arrive whole within the limits."""
+    def _wait_for_head(self, idle: bool = False) -> None:
+        """From now on a request head must arrive whole within the limits; ``idle``, after a
+        response: it may begin up to ``book.idle_s`` from now, and must end within the head
+        timeout of its first byte (a kept-alive client calling every 15 s finds its connection)."""
         if self.transport is None or self._lost or self in self.book.waiting:
             return
         self.book.waiting[self] = None
         self._head_bytes, self._tail, self._head_begun = 0, b"", False
-        self._deadline = asyncio.get_running_loop().call_later(self.book.head_timeout_s, self._head_overdue)
+        self._idle = idle and self.book.idle_s > self.book.head_timeout_s
+        wait_s = self.book.idle_s if self._idle else self.book.head_timeout_s
+        self._deadline = asyncio.get_running_loop().call_later(wait_s, self._head_overdue)
 
     def _head_overdue(self) -> None:
         """No whole head in time: closed, unless a response is still leaving (then it waits on, as
@@ -355,6 +361,10 @@ class GuardedConnection(asyncio.Protocol):
         if not self._head_begun:
             scanned = data.lstrip(b"\r\n")
             self._head_begun = bool(scanned)
+            if self._head_begun and self._idle and self._deadline is not None:  # the head's own time starts
+                self._idle = False
+                self._deadline.cancel()
+                self._deadline = asyncio.get_running_loop().call_later(self.book.head_timeout_s, self._head_overdue)
         end = scanned.find(HEAD_END)
         if end >= 0:
             end += len(data) - len(scanned) + len(HEAD_END)  # where the head ends in data

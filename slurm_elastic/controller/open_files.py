@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import resource
 
-RESERVED_FDS = 128  # descriptors kept for the controller itself: store, state files, Slurm commands
+from slurm_elastic.slurm.runner import PIDFDS_MAX
+
+# descriptors kept for the controller itself: store, state files, Slurm commands, the sruns' pidfds
+RESERVED_FDS = 128 + PIDFDS_MAX
 MAX_CONNECTIONS = 4096
 
 

@@ -133,7 +133,7 @@ class ApiServer:
         self.sock.bind((host, port))
         self.host, self.port = host, int(self.sock.getsockname()[1])
         self.connections = ConnectionBook(max_connections or connection_cap(raise_open_files_limit()),
-                                          head_timeout_s, write_timeout_s=write_timeout_s,
+                                          head_timeout_s, idle_s=keep_alive_s, write_timeout_s=write_timeout_s,
                                           min_send_rate_bytes_per_s=min_send_rate_bytes_per_s)
         app.state.connections = self.connections  # the app reports them (/metrics)
         protocol = guarded(framed(http_protocol_class(), self.connections.head_max_bytes), self.connections)

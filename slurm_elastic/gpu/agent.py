@@ -21,6 +21,7 @@ from typing import Literal
 
 import httpx
 
+from slurm_elastic.client.control import KEPT_ALIVE
 from slurm_elastic.client.files import read_token_file
 from slurm_elastic.client.wire import report_json
 from slurm_elastic.core.defaults import AGENT_INTERVAL_S, AGENT_MAX_BACKOFF_S
@@ -112,7 +113,7 @@ class ReportPoster:
     def __init__(self, controller_url: str, token_file: str, timeout_s: float = 5.0) -> None:
         self.url = controller_url.rstrip("/") + REPORT_PATH
         self.token_file = Path(token_file)
-        self._client = httpx.Client(timeout=timeout_s)
+        self._client = httpx.Client(timeout=timeout_s, limits=KEPT_ALIVE)  # a report every 5 s reuses it
 
     def token(self) -> str:
         token = read_token_file(self.token_file)

@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -167,6 +168,7 @@ def spawn_detached(
 
 
 REAP_INTERVAL_S = 0.5  # how often children are polled where pidfds are missing
+PIDFDS_MAX = 512  # pidfds the reaper holds at most (descriptors: controller/open_files.py reserves them)
 SPAWNED = "slurm-elastic: spawned"
 KILLED_BY_SIGNAL = "was killed by signal"
 
@@ -187,7 +189,8 @@ def killed_since_spawned(log_path: Path, tail_bytes: int = 65536) -> str | None:
 class _Reaper:
     """Waits for detached children without a thread each: one thread sleeps in ``poll()`` on a
     pidfd per child, which turns readable the moment the child ends, so it takes no CPU while they
-    run (polling 256 children every half second was 0.3 % of a core). A child without a pidfd (a
+    run (polling 256 children every half second was 0.3 % of a core). At most ``PIDFDS_MAX`` are
+    held (the controller reserves descriptors for them); a child without one (more children, or a
     kernel before 5.3) is polled every ``REAP_INTERVAL_S``."""
 
     def __init__(self) -> None:
@@ -197,11 +200,8 @@ class _Reaper:
         self._wake: tuple[int, int] | None = None  # a pipe: a new child wakes the thread to watch it too
 
     def adopt(self, proc: subprocess.Popen[bytes], log_path: Path) -> None:
-        try:
-            pidfd: int | None = os.pidfd_open(proc.pid)  # a child that ended already: readable at once
-        except (AttributeError, OSError):
-            pidfd = None
         with self._lock:
+            pidfd = _pidfd(proc.pid) if sum(fd is not None for _p, fd in self._children.values()) < PIDFDS_MAX else None
             self._children[proc] = (log_path, pidfd)
             if self._wake is None:
                 self._wake = os.pipe()
@@ -209,7 +209,7 @@ class _Reaper:
                 os.set_blocking(self._wake[1], False)
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, args=(self._wake[0],), name="reap-detached",
-                                                 daemon=True)
+                                                daemon=True)
                 self._thread.start()
             with contextlib.suppress(OSError):  # full: a wake-up is pending anyway
                 os.write(self._wake[1], b"\0")
@@ -220,26 +220,64 @@ class _Reaper:
 
     def _run(self, wake_fd: int) -> None:
         while True:
-            poller = select.poll()
-            poller.register(wake_fd, select.POLLIN)
-            with self._lock:
-                for _path, pidfd in self._children.values():
-                    if pidfd is not None:
-                        poller.register(pidfd, select.POLLIN)
-                unwatched = any(pidfd is None for _path, pidfd in self._children.values())
-            poller.poll(1000 * REAP_INTERVAL_S if unwatched else None)
-            with contextlib.suppress(BlockingIOError):
-                while os.read(wake_fd, 512):
-                    pass
-            with self._lock:
-                ended = [(p, path, pidfd) for p, (path, pidfd) in self._children.items() if p.poll() is not None]
-                for proc, _path, pidfd in ended:
-                    del self._children[proc]
-                    if pidfd is not None:
-                        os.close(pidfd)
-            for proc, path, _pidfd in ended:
+            try:
+                self._wait(wake_fd)
+                ended = self._take_ended()
+            except Exception:  # a reaper that stops leaves zombies: log it and go on
+                log.exception("reaping detached children")
+                time.sleep(REAP_INTERVAL_S)
+                continue
+            for proc, path in ended:
                 if proc.returncode < 0:
                     _note_killed(proc, path)
+
+    def _wait(self, wake_fd: int) -> None:
+        """Until a watched child ends, a child is adopted, or REAP_INTERVAL_S if some are unwatched."""
+        poller = select.poll()
+        poller.register(wake_fd, select.POLLIN)
+        with self._lock:
+            for _path, pidfd in self._children.values():
+                if pidfd is not None:
+                    poller.register(pidfd, select.POLLIN)
+            unwatched = any(pidfd is None for _path, pidfd in self._children.values())
+        poller.poll(1000 * REAP_INTERVAL_S if unwatched else None)
+        with contextlib.suppress(BlockingIOError):
+            while os.read(wake_fd, 512):
+                pass
+
+    def _take_ended(self) -> list[tuple[subprocess.Popen[bytes], Path]]:
+        """The children that ended, reaped and forgotten (their pidfds closed). A child is reaped
+        through its pidfd where it has one (never another process that took its pid)."""
+        ended = []
+        with self._lock:
+            for proc, (path, pidfd) in list(self._children.items()):
+                if (proc.poll() if pidfd is None else _reaped(proc, pidfd)) is None:
+                    continue
+                del self._children[proc]
+                if pidfd is not None:
+                    with contextlib.suppress(OSError):
+                        os.close(pidfd)
+                ended.append((proc, path))
+        return ended
+
+
+def _pidfd(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)  # a child that ended already: readable at once
+    except (AttributeError, OSError):
+        return None
+
+
+def _reaped(proc: subprocess.Popen[bytes], pidfd: int) -> int | None:
+    """``proc``'s exit code (it is reaped) once it has ended, else None; reaped through ``pidfd``."""
+    try:
+        result = os.waitid(os.P_PIDFD, pidfd, os.WEXITED | os.WNOHANG)
+    except (AttributeError, OSError):  # reaped elsewhere (ECHILD), or a kernel without P_PIDFD: what Popen knows
+        return proc.poll()
+    if result is None:
+        return None
+    proc.returncode = result.si_status if result.si_code == os.CLD_EXITED else -result.si_status
+    return proc.returncode
 
 
 def _note_killed(proc: subprocess.Popen[bytes], log_path: Path) -> None:

@@ -5,6 +5,7 @@ body still leaves, and keep-alive connections go on working."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import time
 
@@ -105,7 +106,9 @@ def test_the_server_serves_through_it_and_keep_alive_connections_go_on() -> None
 
 def test_an_idle_connection_stays_open_past_the_longest_interval_clients_call_at() -> None:
     """Workers told to heart-beat every 15 s (the slowest pace at the default 60 s grace) and agents
-    every 5 s find their connection open: the keep-alive time is the longest interval plus a margin."""
+    every 5 s find their connection open: after a response, the next head may begin until the
+    keep-alive time (the longest interval plus a margin), past the head timeout, and must then end
+    within the head timeout of its first byte."""
     assert keep_alive_for(15.0, 5.0) == 20 and keep_alive_for(12.01) == 18
     assert keep_alive_for(0.3) == 6 and keep_alive_for() == KEEP_ALIVE_S  # never below the default
     app = FastAPI()
@@ -114,20 +117,32 @@ def test_an_idle_connection_stays_open_past_the_longest_interval_clients_call_at
     def small() -> Response:
         return Response(b'{"ok":true}', media_type="application/json")
 
-    def idle_then_ask(keep_alive_s: int, idle_s: float) -> bytes:
-        server = ApiServer(app, "127.0.0.1", keep_alive_s=keep_alive_s)
+    def ask(conn: socket.socket, head: bytes = b"GET /small HTTP/1.1\r\nhost: x\r\n\r\n") -> bytes:
+        conn.sendall(head)
+        answer = b""
+        while not answer.endswith(b"}") and (chunk := conn.recv(65536)):
+            answer += chunk
+        return answer
+
+    def after_idle(keep_alive_s: int, idle_s: float, head_wait_s: float = 0.0) -> bytes:
+        """A second request, sent ``idle_s`` after the first's answer (its first byte ``head_wait_s``
+        before the rest): its answer, or b"" for a closed connection."""
+        server = ApiServer(app, "127.0.0.1", head_timeout_s=1.0, keep_alive_s=keep_alive_s)
         server.start()
         try:
             with socket.create_connection((server.host, server.port), timeout=10) as conn:
-                for _ in range(2):
-                    conn.sendall(b"GET /small HTTP/1.1\r\nhost: x\r\n\r\n")
-                    answer = b""
-                    while not answer.endswith(b"}") and (chunk := conn.recv(65536)):
-                        answer += chunk
-                    time.sleep(idle_s)
-                return answer
+                assert ask(conn).endswith(b'{"ok":true}')
+                time.sleep(idle_s)
+                with contextlib.suppress(OSError):  # closed: the send may fail
+                    if head_wait_s:
+                        conn.sendall(b"G")
+                        time.sleep(head_wait_s)
+                        return ask(conn, b"ET /small HTTP/1.1\r\nhost: x\r\n\r\n")
+                    return ask(conn)
+                return b""
         finally:
             server.stop()
 
-    assert idle_then_ask(keep_alive_s=3, idle_s=1.5).endswith(b'{"ok":true}')  # the second call went through
-    assert idle_then_ask(keep_alive_s=1, idle_s=1.5) == b""  # closed while idle: nothing came back
+    assert after_idle(keep_alive_s=4, idle_s=2.0).endswith(b'{"ok":true}')  # idle past the 1 s head timeout
+    assert after_idle(keep_alive_s=1, idle_s=3.0) == b""  # past the keep-alive time: closed
+    assert after_idle(keep_alive_s=6, idle_s=0.5, head_wait_s=3.0) == b""  # a head begun must end within 1 s

@@ -128,30 +128,37 @@ def test_controller_slurm_timeout_s_is_the_timeout_of_its_slurm_commands(tmp_pat
 
 
 def test_the_reaper_wakes_when_a_child_ends_not_on_a_timer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """With pidfds its thread sleeps until a child ends: a killed child is noted although the
-    polling interval is an hour (the thread takes no CPU while 256 workers' sruns run)."""
+    """With pidfds its thread sleeps until a child ends: a child killed once the thread sleeps is
+    noted although the polling interval is an hour (it takes no CPU while 256 workers' sruns run)."""
     monkeypatch.setattr(runner, "REAP_INTERVAL_S", 3600.0)
     reaper = runner._Reaper()
     log = tmp_path / "0001.log"
     log.write_text(f"{runner.SPAWNED} sleep\n")
     proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
     reaper.adopt(proc, log)
+    time.sleep(0.5)  # the adoption's own wake-up is over: the thread sleeps in poll()
     proc.kill()
     deadline = time.monotonic() + 10
     while reaper.pending() and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert reaper.pending() == 0 and runner.killed_since_spawned(log) is not None
+    assert reaper.pending() == 0 and proc.returncode == -signal.SIGKILL
+    assert runner.killed_since_spawned(log) == f"slurm-elastic: sleep (pid {proc.pid}) was killed by signal 9 (SIGKILL)"
 
 
-def test_without_pidfds_the_reaper_polls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A kernel without pidfd_open (before 5.3): the children are polled every REAP_INTERVAL_S."""
-    def no_pidfds(pid: int) -> int:
-        raise OSError(38, "Function not implemented")
-
-    monkeypatch.setattr(os, "pidfd_open", no_pidfds)
+@pytest.mark.parametrize("pidfds", ["missing", "all taken"])
+def test_children_without_a_pidfd_are_polled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pidfds: str) -> None:
+    """A kernel without pidfd_open (before 5.3), or more children than PIDFDS_MAX: those children
+    are polled every REAP_INTERVAL_S; they end after the adoptions' wake-ups, so only the polling
+    can find them."""
+    if pidfds == "missing":
+        def no_pidfds(pid: int) -> int:
+            raise OSError(38, "Function not implemented")
+        monkeypatch.setattr(os, "pidfd_open", no_pidfds)
+    else:
+        monkeypatch.setattr(runner, "PIDFDS_MAX", 1)
     monkeypatch.setattr(runner, "REAP_INTERVAL_S", 0.05)
     reaper = runner._Reaper()
-    procs = [subprocess.Popen(["true"]) for _ in range(3)]
+    procs = [subprocess.Popen(["sleep", "0.5"]) for _ in range(3)]
     for proc in procs:
         reaper.adopt(proc, tmp_path / "t.log")
     deadline = time.monotonic() + 10
