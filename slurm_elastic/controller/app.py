@@ -89,6 +89,14 @@ def settle_heap() -> None:
     gc.set_threshold(YOUNG_GC_THRESHOLD, *gc.get_threshold()[1:])
 
 
+def keep_alive_s(config: ElasticConfig) -> int:
+    """How long the API keeps an idle connection open: past the longest interval it tells workers
+    to heart-beat at and the agents' (:func:`~slurm_elastic.controller.serve.keep_alive_for`)."""
+    w = config.workers
+    return keep_alive_for(longest_heartbeat_interval_s(w.heartbeat_interval_s, w.heartbeat_grace_s),
+                          config.agent.interval_s)
+
+
 def run_controller(config: ElasticConfig, stop: threading.Event) -> bool:
     """Run until ``stop`` is set (SIGTERM/SIGINT set it) or an operator's ``POST /admin/stop``;
     whether it was the operator's stop. Worker steps keep running afterwards."""
@@ -111,9 +119,7 @@ def run_controller(config: ElasticConfig, stop: threading.Event) -> bool:
     host = config.controller.listen_host or default_listen_host()
     port = config.controller.listen_port or previous_port(state_dir, host)
     try:
-        idle_s = keep_alive_for(longest_heartbeat_interval_s(config.workers.heartbeat_interval_s,
-                                                             config.workers.heartbeat_grace_s), config.agent.interval_s)
-        server = ApiServer(create_controller_app(ctl, tokens, queue), host, port, keep_alive_s=idle_s)
+        server = ApiServer(create_controller_app(ctl, tokens, queue), host, port, keep_alive_s=keep_alive_s(config))
     except OSError as exc:  # socket.gaierror included: a name that does not resolve
         if not config.controller.listen_host or not _a_config_mistake(exc):
             raise

@@ -1,9 +1,11 @@
 """Limits on the API's connections, below the HTTP server: how many may be open, and how long
 and how large a request head may be.
 
-A connection waiting for a request head (just opened, or after a response) must deliver the
-whole head within ``head_timeout_s``, or it is closed: a client that sends a head a byte at a
-time, or never sends one, holds no descriptor for long. A head is at most ``head_max_bytes``,
+A connection waiting for a request head must deliver the whole head within ``head_timeout_s``
+(of opening; after a response, of the head's first byte, which may come until ``idle_s``, the
+keep-alive time), or it is closed: a client that sends a head a byte at a time, or never sends
+one, holds no descriptor for long. A request answered before its body came (a 404 for a POST)
+closes its connection after the answer: what the client sends next is that body. A head is at most ``head_max_bytes``,
 counted here from the bytes of a head not ended yet, or of one that ends in the read (the first
 on a connection, or the next after an answer), and by the HTTP parser for any head it reads
 (:func:`~slurm_elastic.controller.framing.framed`): one over it, whatever the reads, is parsed
@@ -142,6 +144,7 @@ class GuardedConnection(asyncio.Protocol):
         self._tail = b""  # the last bytes seen while waiting for a head (an end split across reads)
         self._head_begun = False  # a byte other than CR or LF came since waiting began
         self._idle = False  # waiting after a response: the head's own time starts at its first byte
+        self._next_head_begun = False  # a byte of the next head (other than CR or LF) came while answering
         self._written = 0  # bytes handed to the transport
         self._window_sent = 0  # of them, those that had left its write buffer when the window began
         self._window_start_s = 0.0
@@ -167,9 +170,11 @@ class GuardedConnection(asyncio.Protocol):
         this one, queued in the HTTP protocol) or this is an interim answer (``100 Continue``: the
         request's body comes next)."""
         self._written += nbytes
-        if not (INTERIM.match(first) or getattr(self.inner, "pipeline", None)):
+        interim = INTERIM.match(first)
+        if not (interim or getattr(self.inner, "pipeline", None)):
             self._wait_for_head(idle=True)
-        if self._refusing or self._client_done:
+        body_unread = not interim and getattr(getattr(self.inner, "cycle", None), "more_body", False)
+        if self._refusing or self._client_done or body_unread:  # answered before its body came: closed after it
             asyncio.get_running_loop().call_soon(self._settle)
 
     def _answer_due(self) -> bool:
@@ -256,7 +261,8 @@ class GuardedConnection(asyncio.Protocol):
             return
         self.book.waiting[self] = None
         self._head_bytes, self._tail, self._head_begun = 0, b"", False
-        self._idle = idle and self.book.idle_s > self.book.head_timeout_s
+        self._idle = idle and not self._next_head_begun and self.book.idle_s > self.book.head_timeout_s
+        self._next_head_begun = False
         wait_s = self.book.idle_s if self._idle else self.book.head_timeout_s
         self._deadline = asyncio.get_running_loop().call_later(wait_s, self._head_overdue)
 
@@ -345,10 +351,13 @@ class GuardedConnection(asyncio.Protocol):
         end = data.rfind(HEAD_END)
         if latest is before:  # no new head ended here
             self._head_bytes = self._head_bytes + len(data) if whole_before else 0  # else its body ended here
+            self._next_head_begun = self._next_head_begun or bool(whole_before and data.strip(b"\r\n"))
         elif end >= 0:  # a new head ended here: what follows it and its body
             self._head_bytes = max(0, len(data) - end - len(HEAD_END) - len(getattr(latest, "body", b"")))
+            self._next_head_begun = bool(self._head_bytes and data[len(data) - self._head_bytes:].strip(b"\r\n"))
         else:
             self._head_bytes = len(data)  # its head ended across reads: counted whole, a read at most over
+            self._next_head_begun = False
         if self._head_bytes > self.book.head_max_bytes:
             self._refuse_head()
 

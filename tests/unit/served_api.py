@@ -13,7 +13,7 @@ import resource
 import sys
 from pathlib import Path
 
-from slurm_elastic.controller.app import create_controller_app
+from slurm_elastic.controller.app import create_controller_app, keep_alive_s
 from slurm_elastic.controller.config import parse_config
 from slurm_elastic.controller.runtime import Controller
 from slurm_elastic.controller.serve import ApiServer
@@ -31,18 +31,21 @@ def main() -> None:
     parser.add_argument("--write-timeout-s", type=float, default=None)
     parser.add_argument("--min-send-rate-bytes-per-s", type=float, default=None)
     parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--keep-alive-s", type=int, default=None, help="default: the controller's (20 s)")
     args = parser.parse_args()
     if args.nofile:
         resource.setrlimit(resource.RLIMIT_NOFILE, (args.nofile, args.nofile))
     queue = RolloutQueue(RolloutStore(args.state_dir / "q.sqlite", fsync="off"),
                          QueueConfig(batch_size=args.batch_size, capacity_seqs=4096))
-    controller = Controller(parse_config({"agent": {"enabled": False}, "autoscaler": {"min_workers": 0}}), 1,
-                            SlurmCli(timeout_s=5), args.state_dir, gpus_by_node={"node1": (0, 1, 2, 3)}, queue=queue)
+    config = parse_config({"agent": {"enabled": False}, "autoscaler": {"min_workers": 0}})
+    controller = Controller(config, 1, SlurmCli(timeout_s=5), args.state_dir, gpus_by_node={"node1": (0, 1, 2, 3)},
+                            queue=queue)
     options = {name: value for name, value in (("head_timeout_s", args.head_timeout_s),
                                                ("write_timeout_s", args.write_timeout_s),
                                                ("min_send_rate_bytes_per_s", args.min_send_rate_bytes_per_s))
                if value is not None}
-    server = ApiServer(create_controller_app(controller, args.token, queue), "127.0.0.1", **options)
+    server = ApiServer(create_controller_app(controller, args.token, queue), "127.0.0.1",
+                       keep_alive_s=args.keep_alive_s or keep_alive_s(config), **options)
     server.start()
     print(server.url, flush=True)
     sys.stdin.read()  # until the test closes our stdin

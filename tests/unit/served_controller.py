@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from slurm_elastic.controller.app import create_controller_app
+from slurm_elastic.controller.app import create_controller_app, keep_alive_s
 from slurm_elastic.controller.config import parse_config
 from slurm_elastic.controller.runtime import Controller
 from slurm_elastic.controller.serve import ApiServer
@@ -25,13 +25,13 @@ class ServedController:
                  fsync: str = "off", body_timeout_s: float | None = None) -> None:
         self.queue = RolloutQueue(RolloutStore(state_dir / "q.sqlite", fsync=fsync),
                                   QueueConfig(batch_size=batch_size, capacity_seqs=capacity_seqs))
-        self.controller = Controller(parse_config({"agent": {"enabled": False}, **(config or {})}), 1,
-                                     SlurmCli(timeout_s=5), state_dir, gpus_by_node={"node1": gpus},
+        parsed = parse_config({"agent": {"enabled": False}, **(config or {})})
+        self.controller = Controller(parsed, 1, SlurmCli(timeout_s=5), state_dir, gpus_by_node={"node1": gpus},
                                      queue=self.queue)
         app = create_controller_app(self.controller, token, self.queue)
         if body_timeout_s is not None:
             app.guard.body_timeout_s = body_timeout_s  # type: ignore[attr-defined]
-        self.server = ApiServer(app, "127.0.0.1")
+        self.server = ApiServer(app, "127.0.0.1", keep_alive_s=keep_alive_s(parsed))  # as the controller serves it
         self.server.start()
         self.url = self.server.url
 

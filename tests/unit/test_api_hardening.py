@@ -357,7 +357,8 @@ def test_a_response_never_read_past_the_keep_alive_close_still_loses_its_connect
     """A 21 MB batch never read, with a write timeout longer than the keep-alive timeout (as by
     default): the HTTP server starts closing the connection when its keep-alive time is up, the
     response still waiting in the write buffer; the connection is closed once a window sent nothing."""
-    with served(tmp_path, "--write-timeout-s", str(KEEP_ALIVE_S + 1), "--batch-size", "8") as (url, server):
+    with served(tmp_path, "--keep-alive-s", str(KEEP_ALIVE_S), "--write-timeout-s", str(KEEP_ALIVE_S + 1),
+                "--batch-size", "8") as (url, server):
         deaf, _ = _pull_big_batch(url, "deaf")
         started = time.monotonic()
         with deaf:

@@ -146,3 +146,63 @@ def test_an_idle_connection_stays_open_past_the_longest_interval_clients_call_at
     assert after_idle(keep_alive_s=4, idle_s=2.0).endswith(b'{"ok":true}')  # idle past the 1 s head timeout
     assert after_idle(keep_alive_s=1, idle_s=3.0) == b""  # past the keep-alive time: closed
     assert after_idle(keep_alive_s=6, idle_s=0.5, head_wait_s=3.0) == b""  # a head begun must end within 1 s
+
+
+def _served(keep_alive_s: int) -> tuple[ApiServer, FastAPI]:
+    app = FastAPI()
+
+    @app.get("/slow")
+    async def slow() -> Response:
+        await asyncio.sleep(0.5)
+        return Response(b'{"ok":true}', media_type="application/json")
+
+    server = ApiServer(app, "127.0.0.1", head_timeout_s=1.0, keep_alive_s=keep_alive_s)
+    server.start()
+    return server, app
+
+
+def _closed_within(conn: socket.socket, limit_s: float) -> float | None:
+    """Seconds until the server closed ``conn`` (reading and dropping what comes), None if not within ``limit_s``."""
+    started = time.monotonic()
+    conn.settimeout(0.1)
+    while time.monotonic() - started < limit_s:
+        try:
+            if conn.recv(65536) == b"":
+                return time.monotonic() - started
+        except TimeoutError:
+            continue
+        except OSError:
+            return time.monotonic() - started
+    return None
+
+
+def test_a_head_begun_while_the_answer_was_due_has_the_head_timeout_not_the_keep_alive_time() -> None:
+    server, _app = _served(keep_alive_s=6)
+    try:
+        with socket.create_connection((server.host, server.port), timeout=10) as conn:
+            conn.sendall(b"GET /slow HTTP/1.1\r\nhost: x\r\n\r\n")
+            time.sleep(0.1)
+            conn.sendall(b"GET /slow HTTP/1.1\r\nhost: x")  # the next head begun, never ended
+            closed_s = _closed_within(conn, 5.0)
+        assert closed_s is not None and closed_s < 3.0, closed_s  # 0.5 s answer + 1 s head timeout, not 6 s
+    finally:
+        server.stop()
+
+
+def test_a_request_answered_before_its_body_came_closes_its_connection() -> None:
+    """A 404 for a POST whose body was not sent: what comes next is that body, never a head (a body
+    holding ``\\r\\n\\r\\n`` kept the connection open with no time limit and its next head uncapped)."""
+    server, _app = _served(keep_alive_s=6)
+    try:
+        with socket.create_connection((server.host, server.port), timeout=10) as conn:
+            conn.sendall(b"POST /nope HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\n\r\n")
+            answer = b""
+            while b"\r\n\r\n" not in answer:
+                answer += conn.recv(65536)
+            assert answer.startswith(b"HTTP/1.1 404")
+            with contextlib.suppress(OSError):
+                conn.sendall(b"x\r\n\r\n")
+            closed_s = _closed_within(conn, 5.0)
+        assert closed_s is not None and closed_s < 2.0, closed_s
+    finally:
+        server.stop()
