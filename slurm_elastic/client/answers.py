@@ -24,8 +24,6 @@ def stored_by_an_earlier_try(answer: dict[str, Any]) -> dict[str, Any]:
     return answer
 
 
-
-
 def paced_interval_s(answer: dict[str, Any], current_s: float) -> float:
     """The heartbeat interval a registration's or heartbeat's answer asks for (the controller paces
     a large pool: ``workers.max_heartbeats_per_s``); ``current_s`` for an answer without one (an
