@@ -83,6 +83,7 @@ class Window:
     tick_mean_ms: float
     tick_p50_ms: float
     tick_p95_ms: float
+    scale_up_tick_max_ms: float  # the longest of the last TICK_WINDOW ticks once every sender was heard
     step_info_rpcs_per_tick: float
     rpcs_per_tick: float
     heartbeats_per_s: float
@@ -114,6 +115,18 @@ def wait_all_active(job: ControllerJob, n: int, timeout_s: float) -> None:
     while not settled():
         if time.monotonic() > deadline:
             raise AssertionError(f"{n} workers not ACTIVE after {timeout_s:g} s: {status_or_none(job)}")
+        time.sleep(1.0)
+
+
+def wait_all_beating(job: ControllerJob, senders: int, timeout_s: float) -> None:
+    """Until the controller counts ``senders`` heart-beating processes: with SDK workers, each
+    command's SDK starts after its wrapper registered (256 interpreters on the host take a while),
+    and the steady window starts once they all beat."""
+    deadline = time.monotonic() + timeout_s
+    while (st := status_or_none(job)) is None or st.get("heartbeat_senders", 0) < senders:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{senders} heart-beating processes not heard after {timeout_s:g} s: "
+                                 f"{st and st.get('heartbeat_senders')}")
         time.sleep(1.0)
 
 
@@ -189,7 +202,7 @@ class Cadence:
 
 
 def measure(job: ControllerJob, slurm: SlurmCli, n: int, scale_up_s: float, window_s: float,
-            sub_windows: int) -> Window:
+            sub_windows: int, scale_up_tick_max_ms: float) -> Window:
     proc = psutil.Process(job.controller_pid())
     st0, rpc0 = job.status(), rpc_totals(slurm)
     cpu_pcts = []
@@ -210,6 +223,7 @@ def measure(job: ControllerJob, slurm: SlurmCli, n: int, scale_up_s: float, wind
         threads=proc.num_threads(), ticks=ticks,
         tick_mean_ms=1000 * (tick1["total_s"] - tick0["total_s"]) / ticks,
         tick_p50_ms=1000 * tick1["p50"], tick_p95_ms=1000 * tick1["p95"],
+        scale_up_tick_max_ms=scale_up_tick_max_ms,
         step_info_rpcs_per_tick=(rpc1[0] - rpc0[0]) / ticks, rpcs_per_tick=(rpc1[1] - rpc0[1]) / ticks,
         heartbeats_per_s=(st1["heartbeats"] - st0["heartbeats"]) / window_s,
         heartbeat_interval_s=st1["heartbeat_interval_s"],
@@ -256,9 +270,13 @@ def run_sizes(cluster: DevCluster, tmp: Path, slurm: SlurmCli, sizes: tuple[int,
             wait_all_active(job, n, timeout_s=600)
             scale_up_s = time.perf_counter() - t0
             print(f"{n} workers ACTIVE after {scale_up_s:.1f} s (from {current})", flush=True)
+            wait_all_beating(job, n * cadence.senders_per_worker, timeout_s=600)
+            print(f"all {n * cadence.senders_per_worker} senders heard after {time.perf_counter() - t0:.1f} s",
+                  flush=True)
+            busiest_ms = 1000 * job.status()["tick_duration_s"]["max"]  # the ticks of the scale-up, most of them
             current = n
             time.sleep(settle_s)
-            windows.append(measure(job, slurm, n, scale_up_s, window_s, sub_windows=5))
+            windows.append(measure(job, slurm, n, scale_up_s, window_s, sub_windows=5, scale_up_tick_max_ms=busiest_ms))
             print(windows[-1], flush=True)
         t0 = time.perf_counter()
         with job.client() as client:
@@ -355,6 +373,8 @@ def report(windows: list[Window], drain_s: float, window_s: float, floor: tuple[
             ratio(last.tick_mean_ms, base.tick_mean_ms)),
         row(f"tick duration p50 / p95 (the last {TICK_WINDOW} ticks, all steady)", [f"{w.tick_p50_ms:.1f} / {w.tick_p95_ms:.1f} ms" for w in windows],
             ratio(last.tick_p50_ms, base.tick_p50_ms)),
+        row(f"longest tick while scaling up (of the last {TICK_WINDOW} once every sender was heard)",
+            [f"{w.scale_up_tick_max_ms:.0f} ms" for w in windows]),
         row("the tick's one listing (squeue --steps), p50", [f"{w.squeue_ms:.0f} ms" for w in windows],
             ratio(last.squeue_ms, base.squeue_ms)),
         row("slurmctld RPCs per tick: step listings / all", [f"{w.step_info_rpcs_per_tick:.2f} / {w.rpcs_per_tick:.2f}"

@@ -59,6 +59,8 @@ class Registration(_Body):
                       "above 0 only reports the node and GPUs it holds")
     weights_version: int | None = Field(None, ge=0, le=MAX_VERSION,
                                         description="servers: the published weights version the engine started with")
+    command_started: bool = Field(False, description="its command runs already: a server that became ready, or a "
+                                  "registration asked again (a restarted controller); no pre-start check applies")
 
 
 class Heartbeat(_Body):

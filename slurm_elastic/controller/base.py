@@ -17,6 +17,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from slurm_elastic.controller.batched_saves import BatchedSaves
 from slurm_elastic.controller.burst_jobs import TERM_DRAINS_ENV, BurstJobs, burst_policy
 from slurm_elastic.controller.burst_manager import BurstManager
 from slurm_elastic.controller.changes import Changes
@@ -131,6 +132,7 @@ class ControllerBase:
         self.state_notes: list[str] = []  # what loading the job's saved state could not keep, and why
         self.counts_claims: dict[str, CountsClaim] = {}  # worker id -> the SDK process whose counts it takes (live only)
         self.heartbeat_interval_s = w.heartbeat_interval_s  # as told to workers: pace_heartbeats()
+        self.heartbeat_senders = 0  # the processes the last tick counted as heart-beating (wrappers, SDKs)
         # worker slots the last tick could fill, or will once their node's agent first reports (burst jobs
         # included); None: no tick yet
         self.usable_slots: int | None = None
@@ -142,6 +144,7 @@ class ControllerBase:
         self.burst_node_gpus: dict[str, tuple[int, ...]] = {}  # the GPUs burst jobs held on each node, this run
         self.comment_refusal = ""  # why Slurm last refused to set the job's comment ('' once it took it)
         self.pause_watch: PauseWatch | None = None  # time the process did not run (run_forever starts one)
+        self.batched_saves: BatchedSaves | None = None  # writes registrations together (run_forever starts one)
         self.state_file = StateFile(state_dir / "state.json", job_id)
         self._saved_durable: dict[str, Any] | None = None  # a copy of the last written state without live fields
         self._saved_at_s = float("-inf")  # time.monotonic() of the last write
@@ -236,8 +239,8 @@ class ControllerBase:
         is now: the configured one, longer for more senders than ``workers.max_heartbeats_per_s``
         allows (:mod:`~slurm_elastic.core.heartbeat_pace`). Lock held; every tick."""
         w = self.config.workers
-        senders = heartbeat_senders(self.state.workers.values(), self.counts_claims,
-                                    self.shape.nodes * self.shape.tasks_per_node)
+        senders = self.heartbeat_senders = heartbeat_senders(self.state.workers.values(), self.counts_claims,
+                                                             self.shape.nodes * self.shape.tasks_per_node)
         self.heartbeat_interval_s = heartbeat_interval_s(senders, w.heartbeat_interval_s, w.max_heartbeats_per_s,
                                                          w.heartbeat_grace_s)
 

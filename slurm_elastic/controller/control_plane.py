@@ -72,18 +72,21 @@ class ControlPlane(ControllerBase):
             if worker.state is S.STARTING:  # the published weights version the server started with
                 worker.weights_version = info.get("weights_version")
             worker.last_heartbeat_s = now_s
-            if worker.state is S.STARTING and worker.launched_at_s >= self.started_at_s:
+            # the step's first registration, before its command starts (not a server that became ready, nor a
+            # registration asked again after a restart: its command holds GPU memory and has counted busy time)
+            starts = worker.state is S.STARTING and not info.get("command_started")
+            if starts and worker.launched_at_s >= self.started_at_s:
                 self._count_busy_from_zero(worker_id)
             cordons = self.state.cordons
             need_mb = self.config.workers.gpu_memory_mb
-            if need_mb and worker.state is S.STARTING:
+            if need_mb and starts:
                 for gpu in worker.gpus:
                     ok, why = cordons.preflight_ok(worker.node, gpu, need_mb)
                     if not ok:
                         cordons.record_preflight_failure(worker.node, gpu, need_mb, why, now_s)
             admit(worker, cordons.cordoned(), bool(info.get("ready", True)), now_s)
             self._publish_endpoints()
-            self._save_behind()
+            self._save_soon()
             if self.weights_wake is not None and worker.endpoint:  # update it before it enters discovery
                 self.weights_wake.set()
             action = "hold" if worker.placeholder else ("drain" if worker.state is S.DRAINING else "run")
@@ -105,7 +108,7 @@ class ControlPlane(ControllerBase):
         if self.shape.nodes > 1 and node and node != worker.node:
             worker.node_gpus[node] = tuple(int(g) for g in info.get("gpus", ()))
             worker.nodes = worker.nodes if node in worker.nodes else (*worker.nodes, node)
-        self._save_behind()
+            self._save_behind()  # at once: nobody asks a task's registration again after a restart
         action = "hold" if worker.placeholder else ("drain" if worker.state is S.DRAINING else "run")
         return {"worker_id": worker_id, "action": action, "weights": latest_weights(self.weights),
                 "heartbeat_interval_s": self.heartbeat_interval_s}
@@ -215,6 +218,16 @@ class ControlPlane(ControllerBase):
             self.save()
         except OSError as exc:
             log.error("could not save the state (%s); the next tick tries again", exc)
+
+    def _save_soon(self) -> None:
+        """A registration's save: written with the others of its burst within a second by the
+        running loop's :class:`~slurm_elastic.controller.batched_saves.BatchedSaves`; at once
+        without one (a controller driven tick by tick)."""
+        saves = self.batched_saves  # read once: the loop's end sets it to None
+        if saves is not None:
+            saves.ask()
+        else:
+            self._save_behind()
 
     def _count_busy_from_zero(self, worker_id: str) -> None:
         """A step this controller launched registers: its SDK counts busy time from 0, all of it

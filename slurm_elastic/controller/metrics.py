@@ -43,6 +43,8 @@ class _Snapshot(Collector):
             ("target_workers", "The worker count the controller steers to", ctl["target_workers"]),
             ("heartbeat_interval_seconds", "The interval workers are told to heart-beat at (longer in a large pool)",
              ctl["heartbeat_interval_s"]),
+            ("heartbeat_senders", "Processes that heart-beat: each running step's wrapper, and its command's SDK once "
+             "heard", ctl["heartbeat_senders"]),
             ("burst_jobs", "Burst jobs Slurm lists for this job (pending or running)", len(ctl.get("burst_jobs") or [])),
             ("cordoned_gpus", "Cordoned GPUs", len(ctl["cordoned_gpus"])),
             ("placeholders", "Steps holding cordoned GPUs (not workers)", ctl["placeholders"]),

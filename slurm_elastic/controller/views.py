@@ -36,6 +36,7 @@ class StatusViews(ControllerBase):
                 "tick_duration_s": self.tick_duration_summary(),
                 "heartbeats": self.heartbeats,
                 "heartbeat_interval_s": self.heartbeat_interval_s,
+                "heartbeat_senders": self.heartbeat_senders,
                 "target_workers": st.target_workers,
                 "usable_slots": self.usable_slots,
                 "paused": st.paused,

@@ -165,6 +165,7 @@ def run_wrapped(
             return 127
         wakeup.watch_exit(child)
         leave_grace_s = float(answer.get("server_drain_grace_s", SERVER_DRAIN_GRACE_S))
+        info = {**info, "command_started": True}  # a later registration is not a start: no pre-start check
         return _supervise(child, ctx, register, heartbeat, flags, info, port, interval_s, wakeup, leave_grace_s)
     finally:
         wakeup.close()

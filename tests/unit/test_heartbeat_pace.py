@@ -98,6 +98,7 @@ def test_the_controller_answers_a_large_pool_with_a_longer_interval(tmp_path: Pa
     controller.tick()
     assert controller.heartbeat(ids[0], {"busy": True})["heartbeat_interval_s"] == 15.0  # 16, at most 60 / 4
     assert controller.status()["heartbeat_interval_s"] == 15.0  # what an operator reads, on /metrics too
+    assert controller.status()["heartbeat_senders"] == 16  # 8 wrappers, 8 SDKs
     backend.steps[:] = backend.steps[:2]  # six steps ended
     controller.scale(2)
     for _ in range(3):
