@@ -21,6 +21,9 @@ from slurm_elastic.core.signals import DEFAULT_DRAIN_SIGNAL, drain_signal_name, 
 from slurm_elastic.errors import ConfigError
 from slurm_elastic.host_address import reachable_address
 
+# the worker's step (JOB.STEP), set by its wrapper for the command: an srun inside the command starts a
+# step of its own and SLURM_STEP_ID there names that one, while the SDK's counts belong to the worker's
+WORKER_STEP_ENV = "SLURM_ELASTIC_STEP"
 
 @dataclass(frozen=True)
 class StepContext:
@@ -69,6 +72,7 @@ class StepContext:
             raise ConfigError("no token for the controller: set SLURM_ELASTIC_TOKEN_FILE (the controller sets it "
                               "for the steps it launches) or SLURM_ELASTIC_TOKEN")
         gpus = tuple(int(g) for g in env.get("SLURM_STEP_GPUS", "").split(",") if g.strip().isdigit())
+        worker_step = _worker_step(env.get(WORKER_STEP_ENV, ""))
         kind = env.get("SLURM_ELASTIC_WORKER_KIND", "rollout")
         if kind not in ("rollout", "server"):
             raise ConfigError(f"SLURM_ELASTIC_WORKER_KIND: {kind!r} is not rollout or server")
@@ -80,8 +84,8 @@ class StepContext:
             drain_signal=drain_signal_name(env.get("SLURM_ELASTIC_DRAIN_SIGNAL", DEFAULT_DRAIN_SIGNAL)),
             node=env.get("SLURMD_NODENAME") or socket.gethostname(),
             gpus=gpus,
-            step_id=env.get("SLURM_STEP_ID", ""),
-            job_id=env.get("SLURM_JOB_ID", ""),
+            job_id=worker_step[0] if worker_step else env.get("SLURM_JOB_ID", ""),
+            step_id=worker_step[1] if worker_step else env.get("SLURM_STEP_ID", ""),
             state_dir=Path(env["SLURM_ELASTIC_STATE_DIR"]) if env.get("SLURM_ELASTIC_STATE_DIR") else None,
             kind=kind,
             readiness_path=env.get("SLURM_ELASTIC_READINESS_PATH", ""),
@@ -101,6 +105,13 @@ class StepContext:
         if self.rank:
             info["rank"] = self.rank
         return info
+
+
+def _worker_step(text: str) -> tuple[str, str] | None:
+    """``JOB.STEP`` of the worker's step as its wrapper passed it (``WORKER_STEP_ENV``), or None
+    where unset or not that shape."""
+    job_id, _, step_id = text.partition(".")
+    return (job_id, step_id) if job_id.isdigit() and step_id.isdigit() else None
 
 
 def _seconds(env: Mapping[str, str], name: str, default: float) -> float:

@@ -32,7 +32,7 @@ from slurm_elastic.client.files import stopped_by_operator_at
 from slurm_elastic.client.refusals import TokenRefusals, is_token_refusal
 from slurm_elastic.core.defaults import SERVER_DRAIN_GRACE_S
 from slurm_elastic.errors import ApiError, ControllerUnreachableError, SlurmElasticError
-from slurm_elastic.worker.context import StepContext, node_address
+from slurm_elastic.worker.context import WORKER_STEP_ENV, StepContext, node_address
 from slurm_elastic.worker.liveness import LivenessProbe, probe_server
 from slurm_elastic.worker.wakeup import Wakeup
 
@@ -154,6 +154,8 @@ def run_wrapped(
     argv, env, info = launch_with_weights(command, answer.get("weights"), port, info)
     interval_s = paced_interval_s(answer, ctx.heartbeat_interval_s)
     env["SLURM_ELASTIC_HEARTBEAT_INTERVAL_S"] = str(interval_s)  # the SDK's first beats at the told pace too
+    if ctx.job_id and ctx.step_id:  # the SDK's step, even inside an srun of the command's own
+        env[WORKER_STEP_ENV] = f"{ctx.job_id}.{ctx.step_id}"
     wakeup = Wakeup()
     try:
         wakeup.watch_signals()

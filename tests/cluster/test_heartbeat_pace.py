@@ -41,3 +41,20 @@ def test_workers_beat_at_the_interval_they_are_told(job: ControllerJob) -> None:
         wait_for(lambda: any(w["busy"] for w in job.status()["workers"]), 10, "busy flags from SDK beats")
         c.scale(0)
     job.active(0)
+
+
+@pytest.mark.parametrize("job", [{
+    "workers": {"command": ["srun", "--overlap", "--nodes=1", "--ntasks=1", sys.executable, SDK_WORKER]},
+    "worker_env": {"ROLLOUT_S": "1.0"}}], indirect=True)
+def test_an_sdk_under_an_srun_of_its_command_counts_for_its_worker(job: ControllerJob) -> None:
+    """The command starts its SDK in a step of its own (an srun inside the worker's step): the
+    SDK's beats name the worker's step (the wrapper's SLURM_ELASTIC_STEP), not the inner one, so
+    the controller applies its counts: the busy worker (0002, always mid-rollout) reads busy."""
+    with job.client() as c:
+        c.scale(2)
+        job.active(2)
+        wait_for(lambda: {w["worker_id"]: w["busy"] for w in job.status()["workers"]} == {"0001": False, "0002": True},
+                 20, "busy flags from the SDK's beats")
+        assert job.status()["heartbeat_senders"] == 4  # each worker's wrapper and its SDK
+        c.scale(0)
+    job.active(0)
