@@ -25,6 +25,7 @@ from slurm_elastic.host_address import reachable_address
 # step of its own and SLURM_STEP_ID there names that one, while the SDK's counts belong to the worker's
 WORKER_STEP_ENV = "SLURM_ELASTIC_STEP"
 
+
 @dataclass(frozen=True)
 class StepContext:
     """Identity and settings of this worker step."""
